@@ -1,0 +1,170 @@
+//! Validated identifiers. Construction is the only place input is checked; a value of one of
+//! these types is known to be well-formed everywhere else.
+
+use crate::limits::{ARTIFACT_KEY_LEN_MAX, FAIL_CODE_LEN_MAX, ID_LEN_MAX, WORKER_LEN_MAX};
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} must be {rule}")]
+pub struct IdError {
+    pub what: &'static str,
+    pub rule: &'static str,
+}
+
+fn is_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-')
+}
+
+fn check_id(what: &'static str, s: &str) -> Result<(), IdError> {
+    if s.is_empty() || s.len() > ID_LEN_MAX || !s.chars().all(is_id_char) {
+        return Err(IdError { what, rule: "1-128 characters of [A-Za-z0-9_.:-]" });
+    }
+    Ok(())
+}
+
+macro_rules! client_id {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn parse(s: &str) -> Result<$name, IdError> {
+                check_id($what, s)?;
+                Ok($name(s.to_owned()))
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+client_id!(/// An account, chosen by the client.
+    AccountId, "account id");
+client_id!(/// A job, chosen by the client; also its idempotency key for create.
+    JobId, "job id");
+client_id!(/// An item within a job; `main` for a job created with a plain `cost`.
+    ItemId, "item id");
+client_id!(/// A grant's or adjustment's id: its idempotency key.
+    RefId, "id");
+client_id!(/// A job kind (`render`, `withdrawal`, …): selects retry policy and workers.
+    JobKind, "job kind");
+
+impl ItemId {
+    /// The single item of a job created with a plain `cost`.
+    pub fn main() -> ItemId {
+        ItemId("main".to_owned())
+    }
+}
+
+/// The name a worker gives itself in claims; recorded in the attempt log.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct WorkerName(String);
+
+impl WorkerName {
+    pub fn parse(s: &str) -> Result<WorkerName, IdError> {
+        let ok = !s.is_empty()
+            && s.len() <= WORKER_LEN_MAX
+            && s.chars().all(|c| is_id_char(c) || matches!(c, '/' | '@'));
+        if !ok {
+            return Err(IdError { what: "worker", rule: "1-128 characters of [A-Za-z0-9_.:@/-]" });
+        }
+        Ok(WorkerName(s.to_owned()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A failure code such as `NODE_DOWN`: upper-case, digits and `_`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FailCode(String);
+
+impl FailCode {
+    pub fn parse(s: &str) -> Result<FailCode, IdError> {
+        let ok = !s.is_empty()
+            && s.len() <= FAIL_CODE_LEN_MAX
+            && s.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+        if !ok {
+            return Err(IdError { what: "code", rule: "1-64 characters of [A-Z0-9_]" });
+        }
+        Ok(FailCode(s.to_owned()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    pub fn lease_expired() -> FailCode {
+        FailCode("LEASE_EXPIRED".to_owned())
+    }
+    pub fn timeout_confirmed_not_sent() -> FailCode {
+        FailCode("TIMEOUT_CONFIRMED_NOT_SENT".to_owned())
+    }
+    pub fn cancelled() -> FailCode {
+        FailCode("CANCELLED".to_owned())
+    }
+}
+
+impl fmt::Display for FailCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A key in the artifact store: a relative path of safe characters, no `..`, no empty segment.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ArtifactKey(String);
+
+impl ArtifactKey {
+    pub fn parse(s: &str) -> Result<ArtifactKey, IdError> {
+        let chars_ok = s.chars().all(|c| is_id_char(c) || c == '/');
+        let segments_ok = s.split('/').all(|seg| !seg.is_empty() && seg != "." && seg != "..");
+        if s.is_empty() || s.len() > ARTIFACT_KEY_LEN_MAX || !chars_ok || !segments_ok {
+            return Err(IdError {
+                what: "artifact key",
+                rule: "a relative path of 1-512 characters of [A-Za-z0-9_.:/-] without '.', '..' or empty segments",
+            });
+        }
+        Ok(ArtifactKey(s.to_owned()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_follow_the_spec_alphabet() {
+        assert!(JobId::parse("job-1:a_b.c").is_ok());
+        assert!(JobId::parse("").is_err());
+        assert!(JobId::parse(&"x".repeat(128)).is_ok());
+        assert!(JobId::parse(&"x".repeat(129)).is_err());
+        assert!(JobId::parse("a b").is_err());
+        assert!(JobId::parse("é").is_err());
+        assert!(JobId::parse("a/b").is_err());
+    }
+
+    #[test]
+    fn artifact_keys_stay_inside_the_store() {
+        assert!(ArtifactKey::parse("job-1/frame-0001.png").is_ok());
+        for bad in ["", "/abs", "a/../b", "..", "a//b", "a/", "./a", "a b"] {
+            assert!(ArtifactKey::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn fail_codes_are_upper_snake() {
+        assert!(FailCode::parse("NODE_DOWN").is_ok());
+        assert!(FailCode::parse("node_down").is_err());
+        assert!(FailCode::parse("").is_err());
+    }
+}

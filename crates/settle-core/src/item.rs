@@ -1,0 +1,167 @@
+//! The billable item's money state machine (spec §2), as a pure table.
+//!
+//! ```text
+//!               fail                 succeed
+//!   charged ───────────► refunded ─────────────► reclaimed
+//!      │  └── succeed ──► succeeded
+//!      └───── cancel ───► cancelled
+//! ```
+//! A store applies an arrow as one guarded `UPDATE items … WHERE state = <from>`; every pair
+//! this table does not list is a no-op.
+
+use crate::ledger::EntryKind;
+use crate::money::{Credits, MoneyError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ItemState {
+    Charged,
+    Succeeded,
+    Refunded,
+    Reclaimed,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ItemSignal {
+    Fail,
+    Succeed,
+    Cancel,
+}
+
+/// One edge of the machine: where it starts, where it ends, and the ledger row it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrow {
+    pub from: ItemState,
+    pub to: ItemState,
+    pub entry: Option<EntryKind>,
+}
+
+/// Why an item was refunded. A job-level success reclaims only `JobFailed` refunds: items the
+/// worker itself reported as failed were not delivered (spec §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefundReason {
+    JobFailed,
+    ItemFailed,
+    Cancelled,
+}
+
+impl RefundReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RefundReason::JobFailed => "job_failed",
+            RefundReason::ItemFailed => "item_failed",
+            RefundReason::Cancelled => "cancelled",
+        }
+    }
+    pub fn parse(s: &str) -> Option<RefundReason> {
+        Some(match s {
+            "job_failed" => RefundReason::JobFailed,
+            "item_failed" => RefundReason::ItemFailed,
+            "cancelled" => RefundReason::Cancelled,
+            _ => return None,
+        })
+    }
+}
+
+impl ItemState {
+    pub const ALL: [ItemState; 5] = [
+        ItemState::Charged,
+        ItemState::Succeeded,
+        ItemState::Refunded,
+        ItemState::Reclaimed,
+        ItemState::Cancelled,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ItemState::Charged => "charged",
+            ItemState::Succeeded => "succeeded",
+            ItemState::Refunded => "refunded",
+            ItemState::Reclaimed => "reclaimed",
+            ItemState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ItemState> {
+        ItemState::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, ItemState::Succeeded | ItemState::Reclaimed | ItemState::Cancelled)
+    }
+
+    /// A refund was written for this item at some point.
+    pub const fn is_refunded(self) -> bool {
+        matches!(self, ItemState::Refunded | ItemState::Reclaimed | ItemState::Cancelled)
+    }
+
+    pub const fn is_reclaimed(self) -> bool {
+        matches!(self, ItemState::Reclaimed)
+    }
+
+    /// The item's net effect on the balance in this state (invariant L3).
+    pub fn net(self, cost: Credits) -> Result<Credits, MoneyError> {
+        match self {
+            ItemState::Charged | ItemState::Succeeded | ItemState::Reclaimed => cost.checked_neg(),
+            ItemState::Refunded | ItemState::Cancelled => Ok(Credits::ZERO),
+        }
+    }
+}
+
+/// The arrow a signal takes from a state, or `None` for a no-op.
+pub const fn arrow(state: ItemState, signal: ItemSignal) -> Option<Arrow> {
+    use ItemSignal as S;
+    use ItemState as I;
+    let (to, entry) = match (state, signal) {
+        (I::Charged, S::Fail) => (I::Refunded, Some(EntryKind::Refund)),
+        (I::Charged, S::Succeed) => (I::Succeeded, None),
+        (I::Charged, S::Cancel) => (I::Cancelled, Some(EntryKind::Refund)),
+        (I::Refunded, S::Succeed) => (I::Reclaimed, Some(EntryKind::Reclaim)),
+        _ => return None,
+    };
+    Some(Arrow { from: state, to, entry })
+}
+
+/// The signed ledger amount of an arrow's entry for an item of `cost`.
+pub fn entry_amount(kind: EntryKind, cost: Credits) -> Result<Credits, MoneyError> {
+    match kind {
+        EntryKind::Refund => Ok(cost),
+        EntryKind::Charge | EntryKind::Reclaim => cost.checked_neg(),
+        EntryKind::Grant | EntryKind::Adjustment => Ok(cost),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_arrow_keeps_the_net_consistent_with_its_entry() {
+        let cost = Credits::new(40);
+        for state in ItemState::ALL {
+            for signal in [ItemSignal::Fail, ItemSignal::Succeed, ItemSignal::Cancel] {
+                let Some(a) = arrow(state, signal) else { continue };
+                let before = a.from.net(cost).unwrap();
+                let after = a.to.net(cost).unwrap();
+                let written = a.entry.map(|k| entry_amount(k, cost).unwrap()).unwrap_or_default();
+                assert_eq!(before.checked_add(written).unwrap(), after, "{state:?} {signal:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn terminal_states_have_no_arrows() {
+        for state in ItemState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for signal in [ItemSignal::Fail, ItemSignal::Succeed, ItemSignal::Cancel] {
+                assert_eq!(arrow(state, signal), None);
+            }
+        }
+    }
+
+    #[test]
+    fn refunded_only_moves_on_success() {
+        assert_eq!(arrow(ItemState::Refunded, ItemSignal::Fail), None);
+        assert_eq!(arrow(ItemState::Refunded, ItemSignal::Cancel), None);
+        assert_eq!(arrow(ItemState::Refunded, ItemSignal::Succeed).unwrap().to, ItemState::Reclaimed);
+    }
+}

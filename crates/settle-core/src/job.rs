@@ -1,0 +1,197 @@
+//! The job lifecycle (spec §3): states, refund policy, retry policy, and the pure decisions a
+//! store applies inside its guarded transactions.
+
+use crate::backoff::BackoffPolicy;
+use crate::ids::FailCode;
+use crate::limits::{ATTEMPTS_MAX_DEFAULT, CONFIRM_WINDOW_SECONDS_DEFAULT};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JobState {
+    Queued,
+    Running,
+    Unknown,
+    Cancelling,
+    Succeeded,
+    Dead,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Unknown,
+        JobState::Cancelling,
+        JobState::Succeeded,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Unknown => "unknown",
+            JobState::Cancelling => "cancelling",
+            JobState::Succeeded => "succeeded",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+
+    /// `dead` is terminal for the queue, though a person may requeue it and a late success
+    /// still recovers it.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Dead | JobState::Cancelled)
+    }
+
+    /// States from which a success is accepted (any attempt: the work exists).
+    pub const SUCCEED_FROM: [JobState; 4] =
+        [JobState::Running, JobState::Queued, JobState::Unknown, JobState::Dead];
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefundPolicy {
+    /// Refund at the first failure; reclaim if a retry or a late signal succeeds.
+    Failure,
+    /// Hold the charge while retries continue; refund only when the job is dead-lettered.
+    FinalFailure,
+}
+
+impl RefundPolicy {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RefundPolicy::Failure => "failure",
+            RefundPolicy::FinalFailure => "final_failure",
+        }
+    }
+    pub fn parse(s: &str) -> Option<RefundPolicy> {
+        match s {
+            "failure" => Some(RefundPolicy::Failure),
+            "final_failure" => Some(RefundPolicy::FinalFailure),
+            _ => None,
+        }
+    }
+}
+
+/// Which failures retry, how long to wait, how often, and how long a lease and an unknown last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub backoff: BackoffPolicy,
+    pub attempts_max: u32,
+    pub retryable_codes: Vec<FailCode>,
+    pub confirm_window_seconds: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> RetryPolicy {
+        let codes = ["NODE_DOWN", "TIMEOUT", "RATE_LIMITED", "LEASE_EXPIRED", "TIMEOUT_CONFIRMED_NOT_SENT", "UNAVAILABLE"];
+        RetryPolicy {
+            backoff: BackoffPolicy::default(),
+            attempts_max: ATTEMPTS_MAX_DEFAULT,
+            retryable_codes: codes.iter().map(|c| FailCode::parse(c).expect("default codes are valid")).collect(),
+            confirm_window_seconds: CONFIRM_WINDOW_SECONDS_DEFAULT,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A signal's own `retryable` wins over the configured list.
+    pub fn is_retryable(&self, code: &FailCode, signal_says: Option<bool>) -> bool {
+        signal_says.unwrap_or_else(|| self.retryable_codes.contains(code))
+    }
+}
+
+/// Where a failure takes a running job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    /// Back to `queued` with a later `not_before`.
+    Retry,
+    /// Out of attempts or not retryable: dead letters, for people.
+    Dead,
+    /// A cancel was requested: tear down, never retry, never dead.
+    Teardown,
+}
+
+/// The failure decision. `attempts_used` counts attempts since the last requeue by a person.
+pub fn fail_outcome(cancel_requested: bool, retryable: bool, attempts_used: u32, attempts_max: u32) -> FailOutcome {
+    if cancel_requested {
+        FailOutcome::Teardown
+    } else if retryable && attempts_used < attempts_max {
+        FailOutcome::Retry
+    } else {
+        FailOutcome::Dead
+    }
+}
+
+/// Whether the items still `charged` are refunded on this failure outcome.
+pub const fn refunds_on(policy: RefundPolicy, outcome: FailOutcome) -> bool {
+    match outcome {
+        FailOutcome::Retry => matches!(policy, RefundPolicy::Failure),
+        FailOutcome::Dead | FailOutcome::Teardown => true,
+    }
+}
+
+/// What a cancel request does in each state (spec §3 table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelAction {
+    /// queued, dead: synchronous teardown.
+    Teardown,
+    /// cancelling: finish the teardown that is under way.
+    ResumeTeardown,
+    /// running: set `cancel_requested`, answer 202; the worker stops at the next item boundary.
+    RequestFlag,
+    /// succeeded: `409 job_finished`.
+    Finished,
+    /// unknown: `409 outcome_unknown` — reconcile first.
+    OutcomeUnknown,
+    /// cancelled: idempotent 200.
+    AlreadyCancelled,
+}
+
+pub const fn cancel_action(state: JobState) -> CancelAction {
+    match state {
+        JobState::Queued | JobState::Dead => CancelAction::Teardown,
+        JobState::Cancelling => CancelAction::ResumeTeardown,
+        JobState::Running => CancelAction::RequestFlag,
+        JobState::Succeeded => CancelAction::Finished,
+        JobState::Unknown => CancelAction::OutcomeUnknown,
+        JobState::Cancelled => CancelAction::AlreadyCancelled,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cancel_wins_over_retry_and_dead() {
+        assert_eq!(fail_outcome(true, true, 1, 5), FailOutcome::Teardown);
+        assert_eq!(fail_outcome(true, false, 5, 5), FailOutcome::Teardown);
+        assert_eq!(fail_outcome(false, true, 4, 5), FailOutcome::Retry);
+        assert_eq!(fail_outcome(false, true, 5, 5), FailOutcome::Dead);
+        assert_eq!(fail_outcome(false, false, 1, 5), FailOutcome::Dead);
+    }
+
+    #[test]
+    fn final_failure_holds_the_charge_while_retrying() {
+        assert!(!refunds_on(RefundPolicy::FinalFailure, FailOutcome::Retry));
+        assert!(refunds_on(RefundPolicy::FinalFailure, FailOutcome::Dead));
+        assert!(refunds_on(RefundPolicy::Failure, FailOutcome::Retry));
+    }
+
+    #[test]
+    fn the_signal_decides_retryability_before_the_list() {
+        let p = RetryPolicy::default();
+        let node_down = FailCode::parse("NODE_DOWN").unwrap();
+        let invalid = FailCode::parse("INVALID_ADDRESS").unwrap();
+        assert!(p.is_retryable(&node_down, None));
+        assert!(!p.is_retryable(&invalid, None));
+        assert!(p.is_retryable(&invalid, Some(true)));
+        assert!(!p.is_retryable(&node_down, Some(false)));
+    }
+}

@@ -1,0 +1,26 @@
+//! Settle's domain, with no IO.
+//!
+//! - [`money`]: `Credits`, an `i64` of minor units whose every operation is checked.
+//! - [`ids`]: validated identifiers (client ids, item ids, worker names, fail codes, artifact keys).
+//! - [`item`]: the billable item's money state machine (spec §2) as a pure transition table.
+//! - [`job`]: the job lifecycle (spec §3): states, refund policy, and the pure decisions a store applies.
+//! - [`backoff`]: `min(base · 2^n, max)` with optional full jitter from a seedable generator.
+//! - [`ledger`]: entry kinds and the per-account hash chain.
+//! - [`fingerprint`]: canonical request fingerprints for create-by-id idempotency.
+//! - [`clock`]: the injected `Clock`; nothing else reads the system time.
+//! - [`crash`]: the `CrashPoint` enum the crash-convergence harness iterates.
+//! - [`limits`]: every bound, named.
+
+pub mod backoff;
+pub mod clock;
+pub mod crash;
+pub mod fingerprint;
+pub mod ids;
+pub mod item;
+pub mod job;
+pub mod ledger;
+pub mod limits;
+pub mod money;
+
+pub use clock::{Clock, FakeClock, SystemClock, Timestamp};
+pub use money::{Credits, MoneyError};

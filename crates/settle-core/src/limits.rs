@@ -1,0 +1,43 @@
+//! Every bound in Settle, named, with what happens at the bound.
+
+/// Longest client-chosen id (account, job, grant, adjustment, item). Longer → `invalid_request`.
+pub const ID_LEN_MAX: usize = 128;
+/// Most items in one job. More → `invalid_request` (a job is charged in one transaction).
+pub const JOB_ITEMS_MAX: usize = 1_000;
+/// Longest worker name, fail code, artifact key.
+pub const WORKER_LEN_MAX: usize = 128;
+pub const FAIL_CODE_LEN_MAX: usize = 64;
+pub const ARTIFACT_KEY_LEN_MAX: usize = 512;
+/// Longest free-text message or reason stored; longer → `invalid_request`.
+pub const MESSAGE_LEN_MAX: usize = 2_000;
+/// Largest job payload (canonical JSON bytes).
+pub const PAYLOAD_BYTES_MAX: usize = 256 * 1024;
+/// Most attempts a job kind may ask for.
+pub const ATTEMPTS_MAX_LIMIT: u32 = 100;
+/// Lease bounds for a claim.
+pub const LEASE_SECONDS_MIN: u32 = 1;
+pub const LEASE_SECONDS_MAX: u32 = 3_600;
+pub const LEASE_SECONDS_DEFAULT: u32 = 30;
+/// Most jobs one claim may take.
+pub const CLAIM_LIMIT_MAX: u32 = 100;
+/// List pages (ledger, jobs, events): default and maximum page size.
+pub const PAGE_LIMIT_DEFAULT: u32 = 100;
+pub const PAGE_LIMIT_MAX: u32 = 1_000;
+/// Most guarded operations the SQLite writer commits in one transaction.
+pub const WRITE_BATCH_MAX: usize = 256;
+/// Operations waiting for the writer before callers wait for room.
+pub const WRITE_QUEUE_MAX: usize = 4_096;
+/// Most times one PostgreSQL transaction is retried on a serialization failure or deadlock.
+pub const TX_ATTEMPTS_MAX: u32 = 5;
+/// Backoff defaults (spec §3).
+pub const BACKOFF_MS_BASE_DEFAULT: u64 = 1_000;
+pub const BACKOFF_MS_MAX_DEFAULT: u64 = 600_000;
+pub const ATTEMPTS_MAX_DEFAULT: u32 = 5;
+/// How long an `unknown` job waits before "absent" may be concluded (spec §3, 1 h).
+pub const CONFIRM_WINDOW_SECONDS_DEFAULT: u64 = 3_600;
+/// The largest balance a grant or adjustment may produce, and the largest overdraft limit and job
+/// cost: 2^61. Refunds only return what was charged, so with these bounds no balance change can
+/// leave `i64` (docs/decisions/0003).
+pub const BALANCE_MAX: i64 = 1 << 61;
+/// Most job kinds one claim may filter on.
+pub const CLAIM_KINDS_MAX: usize = 32;

@@ -1,0 +1,159 @@
+//! `settle audit`: the ledger invariants L1–L4 of the spec, recomputed from the rows.
+//! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
+
+use crate::db::{args, Db};
+use crate::error::StoreError;
+use crate::model::{AuditReport, Violation};
+use settle_core::item::ItemState;
+use settle_core::ledger::{chain_hash, EntryFields, EntryKind, Hash32, GENESIS_HASH};
+use settle_core::Credits;
+use std::collections::{BTreeMap, HashMap};
+
+struct Acc {
+    balance: i64,
+    sum: i128,
+    running: i128,
+    prev: Hash32,
+}
+
+#[derive(Default)]
+struct ItemLedger {
+    sum: i128,
+    charges: u32,
+    refunds: u32,
+    reclaims: u32,
+    refund_seq: Option<i64>,
+    reclaim_before_refund: bool,
+}
+
+fn v(invariant: &'static str, account: Option<&str>, job: Option<&str>, item: Option<&str>, message: String) -> Violation {
+    Violation {
+        invariant,
+        account_id: account.map(str::to_owned),
+        job_id: job.map(str::to_owned),
+        item_id: item.map(str::to_owned),
+        message,
+    }
+}
+
+pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
+    let mut violations = Vec::new();
+    let mut accounts: BTreeMap<String, Acc> = BTreeMap::new();
+    for r in db.all("SELECT id, balance FROM accounts ORDER BY id", args![]).await? {
+        accounts.insert(r.text(0)?, Acc { balance: r.i64(1)?, sum: 0, running: 0, prev: GENESIS_HASH });
+    }
+    let mut items: HashMap<(String, String), ItemLedger> = HashMap::new();
+    let rows = db
+        .all(
+            "SELECT seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash \
+             FROM ledger_entries ORDER BY seq",
+            args![],
+        )
+        .await?;
+    let mut expected_seq = 1i64;
+    for r in &rows {
+        let (seq, account_id, kind_s, amount, balance_after) = (r.i64(0)?, r.text(1)?, r.text(2)?, r.i64(3)?, r.i64(4)?);
+        let (job_id, item_id, created_at) = (r.opt_text(5)?, r.opt_text(6)?, r.i64(7)?);
+        let (prev_hash, hash) = (r.blob(8)?, r.blob(9)?);
+        if seq != expected_seq {
+            violations.push(v("SEQ", Some(&account_id), None, None, format!("ledger seq {seq} follows {}", expected_seq - 1)));
+        }
+        expected_seq = seq + 1;
+        let Some(kind) = EntryKind::parse(&kind_s) else {
+            violations.push(v("L2", Some(&account_id), None, None, format!("entry {seq} has unknown kind {kind_s}")));
+            continue;
+        };
+        let Some(acc) = accounts.get_mut(&account_id) else {
+            violations.push(v("L1", Some(&account_id), None, None, format!("entry {seq} names a missing account")));
+            continue;
+        };
+        acc.sum += i128::from(amount);
+        acc.running += i128::from(amount);
+        if acc.running != i128::from(balance_after) {
+            violations.push(v(
+                "L2",
+                Some(&account_id),
+                job_id.as_deref(),
+                item_id.as_deref(),
+                format!("entry {seq}: balance_after {balance_after} but the running sum is {}", acc.running),
+            ));
+            acc.running = i128::from(balance_after);
+        }
+        let fields = EntryFields {
+            seq,
+            account_id: &account_id,
+            kind,
+            amount,
+            balance_after,
+            job_id: job_id.as_deref(),
+            item_id: item_id.as_deref(),
+            created_at,
+        };
+        let computed = chain_hash(&acc.prev, &fields);
+        if prev_hash.as_slice() != acc.prev.as_slice() || hash.as_slice() != computed.as_slice() {
+            violations.push(v("L2", Some(&account_id), job_id.as_deref(), item_id.as_deref(), format!("entry {seq}: hash chain does not verify")));
+        }
+        acc.prev = hash.as_slice().try_into().unwrap_or(computed);
+        if let (Some(job), Some(item)) = (&job_id, &item_id) {
+            let il = items.entry((job.clone(), item.clone())).or_default();
+            il.sum += i128::from(amount);
+            match kind {
+                EntryKind::Charge => il.charges += 1,
+                EntryKind::Refund => {
+                    il.refunds += 1;
+                    il.refund_seq.get_or_insert(seq);
+                }
+                EntryKind::Reclaim => {
+                    il.reclaims += 1;
+                    if il.refund_seq.is_none() {
+                        il.reclaim_before_refund = true;
+                    }
+                }
+                EntryKind::Grant | EntryKind::Adjustment => {}
+            }
+        }
+    }
+    for (id, acc) in &accounts {
+        if acc.sum != i128::from(acc.balance) {
+            violations.push(v("L1", Some(id), None, None, format!("balance {} but entries sum to {}", acc.balance, acc.sum)));
+        }
+    }
+    let item_rows = db.all("SELECT job_id, item_id, cost, state FROM items ORDER BY job_id, ord", args![]).await?;
+    let items_checked = item_rows.len() as u64;
+    for r in &item_rows {
+        let (job, item, cost, state_s) = (r.text(0)?, r.text(1)?, r.i64(2)?, r.text(3)?);
+        let il = items.remove(&(job.clone(), item.clone())).unwrap_or_default();
+        let Some(state) = ItemState::parse(&state_s) else {
+            violations.push(v("L3", None, Some(&job), Some(&item), format!("unknown item state {state_s}")));
+            continue;
+        };
+        let net = state.net(Credits::new(cost)).map(|c| i128::from(c.get())).unwrap_or(i128::MIN);
+        if il.sum != net {
+            violations.push(v("L3", None, Some(&job), Some(&item), format!("entries sum to {} but state {state_s} nets {net}", il.sum)));
+        }
+        if il.charges > 1 || il.refunds > 1 || il.reclaims > 1 {
+            violations.push(v(
+                "L4",
+                None,
+                Some(&job),
+                Some(&item),
+                format!("{} charges, {} refunds, {} reclaims", il.charges, il.refunds, il.reclaims),
+            ));
+        }
+        if il.reclaim_before_refund {
+            violations.push(v("L4", None, Some(&job), Some(&item), "a reclaim without an earlier refund".to_owned()));
+        }
+    }
+    for ((job, item), _) in items {
+        violations.push(v("L3", None, Some(&job), Some(&item), "ledger entries name an item that does not exist".to_owned()));
+    }
+    let mut expected = 1i64;
+    for r in db.all("SELECT seq FROM outbox ORDER BY seq", args![]).await? {
+        let seq = r.i64(0)?;
+        if seq != expected {
+            violations.push(v("SEQ", None, None, None, format!("outbox seq {seq} follows {}", expected - 1)));
+        }
+        expected = seq + 1;
+    }
+    Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked: rows.len() as u64, violations })
+}

@@ -1,0 +1,80 @@
+//! Store errors: what callers branch on. Engine errors stay inside `Internal`.
+
+use settle_core::ids::IdError;
+use settle_core::MoneyError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("{what} {id} not found")]
+    NotFound { what: &'static str, id: String },
+    #[error("insufficient credits: balance {balance}, overdraft limit {overdraft_limit}, needed {needed}")]
+    InsufficientCredits { balance: i64, overdraft_limit: i64, needed: i64 },
+    #[error("{what} {id} already exists with a different request")]
+    IdempotencyConflict { what: &'static str, id: String },
+    #[error("job {0} is finished")]
+    JobFinished(String),
+    #[error("job {0} has an unknown outcome; reconcile it first")]
+    OutcomeUnknown(String),
+    #[error("the lease token is not the current one for job {0}")]
+    LeaseLost(String),
+    #[error("job {job} cannot {action} in state {state}")]
+    InvalidTransition { job: String, action: &'static str, state: String },
+    #[error("credit arithmetic overflow")]
+    Overflow,
+    #[error("artifact cleanup failed for job {job}: {message}")]
+    CleanupFailed { job: String, message: String },
+    #[error("injected crash at {0}")]
+    InjectedCrash(&'static str),
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("internal store error: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    pub fn invalid(message: impl Into<String>) -> StoreError {
+        StoreError::Invalid(message.into())
+    }
+    pub fn not_found(what: &'static str, id: impl Into<String>) -> StoreError {
+        StoreError::NotFound { what, id: id.into() }
+    }
+    pub fn internal(message: impl std::fmt::Display) -> StoreError {
+        StoreError::Internal(message.to_string())
+    }
+}
+
+impl From<IdError> for StoreError {
+    fn from(e: IdError) -> StoreError {
+        StoreError::Invalid(e.to_string())
+    }
+}
+
+impl From<MoneyError> for StoreError {
+    fn from(_: MoneyError) -> StoreError {
+        StoreError::Overflow
+    }
+}
+
+/// SQLite `SQLITE_CONSTRAINT_DATATYPE`: a STRICT column refused a value, which is how an
+/// integer overflow (promoted to REAL) surfaces. PostgreSQL says `22003`.
+const SQLITE_CONSTRAINT_DATATYPE: &str = "3091";
+const PG_NUMERIC_VALUE_OUT_OF_RANGE: &str = "22003";
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> StoreError {
+        if let sqlx::Error::Database(db) = &e {
+            let code = db.code();
+            if matches!(code.as_deref(), Some(SQLITE_CONSTRAINT_DATATYPE) | Some(PG_NUMERIC_VALUE_OUT_OF_RANGE)) {
+                return StoreError::Overflow;
+            }
+        }
+        match e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+                StoreError::Unavailable(e.to_string())
+            }
+            other => StoreError::Internal(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! What goes into and comes out of the store. Plain data; the api crate maps it to JSON.
+
+use settle_core::ids::{AccountId, ArtifactKey, FailCode, ItemId, JobId, JobKind, RefId, WorkerName};
+use settle_core::item::ItemState;
+use settle_core::job::{JobState, RefundPolicy};
+use settle_core::ledger::EntryKind;
+use settle_core::{Credits, Timestamp};
+
+/// A create's answer: the resource, and whether it was a replay of an earlier identical create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Created<T> {
+    pub value: T,
+    pub replayed: bool,
+}
+
+/// A signal's answer: the job after it, and whether the signal changed anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome<T> {
+    pub value: T,
+    pub applied: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAccount {
+    pub id: AccountId,
+    pub overdraft_limit: Credits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub id: AccountId,
+    pub balance: Credits,
+    pub overdraft_limit: Credits,
+    pub created_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewGrant {
+    pub id: RefId,
+    pub amount: Credits,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAdjustment {
+    pub id: RefId,
+    pub amount: Credits,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerEntry {
+    pub seq: i64,
+    pub account_id: String,
+    pub kind: EntryKind,
+    pub amount: Credits,
+    pub balance_after: Credits,
+    pub job_id: Option<String>,
+    pub item_id: Option<String>,
+    pub ref_id: Option<String>,
+    pub reason: Option<String>,
+    pub created_at: Timestamp,
+    pub hash: [u8; 32],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewItem {
+    pub id: ItemId,
+    pub cost: Credits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJob {
+    pub id: JobId,
+    pub account_id: AccountId,
+    pub kind: JobKind,
+    /// Non-empty; a job created with a plain `cost` has the single item `main`.
+    pub items: Vec<NewItem>,
+    /// Canonical JSON text (object keys sorted), or `null`.
+    pub payload: String,
+    pub max_attempts: Option<u32>,
+    pub refund_on: Option<RefundPolicy>,
+    pub not_before: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Item {
+    pub id: String,
+    pub cost: Credits,
+    pub state: ItemState,
+    /// Why the refund happened, when one did: `job_failed`, `item_failed`, `cancelled`.
+    pub refund_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LastError {
+    pub code: String,
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    pub id: String,
+    pub account_id: String,
+    pub kind: String,
+    pub state: JobState,
+    pub cost: Credits,
+    /// Sum of the job's ledger entries (≤ 0).
+    pub net: Credits,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    /// Attempts made before the last requeue by a person; the budget counts from here.
+    pub budget_base: u32,
+    pub refund_on: RefundPolicy,
+    pub cancel_requested: bool,
+    pub not_before: Timestamp,
+    pub lease_expires_at: Option<Timestamp>,
+    pub last_error: Option<LastError>,
+    pub items: Vec<Item>,
+    pub payload: String,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFilter {
+    pub state: Option<JobState>,
+    pub kind: Option<JobKind>,
+    pub account_id: Option<AccountId>,
+    pub fail_code: Option<FailCode>,
+}
+
+impl JobFilter {
+    pub const ALL: JobFilter = JobFilter { state: None, kind: None, account_id: None, fail_code: None };
+}
+
+/// `after` is the opaque cursor of the previous page (a sequence number), `limit` ≤ `PAGE_LIMIT_MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    pub after: i64,
+    pub limit: u32,
+}
+
+impl Page {
+    pub const FIRST: Page = Page { after: 0, limit: settle_core::limits::PAGE_LIMIT_DEFAULT };
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paged<T> {
+    pub rows: Vec<T>,
+    pub next_after: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaseToken(pub String);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRequest {
+    pub worker: WorkerName,
+    pub kinds: Vec<JobKind>,
+    pub limit: u32,
+    pub lease_seconds: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedJob {
+    pub job: Job,
+    pub lease_token: LeaseToken,
+    pub lease_expires_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub lease_expires_at: Timestamp,
+    pub cancel_requested: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ItemReport {
+    pub item: Item,
+    pub cancel_requested: bool,
+    pub applied: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailSignal {
+    pub lease_token: LeaseToken,
+    pub code: FailCode,
+    pub message: Option<String>,
+    /// The worker's own verdict; `None` defers to the configured retryable codes.
+    pub retryable: Option<bool>,
+    /// Overrides the backoff formula for this retry (a 429 with Retry-After).
+    pub retry_after_ms: Option<u64>,
+}
+
+/// What reconciling an `unknown` job found at the external system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finding {
+    /// The external system has it: the job succeeded.
+    Present,
+    /// Absent; after the confirm window this becomes `TIMEOUT_CONFIRMED_NOT_SENT` (retryable).
+    Absent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// `200`: the job is `cancelled` (now, or already).
+    Cancelled(Job),
+    /// `202`: running with `cancel_requested`, or `cancelling` while cleanup is retried.
+    Accepted(Job),
+}
+
+impl CancelOutcome {
+    pub fn job(&self) -> &Job {
+        match self {
+            CancelOutcome::Cancelled(j) | CancelOutcome::Accepted(j) => j,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub attempt_no: u32,
+    pub worker: String,
+    pub started_at: Timestamp,
+    pub finished_at: Option<Timestamp>,
+    /// `succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`; `None` while open.
+    pub result: Option<String>,
+    pub fail_code: Option<String>,
+    pub message: Option<String>,
+}
+
+/// A signal that changed nothing (stale token, duplicate): kept for support.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignalRecord {
+    pub attempt_no: Option<u32>,
+    pub signal: String,
+    pub fail_code: Option<String>,
+    pub message: Option<String>,
+    pub effect: String,
+    pub received_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureCount {
+    pub code: String,
+    /// `dead`, `unknown` or `retrying`.
+    pub state: String,
+    pub count: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub seq: i64,
+    pub kind: String,
+    pub job_id: Option<String>,
+    pub account_id: String,
+    /// JSON text.
+    pub data: String,
+    pub created_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    /// `L1` … `L4`, or `SEQ` for a gap in a sequence.
+    pub invariant: &'static str,
+    pub account_id: Option<String>,
+    pub job_id: Option<String>,
+    pub item_id: Option<String>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditReport {
+    pub accounts_checked: u64,
+    pub items_checked: u64,
+    pub entries_checked: u64,
+    pub violations: Vec<Violation>,
+}
+
+impl AuditReport {
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// Registered with a lease token; deleted from the artifact store when its item is cancelled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewArtifact {
+    pub key: ArtifactKey,
+}

@@ -1,0 +1,177 @@
+//! Read-only queries, for both engines.
+
+use crate::db::{args, Db, Value};
+use crate::error::StoreError;
+use crate::model::*;
+use crate::ops::{self, entry_from_row, job_row};
+use settle_core::ids::AccountId;
+use settle_core::limits::PAGE_LIMIT_MAX;
+use settle_core::Timestamp;
+
+fn page_limit(limit: u32) -> i64 {
+    i64::from(limit.clamp(1, PAGE_LIMIT_MAX))
+}
+
+fn next_after<T>(rows: &[T], limit: i64, key: impl Fn(&T) -> i64) -> Option<i64> {
+    if rows.len() as i64 == limit { rows.last().map(key) } else { None }
+}
+
+pub(crate) async fn account(db: &mut Db<'_>, id: &AccountId) -> Result<Account, StoreError> {
+    let row = db
+        .opt("SELECT id, balance, overdraft_limit, created_at FROM accounts WHERE id = $1", args![id.as_str()])
+        .await?
+        .ok_or_else(|| StoreError::not_found("account", id.as_str()))?;
+    ops::account_from_row(&row)
+}
+
+pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
+    account(db, id).await?;
+    let limit = page_limit(page.limit);
+    let rows = db
+        .all(
+            "SELECT seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash \
+             FROM ledger_entries WHERE account_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            args![id.as_str(), page.after, limit],
+        )
+        .await?;
+    let entries = rows.iter().map(entry_from_row).collect::<Result<Vec<_>, _>>()?;
+    let next = next_after(&entries, limit, |e| e.seq);
+    Ok(Paged { rows: entries, next_after: next })
+}
+
+pub(crate) async fn jobs(db: &mut Db<'_>, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
+    let limit = page_limit(page.limit);
+    let mut sql = format!("SELECT {} FROM jobs WHERE job_seq > $1", ops::JOB_COLUMNS);
+    let mut a: Vec<Value> = vec![page.after.into()];
+    let mut add = |sql: &mut String, column: &str, v: Value| {
+        a.push(v);
+        sql.push_str(&format!(" AND {column} = ${}", a.len()));
+    };
+    if let Some(s) = filter.state {
+        add(&mut sql, "state", s.as_str().into());
+    }
+    if let Some(k) = &filter.kind {
+        add(&mut sql, "kind", k.as_str().into());
+    }
+    if let Some(acc) = &filter.account_id {
+        add(&mut sql, "account_id", acc.as_str().into());
+    }
+    if let Some(code) = &filter.fail_code {
+        add(&mut sql, "last_error_code", code.as_str().into());
+    }
+    a.push(limit.into());
+    sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
+    let rows = db.all_built(sql, &a).await?;
+    let mut jobs = Vec::with_capacity(rows.len());
+    let mut seqs = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let row = job_row(r)?;
+        seqs.push(row.job_seq);
+        jobs.push(ops::attach(db, row).await?);
+    }
+    let next = next_after(&seqs, limit, |s| *s);
+    Ok(Paged { rows: jobs, next_after: next })
+}
+
+pub(crate) async fn attempts(db: &mut Db<'_>, id: &str) -> Result<Vec<Attempt>, StoreError> {
+    ops::must_read_job(db, id).await?;
+    let rows = db
+        .all(
+            "SELECT attempt_no, worker, started_at, finished_at, result, fail_code, message FROM attempts \
+             WHERE job_id = $1 ORDER BY attempt_no",
+            args![id],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Attempt {
+                attempt_no: u32::try_from(r.i64(0)?).map_err(StoreError::internal)?,
+                worker: r.text(1)?,
+                started_at: Timestamp::from_micros(r.i64(2)?),
+                finished_at: r.opt_i64(3)?.map(Timestamp::from_micros),
+                result: r.opt_text(4)?,
+                fail_code: r.opt_text(5)?,
+                message: r.opt_text(6)?,
+            })
+        })
+        .collect()
+}
+
+pub(crate) async fn signals(db: &mut Db<'_>, id: &str) -> Result<Vec<SignalRecord>, StoreError> {
+    let rows = db
+        .all(
+            "SELECT attempt_no, signal, fail_code, message, effect, received_at FROM signals WHERE job_id = $1 ORDER BY id",
+            args![id],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(SignalRecord {
+                attempt_no: r.opt_i64(0)?.map(|n| n as u32),
+                signal: r.text(1)?,
+                fail_code: r.opt_text(2)?,
+                message: r.opt_text(3)?,
+                effect: r.text(4)?,
+                received_at: Timestamp::from_micros(r.i64(5)?),
+            })
+        })
+        .collect()
+}
+
+/// Jobs now `dead`, `unknown` or waiting to retry, grouped by their last fail code.
+pub(crate) async fn failure_summary(db: &mut Db<'_>) -> Result<Vec<FailureCount>, StoreError> {
+    let rows = db
+        .all(
+            "SELECT COALESCE(last_error_code, 'NONE') AS code, \
+                    CASE WHEN state = 'queued' THEN 'retrying' ELSE state END AS bucket, COUNT(*) \
+             FROM jobs WHERE state IN ('dead', 'unknown') OR (state = 'queued' AND last_error_code IS NOT NULL) \
+             GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2",
+            args![],
+        )
+        .await?;
+    rows.iter().map(|r| Ok(FailureCount { code: r.text(0)?, state: r.text(1)?, count: r.i64(2)? })).collect()
+}
+
+pub(crate) async fn events(db: &mut Db<'_>, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
+    let limit = page_limit(limit);
+    let rows = db
+        .all(
+            "SELECT seq, type, job_id, account_id, data, created_at FROM outbox WHERE seq > $1 ORDER BY seq LIMIT $2",
+            args![after, limit],
+        )
+        .await?;
+    let events = rows
+        .iter()
+        .map(|r| {
+            Ok(Event {
+                seq: r.i64(0)?,
+                kind: r.text(1)?,
+                job_id: r.opt_text(2)?,
+                account_id: r.text(3)?,
+                data: r.text(4)?,
+                created_at: Timestamp::from_micros(r.i64(5)?),
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let next = next_after(&events, limit, |e| e.seq);
+    Ok(Paged { rows: events, next_after: next })
+}
+
+/// Running jobs whose lease has expired, with the token the rescuer saw.
+pub(crate) async fn expired_leases(db: &mut Db<'_>, now: Timestamp, limit: u32) -> Result<Vec<(String, String)>, StoreError> {
+    let rows = db
+        .all(
+            "SELECT id, lease_token FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 \
+             ORDER BY lease_expires_at, job_seq LIMIT $2",
+            args![now.micros(), page_limit(limit)],
+        )
+        .await?;
+    rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?))).collect()
+}
+
+pub(crate) async fn cancelling(db: &mut Db<'_>, limit: u32) -> Result<Vec<String>, StoreError> {
+    let rows = db
+        .all("SELECT id FROM jobs WHERE state = 'cancelling' ORDER BY updated_at, job_seq LIMIT $1", args![page_limit(limit)])
+        .await?;
+    rows.iter().map(|r| Ok(r.text(0)?)).collect()
+}

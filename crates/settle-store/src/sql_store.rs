@@ -1,0 +1,592 @@
+//! `SqlStore`: the `Store` for SQLite (embedded, one writer that batches) and PostgreSQL (many
+//! processes, one READ COMMITTED transaction per operation). The transitions themselves live in
+//! `ops` and are shared; this file is transactions, batching, teardown steps 2–3 and crash points.
+
+use crate::artifacts::ArtifactStore;
+use crate::db::{Db, Engine};
+use crate::error::StoreError;
+use crate::model::*;
+use crate::ops::{self, After, CrashHook, Cx};
+use crate::store::Store;
+use crate::{audit, reads};
+use async_trait::async_trait;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use settle_core::backoff::SplitMix64;
+use settle_core::crash::CrashPoint;
+use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
+use settle_core::job::RetryPolicy;
+use settle_core::ledger::EntryKind;
+use settle_core::{limits, Clock, Credits, SystemClock};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection};
+use std::panic::AssertUnwindSafe;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// SQLite durability. `Full` (the default) fsyncs the WAL at every commit; `Normal` may lose the
+/// last commits on power loss (never corrupts) and exists for benchmarks and throwaway stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    Full,
+    Normal,
+}
+
+/// How a store is opened. Every option is explicit; `StoreOptions::default()` is production.
+#[derive(Clone)]
+pub struct StoreOptions {
+    pub clock: Arc<dyn Clock>,
+    pub policy: RetryPolicy,
+    /// Seed of the backoff jitter generator (fixed in tests for reproducible schedules).
+    pub jitter_seed: u64,
+    pub durability: Durability,
+    /// Most operations the SQLite writer commits in one transaction (1 disables batching).
+    pub write_batch_max: usize,
+    /// SQLite readers (WAL lets them run beside the writer).
+    pub sqlite_readers: u32,
+    pub busy_timeout: Duration,
+    pub artifacts: Option<Arc<dyn ArtifactStore>>,
+    pub crash: Option<Arc<dyn CrashHook>>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            clock: Arc::new(SystemClock),
+            policy: RetryPolicy::default(),
+            jitter_seed: SystemClock.now().micros() as u64,
+            durability: Durability::Full,
+            write_batch_max: limits::WRITE_BATCH_MAX,
+            sqlite_readers: 4,
+            busy_timeout: Duration::from_secs(5),
+            artifacts: None,
+            crash: None,
+        }
+    }
+}
+
+/// An operation for the writer: runs inside the batch transaction, answers only after the commit.
+trait WriteOp: Send {
+    fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn deliver(self: Box<Self>, committed: Result<(), StoreError>);
+}
+
+type OpFn<T> = Box<dyn for<'a, 'c> FnOnce(&'a mut Db<'c>, &'a Cx) -> BoxFuture<'a, Result<T, StoreError>> + Send>;
+
+struct Op<T> {
+    f: Option<OpFn<T>>,
+    out: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T: Send + 'static> WriteOp for Op<T> {
+    fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let f = self.f.take().expect("an op runs once");
+            match f(db, cx).await {
+                Ok(v) => {
+                    self.out = Some(Ok(v));
+                    Ok(())
+                }
+                Err(e) => {
+                    let copy = StoreError::internal("operation failed");
+                    self.out = Some(Err(e));
+                    Err(copy)
+                }
+            }
+        })
+    }
+
+    fn deliver(self: Box<Self>, committed: Result<(), StoreError>) {
+        let answer = match (self.out, committed) {
+            (Some(Err(own)), _) => Err(own),
+            (Some(Ok(v)), Ok(())) => Ok(v),
+            (_, Err(e)) => Err(e),
+            (None, Ok(())) => Err(StoreError::internal("operation never ran")),
+        };
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// What the writer needs to build each operation's context.
+#[derive(Clone)]
+struct Env {
+    clock: Arc<dyn Clock>,
+    policy: Arc<RetryPolicy>,
+    rng: Arc<Mutex<SplitMix64>>,
+    crash: Option<Arc<dyn CrashHook>>,
+}
+
+impl Env {
+    fn cx(&self) -> Cx {
+        Cx { now: self.clock.now(), policy: self.policy.clone(), rng: self.rng.clone(), crash: self.crash.clone() }
+    }
+}
+
+enum Backend {
+    Sqlite { writer: mpsc::Sender<Box<dyn WriteOp>>, readers: SqlitePool },
+}
+
+pub struct SqlStore {
+    backend: Backend,
+    env: Env,
+    artifacts: Option<Arc<dyn ArtifactStore>>,
+}
+
+static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+impl SqlStore {
+    /// Opens (creating if needed) the store at `url`: `sqlite://PATH`.
+    pub async fn open(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
+        if url.starts_with("sqlite:") {
+            SqlStore::open_sqlite(url, options).await
+        } else {
+            Err(StoreError::invalid(format!("unsupported database url {url:?}: use sqlite://PATH")))
+        }
+    }
+
+    async fn open_sqlite(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
+        let base = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::invalid(format!("bad sqlite url {url:?}: {e}")))?
+            .foreign_keys(true)
+            .busy_timeout(options.busy_timeout)
+            .synchronous(match options.durability {
+                Durability::Full => SqliteSynchronous::Full,
+                Durability::Normal => SqliteSynchronous::Normal,
+            })
+            .statement_cache_capacity(256);
+        let mut writer = base.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).connect().await?;
+        SQLITE_MIGRATOR.run(&mut writer).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(options.sqlite_readers.max(1))
+            .connect_with(base.read_only(true))
+            .await?;
+        let env = Env {
+            clock: options.clock.clone(),
+            policy: Arc::new(options.policy.clone()),
+            rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
+            crash: options.crash.clone(),
+        };
+        let (tx, rx) = mpsc::channel(limits::WRITE_QUEUE_MAX);
+        tokio::spawn(writer_loop(writer, rx, env.clone(), options.write_batch_max.clamp(1, limits::WRITE_BATCH_MAX)));
+        Ok(SqlStore { backend: Backend::Sqlite { writer: tx, readers }, env, artifacts: options.artifacts })
+    }
+
+    pub fn engine(&self) -> Engine {
+        match self.backend {
+            Backend::Sqlite { .. } => Engine::Sqlite,
+        }
+    }
+
+    /// Runs one write operation in its own transaction (SQLite: a savepoint in the writer's batch)
+    /// and answers after the commit.
+    async fn write<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => {
+                let (reply, answer) = oneshot::channel();
+                let op: Box<dyn WriteOp> = Box::new(Op { f: Some(f), out: None, reply });
+                writer.send(op).await.map_err(|_| StoreError::Unavailable("the writer has stopped".into()))?;
+                answer.await.map_err(|_| StoreError::Unavailable("the writer dropped the operation".into()))?
+            }
+        }
+    }
+
+    /// Runs reads on one consistent snapshot.
+    async fn read<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        match &self.backend {
+            Backend::Sqlite { readers, .. } => {
+                let mut tx = readers.begin().await?;
+                let cx = self.env.cx();
+                let out = {
+                    let mut db = Db::Sqlite(&mut tx);
+                    f(&mut db, &cx).await
+                };
+                tx.rollback().await?;
+                out
+            }
+        }
+    }
+
+    fn crash_point(&self, point: CrashPoint) -> Result<(), StoreError> {
+        match &self.env.crash {
+            Some(hook) if hook.should_crash(point) => Err(StoreError::InjectedCrash(point.name())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Teardown steps 2 and 3, after step 1 committed: delete the artifacts of every undelivered
+    /// item (a full rescan, each delete idempotent), then `cancelling → cancelled`, last.
+    /// A cleanup failure leaves the job `cancelling` and is returned as `CleanupFailed`.
+    async fn finish_teardown(&self, id: &str) -> Result<Job, StoreError> {
+        self.crash_point(CrashPoint::TeardownAfterRefund)?;
+        let owned = id.to_owned();
+        let keys = self.read(Box::new(move |db, _| Box::pin(async move { ops::cleanup_keys(db, &owned).await }))).await?;
+        if !keys.is_empty() {
+            let Some(artifacts) = &self.artifacts else {
+                return Err(StoreError::CleanupFailed { job: id.to_owned(), message: "no artifact store is configured".into() });
+            };
+            for key in &keys {
+                artifacts.delete(key).await.map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
+            }
+        }
+        self.crash_point(CrashPoint::TeardownAfterCleanup)?;
+        let owned = id.to_owned();
+        let job = self.write(Box::new(move |db, cx| Box::pin(async move { ops::finish_teardown(db, cx, &owned).await }))).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(job)
+    }
+
+    /// Continues a transition that left teardown to do; a cleanup failure is not an error for the
+    /// signal that caused it: the job stays `cancelling` for the sweeper.
+    async fn continue_after(&self, job: Job, after: After) -> Result<Job, StoreError> {
+        match after {
+            After::Nothing => Ok(job),
+            After::Teardown => match self.finish_teardown(&job.id).await {
+                Ok(done) => Ok(done),
+                Err(StoreError::CleanupFailed { job: id, message }) => {
+                    tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");
+                    self.job(&JobId::parse(&id)?).await
+                }
+                Err(e) => Err(e),
+            },
+        }
+    }
+}
+
+async fn writer_loop(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Box<dyn WriteOp>>, env: Env, batch_max: usize) {
+    let mut batch: Vec<Box<dyn WriteOp>> = Vec::with_capacity(batch_max);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < batch_max {
+            match rx.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        run_batch(&mut conn, &env, &mut batch).await;
+    }
+    let _ = conn.close().await;
+}
+
+/// One transaction for the whole batch, one savepoint per operation. Replies go out only after
+/// COMMIT returns; if the transaction is lost midway (the engine rolled it back on its own, a
+/// panic), every operation of the batch is answered with an error — none was acknowledged.
+async fn run_batch(conn: &mut SqliteConnection, env: &Env, batch: &mut Vec<Box<dyn WriteOp>>) {
+    if let Err(e) = sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await {
+        let msg = e.to_string();
+        for op in batch.drain(..) {
+            op.deliver(Err(StoreError::Unavailable(msg.clone())));
+        }
+        return;
+    }
+    let mut broken: Option<String> = None;
+    for op in batch.iter_mut() {
+        if broken.is_some() {
+            break;
+        }
+        if let Err(e) = sqlx::raw_sql("SAVEPOINT op").execute(&mut *conn).await {
+            broken = Some(e.to_string());
+            break;
+        }
+        let cx = env.cx();
+        let result = {
+            let mut db = Db::Sqlite(&mut *conn);
+            AssertUnwindSafe(op.run(&mut db, &cx)).catch_unwind().await
+        };
+        let step = match result {
+            Ok(Ok(())) => sqlx::raw_sql("RELEASE op").execute(&mut *conn).await.map(|_| ()),
+            Ok(Err(_)) => match sqlx::raw_sql("ROLLBACK TO op").execute(&mut *conn).await {
+                Ok(_) => sqlx::raw_sql("RELEASE op").execute(&mut *conn).await.map(|_| ()),
+                Err(e) => Err(e),
+            },
+            Err(_) => {
+                tracing::error!("a write operation panicked; its batch is rolled back");
+                broken = Some("a write operation panicked".into());
+                continue;
+            }
+        };
+        if let Err(e) = step {
+            broken = Some(e.to_string());
+        }
+    }
+    let committed = match broken {
+        Some(msg) => {
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+            Err(msg)
+        }
+        None => match sqlx::raw_sql("COMMIT").execute(&mut *conn).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+                Err(e.to_string())
+            }
+        },
+    };
+    for op in batch.drain(..) {
+        match &committed {
+            Ok(()) => op.deliver(Ok(())),
+            Err(msg) => op.deliver(Err(StoreError::Unavailable(format!("the write batch was rolled back: {msg}")))),
+        }
+    }
+}
+
+/// Boxes an async block over `(db, cx)` as an operation.
+macro_rules! op {
+    (|$db:ident, $cx:ident| $body:expr) => {
+        Box::new(move |$db: &mut Db<'_>, $cx: &Cx| -> BoxFuture<'_, _> { Box::pin(async move { $body }) })
+    };
+}
+
+fn check_text(what: &str, s: Option<&str>, required: bool) -> Result<(), StoreError> {
+    match s {
+        None if required => Err(StoreError::invalid(format!("{what} is required"))),
+        Some(t) if t.len() > limits::MESSAGE_LEN_MAX => {
+            Err(StoreError::invalid(format!("{what} is longer than {} bytes", limits::MESSAGE_LEN_MAX)))
+        }
+        Some("") if required => Err(StoreError::invalid(format!("{what} is required"))),
+        _ => Ok(()),
+    }
+}
+
+#[async_trait]
+impl Store for SqlStore {
+    fn engine_name(&self) -> &'static str {
+        self.engine().name()
+    }
+
+    async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError> {
+        let out = self.write(op!(|db, cx| ops::create_account(db, cx, &req).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn account(&self, id: &AccountId) -> Result<Account, StoreError> {
+        let id = id.clone();
+        self.read(op!(|db, _cx| reads::account(db, &id).await)).await
+    }
+
+    async fn grant(&self, account: &AccountId, req: NewGrant) -> Result<Created<LedgerEntry>, StoreError> {
+        if !req.amount.is_positive() {
+            return Err(StoreError::invalid("a grant's amount must be greater than zero"));
+        }
+        check_text("reason", req.reason.as_deref(), false)?;
+        let account = account.clone();
+        let out = self
+            .write(op!(|db, cx| ops::credit(db, cx, EntryKind::Grant, &account, req.id.as_str(), req.amount, req.reason.as_deref()).await))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn adjust(&self, account: &AccountId, req: NewAdjustment) -> Result<Created<LedgerEntry>, StoreError> {
+        if req.amount == Credits::ZERO {
+            return Err(StoreError::invalid("an adjustment's amount must not be zero"));
+        }
+        check_text("reason", Some(&req.reason), true)?;
+        let account = account.clone();
+        let out = self
+            .write(op!(|db, cx| ops::credit(db, cx, EntryKind::Adjustment, &account, req.id.as_str(), req.amount, Some(&req.reason)).await))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn ledger(&self, account: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
+        let account = account.clone();
+        self.read(op!(|db, _cx| reads::ledger(db, &account, page).await)).await
+    }
+
+    async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError> {
+        ops::validate_job(&req)?;
+        let out = self.write(op!(|db, cx| ops::create_job(db, cx, &req).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn job(&self, id: &JobId) -> Result<Job, StoreError> {
+        let id = id.clone();
+        self.read(op!(|db, _cx| ops::must_read_job(db, id.as_str()).await)).await
+    }
+
+    async fn jobs(&self, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
+        let filter = filter.clone();
+        self.read(op!(|db, _cx| reads::jobs(db, &filter, page).await)).await
+    }
+
+    async fn claim(&self, req: ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError> {
+        if !(limits::LEASE_SECONDS_MIN..=limits::LEASE_SECONDS_MAX).contains(&req.lease_seconds) {
+            return Err(StoreError::invalid(format!(
+                "lease_seconds must be between {} and {}",
+                limits::LEASE_SECONDS_MIN,
+                limits::LEASE_SECONDS_MAX
+            )));
+        }
+        if req.limit == 0 || req.limit > limits::CLAIM_LIMIT_MAX {
+            return Err(StoreError::invalid(format!("limit must be between 1 and {}", limits::CLAIM_LIMIT_MAX)));
+        }
+        if req.kinds.len() > limits::CLAIM_KINDS_MAX {
+            return Err(StoreError::invalid(format!("at most {} kinds per claim", limits::CLAIM_KINDS_MAX)));
+        }
+        let out = self.write(op!(|db, cx| ops::claim(db, cx, &req).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
+        let (job, token) = (job.clone(), token.clone());
+        let out = self.write(op!(|db, cx| ops::heartbeat(db, cx, &job, &token).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError> {
+        let (job, item, token) = (job.clone(), item.clone(), token.clone());
+        let out = self.write(op!(|db, cx| ops::item_report(db, cx, &job, &item, &token, None).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn item_fail(
+        &self,
+        job: &JobId,
+        item: &ItemId,
+        token: &LeaseToken,
+        code: &FailCode,
+        message: Option<&str>,
+    ) -> Result<ItemReport, StoreError> {
+        check_text("message", message, false)?;
+        let (job, item, token, code) = (job.clone(), item.clone(), token.clone(), code.clone());
+        let message = message.map(str::to_owned);
+        let out = self
+            .write(op!(|db, cx| ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref()))).await))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn register_artifact(&self, job: &JobId, item: &ItemId, token: &LeaseToken, artifact: NewArtifact) -> Result<bool, StoreError> {
+        let (job, item, token) = (job.clone(), item.clone(), token.clone());
+        let out = self.write(op!(|db, cx| ops::register_artifact(db, cx, &job, &item, &token, &artifact).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError> {
+        let (id, token) = (job.clone(), token.cloned());
+        let (outcome, after) = self.write(op!(|db, cx| ops::succeed(db, cx, &id, token.as_ref()).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let value = self.continue_after(outcome.value, after).await?;
+        Ok(Outcome { value, applied: outcome.applied })
+    }
+
+    async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
+        check_text("message", signal.message.as_deref(), false)?;
+        let id = job.clone();
+        let (outcome, after) = self.write(op!(|db, cx| ops::fail(db, cx, &id, &signal).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let value = self.continue_after(outcome.value, after).await?;
+        Ok(Outcome { value, applied: outcome.applied })
+    }
+
+    async fn mark_unknown(&self, job: &JobId, token: &LeaseToken, message: Option<&str>) -> Result<Outcome<Job>, StoreError> {
+        check_text("message", message, false)?;
+        let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
+        let out = self.write(op!(|db, cx| ops::mark_unknown(db, cx, &id, &token, message.as_deref()).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError> {
+        let id = job.clone();
+        let (outcome, after) = self.write(op!(|db, cx| ops::reconcile(db, cx, &id, finding).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let value = self.continue_after(outcome.value, after).await?;
+        Ok(Outcome { value, applied: outcome.applied })
+    }
+
+    async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError> {
+        let id = job.clone();
+        let (job, after) = self.write(op!(|db, cx| ops::cancel(db, cx, &id).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let job = match after {
+            After::Nothing => job,
+            After::Teardown => match self.finish_teardown(&job.id).await {
+                Ok(done) => done,
+                Err(StoreError::CleanupFailed { job: id, message }) => {
+                    tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");
+                    return Ok(CancelOutcome::Accepted(self.job(&JobId::parse(&id)?).await?));
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(match job.state {
+            settle_core::job::JobState::Cancelled => CancelOutcome::Cancelled(job),
+            _ => CancelOutcome::Accepted(job),
+        })
+    }
+
+    async fn requeue(&self, job: &JobId) -> Result<Job, StoreError> {
+        let id = job.clone();
+        let out = self.write(op!(|db, cx| ops::requeue(db, cx, &id).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn rescue_expired_leases(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        let now = self.env.clock.now();
+        let seen = self.read(op!(|db, _cx| reads::expired_leases(db, now, limit).await)).await?;
+        let mut rescued = Vec::new();
+        for (id, token) in seen {
+            let job_id = id.clone();
+            let (applied, after) = self.write(op!(|db, cx| ops::expire_lease(db, cx, &job_id, &token).await)).await?;
+            if applied {
+                if after == After::Teardown {
+                    let job = self.job(&JobId::parse(&id)?).await?;
+                    self.continue_after(job, after).await?;
+                }
+                rescued.push(id);
+            }
+        }
+        Ok(rescued)
+    }
+
+    async fn resume_teardowns(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        let ids = self.read(op!(|db, _cx| reads::cancelling(db, limit).await)).await?;
+        let mut done = Vec::new();
+        for id in ids {
+            match self.finish_teardown(&id).await {
+                Ok(job) if job.state == settle_core::job::JobState::Cancelled => done.push(id),
+                Ok(_) => {}
+                Err(StoreError::CleanupFailed { job, message }) => {
+                    tracing::warn!(%job, %message, "artifact cleanup failed again; will retry");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    async fn attempts(&self, job: &JobId) -> Result<Vec<Attempt>, StoreError> {
+        let id = job.clone();
+        self.read(op!(|db, _cx| reads::attempts(db, id.as_str()).await)).await
+    }
+
+    async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError> {
+        let id = job.clone();
+        self.read(op!(|db, _cx| reads::signals(db, id.as_str()).await)).await
+    }
+
+    async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError> {
+        self.read(op!(|db, _cx| reads::failure_summary(db).await)).await
+    }
+
+    async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
+        self.read(op!(|db, _cx| reads::events(db, after, limit).await)).await
+    }
+
+    async fn audit(&self) -> Result<AuditReport, StoreError> {
+        self.read(op!(|db, _cx| audit::audit(db).await)).await
+    }
+}

@@ -1,0 +1,58 @@
+//! The `Store` trait: one call per domain operation. The conformance suite is written against it.
+
+use crate::error::StoreError;
+use crate::model::*;
+use async_trait::async_trait;
+use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
+
+#[async_trait]
+pub trait Store: Send + Sync {
+    fn engine_name(&self) -> &'static str;
+
+    async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError>;
+    async fn account(&self, id: &AccountId) -> Result<Account, StoreError>;
+    async fn grant(&self, account: &AccountId, req: NewGrant) -> Result<Created<LedgerEntry>, StoreError>;
+    async fn adjust(&self, account: &AccountId, req: NewAdjustment) -> Result<Created<LedgerEntry>, StoreError>;
+    /// Entries in `seq` order after `page.after`.
+    async fn ledger(&self, account: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError>;
+
+    /// Creates a job and charges every item in the same transaction; `insufficient_credits` writes nothing.
+    async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError>;
+    async fn job(&self, id: &JobId) -> Result<Job, StoreError>;
+    async fn jobs(&self, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError>;
+
+    async fn claim(&self, req: ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError>;
+    async fn heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError>;
+    async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError>;
+    async fn item_fail(
+        &self,
+        job: &JobId,
+        item: &ItemId,
+        token: &LeaseToken,
+        code: &FailCode,
+        message: Option<&str>,
+    ) -> Result<ItemReport, StoreError>;
+    /// Returns whether the key was new.
+    async fn register_artifact(&self, job: &JobId, item: &ItemId, token: &LeaseToken, artifact: NewArtifact) -> Result<bool, StoreError>;
+
+    /// Accepted from any attempt, with or without a token (recovery).
+    async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError>;
+    async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
+    async fn mark_unknown(&self, job: &JobId, token: &LeaseToken, message: Option<&str>) -> Result<Outcome<Job>, StoreError>;
+    async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError>;
+    async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError>;
+    async fn requeue(&self, job: &JobId) -> Result<Job, StoreError>;
+
+    /// The lease rescuer's pass: jobs running past their lease take the failure path
+    /// (`LEASE_EXPIRED`, retryable), or teardown when a cancel was requested. Returns their ids.
+    async fn rescue_expired_leases(&self, limit: u32) -> Result<Vec<String>, StoreError>;
+    /// The teardown sweeper's pass: finishes jobs left `cancelling`. Returns those now `cancelled`.
+    async fn resume_teardowns(&self, limit: u32) -> Result<Vec<String>, StoreError>;
+
+    async fn attempts(&self, job: &JobId) -> Result<Vec<Attempt>, StoreError>;
+    async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError>;
+    async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError>;
+    async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError>;
+    /// L1–L4 and gap-free sequences, over one consistent snapshot.
+    async fn audit(&self) -> Result<AuditReport, StoreError>;
+}

@@ -1,0 +1,253 @@
+//! The test kit: a fresh store per test on a real database file, a fake clock, a real
+//! file-system artifact store that can be told to fail, and short helpers.
+
+use async_trait::async_trait;
+use settle_core::backoff::{BackoffPolicy, Jitter};
+use settle_core::ids::*;
+use settle_core::job::{JobState, RefundPolicy, RetryPolicy};
+use settle_core::{Credits, FakeClock, Timestamp};
+use settle_store::*;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Real files under a temp dir; `fail` makes every delete fail (a storage outage).
+pub struct TestArtifacts {
+    pub fs: FsArtifactStore,
+    pub fail: AtomicBool,
+    pub deletes: AtomicUsize,
+}
+
+#[async_trait]
+impl ArtifactStore for TestArtifacts {
+    async fn delete(&self, key: &str) -> Result<(), String> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err("artifact store unavailable".into());
+        }
+        self.deletes.fetch_add(1, Ordering::SeqCst);
+        self.fs.delete(key).await
+    }
+}
+
+/// Crash injection: `arm(point)` makes the next visit of `point` fail once; every visited point
+/// is recorded so the harness can iterate exactly the points an operation passes.
+#[derive(Default)]
+pub struct Crasher {
+    armed: Mutex<Option<settle_core::crash::CrashPoint>>,
+    seen: Mutex<Vec<settle_core::crash::CrashPoint>>,
+}
+
+impl Crasher {
+    pub fn arm(&self, p: settle_core::crash::CrashPoint) {
+        *self.armed.lock().unwrap() = Some(p);
+    }
+    pub fn disarm(&self) -> bool {
+        self.armed.lock().unwrap().take().is_some()
+    }
+    pub fn take_seen(&self) -> Vec<settle_core::crash::CrashPoint> {
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
+}
+
+impl CrashHook for Crasher {
+    fn should_crash(&self, point: settle_core::crash::CrashPoint) -> bool {
+        self.seen.lock().unwrap().push(point);
+        let mut armed = self.armed.lock().unwrap();
+        if *armed == Some(point) {
+            *armed = None;
+            return true;
+        }
+        false
+    }
+}
+
+pub struct Kit {
+    pub store: SqlStore,
+    pub clock: Arc<FakeClock>,
+    pub artifacts: Arc<TestArtifacts>,
+    pub crasher: Arc<Crasher>,
+    pub url: String,
+    pub dir: tempfile::TempDir,
+}
+
+pub const T0: i64 = 1_767_225_600_000_000; // 2026-01-01T00:00:00Z
+
+pub fn test_policy() -> RetryPolicy {
+    RetryPolicy {
+        backoff: BackoffPolicy { backoff_ms_base: 1_000, backoff_ms_max: 600_000, jitter: Jitter::None },
+        attempts_max: 3,
+        ..RetryPolicy::default()
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum EngineKind {
+    Sqlite,
+}
+
+impl Kit {
+    pub async fn new(engine: EngineKind) -> Kit {
+        Kit::with(engine, test_policy(), limits_batch()).await
+    }
+
+    pub async fn with(engine: EngineKind, policy: RetryPolicy, batch: usize) -> Kit {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(FakeClock::new(Timestamp::from_micros(T0)));
+        let artifacts = Arc::new(TestArtifacts {
+            fs: FsArtifactStore::new(dir.path().join("artifacts")),
+            fail: AtomicBool::new(false),
+            deletes: AtomicUsize::new(0),
+        });
+        let crasher = Arc::new(Crasher::default());
+        let url = match engine {
+            EngineKind::Sqlite => format!("sqlite://{}", dir.path().join("settle.db").display()),
+        };
+        let options = StoreOptions {
+            clock: clock.clone(),
+            policy,
+            jitter_seed: 7,
+            write_batch_max: batch,
+            artifacts: Some(artifacts.clone()),
+            crash: Some(crasher.clone()),
+            ..StoreOptions::default()
+        };
+        let store = SqlStore::open(&url, options).await.unwrap();
+        Kit { store, clock, artifacts, crasher, url, dir }
+    }
+
+    pub async fn assert_clean(&self) {
+        let report = self.store.audit().await.unwrap();
+        assert!(report.ok(), "audit violations: {:#?}", report.violations);
+    }
+
+    pub async fn account(&self, id: &str, grant: i64) -> AccountId {
+        let id = acc(id);
+        self.store.create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+        if grant > 0 {
+            self.store
+                .grant(&id, NewGrant { id: RefId::parse(&format!("g-{id}")).unwrap(), amount: Credits::new(grant), reason: None })
+                .await
+                .unwrap();
+        }
+        id
+    }
+
+    pub async fn balance(&self, id: &AccountId) -> i64 {
+        self.store.account(id).await.unwrap().balance.get()
+    }
+
+    pub async fn job(&self, id: &str, account: &AccountId, cost: i64) -> Job {
+        self.store.create_job(new_job(id, account, cost)).await.unwrap().value
+    }
+
+    pub async fn items_job(&self, id: &str, account: &AccountId, costs: &[i64]) -> Job {
+        self.store.create_job(items_job(id, account, costs)).await.unwrap().value
+    }
+
+    pub async fn get(&self, id: &str) -> Job {
+        self.store.job(&jid(id)).await.unwrap()
+    }
+
+    /// Claims exactly the job `id` (it must be the only one due) and returns its token.
+    pub async fn claim_one(&self, id: &str) -> LeaseToken {
+        let claimed = self.store.claim(claim_req("w1", 1)).await.unwrap();
+        assert_eq!(claimed.len(), 1, "expected one claim");
+        assert_eq!(claimed[0].job.id, id);
+        claimed[0].lease_token.clone()
+    }
+
+    pub async fn fail(&self, id: &str, token: &LeaseToken, code: &str) -> Outcome<Job> {
+        self.store.fail(&jid(id), fail_sig(token, code)).await.unwrap()
+    }
+
+    pub async fn ledger_kinds(&self, account: &AccountId) -> Vec<(String, i64)> {
+        self.store
+            .ledger(account, Page { after: 0, limit: 1000 })
+            .await
+            .unwrap()
+            .rows
+            .into_iter()
+            .map(|e| (e.kind.as_str().to_owned(), e.amount.get()))
+            .collect()
+    }
+
+    pub async fn event_types(&self) -> Vec<String> {
+        self.store.events(0, 1000).await.unwrap().rows.into_iter().map(|e| e.kind).collect()
+    }
+
+    /// Raw SQL straight at the database, behind Settle's back.
+    pub async fn raw(&self, sql: &'static str) -> Result<u64, sqlx::Error> {
+        use sqlx::{ConnectOptions, Connection};
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str_url(&self.url).connect().await?;
+        let r = sqlx::query(sql).execute(&mut conn).await?.rows_affected();
+        conn.close().await?;
+        Ok(r)
+    }
+}
+
+trait FromStrUrl {
+    fn from_str_url(url: &str) -> sqlx::sqlite::SqliteConnectOptions;
+}
+impl FromStrUrl for sqlx::sqlite::SqliteConnectOptions {
+    fn from_str_url(url: &str) -> sqlx::sqlite::SqliteConnectOptions {
+        use std::str::FromStr;
+        sqlx::sqlite::SqliteConnectOptions::from_str(url).unwrap()
+    }
+}
+
+fn limits_batch() -> usize {
+    settle_core::limits::WRITE_BATCH_MAX
+}
+
+pub fn acc(s: &str) -> AccountId {
+    AccountId::parse(s).unwrap()
+}
+pub fn jid(s: &str) -> JobId {
+    JobId::parse(s).unwrap()
+}
+pub fn iid(s: &str) -> ItemId {
+    ItemId::parse(s).unwrap()
+}
+pub fn code(s: &str) -> FailCode {
+    FailCode::parse(s).unwrap()
+}
+
+pub fn new_job(id: &str, account: &AccountId, cost: i64) -> NewJob {
+    NewJob {
+        id: jid(id),
+        account_id: account.clone(),
+        kind: JobKind::parse("render").unwrap(),
+        items: vec![NewItem { id: ItemId::main(), cost: Credits::new(cost) }],
+        payload: "null".into(),
+        max_attempts: None,
+        refund_on: None,
+        not_before: None,
+    }
+}
+
+pub fn items_job(id: &str, account: &AccountId, costs: &[i64]) -> NewJob {
+    NewJob {
+        items: costs.iter().enumerate().map(|(i, c)| NewItem { id: iid(&format!("i{i}")), cost: Credits::new(*c) }).collect(),
+        ..new_job(id, account, 0)
+    }
+}
+
+pub fn with_policy(mut j: NewJob, p: RefundPolicy) -> NewJob {
+    j.refund_on = Some(p);
+    j
+}
+
+pub fn claim_req(worker: &str, limit: u32) -> ClaimRequest {
+    ClaimRequest { worker: WorkerName::parse(worker).unwrap(), kinds: vec![], limit, lease_seconds: 30 }
+}
+
+pub fn fail_sig(token: &LeaseToken, c: &str) -> FailSignal {
+    FailSignal { lease_token: token.clone(), code: code(c), message: Some(format!("{c} happened")), retryable: None, retry_after_ms: None }
+}
+
+pub fn states(job: &Job) -> Vec<&'static str> {
+    job.items.iter().map(|i| i.state.as_str()).collect()
+}
+
+pub fn assert_state(job: &Job, state: JobState) {
+    assert_eq!(job.state, state, "job {} is {:?}", job.id, job.state);
+}
