@@ -943,6 +943,12 @@ pub(crate) async fn finish_teardown(db: &mut Db<'_>, cx: &Cx, id: &str) -> Resul
     Ok(job)
 }
 
+/// A repeated signal for a job whose teardown was interrupted finishes that teardown, so
+/// re-sending what was interrupted converges without waiting for the sweeper.
+fn resume_if_cancelling(job: &JobRow) -> After {
+    if job.state == JobState::Cancelling { After::Teardown } else { After::Nothing }
+}
+
 /// The failure path shared by a worker's fail, the lease rescuer and reconcile-absent.
 async fn apply_failure(
     db: &mut Db<'_>,
@@ -1018,9 +1024,10 @@ pub(crate) async fn fail(db: &mut Db<'_>, cx: &Cx, id: &JobId, signal: &FailSign
     let job = must_lock_job(db, id.as_str()).await?;
     if !holds_lease(&job, &signal.lease_token) {
         log_signal(db, cx, &job, Some(&signal.lease_token.0), "fail", Some(signal.code.as_str()), signal.message.as_deref(), "stale").await?;
+        let after = resume_if_cancelling(&job);
         let job = attach(db, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
-        return Ok((Outcome { value: job, applied: false }, After::Nothing));
+        return Ok((Outcome { value: job, applied: false }, after));
     }
     let retryable = cx.policy.is_retryable(&signal.code, signal.retryable);
     let after = apply_failure(db, cx, &job, &signal.code, signal.message.as_deref(), retryable, signal.retry_after_ms, "failed").await?;
@@ -1052,7 +1059,7 @@ async fn apply_success(db: &mut Db<'_>, cx: &Cx, job: &JobRow, token: Option<&Le
     }
     if !from_ok || cancel_wins {
         log_signal(db, cx, job, token.map(|t| t.0.as_str()), "succeed", None, None, "noop").await?;
-        return Ok((false, After::Nothing));
+        return Ok((false, resume_if_cancelling(job)));
     }
     let rows = db
         .exec(
@@ -1190,6 +1197,13 @@ pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job,
 
 pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
+    // A requeue re-sent after its answer was lost finds the job requeued and not claimed since:
+    // answer it again rather than fail (docs/decisions/0005).
+    if job.state == JobState::Queued && job.attempt > 0 && job.budget_base == job.attempt {
+        let job = attach(db, job).await?;
+        cx.point(CrashPoint::BeforeCommit)?;
+        return Ok(job);
+    }
     if job.state != JobState::Dead {
         return Err(StoreError::InvalidTransition { job: job.id, action: "be requeued", state: job.state.as_str().to_owned() });
     }
