@@ -716,7 +716,11 @@ async fn requeue_dead_gives_a_fresh_budget(k: &Kit) {
     let j = k.store.requeue(&jid("j")).await.unwrap();
     assert_state(&j, JobState::Queued);
     assert_eq!(states(&j), ["refunded"], "refunded items stay refunded");
-    assert!(matches!(k.store.requeue(&jid("j")).await, Err(StoreError::InvalidTransition { .. })));
+    // re-sent after a lost answer: the same job again, nothing moves
+    assert_eq!(k.store.requeue(&jid("j")).await.unwrap(), j);
+    k.job("fresh", &a, 1).await;
+    assert!(matches!(k.store.requeue(&jid("fresh")).await, Err(StoreError::InvalidTransition { .. })));
+    k.store.cancel(&jid("fresh")).await.unwrap();
     for n in 0..3 {
         let t = k.claim_one("j").await;
         let j = k.fail("j", &t, "TIMEOUT").await.value;
@@ -727,6 +731,7 @@ async fn requeue_dead_gives_a_fresh_budget(k: &Kit) {
     let t = k.claim_one("j").await;
     let j = k.store.succeed(&jid("j"), Some(&t)).await.unwrap().value;
     assert_eq!((states(&j), j.attempt), (vec!["reclaimed"], 5));
+    assert!(matches!(k.store.requeue(&jid("j")).await, Err(StoreError::InvalidTransition { .. })));
     assert_eq!(k.balance(&a).await, 90);
 }
 
