@@ -1,1 +1,90 @@
-fn main(){}
+//! `settle`: the command-line entry point. Parses arguments, sets up logging, opens the store and
+//! hands over to one command module. anyhow lives here and nowhere below.
+
+mod bench;
+mod demo;
+mod print;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use settle_core::ids::AccountId;
+use settle_store::{SqlStore, Store, StoreOptions};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "settle", version, about = "Settle: the credit ledger for pay-per-job platforms")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Plays the seeds' stories on a throwaway embedded store, printing each step, the ledgers and the audit verdict.
+    Demo {
+        /// Play on this database instead of a throwaway file (it must be empty).
+        #[arg(long)]
+        db: Option<String>,
+    },
+    /// Checks the ledger invariants L1–L4; prints violations and exits 1 if there are any.
+    Audit {
+        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+        db: String,
+    },
+    /// Prints an account's ledger with running balances.
+    Ledger {
+        account: String,
+        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+        db: String,
+    },
+    /// Measures guarded transitions per second on a throwaway store (see docs/performance.md).
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Demo { db } => demo::run(db).await,
+        Command::Audit { db } => {
+            let store = open_existing(&db).await?;
+            let report = store.audit().await.context("audit")?;
+            print::audit(&report);
+            Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Ledger { account, db } => {
+            let store = open_existing(&db).await?;
+            let id = AccountId::parse(&account)?;
+            print::ledger(&store, &id).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// Opens a store that must already exist (operator commands never create one by accident).
+async fn open_existing(url: &str) -> anyhow::Result<SqlStore> {
+    if let Some(path) = url.strip_prefix("sqlite://") {
+        let path = path.split('?').next().unwrap_or(path);
+        anyhow::ensure!(std::path::Path::new(path).exists(), "no database at {path}");
+    }
+    SqlStore::open(url, StoreOptions::default()).await.with_context(|| format!("open {url}"))
+}

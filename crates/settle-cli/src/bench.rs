@@ -1,0 +1,126 @@
+//! `settle bench`: guarded transitions per second on a throwaway SQLite store, beside the
+//! engine's own limit (empty commits of one row) measured in the same run.
+
+use anyhow::Context;
+use settle_core::ids::*;
+use settle_core::Credits;
+use settle_store::*;
+use sqlx::{ConnectOptions, Connection};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Jobs per configuration; each is created, claimed and succeeded (3 guarded transitions).
+    #[arg(long, default_value_t = 2_000)]
+    jobs: usize,
+    /// Concurrent clients.
+    #[arg(long, value_delimiter = ',', default_value = "1,32")]
+    concurrency: Vec<usize>,
+    /// Largest write batch of the SQLite writer (1 disables batching).
+    #[arg(long, value_delimiter = ',', default_value = "1,256")]
+    batch: Vec<usize>,
+    /// Durability settings to measure: full, normal.
+    #[arg(long, value_delimiter = ',', default_value = "full,normal")]
+    sync: Vec<String>,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    println!("settle bench: SQLite (WAL), {} jobs per row, 3 guarded transitions per job (create+charge, claim, succeed)", args.jobs);
+    println!("{:<8} {:>6} {:>11} {:>14} {:>16} {:>9}", "sync", "batch", "concurrency", "transitions/s", "raw commits/s", "ratio");
+    for sync in &args.sync {
+        let durability = match sync.as_str() {
+            "full" => Durability::Full,
+            "normal" => Durability::Normal,
+            other => anyhow::bail!("unknown sync setting {other}: use full or normal"),
+        };
+        let raw = raw_commits_per_second(durability, 2_000).await?;
+        for &batch in &args.batch {
+            for &concurrency in &args.concurrency {
+                let rate = transitions_per_second(durability, batch, concurrency.max(1), args.jobs).await?;
+                println!("{sync:<8} {batch:>6} {concurrency:>11} {rate:>14.0} {raw:>16.0} {:>9.2}", rate / raw);
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn transitions_per_second(durability: Durability, batch: usize, concurrency: usize, jobs: usize) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite://{}", dir.path().join("bench.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions { durability, write_batch_max: batch, ..StoreOptions::default() }).await?);
+    let mut accounts = Vec::new();
+    for a in 0..concurrency {
+        let id = AccountId::parse(&format!("acct-{a}"))?;
+        store.create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }).await?;
+        store.grant(&id, NewGrant { id: RefId::parse(&format!("g-{a}"))?, amount: Credits::new(1_000_000_000), reason: None }).await?;
+        accounts.push(id);
+    }
+    let per_client = jobs / concurrency;
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for (c, account) in accounts.into_iter().enumerate() {
+        let store = store.clone();
+        handles.push(tokio::spawn(async move {
+            let kind = JobKind::parse("bench").expect("valid kind");
+            for n in 0..per_client {
+                let id = JobId::parse(&format!("j-{c}-{n}")).expect("valid id");
+                let req = NewJob {
+                    id: id.clone(),
+                    account_id: account.clone(),
+                    kind: kind.clone(),
+                    items: vec![NewItem { id: ItemId::main(), cost: Credits::new(3) }],
+                    payload: "null".into(),
+                    max_attempts: None,
+                    refund_on: None,
+                    not_before: None,
+                };
+                store.create_job(req).await?;
+                let claim = ClaimRequest { worker: WorkerName::parse(&format!("w{c}")).expect("valid"), kinds: vec![], limit: 1, lease_seconds: 30 };
+                let claimed = store.claim(claim).await?;
+                // Another client may have claimed this one; succeed whatever we got, then ours from any attempt.
+                for got in &claimed {
+                    store.succeed(&JobId::parse(&got.job.id).expect("valid"), Some(&got.lease_token)).await?;
+                }
+                if claimed.is_empty() {
+                    store.succeed(&id, None).await?;
+                }
+            }
+            Ok::<(), StoreError>(())
+        }));
+    }
+    for h in handles {
+        h.await.context("bench client")??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let report = store.audit().await?;
+    anyhow::ensure!(report.ok(), "audit failed after the benchmark: {:?}", report.violations);
+    Ok((per_client * concurrency * 3) as f64 / elapsed)
+}
+
+/// The engine's own limit: one-row INSERT transactions (BEGIN IMMEDIATE … COMMIT) on one
+/// connection with the same durability — what a commit costs with no Settle logic at all.
+async fn raw_commits_per_second(durability: Durability, n: usize) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite://{}", dir.path().join("raw.db").display());
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .synchronous(match durability {
+            Durability::Full => sqlx::sqlite::SqliteSynchronous::Full,
+            Durability::Normal => sqlx::sqlite::SqliteSynchronous::Normal,
+        })
+        .connect()
+        .await?;
+    sqlx::raw_sql("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL) STRICT").execute(&mut conn).await?;
+    let started = Instant::now();
+    for i in 0..n {
+        sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut conn).await?;
+        sqlx::query("INSERT INTO t (v) VALUES ($1)").bind(i as i64).execute(&mut conn).await?;
+        sqlx::raw_sql("COMMIT").execute(&mut conn).await?;
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    conn.close().await?;
+    Ok(rate)
+}

@@ -1,0 +1,66 @@
+//! Human-readable output for the operator commands and the demo.
+
+use settle_core::ids::AccountId;
+use settle_core::Timestamp;
+use settle_store::{AuditReport, Page, Store};
+
+pub fn time(t: Timestamp) -> String {
+    let nanos = i128::from(t.micros()) * 1_000;
+    match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
+        Ok(dt) => dt.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| t.micros().to_string()),
+        Err(_) => t.micros().to_string(),
+    }
+}
+
+pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()> {
+    let acc = store.account(account).await?;
+    println!("  ledger of {} (overdraft limit {})", acc.id, acc.overdraft_limit);
+    println!("  {:>5}  {:<10} {:>8} {:>9}  {:<14} {:<8} {:<27} reason", "seq", "kind", "amount", "balance", "job", "item", "created_at");
+    let mut page = Page { after: 0, limit: 1000 };
+    loop {
+        let p = store.ledger(account, page).await?;
+        for e in &p.rows {
+            println!(
+                "  {:>5}  {:<10} {:>+8} {:>9}  {:<14} {:<8} {:<27} {}",
+                e.seq,
+                e.kind.as_str(),
+                e.amount.get(),
+                e.balance_after.get(),
+                e.job_id.as_deref().unwrap_or("-"),
+                e.item_id.as_deref().unwrap_or("-"),
+                time(e.created_at),
+                e.reason.as_deref().or(e.ref_id.as_deref()).unwrap_or("")
+            );
+        }
+        match p.next_after {
+            Some(after) => page.after = after,
+            None => break,
+        }
+    }
+    println!("  balance {}", acc.balance);
+    Ok(())
+}
+
+pub fn audit(report: &AuditReport) {
+    if report.ok() {
+        println!(
+            "audit: clean ({} accounts, {} items, {} ledger entries checked; L1-L4 hold)",
+            report.accounts_checked, report.items_checked, report.entries_checked
+        );
+        return;
+    }
+    println!("audit: {} violation(s)", report.violations.len());
+    for v in &report.violations {
+        let mut at = Vec::new();
+        if let Some(a) = &v.account_id {
+            at.push(format!("account {a}"));
+        }
+        if let Some(j) = &v.job_id {
+            at.push(format!("job {j}"));
+        }
+        if let Some(i) = &v.item_id {
+            at.push(format!("item {i}"));
+        }
+        println!("  {} [{}] {}", v.invariant, at.join(", "), v.message);
+    }
+}

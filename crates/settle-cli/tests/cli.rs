@@ -1,0 +1,67 @@
+//! The `settle` binary, run as a user would: demo, audit (clean and tampered), ledger.
+
+use std::process::Command;
+
+fn settle(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_settle")).args(args).env_remove("SETTLE_DATABASE_URL").output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn demo_plays_the_stories_and_ends_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("demo.db").display());
+    let (code, out, err) = settle(&["demo", "--db", &url]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("audit: clean"), "{out}");
+    // The recovered render: charge, refund, reclaim and nothing more.
+    let render: Vec<&str> = out
+        .lines()
+        .filter(|l| l.split_whitespace().next().is_some_and(|seq| seq.parse::<u64>().is_ok()) && l.contains(" render-1 "))
+        .collect();
+    let kinds: Vec<&str> = render.iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
+    assert_eq!(kinds, ["charge", "refund", "reclaim"], "{render:#?}");
+    assert!(render[0].contains("-40") && render[1].contains("+40") && render[2].contains("-40"));
+    // The audit and ledger commands work on what the demo left behind.
+    let (code, out, _) = settle(&["audit", "--db", &url]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, _) = settle(&["ledger", "alice", "--db", &url]);
+    assert_eq!(code, 0);
+    assert!(out.contains("balance 420"), "{out}");
+}
+
+#[test]
+fn audit_names_a_ledger_altered_behind_settles_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let url = format!("sqlite://{}", path.display());
+    assert_eq!(settle(&["demo", "--db", &url]).0, 0);
+    let tamper = |sql: &str| {
+        let st = Command::new("python3")
+            .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()"])
+            .arg(&path)
+            .arg(sql)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    // With the trigger in place the database itself refuses.
+    let refused = Command::new("python3")
+        .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('UPDATE ledger_entries SET amount = 0 WHERE seq = 3')"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("append-only"));
+    tamper("DROP TRIGGER ledger_entries_no_update; UPDATE ledger_entries SET amount = 0 WHERE seq = 3;");
+    let (code, out, _) = settle(&["audit", "--db", &url]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("L1") && out.contains("L3") && out.contains("render-1"), "{out}");
+}
+
+#[test]
+fn operator_commands_refuse_a_missing_database() {
+    let (code, _, err) = settle(&["audit", "--db", "sqlite:///nonexistent/settle.db"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no database"), "{err}");
+}
