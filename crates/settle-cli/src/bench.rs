@@ -2,8 +2,8 @@
 //! engine's own limit (empty commits of one row) measured in the same run.
 
 use anyhow::Context;
-use settle_core::ids::*;
 use settle_core::Credits;
+use settle_core::ids::*;
 use settle_store::*;
 use sqlx::{ConnectOptions, Connection};
 use std::str::FromStr;
@@ -27,8 +27,14 @@ pub struct BenchArgs {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    println!("settle bench: SQLite (WAL), {} jobs per row, 3 guarded transitions per job (create+charge, claim, succeed)", args.jobs);
-    println!("{:<8} {:>6} {:>11} {:>14} {:>16} {:>9}", "sync", "batch", "concurrency", "transitions/s", "raw commits/s", "ratio");
+    println!(
+        "settle bench: SQLite (WAL), {} jobs per row, 3 guarded transitions per job (create+charge, claim, succeed)",
+        args.jobs
+    );
+    println!(
+        "{:<8} {:>6} {:>11} {:>14} {:>16} {:>9}",
+        "sync", "batch", "concurrency", "transitions/s", "raw commits/s", "ratio"
+    );
     for sync in &args.sync {
         let durability = match sync.as_str() {
             "full" => Durability::Full,
@@ -46,15 +52,27 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn transitions_per_second(durability: Durability, batch: usize, concurrency: usize, jobs: usize) -> anyhow::Result<f64> {
+async fn transitions_per_second(
+    durability: Durability,
+    batch: usize,
+    concurrency: usize,
+    jobs: usize,
+) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
     let url = format!("sqlite://{}", dir.path().join("bench.db").display());
-    let store = Arc::new(SqlStore::open(&url, StoreOptions { durability, write_batch_max: batch, ..StoreOptions::default() }).await?);
+    let store = Arc::new(
+        SqlStore::open(&url, StoreOptions { durability, write_batch_max: batch, ..StoreOptions::default() }).await?,
+    );
     let mut accounts = Vec::new();
     for a in 0..concurrency {
         let id = AccountId::parse(&format!("acct-{a}"))?;
         store.create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }).await?;
-        store.grant(&id, NewGrant { id: RefId::parse(&format!("g-{a}"))?, amount: Credits::new(1_000_000_000), reason: None }).await?;
+        store
+            .grant(
+                &id,
+                NewGrant { id: RefId::parse(&format!("g-{a}"))?, amount: Credits::new(1_000_000_000), reason: None },
+            )
+            .await?;
         accounts.push(id);
     }
     let per_client = jobs / concurrency;
@@ -77,7 +95,12 @@ async fn transitions_per_second(durability: Durability, batch: usize, concurrenc
                     not_before: None,
                 };
                 store.create_job(req).await?;
-                let claim = ClaimRequest { worker: WorkerName::parse(&format!("w{c}")).expect("valid"), kinds: vec![], limit: 1, lease_seconds: 30 };
+                let claim = ClaimRequest {
+                    worker: WorkerName::parse(&format!("w{c}")).expect("valid"),
+                    kinds: vec![],
+                    limit: 1,
+                    lease_seconds: 30,
+                };
                 let claimed = store.claim(claim).await?;
                 // Another client may have claimed this one; succeed whatever we got, then ours from any attempt.
                 for got in &claimed {

@@ -2,7 +2,7 @@
 //! virtual clock, each step printed, then the ledger with running balances and the audit verdict.
 
 use crate::print;
-use anyhow::{ensure, Context};
+use anyhow::{Context, ensure};
 use settle_core::backoff::{BackoffPolicy, Jitter};
 use settle_core::ids::*;
 use settle_core::job::{JobState, RetryPolicy};
@@ -37,7 +37,10 @@ impl Demo {
             id: JobId::parse(id)?,
             account_id: account.clone(),
             kind: JobKind::parse("render")?,
-            items: items.iter().map(|(i, c)| Ok(NewItem { id: ItemId::parse(i)?, cost: Credits::new(*c) })).collect::<anyhow::Result<_>>()?,
+            items: items
+                .iter()
+                .map(|(i, c)| Ok(NewItem { id: ItemId::parse(i)?, cost: Credits::new(*c) }))
+                .collect::<anyhow::Result<_>>()?,
             payload: "null".into(),
             max_attempts: None,
             refund_on: None,
@@ -84,18 +87,36 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     let d = Demo { store, clock, start };
     let alice = AccountId::parse("alice")?;
     d.store.create_account(NewAccount { id: alice.clone(), overdraft_limit: Credits::ZERO }).await?;
-    d.store.grant(&alice, NewGrant { id: RefId::parse("welcome")?, amount: Credits::new(500), reason: Some("welcome credits".into()) }).await?;
+    d.store
+        .grant(
+            &alice,
+            NewGrant {
+                id: RefId::parse("welcome")?,
+                amount: Credits::new(500),
+                reason: Some("welcome credits".into()),
+            },
+        )
+        .await?;
     d.say("account alice created and granted 500 credits");
 
     println!("\n1. The render that times out at 30 s, is refunded, and recovers at 32 s");
     d.job("render-1", &alice, &[("main", 40)]).await?;
     let c = d.claim("gpu-worker-7").await?;
     d.clock.advance_seconds(30);
-    let j = d.store.fail(&JobId::parse("render-1")?, fail(&c.lease_token, "TIMEOUT", "no result after 30 s")?).await?.value;
-    d.say(format!("worker times out: render-1 is {} and refunded; balance {}", j.state.as_str(), d.balance(&alice).await?));
+    let j =
+        d.store.fail(&JobId::parse("render-1")?, fail(&c.lease_token, "TIMEOUT", "no result after 30 s")?).await?.value;
+    d.say(format!(
+        "worker times out: render-1 is {} and refunded; balance {}",
+        j.state.as_str(),
+        d.balance(&alice).await?
+    ));
     d.clock.advance_seconds(2);
     let j = d.store.succeed(&JobId::parse("render-1")?, Some(&c.lease_token)).await?.value;
-    d.say(format!("the GPU's result lands at 32 s: render-1 is {}, the refund reclaimed; balance {}", j.state.as_str(), d.balance(&alice).await?));
+    d.say(format!(
+        "the GPU's result lands at 32 s: render-1 is {}, the refund reclaimed; balance {}",
+        j.state.as_str(),
+        d.balance(&alice).await?
+    ));
     let again = d.store.succeed(&JobId::parse("render-1")?, Some(&c.lease_token)).await?;
     d.say(format!("the same success delivered again: applied = {} (no second reclaim)", again.applied));
     ensure!(j.net.get() == -40 && !again.applied, "render-1 must net -40");
@@ -109,17 +130,26 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         d.store.fail(&id, fail(&c.lease_token, "INVALID_INPUT", "error callback")?)
     );
     let (a, b) = (a?, b?);
-    d.say(format!("two failure signals at once: applied = {} and {}; transcribe-1 is {}", a.applied, b.applied, a.value.state.as_str()));
+    d.say(format!(
+        "two failure signals at once: applied = {} and {}; transcribe-1 is {}",
+        a.applied,
+        b.applied,
+        a.value.state.as_str()
+    ));
     ensure!(a.applied ^ b.applied, "exactly one failure applies");
     d.say(format!("balance {} — refunded once", d.balance(&alice).await?));
 
     println!("\n3. A retryable failure, retried with backoff, then succeeding");
     d.job("image-1", &alice, &[("main", 10)]).await?;
     let c = d.claim("gpu-worker-7").await?;
-    let j = d.store.fail(&JobId::parse("image-1")?, fail(&c.lease_token, "NODE_DOWN", "GPU node went away")?).await?.value;
+    let j =
+        d.store.fail(&JobId::parse("image-1")?, fail(&c.lease_token, "NODE_DOWN", "GPU node went away")?).await?.value;
     let wait = (j.not_before.micros() - d.clock.now().micros()) / 1_000;
     d.say(format!("NODE_DOWN is retryable: image-1 back to {} with not_before +{wait} ms, refunded", j.state.as_str()));
-    let none = d.store.claim(ClaimRequest { worker: WorkerName::parse("eager")?, kinds: vec![], limit: 1, lease_seconds: 30 }).await?;
+    let none = d
+        .store
+        .claim(ClaimRequest { worker: WorkerName::parse("eager")?, kinds: vec![], limit: 1, lease_seconds: 30 })
+        .await?;
     d.say(format!("a claim before the backoff ends finds {} job(s)", none.len()));
     d.clock.advance_millis(wait as u64);
     let c = d.claim("gpu-worker-9").await?;
@@ -129,8 +159,16 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     println!("\n4. A non-retryable failure goes to dead letters; a person requeues it");
     d.job("export-1", &alice, &[("main", 30)]).await?;
     let c = d.claim("cpu-worker-2").await?;
-    let j = d.store.fail(&JobId::parse("export-1")?, fail(&c.lease_token, "INVALID_ADDRESS", "bucket does not exist")?).await?.value;
-    d.say(format!("INVALID_ADDRESS is not retryable: export-1 is {}, refunded; balance {}", j.state.as_str(), d.balance(&alice).await?));
+    let j = d
+        .store
+        .fail(&JobId::parse("export-1")?, fail(&c.lease_token, "INVALID_ADDRESS", "bucket does not exist")?)
+        .await?
+        .value;
+    d.say(format!(
+        "INVALID_ADDRESS is not retryable: export-1 is {}, refunded; balance {}",
+        j.state.as_str(),
+        d.balance(&alice).await?
+    ));
     for f in d.store.failure_summary().await? {
         d.say(format!("failure summary: {} {} × {}", f.code, f.state, f.count));
     }

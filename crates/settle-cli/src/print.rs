@@ -1,7 +1,7 @@
 //! Human-readable output for the operator commands and the demo.
 
-use settle_core::ids::AccountId;
 use settle_core::Timestamp;
+use settle_core::ids::AccountId;
 use settle_store::{AuditReport, Page, Store};
 
 pub fn time(t: Timestamp) -> String {
@@ -15,7 +15,10 @@ pub fn time(t: Timestamp) -> String {
 pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()> {
     let acc = store.account(account).await?;
     println!("  ledger of {} (overdraft limit {})", acc.id, acc.overdraft_limit);
-    println!("  {:>5}  {:<10} {:>8} {:>9}  {:<14} {:<8} {:<27} reason", "seq", "kind", "amount", "balance", "job", "item", "created_at");
+    println!(
+        "  {:>5}  {:<10} {:>8} {:>9}  {:<14} {:<8} {:<27} reason",
+        "seq", "kind", "amount", "balance", "job", "item", "created_at"
+    );
     let mut page = Page { after: 0, limit: 1000 };
     loop {
         let p = store.ledger(account, page).await?;

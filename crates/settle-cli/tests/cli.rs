@@ -4,7 +4,11 @@ use std::process::Command;
 
 fn settle(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_settle")).args(args).env_remove("SETTLE_DATABASE_URL").output().unwrap();
-    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -17,7 +21,9 @@ fn demo_plays_the_stories_and_ends_clean() {
     // The recovered render: charge, refund, reclaim and nothing more.
     let render: Vec<&str> = out
         .lines()
-        .filter(|l| l.split_whitespace().next().is_some_and(|seq| seq.parse::<u64>().is_ok()) && l.contains(" render-1 "))
+        .filter(|l| {
+            l.split_whitespace().next().is_some_and(|seq| seq.parse::<u64>().is_ok()) && l.contains(" render-1 ")
+        })
         .collect();
     let kinds: Vec<&str> = render.iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
     assert_eq!(kinds, ["charge", "refund", "reclaim"], "{render:#?}");
@@ -38,7 +44,10 @@ fn audit_names_a_ledger_altered_behind_settles_back() {
     assert_eq!(settle(&["demo", "--db", &url]).0, 0);
     let tamper = |sql: &str| {
         let st = Command::new("python3")
-            .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()"])
+            .args([
+                "-c",
+                "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()",
+            ])
             .arg(&path)
             .arg(sql)
             .status()

@@ -70,9 +70,8 @@ pub struct WorkerName(String);
 
 impl WorkerName {
     pub fn parse(s: &str) -> Result<WorkerName, IdError> {
-        let ok = !s.is_empty()
-            && s.len() <= WORKER_LEN_MAX
-            && s.chars().all(|c| is_id_char(c) || matches!(c, '/' | '@'));
+        let ok =
+            !s.is_empty() && s.len() <= WORKER_LEN_MAX && s.chars().all(|c| is_id_char(c) || matches!(c, '/' | '@'));
         if !ok {
             return Err(IdError { what: "worker", rule: "1-128 characters of [A-Za-z0-9_.:@/-]" });
         }

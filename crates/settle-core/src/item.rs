@@ -64,13 +64,8 @@ impl RefundReason {
 }
 
 impl ItemState {
-    pub const ALL: [ItemState; 5] = [
-        ItemState::Charged,
-        ItemState::Succeeded,
-        ItemState::Refunded,
-        ItemState::Reclaimed,
-        ItemState::Cancelled,
-    ];
+    pub const ALL: [ItemState; 5] =
+        [ItemState::Charged, ItemState::Succeeded, ItemState::Refunded, ItemState::Reclaimed, ItemState::Cancelled];
 
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -50,8 +50,7 @@ impl JobState {
     }
 
     /// States from which a success is accepted (any attempt: the work exists).
-    pub const SUCCEED_FROM: [JobState; 4] =
-        [JobState::Running, JobState::Queued, JobState::Unknown, JobState::Dead];
+    pub const SUCCEED_FROM: [JobState; 4] = [JobState::Running, JobState::Queued, JobState::Unknown, JobState::Dead];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,7 +88,8 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> RetryPolicy {
-        let codes = ["NODE_DOWN", "TIMEOUT", "RATE_LIMITED", "LEASE_EXPIRED", "TIMEOUT_CONFIRMED_NOT_SENT", "UNAVAILABLE"];
+        let codes =
+            ["NODE_DOWN", "TIMEOUT", "RATE_LIMITED", "LEASE_EXPIRED", "TIMEOUT_CONFIRMED_NOT_SENT", "UNAVAILABLE"];
         RetryPolicy {
             backoff: BackoffPolicy::default(),
             attempts_max: ATTEMPTS_MAX_DEFAULT,

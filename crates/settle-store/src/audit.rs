@@ -1,12 +1,12 @@
 //! `settle audit`: the ledger invariants L1–L4 of the spec, recomputed from the rows.
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
-use crate::db::{args, Db};
+use crate::db::{Db, args};
 use crate::error::StoreError;
 use crate::model::{AuditReport, Violation};
-use settle_core::item::ItemState;
-use settle_core::ledger::{chain_hash, EntryFields, EntryKind, Hash32, GENESIS_HASH};
 use settle_core::Credits;
+use settle_core::item::ItemState;
+use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use std::collections::{BTreeMap, HashMap};
 
 struct Acc {
@@ -26,7 +26,13 @@ struct ItemLedger {
     reclaim_before_refund: bool,
 }
 
-fn v(invariant: &'static str, account: Option<&str>, job: Option<&str>, item: Option<&str>, message: String) -> Violation {
+fn v(
+    invariant: &'static str,
+    account: Option<&str>,
+    job: Option<&str>,
+    item: Option<&str>,
+    message: String,
+) -> Violation {
     Violation {
         invariant,
         account_id: account.map(str::to_owned),
@@ -52,11 +58,18 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
         .await?;
     let mut expected_seq = 1i64;
     for r in &rows {
-        let (seq, account_id, kind_s, amount, balance_after) = (r.i64(0)?, r.text(1)?, r.text(2)?, r.i64(3)?, r.i64(4)?);
+        let (seq, account_id, kind_s, amount, balance_after) =
+            (r.i64(0)?, r.text(1)?, r.text(2)?, r.i64(3)?, r.i64(4)?);
         let (job_id, item_id, created_at) = (r.opt_text(5)?, r.opt_text(6)?, r.i64(7)?);
         let (prev_hash, hash) = (r.blob(8)?, r.blob(9)?);
         if seq != expected_seq {
-            violations.push(v("SEQ", Some(&account_id), None, None, format!("ledger seq {seq} follows {}", expected_seq - 1)));
+            violations.push(v(
+                "SEQ",
+                Some(&account_id),
+                None,
+                None,
+                format!("ledger seq {seq} follows {}", expected_seq - 1),
+            ));
         }
         expected_seq = seq + 1;
         let Some(kind) = EntryKind::parse(&kind_s) else {
@@ -91,7 +104,13 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
         };
         let computed = chain_hash(&acc.prev, &fields);
         if prev_hash.as_slice() != acc.prev.as_slice() || hash.as_slice() != computed.as_slice() {
-            violations.push(v("L2", Some(&account_id), job_id.as_deref(), item_id.as_deref(), format!("entry {seq}: hash chain does not verify")));
+            violations.push(v(
+                "L2",
+                Some(&account_id),
+                job_id.as_deref(),
+                item_id.as_deref(),
+                format!("entry {seq}: hash chain does not verify"),
+            ));
         }
         acc.prev = hash.as_slice().try_into().unwrap_or(computed);
         if let (Some(job), Some(item)) = (&job_id, &item_id) {
@@ -115,7 +134,13 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
     }
     for (id, acc) in &accounts {
         if acc.sum != i128::from(acc.balance) {
-            violations.push(v("L1", Some(id), None, None, format!("balance {} but entries sum to {}", acc.balance, acc.sum)));
+            violations.push(v(
+                "L1",
+                Some(id),
+                None,
+                None,
+                format!("balance {} but entries sum to {}", acc.balance, acc.sum),
+            ));
         }
     }
     let item_rows = db.all("SELECT job_id, item_id, cost, state FROM items ORDER BY job_id, ord", args![]).await?;
@@ -129,7 +154,13 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
         };
         let net = state.net(Credits::new(cost)).map(|c| i128::from(c.get())).unwrap_or(i128::MIN);
         if il.sum != net {
-            violations.push(v("L3", None, Some(&job), Some(&item), format!("entries sum to {} but state {state_s} nets {net}", il.sum)));
+            violations.push(v(
+                "L3",
+                None,
+                Some(&job),
+                Some(&item),
+                format!("entries sum to {} but state {state_s} nets {net}", il.sum),
+            ));
         }
         if il.charges > 1 || il.refunds > 1 || il.reclaims > 1 {
             violations.push(v(
@@ -145,7 +176,13 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
         }
     }
     for ((job, item), _) in items {
-        violations.push(v("L3", None, Some(&job), Some(&item), "ledger entries name an item that does not exist".to_owned()));
+        violations.push(v(
+            "L3",
+            None,
+            Some(&job),
+            Some(&item),
+            "ledger entries name an item that does not exist".to_owned(),
+        ));
     }
     let mut expected = 1i64;
     for r in db.all("SELECT seq FROM outbox ORDER BY seq", args![]).await? {
@@ -155,5 +192,10 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
         }
         expected = seq + 1;
     }
-    Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked: rows.len() as u64, violations })
+    Ok(AuditReport {
+        accounts_checked: accounts.len() as u64,
+        items_checked,
+        entries_checked: rows.len() as u64,
+        violations,
+    })
 }

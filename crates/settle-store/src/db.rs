@@ -198,7 +198,9 @@ impl Db<'_> {
                 .into_iter()
                 .map(Row::Sqlite)
                 .collect()),
-            Db::Pg(c) => Ok(bind_pg(sqlx::query(sql), args).fetch_all(&mut **c).await?.into_iter().map(Row::Pg).collect()),
+            Db::Pg(c) => {
+                Ok(bind_pg(sqlx::query(sql), args).fetch_all(&mut **c).await?.into_iter().map(Row::Pg).collect())
+            }
         }
     }
 

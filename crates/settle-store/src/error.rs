@@ -1,7 +1,7 @@
 //! Store errors: what callers branch on. Engine errors stay inside `Internal`.
 
-use settle_core::ids::IdError;
 use settle_core::MoneyError;
+use settle_core::ids::IdError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -7,7 +7,7 @@
 //! asserted, the ledger rows, the server-side balance change and the outbox event — all in the
 //! one transaction. Nothing here reads the system clock or keeps money in application state.
 
-use crate::db::{args, Db, Engine, Row};
+use crate::db::{Db, Engine, Row, args};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::backoff::SplitMix64;
@@ -16,7 +16,7 @@ use settle_core::fingerprint::Fingerprint;
 use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
 use settle_core::item::{self, ItemSignal, ItemState, RefundReason};
 use settle_core::job::{self, FailOutcome, JobState, RefundPolicy, RetryPolicy};
-use settle_core::ledger::{chain_hash, EntryFields, EntryKind, Hash32, GENESIS_HASH};
+use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use settle_core::limits;
 use settle_core::{Credits, Timestamp};
 use std::sync::{Arc, Mutex};
@@ -199,7 +199,6 @@ pub(crate) fn entry_from_row(r: &Row) -> Result<LedgerEntry, StoreError> {
     })
 }
 
-
 pub(crate) fn account_from_row(r: &Row) -> Result<Account, StoreError> {
     Ok(Account {
         id: AccountId::parse(&r.text(0)?)?,
@@ -215,7 +214,8 @@ pub(crate) fn account_from_row(r: &Row) -> Result<Account, StoreError> {
 /// Reserves `n` numbers of a gap-free counter; returns the first.
 async fn next_seq(db: &mut Db<'_>, counter: &'static str, n: i64) -> Result<i64, StoreError> {
     debug_assert!(n >= 1);
-    let row = db.one("UPDATE counters SET value = value + $2 WHERE name = $1 RETURNING value", args![counter, n]).await?;
+    let row =
+        db.one("UPDATE counters SET value = value + $2 WHERE name = $1 RETURNING value", args![counter, n]).await?;
     Ok(row.i64(0)? - n + 1)
 }
 
@@ -365,16 +365,22 @@ async fn emit(
     Ok(())
 }
 
+/// A signal as received, for the signal log.
+struct Heard<'a> {
+    signal: &'static str,
+    code: Option<&'a str>,
+    message: Option<&'a str>,
+}
+
 async fn log_signal(
     db: &mut Db<'_>,
     cx: &Cx,
     job: &JobRow,
     token: Option<&str>,
-    signal: &'static str,
-    fail_code: Option<&str>,
-    message: Option<&str>,
+    heard: Heard<'_>,
     effect: &'static str,
 ) -> Result<(), StoreError> {
+    let Heard { signal, code: fail_code, message } = heard;
     let attempt_no = match token {
         Some(t) => db
             .opt("SELECT attempt_no FROM attempts WHERE job_id = $1 AND lease_token = $2", args![&job.id, t])
@@ -512,7 +518,10 @@ pub(crate) async fn create_account(db: &mut Db<'_>, cx: &Cx, req: &NewAccount) -
         .await?;
     cx.point(CrashPoint::AfterGuard)?;
     let row = db
-        .one("SELECT id, balance, overdraft_limit, created_at, request_hash FROM accounts WHERE id = $1", args![req.id.as_str()])
+        .one(
+            "SELECT id, balance, overdraft_limit, created_at, request_hash FROM accounts WHERE id = $1",
+            args![req.id.as_str()],
+        )
         .await?;
     let account = account_from_row(&row)?;
     if inserted == 0 {
@@ -521,14 +530,27 @@ pub(crate) async fn create_account(db: &mut Db<'_>, cx: &Cx, req: &NewAccount) -
         }
         return Ok(Created { value: account, replayed: true });
     }
-    emit(db, cx, "account.created", None, req.id.as_str(), serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() }))
-        .await?;
+    emit(
+        db,
+        cx,
+        "account.created",
+        None,
+        req.id.as_str(),
+        serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() }),
+    )
+    .await?;
     cx.point(CrashPoint::AfterOutbox)?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: account, replayed: false })
 }
 
-pub(crate) fn credit_fingerprint(kind: EntryKind, account: &AccountId, id: &str, amount: Credits, reason: Option<&str>) -> [u8; 32] {
+pub(crate) fn credit_fingerprint(
+    kind: EntryKind,
+    account: &AccountId,
+    id: &str,
+    amount: Credits,
+    reason: Option<&str>,
+) -> [u8; 32] {
     Fingerprint::new(kind.as_str())
         .str("account_id", account.as_str())
         .str("id", id)
@@ -576,8 +598,15 @@ pub(crate) async fn credit(
         EntryKind::Grant => "account.granted",
         _ => "account.adjusted",
     };
-    emit(db, cx, event, None, account.as_str(), serde_json::json!({ "id": id, "amount": amount.get(), "seq": entry.seq }))
-        .await?;
+    emit(
+        db,
+        cx,
+        event,
+        None,
+        account.as_str(),
+        serde_json::json!({ "id": id, "amount": amount.get(), "seq": entry.seq }),
+    )
+    .await?;
     cx.point(CrashPoint::AfterOutbox)?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: entry, replayed: false })
@@ -754,8 +783,15 @@ pub(crate) async fn claim(db: &mut Db<'_>, cx: &Cx, req: &ClaimRequest) -> Resul
         )
         .await?;
         let job = must_read_job(db, &job_id).await?;
-        emit(db, cx, "job.claimed", Some(&job_id), &job.account_id, serde_json::json!({ "attempt": attempt, "worker": req.worker.as_str() }))
-            .await?;
+        emit(
+            db,
+            cx,
+            "job.claimed",
+            Some(&job_id),
+            &job.account_id,
+            serde_json::json!({ "attempt": attempt, "worker": req.worker.as_str() }),
+        )
+        .await?;
         cx.point(CrashPoint::AfterOutbox)?;
         claimed.push(ClaimedJob { job, lease_token: LeaseToken(token), lease_expires_at });
     }
@@ -767,10 +803,16 @@ fn holds_lease(job: &JobRow, token: &LeaseToken) -> bool {
     job.state == JobState::Running && job.lease_token.as_deref() == Some(token.0.as_str())
 }
 
-pub(crate) async fn heartbeat(db: &mut Db<'_>, cx: &Cx, id: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
+pub(crate) async fn heartbeat(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    token: &LeaseToken,
+) -> Result<Heartbeat, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     if !holds_lease(&job, token) {
-        log_signal(db, cx, &job, Some(&token.0), "heartbeat", None, None, "stale").await?;
+        log_signal(db, cx, &job, Some(&token.0), Heard { signal: "heartbeat", code: None, message: None }, "stale")
+            .await?;
         return Err(StoreError::LeaseLost(job.id));
     }
     let expires = cx.now.plus_seconds(u64::try_from(job.lease_seconds).unwrap_or(0));
@@ -800,11 +842,14 @@ pub(crate) async fn item_report(
     let signal_name = if failure.is_some() { "item_fail" } else { "item_succeed" };
     if !holds_lease(&job, token) {
         let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
-        log_signal(db, cx, &job, Some(&token.0), signal_name, code, message, "stale").await?;
+        log_signal(db, cx, &job, Some(&token.0), Heard { signal: signal_name, code, message }, "stale").await?;
         return Err(StoreError::LeaseLost(job.id));
     }
     let current = db
-        .opt("SELECT item_id, cost, state, refund_reason FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, item_id.as_str()])
+        .opt(
+            "SELECT item_id, cost, state, refund_reason FROM items WHERE job_id = $1 AND item_id = $2",
+            args![&job.id, item_id.as_str()],
+        )
         .await?
         .ok_or_else(|| StoreError::not_found("item", item_id.as_str()))?;
     let current = item_from_row(&current)?;
@@ -812,7 +857,7 @@ pub(crate) async fn item_report(
     let applied = match item::arrow(current.state, signal) {
         None => {
             let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
-            log_signal(db, cx, &job, Some(&token.0), signal_name, code, message, "noop").await?;
+            log_signal(db, cx, &job, Some(&token.0), Heard { signal: signal_name, code, message }, "noop").await?;
             false
         }
         Some(arrow) => {
@@ -825,9 +870,10 @@ pub(crate) async fn item_report(
                     "job.item_refunded",
                     serde_json::json!({ "item_id": item_id.as_str(), "amount": current.cost.get(), "code": code.as_str(), "message": message }),
                 ),
-                (ItemState::Reclaimed, _) => {
-                    ("job.item_reclaimed", serde_json::json!({ "item_id": item_id.as_str(), "amount": current.cost.get() }))
-                }
+                (ItemState::Reclaimed, _) => (
+                    "job.item_reclaimed",
+                    serde_json::json!({ "item_id": item_id.as_str(), "amount": current.cost.get() }),
+                ),
                 _ => ("job.item_succeeded", serde_json::json!({ "item_id": item_id.as_str() })),
             };
             emit(db, cx, event, Some(&job.id), &job.account_id, data).await?;
@@ -836,8 +882,11 @@ pub(crate) async fn item_report(
         }
     };
     let item = item_from_row(
-        &db.one("SELECT item_id, cost, state, refund_reason FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, item_id.as_str()])
-            .await?,
+        &db.one(
+            "SELECT item_id, cost, state, refund_reason FROM items WHERE job_id = $1 AND item_id = $2",
+            args![&job.id, item_id.as_str()],
+        )
+        .await?,
     )?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(ItemReport { item, cancel_requested: job.cancel_requested, applied })
@@ -853,10 +902,22 @@ pub(crate) async fn register_artifact(
 ) -> Result<bool, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     if !holds_lease(&job, token) {
-        log_signal(db, cx, &job, Some(&token.0), "artifact", None, Some(artifact.key.as_str()), "stale").await?;
+        log_signal(
+            db,
+            cx,
+            &job,
+            Some(&token.0),
+            Heard { signal: "artifact", code: None, message: Some(artifact.key.as_str()) },
+            "stale",
+        )
+        .await?;
         return Err(StoreError::LeaseLost(job.id));
     }
-    if db.opt("SELECT 1 FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, item_id.as_str()]).await?.is_none() {
+    if db
+        .opt("SELECT 1 FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, item_id.as_str()])
+        .await?
+        .is_none()
+    {
         return Err(StoreError::not_found("item", item_id.as_str()));
     }
     let rows = db
@@ -880,7 +941,12 @@ pub(crate) enum After {
 
 /// Teardown step 1 inside the caller's transaction: the job (now in `from`) becomes `cancelling`,
 /// every item still `charged` becomes `cancelled` with its refund.
-async fn begin_teardown(db: &mut Db<'_>, cx: &Cx, job: &JobRow, attempt_result: Option<&'static str>) -> Result<(), StoreError> {
+async fn begin_teardown(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    attempt_result: Option<&'static str>,
+) -> Result<(), StoreError> {
     let rows = db
         .exec(
             "UPDATE jobs SET state = 'cancelling', cancel_requested = 1, lease_token = NULL, lease_expires_at = NULL, \
@@ -893,9 +959,11 @@ async fn begin_teardown(db: &mut Db<'_>, cx: &Cx, job: &JobRow, attempt_result: 
         close_attempt(db, cx, job, result, Some(FailCode::cancelled().as_str()), None).await?;
     }
     cx.point(CrashPoint::AfterGuard)?;
-    let moved = move_items(db, cx, job, ItemState::Charged, ItemSignal::Cancel, None, Some(RefundReason::Cancelled)).await?;
+    let moved =
+        move_items(db, cx, job, ItemState::Charged, ItemSignal::Cancel, None, Some(RefundReason::Cancelled)).await?;
     cx.point(CrashPoint::AfterLedger)?;
-    emit(db, cx, "job.cancelling", Some(&job.id), &job.account_id, serde_json::json!({ "from": job.state.as_str() })).await?;
+    emit(db, cx, "job.cancelling", Some(&job.id), &job.account_id, serde_json::json!({ "from": job.state.as_str() }))
+        .await?;
     if !moved.is_empty() {
         emit(
             db,
@@ -916,7 +984,10 @@ pub(crate) async fn finish_teardown(db: &mut Db<'_>, cx: &Cx, id: &str) -> Resul
     let job = must_lock_job(db, id).await?;
     if job.state == JobState::Cancelling {
         let rows = db
-            .exec("UPDATE jobs SET state = 'cancelled', updated_at = $2 WHERE id = $1 AND state = 'cancelling'", args![id, cx.now.micros()])
+            .exec(
+                "UPDATE jobs SET state = 'cancelled', updated_at = $2 WHERE id = $1 AND state = 'cancelling'",
+                args![id, cx.now.micros()],
+            )
             .await?;
         guard_hit(rows, "finish teardown")?;
         cx.point(CrashPoint::AfterGuard)?;
@@ -949,17 +1020,20 @@ fn resume_if_cancelling(job: &JobRow) -> After {
     if job.state == JobState::Cancelling { After::Teardown } else { After::Nothing }
 }
 
-/// The failure path shared by a worker's fail, the lease rescuer and reconcile-absent.
-async fn apply_failure(
-    db: &mut Db<'_>,
-    cx: &Cx,
-    job: &JobRow,
-    code: &FailCode,
-    message: Option<&str>,
+/// A failure as the failure path needs it.
+struct Failure<'a> {
+    code: &'a FailCode,
+    message: Option<&'a str>,
     retryable: bool,
+    /// Overrides the backoff formula (a 429 with Retry-After).
     retry_after_ms: Option<u64>,
+    /// How the attempt row is closed: `failed`, `lease_expired`, `cancelled`.
     attempt_result: &'static str,
-) -> Result<After, StoreError> {
+}
+
+/// The failure path shared by a worker's fail, the lease rescuer and reconcile-absent.
+async fn apply_failure(db: &mut Db<'_>, cx: &Cx, job: &JobRow, failure: Failure<'_>) -> Result<After, StoreError> {
+    let Failure { code, message, retryable, retry_after_ms, attempt_result } = failure;
     let used = u32::try_from(job.attempt - job.budget_base).unwrap_or(u32::MAX);
     let max = u32::try_from(job.max_attempts).unwrap_or(u32::MAX);
     let outcome = job::fail_outcome(job.cancel_requested, retryable, used, max);
@@ -1015,7 +1089,12 @@ async fn apply_failure(
     Ok(After::Nothing)
 }
 
-pub(crate) async fn fail(db: &mut Db<'_>, cx: &Cx, id: &JobId, signal: &FailSignal) -> Result<(Outcome<Job>, After), StoreError> {
+pub(crate) async fn fail(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    signal: &FailSignal,
+) -> Result<(Outcome<Job>, After), StoreError> {
     if let Some(m) = &signal.message
         && m.len() > limits::MESSAGE_LEN_MAX
     {
@@ -1023,42 +1102,92 @@ pub(crate) async fn fail(db: &mut Db<'_>, cx: &Cx, id: &JobId, signal: &FailSign
     }
     let job = must_lock_job(db, id.as_str()).await?;
     if !holds_lease(&job, &signal.lease_token) {
-        log_signal(db, cx, &job, Some(&signal.lease_token.0), "fail", Some(signal.code.as_str()), signal.message.as_deref(), "stale").await?;
+        log_signal(
+            db,
+            cx,
+            &job,
+            Some(&signal.lease_token.0),
+            Heard { signal: "fail", code: Some(signal.code.as_str()), message: signal.message.as_deref() },
+            "stale",
+        )
+        .await?;
         let after = resume_if_cancelling(&job);
         let job = attach(db, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: false }, after));
     }
     let retryable = cx.policy.is_retryable(&signal.code, signal.retryable);
-    let after = apply_failure(db, cx, &job, &signal.code, signal.message.as_deref(), retryable, signal.retry_after_ms, "failed").await?;
+    let after = apply_failure(
+        db,
+        cx,
+        &job,
+        Failure {
+            code: &signal.code,
+            message: signal.message.as_deref(),
+            retryable,
+            retry_after_ms: signal.retry_after_ms,
+            attempt_result: "failed",
+        },
+    )
+    .await?;
     let job = must_read_job(db, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: job, applied: true }, after))
 }
 
 /// The lease rescuer's transition for one job it saw running with `seen_token` past its lease.
-pub(crate) async fn expire_lease(db: &mut Db<'_>, cx: &Cx, id: &str, seen_token: &str) -> Result<(bool, After), StoreError> {
+pub(crate) async fn expire_lease(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &str,
+    seen_token: &str,
+) -> Result<(bool, After), StoreError> {
     let Some(job) = lock_job(db, id).await? else { return Ok((false, After::Nothing)) };
     let expired = job.lease_expires_at.is_some_and(|t| t <= cx.now.micros());
     if job.state != JobState::Running || job.lease_token.as_deref() != Some(seen_token) || !expired {
         return Ok((false, After::Nothing));
     }
-    let after = apply_failure(db, cx, &job, &FailCode::lease_expired(), Some("lease expired"), true, None, "lease_expired").await?;
+    let after = apply_failure(
+        db,
+        cx,
+        &job,
+        Failure {
+            code: &FailCode::lease_expired(),
+            message: Some("lease expired"),
+            retryable: true,
+            retry_after_ms: None,
+            attempt_result: "lease_expired",
+        },
+    )
+    .await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((true, after))
 }
 
 /// Success from any attempt (spec §3). A pending cancel wins over it unless the job's refund policy
 /// is `final_failure` (an external effect such as a payout cannot be taken back: docs/decisions/0004).
-async fn apply_success(db: &mut Db<'_>, cx: &Cx, job: &JobRow, token: Option<&LeaseToken>) -> Result<(bool, After), StoreError> {
+async fn apply_success(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    token: Option<&LeaseToken>,
+) -> Result<(bool, After), StoreError> {
     let from_ok = JobState::SUCCEED_FROM.contains(&job.state);
     let cancel_wins = job.cancel_requested && job.refund_on != RefundPolicy::FinalFailure;
-    if from_ok && cancel_wins && job.state == JobState::Running {
+    if from_ok && cancel_wins && matches!(job.state, JobState::Running | JobState::Unknown) {
         begin_teardown(db, cx, job, Some("cancelled")).await?;
         return Ok((true, After::Teardown));
     }
     if !from_ok || cancel_wins {
-        log_signal(db, cx, job, token.map(|t| t.0.as_str()), "succeed", None, None, "noop").await?;
+        log_signal(
+            db,
+            cx,
+            job,
+            token.map(|t| t.0.as_str()),
+            Heard { signal: "succeed", code: None, message: None },
+            "noop",
+        )
+        .await?;
         return Ok((false, resume_if_cancelling(job)));
     }
     let rows = db
@@ -1074,7 +1203,15 @@ async fn apply_success(db: &mut Db<'_>, cx: &Cx, job: &JobRow, token: Option<&Le
         close_attempt(db, cx, job, if current { "succeeded" } else { "superseded" }, None, None).await?;
     }
     if !current {
-        log_signal(db, cx, job, token.map(|t| t.0.as_str()), "succeed", None, None, "recovered").await?;
+        log_signal(
+            db,
+            cx,
+            job,
+            token.map(|t| t.0.as_str()),
+            Heard { signal: "succeed", code: None, message: None },
+            "recovered",
+        )
+        .await?;
     }
     cx.point(CrashPoint::AfterGuard)?;
     move_items(db, cx, job, ItemState::Charged, ItemSignal::Succeed, None, None).await?;
@@ -1091,13 +1228,25 @@ async fn apply_success(db: &mut Db<'_>, cx: &Cx, job: &JobRow, token: Option<&Le
         )
         .await?;
     }
-    emit(db, cx, "job.succeeded", Some(&job.id), &job.account_id, serde_json::json!({ "from": job.state.as_str(), "attempt": job.attempt }))
-        .await?;
+    emit(
+        db,
+        cx,
+        "job.succeeded",
+        Some(&job.id),
+        &job.account_id,
+        serde_json::json!({ "from": job.state.as_str(), "attempt": job.attempt }),
+    )
+    .await?;
     cx.point(CrashPoint::AfterOutbox)?;
     Ok((true, After::Nothing))
 }
 
-pub(crate) async fn succeed(db: &mut Db<'_>, cx: &Cx, id: &JobId, token: Option<&LeaseToken>) -> Result<(Outcome<Job>, After), StoreError> {
+pub(crate) async fn succeed(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    token: Option<&LeaseToken>,
+) -> Result<(Outcome<Job>, After), StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     let (applied, after) = apply_success(db, cx, &job, token).await?;
     let job = must_read_job(db, id.as_str()).await?;
@@ -1114,7 +1263,7 @@ pub(crate) async fn mark_unknown(
 ) -> Result<Outcome<Job>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     if !holds_lease(&job, token) {
-        log_signal(db, cx, &job, Some(&token.0), "unknown", None, message, "stale").await?;
+        log_signal(db, cx, &job, Some(&token.0), Heard { signal: "unknown", code: None, message }, "stale").await?;
         let job = attach(db, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok(Outcome { value: job, applied: false });
@@ -1129,14 +1278,27 @@ pub(crate) async fn mark_unknown(
     guard_hit(rows, "unknown")?;
     close_attempt(db, cx, &job, "unknown", None, message).await?;
     cx.point(CrashPoint::AfterGuard)?;
-    emit(db, cx, "job.unknown", Some(&job.id), &job.account_id, serde_json::json!({ "attempt": job.attempt, "message": message })).await?;
+    emit(
+        db,
+        cx,
+        "job.unknown",
+        Some(&job.id),
+        &job.account_id,
+        serde_json::json!({ "attempt": job.attempt, "message": message }),
+    )
+    .await?;
     cx.point(CrashPoint::AfterOutbox)?;
     let job = must_read_job(db, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Outcome { value: job, applied: true })
 }
 
-pub(crate) async fn reconcile(db: &mut Db<'_>, cx: &Cx, id: &JobId, finding: Finding) -> Result<(Outcome<Job>, After), StoreError> {
+pub(crate) async fn reconcile(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    finding: Finding,
+) -> Result<(Outcome<Job>, After), StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     let (applied, after) = if job.state != JobState::Unknown {
         (false, After::Nothing)
@@ -1145,11 +1307,23 @@ pub(crate) async fn reconcile(db: &mut Db<'_>, cx: &Cx, id: &JobId, finding: Fin
             Finding::Present => apply_success(db, cx, &job, None).await?,
             Finding::Absent => {
                 let since = job.unknown_since.unwrap_or(job.updated_at);
-                let window_over = Timestamp::from_micros(since).plus_seconds(cx.policy.confirm_window_seconds) <= cx.now;
+                let window_over =
+                    Timestamp::from_micros(since).plus_seconds(cx.policy.confirm_window_seconds) <= cx.now;
                 if window_over {
                     let code = FailCode::timeout_confirmed_not_sent();
-                    let after = apply_failure(db, cx, &job, &code, Some("absent at the external system after the confirm window"), true, None, "failed")
-                        .await?;
+                    let after = apply_failure(
+                        db,
+                        cx,
+                        &job,
+                        Failure {
+                            code: &code,
+                            message: Some("absent at the external system after the confirm window"),
+                            retryable: true,
+                            retry_after_ms: None,
+                            attempt_result: "failed",
+                        },
+                    )
+                    .await?;
                     (true, after)
                 } else {
                     (false, After::Nothing)
@@ -1181,7 +1355,15 @@ pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job,
                     .await?;
                 guard_hit(rows, "cancel request")?;
                 cx.point(CrashPoint::AfterGuard)?;
-                emit(db, cx, "job.cancel_requested", Some(&job.id), &job.account_id, serde_json::json!({ "attempt": job.attempt })).await?;
+                emit(
+                    db,
+                    cx,
+                    "job.cancel_requested",
+                    Some(&job.id),
+                    &job.account_id,
+                    serde_json::json!({ "attempt": job.attempt }),
+                )
+                .await?;
                 cx.point(CrashPoint::AfterOutbox)?;
             }
             After::Nothing
@@ -1205,7 +1387,11 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job,
         return Ok(job);
     }
     if job.state != JobState::Dead {
-        return Err(StoreError::InvalidTransition { job: job.id, action: "be requeued", state: job.state.as_str().to_owned() });
+        return Err(StoreError::InvalidTransition {
+            job: job.id,
+            action: "be requeued",
+            state: job.state.as_str().to_owned(),
+        });
     }
     let rows = db
         .exec(

@@ -1,12 +1,12 @@
 //! Read-only queries, for both engines.
 
-use crate::db::{args, Db, Value};
+use crate::db::{Db, Value, args};
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, entry_from_row, job_row};
+use settle_core::Timestamp;
 use settle_core::ids::AccountId;
 use settle_core::limits::PAGE_LIMIT_MAX;
-use settle_core::Timestamp;
 
 fn page_limit(limit: u32) -> i64 {
     i64::from(limit.clamp(1, PAGE_LIMIT_MAX))
@@ -158,7 +158,11 @@ pub(crate) async fn events(db: &mut Db<'_>, after: i64, limit: u32) -> Result<Pa
 }
 
 /// Running jobs whose lease has expired, with the token the rescuer saw.
-pub(crate) async fn expired_leases(db: &mut Db<'_>, now: Timestamp, limit: u32) -> Result<Vec<(String, String)>, StoreError> {
+pub(crate) async fn expired_leases(
+    db: &mut Db<'_>,
+    now: Timestamp,
+    limit: u32,
+) -> Result<Vec<(String, String)>, StoreError> {
     let rows = db
         .all(
             "SELECT id, lease_token FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 \
@@ -171,7 +175,10 @@ pub(crate) async fn expired_leases(db: &mut Db<'_>, now: Timestamp, limit: u32) 
 
 pub(crate) async fn cancelling(db: &mut Db<'_>, limit: u32) -> Result<Vec<String>, StoreError> {
     let rows = db
-        .all("SELECT id FROM jobs WHERE state = 'cancelling' ORDER BY updated_at, job_seq LIMIT $1", args![page_limit(limit)])
+        .all(
+            "SELECT id FROM jobs WHERE state = 'cancelling' ORDER BY updated_at, job_seq LIMIT $1",
+            args![page_limit(limit)],
+        )
         .await?;
     rows.iter().map(|r| Ok(r.text(0)?)).collect()
 }

@@ -10,15 +10,17 @@ use crate::ops::{self, After, CrashHook, Cx};
 use crate::store::Store;
 use crate::{audit, reads};
 use async_trait::async_trait;
-use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use settle_core::backoff::SplitMix64;
 use settle_core::crash::CrashPoint;
 use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
 use settle_core::job::RetryPolicy;
 use settle_core::ledger::EntryKind;
-use settle_core::{limits, Clock, Credits, SystemClock};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use settle_core::{Clock, Credits, SystemClock, limits};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::{ConnectOptions, Connection};
 use std::panic::AssertUnwindSafe;
 use std::str::FromStr;
@@ -222,18 +224,27 @@ impl SqlStore {
     async fn finish_teardown(&self, id: &str) -> Result<Job, StoreError> {
         self.crash_point(CrashPoint::TeardownAfterRefund)?;
         let owned = id.to_owned();
-        let keys = self.read(Box::new(move |db, _| Box::pin(async move { ops::cleanup_keys(db, &owned).await }))).await?;
+        let keys =
+            self.read(Box::new(move |db, _| Box::pin(async move { ops::cleanup_keys(db, &owned).await }))).await?;
         if !keys.is_empty() {
             let Some(artifacts) = &self.artifacts else {
-                return Err(StoreError::CleanupFailed { job: id.to_owned(), message: "no artifact store is configured".into() });
+                return Err(StoreError::CleanupFailed {
+                    job: id.to_owned(),
+                    message: "no artifact store is configured".into(),
+                });
             };
             for key in &keys {
-                artifacts.delete(key).await.map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
+                artifacts
+                    .delete(key)
+                    .await
+                    .map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
             }
         }
         self.crash_point(CrashPoint::TeardownAfterCleanup)?;
         let owned = id.to_owned();
-        let job = self.write(Box::new(move |db, cx| Box::pin(async move { ops::finish_teardown(db, cx, &owned).await }))).await?;
+        let job = self
+            .write(Box::new(move |db, cx| Box::pin(async move { ops::finish_teardown(db, cx, &owned).await })))
+            .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(job)
     }
@@ -374,7 +385,16 @@ impl Store for SqlStore {
         check_text("reason", req.reason.as_deref(), false)?;
         let account = account.clone();
         let out = self
-            .write(op!(|db, cx| ops::credit(db, cx, EntryKind::Grant, &account, req.id.as_str(), req.amount, req.reason.as_deref()).await))
+            .write(op!(|db, cx| ops::credit(
+                db,
+                cx,
+                EntryKind::Grant,
+                &account,
+                req.id.as_str(),
+                req.amount,
+                req.reason.as_deref()
+            )
+            .await))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -387,7 +407,16 @@ impl Store for SqlStore {
         check_text("reason", Some(&req.reason), true)?;
         let account = account.clone();
         let out = self
-            .write(op!(|db, cx| ops::credit(db, cx, EntryKind::Adjustment, &account, req.id.as_str(), req.amount, Some(&req.reason)).await))
+            .write(op!(|db, cx| ops::credit(
+                db,
+                cx,
+                EntryKind::Adjustment,
+                &account,
+                req.id.as_str(),
+                req.amount,
+                Some(&req.reason)
+            )
+            .await))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -466,9 +495,16 @@ impl Store for SqlStore {
         Ok(out)
     }
 
-    async fn register_artifact(&self, job: &JobId, item: &ItemId, token: &LeaseToken, artifact: NewArtifact) -> Result<bool, StoreError> {
+    async fn register_artifact(
+        &self,
+        job: &JobId,
+        item: &ItemId,
+        token: &LeaseToken,
+        artifact: NewArtifact,
+    ) -> Result<bool, StoreError> {
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
-        let out = self.write(op!(|db, cx| ops::register_artifact(db, cx, &job, &item, &token, &artifact).await)).await?;
+        let out =
+            self.write(op!(|db, cx| ops::register_artifact(db, cx, &job, &item, &token, &artifact).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
@@ -490,7 +526,12 @@ impl Store for SqlStore {
         Ok(Outcome { value, applied: outcome.applied })
     }
 
-    async fn mark_unknown(&self, job: &JobId, token: &LeaseToken, message: Option<&str>) -> Result<Outcome<Job>, StoreError> {
+    async fn mark_unknown(
+        &self,
+        job: &JobId,
+        token: &LeaseToken,
+        message: Option<&str>,
+    ) -> Result<Outcome<Job>, StoreError> {
         check_text("message", message, false)?;
         let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
         let out = self.write(op!(|db, cx| ops::mark_unknown(db, cx, &id, &token, message.as_deref()).await)).await?;

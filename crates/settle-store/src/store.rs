@@ -33,12 +33,23 @@ pub trait Store: Send + Sync {
         message: Option<&str>,
     ) -> Result<ItemReport, StoreError>;
     /// Returns whether the key was new.
-    async fn register_artifact(&self, job: &JobId, item: &ItemId, token: &LeaseToken, artifact: NewArtifact) -> Result<bool, StoreError>;
+    async fn register_artifact(
+        &self,
+        job: &JobId,
+        item: &ItemId,
+        token: &LeaseToken,
+        artifact: NewArtifact,
+    ) -> Result<bool, StoreError>;
 
     /// Accepted from any attempt, with or without a token (recovery).
     async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError>;
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
-    async fn mark_unknown(&self, job: &JobId, token: &LeaseToken, message: Option<&str>) -> Result<Outcome<Job>, StoreError>;
+    async fn mark_unknown(
+        &self,
+        job: &JobId,
+        token: &LeaseToken,
+        message: Option<&str>,
+    ) -> Result<Outcome<Job>, StoreError>;
     async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError>;
     async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError>;
     async fn requeue(&self, job: &JobId) -> Result<Job, StoreError>;

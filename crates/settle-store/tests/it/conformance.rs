@@ -57,6 +57,8 @@ conformance!(
     cancel_with_failing_cleanup_stays_cancelling,
     cancel_running_only_sets_the_flag,
     cancel_table_for_finished_states,
+    unknown_with_a_cancel_request_reconciles_to_teardown,
+    final_failure_success_wins_over_a_cancel_request,
     requeue_dead_gives_a_fresh_budget,
     no_op_pairs_change_nothing,
     stale_tokens_change_nothing_and_are_logged,
@@ -94,7 +96,10 @@ async fn grant_validates_and_replays(k: &Kit) {
     let conflict = k.store.grant(&a, NewGrant { amount: Credits::new(101), ..g.clone() }).await;
     assert!(matches!(conflict, Err(StoreError::IdempotencyConflict { .. })));
     for bad in [0, -5] {
-        let r = k.store.grant(&a, NewGrant { id: RefId::parse("g2").unwrap(), amount: Credits::new(bad), reason: None }).await;
+        let r = k
+            .store
+            .grant(&a, NewGrant { id: RefId::parse("g2").unwrap(), amount: Credits::new(bad), reason: None })
+            .await;
         assert!(matches!(r, Err(StoreError::Invalid(_))), "{bad}");
     }
     let missing = k.store.grant(&acc("nobody"), NewGrant { id: RefId::parse("g3").unwrap(), ..g }).await;
@@ -107,10 +112,26 @@ async fn grant_overflow_writes_nothing(k: &Kit) {
     let a = k.account("a", settle_core::limits::BALANCE_MAX).await;
     let events = k.event_types().await.len();
     for amount in [1, i64::MAX] {
-        let r = k.store.grant(&a, NewGrant { id: RefId::parse(&format!("big{amount}")).unwrap(), amount: Credits::new(amount), reason: None }).await;
+        let r = k
+            .store
+            .grant(
+                &a,
+                NewGrant {
+                    id: RefId::parse(&format!("big{amount}")).unwrap(),
+                    amount: Credits::new(amount),
+                    reason: None,
+                },
+            )
+            .await;
         assert!(matches!(r, Err(StoreError::Overflow)), "{r:?}");
     }
-    let r = k.store.adjust(&a, NewAdjustment { id: RefId::parse("adj").unwrap(), amount: Credits::new(i64::MIN), reason: "x".into() }).await;
+    let r = k
+        .store
+        .adjust(
+            &a,
+            NewAdjustment { id: RefId::parse("adj").unwrap(), amount: Credits::new(i64::MIN), reason: "x".into() },
+        )
+        .await;
     assert!(matches!(r, Err(StoreError::Overflow)), "{r:?}");
     assert_eq!(k.balance(&a).await, settle_core::limits::BALANCE_MAX);
     assert_eq!(k.ledger_kinds(&a).await.len(), 1);
@@ -122,11 +143,24 @@ async fn grant_overflow_writes_nothing(k: &Kit) {
 
 async fn adjustment_needs_a_reason_and_may_be_negative(k: &Kit) {
     let a = k.account("a", 10).await;
-    let no_reason = k.store.adjust(&a, NewAdjustment { id: RefId::parse("x1").unwrap(), amount: Credits::new(5), reason: String::new() }).await;
+    let no_reason = k
+        .store
+        .adjust(&a, NewAdjustment { id: RefId::parse("x1").unwrap(), amount: Credits::new(5), reason: String::new() })
+        .await;
     assert!(matches!(no_reason, Err(StoreError::Invalid(_))));
-    let zero = k.store.adjust(&a, NewAdjustment { id: RefId::parse("x1").unwrap(), amount: Credits::ZERO, reason: "r".into() }).await;
+    let zero = k
+        .store
+        .adjust(&a, NewAdjustment { id: RefId::parse("x1").unwrap(), amount: Credits::ZERO, reason: "r".into() })
+        .await;
     assert!(matches!(zero, Err(StoreError::Invalid(_))));
-    let down = k.store.adjust(&a, NewAdjustment { id: RefId::parse("x2").unwrap(), amount: Credits::new(-25), reason: "chargeback".into() }).await.unwrap();
+    let down = k
+        .store
+        .adjust(
+            &a,
+            NewAdjustment { id: RefId::parse("x2").unwrap(), amount: Credits::new(-25), reason: "chargeback".into() },
+        )
+        .await
+        .unwrap();
     assert_eq!(down.value.balance_after.get(), -15);
     assert_eq!(down.value.reason.as_deref(), Some("chargeback"));
     assert_eq!(k.ledger_kinds(&a).await, vec![("grant".into(), 10), ("adjustment".into(), -25)]);
@@ -145,7 +179,13 @@ async fn job_create_charges_every_item_and_replays(k: &Kit) {
     assert_eq!(k.balance(&a).await, 30);
     assert_eq!(
         k.ledger_kinds(&a).await,
-        vec![("grant".into(), 100), ("charge".into(), -40), ("charge".into(), -10), ("charge".into(), -20), ("charge".into(), 0)]
+        vec![
+            ("grant".into(), 100),
+            ("charge".into(), -40),
+            ("charge".into(), -10),
+            ("charge".into(), -20),
+            ("charge".into(), 0)
+        ]
     );
     let replay = k.store.create_job(new_job("j1", &a, 40)).await.unwrap();
     assert!(replay.replayed);
@@ -172,7 +212,10 @@ async fn insufficient_credits_write_nothing(k: &Kit) {
     assert_eq!(k.ledger_kinds(&a).await.len(), 1);
     assert_eq!(k.event_types().await.len(), before_events);
     // The same id may be used once the balance allows it: a failed create left no trace.
-    k.store.grant(&a, NewGrant { id: RefId::parse("more").unwrap(), amount: Credits::new(10), reason: None }).await.unwrap();
+    k.store
+        .grant(&a, NewGrant { id: RefId::parse("more").unwrap(), amount: Credits::new(10), reason: None })
+        .await
+        .unwrap();
     k.store.create_job(items_job("j", &a, &[30, 30])).await.unwrap();
     assert_eq!(k.balance(&a).await, 0);
 }
@@ -283,7 +326,10 @@ async fn item_reports_need_the_current_lease(k: &Kit) {
     for r in [
         k.store.item_succeed(&j, &iid("i0"), &t1).await.map(|_| ()),
         k.store.item_fail(&j, &iid("i0"), &t1, &code("TIMEOUT"), None).await.map(|_| ()),
-        k.store.register_artifact(&j, &iid("i0"), &t1, NewArtifact { key: ArtifactKey::parse("x/y").unwrap() }).await.map(|_| ()),
+        k.store
+            .register_artifact(&j, &iid("i0"), &t1, NewArtifact { key: ArtifactKey::parse("x/y").unwrap() })
+            .await
+            .map(|_| ()),
         k.store.heartbeat(&j, &t1).await.map(|_| ()),
     ] {
         assert!(matches!(r, Err(StoreError::LeaseLost(_))), "{r:?}");
@@ -328,7 +374,8 @@ async fn claim_respects_not_before_kinds_and_limit(k: &Kit) {
     let attempts = k.store.attempts(&jid("r1")).await.unwrap();
     assert_eq!(attempts.len(), 1);
     assert_eq!((attempts[0].attempt_no, attempts[0].worker.as_str(), attempts[0].result.as_deref()), (1, "w1", None));
-    for bad in [ClaimRequest { limit: 0, ..claim_req("w", 1) }, ClaimRequest { lease_seconds: 0, ..claim_req("w", 1) }] {
+    for bad in [ClaimRequest { limit: 0, ..claim_req("w", 1) }, ClaimRequest { lease_seconds: 0, ..claim_req("w", 1) }]
+    {
         assert!(matches!(k.store.claim(bad).await, Err(StoreError::Invalid(_))));
     }
 }
@@ -629,9 +676,19 @@ async fn cancel_queued_refunds_and_cleans_artifacts(k: &Kit) {
     std::fs::create_dir_all(root.join("j")).unwrap();
     for (item, key) in [("i0", "j/a0"), ("i1", "j/a1")] {
         std::fs::write(root.join(key), b"x").unwrap();
-        assert!(k.store.register_artifact(&jid("j"), &iid(item), &t, NewArtifact { key: ArtifactKey::parse(key).unwrap() }).await.unwrap());
+        assert!(
+            k.store
+                .register_artifact(&jid("j"), &iid(item), &t, NewArtifact { key: ArtifactKey::parse(key).unwrap() })
+                .await
+                .unwrap()
+        );
     }
-    assert!(!k.store.register_artifact(&jid("j"), &iid("i0"), &t, NewArtifact { key: ArtifactKey::parse("j/a0").unwrap() }).await.unwrap());
+    assert!(
+        !k.store
+            .register_artifact(&jid("j"), &iid("i0"), &t, NewArtifact { key: ArtifactKey::parse("j/a0").unwrap() })
+            .await
+            .unwrap()
+    );
     k.store.item_succeed(&jid("j"), &iid("i0"), &t).await.unwrap();
     k.fail("j", &t, "NODE_DOWN").await;
     let out = k.store.cancel(&jid("j")).await.unwrap();
@@ -653,14 +710,19 @@ async fn cancel_with_failing_cleanup_stays_cancelling(k: &Kit) {
     let a = k.account("a", 100).await;
     k.items_job("j", &a, &[10, 20]).await;
     let t = k.claim_one("j").await;
-    k.store.register_artifact(&jid("j"), &iid("i1"), &t, NewArtifact { key: ArtifactKey::parse("j/out").unwrap() }).await.unwrap();
+    k.store
+        .register_artifact(&jid("j"), &iid("i1"), &t, NewArtifact { key: ArtifactKey::parse("j/out").unwrap() })
+        .await
+        .unwrap();
     k.store.cancel(&jid("j")).await.unwrap();
     k.artifacts.fail.store(true, std::sync::atomic::Ordering::SeqCst);
     let j = k.fail("j", &t, "CANCELLED").await.value;
     assert_state(&j, JobState::Cancelling);
     assert_eq!(k.balance(&a).await, 100, "refunds committed in step 1");
     // cancel again: still failing → 202 with the job cancelling
-    assert!(matches!(k.store.cancel(&jid("j")).await.unwrap(), CancelOutcome::Accepted(ref j) if j.state == JobState::Cancelling));
+    assert!(
+        matches!(k.store.cancel(&jid("j")).await.unwrap(), CancelOutcome::Accepted(ref j) if j.state == JobState::Cancelling)
+    );
     assert!(k.store.resume_teardowns(10).await.unwrap().is_empty());
     k.artifacts.fail.store(false, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(k.store.resume_teardowns(10).await.unwrap(), ["j"]);
@@ -827,7 +889,11 @@ async fn events_and_ledger_pages_are_ordered(k: &Kit) {
     let page = k.store.events(2, 3).await.unwrap();
     assert_eq!(page.rows.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4, 5]);
     assert_eq!(page.next_after, Some(5));
-    let jobs = k.store.jobs(&JobFilter { account_id: Some(a.clone()), ..JobFilter::ALL }, Page { after: 0, limit: 5 }).await.unwrap();
+    let jobs = k
+        .store
+        .jobs(&JobFilter { account_id: Some(a.clone()), ..JobFilter::ALL }, Page { after: 0, limit: 5 })
+        .await
+        .unwrap();
     assert_eq!(jobs.rows.len(), 5);
     let rest = k.store.jobs(&JobFilter::ALL, Page { after: jobs.next_after.unwrap(), limit: 5 }).await.unwrap();
     assert_eq!(rest.rows.len(), 2);
@@ -837,7 +903,11 @@ async fn events_and_ledger_pages_are_ordered(k: &Kit) {
 async fn ledger_rejects_update_and_delete(k: &Kit) {
     let a = k.account("a", 100).await;
     k.job("j", &a, 10).await;
-    for sql in ["UPDATE ledger_entries SET amount = amount + 1", "DELETE FROM ledger_entries", "UPDATE ledger_entries SET hash = prev_hash WHERE seq = 1"] {
+    for sql in [
+        "UPDATE ledger_entries SET amount = amount + 1",
+        "DELETE FROM ledger_entries",
+        "UPDATE ledger_entries SET hash = prev_hash WHERE seq = 1",
+    ] {
         let r = k.raw(sql).await;
         assert!(r.is_err(), "{sql} succeeded");
         assert!(r.unwrap_err().to_string().contains("append-only"));
@@ -857,4 +927,38 @@ async fn audit_names_tampering(k: &Kit) {
     }
     // Put it back so the suite's closing audit sees a consistent ledger again.
     k.raw("UPDATE ledger_entries SET amount = -10 WHERE kind = 'charge'").await.unwrap();
+}
+
+async fn unknown_with_a_cancel_request_reconciles_to_teardown(k: &Kit) {
+    let a = k.account("a", 100).await;
+    for (id, finding) in [("found", Finding::Present), ("absent", Finding::Absent)] {
+        k.job(id, &a, 10).await;
+        let t = k.claim_one(id).await;
+        k.store.cancel(&jid(id)).await.unwrap();
+        let u = k.store.mark_unknown(&jid(id), &t, None).await.unwrap().value;
+        assert!(u.cancel_requested && u.state == JobState::Unknown);
+        assert!(matches!(k.store.cancel(&jid(id)).await, Err(StoreError::OutcomeUnknown(_))));
+        k.clock.advance_seconds(3_600);
+        let r = k.store.reconcile(&jid(id), finding).await.unwrap();
+        assert!(r.applied);
+        assert_state(&r.value, JobState::Cancelled);
+    }
+    assert_eq!(k.balance(&a).await, 100);
+}
+
+async fn final_failure_success_wins_over_a_cancel_request(k: &Kit) {
+    let a = k.account("a", 100).await;
+    k.store.create_job(with_policy(new_job("payout", &a, 30), RefundPolicy::FinalFailure)).await.unwrap();
+    let t = k.claim_one("payout").await;
+    k.store.cancel(&jid("payout")).await.unwrap();
+    let j = k.store.succeed(&jid("payout"), Some(&t)).await.unwrap().value;
+    assert_state(&j, JobState::Succeeded);
+    assert_eq!(k.balance(&a).await, 70, "money that left is not handed back");
+    k.store.create_job(with_policy(new_job("payout2", &a, 30), RefundPolicy::FinalFailure)).await.unwrap();
+    let t = k.claim_one("payout2").await;
+    k.store.cancel(&jid("payout2")).await.unwrap();
+    k.store.mark_unknown(&jid("payout2"), &t, None).await.unwrap();
+    let j = k.store.reconcile(&jid("payout2"), Finding::Present).await.unwrap().value;
+    assert_state(&j, JobState::Succeeded);
+    assert_eq!(k.balance(&a).await, 40);
 }

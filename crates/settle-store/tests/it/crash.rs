@@ -4,10 +4,10 @@
 //! compared with the clean run. Audit must be clean in every run.
 
 use crate::kit::*;
+use settle_core::Credits;
 use settle_core::crash::CrashPoint;
 use settle_core::ids::{ArtifactKey, RefId};
 use settle_core::job::RefundPolicy;
-use settle_core::Credits;
 use settle_store::*;
 use std::collections::{BTreeSet, HashMap};
 
@@ -92,12 +92,18 @@ impl Runner<'_> {
     async fn run(&mut self, step: &Step) -> Result<(), StoreError> {
         let s = &self.k.store;
         match step {
-            Step::Account(a) => s.create_account(NewAccount { id: acc(a), overdraft_limit: Credits::ZERO }).await.map(drop),
-            Step::Grant(a, n) => {
-                s.grant(&acc(a), NewGrant { id: RefId::parse("g1").unwrap(), amount: Credits::new(*n), reason: None }).await.map(drop)
+            Step::Account(a) => {
+                s.create_account(NewAccount { id: acc(a), overdraft_limit: Credits::ZERO }).await.map(drop)
             }
+            Step::Grant(a, n) => s
+                .grant(&acc(a), NewGrant { id: RefId::parse("g1").unwrap(), amount: Credits::new(*n), reason: None })
+                .await
+                .map(drop),
             Step::Adjust(a, n) => s
-                .adjust(&acc(a), NewAdjustment { id: RefId::parse("adj1").unwrap(), amount: Credits::new(*n), reason: "fee".into() })
+                .adjust(
+                    &acc(a),
+                    NewAdjustment { id: RefId::parse("adj1").unwrap(), amount: Credits::new(*n), reason: "fee".into() },
+                )
                 .await
                 .map(drop),
             Step::Job(id, costs, p) => s.create_job(with_policy(items_job(id, &acc("a"), costs), *p)).await.map(drop),
@@ -110,14 +116,21 @@ impl Runner<'_> {
             }
             Step::Heartbeat(j) => s.heartbeat(&jid(j), &self.tokens[*j]).await.map(drop),
             Step::ItemSucceed(j, i) => s.item_succeed(&jid(j), &iid(i), &self.tokens[*j]).await.map(drop),
-            Step::ItemFail(j, i) => s.item_fail(&jid(j), &iid(i), &self.tokens[*j], &code("BAD_INPUT"), None).await.map(drop),
+            Step::ItemFail(j, i) => {
+                s.item_fail(&jid(j), &iid(i), &self.tokens[*j], &code("BAD_INPUT"), None).await.map(drop)
+            }
             Step::Artifact(j, i, key) => {
                 let path = self.k.dir.path().join("artifacts").join(key);
                 std::fs::create_dir_all(path.parent().unwrap()).unwrap();
                 std::fs::write(&path, b"artifact").unwrap();
-                s.register_artifact(&jid(j), &iid(i), &self.tokens[*j], NewArtifact { key: ArtifactKey::parse(key).unwrap() })
-                    .await
-                    .map(drop)
+                s.register_artifact(
+                    &jid(j),
+                    &iid(i),
+                    &self.tokens[*j],
+                    NewArtifact { key: ArtifactKey::parse(key).unwrap() },
+                )
+                .await
+                .map(drop)
             }
             Step::Succeed(j, with_token) => {
                 let t = with_token.then(|| self.tokens[*j].clone());
@@ -229,7 +242,11 @@ async fn sqlite_every_step_and_crash_point_converges() {
             }
             k.assert_clean().await;
             let got = dump(&k).await;
-            assert!(got == expected, "step {i} {:?} crashed at {point:?} did not converge:\n--- expected\n{expected}\n--- got\n{got}", steps[i]);
+            assert!(
+                got == expected,
+                "step {i} {:?} crashed at {point:?} did not converge:\n--- expected\n{expected}\n--- got\n{got}",
+                steps[i]
+            );
         }
     }
     let all: BTreeSet<CrashPoint> = CrashPoint::ALL.iter().copied().collect();

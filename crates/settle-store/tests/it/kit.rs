@@ -124,7 +124,14 @@ impl Kit {
         self.store.create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
         if grant > 0 {
             self.store
-                .grant(&id, NewGrant { id: RefId::parse(&format!("g-{id}")).unwrap(), amount: Credits::new(grant), reason: None })
+                .grant(
+                    &id,
+                    NewGrant {
+                        id: RefId::parse(&format!("g-{id}")).unwrap(),
+                        amount: Credits::new(grant),
+                        reason: None,
+                    },
+                )
                 .await
                 .unwrap();
         }
@@ -226,7 +233,11 @@ pub fn new_job(id: &str, account: &AccountId, cost: i64) -> NewJob {
 
 pub fn items_job(id: &str, account: &AccountId, costs: &[i64]) -> NewJob {
     NewJob {
-        items: costs.iter().enumerate().map(|(i, c)| NewItem { id: iid(&format!("i{i}")), cost: Credits::new(*c) }).collect(),
+        items: costs
+            .iter()
+            .enumerate()
+            .map(|(i, c)| NewItem { id: iid(&format!("i{i}")), cost: Credits::new(*c) })
+            .collect(),
         ..new_job(id, account, 0)
     }
 }
@@ -241,7 +252,13 @@ pub fn claim_req(worker: &str, limit: u32) -> ClaimRequest {
 }
 
 pub fn fail_sig(token: &LeaseToken, c: &str) -> FailSignal {
-    FailSignal { lease_token: token.clone(), code: code(c), message: Some(format!("{c} happened")), retryable: None, retry_after_ms: None }
+    FailSignal {
+        lease_token: token.clone(),
+        code: code(c),
+        message: Some(format!("{c} happened")),
+        retryable: None,
+        retry_after_ms: None,
+    }
 }
 
 pub fn states(job: &Job) -> Vec<&'static str> {
