@@ -29,6 +29,10 @@ pub enum StoreError {
     InjectedCrash(&'static str),
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A PostgreSQL serialization failure, deadlock or concurrent create; retried inside the store
+    /// and seen by callers only when the retries run out.
+    #[error("transaction conflict, retry: {0}")]
+    Retryable(String),
     #[error("internal store error: {0}")]
     Internal(String),
 }
@@ -62,8 +66,33 @@ impl From<MoneyError> for StoreError {
 const SQLITE_CONSTRAINT_DATATYPE: &str = "3091";
 const PG_NUMERIC_VALUE_OUT_OF_RANGE: &str = "22003";
 
+/// PostgreSQL SQLSTATEs after which the whole transaction may be retried: serialization failure,
+/// deadlock, and a unique violation (a concurrent create of the same id; the retry sees the row).
+const PG_RETRYABLE: [&str; 3] = ["40001", "40P01", "23505"];
+
+impl StoreError {
+    /// Whether a PostgreSQL transaction that failed with this error may be retried whole.
+    pub fn is_pg_retryable(&self) -> bool {
+        matches!(self, StoreError::Retryable(_))
+    }
+
+    pub(crate) fn from_sqlx_ref(e: &sqlx::Error) -> StoreError {
+        if let sqlx::Error::Database(db) = e
+            && db.code().is_some_and(|c| PG_RETRYABLE.contains(&c.as_ref()))
+        {
+            return StoreError::Retryable(e.to_string());
+        }
+        StoreError::Internal(e.to_string())
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> StoreError {
+        if let sqlx::Error::Database(db) = &e
+            && db.code().is_some_and(|c| PG_RETRYABLE.contains(&c.as_ref()))
+        {
+            return StoreError::Retryable(e.to_string());
+        }
         if let sqlx::Error::Database(db) = &e {
             let code = db.code();
             if matches!(code.as_deref(), Some(SQLITE_CONSTRAINT_DATATYPE) | Some(PG_NUMERIC_VALUE_OUT_OF_RANGE)) {

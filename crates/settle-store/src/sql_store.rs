@@ -18,15 +18,28 @@ use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
 use settle_core::job::RetryPolicy;
 use settle_core::ledger::EntryKind;
 use settle_core::{Clock, Credits, SystemClock, limits};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{ConnectOptions, Connection};
 use std::panic::AssertUnwindSafe;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
+
+/// Boxes an async block over `(db, cx)` as an operation.
+/// Clones the listed captures into each run, so PostgreSQL can retry the whole operation.
+macro_rules! op {
+    ([$($v:ident),*] |$db:ident, $cx:ident| $body:expr) => {
+        Arc::new(move |$db: &mut Db<'_>, $cx: &Cx| -> BoxFuture<'_, _> {
+            $(let $v = $v.clone();)*
+            Box::pin(async move { $body })
+        })
+    };
+}
 
 /// SQLite durability. `Full` (the default) fsyncs the WAL at every commit; `Normal` may lose the
 /// last commits on power loss (never corrupts) and exists for benchmarks and throwaway stores.
@@ -49,6 +62,8 @@ pub struct StoreOptions {
     /// SQLite readers (WAL lets them run beside the writer).
     pub sqlite_readers: u32,
     pub busy_timeout: Duration,
+    /// PostgreSQL connections per process.
+    pub pg_max_connections: u32,
     pub artifacts: Option<Arc<dyn ArtifactStore>>,
     pub crash: Option<Arc<dyn CrashHook>>,
 }
@@ -63,6 +78,7 @@ impl Default for StoreOptions {
             write_batch_max: limits::WRITE_BATCH_MAX,
             sqlite_readers: 4,
             busy_timeout: Duration::from_secs(5),
+            pg_max_connections: 16,
             artifacts: None,
             crash: None,
         }
@@ -75,7 +91,8 @@ trait WriteOp: Send {
     fn deliver(self: Box<Self>, committed: Result<(), StoreError>);
 }
 
-type OpFn<T> = Box<dyn for<'a, 'c> FnOnce(&'a mut Db<'c>, &'a Cx) -> BoxFuture<'a, Result<T, StoreError>> + Send>;
+/// An operation: run once on SQLite, and again on PostgreSQL after a serialization failure or deadlock.
+type OpFn<T> = Arc<dyn for<'a, 'c> Fn(&'a mut Db<'c>, &'a Cx) -> BoxFuture<'a, Result<T, StoreError>> + Send + Sync>;
 
 struct Op<T> {
     f: Option<OpFn<T>>,
@@ -86,7 +103,7 @@ struct Op<T> {
 impl<T: Send + 'static> WriteOp for Op<T> {
     fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let f = self.f.take().expect("an op runs once");
+            let f = self.f.take().expect("an op runs once in the writer");
             match f(db, cx).await {
                 Ok(v) => {
                     self.out = Some(Ok(v));
@@ -129,23 +146,29 @@ impl Env {
 
 enum Backend {
     Sqlite { writer: mpsc::Sender<Box<dyn WriteOp>>, readers: SqlitePool },
+    Postgres { pool: PgPool },
 }
 
 pub struct SqlStore {
     backend: Backend,
     env: Env,
     artifacts: Option<Arc<dyn ArtifactStore>>,
+    tx_retries: AtomicU64,
 }
 
 static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+/// Runs under sqlx's PostgreSQL advisory lock, so processes starting at once apply it once.
+static POSTGRES_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
 impl SqlStore {
     /// Opens (creating if needed) the store at `url`: `sqlite://PATH`.
     pub async fn open(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
         if url.starts_with("sqlite:") {
             SqlStore::open_sqlite(url, options).await
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            SqlStore::open_postgres(url, options).await
         } else {
-            Err(StoreError::invalid(format!("unsupported database url {url:?}: use sqlite://PATH")))
+            Err(StoreError::invalid(format!("unsupported database url {url:?}: use sqlite://PATH or postgres://…")))
         }
     }
 
@@ -173,12 +196,81 @@ impl SqlStore {
         };
         let (tx, rx) = mpsc::channel(limits::WRITE_QUEUE_MAX);
         tokio::spawn(writer_loop(writer, rx, env.clone(), options.write_batch_max.clamp(1, limits::WRITE_BATCH_MAX)));
-        Ok(SqlStore { backend: Backend::Sqlite { writer: tx, readers }, env, artifacts: options.artifacts })
+        Ok(SqlStore { backend: Backend::Sqlite { writer: tx, readers }, env, artifacts: options.artifacts, tx_retries: AtomicU64::new(0) })
+    }
+
+    async fn open_postgres(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::invalid(format!("bad postgres url: {e}")))?
+            // Durability is the server's: every commit waits for its WAL flush.
+            .options([("synchronous_commit", "on"), ("lock_timeout", "10s"), ("statement_timeout", "60s")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.pg_max_connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(connect)
+            .await?;
+        POSTGRES_MIGRATOR.run(&pool).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
+        let env = Env {
+            clock: options.clock.clone(),
+            policy: Arc::new(options.policy.clone()),
+            rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
+            crash: options.crash.clone(),
+        };
+        Ok(SqlStore { backend: Backend::Postgres { pool }, env, artifacts: options.artifacts, tx_retries: AtomicU64::new(0) })
     }
 
     pub fn engine(&self) -> Engine {
         match self.backend {
             Backend::Sqlite { .. } => Engine::Sqlite,
+            Backend::Postgres { .. } => Engine::Postgres,
+        }
+    }
+
+    /// How many PostgreSQL transactions were retried after a serialization failure, deadlock or
+    /// concurrent create (a metric; always 0 on SQLite).
+    pub fn tx_retries(&self) -> u64 {
+        self.tx_retries.load(Ordering::Relaxed)
+    }
+
+    /// One PostgreSQL transaction (READ COMMITTED), retried whole on the retryable SQLSTATEs.
+    async fn write_pg<T: Send + 'static>(&self, pool: &PgPool, f: OpFn<T>) -> Result<T, StoreError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let mut conn = pool.acquire().await?;
+            let result = async {
+                sqlx::raw_sql("BEGIN ISOLATION LEVEL READ COMMITTED").execute(&mut *conn).await?;
+                let cx = self.env.cx();
+                let out = {
+                    let mut db = Db::Pg(&mut conn);
+                    f(&mut db, &cx).await
+                };
+                Ok::<_, StoreError>(out)
+            }
+            .await;
+            let outcome = match result {
+                Err(e) => Err(e),
+                Ok(Err(e)) => {
+                    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+                    Err(e)
+                }
+                Ok(Ok(v)) => match sqlx::raw_sql("COMMIT").execute(&mut *conn).await {
+                    Ok(_) => Ok(v),
+                    Err(e) => {
+                        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+                        Err(StoreError::from_sqlx_ref(&e))
+                    }
+                },
+            };
+            match outcome {
+                Err(e) if attempt < limits::TX_ATTEMPTS_MAX && e.is_pg_retryable() => {
+                    self.tx_retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(attempt, error = %e, "retrying a PostgreSQL transaction");
+                    let pause_ms = { self.env.rng.lock().expect("rng lock").below_inclusive(5 << attempt) };
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                }
+                other => return other,
+            }
         }
     }
 
@@ -192,6 +284,7 @@ impl SqlStore {
                 writer.send(op).await.map_err(|_| StoreError::Unavailable("the writer has stopped".into()))?;
                 answer.await.map_err(|_| StoreError::Unavailable("the writer dropped the operation".into()))?
             }
+            Backend::Postgres { pool } => self.write_pg(pool, f).await,
         }
     }
 
@@ -203,6 +296,17 @@ impl SqlStore {
                 let cx = self.env.cx();
                 let out = {
                     let mut db = Db::Sqlite(&mut tx);
+                    f(&mut db, &cx).await
+                };
+                tx.rollback().await?;
+                out
+            }
+            Backend::Postgres { pool } => {
+                // One snapshot for every statement of the read (the audit above all).
+                let mut tx = pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
+                let cx = self.env.cx();
+                let out = {
+                    let mut db = Db::Pg(&mut tx);
                     f(&mut db, &cx).await
                 };
                 tx.rollback().await?;
@@ -225,7 +329,7 @@ impl SqlStore {
         self.crash_point(CrashPoint::TeardownAfterRefund)?;
         let owned = id.to_owned();
         let keys =
-            self.read(Box::new(move |db, _| Box::pin(async move { ops::cleanup_keys(db, &owned).await }))).await?;
+            self.read(op!([owned] |db, _cx| ops::cleanup_keys(db, &owned).await)).await?;
         if !keys.is_empty() {
             let Some(artifacts) = &self.artifacts else {
                 return Err(StoreError::CleanupFailed {
@@ -243,7 +347,7 @@ impl SqlStore {
         self.crash_point(CrashPoint::TeardownAfterCleanup)?;
         let owned = id.to_owned();
         let job = self
-            .write(Box::new(move |db, cx| Box::pin(async move { ops::finish_teardown(db, cx, &owned).await })))
+            .write(op!([owned] |db, cx| ops::finish_teardown(db, cx, &owned).await))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(job)
@@ -343,13 +447,6 @@ async fn run_batch(conn: &mut SqliteConnection, env: &Env, batch: &mut Vec<Box<d
     }
 }
 
-/// Boxes an async block over `(db, cx)` as an operation.
-macro_rules! op {
-    (|$db:ident, $cx:ident| $body:expr) => {
-        Box::new(move |$db: &mut Db<'_>, $cx: &Cx| -> BoxFuture<'_, _> { Box::pin(async move { $body }) })
-    };
-}
-
 fn check_text(what: &str, s: Option<&str>, required: bool) -> Result<(), StoreError> {
     match s {
         None if required => Err(StoreError::invalid(format!("{what} is required"))),
@@ -368,14 +465,14 @@ impl Store for SqlStore {
     }
 
     async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError> {
-        let out = self.write(op!(|db, cx| ops::create_account(db, cx, &req).await)).await?;
+        let out = self.write(op!([req] |db, cx| ops::create_account(db, cx, &req).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError> {
         let id = id.clone();
-        self.read(op!(|db, _cx| reads::account(db, &id).await)).await
+        self.read(op!([id] |db, _cx| reads::account(db, &id).await)).await
     }
 
     async fn grant(&self, account: &AccountId, req: NewGrant) -> Result<Created<LedgerEntry>, StoreError> {
@@ -385,7 +482,7 @@ impl Store for SqlStore {
         check_text("reason", req.reason.as_deref(), false)?;
         let account = account.clone();
         let out = self
-            .write(op!(|db, cx| ops::credit(
+            .write(op!([account, req] |db, cx| ops::credit(
                 db,
                 cx,
                 EntryKind::Grant,
@@ -407,7 +504,7 @@ impl Store for SqlStore {
         check_text("reason", Some(&req.reason), true)?;
         let account = account.clone();
         let out = self
-            .write(op!(|db, cx| ops::credit(
+            .write(op!([account, req] |db, cx| ops::credit(
                 db,
                 cx,
                 EntryKind::Adjustment,
@@ -424,24 +521,24 @@ impl Store for SqlStore {
 
     async fn ledger(&self, account: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
         let account = account.clone();
-        self.read(op!(|db, _cx| reads::ledger(db, &account, page).await)).await
+        self.read(op!([account] |db, _cx| reads::ledger(db, &account, page).await)).await
     }
 
     async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError> {
         ops::validate_job(&req)?;
-        let out = self.write(op!(|db, cx| ops::create_job(db, cx, &req).await)).await?;
+        let out = self.write(op!([req] |db, cx| ops::create_job(db, cx, &req).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn job(&self, id: &JobId) -> Result<Job, StoreError> {
         let id = id.clone();
-        self.read(op!(|db, _cx| ops::must_read_job(db, id.as_str()).await)).await
+        self.read(op!([id] |db, _cx| ops::must_read_job(db, id.as_str()).await)).await
     }
 
     async fn jobs(&self, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
         let filter = filter.clone();
-        self.read(op!(|db, _cx| reads::jobs(db, &filter, page).await)).await
+        self.read(op!([filter] |db, _cx| reads::jobs(db, &filter, page).await)).await
     }
 
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError> {
@@ -458,21 +555,21 @@ impl Store for SqlStore {
         if req.kinds.len() > limits::CLAIM_KINDS_MAX {
             return Err(StoreError::invalid(format!("at most {} kinds per claim", limits::CLAIM_KINDS_MAX)));
         }
-        let out = self.write(op!(|db, cx| ops::claim(db, cx, &req).await)).await?;
+        let out = self.write(op!([req] |db, cx| ops::claim(db, cx, &req).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
         let (job, token) = (job.clone(), token.clone());
-        let out = self.write(op!(|db, cx| ops::heartbeat(db, cx, &job, &token).await)).await?;
+        let out = self.write(op!([job, token] |db, cx| ops::heartbeat(db, cx, &job, &token).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError> {
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
-        let out = self.write(op!(|db, cx| ops::item_report(db, cx, &job, &item, &token, None).await)).await?;
+        let out = self.write(op!([job, item, token] |db, cx| ops::item_report(db, cx, &job, &item, &token, None).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
@@ -489,7 +586,7 @@ impl Store for SqlStore {
         let (job, item, token, code) = (job.clone(), item.clone(), token.clone(), code.clone());
         let message = message.map(str::to_owned);
         let out = self
-            .write(op!(|db, cx| ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref()))).await))
+            .write(op!([job, item, token, code, message] |db, cx| ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref()))).await))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -504,14 +601,14 @@ impl Store for SqlStore {
     ) -> Result<bool, StoreError> {
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
         let out =
-            self.write(op!(|db, cx| ops::register_artifact(db, cx, &job, &item, &token, &artifact).await)).await?;
+            self.write(op!([job, item, token, artifact] |db, cx| ops::register_artifact(db, cx, &job, &item, &token, &artifact).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError> {
         let (id, token) = (job.clone(), token.cloned());
-        let (outcome, after) = self.write(op!(|db, cx| ops::succeed(db, cx, &id, token.as_ref()).await)).await?;
+        let (outcome, after) = self.write(op!([id, token] |db, cx| ops::succeed(db, cx, &id, token.as_ref()).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
         Ok(Outcome { value, applied: outcome.applied })
@@ -520,7 +617,7 @@ impl Store for SqlStore {
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
         check_text("message", signal.message.as_deref(), false)?;
         let id = job.clone();
-        let (outcome, after) = self.write(op!(|db, cx| ops::fail(db, cx, &id, &signal).await)).await?;
+        let (outcome, after) = self.write(op!([id, signal] |db, cx| ops::fail(db, cx, &id, &signal).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
         Ok(Outcome { value, applied: outcome.applied })
@@ -534,14 +631,14 @@ impl Store for SqlStore {
     ) -> Result<Outcome<Job>, StoreError> {
         check_text("message", message, false)?;
         let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
-        let out = self.write(op!(|db, cx| ops::mark_unknown(db, cx, &id, &token, message.as_deref()).await)).await?;
+        let out = self.write(op!([id, token, message] |db, cx| ops::mark_unknown(db, cx, &id, &token, message.as_deref()).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError> {
         let id = job.clone();
-        let (outcome, after) = self.write(op!(|db, cx| ops::reconcile(db, cx, &id, finding).await)).await?;
+        let (outcome, after) = self.write(op!([id] |db, cx| ops::reconcile(db, cx, &id, finding).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
         Ok(Outcome { value, applied: outcome.applied })
@@ -549,7 +646,7 @@ impl Store for SqlStore {
 
     async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError> {
         let id = job.clone();
-        let (job, after) = self.write(op!(|db, cx| ops::cancel(db, cx, &id).await)).await?;
+        let (job, after) = self.write(op!([id] |db, cx| ops::cancel(db, cx, &id).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let job = match after {
             After::Nothing => job,
@@ -570,18 +667,18 @@ impl Store for SqlStore {
 
     async fn requeue(&self, job: &JobId) -> Result<Job, StoreError> {
         let id = job.clone();
-        let out = self.write(op!(|db, cx| ops::requeue(db, cx, &id).await)).await?;
+        let out = self.write(op!([id] |db, cx| ops::requeue(db, cx, &id).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn rescue_expired_leases(&self, limit: u32) -> Result<Vec<String>, StoreError> {
         let now = self.env.clock.now();
-        let seen = self.read(op!(|db, _cx| reads::expired_leases(db, now, limit).await)).await?;
+        let seen = self.read(op!([] |db, _cx| reads::expired_leases(db, now, limit).await)).await?;
         let mut rescued = Vec::new();
         for (id, token) in seen {
             let job_id = id.clone();
-            let (applied, after) = self.write(op!(|db, cx| ops::expire_lease(db, cx, &job_id, &token).await)).await?;
+            let (applied, after) = self.write(op!([job_id, token] |db, cx| ops::expire_lease(db, cx, &job_id, &token).await)).await?;
             if applied {
                 if after == After::Teardown {
                     let job = self.job(&JobId::parse(&id)?).await?;
@@ -594,7 +691,7 @@ impl Store for SqlStore {
     }
 
     async fn resume_teardowns(&self, limit: u32) -> Result<Vec<String>, StoreError> {
-        let ids = self.read(op!(|db, _cx| reads::cancelling(db, limit).await)).await?;
+        let ids = self.read(op!([] |db, _cx| reads::cancelling(db, limit).await)).await?;
         let mut done = Vec::new();
         for id in ids {
             match self.finish_teardown(&id).await {
@@ -611,23 +708,23 @@ impl Store for SqlStore {
 
     async fn attempts(&self, job: &JobId) -> Result<Vec<Attempt>, StoreError> {
         let id = job.clone();
-        self.read(op!(|db, _cx| reads::attempts(db, id.as_str()).await)).await
+        self.read(op!([id] |db, _cx| reads::attempts(db, id.as_str()).await)).await
     }
 
     async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError> {
         let id = job.clone();
-        self.read(op!(|db, _cx| reads::signals(db, id.as_str()).await)).await
+        self.read(op!([id] |db, _cx| reads::signals(db, id.as_str()).await)).await
     }
 
     async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError> {
-        self.read(op!(|db, _cx| reads::failure_summary(db).await)).await
+        self.read(op!([] |db, _cx| reads::failure_summary(db).await)).await
     }
 
     async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
-        self.read(op!(|db, _cx| reads::events(db, after, limit).await)).await
+        self.read(op!([] |db, _cx| reads::events(db, after, limit).await)).await
     }
 
     async fn audit(&self) -> Result<AuditReport, StoreError> {
-        self.read(op!(|db, _cx| audit::audit(db).await)).await
+        self.read(op!([] |db, _cx| audit::audit(db).await)).await
     }
 }

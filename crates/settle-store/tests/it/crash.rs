@@ -190,8 +190,8 @@ fn walk(dir: &std::path::Path) -> Vec<String> {
     out
 }
 
-async fn clean_run() -> (String, Vec<Vec<CrashPoint>>) {
-    let k = Kit::new(EngineKind::Sqlite).await;
+async fn clean_run(engine: EngineKind) -> (String, Vec<Vec<CrashPoint>>) {
+    let k = Kit::new(engine).await;
     let mut r = Runner { k: &k, tokens: HashMap::new() };
     let mut visited = Vec::new();
     for step in scenario() {
@@ -208,7 +208,16 @@ async fn clean_run() -> (String, Vec<Vec<CrashPoint>>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_every_step_and_crash_point_converges() {
-    let (expected, visited) = clean_run().await;
+    every_step_and_crash_point_converges(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_every_step_and_crash_point_converges() {
+    every_step_and_crash_point_converges(EngineKind::Postgres).await;
+}
+
+async fn every_step_and_crash_point_converges(engine: EngineKind) {
+    let (expected, visited) = clean_run(engine).await;
     let steps = scenario();
     let mut covered = BTreeSet::new();
     let mut runs = 0;
@@ -221,7 +230,7 @@ async fn sqlite_every_step_and_crash_point_converges() {
             }
             covered.insert(point);
             runs += 1;
-            let k = Kit::new(EngineKind::Sqlite).await;
+            let k = Kit::new(engine).await;
             let mut r = Runner { k: &k, tokens: HashMap::new() };
             for step in &steps[..i] {
                 r.run(step).await.unwrap();

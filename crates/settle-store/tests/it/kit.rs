@@ -82,6 +82,7 @@ pub fn test_policy() -> RetryPolicy {
 #[derive(Clone, Copy, Debug)]
 pub enum EngineKind {
     Sqlite,
+    Postgres,
 }
 
 impl Kit {
@@ -100,6 +101,7 @@ impl Kit {
         let crasher = Arc::new(Crasher::default());
         let url = match engine {
             EngineKind::Sqlite => format!("sqlite://{}", dir.path().join("settle.db").display()),
+            EngineKind::Postgres => crate::pg::fresh_database().await,
         };
         let options = StoreOptions {
             clock: clock.clone(),
@@ -184,20 +186,28 @@ impl Kit {
     /// Raw SQL straight at the database, behind Settle's back.
     pub async fn raw(&self, sql: &'static str) -> Result<u64, sqlx::Error> {
         use sqlx::{ConnectOptions, Connection};
-        let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str_url(&self.url).connect().await?;
-        let r = sqlx::query(sql).execute(&mut conn).await?.rows_affected();
-        conn.close().await?;
-        Ok(r)
-    }
-}
-
-trait FromStrUrl {
-    fn from_str_url(url: &str) -> sqlx::sqlite::SqliteConnectOptions;
-}
-impl FromStrUrl for sqlx::sqlite::SqliteConnectOptions {
-    fn from_str_url(url: &str) -> sqlx::sqlite::SqliteConnectOptions {
         use std::str::FromStr;
-        sqlx::sqlite::SqliteConnectOptions::from_str(url).unwrap()
+        if self.url.starts_with("sqlite:") {
+            let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url)?.connect().await?;
+            let r = sqlx::query(sql).execute(&mut conn).await?.rows_affected();
+            conn.close().await?;
+            Ok(r)
+        } else {
+            let mut conn = sqlx::postgres::PgConnectOptions::from_str(&self.url)?.connect().await?;
+            let r = sqlx::query(sql).execute(&mut conn).await?.rows_affected();
+            conn.close().await?;
+            Ok(r)
+        }
+    }
+
+    /// Drops the trigger that refuses UPDATEs of the ledger (to tamper with it in a test).
+    pub async fn drop_update_trigger(&self) {
+        let sql = if self.url.starts_with("sqlite:") {
+            "DROP TRIGGER ledger_entries_no_update"
+        } else {
+            "DROP TRIGGER ledger_entries_no_update ON ledger_entries"
+        };
+        self.raw(sql).await.unwrap();
     }
 }
 

@@ -4,4 +4,5 @@
 mod conformance;
 mod crash;
 mod kit;
+mod pg;
 mod race;

@@ -129,15 +129,34 @@ async fn sqlite_thirty_two_signals_race_seed_2() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_thirty_two_signals_race_seed_1() {
+    signals_race(Arc::new(Kit::new(EngineKind::Postgres).await), 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_thirty_two_signals_race_seed_2() {
+    signals_race(Arc::new(Kit::new(EngineKind::Postgres).await), 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_thirty_two_signals_race_unbatched() {
     let k = Kit::with(EngineKind::Sqlite, test_policy(), 1).await;
     signals_race(Arc::new(k), 3).await;
 }
 
-/// 32 claimers against 50 due jobs: every job claimed exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_one_claim_winner_per_job() {
-    let k = Arc::new(Kit::new(EngineKind::Sqlite).await);
+    one_claim_winner_per_job(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_one_claim_winner_per_job() {
+    one_claim_winner_per_job(EngineKind::Postgres).await;
+}
+
+/// 32 claimers against 50 due jobs: every job claimed exactly once.
+async fn one_claim_winner_per_job(engine: EngineKind) {
+    let k = Arc::new(Kit::new(engine).await);
     let a = k.account("a", 1_000).await;
     for n in 0..50 {
         k.job(&format!("j{n}"), &a, 1).await;

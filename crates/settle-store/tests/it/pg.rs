@@ -1,0 +1,120 @@
+//! A PostgreSQL server for the tests, found or started without anyone's help.
+//!
+//! - `SETTLE_TEST_DATABASE_URL=postgres://user@host:port/db` points the tests at an existing
+//!   server; each test creates its own database there.
+//! - Otherwise the first test process to get here creates a throwaway cluster under
+//!   `target/tmp/settle-pg` (initdb, run as the `postgres` user when we are root, since initdb and
+//!   pg_ctl refuse to run as root) and starts it on a loopback port; later processes reuse it.
+//!   `scripts/test` stops it at the end of the run.
+//! - A PostgreSQL that cannot be reached or started fails the test: no test skips for lack of one.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn bindir() -> PathBuf {
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
+        && out.status.success()
+    {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("initdb").exists() {
+            return dir;
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| rd.flatten().map(|e| e.path().join("bin")).filter(|p| p.join("initdb").exists()).collect())
+        .unwrap_or_default();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!("PostgreSQL server binaries (initdb, pg_ctl) not found: install postgresql or set SETTLE_TEST_DATABASE_URL")
+    })
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+}
+
+/// Runs a PostgreSQL tool, as the `postgres` user when we are root.
+fn pg_tool(bin: &Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    cmd.args(args).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn server_answers(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+/// The admin URL (database `postgres`) of the test server.
+pub fn server_url() -> &'static str {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        if let Ok(url) = std::env::var("SETTLE_TEST_DATABASE_URL") {
+            return url;
+        }
+        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("settle-pg");
+        std::fs::create_dir_all(&root).unwrap();
+        let lock = std::fs::File::create(root.join("lock")).unwrap();
+        lock.lock().unwrap();
+        let port_file = root.join("port");
+        if let Ok(p) = std::fs::read_to_string(&port_file)
+            && let Ok(port) = p.trim().parse::<u16>()
+            && server_answers(port)
+        {
+            return format!("postgres://postgres@127.0.0.1:{port}/postgres");
+        }
+        let bin = bindir();
+        let data = root.join("data");
+        if is_root() {
+            let st = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&root).status().unwrap();
+            assert!(st.success(), "chown of the test cluster folder failed");
+        }
+        if !data.join("PG_VERSION").exists() {
+            let out = pg_tool(&bin.join("initdb"), &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres", "-E", "UTF8"]);
+            assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let port = free_port();
+        // fsync off is fine for semantics tests (never for benchmarks): a lost test cluster is rebuilt.
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400",
+            root.display()
+        );
+        let log = root.join("log");
+        let out = pg_tool(&bin.join("pg_ctl"), &["-D", data.to_str().unwrap(), "-o", &opts, "-l", log.to_str().unwrap(), "-w", "-t", "60", "start"]);
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::fs::write(&port_file, port.to_string()).unwrap();
+        format!("postgres://postgres@127.0.0.1:{port}/postgres")
+    })
+}
+
+/// A fresh, empty database on the test server; returns its URL.
+pub async fn fresh_database() -> String {
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    let admin = server_url();
+    let name = format!("settle_test_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::postgres::PgConnectOptions::from_str(admin).unwrap().connect().await.unwrap_or_else(|e| {
+        panic!("cannot reach the test PostgreSQL at {admin}: {e}")
+    });
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    match admin.rsplit_once('/') {
+        Some((base, _)) => format!("{base}/{name}"),
+        None => panic!("SETTLE_TEST_DATABASE_URL must name a database: {admin}"),
+    }
+}
