@@ -196,7 +196,12 @@ impl SqlStore {
         };
         let (tx, rx) = mpsc::channel(limits::WRITE_QUEUE_MAX);
         tokio::spawn(writer_loop(writer, rx, env.clone(), options.write_batch_max.clamp(1, limits::WRITE_BATCH_MAX)));
-        Ok(SqlStore { backend: Backend::Sqlite { writer: tx, readers }, env, artifacts: options.artifacts, tx_retries: AtomicU64::new(0) })
+        Ok(SqlStore {
+            backend: Backend::Sqlite { writer: tx, readers },
+            env,
+            artifacts: options.artifacts,
+            tx_retries: AtomicU64::new(0),
+        })
     }
 
     async fn open_postgres(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
@@ -216,7 +221,12 @@ impl SqlStore {
             rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
             crash: options.crash.clone(),
         };
-        Ok(SqlStore { backend: Backend::Postgres { pool }, env, artifacts: options.artifacts, tx_retries: AtomicU64::new(0) })
+        Ok(SqlStore {
+            backend: Backend::Postgres { pool },
+            env,
+            artifacts: options.artifacts,
+            tx_retries: AtomicU64::new(0),
+        })
     }
 
     pub fn engine(&self) -> Engine {
@@ -328,8 +338,7 @@ impl SqlStore {
     async fn finish_teardown(&self, id: &str) -> Result<Job, StoreError> {
         self.crash_point(CrashPoint::TeardownAfterRefund)?;
         let owned = id.to_owned();
-        let keys =
-            self.read(op!([owned] |db, _cx| ops::cleanup_keys(db, &owned).await)).await?;
+        let keys = self.read(op!([owned] | db, _cx | ops::cleanup_keys(db, &owned).await)).await?;
         if !keys.is_empty() {
             let Some(artifacts) = &self.artifacts else {
                 return Err(StoreError::CleanupFailed {
@@ -346,9 +355,7 @@ impl SqlStore {
         }
         self.crash_point(CrashPoint::TeardownAfterCleanup)?;
         let owned = id.to_owned();
-        let job = self
-            .write(op!([owned] |db, cx| ops::finish_teardown(db, cx, &owned).await))
-            .await?;
+        let job = self.write(op!([owned] | db, cx | ops::finish_teardown(db, cx, &owned).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(job)
     }
@@ -465,14 +472,14 @@ impl Store for SqlStore {
     }
 
     async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError> {
-        let out = self.write(op!([req] |db, cx| ops::create_account(db, cx, &req).await)).await?;
+        let out = self.write(op!([req] | db, cx | ops::create_account(db, cx, &req).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError> {
         let id = id.clone();
-        self.read(op!([id] |db, _cx| reads::account(db, &id).await)).await
+        self.read(op!([id] | db, _cx | reads::account(db, &id).await)).await
     }
 
     async fn grant(&self, account: &AccountId, req: NewGrant) -> Result<Created<LedgerEntry>, StoreError> {
@@ -482,16 +489,19 @@ impl Store for SqlStore {
         check_text("reason", req.reason.as_deref(), false)?;
         let account = account.clone();
         let out = self
-            .write(op!([account, req] |db, cx| ops::credit(
-                db,
-                cx,
-                EntryKind::Grant,
-                &account,
-                req.id.as_str(),
-                req.amount,
-                req.reason.as_deref()
-            )
-            .await))
+            .write(op!(
+                [account, req] | db,
+                cx | ops::credit(
+                    db,
+                    cx,
+                    EntryKind::Grant,
+                    &account,
+                    req.id.as_str(),
+                    req.amount,
+                    req.reason.as_deref()
+                )
+                .await
+            ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -504,16 +514,19 @@ impl Store for SqlStore {
         check_text("reason", Some(&req.reason), true)?;
         let account = account.clone();
         let out = self
-            .write(op!([account, req] |db, cx| ops::credit(
-                db,
-                cx,
-                EntryKind::Adjustment,
-                &account,
-                req.id.as_str(),
-                req.amount,
-                Some(&req.reason)
-            )
-            .await))
+            .write(op!(
+                [account, req] | db,
+                cx | ops::credit(
+                    db,
+                    cx,
+                    EntryKind::Adjustment,
+                    &account,
+                    req.id.as_str(),
+                    req.amount,
+                    Some(&req.reason)
+                )
+                .await
+            ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -521,24 +534,24 @@ impl Store for SqlStore {
 
     async fn ledger(&self, account: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
         let account = account.clone();
-        self.read(op!([account] |db, _cx| reads::ledger(db, &account, page).await)).await
+        self.read(op!([account] | db, _cx | reads::ledger(db, &account, page).await)).await
     }
 
     async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError> {
         ops::validate_job(&req)?;
-        let out = self.write(op!([req] |db, cx| ops::create_job(db, cx, &req).await)).await?;
+        let out = self.write(op!([req] | db, cx | ops::create_job(db, cx, &req).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn job(&self, id: &JobId) -> Result<Job, StoreError> {
         let id = id.clone();
-        self.read(op!([id] |db, _cx| ops::must_read_job(db, id.as_str()).await)).await
+        self.read(op!([id] | db, _cx | ops::must_read_job(db, id.as_str()).await)).await
     }
 
     async fn jobs(&self, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
         let filter = filter.clone();
-        self.read(op!([filter] |db, _cx| reads::jobs(db, &filter, page).await)).await
+        self.read(op!([filter] | db, _cx | reads::jobs(db, &filter, page).await)).await
     }
 
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError> {
@@ -555,21 +568,23 @@ impl Store for SqlStore {
         if req.kinds.len() > limits::CLAIM_KINDS_MAX {
             return Err(StoreError::invalid(format!("at most {} kinds per claim", limits::CLAIM_KINDS_MAX)));
         }
-        let out = self.write(op!([req] |db, cx| ops::claim(db, cx, &req).await)).await?;
+        let out = self.write(op!([req] | db, cx | ops::claim(db, cx, &req).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
         let (job, token) = (job.clone(), token.clone());
-        let out = self.write(op!([job, token] |db, cx| ops::heartbeat(db, cx, &job, &token).await)).await?;
+        let out = self.write(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError> {
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
-        let out = self.write(op!([job, item, token] |db, cx| ops::item_report(db, cx, &job, &item, &token, None).await)).await?;
+        let out = self
+            .write(op!([job, item, token] | db, cx | ops::item_report(db, cx, &job, &item, &token, None).await))
+            .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
@@ -586,7 +601,10 @@ impl Store for SqlStore {
         let (job, item, token, code) = (job.clone(), item.clone(), token.clone(), code.clone());
         let message = message.map(str::to_owned);
         let out = self
-            .write(op!([job, item, token, code, message] |db, cx| ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref()))).await))
+            .write(op!(
+                [job, item, token, code, message] | db,
+                cx | ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref()))).await
+            ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -600,15 +618,20 @@ impl Store for SqlStore {
         artifact: NewArtifact,
     ) -> Result<bool, StoreError> {
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
-        let out =
-            self.write(op!([job, item, token, artifact] |db, cx| ops::register_artifact(db, cx, &job, &item, &token, &artifact).await)).await?;
+        let out = self
+            .write(op!(
+                [job, item, token, artifact] | db,
+                cx | ops::register_artifact(db, cx, &job, &item, &token, &artifact).await
+            ))
+            .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError> {
         let (id, token) = (job.clone(), token.cloned());
-        let (outcome, after) = self.write(op!([id, token] |db, cx| ops::succeed(db, cx, &id, token.as_ref()).await)).await?;
+        let (outcome, after) =
+            self.write(op!([id, token] | db, cx | ops::succeed(db, cx, &id, token.as_ref()).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
         Ok(Outcome { value, applied: outcome.applied })
@@ -617,7 +640,7 @@ impl Store for SqlStore {
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
         check_text("message", signal.message.as_deref(), false)?;
         let id = job.clone();
-        let (outcome, after) = self.write(op!([id, signal] |db, cx| ops::fail(db, cx, &id, &signal).await)).await?;
+        let (outcome, after) = self.write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
         Ok(Outcome { value, applied: outcome.applied })
@@ -631,14 +654,19 @@ impl Store for SqlStore {
     ) -> Result<Outcome<Job>, StoreError> {
         check_text("message", message, false)?;
         let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
-        let out = self.write(op!([id, token, message] |db, cx| ops::mark_unknown(db, cx, &id, &token, message.as_deref()).await)).await?;
+        let out = self
+            .write(op!(
+                [id, token, message] | db,
+                cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref()).await
+            ))
+            .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError> {
         let id = job.clone();
-        let (outcome, after) = self.write(op!([id] |db, cx| ops::reconcile(db, cx, &id, finding).await)).await?;
+        let (outcome, after) = self.write(op!([id] | db, cx | ops::reconcile(db, cx, &id, finding).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
         Ok(Outcome { value, applied: outcome.applied })
@@ -646,7 +674,7 @@ impl Store for SqlStore {
 
     async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError> {
         let id = job.clone();
-        let (job, after) = self.write(op!([id] |db, cx| ops::cancel(db, cx, &id).await)).await?;
+        let (job, after) = self.write(op!([id] | db, cx | ops::cancel(db, cx, &id).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let job = match after {
             After::Nothing => job,
@@ -667,18 +695,19 @@ impl Store for SqlStore {
 
     async fn requeue(&self, job: &JobId) -> Result<Job, StoreError> {
         let id = job.clone();
-        let out = self.write(op!([id] |db, cx| ops::requeue(db, cx, &id).await)).await?;
+        let out = self.write(op!([id] | db, cx | ops::requeue(db, cx, &id).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn rescue_expired_leases(&self, limit: u32) -> Result<Vec<String>, StoreError> {
         let now = self.env.clock.now();
-        let seen = self.read(op!([] |db, _cx| reads::expired_leases(db, now, limit).await)).await?;
+        let seen = self.read(op!([] | db, _cx | reads::expired_leases(db, now, limit).await)).await?;
         let mut rescued = Vec::new();
         for (id, token) in seen {
             let job_id = id.clone();
-            let (applied, after) = self.write(op!([job_id, token] |db, cx| ops::expire_lease(db, cx, &job_id, &token).await)).await?;
+            let (applied, after) =
+                self.write(op!([job_id, token] | db, cx | ops::expire_lease(db, cx, &job_id, &token).await)).await?;
             if applied {
                 if after == After::Teardown {
                     let job = self.job(&JobId::parse(&id)?).await?;
@@ -691,7 +720,7 @@ impl Store for SqlStore {
     }
 
     async fn resume_teardowns(&self, limit: u32) -> Result<Vec<String>, StoreError> {
-        let ids = self.read(op!([] |db, _cx| reads::cancelling(db, limit).await)).await?;
+        let ids = self.read(op!([] | db, _cx | reads::cancelling(db, limit).await)).await?;
         let mut done = Vec::new();
         for id in ids {
             match self.finish_teardown(&id).await {
@@ -708,23 +737,23 @@ impl Store for SqlStore {
 
     async fn attempts(&self, job: &JobId) -> Result<Vec<Attempt>, StoreError> {
         let id = job.clone();
-        self.read(op!([id] |db, _cx| reads::attempts(db, id.as_str()).await)).await
+        self.read(op!([id] | db, _cx | reads::attempts(db, id.as_str()).await)).await
     }
 
     async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError> {
         let id = job.clone();
-        self.read(op!([id] |db, _cx| reads::signals(db, id.as_str()).await)).await
+        self.read(op!([id] | db, _cx | reads::signals(db, id.as_str()).await)).await
     }
 
     async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError> {
-        self.read(op!([] |db, _cx| reads::failure_summary(db).await)).await
+        self.read(op!([] | db, _cx | reads::failure_summary(db).await)).await
     }
 
     async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
-        self.read(op!([] |db, _cx| reads::events(db, after, limit).await)).await
+        self.read(op!([] | db, _cx | reads::events(db, after, limit).await)).await
     }
 
     async fn audit(&self) -> Result<AuditReport, StoreError> {
-        self.read(op!([] |db, _cx| audit::audit(db).await)).await
+        self.read(op!([] | db, _cx | audit::audit(db).await)).await
     }
 }

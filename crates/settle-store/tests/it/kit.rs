@@ -101,7 +101,7 @@ impl Kit {
         let crasher = Arc::new(Crasher::default());
         let url = match engine {
             EngineKind::Sqlite => format!("sqlite://{}", dir.path().join("settle.db").display()),
-            EngineKind::Postgres => crate::pg::fresh_database().await,
+            EngineKind::Postgres => settle_testkit::fresh_database().await,
         };
         let options = StoreOptions {
             clock: clock.clone(),

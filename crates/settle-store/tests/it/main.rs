@@ -4,5 +4,4 @@
 mod conformance;
 mod crash;
 mod kit;
-mod pg;
 mod race;

@@ -26,7 +26,9 @@ fn bindir() -> PathBuf {
         .unwrap_or_default();
     found.sort();
     found.pop().unwrap_or_else(|| {
-        panic!("PostgreSQL server binaries (initdb, pg_ctl) not found: install postgresql or set SETTLE_TEST_DATABASE_URL")
+        panic!(
+            "PostgreSQL server binaries (initdb, pg_ctl) not found: install postgresql or set SETTLE_TEST_DATABASE_URL"
+        )
     })
 }
 
@@ -61,7 +63,10 @@ pub fn server_url() -> &'static str {
         if let Ok(url) = std::env::var("SETTLE_TEST_DATABASE_URL") {
             return url;
         }
-        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("settle-pg");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+        let root = target.join("tmp").join("settle-pg");
         std::fs::create_dir_all(&root).unwrap();
         let lock = std::fs::File::create(root.join("lock")).unwrap();
         lock.lock().unwrap();
@@ -108,9 +113,11 @@ pub async fn fresh_database() -> String {
     use std::str::FromStr;
     let admin = server_url();
     let name = format!("settle_test_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::postgres::PgConnectOptions::from_str(admin).unwrap().connect().await.unwrap_or_else(|e| {
-        panic!("cannot reach the test PostgreSQL at {admin}: {e}")
-    });
+    let mut conn = sqlx::postgres::PgConnectOptions::from_str(admin)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach the test PostgreSQL at {admin}: {e}"));
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await.unwrap();
     conn.close().await.unwrap();
     match admin.rsplit_once('/') {
