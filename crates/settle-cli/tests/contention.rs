@@ -56,7 +56,7 @@ async fn four_processes_share_one_postgres_ledger() {
             .unwrap();
     }
     let new_job = |n: usize| {
-        let items: Vec<NewItem> = if n % 3 == 0 {
+        let items: Vec<NewItem> = if n.is_multiple_of(3) {
             (0..3)
                 .map(|i| NewItem {
                     id: ItemId::parse(&format!("frame-{i}")).unwrap(),
