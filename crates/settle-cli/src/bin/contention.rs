@@ -155,7 +155,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ok_or_benign(store.cancel(&id).await)?;
             }
         }
-        if round % 5 == 0 || claimed.is_empty() {
+        if round.is_multiple_of(5) || claimed.is_empty() {
             store.rescue_expired_leases(50).await?;
             store.resume_teardowns(50).await?;
         }
