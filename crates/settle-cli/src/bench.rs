@@ -21,12 +21,19 @@ pub struct BenchArgs {
     /// Largest write batch of the SQLite writer (1 disables batching).
     #[arg(long, value_delimiter = ',', default_value = "1,256")]
     batch: Vec<usize>,
-    /// Durability settings to measure: full, normal.
+    /// Durability settings to measure on SQLite: full, normal.
     #[arg(long, value_delimiter = ',', default_value = "full,normal")]
     sync: Vec<String>,
+    /// Measure PostgreSQL instead: the URL of a server (each run gets a fresh database there).
+    /// Durability is the server's own (`synchronous_commit=on` is forced on Settle's sessions).
+    #[arg(long)]
+    postgres: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(server) = &args.postgres {
+        return run_postgres(&args, server).await;
+    }
     println!(
         "settle bench: SQLite (WAL), {} jobs per row, 3 guarded transitions per job (create+charge, claim, succeed)",
         args.jobs
@@ -52,6 +59,59 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn run_postgres(args: &BenchArgs, server: &str) -> anyhow::Result<()> {
+    println!(
+        "settle bench: PostgreSQL at {server}, {} jobs per row, 3 guarded transitions per job (create+charge, claim, succeed)",
+        args.jobs
+    );
+    println!("{:>11} {:>14} {:>16} {:>9}", "concurrency", "transitions/s", "raw commits/s", "ratio");
+    let raw = pg_raw_commits_per_second(server, 2_000).await?;
+    for &concurrency in &args.concurrency {
+        let url = fresh_pg_database(server).await?;
+        let options = StoreOptions { pg_max_connections: concurrency.clamp(1, 64) as u32, ..StoreOptions::default() };
+        let store = Arc::new(SqlStore::open(&url, options).await?);
+        let rate = drive(store.clone(), concurrency.max(1), args.jobs).await?;
+        println!(
+            "{concurrency:>11} {rate:>14.0} {raw:>16.0} {:>9.2}   (transaction retries: {})",
+            rate / raw,
+            store.tx_retries()
+        );
+    }
+    Ok(())
+}
+
+async fn fresh_pg_database(server: &str) -> anyhow::Result<String> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let mut conn = sqlx::postgres::PgConnectOptions::from_str(server)?.connect().await?;
+    let name = format!("settle_bench_{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name}"))).execute(&mut conn).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).execute(&mut conn).await?;
+    conn.close().await?;
+    let (base, _) = server.rsplit_once('/').context("the server url must name a database, e.g. …/postgres")?;
+    Ok(format!("{base}/{name}"))
+}
+
+/// PostgreSQL's own limit on this server: one-row INSERT transactions on one connection,
+/// `synchronous_commit=on`.
+async fn pg_raw_commits_per_second(server: &str, n: usize) -> anyhow::Result<f64> {
+    let url = fresh_pg_database(server).await?;
+    let mut conn =
+        sqlx::postgres::PgConnectOptions::from_str(&url)?.options([("synchronous_commit", "on")]).connect().await?;
+    sqlx::raw_sql("CREATE TABLE t (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v bigint NOT NULL)")
+        .execute(&mut conn)
+        .await?;
+    let started = Instant::now();
+    for i in 0..n {
+        sqlx::raw_sql("BEGIN").execute(&mut conn).await?;
+        sqlx::query("INSERT INTO t (v) VALUES ($1)").bind(i as i64).execute(&mut conn).await?;
+        sqlx::raw_sql("COMMIT").execute(&mut conn).await?;
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    conn.close().await?;
+    Ok(rate)
+}
+
 async fn transitions_per_second(
     durability: Durability,
     batch: usize,
@@ -63,6 +123,12 @@ async fn transitions_per_second(
     let store = Arc::new(
         SqlStore::open(&url, StoreOptions { durability, write_batch_max: batch, ..StoreOptions::default() }).await?,
     );
+    drive(store, concurrency, jobs).await
+}
+
+/// `concurrency` clients, each with its own account, create, claim and succeed `jobs` jobs in all;
+/// returns guarded transitions per second, after checking the audit.
+async fn drive(store: Arc<SqlStore>, concurrency: usize, jobs: usize) -> anyhow::Result<f64> {
     let mut accounts = Vec::new();
     for a in 0..concurrency {
         let id = AccountId::parse(&format!("acct-{a}"))?;
