@@ -41,3 +41,7 @@ pub const CONFIRM_WINDOW_SECONDS_DEFAULT: u64 = 3_600;
 pub const BALANCE_MAX: i64 = 1 << 61;
 /// Most job kinds one claim may filter on.
 pub const CLAIM_KINDS_MAX: usize = 32;
+/// Longest long-poll (`wait_seconds`) of a claim or an events read.
+pub const WAIT_SECONDS_MAX: u32 = 30;
+/// How often a long-poll looks again when no wake-up arrives.
+pub const POLL_INTERVAL_MS: u64 = 250;

@@ -118,6 +118,8 @@ pub struct Job {
     pub last_error: Option<LastError>,
     pub items: Vec<Item>,
     pub payload: String,
+    /// What the success carried (JSON text), once succeeded.
+    pub result: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -288,4 +290,11 @@ impl AuditReport {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewArtifact {
     pub key: ArtifactKey,
+}
+
+/// Counts for metrics: jobs by state, ledger entries by kind.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub jobs_by_state: Vec<(String, i64)>,
+    pub entries_by_kind: Vec<(String, i64)>,
 }

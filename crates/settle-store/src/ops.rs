@@ -48,7 +48,7 @@ impl Cx {
 
 pub(crate) const JOB_COLUMNS: &str = "id, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
      cancel_requested, not_before, lease_token, lease_expires_at, lease_worker, last_error_code, last_error_message, \
-     unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq";
+     unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq, result";
 
 /// A job row as stored, before its items are attached.
 #[derive(Debug, Clone)]
@@ -75,6 +75,7 @@ pub(crate) struct JobRow {
     pub updated_at: i64,
     pub lease_seconds: i64,
     pub job_seq: i64,
+    pub result: Option<String>,
 }
 
 pub(crate) fn job_row(r: &Row) -> Result<JobRow, StoreError> {
@@ -104,15 +105,16 @@ pub(crate) fn job_row(r: &Row) -> Result<JobRow, StoreError> {
         updated_at: r.i64(20)?,
         lease_seconds: r.i64(21)?,
         job_seq: r.i64(22)?,
+        result: r.opt_text(23)?,
     })
 }
 
 const SELECT_JOB: &str = "SELECT id, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
      cancel_requested, not_before, lease_token, lease_expires_at, lease_worker, last_error_code, last_error_message, \
-     unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq FROM jobs WHERE id = $1";
+     unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq, result FROM jobs WHERE id = $1";
 const LOCK_JOB_PG: &str = "SELECT id, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
      cancel_requested, not_before, lease_token, lease_expires_at, lease_worker, last_error_code, last_error_message, \
-     unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq FROM jobs WHERE id = $1 FOR UPDATE";
+     unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq, result FROM jobs WHERE id = $1 FOR UPDATE";
 
 /// Reads the job row and, on PostgreSQL, locks it until commit. Every job transition starts here,
 /// so the decision below is made on a row no one else can change (lock order: job → items →
@@ -166,6 +168,7 @@ pub(crate) async fn attach(db: &mut Db<'_>, row: JobRow) -> Result<Job, StoreErr
         last_error: row.last_error_code.map(|code| LastError { code, message: row.last_error_message }),
         items,
         payload: row.payload,
+        result: row.result,
         created_at: Timestamp::from_micros(row.created_at),
         updated_at: Timestamp::from_micros(row.updated_at),
     })
@@ -1171,6 +1174,7 @@ async fn apply_success(
     cx: &Cx,
     job: &JobRow,
     token: Option<&LeaseToken>,
+    result: Option<&str>,
 ) -> Result<(bool, After), StoreError> {
     let from_ok = JobState::SUCCEED_FROM.contains(&job.state);
     let cancel_wins = job.cancel_requested && job.refund_on != RefundPolicy::FinalFailure;
@@ -1193,8 +1197,8 @@ async fn apply_success(
     let rows = db
         .exec(
             "UPDATE jobs SET state = 'succeeded', lease_token = NULL, lease_expires_at = NULL, lease_worker = NULL, \
-             unknown_since = NULL, updated_at = $3 WHERE id = $1 AND state = $2",
-            args![&job.id, job.state.as_str(), cx.now.micros()],
+             unknown_since = NULL, result = $4, updated_at = $3 WHERE id = $1 AND state = $2",
+            args![&job.id, job.state.as_str(), cx.now.micros(), result],
         )
         .await?;
     guard_hit(rows, "success")?;
@@ -1246,9 +1250,13 @@ pub(crate) async fn succeed(
     cx: &Cx,
     id: &JobId,
     token: Option<&LeaseToken>,
+    result: Option<&str>,
 ) -> Result<(Outcome<Job>, After), StoreError> {
+    if result.is_some_and(|r| r.len() > limits::PAYLOAD_BYTES_MAX) {
+        return Err(StoreError::invalid(format!("result is larger than {} bytes", limits::PAYLOAD_BYTES_MAX)));
+    }
     let job = must_lock_job(db, id.as_str()).await?;
-    let (applied, after) = apply_success(db, cx, &job, token).await?;
+    let (applied, after) = apply_success(db, cx, &job, token, result).await?;
     let job = must_read_job(db, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: job, applied }, after))
@@ -1304,7 +1312,7 @@ pub(crate) async fn reconcile(
         (false, After::Nothing)
     } else {
         match finding {
-            Finding::Present => apply_success(db, cx, &job, None).await?,
+            Finding::Present => apply_success(db, cx, &job, None, None).await?,
             Finding::Absent => {
                 let since = job.unknown_since.unwrap_or(job.updated_at);
                 let window_over =

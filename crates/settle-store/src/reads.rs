@@ -182,3 +182,12 @@ pub(crate) async fn cancelling(db: &mut Db<'_>, limit: u32) -> Result<Vec<String
         .await?;
     rows.iter().map(|r| Ok(r.text(0)?)).collect()
 }
+
+pub(crate) async fn stats(db: &mut Db<'_>) -> Result<Stats, StoreError> {
+    let jobs = db.all("SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state", args![]).await?;
+    let entries = db.all("SELECT kind, COUNT(*) FROM ledger_entries GROUP BY kind ORDER BY kind", args![]).await?;
+    let pairs = |rows: Vec<crate::db::Row>| -> Result<Vec<(String, i64)>, StoreError> {
+        rows.iter().map(|r| Ok((r.text(0)?, r.i64(1)?))).collect()
+    };
+    Ok(Stats { jobs_by_state: pairs(jobs)?, entries_by_kind: pairs(entries)? })
+}

@@ -628,10 +628,19 @@ impl Store for SqlStore {
         Ok(out)
     }
 
-    async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError> {
+    async fn succeed_with_result(
+        &self,
+        job: &JobId,
+        token: Option<&LeaseToken>,
+        result: Option<String>,
+    ) -> Result<Outcome<Job>, StoreError> {
         let (id, token) = (job.clone(), token.cloned());
-        let (outcome, after) =
-            self.write(op!([id, token] | db, cx | ops::succeed(db, cx, &id, token.as_ref()).await)).await?;
+        let (outcome, after) = self
+            .write(op!(
+                [id, token, result] | db,
+                cx | ops::succeed(db, cx, &id, token.as_ref(), result.as_deref()).await
+            ))
+            .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
         Ok(Outcome { value, applied: outcome.applied })
@@ -751,6 +760,10 @@ impl Store for SqlStore {
 
     async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
         self.read(op!([] | db, _cx | reads::events(db, after, limit).await)).await
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        self.read(op!([] | db, _cx | reads::stats(db).await)).await
     }
 
     async fn audit(&self) -> Result<AuditReport, StoreError> {

@@ -42,7 +42,16 @@ pub trait Store: Send + Sync {
     ) -> Result<bool, StoreError>;
 
     /// Accepted from any attempt, with or without a token (recovery).
-    async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError>;
+    async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError> {
+        self.succeed_with_result(job, token, None).await
+    }
+    /// As `succeed`, keeping what the worker's success carried (JSON text) on the job.
+    async fn succeed_with_result(
+        &self,
+        job: &JobId,
+        token: Option<&LeaseToken>,
+        result: Option<String>,
+    ) -> Result<Outcome<Job>, StoreError>;
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
     async fn mark_unknown(
         &self,
@@ -64,6 +73,8 @@ pub trait Store: Send + Sync {
     async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError>;
     async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError>;
     async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError>;
+    /// Jobs by state and ledger entries by kind (for metrics).
+    async fn stats(&self) -> Result<Stats, StoreError>;
     /// L1–L4 and gap-free sequences, over one consistent snapshot.
     async fn audit(&self) -> Result<AuditReport, StoreError>;
 }

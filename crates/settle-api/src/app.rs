@@ -1,0 +1,219 @@
+//! The service: state, router, layers, and `Application` (bind, then serve until shutdown).
+
+use crate::auth::Tokens;
+use crate::error::ApiError;
+use crate::handlers as h;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use settle_store::Store;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+/// The largest request body: the spec's 1 MiB; larger is `413 payload_too_large`.
+pub const BODY_BYTES_MAX: usize = 1 << 20;
+/// A request still running after this is answered `503` (long-polls wait at most 30 s).
+pub const REQUEST_SECONDS_MAX: u64 = 60;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub tokens: Arc<Tokens>,
+    /// Signalled after a commit that may make a job due or add an event; long-polls wait on it.
+    pub wake: Arc<Notify>,
+    pub metrics: PrometheusHandle,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Settle API", version = "1", description = "The credit ledger for pay-per-job platforms (api-v1)."),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+struct BaseOpenApi;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The installed Prometheus recorder (one per process).
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("settle_http_request_duration_seconds".into()),
+                    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+                )
+                .expect("valid buckets")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be installed (tests build many apps in one process).
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(BaseOpenApi::openapi())
+        .routes(routes!(h::create_account))
+        .routes(routes!(h::get_account))
+        .routes(routes!(h::create_grant))
+        .routes(routes!(h::create_adjustment))
+        .routes(routes!(h::get_ledger))
+        .routes(routes!(h::create_job, h::list_jobs))
+        .routes(routes!(h::get_job))
+        .routes(routes!(h::attempts))
+        .routes(routes!(h::cancel))
+        .routes(routes!(h::requeue))
+        .routes(routes!(h::claim))
+        .routes(routes!(h::heartbeat))
+        .routes(routes!(h::succeed))
+        .routes(routes!(h::fail))
+        .routes(routes!(h::unknown))
+        .routes(routes!(h::item_succeed))
+        .routes(routes!(h::item_fail))
+        .routes(routes!(h::register_artifact))
+        .routes(routes!(h::failure_summary))
+        .routes(routes!(h::events))
+        .routes(routes!(h::audit))
+        .routes(routes!(h::healthz))
+        .routes(routes!(h::readyz))
+        .routes(routes!(h::metrics))
+}
+
+/// The OpenAPI document, generated from the handlers (served at `/openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, mut doc) = api_router().split_for_parts();
+    for (path, item) in doc.paths.paths.iter_mut() {
+        // Operations without auth.
+        if matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics") {
+            if let Some(op) = item.get.as_mut() {
+                op.security = Some(vec![utoipa::openapi::security::SecurityRequirement::default()]);
+            }
+        }
+    }
+    doc
+}
+
+async fn record(matched: Option<MatchedPath>, req: Request, next: Next) -> Response {
+    let route = matched.map(|m| m.as_str().to_owned()).unwrap_or_else(|| "unmatched".to_owned());
+    let started = Instant::now();
+    let response = next.run(req).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("settle_http_requests_total", "route" => route.clone(), "status" => status).increment(1);
+    metrics::histogram!("settle_http_request_duration_seconds", "route" => route)
+        .record(started.elapsed().as_secs_f64());
+    response
+}
+
+async fn fallback() -> ApiError {
+    ApiError::not_found("No such route.")
+}
+
+async fn method_not_allowed(req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    if response.status() == axum::http::StatusCode::METHOD_NOT_ALLOWED
+        && response.headers().get("content-type").is_none()
+    {
+        return ApiError::new(
+            axum::http::StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request",
+            "This route does not take that method.",
+        )
+        .into_response();
+    }
+    response
+}
+
+async fn openapi_json(State(doc): State<Arc<serde_json::Value>>) -> Response {
+    axum::Json((*doc).clone()).into_response()
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    tracing::error!("a request handler panicked");
+    ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", "An internal error occurred.")
+        .into_response()
+}
+
+pub fn router(state: AppState) -> Router {
+    let (api, _) = api_router().split_for_parts();
+    let doc = Arc::new(serde_json::to_value(openapi()).expect("the OpenAPI document serializes"));
+    let docs = Router::new().route("/openapi.json", axum::routing::get(openapi_json)).with_state(doc);
+    api.with_state(state)
+        .merge(docs)
+        .fallback(fallback)
+        .layer(middleware::from_fn(method_not_allowed))
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Duration::from_secs(REQUEST_SECONDS_MAX),
+        ))
+        .layer(middleware::from_fn(record))
+        .layer(SetSensitiveRequestHeadersLayer::new([axum::http::header::AUTHORIZATION]))
+        .layer(TraceLayer::new_for_http())
+        .layer(CatchPanicLayer::custom(panic_response))
+}
+
+/// A bound server: `build` binds (port 0 picks a free one), `run_until` serves until `shutdown`
+/// resolves, then finishes the requests in flight.
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("refusing to listen on {0} without tokens: configure tokens, or listen on a loopback address")]
+    OpenWithoutTokens(SocketAddr),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+}
+
+impl Application {
+    pub async fn build(listen: &str, store: Arc<dyn Store>, tokens: Tokens) -> Result<Application, StartError> {
+        let listener =
+            TcpListener::bind(listen).await.map_err(|source| StartError::Bind { addr: listen.to_owned(), source })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: listen.to_owned(), source })?;
+        if tokens.is_empty() {
+            if !addr.ip().is_loopback() {
+                return Err(StartError::OpenWithoutTokens(addr));
+            }
+            tracing::warn!(%addr, "no tokens configured: serving without authentication on a loopback address only");
+        }
+        let state =
+            AppState { store, tokens: Arc::new(tokens), wake: Arc::new(Notify::new()), metrics: metrics_handle() };
+        Ok(Application { listener, router: router(state) })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("a bound listener has an address")
+    }
+
+    pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+        axum::serve(self.listener, self.router).with_graceful_shutdown(shutdown).await
+    }
+}

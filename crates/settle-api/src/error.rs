@@ -1,0 +1,103 @@
+//! `ApiError`: every failure as the spec's body, `{"error": {"code", "message"}}`, with its status.
+//! Internal errors are logged here, where they are handled, and answered without details.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use settle_store::StoreError;
+use utoipa::ToSchema;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// `invalid_request`, `unauthorized`, `forbidden`, `not_found`, `insufficient_credits`,
+    /// `idempotency_conflict`, `job_finished`, `outcome_unknown`, `lease_lost`, `invalid_transition`,
+    /// `payload_too_large`, `unavailable`, `internal`.
+    pub code: String,
+    /// A human sentence.
+    pub message: String,
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, code, message: message.into() }
+    }
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "A valid bearer token is required.")
+    }
+    pub fn forbidden(role: &str) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", format!("This endpoint needs the {role} role."))
+    }
+    pub fn too_large() -> ApiError {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "The request body is larger than 1 MiB.")
+    }
+}
+
+fn sentence(s: String) -> String {
+    let mut chars = s.chars();
+    let mut out = match chars.next() {
+        Some(c) => c.to_uppercase().collect::<String>() + chars.as_str(),
+        None => return s,
+    };
+    if !out.ends_with('.') {
+        out.push('.');
+    }
+    out
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        use StatusCode as S;
+        match e {
+            StoreError::Invalid(m) => ApiError::invalid(sentence(m)),
+            StoreError::NotFound { .. } => ApiError::not_found(sentence(e.to_string())),
+            StoreError::InsufficientCredits { .. } => {
+                ApiError::new(S::PAYMENT_REQUIRED, "insufficient_credits", sentence(e.to_string()))
+            }
+            StoreError::IdempotencyConflict { .. } => {
+                ApiError::new(S::CONFLICT, "idempotency_conflict", sentence(e.to_string()))
+            }
+            StoreError::JobFinished(_) => ApiError::new(S::CONFLICT, "job_finished", sentence(e.to_string())),
+            StoreError::OutcomeUnknown(_) => ApiError::new(S::CONFLICT, "outcome_unknown", sentence(e.to_string())),
+            StoreError::LeaseLost(_) => ApiError::new(S::CONFLICT, "lease_lost", sentence(e.to_string())),
+            StoreError::InvalidTransition { .. } => {
+                ApiError::new(S::CONFLICT, "invalid_transition", sentence(e.to_string()))
+            }
+            StoreError::Overflow => {
+                ApiError::invalid("The amounts would overflow the largest balance Settle keeps; nothing was written.")
+            }
+            StoreError::Unavailable(_) | StoreError::Retryable(_) => {
+                tracing::warn!(error = %e, "store unavailable");
+                ApiError::new(S::SERVICE_UNAVAILABLE, "unavailable", "The ledger is unavailable; retry shortly.")
+            }
+            StoreError::CleanupFailed { .. } | StoreError::InjectedCrash(_) | StoreError::Internal(_) => {
+                tracing::error!(error = %e, "internal error");
+                ApiError::new(S::INTERNAL_SERVER_ERROR, "internal", "An internal error occurred.")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
+        (self.status, axum::Json(body)).into_response()
+    }
+}

@@ -1,0 +1,56 @@
+//! Extractors whose rejections are the spec's error body: malformed JSON, wrong types and unknown
+//! fields are `400 invalid_request`, an oversized body `413 payload_too_large`.
+
+use crate::error::ApiError;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+pub struct Json<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Json(v)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(r: JsonRejection) -> ApiError {
+    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::too_large();
+    }
+    match r {
+        JsonRejection::MissingJsonContentType(_) => {
+            ApiError::invalid("The request body must be JSON, sent with Content-Type: application/json.")
+        }
+        JsonRejection::JsonSyntaxError(e) => {
+            ApiError::invalid(format!("The body is not valid JSON: {}.", e.body_text()))
+        }
+        JsonRejection::JsonDataError(e) => {
+            ApiError::invalid(format!("The body does not fit this endpoint: {}.", e.body_text()))
+        }
+        other => ApiError::invalid(format!("The body could not be read: {}.", other.body_text())),
+    }
+}
+
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Query(v)),
+            Err(QueryRejection::FailedToDeserializeQueryString(e)) => {
+                Err(ApiError::invalid(format!("The query string does not fit this endpoint: {}.", e.body_text())))
+            }
+            Err(other) => Err(ApiError::invalid(format!("The query string could not be read: {}.", other.body_text()))),
+        }
+    }
+}

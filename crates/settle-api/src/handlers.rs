@@ -1,0 +1,591 @@
+//! Handlers: parse, authorize, call one store operation, map the answer. Thin on purpose.
+
+use crate::app::AppState;
+use crate::auth::Role;
+use crate::dto::{self, parse_rfc3339};
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{Json, Query};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use settle_core::ids::*;
+use settle_core::job::{JobState, RefundPolicy};
+use settle_core::{Credits, limits};
+use settle_store::{self as store, Created};
+use std::time::Duration;
+
+type ApiResult = Result<Response, ApiError>;
+
+fn id<T>(parse: fn(&str) -> Result<T, IdError>, s: &str) -> Result<T, ApiError> {
+    parse(s).map_err(|e| ApiError::invalid(format!("The {} is malformed: it must be {}.", e.what, e.rule)))
+}
+
+fn created<T, D: serde::Serialize>(c: Created<T>, to_dto: impl FnOnce(T) -> D) -> Response {
+    let body = axum::Json(to_dto(c.value));
+    if c.replayed {
+        let mut r = (StatusCode::OK, body).into_response();
+        r.headers_mut().insert("Idempotent-Replayed", HeaderValue::from_static("true"));
+        r
+    } else {
+        (StatusCode::CREATED, body).into_response()
+    }
+}
+
+fn ok<D: serde::Serialize>(d: D) -> Response {
+    (StatusCode::OK, axum::Json(d)).into_response()
+}
+
+fn page(after: Option<i64>, limit: Option<u32>) -> Result<store::Page, ApiError> {
+    let after = after.unwrap_or(0);
+    if after < 0 {
+        return Err(ApiError::invalid("after must be zero or more."));
+    }
+    let limit = limit.unwrap_or(limits::PAGE_LIMIT_DEFAULT);
+    if limit == 0 || limit > limits::PAGE_LIMIT_MAX {
+        return Err(ApiError::invalid(format!("limit must be between 1 and {}.", limits::PAGE_LIMIT_MAX)));
+    }
+    Ok(store::Page { after, limit })
+}
+
+/// JSON text with object keys sorted at every level, so equal values fingerprint alike.
+fn canonical_json(v: &serde_json::Value) -> String {
+    fn write(v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::String((*k).clone()).to_string());
+                    out.push(':');
+                    write(&map[*k], out);
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(v, &mut out);
+    out
+}
+
+fn mark(kind: &'static str, applied: bool) {
+    metrics::counter!("settle_transitions_total", "kind" => kind, "applied" => if applied { "true" } else { "false" })
+        .increment(1);
+}
+
+// ----- accounts -------------------------------------------------------------------------------------
+
+#[utoipa::path(post, path = "/v1/accounts", tag = "accounts", request_body = dto::CreateAccount,
+    responses((status = 201, body = dto::Account), (status = 200, description = "replay", body = dto::Account),
+              (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn create_account(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Json(b): Json<dto::CreateAccount>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Admin)?;
+    let req = store::NewAccount {
+        id: id(AccountId::parse, &b.id)?,
+        overdraft_limit: Credits::new(b.overdraft_limit.unwrap_or(0)),
+    };
+    let c = s.store.create_account(req).await?;
+    Ok(created(c, dto::Account::from))
+}
+
+#[utoipa::path(get, path = "/v1/accounts/{id}", tag = "accounts", params(("id" = String, Path)),
+    responses((status = 200, body = dto::Account), (status = 404, body = ErrorBody)))]
+pub async fn get_account(State(s): State<AppState>, headers: HeaderMap, Path(account): Path<String>) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Client)?;
+    Ok(ok(dto::Account::from(s.store.account(&id(AccountId::parse, &account)?).await?)))
+}
+
+#[utoipa::path(post, path = "/v1/accounts/{id}/grants", tag = "accounts", params(("id" = String, Path)),
+    request_body = dto::CreateGrant,
+    responses((status = 201, body = dto::LedgerEntry), (status = 200, description = "replay", body = dto::LedgerEntry),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn create_grant(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(account): Path<String>,
+    Json(b): Json<dto::CreateGrant>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Admin)?;
+    let account = id(AccountId::parse, &account)?;
+    let req = store::NewGrant { id: id(RefId::parse, &b.id)?, amount: Credits::new(b.amount), reason: b.reason };
+    Ok(created(s.store.grant(&account, req).await?, dto::LedgerEntry::from))
+}
+
+#[utoipa::path(post, path = "/v1/accounts/{id}/adjustments", tag = "accounts", params(("id" = String, Path)),
+    request_body = dto::CreateAdjustment,
+    responses((status = 201, body = dto::LedgerEntry), (status = 200, description = "replay", body = dto::LedgerEntry),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn create_adjustment(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(account): Path<String>,
+    Json(b): Json<dto::CreateAdjustment>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Admin)?;
+    let account = id(AccountId::parse, &account)?;
+    let req = store::NewAdjustment { id: id(RefId::parse, &b.id)?, amount: Credits::new(b.amount), reason: b.reason };
+    Ok(created(s.store.adjust(&account, req).await?, dto::LedgerEntry::from))
+}
+
+#[utoipa::path(get, path = "/v1/accounts/{id}/ledger", tag = "accounts", params(("id" = String, Path), dto::PageQuery),
+    responses((status = 200, body = dto::LedgerPage), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn get_ledger(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(account): Path<String>,
+    Query(q): Query<dto::PageQuery>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Client)?;
+    let p = s.store.ledger(&id(AccountId::parse, &account)?, page(q.after, q.limit)?).await?;
+    Ok(ok(dto::LedgerPage { entries: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
+}
+
+// ----- jobs -----------------------------------------------------------------------------------------
+
+#[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = dto::CreateJob,
+    responses((status = 201, body = dto::Job), (status = 200, description = "replay", body = dto::Job),
+              (status = 400, body = ErrorBody), (status = 402, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
+pub async fn create_job(State(s): State<AppState>, headers: HeaderMap, Json(b): Json<dto::CreateJob>) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Client)?;
+    let items = match (b.cost, b.items) {
+        (Some(cost), None) => vec![store::NewItem { id: ItemId::main(), cost: Credits::new(cost) }],
+        (None, Some(items)) => items
+            .into_iter()
+            .map(|i| Ok(store::NewItem { id: id(ItemId::parse, &i.id)?, cost: Credits::new(i.cost) }))
+            .collect::<Result<Vec<_>, ApiError>>()?,
+        _ => return Err(ApiError::invalid("A job has exactly one of cost and items.")),
+    };
+    let refund_on = match b.refund_on.as_deref() {
+        None => None,
+        Some(p) => {
+            Some(RefundPolicy::parse(p).ok_or_else(|| ApiError::invalid("refund_on is failure or final_failure."))?)
+        }
+    };
+    let not_before = match b.not_before.as_deref() {
+        None => None,
+        Some(t) => Some(parse_rfc3339(t).ok_or_else(|| ApiError::invalid("not_before must be an RFC 3339 time."))?),
+    };
+    let req = store::NewJob {
+        id: id(JobId::parse, &b.id)?,
+        account_id: id(AccountId::parse, &b.account_id)?,
+        kind: id(JobKind::parse, &b.kind)?,
+        items,
+        payload: canonical_json(&b.payload.unwrap_or(serde_json::Value::Null)),
+        max_attempts: b.max_attempts,
+        refund_on,
+        not_before,
+    };
+    let c = s.store.create_job(req).await?;
+    if !c.replayed {
+        s.wake.notify_waiters();
+    }
+    Ok(created(c, dto::Job::from))
+}
+
+#[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = String, Path)),
+    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody)))]
+pub async fn get_job(State(s): State<AppState>, headers: HeaderMap, Path(job): Path<String>) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Client)?;
+    Ok(ok(dto::Job::from(s.store.job(&id(JobId::parse, &job)?).await?)))
+}
+
+#[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(dto::JobsQuery),
+    responses((status = 200, body = dto::JobPage), (status = 400, body = ErrorBody)))]
+pub async fn list_jobs(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<dto::JobsQuery>) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Client)?;
+    let filter = store::JobFilter {
+        state: match q.state.as_deref() {
+            None => None,
+            Some(st) => Some(JobState::parse(st).ok_or_else(|| ApiError::invalid("state is not a job state."))?),
+        },
+        kind: q.kind.as_deref().map(|k| id(JobKind::parse, k)).transpose()?,
+        account_id: q.account_id.as_deref().map(|a| id(AccountId::parse, a)).transpose()?,
+        fail_code: q.fail_code.as_deref().map(|c| id(FailCode::parse, c)).transpose()?,
+    };
+    let p = s.store.jobs(&filter, page(q.after, q.limit)?).await?;
+    Ok(ok(dto::JobPage { jobs: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
+}
+
+#[utoipa::path(get, path = "/v1/jobs/{id}/attempts", tag = "jobs", params(("id" = String, Path)),
+    responses((status = 200, body = dto::Attempts), (status = 404, body = ErrorBody)))]
+pub async fn attempts(State(s): State<AppState>, headers: HeaderMap, Path(job): Path<String>) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Client)?;
+    let rows = s.store.attempts(&id(JobId::parse, &job)?).await?;
+    Ok(ok(dto::Attempts {
+        attempts: rows
+            .into_iter()
+            .map(|a| dto::Attempt {
+                attempt_no: a.attempt_no,
+                worker: a.worker,
+                started_at: dto::rfc3339(a.started_at),
+                finished_at: a.finished_at.map(dto::rfc3339),
+                result: a.result,
+                fail_code: a.fail_code,
+                message: a.message,
+            })
+            .collect(),
+    }))
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = String, Path)),
+    responses((status = 200, description = "cancelled", body = dto::Job),
+              (status = 202, description = "cancel requested (running) or cleanup pending (cancelling)", body = dto::Job),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn cancel(State(s): State<AppState>, headers: HeaderMap, Path(job): Path<String>) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Client)?;
+    let out = s.store.cancel(&id(JobId::parse, &job)?).await?;
+    mark("cancel", true);
+    Ok(match out {
+        store::CancelOutcome::Cancelled(j) => (StatusCode::OK, axum::Json(dto::Job::from(j))).into_response(),
+        store::CancelOutcome::Accepted(j) => (StatusCode::ACCEPTED, axum::Json(dto::Job::from(j))).into_response(),
+    })
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/requeue", tag = "jobs", params(("id" = String, Path)),
+    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn requeue(State(s): State<AppState>, headers: HeaderMap, Path(job): Path<String>) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Admin)?;
+    let j = s.store.requeue(&id(JobId::parse, &job)?).await?;
+    mark("requeue", true);
+    s.wake.notify_waiters();
+    Ok(ok(dto::Job::from(j)))
+}
+
+// ----- worker protocol ------------------------------------------------------------------------------
+
+#[utoipa::path(post, path = "/v1/claims", tag = "workers", request_body = dto::Claim,
+    responses((status = 200, body = dto::Claimed), (status = 400, body = ErrorBody)))]
+pub async fn claim(State(s): State<AppState>, headers: HeaderMap, Json(b): Json<dto::Claim>) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Worker)?;
+    let wait = b.wait_seconds.unwrap_or(0);
+    if wait > limits::WAIT_SECONDS_MAX {
+        return Err(ApiError::invalid(format!("wait_seconds is at most {}.", limits::WAIT_SECONDS_MAX)));
+    }
+    let req = store::ClaimRequest {
+        worker: id(WorkerName::parse, &b.worker)?,
+        kinds: b.kinds.unwrap_or_default().iter().map(|k| id(JobKind::parse, k)).collect::<Result<_, _>>()?,
+        limit: b.limit.unwrap_or(1),
+        lease_seconds: b.lease_seconds.unwrap_or(limits::LEASE_SECONDS_DEFAULT),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
+    let claimed = loop {
+        let notified = s.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let got = s.store.claim(req.clone()).await?;
+        let now = tokio::time::Instant::now();
+        if !got.is_empty() || now >= deadline {
+            break got;
+        }
+        let nap = (deadline - now).min(Duration::from_millis(limits::POLL_INTERVAL_MS));
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep(nap) => {}
+        }
+    };
+    for _ in &claimed {
+        mark("claim", true);
+    }
+    Ok(ok(dto::Claimed {
+        jobs: claimed
+            .into_iter()
+            .map(|c| dto::ClaimedJob {
+                job: c.job.into(),
+                lease_token: c.lease_token.0,
+                lease_expires_at: dto::rfc3339(c.lease_expires_at),
+            })
+            .collect(),
+    }))
+}
+
+fn token(t: String) -> Result<store::LeaseToken, ApiError> {
+    if t.is_empty() || t.len() > 128 {
+        return Err(ApiError::invalid("lease_token is 1 to 128 characters."));
+    }
+    Ok(store::LeaseToken(t))
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/heartbeat", tag = "workers", params(("id" = String, Path)),
+    request_body = dto::LeaseOnly,
+    responses((status = 200, body = dto::Heartbeat), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn heartbeat(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(job): Path<String>,
+    Json(b): Json<dto::LeaseOnly>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Worker)?;
+    let hb = s.store.heartbeat(&id(JobId::parse, &job)?, &token(b.lease_token)?).await?;
+    Ok(ok(dto::Heartbeat {
+        lease_expires_at: dto::rfc3339(hb.lease_expires_at),
+        cancel_requested: hb.cancel_requested,
+    }))
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/succeed", tag = "workers", params(("id" = String, Path)),
+    request_body = dto::Succeed,
+    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody)))]
+pub async fn succeed(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(job): Path<String>,
+    Json(b): Json<dto::Succeed>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Worker)?;
+    let t = b.lease_token.map(token).transpose()?;
+    let result = b.result.as_ref().map(canonical_json);
+    let out = s.store.succeed_with_result(&id(JobId::parse, &job)?, t.as_ref(), result).await?;
+    mark("succeed", out.applied);
+    Ok(ok(dto::Job::from(out.value)))
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/fail", tag = "workers", params(("id" = String, Path)),
+    request_body = dto::Fail,
+    responses((status = 200, body = dto::Job), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn fail(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(job): Path<String>,
+    Json(b): Json<dto::Fail>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Worker)?;
+    let signal = store::FailSignal {
+        lease_token: token(b.lease_token)?,
+        code: id(FailCode::parse, &b.code)?,
+        message: b.message,
+        retryable: b.retryable,
+        retry_after_ms: b.retry_after_ms,
+    };
+    let out = s.store.fail(&id(JobId::parse, &job)?, signal).await?;
+    mark("fail", out.applied);
+    if out.applied {
+        s.wake.notify_waiters();
+    }
+    Ok(ok(dto::Job::from(out.value)))
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/unknown", tag = "workers", params(("id" = String, Path)),
+    request_body = dto::Unknown,
+    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody)))]
+pub async fn unknown(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path(job): Path<String>,
+    Json(b): Json<dto::Unknown>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Worker)?;
+    let out = s.store.mark_unknown(&id(JobId::parse, &job)?, &token(b.lease_token)?, b.message.as_deref()).await?;
+    mark("unknown", out.applied);
+    Ok(ok(dto::Job::from(out.value)))
+}
+
+fn item_report(r: store::ItemReport) -> dto::ItemReport {
+    dto::ItemReport {
+        item: dto::Item {
+            is_refunded: r.item.state.is_refunded(),
+            is_reclaimed: r.item.state.is_reclaimed(),
+            id: r.item.id,
+            cost: r.item.cost.get(),
+            state: r.item.state.as_str().to_owned(),
+            refund_reason: r.item.refund_reason,
+        },
+        cancel_requested: r.cancel_requested,
+    }
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/succeed", tag = "workers",
+    params(("id" = String, Path), ("item" = String, Path)), request_body = dto::LeaseOnly,
+    responses((status = 200, body = dto::ItemReport), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn item_succeed(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path((job, item)): Path<(String, String)>,
+    Json(b): Json<dto::LeaseOnly>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Worker)?;
+    let r = s.store.item_succeed(&id(JobId::parse, &job)?, &id(ItemId::parse, &item)?, &token(b.lease_token)?).await?;
+    mark("item_succeed", r.applied);
+    Ok(ok(item_report(r)))
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/fail", tag = "workers",
+    params(("id" = String, Path), ("item" = String, Path)), request_body = dto::ItemFail,
+    responses((status = 200, body = dto::ItemReport), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn item_fail(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path((job, item)): Path<(String, String)>,
+    Json(b): Json<dto::ItemFail>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Worker)?;
+    let r = s
+        .store
+        .item_fail(
+            &id(JobId::parse, &job)?,
+            &id(ItemId::parse, &item)?,
+            &token(b.lease_token)?,
+            &id(FailCode::parse, &b.code)?,
+            b.message.as_deref(),
+        )
+        .await?;
+    mark("item_fail", r.applied);
+    Ok(ok(item_report(r)))
+}
+
+#[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/artifacts", tag = "workers",
+    params(("id" = String, Path), ("item" = String, Path)), request_body = dto::RegisterArtifact,
+    responses((status = 201, body = dto::Artifact), (status = 200, description = "already registered", body = dto::Artifact),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn register_artifact(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path((job, item)): Path<(String, String)>,
+    Json(b): Json<dto::RegisterArtifact>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Worker)?;
+    let (job, item) = (id(JobId::parse, &job)?, id(ItemId::parse, &item)?);
+    let key = id(ArtifactKey::parse, &b.key)?;
+    let new =
+        s.store.register_artifact(&job, &item, &token(b.lease_token)?, store::NewArtifact { key: key.clone() }).await?;
+    let body =
+        axum::Json(dto::Artifact { job_id: job.to_string(), item_id: item.to_string(), key: key.as_str().to_owned() });
+    Ok((if new { StatusCode::CREATED } else { StatusCode::OK }, body).into_response())
+}
+
+// ----- failures, events, audit, operations ----------------------------------------------------------
+
+#[utoipa::path(get, path = "/v1/failures/summary", tag = "operations", responses((status = 200, body = dto::FailureSummary)))]
+pub async fn failure_summary(State(s): State<AppState>, headers: HeaderMap) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Client)?;
+    let rows = s.store.failure_summary().await?;
+    Ok(ok(dto::FailureSummary {
+        by_code: rows.into_iter().map(|f| dto::FailureCount { code: f.code, state: f.state, count: f.count }).collect(),
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/events", tag = "operations", params(dto::EventsQuery),
+    responses((status = 200, body = dto::EventPage), (status = 400, body = ErrorBody)))]
+pub async fn events(State(s): State<AppState>, headers: HeaderMap, Query(q): Query<dto::EventsQuery>) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Client)?;
+    let p = page(q.after, q.limit)?;
+    let wait = q.wait_seconds.unwrap_or(0);
+    if wait > limits::WAIT_SECONDS_MAX {
+        return Err(ApiError::invalid(format!("wait_seconds is at most {}.", limits::WAIT_SECONDS_MAX)));
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
+    let got = loop {
+        let notified = s.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let got = s.store.events(p.after, p.limit).await?;
+        let now = tokio::time::Instant::now();
+        if !got.rows.is_empty() || now >= deadline {
+            break got;
+        }
+        let nap = (deadline - now).min(Duration::from_millis(limits::POLL_INTERVAL_MS));
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep(nap) => {}
+        }
+    };
+    Ok(ok(dto::EventPage {
+        events: got
+            .rows
+            .into_iter()
+            .map(|e| dto::Event {
+                seq: e.seq,
+                kind: e.kind,
+                job_id: e.job_id,
+                account_id: e.account_id,
+                data: serde_json::from_str(&e.data).unwrap_or(serde_json::Value::Null),
+                created_at: dto::rfc3339(e.created_at),
+            })
+            .collect(),
+        next_after: got.next_after,
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/audit", tag = "operations", responses((status = 200, body = dto::Audit)))]
+pub async fn audit(State(s): State<AppState>, headers: HeaderMap) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Admin)?;
+    let r = s.store.audit().await?;
+    Ok(ok(dto::Audit {
+        ok: r.ok(),
+        accounts_checked: r.accounts_checked,
+        items_checked: r.items_checked,
+        entries_checked: r.entries_checked,
+        violations: r
+            .violations
+            .into_iter()
+            .map(|v| dto::Violation {
+                invariant: v.invariant.to_owned(),
+                account_id: v.account_id,
+                job_id: v.job_id,
+                item_id: v.item_id,
+                message: v.message,
+            })
+            .collect(),
+    }))
+}
+
+#[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = dto::Health)))]
+pub async fn healthz() -> Response {
+    ok(dto::Health { status: "ok".into() })
+}
+
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses((status = 200, body = dto::Health), (status = 503, body = ErrorBody)))]
+pub async fn readyz(State(s): State<AppState>) -> ApiResult {
+    s.store.events(0, 1).await?;
+    Ok(ok(dto::Health { status: "ready".into() }))
+}
+
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
+pub async fn metrics(State(s): State<AppState>) -> ApiResult {
+    let stats = s.store.stats().await?;
+    for (state, n) in &stats.jobs_by_state {
+        metrics::gauge!("settle_jobs", "state" => state.clone()).set(*n as f64);
+    }
+    for (kind, n) in &stats.entries_by_kind {
+        metrics::gauge!("settle_ledger_entries", "kind" => kind.clone()).set(*n as f64);
+    }
+    let count = |state: &str| stats.jobs_by_state.iter().find(|(s, _)| s == state).map(|(_, n)| *n).unwrap_or(0);
+    metrics::gauge!("settle_queue_depth").set(count("queued") as f64);
+    metrics::gauge!("settle_dead_letters").set(count("dead") as f64);
+    let text = s.metrics.render();
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical_json;
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_level() {
+        let a: serde_json::Value = serde_json::from_str(r#"{"b":1,"a":{"y":[{"d":1,"c":2}],"x":null}}"#).unwrap();
+        let b: serde_json::Value = serde_json::from_str(r#"{"a":{"x":null,"y":[{"c":2,"d":1}]},"b":1}"#).unwrap();
+        assert_eq!(canonical_json(&a), canonical_json(&b));
+        assert_eq!(canonical_json(&a), r#"{"a":{"x":null,"y":[{"c":2,"d":1}]},"b":1}"#);
+    }
+}

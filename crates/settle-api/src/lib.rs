@@ -1,0 +1,18 @@
+//! Settle's HTTP API v1 (`../shared/spec/api-v1.md`): the only crate that knows HTTP and JSON.
+//!
+//! - [`app`]: state, router, layers (body limit, timeout, metrics, tracing, panics), `Application`.
+//! - `handlers`: one thin handler per endpoint: parse, authorize, one store call, map the answer.
+//! - [`dto`]: the wire types; requests deny unknown fields.
+//! - [`error`]: `ApiError`, the spec's error body and status codes.
+//! - [`auth`]: bearer tokens and roles.
+//! - `extract`: JSON and query extractors whose rejections are the spec's errors.
+
+pub mod app;
+pub mod auth;
+pub mod dto;
+pub mod error;
+mod extract;
+mod handlers;
+
+pub use app::{AppState, Application, StartError, openapi, router};
+pub use auth::{Role, Tokens};
