@@ -43,6 +43,9 @@ pub struct EntryFields<'a> {
     pub balance_after: i64,
     pub job_id: Option<&'a str>,
     pub item_id: Option<&'a str>,
+    /// A grant's or adjustment's id.
+    pub ref_id: Option<&'a str>,
+    pub reason: Option<&'a str>,
     pub created_at: i64,
 }
 
@@ -69,6 +72,8 @@ pub fn chain_hash(prev: &Hash32, e: &EntryFields<'_>) -> Hash32 {
     h.update(e.balance_after.to_be_bytes());
     put_str(&mut h, e.job_id);
     put_str(&mut h, e.item_id);
+    put_str(&mut h, e.ref_id);
+    put_str(&mut h, e.reason);
     h.update(e.created_at.to_be_bytes());
     h.finalize().into()
 }
@@ -87,6 +92,8 @@ mod tests {
             balance_after: 60,
             job_id: Some("j"),
             item_id: Some("main"),
+            ref_id: None,
+            reason: None,
             created_at: 7,
         };
         let h = chain_hash(&GENESIS_HASH, &e);
@@ -94,6 +101,7 @@ mod tests {
         assert_ne!(h, chain_hash(&GENESIS_HASH, &EntryFields { job_id: None, ..e }));
         assert_ne!(h, chain_hash(&GENESIS_HASH, &EntryFields { item_id: Some("mai"), job_id: Some("jn"), ..e }));
         assert_ne!(h, chain_hash(&h, &e));
+        assert_ne!(h, chain_hash(&GENESIS_HASH, &EntryFields { reason: Some("x"), ..e }));
         assert_eq!(h, chain_hash(&GENESIS_HASH, &e));
     }
 }

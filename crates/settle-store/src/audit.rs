@@ -11,6 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 
 struct Acc {
     balance: i64,
+    exposure: i64,
+    refunded_cost: i128,
     sum: i128,
     running: i128,
     prev: Hash32,
@@ -18,6 +20,8 @@ struct Acc {
 
 #[derive(Default)]
 struct ItemLedger {
+    /// Every entry of the item, in seq order: kind, amount, account.
+    entries: Vec<(EntryKind, i64, String)>,
     sum: i128,
     charges: u32,
     refunds: u32,
@@ -45,14 +49,16 @@ fn v(
 pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
     let mut violations = Vec::new();
     let mut accounts: BTreeMap<String, Acc> = BTreeMap::new();
-    for r in db.all("SELECT id, balance FROM accounts ORDER BY id", args![]).await? {
-        accounts.insert(r.text(0)?, Acc { balance: r.i64(1)?, sum: 0, running: 0, prev: GENESIS_HASH });
+    for r in db.all("SELECT id, balance, exposure FROM accounts ORDER BY id", args![]).await? {
+        let (balance, exposure) = (r.i64(1)?, r.i64(2)?);
+        accounts
+            .insert(r.text(0)?, Acc { balance, exposure, refunded_cost: 0, sum: 0, running: 0, prev: GENESIS_HASH });
     }
     let mut items: HashMap<(String, String), ItemLedger> = HashMap::new();
     let rows = db
         .all(
-            "SELECT seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash \
-             FROM ledger_entries ORDER BY seq",
+            "SELECT seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, \
+             ref_id, reason FROM ledger_entries ORDER BY seq",
             args![],
         )
         .await?;
@@ -62,6 +68,7 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
             (r.i64(0)?, r.text(1)?, r.text(2)?, r.i64(3)?, r.i64(4)?);
         let (job_id, item_id, created_at) = (r.opt_text(5)?, r.opt_text(6)?, r.i64(7)?);
         let (prev_hash, hash) = (r.blob(8)?, r.blob(9)?);
+        let (ref_id, reason) = (r.opt_text(10)?, r.opt_text(11)?);
         if seq != expected_seq {
             violations.push(v(
                 "SEQ",
@@ -100,6 +107,8 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
             balance_after,
             job_id: job_id.as_deref(),
             item_id: item_id.as_deref(),
+            ref_id: ref_id.as_deref(),
+            reason: reason.as_deref(),
             created_at,
         };
         let computed = chain_hash(&acc.prev, &fields);
@@ -115,6 +124,7 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
         acc.prev = hash.as_slice().try_into().unwrap_or(computed);
         if let (Some(job), Some(item)) = (&job_id, &item_id) {
             let il = items.entry((job.clone(), item.clone())).or_default();
+            il.entries.push((kind, amount, account_id.clone()));
             il.sum += i128::from(amount);
             match kind {
                 EntryKind::Charge => il.charges += 1,
@@ -143,7 +153,13 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
             ));
         }
     }
-    let item_rows = db.all("SELECT job_id, item_id, cost, state FROM items ORDER BY job_id, ord", args![]).await?;
+    let item_rows = db
+        .all(
+            "SELECT i.job_id, i.item_id, i.cost, i.state, j.account_id FROM items i JOIN jobs j ON j.id = i.job_id \
+             ORDER BY i.job_id, i.ord",
+            args![],
+        )
+        .await?;
     let items_checked = item_rows.len() as u64;
     for r in &item_rows {
         let (job, item, cost, state_s) = (r.text(0)?, r.text(1)?, r.i64(2)?, r.text(3)?);
@@ -173,6 +189,57 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
         }
         if il.reclaim_before_refund {
             violations.push(v("L4", None, Some(&job), Some(&item), "a reclaim without an earlier refund".to_owned()));
+        }
+        // The exact entries each state requires, each for exactly ±cost, on the job's account.
+        let expected: &[EntryKind] = match state {
+            ItemState::Charged | ItemState::Succeeded => &[EntryKind::Charge],
+            ItemState::Refunded | ItemState::Cancelled => &[EntryKind::Charge, EntryKind::Refund],
+            ItemState::Reclaimed => &[EntryKind::Charge, EntryKind::Refund, EntryKind::Reclaim],
+        };
+        let kinds: Vec<EntryKind> = il.entries.iter().map(|e| e.0).collect();
+        if kinds != expected {
+            violations.push(v("L3", None, Some(&job), Some(&item), format!("state {state_s} has entries {kinds:?}")));
+        }
+        let job_account = r.text(4)?;
+        if state == ItemState::Refunded
+            && let Some(acc) = accounts.get_mut(&job_account)
+        {
+            acc.refunded_cost += i128::from(cost);
+        }
+        for (kind, amount, account) in &il.entries {
+            let want = match kind {
+                EntryKind::Refund => i128::from(cost),
+                _ => -i128::from(cost),
+            };
+            if i128::from(*amount) != want {
+                violations.push(v(
+                    "L3",
+                    Some(account),
+                    Some(&job),
+                    Some(&item),
+                    format!("{kind:?} of {amount} for an item of cost {cost}"),
+                ));
+            }
+            if *account != job_account {
+                violations.push(v(
+                    "L3",
+                    Some(account),
+                    Some(&job),
+                    Some(&item),
+                    format!("{kind:?} posted to {account}, not the job's account {job_account}"),
+                ));
+            }
+        }
+    }
+    for (id, acc) in &accounts {
+        if acc.refunded_cost != i128::from(acc.exposure) {
+            violations.push(v(
+                "L1",
+                Some(id),
+                None,
+                None,
+                format!("exposure {} but refunded items cost {}", acc.exposure, acc.refunded_cost),
+            ));
         }
     }
     for ((job, item), _) in items {

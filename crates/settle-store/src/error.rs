@@ -66,9 +66,22 @@ impl From<MoneyError> for StoreError {
 const SQLITE_CONSTRAINT_DATATYPE: &str = "3091";
 const PG_NUMERIC_VALUE_OUT_OF_RANGE: &str = "22003";
 
-/// PostgreSQL SQLSTATEs after which the whole transaction may be retried: serialization failure,
-/// deadlock, and a unique violation (a concurrent create of the same id; the retry sees the row).
-const PG_RETRYABLE: [&str; 3] = ["40001", "40P01", "23505"];
+/// PostgreSQL SQLSTATEs after which the whole transaction is retried: serialization failure and
+/// deadlock; nothing of the transaction committed.
+const PG_RETRYABLE: [&str; 2] = ["40001", "40P01"];
+const PG_UNIQUE_VIOLATION: &str = "23505";
+/// Unique constraints a concurrent create of the same id can hit; the retry sees the row and
+/// answers a replay. Any other unique violation is an invariant breach and is not retried.
+const PG_CREATE_RACES: [&str; 3] = ["accounts_pkey", "jobs_pkey", "ledger_entries_ref"];
+
+fn is_retryable_db(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else { return false };
+    match db.code().as_deref() {
+        Some(c) if PG_RETRYABLE.contains(&c) => true,
+        Some(PG_UNIQUE_VIOLATION) => db.constraint().is_some_and(|c| PG_CREATE_RACES.contains(&c)),
+        _ => false,
+    }
+}
 
 impl StoreError {
     /// Whether a PostgreSQL transaction that failed with this error may be retried whole.
@@ -76,21 +89,22 @@ impl StoreError {
         matches!(self, StoreError::Retryable(_))
     }
 
-    pub(crate) fn from_sqlx_ref(e: &sqlx::Error) -> StoreError {
-        if let sqlx::Error::Database(db) = e
-            && db.code().is_some_and(|c| PG_RETRYABLE.contains(&c.as_ref()))
-        {
+    /// A failed COMMIT. A refused commit (serialization) is retryable; a lost connection leaves the
+    /// outcome unknown to us, which callers must not take for "nothing happened".
+    pub(crate) fn from_commit(e: sqlx::Error) -> StoreError {
+        if is_retryable_db(&e) {
             return StoreError::Retryable(e.to_string());
         }
-        StoreError::Internal(e.to_string())
+        match e {
+            sqlx::Error::Database(_) => StoreError::Internal(e.to_string()),
+            other => StoreError::Unavailable(format!("commit outcome unknown: {other}")),
+        }
     }
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> StoreError {
-        if let sqlx::Error::Database(db) = &e
-            && db.code().is_some_and(|c| PG_RETRYABLE.contains(&c.as_ref()))
-        {
+        if is_retryable_db(&e) {
             return StoreError::Retryable(e.to_string());
         }
         if let sqlx::Error::Database(db) = &e {

@@ -234,10 +234,15 @@ enum BalanceCheck {
     Never,
 }
 
+// Debits (charges, negative adjustments) keep `balance − exposure ≥ −BALANCE_MAX`: the balance
+// after every possible reclaim stays inside i64 (docs/decisions/0003).
 const DEBIT_OVERDRAFT: &str = "UPDATE accounts SET balance = balance + $2 \
-     WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 RETURNING balance";
+     WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 AND balance - exposure >= (0 - $3) - $2 \
+     RETURNING balance";
 const CREDIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2 \
-     WHERE id = $1 AND balance <= $3 - $2 AND balance >= (0 - $3) - $2 RETURNING balance";
+     WHERE id = $1 AND balance <= $3 - $2 RETURNING balance";
+const DEBIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2 \
+     WHERE id = $1 AND balance - exposure >= (0 - $3) - $2 RETURNING balance";
 const CREDIT_ANY: &str = "UPDATE accounts SET balance = balance + $2 WHERE id = $1 RETURNING balance";
 
 /// One ledger line to append.
@@ -267,7 +272,10 @@ async fn post(
     let row = match check {
         BalanceCheck::Overdraft => {
             debug_assert!(!total.is_positive());
-            db.opt(DEBIT_OVERDRAFT, args![account_id, total.get()]).await?
+            db.opt(DEBIT_OVERDRAFT, args![account_id, total.get(), limits::BALANCE_MAX]).await?
+        }
+        BalanceCheck::Bounded if total.is_negative() => {
+            db.opt(DEBIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX]).await?
         }
         BalanceCheck::Bounded => db.opt(CREDIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX]).await?,
         BalanceCheck::Never => db.opt(CREDIT_ANY, args![account_id, total.get()]).await?,
@@ -308,6 +316,8 @@ async fn post(
             balance_after: balance.get(),
             job_id: line.job_id,
             item_id: line.item_id,
+            ref_id: line.ref_id,
+            reason: line.reason,
             created_at: cx.now.micros(),
         };
         let hash = chain_hash(&prev, &fields);
@@ -467,6 +477,18 @@ async fn move_items(
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         post(db, cx, &job.account_id, BalanceCheck::Never, &lines).await?;
+    }
+    // Track what a later success could still reclaim.
+    let exposure_change = match (arrow.from, arrow.to) {
+        (_, ItemState::Refunded) => Some(sum(&moved)?),
+        (ItemState::Refunded, _) => Some(sum(&moved)?.checked_neg()?),
+        _ => None,
+    };
+    if let Some(change) = exposure_change.filter(|c| *c != Credits::ZERO) {
+        let rows = db
+            .exec("UPDATE accounts SET exposure = exposure + $2 WHERE id = $1", args![&job.account_id, change.get()])
+            .await?;
+        guard_hit(rows, "exposure")?;
     }
     Ok(moved)
 }
@@ -667,6 +689,14 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
     if db.opt("SELECT 1 FROM accounts WHERE id = $1", args![req.account_id.as_str()]).await?.is_none() {
         return Err(StoreError::not_found("account", req.account_id.as_str()));
     }
+    // Replay or conflict first, so a re-sent create takes no sequence number. Two concurrent
+    // creates of one id on PostgreSQL: the loser hits `jobs_pkey`, is retried, and lands here.
+    if let Some(existing) = lock_job(db, req.id.as_str()).await? {
+        if existing.request_hash != fp {
+            return Err(StoreError::IdempotencyConflict { what: "job", id: req.id.to_string() });
+        }
+        return Ok(Created { value: attach(db, existing).await?, replayed: true });
+    }
     let job_seq = next_seq(db, "job", 1).await?;
     let max_attempts = i64::from(req.max_attempts.unwrap_or(cx.policy.attempts_max));
     let refund_on = req.refund_on.unwrap_or(RefundPolicy::Failure);
@@ -675,7 +705,7 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
         .exec(
             "INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
              cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, 'queued', $5, 0, 0, $6, $7, 0, $8, $9, $10, $11, $12, $12) ON CONFLICT (id) DO NOTHING",
+             VALUES ($1, $2, $3, $4, 'queued', $5, 0, 0, $6, $7, 0, $8, $9, $10, $11, $12, $12)",
             args![
                 req.id.as_str(),
                 job_seq,
@@ -692,13 +722,7 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
             ],
         )
         .await?;
-    if inserted == 0 {
-        let existing = must_lock_job(db, req.id.as_str()).await?;
-        if existing.request_hash != fp {
-            return Err(StoreError::IdempotencyConflict { what: "job", id: req.id.to_string() });
-        }
-        return Ok(Created { value: attach(db, existing).await?, replayed: true });
-    }
+    guard_hit(inserted, "job insert")?;
     cx.point(CrashPoint::AfterGuard)?;
     for (ord, item) in req.items.iter().enumerate() {
         db.exec(
@@ -802,6 +826,11 @@ pub(crate) async fn claim(db: &mut Db<'_>, cx: &Cx, req: &ClaimRequest) -> Resul
     Ok(claimed)
 }
 
+/// A signal with a lease token that is not the current one. It is logged in the same transaction,
+/// which then commits; the caller turns it into `LeaseLost` afterwards, so the log row survives.
+#[derive(Debug)]
+pub(crate) struct Stale(pub String);
+
 fn holds_lease(job: &JobRow, token: &LeaseToken) -> bool {
     job.state == JobState::Running && job.lease_token.as_deref() == Some(token.0.as_str())
 }
@@ -811,12 +840,12 @@ pub(crate) async fn heartbeat(
     cx: &Cx,
     id: &JobId,
     token: &LeaseToken,
-) -> Result<Heartbeat, StoreError> {
+) -> Result<Result<Heartbeat, Stale>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     if !holds_lease(&job, token) {
         log_signal(db, cx, &job, Some(&token.0), Heard { signal: "heartbeat", code: None, message: None }, "stale")
             .await?;
-        return Err(StoreError::LeaseLost(job.id));
+        return Ok(Err(Stale(job.id)));
     }
     let expires = cx.now.plus_seconds(u64::try_from(job.lease_seconds).unwrap_or(0));
     let rows = db
@@ -828,7 +857,7 @@ pub(crate) async fn heartbeat(
     guard_hit(rows, "heartbeat")?;
     cx.point(CrashPoint::AfterGuard)?;
     cx.point(CrashPoint::BeforeCommit)?;
-    Ok(Heartbeat { lease_expires_at: expires, cancel_requested: job.cancel_requested })
+    Ok(Ok(Heartbeat { lease_expires_at: expires, cancel_requested: job.cancel_requested }))
 }
 
 /// An item report from the worker holding the lease: `charged → succeeded`, `refunded → reclaimed`
@@ -840,13 +869,13 @@ pub(crate) async fn item_report(
     item_id: &ItemId,
     token: &LeaseToken,
     failure: Option<(&FailCode, Option<&str>)>,
-) -> Result<ItemReport, StoreError> {
+) -> Result<Result<ItemReport, Stale>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     let signal_name = if failure.is_some() { "item_fail" } else { "item_succeed" };
     if !holds_lease(&job, token) {
         let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
         log_signal(db, cx, &job, Some(&token.0), Heard { signal: signal_name, code, message }, "stale").await?;
-        return Err(StoreError::LeaseLost(job.id));
+        return Ok(Err(Stale(job.id)));
     }
     let current = db
         .opt(
@@ -857,7 +886,23 @@ pub(crate) async fn item_report(
         .ok_or_else(|| StoreError::not_found("item", item_id.as_str()))?;
     let current = item_from_row(&current)?;
     let signal = if failure.is_some() { ItemSignal::Fail } else { ItemSignal::Succeed };
+    let reason_only = signal == ItemSignal::Fail
+        && current.state == ItemState::Refunded
+        && current.refund_reason.as_deref() != Some(RefundReason::ItemFailed.as_str());
     let applied = match item::arrow(current.state, signal) {
+        // Already refunded by a job-level failure; the worker now says this item was not delivered,
+        // so a later job-level success must not reclaim it (spec §2). No money moves.
+        None if reason_only => {
+            let rows = db
+                .exec(
+                    "UPDATE items SET refund_reason = 'item_failed' WHERE job_id = $1 AND item_id = $2 AND state = 'refunded'",
+                    args![&job.id, item_id.as_str()],
+                )
+                .await?;
+            guard_hit(rows, "item refund reason")?;
+            cx.point(CrashPoint::AfterGuard)?;
+            true
+        }
         None => {
             let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
             log_signal(db, cx, &job, Some(&token.0), Heard { signal: signal_name, code, message }, "noop").await?;
@@ -892,7 +937,7 @@ pub(crate) async fn item_report(
         .await?,
     )?;
     cx.point(CrashPoint::BeforeCommit)?;
-    Ok(ItemReport { item, cancel_requested: job.cancel_requested, applied })
+    Ok(Ok(ItemReport { item, cancel_requested: job.cancel_requested, applied }))
 }
 
 pub(crate) async fn register_artifact(
@@ -902,7 +947,7 @@ pub(crate) async fn register_artifact(
     item_id: &ItemId,
     token: &LeaseToken,
     artifact: &NewArtifact,
-) -> Result<bool, StoreError> {
+) -> Result<Result<bool, Stale>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     if !holds_lease(&job, token) {
         log_signal(
@@ -914,7 +959,7 @@ pub(crate) async fn register_artifact(
             "stale",
         )
         .await?;
-        return Err(StoreError::LeaseLost(job.id));
+        return Ok(Err(Stale(job.id)));
     }
     if db
         .opt("SELECT 1 FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, item_id.as_str()])
@@ -931,7 +976,7 @@ pub(crate) async fn register_artifact(
         .await?;
     cx.point(CrashPoint::AfterGuard)?;
     cx.point(CrashPoint::BeforeCommit)?;
-    Ok(rows == 1)
+    Ok(Ok(rows == 1))
 }
 
 /// What a transition left to do after its commit.
@@ -959,7 +1004,8 @@ async fn begin_teardown(
         .await?;
     guard_hit(rows, "teardown")?;
     if let Some(result) = attempt_result {
-        close_attempt(db, cx, job, result, Some(FailCode::cancelled().as_str()), None).await?;
+        let code = if result == "lease_expired" { FailCode::lease_expired() } else { FailCode::cancelled() };
+        close_attempt(db, cx, job, result, Some(code.as_str()), None).await?;
     }
     cx.point(CrashPoint::AfterGuard)?;
     let moved =
@@ -1041,7 +1087,13 @@ async fn apply_failure(db: &mut Db<'_>, cx: &Cx, job: &JobRow, failure: Failure<
     let max = u32::try_from(job.max_attempts).unwrap_or(u32::MAX);
     let outcome = job::fail_outcome(job.cancel_requested, retryable, used, max);
     if outcome == FailOutcome::Teardown {
-        begin_teardown(db, cx, job, Some("cancelled")).await?;
+        begin_teardown(
+            db,
+            cx,
+            job,
+            Some(if attempt_result == "lease_expired" { "lease_expired" } else { "cancelled" }),
+        )
+        .await?;
         return Ok(After::Teardown);
     }
     let (state, not_before) = match outcome {
@@ -1149,6 +1201,34 @@ pub(crate) async fn expire_lease(
     let expired = job.lease_expires_at.is_some_and(|t| t <= cx.now.micros());
     if job.state != JobState::Running || job.lease_token.as_deref() != Some(seen_token) || !expired {
         return Ok((false, After::Nothing));
+    }
+    if job.cancel_requested && job.refund_on == RefundPolicy::FinalFailure {
+        // The worker of an external effect (a payout) vanished after a cancel request: the effect may
+        // have happened. Tearing down would refund money that may have left, so the outcome is
+        // unknown until reconciled (docs/decisions/0004).
+        let rows = db
+            .exec(
+                "UPDATE jobs SET state = 'unknown', unknown_since = $3, lease_token = NULL, lease_expires_at = NULL, \
+                 lease_worker = NULL, updated_at = $3 WHERE id = $1 AND state = 'running' AND lease_token = $2",
+                args![&job.id, seen_token, cx.now.micros()],
+            )
+            .await?;
+        guard_hit(rows, "lease expiry to unknown")?;
+        close_attempt(db, cx, &job, "lease_expired", Some(FailCode::lease_expired().as_str()), Some("lease expired"))
+            .await?;
+        cx.point(CrashPoint::AfterGuard)?;
+        emit(
+            db,
+            cx,
+            "job.unknown",
+            Some(&job.id),
+            &job.account_id,
+            serde_json::json!({ "attempt": job.attempt, "message": "lease expired after a cancel request" }),
+        )
+        .await?;
+        cx.point(CrashPoint::AfterOutbox)?;
+        cx.point(CrashPoint::BeforeCommit)?;
+        return Ok((true, After::Nothing));
     }
     let after = apply_failure(
         db,

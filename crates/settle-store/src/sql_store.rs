@@ -247,29 +247,22 @@ impl SqlStore {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut conn = pool.acquire().await?;
-            let result = async {
-                sqlx::raw_sql("BEGIN ISOLATION LEVEL READ COMMITTED").execute(&mut *conn).await?;
-                let cx = self.env.cx();
-                let out = {
-                    let mut db = Db::Pg(&mut conn);
-                    f(&mut db, &cx).await
-                };
-                Ok::<_, StoreError>(out)
-            }
-            .await;
-            let outcome = match result {
-                Err(e) => Err(e),
-                Ok(Err(e)) => {
-                    let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+            // A `Transaction` rolls back if this future is dropped midway (a client hanging up, a
+            // timeout): a pooled connection never goes back with a transaction open.
+            let mut tx = pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+            let cx = self.env.cx();
+            let out = {
+                let mut db = Db::Pg(&mut tx);
+                f(&mut db, &cx).await
+            };
+            let outcome = match out {
+                Err(e) => {
+                    let _ = tx.rollback().await;
                     Err(e)
                 }
-                Ok(Ok(v)) => match sqlx::raw_sql("COMMIT").execute(&mut *conn).await {
-                    Ok(_) => Ok(v),
-                    Err(e) => {
-                        let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-                        Err(StoreError::from_sqlx_ref(&e))
-                    }
+                Ok(v) => match tx.commit().await {
+                    Ok(()) => Ok(v),
+                    Err(e) => Err(StoreError::from_commit(e)),
                 },
             };
             match outcome {
@@ -424,9 +417,12 @@ async fn run_batch(conn: &mut SqliteConnection, env: &Env, batch: &mut Vec<Box<d
                 Err(e) => Err(e),
             },
             Err(_) => {
-                tracing::error!("a write operation panicked; its batch is rolled back");
-                broken = Some("a write operation panicked".into());
-                continue;
+                // A programmer error in one operation: undo it alone; the others in the batch go on.
+                tracing::error!("a write operation panicked; it is rolled back");
+                match sqlx::raw_sql("ROLLBACK TO op").execute(&mut *conn).await {
+                    Ok(_) => sqlx::raw_sql("RELEASE op").execute(&mut *conn).await.map(|_| ()),
+                    Err(e) => Err(e),
+                }
             }
         };
         if let Err(e) = step {
@@ -452,6 +448,10 @@ async fn run_batch(conn: &mut SqliteConnection, env: &Env, batch: &mut Vec<Box<d
             Err(msg) => op.deliver(Err(StoreError::Unavailable(format!("the write batch was rolled back: {msg}")))),
         }
     }
+}
+
+fn lease_lost(stale: ops::Stale) -> StoreError {
+    StoreError::LeaseLost(stale.0)
 }
 
 fn check_text(what: &str, s: Option<&str>, required: bool) -> Result<(), StoreError> {
@@ -577,7 +577,7 @@ impl Store for SqlStore {
         let (job, token) = (job.clone(), token.clone());
         let out = self.write(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
-        Ok(out)
+        out.map_err(lease_lost)
     }
 
     async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError> {
@@ -586,7 +586,7 @@ impl Store for SqlStore {
             .write(op!([job, item, token] | db, cx | ops::item_report(db, cx, &job, &item, &token, None).await))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
-        Ok(out)
+        out.map_err(lease_lost)
     }
 
     async fn item_fail(
@@ -607,7 +607,7 @@ impl Store for SqlStore {
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
-        Ok(out)
+        out.map_err(lease_lost)
     }
 
     async fn register_artifact(
@@ -625,7 +625,7 @@ impl Store for SqlStore {
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
-        Ok(out)
+        out.map_err(lease_lost)
     }
 
     async fn succeed_with_result(
@@ -715,14 +715,22 @@ impl Store for SqlStore {
         let mut rescued = Vec::new();
         for (id, token) in seen {
             let job_id = id.clone();
-            let (applied, after) =
-                self.write(op!([job_id, token] | db, cx | ops::expire_lease(db, cx, &job_id, &token).await)).await?;
-            if applied {
-                if after == After::Teardown {
+            let rescued_one = async {
+                let (applied, after) = self
+                    .write(op!([job_id, token] | db, cx | ops::expire_lease(db, cx, &job_id, &token).await))
+                    .await?;
+                if applied && after == After::Teardown {
                     let job = self.job(&JobId::parse(&id)?).await?;
                     self.continue_after(job, after).await?;
                 }
-                rescued.push(id);
+                Ok::<bool, StoreError>(applied)
+            };
+            // One job that fails every time must not stop the rescue of those behind it.
+            match rescued_one.await {
+                Ok(true) => rescued.push(id),
+                Ok(false) => {}
+                Err(e @ (StoreError::InjectedCrash(_) | StoreError::Unavailable(_))) => return Err(e),
+                Err(e) => tracing::error!(job = %id, error = %e, "lease rescue failed; continuing with the next job"),
             }
         }
         Ok(rescued)
@@ -738,7 +746,8 @@ impl Store for SqlStore {
                 Err(StoreError::CleanupFailed { job, message }) => {
                     tracing::warn!(%job, %message, "artifact cleanup failed again; will retry");
                 }
-                Err(e) => return Err(e),
+                Err(e @ (StoreError::InjectedCrash(_) | StoreError::Unavailable(_))) => return Err(e),
+                Err(e) => tracing::error!(job = %id, error = %e, "teardown failed; continuing with the next job"),
             }
         }
         Ok(done)

@@ -77,6 +77,10 @@ conformance!(
     events_and_ledger_pages_are_ordered,
     ledger_rejects_update_and_delete,
     audit_names_tampering,
+    stale_lease_signals_are_logged_though_refused,
+    item_failure_after_a_job_refund_is_not_reclaimed,
+    final_failure_lease_expiry_after_cancel_is_unknown,
+    reclaims_can_never_overflow,
 );
 
 async fn account_create_is_idempotent_by_id(k: &Kit) {
@@ -971,4 +975,69 @@ async fn final_failure_success_wins_over_a_cancel_request(k: &Kit) {
     let j = k.store.reconcile(&jid("payout2"), Finding::Present).await.unwrap().value;
     assert_state(&j, JobState::Succeeded);
     assert_eq!(k.balance(&a).await, 40);
+}
+
+async fn stale_lease_signals_are_logged_though_refused(k: &Kit) {
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10]).await;
+    k.claim_one("j").await;
+    let forged = LeaseToken("forged".into());
+    assert!(matches!(k.store.heartbeat(&jid("j"), &forged).await, Err(StoreError::LeaseLost(_))));
+    assert!(matches!(k.store.item_succeed(&jid("j"), &iid("i0"), &forged).await, Err(StoreError::LeaseLost(_))));
+    let artifact = NewArtifact { key: ArtifactKey::parse("x").unwrap() };
+    assert!(matches!(k.store.register_artifact(&jid("j"), &iid("i0"), &forged, artifact).await, Err(StoreError::LeaseLost(_))));
+    let logged: Vec<_> = k.store.signals(&jid("j")).await.unwrap().into_iter().map(|s| (s.signal, s.effect)).collect();
+    let stale = |s: &str| (s.to_owned(), "stale".to_owned());
+    assert_eq!(logged, vec![stale("heartbeat"), stale("item_succeed"), stale("artifact")]);
+}
+
+async fn item_failure_after_a_job_refund_is_not_reclaimed(k: &Kit) {
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10, 20]).await;
+    let t1 = k.claim_one("j").await;
+    k.fail("j", &t1, "TIMEOUT").await;
+    k.clock.advance_seconds(5);
+    let t2 = k.claim_one("j").await;
+    let r = k.store.item_fail(&jid("j"), &iid("i1"), &t2, &code("BAD_FRAME"), None).await.unwrap();
+    assert!(r.applied);
+    assert_eq!((r.item.state, r.item.refund_reason.as_deref()), (ItemState::Refunded, Some("item_failed")));
+    let done = k.store.succeed(&jid("j"), Some(&t2)).await.unwrap().value;
+    assert_eq!(states(&done), ["reclaimed", "refunded"], "the item the worker failed stays refunded");
+    assert_eq!(k.balance(&a).await, 90);
+}
+
+async fn final_failure_lease_expiry_after_cancel_is_unknown(k: &Kit) {
+    let a = k.account("a", 100).await;
+    k.store.create_job(with_policy(new_job("payout", &a, 30), RefundPolicy::FinalFailure)).await.unwrap();
+    let t = k.claim_one("payout").await;
+    k.store.cancel(&jid("payout")).await.unwrap();
+    k.clock.advance_seconds(31);
+    assert_eq!(k.store.rescue_expired_leases(10).await.unwrap(), ["payout"]);
+    let j = k.get("payout").await;
+    assert_state(&j, JobState::Unknown);
+    assert_eq!(k.balance(&a).await, 70, "money that may have left is not handed back");
+    assert_eq!(k.store.attempts(&jid("payout")).await.unwrap()[0].result.as_deref(), Some("lease_expired"));
+    // the worker's late success (the payout went through) is accepted
+    assert_state(&k.store.succeed(&jid("payout"), Some(&t)).await.unwrap().value, JobState::Succeeded);
+    assert_eq!(k.balance(&a).await, 70);
+}
+
+async fn reclaims_can_never_overflow(k: &Kit) {
+    let big = settle_core::limits::BALANCE_MAX;
+    let a = acc("a");
+    k.store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(big) }).await.unwrap();
+    k.job("j1", &a, big).await;
+    let t = k.claim_one("j1").await;
+    k.fail("j1", &t, "TIMEOUT").await;
+    assert_eq!(k.balance(&a).await, 0);
+    // The refund may still be reclaimed: spending it again could later take the balance past i64.
+    let r = k.store.create_job(new_job("j2", &a, big)).await;
+    assert!(matches!(r, Err(StoreError::InsufficientCredits { .. })), "{r:?}");
+    let r = k.store.adjust(&a, NewAdjustment { id: RefId::parse("x").unwrap(), amount: Credits::new(-1), reason: "fee".into() }).await;
+    assert!(matches!(r, Err(StoreError::Overflow)), "{r:?}");
+    k.store.succeed(&jid("j1"), Some(&t)).await.unwrap();
+    assert_eq!(k.balance(&a).await, -big);
+    // A grant is bounded only upwards.
+    k.store.grant(&a, NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(5), reason: None }).await.unwrap();
+    assert_eq!(k.balance(&a).await, 5 - big);
 }
