@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod print;
+mod serve;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -20,6 +21,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serves the HTTP API v1 and runs the maintenance loops (lease rescue, teardown sweep).
+    Serve(serve::ServeArgs),
     /// Plays the seeds' stories on a throwaway embedded store, printing each step, the ledgers and the audit verdict.
     Demo {
         /// Play on this database instead of a throwaway file (it must be empty).
@@ -42,9 +45,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG").unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
+    let default_level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG").unwrap_or_else(|_| default_level.into());
+    // Structured JSON logs when nobody is watching a terminal.
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    } else {
+        tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -63,6 +72,7 @@ fn main() -> ExitCode {
 
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
+        Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Demo { db } => demo::run(db).await,
         Command::Audit { db } => {
             let store = open_existing(&db).await?;
