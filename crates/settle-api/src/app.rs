@@ -110,10 +110,10 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let (_, mut doc) = api_router().split_for_parts();
     for (path, item) in doc.paths.paths.iter_mut() {
         // Operations without auth.
-        if matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics") {
-            if let Some(op) = item.get.as_mut() {
-                op.security = Some(vec![utoipa::openapi::security::SecurityRequirement::default()]);
-            }
+        if matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics")
+            && let Some(op) = item.get.as_mut()
+        {
+            op.security = Some(vec![utoipa::openapi::security::SecurityRequirement::default()]);
         }
     }
     doc

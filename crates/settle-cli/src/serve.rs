@@ -86,10 +86,8 @@ async fn maintenance(store: Arc<SqlStore>, cancel: CancellationToken) {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let tokens = load_tokens(&args)?;
-    let options = StoreOptions {
-        artifacts: Some(Arc::new(FsArtifactStore::new(&args.artifacts))),
-        ..StoreOptions::default()
-    };
+    let options =
+        StoreOptions { artifacts: Some(Arc::new(FsArtifactStore::new(&args.artifacts))), ..StoreOptions::default() };
     let store = Arc::new(SqlStore::open(&args.db, options).await.with_context(|| format!("open {}", args.db))?);
     let app = Application::build(&args.listen, store.clone() as Arc<dyn Store>, tokens).await?;
     tracing::info!(addr = %app.local_addr(), db = %args.db, engine = store.engine_name(), "settle serving API v1");

@@ -985,7 +985,10 @@ async fn stale_lease_signals_are_logged_though_refused(k: &Kit) {
     assert!(matches!(k.store.heartbeat(&jid("j"), &forged).await, Err(StoreError::LeaseLost(_))));
     assert!(matches!(k.store.item_succeed(&jid("j"), &iid("i0"), &forged).await, Err(StoreError::LeaseLost(_))));
     let artifact = NewArtifact { key: ArtifactKey::parse("x").unwrap() };
-    assert!(matches!(k.store.register_artifact(&jid("j"), &iid("i0"), &forged, artifact).await, Err(StoreError::LeaseLost(_))));
+    assert!(matches!(
+        k.store.register_artifact(&jid("j"), &iid("i0"), &forged, artifact).await,
+        Err(StoreError::LeaseLost(_))
+    ));
     let logged: Vec<_> = k.store.signals(&jid("j")).await.unwrap().into_iter().map(|s| (s.signal, s.effect)).collect();
     let stale = |s: &str| (s.to_owned(), "stale".to_owned());
     assert_eq!(logged, vec![stale("heartbeat"), stale("item_succeed"), stale("artifact")]);
@@ -1033,11 +1036,17 @@ async fn reclaims_can_never_overflow(k: &Kit) {
     // The refund may still be reclaimed: spending it again could later take the balance past i64.
     let r = k.store.create_job(new_job("j2", &a, big)).await;
     assert!(matches!(r, Err(StoreError::InsufficientCredits { .. })), "{r:?}");
-    let r = k.store.adjust(&a, NewAdjustment { id: RefId::parse("x").unwrap(), amount: Credits::new(-1), reason: "fee".into() }).await;
+    let r = k
+        .store
+        .adjust(&a, NewAdjustment { id: RefId::parse("x").unwrap(), amount: Credits::new(-1), reason: "fee".into() })
+        .await;
     assert!(matches!(r, Err(StoreError::Overflow)), "{r:?}");
     k.store.succeed(&jid("j1"), Some(&t)).await.unwrap();
     assert_eq!(k.balance(&a).await, -big);
     // A grant is bounded only upwards.
-    k.store.grant(&a, NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(5), reason: None }).await.unwrap();
+    k.store
+        .grant(&a, NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(5), reason: None })
+        .await
+        .unwrap();
     assert_eq!(k.balance(&a).await, 5 - big);
 }
