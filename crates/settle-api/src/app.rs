@@ -107,8 +107,32 @@ fn api_router() -> OpenApiRouter<AppState> {
 
 /// The OpenAPI document, generated from the handlers (served at `/openapi.json`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
     let (_, mut doc) = api_router().split_for_parts();
+    // Answers any operation may give: bad input, auth, an oversized body, an unavailable ledger.
+    let error = |what: &str| {
+        ResponseBuilder::new()
+            .description(what)
+            .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build())
+            .build()
+    };
     for (path, item) in doc.paths.paths.iter_mut() {
+        let ops = [&mut item.get, &mut item.post];
+        for op in ops.into_iter().flatten() {
+            let open = matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics");
+            let mut common = vec![("500", "internal error"), ("503", "unavailable")];
+            if !open {
+                common.extend([
+                    ("400", "invalid_request"),
+                    ("401", "unauthorized"),
+                    ("403", "forbidden"),
+                    ("413", "payload_too_large"),
+                ]);
+            }
+            for (status, what) in common {
+                op.responses.responses.entry(status.to_owned()).or_insert_with(|| error(what).into());
+            }
+        }
         // Operations without auth.
         if matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics")
             && let Some(op) = item.get.as_mut()

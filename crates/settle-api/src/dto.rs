@@ -25,8 +25,10 @@ pub fn parse_rfc3339(s: &str) -> Option<Timestamp> {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAccount {
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub overdraft_limit: Option<i64>,
 }
 
@@ -52,8 +54,10 @@ impl From<store::Account> for Account {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateGrant {
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
     /// Greater than zero.
+    #[schema(minimum = 1)]
     pub amount: i64,
     #[serde(default)]
     pub reason: Option<String>,
@@ -62,9 +66,11 @@ pub struct CreateGrant {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAdjustment {
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
     /// Not zero.
     pub amount: i64,
+    #[schema(min_length = 1)]
     pub reason: String,
 }
 
@@ -116,18 +122,24 @@ pub struct LedgerPage {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewItem {
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
+    #[schema(minimum = 0)]
     pub cost: i64,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateJob {
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub account_id: String,
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub kind: String,
     /// A single-item job (item `main`). Exactly one of `cost` and `items`.
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub cost: Option<i64>,
     #[serde(default)]
     pub items: Option<Vec<NewItem>>,
@@ -135,9 +147,11 @@ pub struct CreateJob {
     #[serde(default)]
     pub payload: Option<serde_json::Value>,
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 100)]
     pub max_attempts: Option<u32>,
     /// `failure` (default) or `final_failure`.
     #[serde(default)]
+    #[schema(pattern = r"^(failure|final_failure)$")]
     pub refund_on: Option<String>,
     /// RFC 3339; not claimable before.
     #[serde(default)]
@@ -253,14 +267,18 @@ pub struct Attempts {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Claim {
+    #[schema(pattern = r"^[A-Za-z0-9_.:@/-]{1,128}$")]
     pub worker: String,
     #[serde(default)]
     pub kinds: Option<Vec<String>>,
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 3600)]
     pub lease_seconds: Option<u32>,
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 30)]
     pub wait_seconds: Option<u32>,
 }
 
@@ -302,6 +320,7 @@ pub struct Succeed {
 #[serde(deny_unknown_fields)]
 pub struct Fail {
     pub lease_token: String,
+    #[schema(pattern = r"^[A-Z0-9_]{1,64}$")]
     pub code: String,
     #[serde(default)]
     pub message: Option<String>,
@@ -324,6 +343,7 @@ pub struct Unknown {
 #[serde(deny_unknown_fields)]
 pub struct ItemFail {
     pub lease_token: String,
+    #[schema(pattern = r"^[A-Z0-9_]{1,64}$")]
     pub code: String,
     #[serde(default)]
     pub message: Option<String>,
