@@ -74,3 +74,47 @@ fn operator_commands_refuse_a_missing_database() {
     assert_eq!(code, 1);
     assert!(err.contains("no database"), "{err}");
 }
+
+#[test]
+fn serve_finishes_requests_in_flight_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut server = Command::new(env!("CARGO_BIN_EXE_settle"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .current_dir(dir.path())
+        .env_remove("SETTLE_DATABASE_URL")
+        .env_remove("SETTLE_TOKENS")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while Command::new("curl")
+        .args(["-fs", &format!("{base}/healthz")])
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
+        assert!(std::time::Instant::now() < deadline, "settle serve did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // A claim that long-polls for 2 s is in flight when SIGTERM arrives; it must still be answered.
+    let claim = std::thread::spawn({
+        let base = base.clone();
+        move || {
+            Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-XPOST", &format!("{base}/v1/claims")])
+                .args(["-H", "content-type: application/json", "-d", r#"{"worker":"w","wait_seconds":2}"#])
+                .output()
+                .unwrap()
+        }
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let st = Command::new("kill").args(["-TERM", &server.id().to_string()]).status().unwrap();
+    assert!(st.success());
+    let answered = claim.join().unwrap();
+    assert_eq!(String::from_utf8_lossy(&answered.stdout), "200");
+    let status = server.wait().unwrap();
+    assert!(status.success(), "settle serve exited with {status}");
+    assert!(dir.path().join("settle.db").exists(), "the embedded default is sqlite://settle.db");
+}

@@ -74,6 +74,13 @@ const PG_UNIQUE_VIOLATION: &str = "23505";
 /// answers a replay. Any other unique violation is an invariant breach and is not retried.
 const PG_CREATE_RACES: [&str; 3] = ["accounts_pkey", "jobs_pkey", "ledger_entries_ref"];
 
+/// PostgreSQL answers that mean "the database is not there for us now", not "your request is
+/// wrong": connection exceptions (class 08), shutdown (57P01–57P03), too many connections (53300),
+/// a database that does not exist (3D000).
+fn is_unavailable_sqlstate(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "3D000")
+}
+
 fn is_retryable_db(e: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = e else { return false };
     match db.code().as_deref() {
@@ -112,6 +119,11 @@ impl From<sqlx::Error> for StoreError {
             if matches!(code.as_deref(), Some(SQLITE_CONSTRAINT_DATATYPE) | Some(PG_NUMERIC_VALUE_OUT_OF_RANGE)) {
                 return StoreError::Overflow;
             }
+        }
+        if let sqlx::Error::Database(db) = &e
+            && db.code().is_some_and(|c| is_unavailable_sqlstate(&c))
+        {
+            return StoreError::Unavailable(e.to_string());
         }
         match e {
             sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {

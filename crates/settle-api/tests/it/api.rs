@@ -560,3 +560,33 @@ async fn the_curl_walkthrough_of_the_readme(e: Engine) {
         .collect();
     assert_eq!(kinds, ["grant 100", "charge -40", "refund 40", "reclaim -40"]);
 }
+
+#[tokio::test]
+async fn a_public_address_without_tokens_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("x.db").display());
+    let store = Arc::new(settle_store::SqlStore::open(&url, settle_store::StoreOptions::default()).await.unwrap());
+    let r = settle_api::Application::build("0.0.0.0:0", store.clone(), Tokens::default()).await;
+    assert!(matches!(r, Err(settle_api::StartError::OpenWithoutTokens(_))));
+    let mut tokens = Tokens::default();
+    tokens.add(Role::Admin, "admin-token-0123456789").unwrap();
+    assert!(settle_api::Application::build("0.0.0.0:0", store, tokens).await.is_ok());
+}
+
+/// The ledger going away is `503 unavailable`, not a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_database_is_503_unavailable() {
+    let s = Server::start(Engine::Postgres).await;
+    assert_eq!(s.get("/readyz").await.status, 200);
+    let name = s.database_url.rsplit('/').next().unwrap().to_owned();
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    let mut admin =
+        sqlx::postgres::PgConnectOptions::from_str(settle_testkit::server_url()).unwrap().connect().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)"))).execute(&mut admin).await.unwrap();
+    admin.close().await.unwrap();
+    let r = s.get("/readyz").await;
+    assert_eq!((r.status, code(&r)), (503, "unavailable"), "{}", r.body);
+    let r = s.post("/v1/accounts", json!({"id": "a"})).await;
+    assert_eq!((r.status, code(&r)), (503, "unavailable"), "{}", r.body);
+}

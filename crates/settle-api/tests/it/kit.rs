@@ -15,6 +15,7 @@ pub struct Server {
     pub base: String,
     pub http: reqwest::Client,
     pub token: Option<String>,
+    pub database_url: String,
     // Kept alive for the server: the SQLite file and the artifacts live here.
     _dir: tempfile::TempDir,
     _store: Arc<SqlStore>,
@@ -57,7 +58,15 @@ impl Server {
         tokio::spawn(app.run_until(async move {
             let _ = stopped.await;
         }));
-        Server { base, http: reqwest::Client::new(), token: None, _dir: dir, _store: store, stop: Some(stop) }
+        Server {
+            base,
+            http: reqwest::Client::new(),
+            token: None,
+            database_url: url,
+            _dir: dir,
+            _store: store,
+            stop: Some(stop),
+        }
     }
 
     pub async fn send(&self, method: &str, path: &str, body: Option<Value>, token: Option<&str>) -> Reply {
