@@ -573,6 +573,7 @@ pub async fn metrics(State(s): State<AppState>) -> ApiResult {
     let count = |state: &str| stats.jobs_by_state.iter().find(|(s, _)| s == state).map(|(_, n)| *n).unwrap_or(0);
     metrics::gauge!("settle_queue_depth").set(count("queued") as f64);
     metrics::gauge!("settle_dead_letters").set(count("dead") as f64);
+    metrics::gauge!("settle_store_tx_retries_total", "engine" => s.store.engine_name()).set(stats.tx_retries as f64);
     let text = s.metrics.render();
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

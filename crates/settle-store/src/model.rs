@@ -297,4 +297,7 @@ pub struct NewArtifact {
 pub struct Stats {
     pub jobs_by_state: Vec<(String, i64)>,
     pub entries_by_kind: Vec<(String, i64)>,
+    /// PostgreSQL transactions retried after a serialization failure, deadlock or concurrent
+    /// create, since this process opened the store.
+    pub tx_retries: u64,
 }

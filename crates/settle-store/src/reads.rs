@@ -189,5 +189,5 @@ pub(crate) async fn stats(db: &mut Db<'_>) -> Result<Stats, StoreError> {
     let pairs = |rows: Vec<crate::db::Row>| -> Result<Vec<(String, i64)>, StoreError> {
         rows.iter().map(|r| Ok((r.text(0)?, r.i64(1)?))).collect()
     };
-    Ok(Stats { jobs_by_state: pairs(jobs)?, entries_by_kind: pairs(entries)? })
+    Ok(Stats { jobs_by_state: pairs(jobs)?, entries_by_kind: pairs(entries)?, tx_retries: 0 })
 }

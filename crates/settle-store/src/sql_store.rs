@@ -772,7 +772,9 @@ impl Store for SqlStore {
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
-        self.read(op!([] | db, _cx | reads::stats(db).await)).await
+        let mut stats = self.read(op!([] | db, _cx | reads::stats(db).await)).await?;
+        stats.tx_retries = self.tx_retries();
+        Ok(stats)
     }
 
     async fn audit(&self) -> Result<AuditReport, StoreError> {
