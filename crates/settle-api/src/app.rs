@@ -14,7 +14,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::sensitive_headers::SetSensitiveRequestHeadersLayer;
 use tower_http::trace::TraceLayer;
@@ -31,8 +30,6 @@ pub const REQUEST_SECONDS_MAX: u64 = 60;
 pub struct AppState {
     pub store: Arc<dyn Store>,
     pub tokens: Arc<Tokens>,
-    /// Signalled after a commit that may make a job due or add an event; long-polls wait on it.
-    pub wake: Arc<Notify>,
     pub metrics: PrometheusHandle,
 }
 
@@ -228,8 +225,7 @@ impl Application {
             }
             tracing::warn!(%addr, "no tokens configured: serving without authentication on a loopback address only");
         }
-        let state =
-            AppState { store, tokens: Arc::new(tokens), wake: Arc::new(Notify::new()), metrics: metrics_handle() };
+        let state = AppState { store, tokens: Arc::new(tokens), metrics: metrics_handle() };
         Ok(Application { listener, router: router(state) })
     }
 

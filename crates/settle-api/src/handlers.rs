@@ -195,11 +195,7 @@ pub async fn create_job(State(s): State<AppState>, headers: HeaderMap, Json(b): 
         refund_on,
         not_before,
     };
-    let c = s.store.create_job(req).await?;
-    if !c.replayed {
-        s.wake.notify_waiters();
-    }
-    Ok(created(c, dto::Job::from))
+    Ok(created(s.store.create_job(req).await?, dto::Job::from))
 }
 
 #[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = String, Path)),
@@ -267,7 +263,6 @@ pub async fn requeue(State(s): State<AppState>, headers: HeaderMap, Path(job): P
     s.tokens.authorize(&headers, Role::Admin)?;
     let j = s.store.requeue(&id(JobId::parse, &job)?).await?;
     mark("requeue", true);
-    s.wake.notify_waiters();
     Ok(ok(dto::Job::from(j)))
 }
 
@@ -285,11 +280,12 @@ pub async fn claim(State(s): State<AppState>, headers: HeaderMap, Json(b): Json<
         worker: id(WorkerName::parse, &b.worker)?,
         kinds: b.kinds.unwrap_or_default().iter().map(|k| id(JobKind::parse, k)).collect::<Result<_, _>>()?,
         limit: b.limit.unwrap_or(1),
-        lease_seconds: b.lease_seconds.unwrap_or(limits::LEASE_SECONDS_DEFAULT),
+        lease_seconds: b.lease_seconds,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
+    let wake = s.store.wake();
     let claimed = loop {
-        let notified = s.wake.notified();
+        let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let got = s.store.claim(req.clone()).await?;
@@ -297,7 +293,13 @@ pub async fn claim(State(s): State<AppState>, headers: HeaderMap, Json(b): Json<
         if !got.is_empty() || now >= deadline {
             break got;
         }
-        let nap = (deadline - now).min(Duration::from_millis(limits::POLL_INTERVAL_MS));
+        // Sleep until woken (a job was queued anywhere), until the next queued job's not_before,
+        // or for one poll interval — whichever comes first.
+        let mut nap = (deadline - now).min(Duration::from_millis(limits::POLL_INTERVAL_MS));
+        if let Some(due) = s.store.next_due_at(&req.kinds).await? {
+            let until_due = due.micros().saturating_sub(s.store.now().micros()).max(0);
+            nap = nap.min(Duration::from_micros(until_due as u64));
+        }
         tokio::select! {
             _ = &mut notified => {}
             _ = tokio::time::sleep(nap) => {}
@@ -378,9 +380,6 @@ pub async fn fail(
     };
     let out = s.store.fail(&id(JobId::parse, &job)?, signal).await?;
     mark("fail", out.applied);
-    if out.applied {
-        s.wake.notify_waiters();
-    }
     Ok(ok(dto::Job::from(out.value)))
 }
 
@@ -493,8 +492,9 @@ pub async fn events(State(s): State<AppState>, headers: HeaderMap, Query(q): Que
         return Err(ApiError::invalid(format!("wait_seconds is at most {}.", limits::WAIT_SECONDS_MAX)));
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
+    let wake = s.store.wake();
     let got = loop {
-        let notified = s.wake.notified();
+        let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         let got = s.store.events(p.after, p.limit).await?;

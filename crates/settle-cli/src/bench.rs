@@ -165,7 +165,7 @@ async fn drive(store: Arc<SqlStore>, concurrency: usize, jobs: usize) -> anyhow:
                     worker: WorkerName::parse(&format!("w{c}")).expect("valid"),
                     kinds: vec![],
                     limit: 1,
-                    lease_seconds: 30,
+                    lease_seconds: Some(30),
                 };
                 let claimed = store.claim(claim).await?;
                 // Another client may have claimed this one; succeed whatever we got, then ours from any attempt.

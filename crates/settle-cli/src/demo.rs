@@ -24,7 +24,7 @@ impl Demo {
     }
 
     async fn claim(&self, worker: &str) -> anyhow::Result<ClaimedJob> {
-        let req = ClaimRequest { worker: WorkerName::parse(worker)?, kinds: vec![], limit: 1, lease_seconds: 30 };
+        let req = ClaimRequest { worker: WorkerName::parse(worker)?, kinds: vec![], limit: 1, lease_seconds: Some(30) };
         let mut got = self.store.claim(req).await?;
         ensure!(got.len() == 1, "expected one job to be due");
         let c = got.remove(0);
@@ -77,7 +77,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     };
     let options = StoreOptions {
         clock: clock.clone(),
-        policy,
+        policy: policy.into(),
         jitter_seed: 1,
         artifacts: Some(Arc::new(FsArtifactStore::new(dir.path().join("artifacts")))),
         ..StoreOptions::default()
@@ -148,7 +148,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     d.say(format!("NODE_DOWN is retryable: image-1 back to {} with not_before +{wait} ms, refunded", j.state.as_str()));
     let none = d
         .store
-        .claim(ClaimRequest { worker: WorkerName::parse("eager")?, kinds: vec![], limit: 1, lease_seconds: 30 })
+        .claim(ClaimRequest { worker: WorkerName::parse("eager")?, kinds: vec![], limit: 1, lease_seconds: Some(30) })
         .await?;
     d.say(format!("a claim before the backoff ends finds {} job(s)", none.len()));
     d.clock.advance_millis(wait as u64);

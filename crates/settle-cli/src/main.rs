@@ -2,6 +2,7 @@
 //! hands over to one command module. anyhow lives here and nowhere below.
 
 mod bench;
+mod config;
 mod demo;
 mod print;
 mod serve;
@@ -21,8 +22,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serves the HTTP API v1 and runs the maintenance loops (lease rescue, teardown sweep).
+    /// Serves the HTTP API v1 and runs the background loops (lease rescue, teardown sweep, reconcile).
     Serve(serve::ServeArgs),
+    /// Runs the background loops alone (any number of processes against one PostgreSQL).
+    Worker(serve::WorkerArgs),
+    /// Prints the effective configuration (file plus environment) as TOML.
+    Config {
+        #[arg(long, env = "SETTLE_CONFIG")]
+        config: Option<std::path::PathBuf>,
+    },
     /// Plays the seeds' stories on a throwaway embedded store, printing each step, the ledgers and the audit verdict.
     Demo {
         /// Play on this database instead of a throwaway file (it must be empty).
@@ -46,7 +54,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = if matches!(cli.command, Command::Serve(_)) { "info" } else { "warn" };
+    let default_level = if matches!(cli.command, Command::Serve(_) | Command::Worker(_)) { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG").unwrap_or_else(|_| default_level.into());
     // Structured JSON logs when nobody is watching a terminal.
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -73,6 +81,11 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve(args) => serve::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Worker(args) => serve::run_worker(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Config { config } => {
+            print!("{}", config::Config::from_process_env(config.as_deref())?.to_toml());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo { db } => demo::run(db).await,
         Command::Audit { db } => {
             let store = open_existing(&db).await?;

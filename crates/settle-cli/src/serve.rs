@@ -1,17 +1,14 @@
-//! `settle serve`: the HTTP API on an embedded SQLite file by default, plus the maintenance loops,
+//! `settle serve` (the HTTP API plus the background loops) and `settle worker` (the loops alone),
 //! until SIGINT or SIGTERM; requests in flight are finished first.
 
+use crate::config::Config;
 use anyhow::Context;
 use settle_api::{Application, Tokens};
 use settle_store::{FsArtifactStore, SqlStore, Store, StoreOptions};
+use settle_worker::{LoopSettings, Maintenance};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-
-/// How often the maintenance loop looks for expired leases and unfinished teardowns, and how many
-/// jobs one pass takes at most (the next pass takes the rest).
-const MAINTENANCE_EVERY: Duration = Duration::from_secs(1);
-const MAINTENANCE_BATCH: u32 = 100;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -25,6 +22,51 @@ pub struct ServeArgs {
     /// Where workers' artifacts live; teardown deletes those of undelivered items.
     #[arg(long, env = "SETTLE_ARTIFACTS", default_value = "settle-artifacts")]
     artifacts: std::path::PathBuf,
+    /// Retry policy per job kind and the pace of the background loops (TOML; see `settle config`).
+    #[arg(long, env = "SETTLE_CONFIG")]
+    config: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+    db: String,
+    #[arg(long, env = "SETTLE_ARTIFACTS", default_value = "settle-artifacts")]
+    artifacts: std::path::PathBuf,
+    #[arg(long, env = "SETTLE_CONFIG")]
+    config: Option<std::path::PathBuf>,
+}
+
+pub fn loop_settings(config: &Config) -> LoopSettings {
+    LoopSettings {
+        rescue_every: Duration::from_millis(config.loops.rescue_every_ms),
+        sweep_every: Duration::from_millis(config.loops.sweep_every_ms),
+        reconcile_every: Duration::from_millis(config.loops.reconcile_every_ms),
+        batch: config.loops.batch,
+    }
+}
+
+async fn open(db: &str, artifacts: &std::path::Path, config: &Config) -> anyhow::Result<Arc<SqlStore>> {
+    let options = StoreOptions {
+        policy: config.policies.clone(),
+        artifacts: Some(Arc::new(FsArtifactStore::new(artifacts))),
+        ..StoreOptions::default()
+    };
+    Ok(Arc::new(SqlStore::open(db, options).await.with_context(|| format!("open {db}"))?))
+}
+
+/// `settle worker`: the background loops alone, for any number of processes on one PostgreSQL.
+pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let config = Config::from_process_env(args.config.as_deref())?;
+    let store = open(&args.db, &args.artifacts, &config).await?;
+    tracing::info!(db = %args.db, engine = store.engine_name(), "settle worker running the background loops");
+    let cancel = CancellationToken::new();
+    let loops = Maintenance::new(store.clone() as Arc<dyn Store>, loop_settings(&config)).spawn(cancel.clone());
+    shutdown_signal(cancel.clone()).await;
+    for l in loops {
+        let _ = l.await;
+    }
+    Ok(())
 }
 
 fn load_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
@@ -65,35 +107,15 @@ async fn shutdown_signal(cancel: CancellationToken) {
     cancel.cancel();
 }
 
-async fn maintenance(store: Arc<SqlStore>, cancel: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(MAINTENANCE_EVERY) => {}
-        }
-        match store.rescue_expired_leases(MAINTENANCE_BATCH).await {
-            Ok(ids) if !ids.is_empty() => tracing::info!(count = ids.len(), "rescued jobs with expired leases"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "lease rescue pass failed"),
-        }
-        match store.resume_teardowns(MAINTENANCE_BATCH).await {
-            Ok(ids) if !ids.is_empty() => tracing::info!(count = ids.len(), "finished interrupted teardowns"),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "teardown sweep failed"),
-        }
-    }
-}
-
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let tokens = load_tokens(&args)?;
-    let options =
-        StoreOptions { artifacts: Some(Arc::new(FsArtifactStore::new(&args.artifacts))), ..StoreOptions::default() };
-    let store = Arc::new(SqlStore::open(&args.db, options).await.with_context(|| format!("open {}", args.db))?);
+    let config = Config::from_process_env(args.config.as_deref())?;
+    let store = open(&args.db, &args.artifacts, &config).await?;
     let app = Application::build(&args.listen, store.clone() as Arc<dyn Store>, tokens).await?;
     tracing::info!(addr = %app.local_addr(), db = %args.db, engine = store.engine_name(), "settle serving API v1");
     eprintln!("settle: serving on http://{} ({})", app.local_addr(), args.db);
     let cancel = CancellationToken::new();
-    let loops = tokio::spawn(maintenance(store.clone(), cancel.clone()));
+    let loops = Maintenance::new(store.clone() as Arc<dyn Store>, loop_settings(&config)).spawn(cancel.clone());
     let signal_cancel = cancel.clone();
     app.run_until(async move {
         tokio::select! {
@@ -104,6 +126,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("serve")?;
     cancel.cancel();
-    let _ = loops.await;
+    for l in loops {
+        let _ = l.await;
+    }
     Ok(())
 }

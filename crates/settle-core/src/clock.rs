@@ -43,6 +43,16 @@ impl Clock for SystemClock {
     }
 }
 
+impl SystemClock {
+    /// Now plus `ms`, for tests and tools that schedule against the wall clock.
+    pub fn now_plus_millis(&self, ms: u64) -> Timestamp {
+        self.now().plus_millis(ms)
+    }
+    pub fn now_micros(&self) -> i64 {
+        self.now().micros()
+    }
+}
+
 /// A clock that moves only when told to; for tests and the demo.
 #[derive(Debug)]
 pub struct FakeClock(AtomicI64);

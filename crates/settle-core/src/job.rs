@@ -3,7 +3,8 @@
 
 use crate::backoff::BackoffPolicy;
 use crate::ids::FailCode;
-use crate::limits::{ATTEMPTS_MAX_DEFAULT, CONFIRM_WINDOW_SECONDS_DEFAULT};
+use crate::limits::{ATTEMPTS_MAX_DEFAULT, CONFIRM_WINDOW_SECONDS_DEFAULT, LEASE_SECONDS_DEFAULT};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum JobState {
@@ -77,13 +78,37 @@ impl RefundPolicy {
     }
 }
 
-/// Which failures retry, how long to wait, how often, and how long a lease and an unknown last.
+/// Which failures retry, how long to wait, how often, how long a lease and an unknown last, and
+/// when refunds happen — for one job kind.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
     pub backoff: BackoffPolicy,
     pub attempts_max: u32,
     pub retryable_codes: Vec<FailCode>,
     pub confirm_window_seconds: u64,
+    /// Lease of a claim that does not ask for one.
+    pub lease_seconds: u32,
+    /// Refund policy of a job created without one.
+    pub refund_on: RefundPolicy,
+}
+
+/// The policy of every job kind: a default and per-kind overrides.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Policies {
+    pub default: RetryPolicy,
+    pub kinds: BTreeMap<String, RetryPolicy>,
+}
+
+impl Policies {
+    pub fn for_kind(&self, kind: &str) -> &RetryPolicy {
+        self.kinds.get(kind).unwrap_or(&self.default)
+    }
+}
+
+impl From<RetryPolicy> for Policies {
+    fn from(default: RetryPolicy) -> Policies {
+        Policies { default, kinds: BTreeMap::new() }
+    }
 }
 
 impl Default for RetryPolicy {
@@ -95,6 +120,8 @@ impl Default for RetryPolicy {
             attempts_max: ATTEMPTS_MAX_DEFAULT,
             retryable_codes: codes.iter().map(|c| FailCode::parse(c).expect("default codes are valid")).collect(),
             confirm_window_seconds: CONFIRM_WINDOW_SECONDS_DEFAULT,
+            lease_seconds: LEASE_SECONDS_DEFAULT,
+            refund_on: RefundPolicy::Failure,
         }
     }
 }

@@ -161,7 +161,8 @@ pub struct ClaimRequest {
     pub worker: WorkerName,
     pub kinds: Vec<JobKind>,
     pub limit: u32,
-    pub lease_seconds: u32,
+    /// `None`: the lease length of each claimed job's kind.
+    pub lease_seconds: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use settle_core::crash::CrashPoint;
 use settle_core::fingerprint::Fingerprint;
 use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
 use settle_core::item::{self, ItemSignal, ItemState, RefundReason};
-use settle_core::job::{self, FailOutcome, JobState, RefundPolicy, RetryPolicy};
+use settle_core::job::{self, FailOutcome, JobState, Policies, RefundPolicy};
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use settle_core::limits;
 use settle_core::{Credits, Timestamp};
@@ -29,7 +29,7 @@ pub trait CrashHook: Send + Sync {
 /// What every operation needs besides the connection.
 pub(crate) struct Cx {
     pub now: Timestamp,
-    pub policy: Arc<RetryPolicy>,
+    pub policy: Arc<Policies>,
     pub rng: Arc<Mutex<SplitMix64>>,
     pub crash: Option<Arc<dyn CrashHook>>,
 }
@@ -375,6 +375,11 @@ async fn emit(
         args![seq, kind, job_id, account_id, data.to_string(), cx.now.micros()],
     )
     .await?;
+    // Work became due: wake the long-polling claims of every process at commit (PostgreSQL
+    // delivers NOTIFY only if the transaction commits). In-process waiters are woken by the store.
+    if db.engine() == Engine::Postgres && matches!(kind, "job.queued" | "job.retry_scheduled" | "job.requeued") {
+        db.exec("SELECT pg_notify('settle_wake', '')", args![]).await?;
+    }
     Ok(())
 }
 
@@ -698,8 +703,9 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
         return Ok(Created { value: attach(db, existing).await?, replayed: true });
     }
     let job_seq = next_seq(db, "job", 1).await?;
-    let max_attempts = i64::from(req.max_attempts.unwrap_or(cx.policy.attempts_max));
-    let refund_on = req.refund_on.unwrap_or(RefundPolicy::Failure);
+    let policy = cx.policy.for_kind(req.kind.as_str());
+    let max_attempts = i64::from(req.max_attempts.unwrap_or(policy.attempts_max));
+    let refund_on = req.refund_on.unwrap_or(policy.refund_on);
     let not_before = req.not_before.unwrap_or(cx.now).micros();
     let inserted = db
         .exec(
@@ -768,13 +774,13 @@ const CLAIM_SQLITE: &str = "UPDATE jobs SET state = 'running', attempt = attempt
      WHERE id = (SELECT id FROM jobs WHERE state = 'queued' AND not_before <= $1 AND cancel_requested = 0 {KINDS} \
                  ORDER BY not_before, job_seq LIMIT 1) \
        AND state = 'queued' AND not_before <= $1 AND cancel_requested = 0 \
-     RETURNING id, attempt";
+     RETURNING id, attempt, kind";
 const CLAIM_PG: &str = "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_token = $2, \
      lease_expires_at = $3, lease_worker = $4, lease_seconds = $5, updated_at = $1 \
      WHERE id = (SELECT id FROM jobs WHERE state = 'queued' AND not_before <= $1 AND cancel_requested = 0 {KINDS} \
                  ORDER BY not_before, job_seq LIMIT 1 FOR UPDATE SKIP LOCKED) \
        AND state = 'queued' AND not_before <= $1 AND cancel_requested = 0 \
-     RETURNING id, attempt";
+     RETURNING id, attempt, kind";
 
 /// Claims up to `limit` due jobs, one guarded UPDATE each; every claim opens an attempt row.
 pub(crate) async fn claim(db: &mut Db<'_>, cx: &Cx, req: &ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError> {
@@ -789,7 +795,8 @@ pub(crate) async fn claim(db: &mut Db<'_>, cx: &Cx, req: &ClaimRequest) -> Resul
         format!("AND kind IN ({})", params.join(", "))
     };
     let sql = template.replace("{KINDS}", &kinds_sql);
-    let lease_expires_at = cx.now.plus_seconds(u64::from(req.lease_seconds));
+    let lease_seconds = req.lease_seconds.unwrap_or(cx.policy.default.lease_seconds);
+    let lease_expires_at = cx.now.plus_seconds(u64::from(lease_seconds));
     let mut claimed = Vec::new();
     for _ in 0..req.limit.min(limits::CLAIM_LIMIT_MAX) {
         let token = uuid::Uuid::new_v4().to_string();
@@ -798,12 +805,25 @@ pub(crate) async fn claim(db: &mut Db<'_>, cx: &Cx, req: &ClaimRequest) -> Resul
             token.clone().into(),
             lease_expires_at.micros().into(),
             req.worker.as_str().into(),
-            i64::from(req.lease_seconds).into(),
+            i64::from(lease_seconds).into(),
         ];
         a.extend(req.kinds.iter().map(|k| crate::db::Value::from(k.as_str())));
         let Some(row) = db.opt_built(sql.clone(), &a).await? else { break };
-        let (job_id, attempt) = (row.text(0)?, row.i64(1)?);
+        let (job_id, attempt, kind) = (row.text(0)?, row.i64(1)?, row.text(2)?);
         cx.point(CrashPoint::AfterGuard)?;
+        // A claim that names no lease gets its job kind's.
+        let mut expires = lease_expires_at;
+        let kind_lease = cx.policy.for_kind(&kind).lease_seconds;
+        if req.lease_seconds.is_none() && kind_lease != lease_seconds {
+            expires = cx.now.plus_seconds(u64::from(kind_lease));
+            let rows = db
+                .exec(
+                    "UPDATE jobs SET lease_expires_at = $3, lease_seconds = $4 WHERE id = $1 AND lease_token = $2",
+                    args![&job_id, &token, expires.micros(), i64::from(kind_lease)],
+                )
+                .await?;
+            guard_hit(rows, "kind lease")?;
+        }
         db.exec(
             "INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) VALUES ($1, $2, $3, $4, $5)",
             args![&job_id, attempt, req.worker.as_str(), &token, cx.now.micros()],
@@ -820,7 +840,7 @@ pub(crate) async fn claim(db: &mut Db<'_>, cx: &Cx, req: &ClaimRequest) -> Resul
         )
         .await?;
         cx.point(CrashPoint::AfterOutbox)?;
-        claimed.push(ClaimedJob { job, lease_token: LeaseToken(token), lease_expires_at });
+        claimed.push(ClaimedJob { job, lease_token: LeaseToken(token), lease_expires_at: expires });
     }
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(claimed)
@@ -1099,10 +1119,11 @@ async fn apply_failure(db: &mut Db<'_>, cx: &Cx, job: &JobRow, failure: Failure<
     let (state, not_before) = match outcome {
         FailOutcome::Retry => {
             let delay = match retry_after_ms {
-                Some(ms) => ms.min(cx.policy.backoff.backoff_ms_max),
+                Some(ms) => ms.min(cx.policy.for_kind(&job.kind).backoff.backoff_ms_max),
                 None => {
                     let mut rng = cx.rng.lock().expect("rng lock");
-                    cx.policy.backoff.delay_ms(u32::try_from(job.attempt).unwrap_or(u32::MAX), &mut rng)
+                    let backoff = &cx.policy.for_kind(&job.kind).backoff;
+                    backoff.delay_ms(u32::try_from(job.attempt).unwrap_or(u32::MAX), &mut rng)
                 }
             };
             (JobState::Queued, cx.now.plus_millis(delay).micros())
@@ -1171,7 +1192,7 @@ pub(crate) async fn fail(
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: false }, after));
     }
-    let retryable = cx.policy.is_retryable(&signal.code, signal.retryable);
+    let retryable = cx.policy.for_kind(&job.kind).is_retryable(&signal.code, signal.retryable);
     let after = apply_failure(
         db,
         cx,
@@ -1395,8 +1416,9 @@ pub(crate) async fn reconcile(
             Finding::Present => apply_success(db, cx, &job, None, None).await?,
             Finding::Absent => {
                 let since = job.unknown_since.unwrap_or(job.updated_at);
-                let window_over =
-                    Timestamp::from_micros(since).plus_seconds(cx.policy.confirm_window_seconds) <= cx.now;
+                let window_over = Timestamp::from_micros(since)
+                    .plus_seconds(cx.policy.for_kind(&job.kind).confirm_window_seconds)
+                    <= cx.now;
                 if window_over {
                     let code = FailCode::timeout_confirmed_not_sent();
                     let after = apply_failure(

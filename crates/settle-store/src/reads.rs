@@ -191,3 +191,21 @@ pub(crate) async fn stats(db: &mut Db<'_>) -> Result<Stats, StoreError> {
     };
     Ok(Stats { jobs_by_state: pairs(jobs)?, entries_by_kind: pairs(entries)?, tx_retries: 0 })
 }
+
+pub(crate) async fn next_due_at(
+    db: &mut Db<'_>,
+    kinds: &[settle_core::ids::JobKind],
+) -> Result<Option<Timestamp>, StoreError> {
+    let mut sql = String::from("SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND cancel_requested = 0");
+    let mut a: Vec<Value> = Vec::new();
+    if !kinds.is_empty() {
+        let params: Vec<String> = (1..=kinds.len()).map(|i| format!("${i}")).collect();
+        sql.push_str(&format!(" AND kind IN ({})", params.join(", ")));
+        a.extend(kinds.iter().map(|k| Value::from(k.as_str())));
+    }
+    let row = db.opt_built(sql, &a).await?;
+    Ok(match row {
+        Some(r) => r.opt_i64(0)?.map(Timestamp::from_micros),
+        None => None,
+    })
+}

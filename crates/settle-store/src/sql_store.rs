@@ -15,7 +15,7 @@ use futures_util::future::BoxFuture;
 use settle_core::backoff::SplitMix64;
 use settle_core::crash::CrashPoint;
 use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
-use settle_core::job::RetryPolicy;
+use settle_core::job::Policies;
 use settle_core::ledger::EntryKind;
 use settle_core::{Clock, Credits, SystemClock, limits};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -53,7 +53,8 @@ pub enum Durability {
 #[derive(Clone)]
 pub struct StoreOptions {
     pub clock: Arc<dyn Clock>,
-    pub policy: RetryPolicy,
+    /// Retry, lease and refund policy per job kind.
+    pub policy: Policies,
     /// Seed of the backoff jitter generator (fixed in tests for reproducible schedules).
     pub jitter_seed: u64,
     pub durability: Durability,
@@ -72,7 +73,7 @@ impl Default for StoreOptions {
     fn default() -> StoreOptions {
         StoreOptions {
             clock: Arc::new(SystemClock),
-            policy: RetryPolicy::default(),
+            policy: Policies::default(),
             jitter_seed: SystemClock.now().micros() as u64,
             durability: Durability::Full,
             write_batch_max: limits::WRITE_BATCH_MAX,
@@ -133,7 +134,7 @@ impl<T: Send + 'static> WriteOp for Op<T> {
 #[derive(Clone)]
 struct Env {
     clock: Arc<dyn Clock>,
-    policy: Arc<RetryPolicy>,
+    policy: Arc<Policies>,
     rng: Arc<Mutex<SplitMix64>>,
     crash: Option<Arc<dyn CrashHook>>,
 }
@@ -152,6 +153,7 @@ enum Backend {
 pub struct SqlStore {
     backend: Backend,
     env: Env,
+    wake: Arc<tokio::sync::Notify>,
     artifacts: Option<Arc<dyn ArtifactStore>>,
     tx_retries: AtomicU64,
 }
@@ -199,6 +201,7 @@ impl SqlStore {
         Ok(SqlStore {
             backend: Backend::Sqlite { writer: tx, readers },
             env,
+            wake: Arc::new(tokio::sync::Notify::new()),
             artifacts: options.artifacts,
             tx_retries: AtomicU64::new(0),
         })
@@ -221,9 +224,12 @@ impl SqlStore {
             rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
             crash: options.crash.clone(),
         };
+        let wake = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(listen_for_wakeups(pool.clone(), Arc::downgrade(&wake)));
         Ok(SqlStore {
             backend: Backend::Postgres { pool },
             env,
+            wake,
             artifacts: options.artifacts,
             tx_retries: AtomicU64::new(0),
         })
@@ -280,6 +286,14 @@ impl SqlStore {
     /// Runs one write operation in its own transaction (SQLite: a savepoint in the writer's batch)
     /// and answers after the commit.
     async fn write<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        let out = self.write_inner(f).await;
+        if out.is_ok() {
+            self.wake.notify_waiters();
+        }
+        out
+    }
+
+    async fn write_inner<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
         match &self.backend {
             Backend::Sqlite { writer, .. } => {
                 let (reply, answer) = oneshot::channel();
@@ -366,6 +380,41 @@ impl SqlStore {
                 }
                 Err(e) => Err(e),
             },
+        }
+    }
+}
+
+/// PostgreSQL LISTEN for `settle_wake`: wakes this process's long-polls when any process makes a
+/// job due. Reconnects after a lost connection; ends when the store is dropped.
+async fn listen_for_wakeups(pool: PgPool, wake: std::sync::Weak<tokio::sync::Notify>) {
+    loop {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot LISTEN for wake-ups; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if wake.strong_count() == 0 {
+                    return;
+                }
+                continue;
+            }
+        };
+        if let Err(e) = listener.listen("settle_wake").await {
+            tracing::warn!(error = %e, "LISTEN settle_wake failed; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
+            let Some(w) = wake.upgrade() else { return };
+            match next {
+                Ok(Ok(_)) => w.notify_waiters(),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "wake-up listener lost its connection; reconnecting");
+                    break;
+                }
+                Err(_) => {} // no notification for 5 s: look again whether the store still exists
+            }
         }
     }
 }
@@ -471,6 +520,22 @@ impl Store for SqlStore {
         self.engine().name()
     }
 
+    fn wake(&self) -> Arc<tokio::sync::Notify> {
+        self.wake.clone()
+    }
+
+    fn now(&self) -> settle_core::Timestamp {
+        self.env.clock.now()
+    }
+
+    async fn next_due_at(
+        &self,
+        kinds: &[settle_core::ids::JobKind],
+    ) -> Result<Option<settle_core::Timestamp>, StoreError> {
+        let kinds = kinds.to_vec();
+        self.read(op!([kinds] | db, _cx | reads::next_due_at(db, &kinds).await)).await
+    }
+
     async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError> {
         let out = self.write(op!([req] | db, cx | ops::create_account(db, cx, &req).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
@@ -555,7 +620,7 @@ impl Store for SqlStore {
     }
 
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError> {
-        if !(limits::LEASE_SECONDS_MIN..=limits::LEASE_SECONDS_MAX).contains(&req.lease_seconds) {
+        if req.lease_seconds.is_some_and(|s| !(limits::LEASE_SECONDS_MIN..=limits::LEASE_SECONDS_MAX).contains(&s)) {
             return Err(StoreError::invalid(format!(
                 "lease_seconds must be between {} and {}",
                 limits::LEASE_SECONDS_MIN,

@@ -9,6 +9,19 @@ use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
 pub trait Store: Send + Sync {
     fn engine_name(&self) -> &'static str;
 
+    /// Notified after every write that commits in this process, and — on PostgreSQL — whenever any
+    /// process makes a job due. Long-polls wait on it.
+    fn wake(&self) -> std::sync::Arc<tokio::sync::Notify>;
+
+    /// The store's clock (injected; tests use a fake one).
+    fn now(&self) -> settle_core::Timestamp;
+
+    /// When the next queued job of these kinds (all kinds when empty) becomes due, if any is queued.
+    async fn next_due_at(
+        &self,
+        kinds: &[settle_core::ids::JobKind],
+    ) -> Result<Option<settle_core::Timestamp>, StoreError>;
+
     async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError>;
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError>;
     async fn grant(&self, account: &AccountId, req: NewGrant) -> Result<Created<LedgerEntry>, StoreError>;

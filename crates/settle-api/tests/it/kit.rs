@@ -18,7 +18,7 @@ pub struct Server {
     pub database_url: String,
     // Kept alive for the server: the SQLite file and the artifacts live here.
     _dir: tempfile::TempDir,
-    _store: Arc<SqlStore>,
+    store: Arc<SqlStore>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -64,7 +64,7 @@ impl Server {
             token: None,
             database_url: url,
             _dir: dir,
-            _store: store,
+            store,
             stop: Some(stop),
         }
     }
@@ -84,6 +84,11 @@ impl Server {
         let text = resp.text().await.unwrap();
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Reply { status, body, replayed }
+    }
+
+    /// The server's own store (for writes that must not go through HTTP in a measurement).
+    pub fn store_handle(&self) -> Arc<SqlStore> {
+        self.store.clone()
     }
 
     pub async fn get(&self, path: &str) -> Reply {

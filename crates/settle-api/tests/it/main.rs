@@ -3,4 +3,5 @@
 
 mod api;
 mod kit;
+mod latency;
 mod openapi;

@@ -125,7 +125,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let store = SqlStore::open(
         url,
-        StoreOptions { policy, jitter_seed: seed, pg_max_connections: 4, ..StoreOptions::default() },
+        StoreOptions { policy: policy.into(), jitter_seed: seed, pg_max_connections: 4, ..StoreOptions::default() },
     )
     .await?;
     let mut rng = SplitMix64::new(seed);
@@ -138,7 +138,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             return Err("deadline passed with jobs still moving".into());
         }
         let claimed = store
-            .claim(ClaimRequest { worker: worker_name.clone(), kinds: vec![], limit: 4, lease_seconds: LEASE_SECONDS })
+            .claim(ClaimRequest {
+                worker: worker_name.clone(),
+                kinds: vec![],
+                limit: 4,
+                lease_seconds: Some(LEASE_SECONDS),
+            })
             .await?;
         for c in &claimed {
             println!("claim {} {} {}", c.job.id, c.job.attempt, c.lease_token.0);

@@ -388,7 +388,8 @@ async fn claim_respects_not_before_kinds_and_limit(k: &Kit) {
     let attempts = k.store.attempts(&jid("r1")).await.unwrap();
     assert_eq!(attempts.len(), 1);
     assert_eq!((attempts[0].attempt_no, attempts[0].worker.as_str(), attempts[0].result.as_deref()), (1, "w1", None));
-    for bad in [ClaimRequest { limit: 0, ..claim_req("w", 1) }, ClaimRequest { lease_seconds: 0, ..claim_req("w", 1) }]
+    for bad in
+        [ClaimRequest { limit: 0, ..claim_req("w", 1) }, ClaimRequest { lease_seconds: Some(0), ..claim_req("w", 1) }]
     {
         assert!(matches!(k.store.claim(bad).await, Err(StoreError::Invalid(_))));
     }

@@ -105,7 +105,7 @@ impl Kit {
         };
         let options = StoreOptions {
             clock: clock.clone(),
-            policy,
+            policy: policy.into(),
             jitter_seed: 7,
             write_batch_max: batch,
             artifacts: Some(artifacts.clone()),
@@ -258,7 +258,7 @@ pub fn with_policy(mut j: NewJob, p: RefundPolicy) -> NewJob {
 }
 
 pub fn claim_req(worker: &str, limit: u32) -> ClaimRequest {
-    ClaimRequest { worker: WorkerName::parse(worker).unwrap(), kinds: vec![], limit, lease_seconds: 30 }
+    ClaimRequest { worker: WorkerName::parse(worker).unwrap(), kinds: vec![], limit, lease_seconds: Some(30) }
 }
 
 pub fn fail_sig(token: &LeaseToken, c: &str) -> FailSignal {

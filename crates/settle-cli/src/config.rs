@@ -1,0 +1,305 @@
+//! The configuration file (TOML) and its environment overrides: retry policy per job kind and the
+//! pace of the background loops. `settle config` prints the effective result.
+//!
+//! ```toml
+//! [defaults]                     # every kind not listed below
+//! attempts_max = 5
+//! backoff_ms_base = 1000
+//! backoff_ms_max = 600000
+//! jitter = "full"                # or "none"
+//! retryable_codes = ["NODE_DOWN", "TIMEOUT", "RATE_LIMITED", "LEASE_EXPIRED", "TIMEOUT_CONFIRMED_NOT_SENT", "UNAVAILABLE"]
+//! lease_seconds = 30
+//! confirm_window_seconds = 3600
+//! refund_on = "failure"          # or "final_failure"
+//!
+//! [kinds.withdrawal]             # any field of [defaults]; the rest is inherited
+//! refund_on = "final_failure"
+//!
+//! [loops]
+//! rescue_every_ms = 1000
+//! sweep_every_ms = 1000
+//! reconcile_every_ms = 10000
+//! batch = 100
+//! ```
+//!
+//! Environment: `SETTLE_<FIELD>` overrides `[defaults]` (e.g. `SETTLE_ATTEMPTS_MAX=3`,
+//! `SETTLE_RETRYABLE_CODES=NODE_DOWN,TIMEOUT`); `SETTLE_KIND_<KIND>_<FIELD>` overrides a kind named
+//! in the file (the kind upper-cased, other characters as `_`); `SETTLE_LOOPS_<FIELD>` the loops.
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+use settle_core::backoff::Jitter;
+use settle_core::ids::{FailCode, JobKind};
+use settle_core::job::{Policies, RefundPolicy, RetryPolicy};
+use settle_core::limits;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    pub attempts_max: Option<u32>,
+    pub backoff_ms_base: Option<u64>,
+    pub backoff_ms_max: Option<u64>,
+    pub jitter: Option<String>,
+    pub retryable_codes: Option<Vec<String>>,
+    pub lease_seconds: Option<u32>,
+    pub confirm_window_seconds: Option<u64>,
+    pub refund_on: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Loops {
+    pub rescue_every_ms: u64,
+    pub sweep_every_ms: u64,
+    pub reconcile_every_ms: u64,
+    /// Most jobs one pass of a loop takes; the next pass takes the rest.
+    pub batch: u32,
+}
+
+impl Default for Loops {
+    fn default() -> Loops {
+        Loops { rescue_every_ms: 1_000, sweep_every_ms: 1_000, reconcile_every_ms: 10_000, batch: 100 }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConfigFile {
+    pub defaults: PolicyFile,
+    pub kinds: BTreeMap<String, PolicyFile>,
+    pub loops: Loops,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub policies: Policies,
+    pub loops: Loops,
+}
+
+fn apply(base: &RetryPolicy, f: &PolicyFile, what: &str) -> anyhow::Result<RetryPolicy> {
+    let mut p = base.clone();
+    if let Some(n) = f.attempts_max {
+        if !(1..=limits::ATTEMPTS_MAX_LIMIT).contains(&n) {
+            bail!("{what}.attempts_max must be between 1 and {}", limits::ATTEMPTS_MAX_LIMIT);
+        }
+        p.attempts_max = n;
+    }
+    if let Some(ms) = f.backoff_ms_base {
+        p.backoff.backoff_ms_base = ms;
+    }
+    if let Some(ms) = f.backoff_ms_max {
+        p.backoff.backoff_ms_max = ms;
+    }
+    if p.backoff.backoff_ms_base == 0 || p.backoff.backoff_ms_base > p.backoff.backoff_ms_max {
+        bail!("{what}: backoff_ms_base must be at least 1 and at most backoff_ms_max");
+    }
+    if let Some(j) = &f.jitter {
+        p.backoff.jitter = match j.as_str() {
+            "full" => Jitter::Full,
+            "none" => Jitter::None,
+            other => bail!("{what}.jitter is \"full\" or \"none\", not {other:?}"),
+        };
+    }
+    if let Some(codes) = &f.retryable_codes {
+        p.retryable_codes = codes
+            .iter()
+            .map(|c| FailCode::parse(c))
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{what}.retryable_codes"))?;
+    }
+    if let Some(s) = f.lease_seconds {
+        if !(limits::LEASE_SECONDS_MIN..=limits::LEASE_SECONDS_MAX).contains(&s) {
+            bail!(
+                "{what}.lease_seconds must be between {} and {}",
+                limits::LEASE_SECONDS_MIN,
+                limits::LEASE_SECONDS_MAX
+            );
+        }
+        p.lease_seconds = s;
+    }
+    if let Some(s) = f.confirm_window_seconds {
+        p.confirm_window_seconds = s;
+    }
+    if let Some(r) = &f.refund_on {
+        p.refund_on =
+            RefundPolicy::parse(r).with_context(|| format!("{what}.refund_on is \"failure\" or \"final_failure\""))?;
+    }
+    Ok(p)
+}
+
+fn env_overrides(prefix: &str, f: &mut PolicyFile, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    let get = |field: &str| env.get(&format!("{prefix}{field}"));
+    let num = |field: &str| -> anyhow::Result<Option<u64>> {
+        get(field).map(|v| v.parse::<u64>().with_context(|| format!("{prefix}{field}={v}"))).transpose()
+    };
+    if let Some(v) = num("ATTEMPTS_MAX")? {
+        f.attempts_max = Some(u32::try_from(v)?);
+    }
+    if let Some(v) = num("BACKOFF_MS_BASE")? {
+        f.backoff_ms_base = Some(v);
+    }
+    if let Some(v) = num("BACKOFF_MS_MAX")? {
+        f.backoff_ms_max = Some(v);
+    }
+    if let Some(v) = get("JITTER") {
+        f.jitter = Some(v.clone());
+    }
+    if let Some(v) = get("RETRYABLE_CODES") {
+        f.retryable_codes = Some(v.split(',').map(str::trim).filter(|c| !c.is_empty()).map(str::to_owned).collect());
+    }
+    if let Some(v) = num("LEASE_SECONDS")? {
+        f.lease_seconds = Some(u32::try_from(v)?);
+    }
+    if let Some(v) = num("CONFIRM_WINDOW_SECONDS")? {
+        f.confirm_window_seconds = Some(v);
+    }
+    if let Some(v) = get("REFUND_ON") {
+        f.refund_on = Some(v.clone());
+    }
+    Ok(())
+}
+
+fn env_name(kind: &str) -> String {
+    kind.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
+}
+
+impl Config {
+    /// Reads `path` (if any), then the environment.
+    pub fn load(path: Option<&std::path::Path>, env: &BTreeMap<String, String>) -> anyhow::Result<Config> {
+        let mut file: ConfigFile = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
+                toml::from_str(&text).with_context(|| format!("parse {}", p.display()))?
+            }
+            None => ConfigFile::default(),
+        };
+        env_overrides("SETTLE_", &mut file.defaults, env)?;
+        for (kind, f) in file.kinds.iter_mut() {
+            JobKind::parse(kind).with_context(|| format!("[kinds.{kind}]"))?;
+            env_overrides(&format!("SETTLE_KIND_{}_", env_name(kind)), f, env)?;
+        }
+        let loops_num = |field: &str| -> anyhow::Result<Option<u64>> {
+            env.get(&format!("SETTLE_LOOPS_{field}"))
+                .map(|v| v.parse::<u64>().with_context(|| format!("SETTLE_LOOPS_{field}={v}")))
+                .transpose()
+        };
+        if let Some(v) = loops_num("RESCUE_EVERY_MS")? {
+            file.loops.rescue_every_ms = v;
+        }
+        if let Some(v) = loops_num("SWEEP_EVERY_MS")? {
+            file.loops.sweep_every_ms = v;
+        }
+        if let Some(v) = loops_num("RECONCILE_EVERY_MS")? {
+            file.loops.reconcile_every_ms = v;
+        }
+        if let Some(v) = loops_num("BATCH")? {
+            file.loops.batch = u32::try_from(v)?;
+        }
+        let l = &file.loops;
+        if l.rescue_every_ms == 0
+            || l.sweep_every_ms == 0
+            || l.reconcile_every_ms == 0
+            || !(1..=limits::PAGE_LIMIT_MAX).contains(&l.batch)
+        {
+            bail!("[loops]: every period must be at least 1 ms and batch between 1 and {}", limits::PAGE_LIMIT_MAX);
+        }
+        let default = apply(&RetryPolicy::default(), &file.defaults, "[defaults]")?;
+        let mut kinds = BTreeMap::new();
+        for (kind, f) in &file.kinds {
+            kinds.insert(kind.clone(), apply(&default, f, &format!("[kinds.{kind}]"))?);
+        }
+        Ok(Config { policies: Policies { default, kinds }, loops: file.loops })
+    }
+
+    pub fn from_process_env(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
+        let env: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SETTLE_")).collect();
+        Config::load(path, &env)
+    }
+
+    /// The effective configuration, as TOML with every field written out.
+    pub fn to_toml(&self) -> String {
+        fn file(p: &RetryPolicy) -> PolicyFile {
+            PolicyFile {
+                attempts_max: Some(p.attempts_max),
+                backoff_ms_base: Some(p.backoff.backoff_ms_base),
+                backoff_ms_max: Some(p.backoff.backoff_ms_max),
+                jitter: Some(match p.backoff.jitter {
+                    Jitter::Full => "full".into(),
+                    Jitter::None => "none".into(),
+                }),
+                retryable_codes: Some(p.retryable_codes.iter().map(|c| c.as_str().to_owned()).collect()),
+                lease_seconds: Some(p.lease_seconds),
+                confirm_window_seconds: Some(p.confirm_window_seconds),
+                refund_on: Some(p.refund_on.as_str().to_owned()),
+            }
+        }
+        let out = ConfigFile {
+            defaults: file(&self.policies.default),
+            kinds: self.policies.kinds.iter().map(|(k, p)| (k.clone(), file(p))).collect(),
+            loops: self.loops.clone(),
+        };
+        toml::to_string(&out).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn kinds_inherit_defaults_and_env_overrides_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settle.toml");
+        std::fs::write(
+            &path,
+            "[defaults]\nattempts_max = 3\nbackoff_ms_base = 500\n\n[kinds.withdrawal]\nrefund_on = \"final_failure\"\n\n[kinds.\"render-4k\"]\nlease_seconds = 120\n",
+        )
+        .unwrap();
+        let c = Config::load(
+            Some(&path),
+            &env(&[
+                ("SETTLE_BACKOFF_MS_MAX", "9000"),
+                ("SETTLE_KIND_RENDER_4K_ATTEMPTS_MAX", "7"),
+                ("SETTLE_LOOPS_BATCH", "10"),
+            ]),
+        )
+        .unwrap();
+        let d = &c.policies.default;
+        assert_eq!((d.attempts_max, d.backoff.backoff_ms_base, d.backoff.backoff_ms_max), (3, 500, 9000));
+        let w = c.policies.for_kind("withdrawal");
+        assert_eq!((w.refund_on, w.attempts_max, w.backoff.backoff_ms_max), (RefundPolicy::FinalFailure, 3, 9000));
+        let r = c.policies.for_kind("render-4k");
+        assert_eq!((r.lease_seconds, r.attempts_max), (120, 7));
+        assert_eq!(c.policies.for_kind("other").attempts_max, 3);
+        assert_eq!(c.loops.batch, 10);
+        // the printed configuration reads back to the same policies
+        std::fs::write(&path, c.to_toml()).unwrap();
+        let again = Config::load(Some(&path), &BTreeMap::new()).unwrap();
+        assert_eq!(again.policies, c.policies);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for bad in [
+            "[defaults]\nattempts_max = 0\n",
+            "[defaults]\njitter = \"some\"\n",
+            "[defaults]\nrefund_on = \"never\"\n",
+            "[defaults]\nretryable_codes = [\"lower\"]\n",
+            "[defaults]\nbackoff_ms_base = 10\nbackoff_ms_max = 5\n",
+            "[defaults]\ncolour = 1\n",
+            "[kinds.\"bad kind\"]\n",
+            "[loops]\nbatch = 0\n",
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, bad).unwrap();
+            assert!(Config::load(Some(&path), &BTreeMap::new()).is_err(), "{bad}");
+        }
+        assert!(Config::load(None, &env(&[("SETTLE_ATTEMPTS_MAX", "x")])).is_err());
+    }
+}

@@ -1,0 +1,157 @@
+//! Settle's background loops. Each is a pass of guarded transitions through the `Store`, with a
+//! bounded batch and its own pace; any number of processes may run them against one PostgreSQL
+//! (every transition is guarded, so two rescuers never rescue one lease twice).
+//!
+//! - lease rescuer: `running` past its lease → the failure path (`LEASE_EXPIRED`, retryable), or
+//!   teardown after a cancel request (`unknown` for `final_failure` jobs);
+//! - teardown sweeper: finishes every job left `cancelling`;
+//! - reconciler: asks a kind's `OutcomeChecker` about each `unknown` job; without a checker, or when
+//!   the checker finds nothing, "absent" — which the store turns into `TIMEOUT_CONFIRMED_NOT_SENT`
+//!   (retryable) only once the kind's confirm window has passed.
+
+use async_trait::async_trait;
+use settle_core::ids::JobId;
+use settle_core::job::JobState;
+use settle_store::{Finding, Job, JobFilter, Page, Store, StoreError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Asks the external system whether an `unknown` job's effect happened (a payout provider, by the
+/// job's idempotency key).
+#[async_trait]
+pub trait OutcomeChecker: Send + Sync {
+    /// `Some(Present)`: it happened; `Some(Absent)`: it did not; `None`: cannot tell now.
+    async fn check(&self, job: &Job) -> Result<Option<Finding>, String>;
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct LoopSettings {
+    pub rescue_every: Duration,
+    pub sweep_every: Duration,
+    pub reconcile_every: Duration,
+    /// Most jobs one pass takes; the next pass takes the rest.
+    pub batch: u32,
+}
+
+impl Default for LoopSettings {
+    fn default() -> LoopSettings {
+        LoopSettings {
+            rescue_every: Duration::from_secs(1),
+            sweep_every: Duration::from_secs(1),
+            reconcile_every: Duration::from_secs(10),
+            batch: 100,
+        }
+    }
+}
+
+pub struct Maintenance {
+    store: Arc<dyn Store>,
+    settings: LoopSettings,
+    checkers: BTreeMap<String, Arc<dyn OutcomeChecker>>,
+}
+
+impl Maintenance {
+    pub fn new(store: Arc<dyn Store>, settings: LoopSettings) -> Maintenance {
+        Maintenance { store, settings, checkers: BTreeMap::new() }
+    }
+
+    /// Registers the checker for one job kind.
+    pub fn with_checker(mut self, kind: &str, checker: Arc<dyn OutcomeChecker>) -> Maintenance {
+        self.checkers.insert(kind.to_owned(), checker);
+        self
+    }
+
+    /// One rescuer pass; returns the ids of the jobs it took back.
+    pub async fn rescue_pass(&self) -> Result<Vec<String>, StoreError> {
+        self.store.rescue_expired_leases(self.settings.batch).await
+    }
+
+    /// One sweeper pass; returns the ids of the jobs it finished.
+    pub async fn sweep_pass(&self) -> Result<Vec<String>, StoreError> {
+        self.store.resume_teardowns(self.settings.batch).await
+    }
+
+    /// One reconciler pass over at most `batch` unknown jobs; returns the ids it resolved.
+    pub async fn reconcile_pass(&self) -> Result<Vec<String>, StoreError> {
+        let filter = JobFilter { state: Some(JobState::Unknown), ..JobFilter::ALL };
+        let page = self.store.jobs(&filter, Page { after: 0, limit: self.settings.batch }).await?;
+        let mut resolved = Vec::new();
+        for job in page.rows {
+            let finding = match self.checkers.get(&job.kind) {
+                None => Finding::Absent,
+                Some(checker) => match checker.check(&job).await {
+                    Ok(Some(f)) => f,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(job = %job.id, error = %e, "outcome check failed; will ask again");
+                        continue;
+                    }
+                },
+            };
+            let id = JobId::parse(&job.id).map_err(StoreError::from)?;
+            match self.store.reconcile(&id, finding).await {
+                Ok(out) if out.applied => resolved.push(job.id),
+                Ok(_) => {}
+                Err(e) => tracing::error!(job = %job.id, error = %e, "reconcile failed; continuing"),
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// Runs the three loops until `cancel`; each pass's errors are logged and the loop goes on.
+    pub fn spawn(self, cancel: CancellationToken) -> Vec<JoinHandle<()>> {
+        let this = Arc::new(self);
+        let mut handles = Vec::new();
+        for which in [Loop::Rescue, Loop::Sweep, Loop::Reconcile] {
+            let (this, cancel) = (this.clone(), cancel.clone());
+            handles.push(tokio::spawn(async move { this.run_loop(which, cancel).await }));
+        }
+        handles
+    }
+
+    async fn run_loop(&self, which: Loop, cancel: CancellationToken) {
+        let every = match which {
+            Loop::Rescue => self.settings.rescue_every,
+            Loop::Sweep => self.settings.sweep_every,
+            Loop::Reconcile => self.settings.reconcile_every,
+        };
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let result = match which {
+                Loop::Rescue => self.rescue_pass().await,
+                Loop::Sweep => self.sweep_pass().await,
+                Loop::Reconcile => self.reconcile_pass().await,
+            };
+            match result {
+                Ok(ids) if !ids.is_empty() => {
+                    tracing::info!(pass = which.name(), count = ids.len(), "background pass moved jobs")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(pass = which.name(), error = %e, "background pass failed; will try again"),
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Loop {
+    Rescue,
+    Sweep,
+    Reconcile,
+}
+
+impl Loop {
+    fn name(self) -> &'static str {
+        match self {
+            Loop::Rescue => "lease_rescue",
+            Loop::Sweep => "teardown_sweep",
+            Loop::Reconcile => "reconcile",
+        }
+    }
+}
