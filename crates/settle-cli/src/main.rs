@@ -4,6 +4,7 @@
 mod bench;
 mod config;
 mod demo;
+mod operator;
 mod print;
 mod serve;
 
@@ -46,6 +47,32 @@ enum Command {
     Ledger {
         account: String,
         #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+        db: String,
+    },
+    /// Lists or shows jobs.
+    Jobs {
+        #[command(subcommand)]
+        cmd: operator::Jobs,
+        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db", global = true)]
+        db: String,
+    },
+    /// Lists or requeues dead letters.
+    DeadLetters {
+        #[command(subcommand)]
+        cmd: operator::DeadLetters,
+        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db", global = true)]
+        db: String,
+    },
+    /// Counts jobs now dead, unknown or waiting to retry, by fail code.
+    Failures {
+        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+        db: String,
+    },
+    /// Prints the event outbox.
+    Events {
+        #[command(subcommand)]
+        cmd: operator::Events,
+        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db", global = true)]
         db: String,
     },
     /// Measures guarded transitions per second on a throwaway store (see docs/performance.md).
@@ -97,6 +124,22 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let store = open_existing(&db).await?;
             let id = AccountId::parse(&account)?;
             print::ledger(&store, &id).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Jobs { cmd, db } => {
+            operator::jobs(&open_existing(&db).await?, cmd).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::DeadLetters { cmd, db } => {
+            let ok = operator::dead_letters(&open_existing(&db).await?, cmd).await?;
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Failures { db } => {
+            operator::failures(&open_existing(&db).await?).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Events { cmd, db } => {
+            operator::events(&open_existing(&db).await?, cmd).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),

@@ -118,3 +118,30 @@ fn serve_finishes_requests_in_flight_on_sigterm() {
     assert!(status.success(), "settle serve exited with {status}");
     assert!(dir.path().join("settle.db").exists(), "the embedded default is sqlite://settle.db");
 }
+
+#[test]
+fn operator_commands_read_and_requeue() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("ops.db").display());
+    assert_eq!(settle(&["demo", "--db", &url]).0, 0);
+    let (code, out, _) = settle(&["jobs", "list", "--db", &url, "--state", "dead"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("transcribe-1") && !out.contains("render-1"), "{out}");
+    let (code, out, _) = settle(&["jobs", "show", "export-1", "--db", &url]);
+    assert_eq!(code, 0);
+    assert!(out.contains("attempt  1") && out.contains("INVALID_ADDRESS") && out.contains("succeeded"), "{out}");
+    let (_, out, _) = settle(&["dead-letters", "list", "--db", &url]);
+    assert!(out.contains("transcribe-1"), "{out}");
+    let (_, out, _) = settle(&["failures", "--db", &url]);
+    assert!(out.contains("INVALID_INPUT") && out.contains("dead"), "{out}");
+    let (code, out, _) = settle(&["dead-letters", "requeue", "transcribe-1", "--db", &url]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out, _) = settle(&["dead-letters", "requeue", "render-1", "--db", &url]);
+    assert_eq!(code, 1, "a job that is not dead is refused: {out}");
+    let (_, out, _) = settle(&["events", "tail", "--db", &url]);
+    assert!(out.contains("job.requeued") && out.contains("account.granted"), "{out}");
+    let (code, out, _) = settle(&["config"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("[defaults]") && out.contains("attempts_max = 5"), "{out}");
+    assert_eq!(settle(&["audit", "--db", &url]).0, 0);
+}

@@ -185,3 +185,46 @@ async fn one_claim_winner_per_job(engine: EngineKind) {
     assert_eq!((before, all.len()), (50, 50));
     k.assert_clean().await;
 }
+
+/// The lease rescuer racing the lost worker's completion (River #1302): whichever commits first,
+/// the job ends `succeeded` with its charge standing, and the completion is never undone.
+async fn rescuer_races_completion(engine: EngineKind) {
+    let k = Arc::new(Kit::new(engine).await);
+    let a = k.account("a", 1_000_000).await;
+    for n in 0..60 {
+        let id = format!("r{n}");
+        k.job(&id, &a, 10).await;
+        let token = k.claim_one(&id).await;
+        k.clock.advance_seconds(31);
+        let (k1, k2, id1, t1) = (k.clone(), k.clone(), id.clone(), token.clone());
+        // Alternate which side is spawned first so both orders happen.
+        let (done, rescued) = if n % 2 == 0 {
+            let a = tokio::spawn(async move { k1.store.succeed(&jid(&id1), Some(&t1)).await.unwrap() });
+            let b = tokio::spawn(async move { k2.store.rescue_expired_leases(10).await.unwrap() });
+            (a.await.unwrap(), b.await.unwrap())
+        } else {
+            let b = tokio::spawn(async move { k2.store.rescue_expired_leases(10).await.unwrap() });
+            let a = tokio::spawn(async move { k1.store.succeed(&jid(&id1), Some(&t1)).await.unwrap() });
+            (a.await.unwrap(), b.await.unwrap())
+        };
+        assert!(done.applied, "the completion is accepted from the lost attempt");
+        let job = k.get(&id).await;
+        assert_eq!(job.state, JobState::Succeeded, "{id} after rescue {rescued:?}");
+        assert_eq!(job.net.get(), -10);
+        // A rescue pass afterwards never touches the completed job.
+        k.clock.advance_seconds(31);
+        assert!(k.store.rescue_expired_leases(10).await.unwrap().is_empty());
+        assert_eq!(k.get(&id).await.state, JobState::Succeeded);
+    }
+    k.assert_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_rescuer_races_completion() {
+    rescuer_races_completion(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_rescuer_races_completion() {
+    rescuer_races_completion(EngineKind::Postgres).await;
+}

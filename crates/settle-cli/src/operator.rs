@@ -1,0 +1,203 @@
+//! Operator commands over the same store: jobs, dead letters, failures, events.
+
+use crate::print;
+use anyhow::Context;
+use settle_core::ids::*;
+use settle_core::job::JobState;
+use settle_store::{Job, JobFilter, Page, Store};
+use std::time::Duration;
+
+#[derive(clap::Subcommand)]
+pub enum Jobs {
+    /// Jobs, newest last, with optional filters.
+    List {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long)]
+        account: Option<String>,
+        #[arg(long)]
+        fail_code: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// One job: its items, attempts and the signals that changed nothing.
+    Show { id: String },
+}
+
+#[derive(clap::Subcommand)]
+pub enum DeadLetters {
+    /// Jobs in dead letters, with their last error.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Puts dead jobs back in the queue with a fresh attempt budget.
+    Requeue { ids: Vec<String> },
+}
+
+#[derive(clap::Subcommand)]
+pub enum Events {
+    /// Events after a sequence number; with --follow, keeps printing new ones.
+    Tail {
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        #[arg(long)]
+        follow: bool,
+    },
+}
+
+fn job_line(j: &Job) -> String {
+    let err = j.last_error.as_ref().map(|e| format!(" {}", e.code)).unwrap_or_default();
+    format!(
+        "{:<24} {:<10} {:<11} {:<12} cost {:>6} net {:>7} attempt {}/{}{}{}",
+        j.id,
+        j.kind,
+        j.state.as_str(),
+        j.account_id,
+        j.cost,
+        j.net,
+        j.attempt - j.budget_base,
+        j.max_attempts,
+        if j.cancel_requested { " cancel-requested" } else { "" },
+        err
+    )
+}
+
+pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
+    match cmd {
+        Jobs::List { state, kind, account, fail_code, limit } => {
+            let filter = JobFilter {
+                state: state.as_deref().map(|s| JobState::parse(s).context("unknown state")).transpose()?,
+                kind: kind.as_deref().map(JobKind::parse).transpose()?,
+                account_id: account.as_deref().map(AccountId::parse).transpose()?,
+                fail_code: fail_code.as_deref().map(FailCode::parse).transpose()?,
+            };
+            let mut page = Page { after: 0, limit: limit.clamp(1, 1000) };
+            let mut shown = 0u32;
+            loop {
+                let p = store.jobs(&filter, page).await?;
+                for j in &p.rows {
+                    println!("{}", job_line(j));
+                    shown += 1;
+                }
+                match p.next_after {
+                    Some(a) if shown < limit => page.after = a,
+                    _ => break,
+                }
+            }
+        }
+        Jobs::Show { id } => {
+            let id = JobId::parse(&id)?;
+            let j = store.job(&id).await?;
+            println!("{}", job_line(&j));
+            println!(
+                "  refund_on {}  not_before {}  created {}  updated {}",
+                j.refund_on.as_str(),
+                print::time(j.not_before),
+                print::time(j.created_at),
+                print::time(j.updated_at)
+            );
+            if let Some(e) = &j.last_error {
+                println!("  last error {}: {}", e.code, e.message.as_deref().unwrap_or(""));
+            }
+            for i in &j.items {
+                println!(
+                    "  item {:<16} cost {:>6} {:<10} {}",
+                    i.id,
+                    i.cost,
+                    i.state.as_str(),
+                    i.refund_reason.as_deref().unwrap_or("")
+                );
+            }
+            for a in store.attempts(&id).await? {
+                println!(
+                    "  attempt {:>2} {:<16} started {} finished {} {} {} {}",
+                    a.attempt_no,
+                    a.worker,
+                    print::time(a.started_at),
+                    a.finished_at.map(print::time).unwrap_or_else(|| "-".into()),
+                    a.result.as_deref().unwrap_or("open"),
+                    a.fail_code.as_deref().unwrap_or(""),
+                    a.message.as_deref().unwrap_or("")
+                );
+            }
+            for s in store.signals(&id).await? {
+                println!(
+                    "  signal {:<12} {:<9} attempt {} at {} {} {}",
+                    s.signal,
+                    s.effect,
+                    s.attempt_no.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                    print::time(s.received_at),
+                    s.fail_code.as_deref().unwrap_or(""),
+                    s.message.as_deref().unwrap_or("")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn dead_letters(store: &dyn Store, cmd: DeadLetters) -> anyhow::Result<bool> {
+    match cmd {
+        DeadLetters::List { limit } => {
+            let filter = JobFilter { state: Some(JobState::Dead), ..JobFilter::ALL };
+            for j in store.jobs(&filter, Page { after: 0, limit: limit.clamp(1, 1000) }).await?.rows {
+                println!("{}", job_line(&j));
+            }
+            Ok(true)
+        }
+        DeadLetters::Requeue { ids } => {
+            anyhow::ensure!(!ids.is_empty(), "name the jobs to requeue");
+            let mut all_ok = true;
+            for id in ids {
+                match store.requeue(&JobId::parse(&id)?).await {
+                    Ok(j) => println!("{id}: requeued ({})", j.state.as_str()),
+                    Err(e) => {
+                        all_ok = false;
+                        println!("{id}: not requeued: {e}");
+                    }
+                }
+            }
+            Ok(all_ok)
+        }
+    }
+}
+
+pub async fn failures(store: &dyn Store) -> anyhow::Result<()> {
+    println!("{:<32} {:<9} {:>7}", "code", "state", "jobs");
+    for f in store.failure_summary().await? {
+        println!("{:<32} {:<9} {:>7}", f.code, f.state, f.count);
+    }
+    Ok(())
+}
+
+pub async fn events(store: &dyn Store, cmd: Events) -> anyhow::Result<()> {
+    let Events::Tail { mut after, follow } = cmd;
+    loop {
+        let page = store.events(after, 1000).await?;
+        for e in &page.rows {
+            println!(
+                "{:>8} {} {:<22} {:<16} {}",
+                e.seq,
+                print::time(e.created_at),
+                e.kind,
+                e.job_id.as_deref().unwrap_or("-"),
+                e.data
+            );
+            after = e.seq;
+        }
+        if page.next_after.is_some() {
+            continue;
+        }
+        if !follow {
+            return Ok(());
+        }
+        let wake = store.wake();
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
