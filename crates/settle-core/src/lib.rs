@@ -21,6 +21,7 @@ pub mod job;
 pub mod ledger;
 pub mod limits;
 pub mod money;
+pub mod signature;
 
 pub use clock::{Clock, FakeClock, SystemClock, Timestamp};
 pub use money::{Credits, MoneyError};

@@ -18,6 +18,7 @@ mod ops;
 mod reads;
 pub mod sql_store;
 pub mod store;
+mod webhooks;
 
 pub use artifacts::{ArtifactStore, FsArtifactStore};
 pub use db::Engine;

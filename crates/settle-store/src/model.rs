@@ -302,3 +302,31 @@ pub struct Stats {
     /// create, since this process opened the store.
     pub tx_retries: u64,
 }
+
+/// One event's delivery to one webhook endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    pub endpoint_id: String,
+    pub event: Event,
+    /// `pending`, `delivered`, `dead`.
+    pub state: String,
+    pub attempts: u32,
+    pub next_attempt_at: Timestamp,
+    pub last_status: Option<u16>,
+    pub last_error: Option<String>,
+    pub delivered_at: Option<Timestamp>,
+    /// Set on a claimed delivery: the report must carry it.
+    pub lease_token: Option<LeaseToken>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryReport {
+    Delivered { status: u16 },
+    Failed { status: Option<u16>, error: String, retry_at: Timestamp, attempts_max: u32 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeliveryFilter {
+    pub endpoint_id: Option<String>,
+    pub state: Option<String>,
+}

@@ -8,7 +8,7 @@ use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, After, CrashHook, Cx};
 use crate::store::Store;
-use crate::{audit, reads};
+use crate::{audit, reads, webhooks};
 use async_trait::async_trait;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -844,5 +844,36 @@ impl Store for SqlStore {
 
     async fn audit(&self) -> Result<AuditReport, StoreError> {
         self.read(op!([] | db, _cx | audit::audit(db).await)).await
+    }
+
+    async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
+        let endpoint = endpoint.to_owned();
+        self.write(op!([endpoint] | db, cx | webhooks::fan_out(db, cx, &endpoint, batch).await)).await
+    }
+
+    async fn webhook_claim(
+        &self,
+        endpoint: &str,
+        limit: u32,
+        lease_ms: u64,
+        attempts_max: u32,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let endpoint = endpoint.to_owned();
+        self.write(op!([endpoint] | db, cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max).await)).await
+    }
+
+    async fn webhook_report(&self, endpoint: &str, seq: i64, token: &LeaseToken, report: DeliveryReport) -> Result<bool, StoreError> {
+        let (endpoint, token) = (endpoint.to_owned(), token.clone());
+        self.write(op!([endpoint, token, report] | db, cx | webhooks::report(db, cx, &endpoint, seq, &token, &report).await)).await
+    }
+
+    async fn webhook_requeue(&self, endpoint: &str, seq: i64) -> Result<Delivery, StoreError> {
+        let endpoint = endpoint.to_owned();
+        self.write(op!([endpoint] | db, cx | webhooks::requeue(db, cx, &endpoint, seq).await)).await
+    }
+
+    async fn webhook_deliveries(&self, filter: &DeliveryFilter, after: i64, limit: u32) -> Result<Paged<Delivery>, StoreError> {
+        let filter = filter.clone();
+        self.read(op!([filter] | db, _cx | webhooks::list(db, &filter, after, limit).await)).await
     }
 }

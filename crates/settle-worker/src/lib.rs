@@ -9,6 +9,8 @@
 //!   the checker finds nothing, "absent" — which the store turns into `TIMEOUT_CONFIRMED_NOT_SENT`
 //!   (retryable) only once the kind's confirm window has passed.
 
+pub mod webhooks;
+
 use async_trait::async_trait;
 use settle_core::ids::JobId;
 use settle_core::job::JobState;

@@ -1,0 +1,181 @@
+//! Webhook delivery: every outbox event to every endpoint, in order per job, at least once, signed
+//! (`Settle-Signature`, see `settle_core::signature`), retried with capped exponential backoff and
+//! full jitter, dead-lettered after `attempts_max` and requeueable (docs/design/webhooks.md).
+
+use settle_core::backoff::{BackoffPolicy, Jitter, SplitMix64};
+use settle_core::signature;
+use settle_store::{Delivery, DeliveryReport, Event, Store, StoreError};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    pub id: String,
+    pub url: String,
+    pub secret: String,
+    pub attempts_max: u32,
+    pub backoff: BackoffPolicy,
+    pub timeout: Duration,
+}
+
+impl Endpoint {
+    pub fn new(id: &str, url: &str, secret: &str) -> Endpoint {
+        Endpoint {
+            id: id.to_owned(),
+            url: url.to_owned(),
+            secret: secret.to_owned(),
+            attempts_max: 12,
+            backoff: BackoffPolicy { backoff_ms_base: 1_000, backoff_ms_max: 300_000, jitter: Jitter::Full },
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The body sent for an event: the same object `GET /v1/events` lists.
+pub fn event_body(e: &Event) -> Vec<u8> {
+    let created_at = {
+        let nanos = i128::from(e.created_at.micros()) * 1_000;
+        // RFC 3339 without pulling a time crate into the worker: seconds and microseconds, UTC.
+        let secs = nanos.div_euclid(1_000_000_000);
+        let micros = (nanos.rem_euclid(1_000_000_000) / 1_000) as u32;
+        format_rfc3339(secs as i64, micros)
+    };
+    let data: serde_json::Value = serde_json::from_str(&e.data).unwrap_or(serde_json::Value::Null);
+    serde_json::to_vec(&serde_json::json!({
+        "seq": e.seq,
+        "type": e.kind,
+        "job_id": e.job_id,
+        "account_id": e.account_id,
+        "data": data,
+        "created_at": created_at,
+    }))
+    .unwrap_or_default()
+}
+
+/// Civil date from days since the epoch (Howard Hinnant's algorithm).
+fn format_rfc3339(secs: i64, micros: u32) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z", rem / 3_600, rem % 3_600 / 60, rem % 60)
+}
+
+pub struct Deliverer {
+    store: Arc<dyn Store>,
+    endpoint: Endpoint,
+    http: reqwest::Client,
+    rng: std::sync::Mutex<SplitMix64>,
+    /// How often to look for work when nothing wakes the loop.
+    pub every: Duration,
+    pub batch: u32,
+}
+
+impl Deliverer {
+    pub fn new(store: Arc<dyn Store>, endpoint: Endpoint, seed: u64) -> Deliverer {
+        // No redirects: a 3xx is a failure, never a re-sent request without its signature.
+        let http = reqwest::Client::builder()
+            .timeout(endpoint.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap_or_default();
+        Deliverer { store, endpoint, http, rng: std::sync::Mutex::new(SplitMix64::new(seed)), every: Duration::from_millis(250), batch: 100 }
+    }
+
+    /// One pass: fan out new events, then send every delivery that is due and at the head of its
+    /// job's line. Returns how many were delivered.
+    pub async fn pass(&self) -> Result<usize, StoreError> {
+        self.store.webhook_fan_out(&self.endpoint.id, self.batch).await?;
+        let lease_ms = u64::try_from(self.endpoint.timeout.as_millis()).unwrap_or(u64::MAX).saturating_add(5_000);
+        let mut delivered = 0;
+        loop {
+            // One at a time: a lease starts when its send does.
+            let claimed = self.store.webhook_claim(&self.endpoint.id, 1, lease_ms, self.endpoint.attempts_max).await?;
+            if claimed.is_empty() {
+                return Ok(delivered);
+            }
+            for d in claimed {
+                if self.send(&d).await? {
+                    delivered += 1;
+                }
+            }
+        }
+    }
+
+    async fn send(&self, d: &Delivery) -> Result<bool, StoreError> {
+        let token = d.lease_token.clone().ok_or_else(|| StoreError::internal("claimed delivery without a lease"))?;
+        let body = event_body(&d.event);
+        let now_s = self.store.now().micros().div_euclid(1_000_000);
+        let sig = signature::sign(&self.endpoint.secret, now_s, &body);
+        let sent = self
+            .http
+            .post(&self.endpoint.url)
+            .header("content-type", "application/json")
+            .header("settle-webhook-id", &self.endpoint.id)
+            .header("settle-event-seq", d.event.seq.to_string())
+            .header("settle-signature", sig)
+            .body(body)
+            .send()
+            .await;
+        let report = match sent {
+            Ok(resp) if resp.status().is_success() => DeliveryReport::Delivered { status: resp.status().as_u16() },
+            Ok(resp) => self.failed(d, Some(resp.status().as_u16()), format!("receiver answered {}", resp.status())),
+            Err(e) => self.failed(d, None, format!("send failed: {e}")),
+        };
+        let ok = matches!(report, DeliveryReport::Delivered { .. });
+        if !self.store.webhook_report(&self.endpoint.id, d.event.seq, &token, report).await? {
+            tracing::warn!(endpoint = %self.endpoint.id, seq = d.event.seq, "webhook lease lost before the report");
+        }
+        Ok(ok)
+    }
+
+    fn failed(&self, d: &Delivery, status: Option<u16>, error: String) -> DeliveryReport {
+        let delay = {
+            let mut rng = self.rng.lock().expect("rng lock");
+            self.endpoint.backoff.delay_ms(d.attempts, &mut rng)
+        };
+        DeliveryReport::Failed {
+            status,
+            error,
+            retry_at: self.store.now().plus_millis(delay),
+            attempts_max: self.endpoint.attempts_max,
+        }
+    }
+
+    /// Runs passes until `cancel`, woken early by commits.
+    pub async fn run(self, cancel: CancellationToken) {
+        let wake = self.store.wake();
+        loop {
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Err(e) = self.pass().await {
+                tracing::warn!(endpoint = %self.endpoint.id, error = %e, "webhook pass failed; will try again");
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(self.every) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(super::format_rfc3339(0, 0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(super::format_rfc3339(1_767_225_600, 5), "2026-01-01T00:00:00.000005Z");
+        assert_eq!(super::format_rfc3339(951_782_400, 0), "2000-02-29T00:00:00.000000Z");
+    }
+}
