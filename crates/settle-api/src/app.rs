@@ -97,6 +97,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(h::failure_summary))
         .routes(routes!(h::events))
         .routes(routes!(h::audit))
+        .routes(routes!(h::webhook_deliveries))
+        .routes(routes!(h::requeue_delivery))
         .routes(routes!(h::healthz))
         .routes(routes!(h::readyz))
         .routes(routes!(h::metrics))

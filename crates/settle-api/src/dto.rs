@@ -454,3 +454,58 @@ pub struct EventsQuery {
     /// Long-poll: wait up to this many seconds (at most 30) for an event after `after`.
     pub wait_seconds: Option<u32>,
 }
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookDelivery {
+    pub endpoint_id: String,
+    pub event: Event,
+    /// `pending`, `delivered`, `dead`.
+    pub state: String,
+    pub attempts: u32,
+    pub next_attempt_at: String,
+    pub last_status: Option<u16>,
+    pub last_error: Option<String>,
+    pub delivered_at: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookDeliveryPage {
+    pub deliveries: Vec<WebhookDelivery>,
+    pub next_after: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveriesQuery {
+    pub after: Option<i64>,
+    pub limit: Option<u32>,
+    pub endpoint: Option<String>,
+    /// `pending`, `delivered` or `dead`.
+    pub state: Option<String>,
+}
+
+pub fn event(e: store::Event) -> Event {
+    Event {
+        seq: e.seq,
+        kind: e.kind,
+        job_id: e.job_id,
+        account_id: e.account_id,
+        data: serde_json::from_str(&e.data).unwrap_or(serde_json::Value::Null),
+        created_at: rfc3339(e.created_at),
+    }
+}
+
+impl From<store::Delivery> for WebhookDelivery {
+    fn from(d: store::Delivery) -> WebhookDelivery {
+        WebhookDelivery {
+            endpoint_id: d.endpoint_id,
+            event: event(d.event),
+            state: d.state,
+            attempts: d.attempts,
+            next_attempt_at: rfc3339(d.next_attempt_at),
+            last_status: d.last_status,
+            last_error: d.last_error,
+            delivered_at: d.delivered_at.map(rfc3339),
+        }
+    }
+}

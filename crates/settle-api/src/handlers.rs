@@ -508,21 +508,45 @@ pub async fn events(State(s): State<AppState>, headers: HeaderMap, Query(q): Que
             _ = tokio::time::sleep(nap) => {}
         }
     };
-    Ok(ok(dto::EventPage {
-        events: got
-            .rows
-            .into_iter()
-            .map(|e| dto::Event {
-                seq: e.seq,
-                kind: e.kind,
-                job_id: e.job_id,
-                account_id: e.account_id,
-                data: serde_json::from_str(&e.data).unwrap_or(serde_json::Value::Null),
-                created_at: dto::rfc3339(e.created_at),
-            })
-            .collect(),
+    Ok(ok(dto::EventPage { events: got.rows.into_iter().map(dto::event).collect(), next_after: got.next_after }))
+}
+
+#[utoipa::path(get, path = "/v1/webhooks/deliveries", tag = "operations", params(dto::DeliveriesQuery),
+    responses((status = 200, body = dto::WebhookDeliveryPage)))]
+pub async fn webhook_deliveries(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<dto::DeliveriesQuery>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Admin)?;
+    let p = page(q.after, q.limit)?;
+    if let Some(st) = q.state.as_deref()
+        && !matches!(st, "pending" | "delivered" | "dead")
+    {
+        return Err(ApiError::invalid("state is pending, delivered or dead."));
+    }
+    if let Some(e) = q.endpoint.as_deref() {
+        id(JobKind::parse, e)?;
+    }
+    let filter = store::DeliveryFilter { endpoint_id: q.endpoint, state: q.state };
+    let got = s.store.webhook_deliveries(&filter, p.after, p.limit).await?;
+    Ok(ok(dto::WebhookDeliveryPage {
+        deliveries: got.rows.into_iter().map(Into::into).collect(),
         next_after: got.next_after,
     }))
+}
+
+#[utoipa::path(post, path = "/v1/webhooks/deliveries/{endpoint}/{seq}/requeue", tag = "operations",
+    params(("endpoint" = String, Path), ("seq" = i64, Path)),
+    responses((status = 200, body = dto::WebhookDelivery), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn requeue_delivery(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Path((endpoint, seq)): Path<(String, i64)>,
+) -> ApiResult {
+    s.tokens.authorize(&headers, Role::Admin)?;
+    id(JobKind::parse, &endpoint)?;
+    Ok(ok(dto::WebhookDelivery::from(s.store.webhook_requeue(&endpoint, seq).await?)))
 }
 
 #[utoipa::path(get, path = "/v1/audit", tag = "operations", responses((status = 200, body = dto::Audit)))]

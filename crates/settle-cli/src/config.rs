@@ -15,6 +15,12 @@
 //! [kinds.withdrawal]             # any field of [defaults]; the rest is inherited
 //! refund_on = "final_failure"
 //!
+//! [[webhooks]]                  # every outbox event, signed; see docs/design/webhooks.md
+//! id = "ops"
+//! url = "https://example.test/settle-hook"
+//! secret = "at least 16 characters"
+//! attempts_max = 12              # optional; also backoff_ms_base, backoff_ms_max, timeout_ms
+//!
 //! [loops]
 //! rescue_every_ms = 1000
 //! sweep_every_ms = 1000
@@ -63,18 +69,66 @@ impl Default for Loops {
     }
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookFile {
+    pub id: String,
+    pub url: String,
+    pub secret: String,
+    #[serde(default)]
+    pub attempts_max: Option<u32>,
+    #[serde(default)]
+    pub backoff_ms_base: Option<u64>,
+    #[serde(default)]
+    pub backoff_ms_max: Option<u64>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConfigFile {
     pub defaults: PolicyFile,
     pub kinds: BTreeMap<String, PolicyFile>,
     pub loops: Loops,
+    pub webhooks: Vec<WebhookFile>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Config {
     pub policies: Policies,
     pub loops: Loops,
+    pub webhooks: Vec<settle_worker::webhooks::Endpoint>,
+}
+
+fn endpoint(w: &WebhookFile) -> anyhow::Result<settle_worker::webhooks::Endpoint> {
+    JobKind::parse(&w.id).with_context(|| format!("[[webhooks]] id {:?}", w.id))?;
+    if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
+        bail!("[[webhooks]] {}: url must be http:// or https://", w.id);
+    }
+    if w.secret.len() < 16 {
+        bail!("[[webhooks]] {}: the secret must be at least 16 characters", w.id);
+    }
+    let mut e = settle_worker::webhooks::Endpoint::new(&w.id, &w.url, &w.secret);
+    if let Some(n) = w.attempts_max {
+        if n == 0 {
+            bail!("[[webhooks]] {}: attempts_max must be at least 1", w.id);
+        }
+        e.attempts_max = n;
+    }
+    if let Some(ms) = w.backoff_ms_base {
+        e.backoff.backoff_ms_base = ms;
+    }
+    if let Some(ms) = w.backoff_ms_max {
+        e.backoff.backoff_ms_max = ms;
+    }
+    if e.backoff.backoff_ms_base == 0 || e.backoff.backoff_ms_base > e.backoff.backoff_ms_max {
+        bail!("[[webhooks]] {}: backoff_ms_base must be at least 1 and at most backoff_ms_max", w.id);
+    }
+    if let Some(ms) = w.timeout_ms {
+        e.timeout = std::time::Duration::from_millis(ms.clamp(100, 60_000));
+    }
+    Ok(e)
 }
 
 fn apply(base: &RetryPolicy, f: &PolicyFile, what: &str) -> anyhow::Result<RetryPolicy> {
@@ -209,7 +263,13 @@ impl Config {
         for (kind, f) in &file.kinds {
             kinds.insert(kind.clone(), apply(&default, f, &format!("[kinds.{kind}]"))?);
         }
-        Ok(Config { policies: Policies { default, kinds }, loops: file.loops })
+        let webhooks = file.webhooks.iter().map(endpoint).collect::<anyhow::Result<Vec<_>>>()?;
+        let mut ids: Vec<&str> = webhooks.iter().map(|w| w.id.as_str()).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            bail!("[[webhooks]] ids must be unique");
+        }
+        Ok(Config { policies: Policies { default, kinds }, loops: file.loops, webhooks })
     }
 
     pub fn from_process_env(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
@@ -238,6 +298,19 @@ impl Config {
             defaults: file(&self.policies.default),
             kinds: self.policies.kinds.iter().map(|(k, p)| (k.clone(), file(p))).collect(),
             loops: self.loops.clone(),
+            webhooks: self
+                .webhooks
+                .iter()
+                .map(|w| WebhookFile {
+                    id: w.id.clone(),
+                    url: w.url.clone(),
+                    secret: "<redacted>".into(),
+                    attempts_max: Some(w.attempts_max),
+                    backoff_ms_base: Some(w.backoff.backoff_ms_base),
+                    backoff_ms_max: Some(w.backoff.backoff_ms_max),
+                    timeout_ms: Some(u64::try_from(w.timeout.as_millis()).unwrap_or(u64::MAX)),
+                })
+                .collect(),
         };
         toml::to_string(&out).unwrap_or_default()
     }
@@ -278,6 +351,7 @@ mod tests {
         assert_eq!(c.policies.for_kind("other").attempts_max, 3);
         assert_eq!(c.loops.batch, 10);
         // the printed configuration reads back to the same policies
+        assert!(c.to_toml().contains("[loops]"));
         std::fs::write(&path, c.to_toml()).unwrap();
         let again = Config::load(Some(&path), &BTreeMap::new()).unwrap();
         assert_eq!(again.policies, c.policies);

@@ -5,6 +5,7 @@ use crate::config::Config;
 use anyhow::Context;
 use settle_api::{Application, Tokens};
 use settle_store::{FsArtifactStore, SqlStore, Store, StoreOptions};
+use settle_worker::webhooks::Deliverer;
 use settle_worker::{LoopSettings, Maintenance};
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,13 +56,24 @@ async fn open(db: &str, artifacts: &std::path::Path, config: &Config) -> anyhow:
     Ok(Arc::new(SqlStore::open(db, options).await.with_context(|| format!("open {db}"))?))
 }
 
+/// The maintenance loops and one webhook deliverer per configured endpoint.
+fn spawn_loops(store: &Arc<SqlStore>, config: &Config, cancel: &CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut handles = Maintenance::new(store.clone() as Arc<dyn Store>, loop_settings(config)).spawn(cancel.clone());
+    for (n, endpoint) in config.webhooks.iter().enumerate() {
+        let seed = store.now().micros() as u64 ^ (n as u64).wrapping_mul(0x9E37_79B9);
+        let deliverer = Deliverer::new(store.clone() as Arc<dyn Store>, endpoint.clone(), seed);
+        handles.push(tokio::spawn(deliverer.run(cancel.clone())));
+    }
+    handles
+}
+
 /// `settle worker`: the background loops alone, for any number of processes on one PostgreSQL.
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let config = Config::from_process_env(args.config.as_deref())?;
     let store = open(&args.db, &args.artifacts, &config).await?;
     tracing::info!(db = %args.db, engine = store.engine_name(), "settle worker running the background loops");
     let cancel = CancellationToken::new();
-    let loops = Maintenance::new(store.clone() as Arc<dyn Store>, loop_settings(&config)).spawn(cancel.clone());
+    let loops = spawn_loops(&store, &config, &cancel);
     shutdown_signal(cancel.clone()).await;
     for l in loops {
         let _ = l.await;
@@ -115,7 +127,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %app.local_addr(), db = %args.db, engine = store.engine_name(), "settle serving API v1");
     eprintln!("settle: serving on http://{} ({})", app.local_addr(), args.db);
     let cancel = CancellationToken::new();
-    let loops = Maintenance::new(store.clone() as Arc<dyn Store>, loop_settings(&config)).spawn(cancel.clone());
+    let loops = spawn_loops(&store, &config, &cancel);
     let signal_cancel = cancel.clone();
     app.run_until(async move {
         tokio::select! {

@@ -43,7 +43,13 @@ pub enum SignatureError {
 
 /// Verifies a `Settle-Signature` header against `body`, accepting timestamps within
 /// `tolerance_seconds` of `now_unix_seconds`.
-pub fn verify(secret: &str, header: &str, body: &[u8], now_unix_seconds: i64, tolerance_seconds: i64) -> Result<(), SignatureError> {
+pub fn verify(
+    secret: &str,
+    header: &str,
+    body: &[u8],
+    now_unix_seconds: i64,
+    tolerance_seconds: i64,
+) -> Result<(), SignatureError> {
     let mut t = None;
     let mut v1 = None;
     for part in header.split(',') {

@@ -859,12 +859,23 @@ impl Store for SqlStore {
         attempts_max: u32,
     ) -> Result<Vec<Delivery>, StoreError> {
         let endpoint = endpoint.to_owned();
-        self.write(op!([endpoint] | db, cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max).await)).await
+        self.write(op!([endpoint] | db, cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max).await))
+            .await
     }
 
-    async fn webhook_report(&self, endpoint: &str, seq: i64, token: &LeaseToken, report: DeliveryReport) -> Result<bool, StoreError> {
+    async fn webhook_report(
+        &self,
+        endpoint: &str,
+        seq: i64,
+        token: &LeaseToken,
+        report: DeliveryReport,
+    ) -> Result<bool, StoreError> {
         let (endpoint, token) = (endpoint.to_owned(), token.clone());
-        self.write(op!([endpoint, token, report] | db, cx | webhooks::report(db, cx, &endpoint, seq, &token, &report).await)).await
+        self.write(op!(
+            [endpoint, token, report] | db,
+            cx | webhooks::report(db, cx, &endpoint, seq, &token, &report).await
+        ))
+        .await
     }
 
     async fn webhook_requeue(&self, endpoint: &str, seq: i64) -> Result<Delivery, StoreError> {
@@ -872,7 +883,12 @@ impl Store for SqlStore {
         self.write(op!([endpoint] | db, cx | webhooks::requeue(db, cx, &endpoint, seq).await)).await
     }
 
-    async fn webhook_deliveries(&self, filter: &DeliveryFilter, after: i64, limit: u32) -> Result<Paged<Delivery>, StoreError> {
+    async fn webhook_deliveries(
+        &self,
+        filter: &DeliveryFilter,
+        after: i64,
+        limit: u32,
+    ) -> Result<Paged<Delivery>, StoreError> {
         let filter = filter.clone();
         self.read(op!([filter] | db, _cx | webhooks::list(db, &filter, after, limit).await)).await
     }

@@ -94,10 +94,27 @@ pub trait Store: Send + Sync {
     /// Webhooks: creates the deliveries of the next outbox events for `endpoint` (at most `batch`).
     async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError>;
     /// Leases up to `limit` due deliveries, each at the head of its job's line for `endpoint`.
-    async fn webhook_claim(&self, endpoint: &str, limit: u32, lease_ms: u64, attempts_max: u32) -> Result<Vec<Delivery>, StoreError>;
+    async fn webhook_claim(
+        &self,
+        endpoint: &str,
+        limit: u32,
+        lease_ms: u64,
+        attempts_max: u32,
+    ) -> Result<Vec<Delivery>, StoreError>;
     /// Records a send's outcome; `false` when the lease was lost (nothing changed).
-    async fn webhook_report(&self, endpoint: &str, seq: i64, token: &LeaseToken, report: DeliveryReport) -> Result<bool, StoreError>;
+    async fn webhook_report(
+        &self,
+        endpoint: &str,
+        seq: i64,
+        token: &LeaseToken,
+        report: DeliveryReport,
+    ) -> Result<bool, StoreError>;
     /// Puts a dead delivery back in line with a fresh attempt budget.
     async fn webhook_requeue(&self, endpoint: &str, seq: i64) -> Result<Delivery, StoreError>;
-    async fn webhook_deliveries(&self, filter: &DeliveryFilter, after: i64, limit: u32) -> Result<Paged<Delivery>, StoreError>;
+    async fn webhook_deliveries(
+        &self,
+        filter: &DeliveryFilter,
+        after: i64,
+        limit: u32,
+    ) -> Result<Paged<Delivery>, StoreError>;
 }

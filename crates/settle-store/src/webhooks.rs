@@ -41,7 +41,11 @@ fn delivery_from_row(r: &Row) -> Result<Delivery, StoreError> {
 /// Creates the deliveries of the next outbox events for `endpoint`. Advances only through a
 /// contiguous run of sequence numbers, so no event is ever skipped. Returns how many it created.
 pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
-    db.exec("INSERT INTO webhook_cursors (endpoint_id, last_seq) VALUES ($1, 0) ON CONFLICT DO NOTHING", args![endpoint]).await?;
+    db.exec(
+        "INSERT INTO webhook_cursors (endpoint_id, last_seq) VALUES ($1, 0) ON CONFLICT DO NOTHING",
+        args![endpoint],
+    )
+    .await?;
     // Another process fanning out this endpoint right now: leave it to them.
     let lock = match db.engine() {
         Engine::Sqlite => "SELECT last_seq FROM webhook_cursors WHERE endpoint_id = $1",
@@ -62,7 +66,12 @@ pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32
         if seq != last + 1 {
             // Outbox seqs come from the locked counter row, so commit order is seq order and a gap
             // means rows are missing: stop rather than skip an event, and say so.
-            tracing::error!(endpoint, after = last, next = seq, "gap in the outbox sequence; webhook fan-out stops here");
+            tracing::error!(
+                endpoint,
+                after = last,
+                next = seq,
+                "gap in the outbox sequence; webhook fan-out stops here"
+            );
             break;
         }
         created += db
@@ -76,7 +85,10 @@ pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32
     }
     if last != old {
         let moved = db
-            .exec("UPDATE webhook_cursors SET last_seq = $3 WHERE endpoint_id = $1 AND last_seq = $2", args![endpoint, old, last])
+            .exec(
+                "UPDATE webhook_cursors SET last_seq = $3 WHERE endpoint_id = $1 AND last_seq = $2",
+                args![endpoint, old, last],
+            )
             .await?;
         if moved != 1 {
             return Err(StoreError::Retryable("webhook cursor moved concurrently".into()));
@@ -201,12 +213,21 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, endpoint: &str, seq: i64) 
         .ok_or_else(|| StoreError::not_found("delivery", format!("{endpoint}/{seq}")))?;
     let d = delivery_from_row(&row)?;
     if rows == 0 && d.state != "pending" {
-        return Err(StoreError::InvalidTransition { job: format!("{endpoint}/{seq}"), action: "be requeued", state: d.state });
+        return Err(StoreError::InvalidTransition {
+            job: format!("{endpoint}/{seq}"),
+            action: "be requeued",
+            state: d.state,
+        });
     }
     Ok(d)
 }
 
-pub(crate) async fn list(db: &mut Db<'_>, filter: &DeliveryFilter, after: i64, limit: u32) -> Result<Paged<Delivery>, StoreError> {
+pub(crate) async fn list(
+    db: &mut Db<'_>,
+    filter: &DeliveryFilter,
+    after: i64,
+    limit: u32,
+) -> Result<Paged<Delivery>, StoreError> {
     let limit = i64::from(limit.clamp(1, limits::PAGE_LIMIT_MAX));
     let mut sql = format!("{DELIVERY_SELECT} WHERE d.event_seq > $1");
     let mut a: Vec<crate::db::Value> = vec![after.into()];

@@ -88,7 +88,14 @@ impl Deliverer {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap_or_default();
-        Deliverer { store, endpoint, http, rng: std::sync::Mutex::new(SplitMix64::new(seed)), every: Duration::from_millis(250), batch: 100 }
+        Deliverer {
+            store,
+            endpoint,
+            http,
+            rng: std::sync::Mutex::new(SplitMix64::new(seed)),
+            every: Duration::from_millis(250),
+            batch: 100,
+        }
     }
 
     /// One pass: fan out new events, then send every delivery that is due and at the head of its

@@ -44,6 +44,7 @@ on_both_engines!(
     fifty_concurrent_creates_make_one_job,
     fifty_concurrent_failures_refund_once,
     the_curl_walkthrough_of_the_readme,
+    webhook_deliveries_are_visible_and_requeueable,
 );
 
 async fn accounts_grants_and_adjustments(e: Engine) {
@@ -589,4 +590,22 @@ async fn a_lost_database_is_503_unavailable() {
     assert_eq!((r.status, code(&r)), (503, "unavailable"), "{}", r.body);
     let r = s.post("/v1/accounts", json!({"id": "a"})).await;
     assert_eq!((r.status, code(&r)), (503, "unavailable"), "{}", r.body);
+}
+
+async fn webhook_deliveries_are_visible_and_requeueable(e: Engine) {
+    let s = Server::start(e).await;
+    s.account("a", 100).await;
+    settle_store::Store::webhook_fan_out(&*s.store_handle(), "ops", 100).await.unwrap();
+    let r = s.get("/v1/webhooks/deliveries?endpoint=ops&state=pending").await;
+    assert_eq!(r.status, 200);
+    let rows = r.body["deliveries"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "account.created and account.granted");
+    assert_eq!(rows[0]["event"]["type"], "account.created");
+    assert_eq!(rows[0]["attempts"], 0);
+    let r = s.post_empty("/v1/webhooks/deliveries/ops/1/requeue").await;
+    assert_eq!((r.status, r.body["state"].as_str()), (200, Some("pending")));
+    assert_eq!(s.post_empty("/v1/webhooks/deliveries/ops/999/requeue").await.status, 404);
+    assert_eq!(s.post_empty("/v1/webhooks/deliveries/bad%20id/1/requeue").await.status, 400);
+    assert_eq!(s.get("/v1/webhooks/deliveries?state=lost").await.status, 400);
+    assert_eq!(s.get("/v1/webhooks/deliveries?endpoint=other").await.body["deliveries"].as_array().unwrap().len(), 0);
 }
