@@ -1,0 +1,347 @@
+//! A worker SDK for Settle's HTTP API (`api-v1.md`, worker protocol), so a job's author writes only
+//! the work: [`Worker::run`] claims with long-polls, heartbeats on a timer, hands each job to a
+//! [`Handler`], reports items one by one, stops at the next item boundary when a cancel is
+//! requested, and reports success, a retryable or permanent failure, or an unknown outcome.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The lease is gone (expired and rescued, or the job finished): stop working on the job.
+    #[error("lease lost")]
+    LeaseLost,
+    /// Settle answered with an error body.
+    #[error("{status} {code}: {message}")]
+    Api { status: u16, code: String, message: String },
+    #[error("transport: {0}")]
+    Transport(String),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Item {
+    pub id: String,
+    pub cost: i64,
+    pub state: String,
+}
+
+/// A claimed job, as `POST /v1/claims` answers it (the fields a worker needs).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ClaimedJob {
+    pub id: String,
+    pub kind: String,
+    pub attempt: u32,
+    pub payload: Value,
+    pub items: Vec<Item>,
+    pub lease_token: String,
+    pub lease_expires_at: String,
+    pub cancel_requested: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct Claimed {
+    jobs: Vec<ClaimedJob>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Heartbeat {
+    pub lease_expires_at: String,
+    pub cancel_requested: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct ItemReport {
+    cancel_requested: bool,
+}
+
+/// The HTTP client: one call per endpoint of the worker protocol.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(base: &str, token: Option<&str>) -> Client {
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap_or_default();
+        Client { base: base.trim_end_matches('/').to_owned(), token: token.map(str::to_owned), http }
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value, ClientError> {
+        let mut req = self.http.post(format!("{}{path}", self.base)).json(&body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.map_err(|e| ClientError::Transport(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let v: Value = resp.json().await.map_err(|e| ClientError::Transport(e.to_string()))?;
+        if status < 300 {
+            return Ok(v);
+        }
+        let code = v["error"]["code"].as_str().unwrap_or("").to_owned();
+        if code == "lease_lost" {
+            return Err(ClientError::LeaseLost);
+        }
+        Err(ClientError::Api { status, code, message: v["error"]["message"].as_str().unwrap_or("").to_owned() })
+    }
+
+    pub async fn claim(
+        &self,
+        worker: &str,
+        kinds: &[String],
+        limit: u32,
+        wait_seconds: u32,
+    ) -> Result<Vec<ClaimedJob>, ClientError> {
+        let mut body = json!({"worker": worker, "limit": limit, "wait_seconds": wait_seconds});
+        if !kinds.is_empty() {
+            body["kinds"] = json!(kinds);
+        }
+        let v = self.post("/v1/claims", body).await?;
+        serde_json::from_value::<Claimed>(v).map(|c| c.jobs).map_err(|e| ClientError::Transport(e.to_string()))
+    }
+
+    pub async fn heartbeat(&self, job: &str, token: &str) -> Result<Heartbeat, ClientError> {
+        let v = self.post(&format!("/v1/jobs/{job}/heartbeat"), json!({"lease_token": token})).await?;
+        serde_json::from_value(v).map_err(|e| ClientError::Transport(e.to_string()))
+    }
+
+    pub async fn succeed(&self, job: &str, token: &str, result: Option<Value>) -> Result<Value, ClientError> {
+        let mut body = json!({"lease_token": token});
+        if let Some(r) = result {
+            body["result"] = r;
+        }
+        self.post(&format!("/v1/jobs/{job}/succeed"), body).await
+    }
+
+    pub async fn fail(&self, job: &str, token: &str, failure: &Failure) -> Result<Value, ClientError> {
+        let mut body = json!({"lease_token": token, "code": failure.code, "message": failure.message});
+        if let Some(r) = failure.retryable {
+            body["retryable"] = json!(r);
+        }
+        if let Some(ms) = failure.retry_after_ms {
+            body["retry_after_ms"] = json!(ms);
+        }
+        self.post(&format!("/v1/jobs/{job}/fail"), body).await
+    }
+
+    pub async fn unknown(&self, job: &str, token: &str, message: &str) -> Result<Value, ClientError> {
+        self.post(&format!("/v1/jobs/{job}/unknown"), json!({"lease_token": token, "message": message})).await
+    }
+
+    /// Returns whether a cancel has been requested.
+    pub async fn item_succeed(&self, job: &str, item: &str, token: &str) -> Result<bool, ClientError> {
+        let v = self.post(&format!("/v1/jobs/{job}/items/{item}/succeed"), json!({"lease_token": token})).await?;
+        Ok(serde_json::from_value::<ItemReport>(v).map(|r| r.cancel_requested).unwrap_or(false))
+    }
+
+    /// Returns whether a cancel has been requested.
+    pub async fn item_fail(
+        &self,
+        job: &str,
+        item: &str,
+        token: &str,
+        code: &str,
+        message: &str,
+    ) -> Result<bool, ClientError> {
+        let v = self
+            .post(
+                &format!("/v1/jobs/{job}/items/{item}/fail"),
+                json!({"lease_token": token, "code": code, "message": message}),
+            )
+            .await?;
+        Ok(serde_json::from_value::<ItemReport>(v).map(|r| r.cancel_requested).unwrap_or(false))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub code: String,
+    pub message: String,
+    /// `None` defers to the server's retryable codes for the job's kind.
+    pub retryable: Option<bool>,
+    pub retry_after_ms: Option<u64>,
+}
+
+/// What a handler's work came to.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Succeeded(Option<Value>),
+    Failed(Failure),
+    /// The work may or may not have happened (a timeout after sending): never retried automatically.
+    Unknown(String),
+    /// The handler stopped because a cancel was requested; reported as `fail` with code `CANCELLED`.
+    Cancelled,
+}
+
+/// Whether to go on with the next item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// A cancel was requested (or the lease is gone): stop at this item boundary.
+    Stop,
+}
+
+/// What a handler sees of its job, and how it reports items.
+pub struct JobContext {
+    client: Client,
+    pub job: ClaimedJob,
+    cancel: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
+}
+
+impl JobContext {
+    pub fn cancel_requested(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst) || self.lost.load(Ordering::SeqCst)
+    }
+
+    pub async fn item_done(&self, item: &str) -> Result<Flow, ClientError> {
+        let cancel =
+            self.client.item_succeed(&self.job.id, item, &self.job.lease_token).await.inspect_err(|e| self.note(e))?;
+        Ok(self.flow(cancel))
+    }
+
+    pub async fn item_failed(&self, item: &str, code: &str, message: &str) -> Result<Flow, ClientError> {
+        let cancel = self
+            .client
+            .item_fail(&self.job.id, item, &self.job.lease_token, code, message)
+            .await
+            .inspect_err(|e| self.note(e))?;
+        Ok(self.flow(cancel))
+    }
+
+    fn note(&self, e: &ClientError) {
+        if matches!(e, ClientError::LeaseLost) {
+            self.lost.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn flow(&self, cancel: bool) -> Flow {
+        if cancel {
+            self.cancel.store(true, Ordering::SeqCst);
+        }
+        if self.cancel_requested() { Flow::Stop } else { Flow::Continue }
+    }
+}
+
+#[async_trait::async_trait]
+pub trait Handler: Send + Sync {
+    async fn run(&self, ctx: &JobContext) -> Outcome;
+}
+
+/// Claims and runs jobs until cancelled.
+pub struct Worker {
+    pub client: Client,
+    pub name: String,
+    pub kinds: Vec<String>,
+    /// Jobs run at once.
+    pub concurrency: u32,
+    /// A claim waits up to this long for work.
+    pub wait_seconds: u32,
+    pub heartbeat_every: Duration,
+}
+
+impl Worker {
+    pub fn new(client: Client, name: &str) -> Worker {
+        Worker {
+            client,
+            name: name.to_owned(),
+            kinds: Vec::new(),
+            concurrency: 4,
+            wait_seconds: 5,
+            heartbeat_every: Duration::from_secs(10),
+        }
+    }
+
+    pub async fn run(self, handler: Arc<dyn Handler>, stop: CancellationToken) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.concurrency.max(1) as usize));
+        let mut tasks = tokio::task::JoinSet::new();
+        while !stop.is_cancelled() {
+            let free = slots.available_permits() as u32;
+            if free == 0 {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tasks.join_next() => continue,
+                }
+            }
+            let claimed = tokio::select! {
+                _ = stop.cancelled() => break,
+                r = self.client.claim(&self.name, &self.kinds, free, self.wait_seconds) => r,
+            };
+            let jobs = match claimed {
+                Ok(jobs) => jobs,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            for job in jobs {
+                let permit = slots.clone().acquire_owned().await.expect("semaphore open");
+                let (client, handler, every) = (self.client.clone(), handler.clone(), self.heartbeat_every);
+                tasks.spawn(async move {
+                    run_one(client, handler, job, every).await;
+                    drop(permit);
+                });
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+async fn run_one(client: Client, handler: Arc<dyn Handler>, job: ClaimedJob, heartbeat_every: Duration) {
+    let cancel = Arc::new(AtomicBool::new(job.cancel_requested));
+    let lost = Arc::new(AtomicBool::new(false));
+    let beating = CancellationToken::new();
+    let beat = {
+        let (client, id, token, cancel, lost, beating) =
+            (client.clone(), job.id.clone(), job.lease_token.clone(), cancel.clone(), lost.clone(), beating.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = beating.cancelled() => return,
+                    _ = tokio::time::sleep(heartbeat_every) => {}
+                }
+                match client.heartbeat(&id, &token).await {
+                    Ok(hb) => cancel.store(hb.cancel_requested, Ordering::SeqCst),
+                    Err(ClientError::LeaseLost) => {
+                        lost.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                    Err(e) => tracing::warn!(job = %id, error = %e, "heartbeat failed"),
+                }
+            }
+        })
+    };
+    let ctx = JobContext { client: client.clone(), job, cancel, lost };
+    let outcome = handler.run(&ctx).await;
+    beating.cancel();
+    let _ = beat.await;
+    let (id, token) = (&ctx.job.id, &ctx.job.lease_token);
+    let reported = match outcome {
+        Outcome::Succeeded(result) => client.succeed(id, token, result).await.map(drop),
+        Outcome::Failed(f) => client.fail(id, token, &f).await.map(drop),
+        Outcome::Unknown(m) => client.unknown(id, token, &m).await.map(drop),
+        Outcome::Cancelled => client
+            .fail(
+                id,
+                token,
+                &Failure {
+                    code: "CANCELLED".into(),
+                    message: "stopped at an item boundary".into(),
+                    retryable: Some(false),
+                    retry_after_ms: None,
+                },
+            )
+            .await
+            .map(drop),
+    };
+    if let Err(e) = reported {
+        tracing::warn!(job = %id, error = %e, "could not report the outcome; the lease will expire and the job be rescued");
+    }
+}
