@@ -201,7 +201,7 @@ async fn soak_two_servers_three_workers_on_postgres() {
         let items: Vec<Value> =
             (0..3).map(|f| json!({"id": format!("frame-{f}"), "cost": 1 + (n % 5) as i64})).collect();
         let payload = match n % 10 {
-            0 | 1 | 2 | 3 => json!({"sleep_ms": 5}),
+            0..=3 => json!({"sleep_ms": 5}),
             4 => json!({"sleep_ms": 5, "fail": "NODE_DOWN", "fail_attempts": 2}),
             5 => json!({"sleep_ms": 5, "fail": "INVALID_ADDRESS"}),
             6 => json!({"sleep_ms": 5, "unknown": true}),
