@@ -2,7 +2,7 @@
 //! fields are `400 invalid_request`, an oversized body `413 payload_too_large`.
 
 use crate::error::ApiError;
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
@@ -51,6 +51,24 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
                 Err(ApiError::invalid(format!("The query string does not fit this endpoint: {}.", e.body_text())))
             }
             Err(other) => Err(ApiError::invalid(format!("The query string could not be read: {}.", other.body_text()))),
+        }
+    }
+}
+
+/// Path parameters; one that does not parse (a sequence number that is not an integer) is
+/// `400 invalid_request` with the spec's body.
+pub struct Path<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(Path(v)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => {
+                Err(ApiError::invalid(format!("The path does not fit this endpoint: {}.", e.body_text())))
+            }
+            Err(other) => Err(ApiError::invalid(format!("The path could not be read: {}.", other.body_text()))),
         }
     }
 }

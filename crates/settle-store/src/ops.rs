@@ -769,18 +769,23 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
     Ok(Created { value: job, replayed: false })
 }
 
-const CLAIM_SQLITE: &str = "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_token = $2, \
-     lease_expires_at = $3, lease_worker = $4, lease_seconds = $5, updated_at = $1 \
-     WHERE id = (SELECT id FROM jobs WHERE state = 'queued' AND not_before <= $1 AND cancel_requested = 0 {KINDS} \
-                 ORDER BY not_before, job_seq LIMIT 1) \
-       AND state = 'queued' AND not_before <= $1 AND cancel_requested = 0 \
-     RETURNING id, attempt, kind";
-const CLAIM_PG: &str = "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_token = $2, \
-     lease_expires_at = $3, lease_worker = $4, lease_seconds = $5, updated_at = $1 \
-     WHERE id = (SELECT id FROM jobs WHERE state = 'queued' AND not_before <= $1 AND cancel_requested = 0 {KINDS} \
-                 ORDER BY not_before, job_seq LIMIT 1 FOR UPDATE SKIP LOCKED) \
-       AND state = 'queued' AND not_before <= $1 AND cancel_requested = 0 \
-     RETURNING id, attempt, kind";
+/// The job claim; `$lock` as for webhooks: nothing on SQLite, `FOR UPDATE SKIP LOCKED` on PostgreSQL,
+/// and the guard again in the outer WHERE. `{KINDS}` is replaced by the kind filter's placeholders.
+macro_rules! claim_sql {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_token = $2, \
+             lease_expires_at = $3, lease_worker = $4, lease_seconds = $5, updated_at = $1 \
+             WHERE id = (SELECT id FROM jobs WHERE state = 'queued' AND not_before <= $1 AND cancel_requested = 0 {KINDS} \
+                         ORDER BY not_before, job_seq LIMIT 1 ",
+            $lock,
+            ") AND state = 'queued' AND not_before <= $1 AND cancel_requested = 0 \
+             RETURNING id, attempt, kind"
+        )
+    };
+}
+const CLAIM_SQLITE: &str = claim_sql!("");
+const CLAIM_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED");
 
 /// Claims up to `limit` due jobs, one guarded UPDATE each; every claim opens an attempt row.
 pub(crate) async fn claim(db: &mut Db<'_>, cx: &Cx, req: &ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError> {

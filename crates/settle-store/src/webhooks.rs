@@ -97,26 +97,27 @@ pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32
     Ok(created)
 }
 
-const CLAIM_SQLITE: &str = "UPDATE webhook_deliveries SET lease_token = $3, lease_expires_at = $4, attempts = attempts + 1, updated_at = $2 \
-     WHERE endpoint_id = $1 AND event_seq = ( \
-        SELECT d.event_seq FROM webhook_deliveries d \
-        WHERE d.endpoint_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
-          AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2) \
-          AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e WHERE e.endpoint_id = d.endpoint_id \
-                          AND e.order_key = d.order_key AND e.event_seq < d.event_seq AND e.state <> 'delivered') \
-        ORDER BY d.event_seq LIMIT 1) \
-       AND state = 'pending' AND next_attempt_at <= $2 AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
-     RETURNING event_seq, attempts";
-const CLAIM_PG: &str = "UPDATE webhook_deliveries SET lease_token = $3, lease_expires_at = $4, attempts = attempts + 1, updated_at = $2 \
-     WHERE endpoint_id = $1 AND event_seq = ( \
-        SELECT d.event_seq FROM webhook_deliveries d \
-        WHERE d.endpoint_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
-          AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2) \
-          AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e WHERE e.endpoint_id = d.endpoint_id \
-                          AND e.order_key = d.order_key AND e.event_seq < d.event_seq AND e.state <> 'delivered') \
-        ORDER BY d.event_seq LIMIT 1 FOR UPDATE SKIP LOCKED) \
-       AND state = 'pending' AND next_attempt_at <= $2 AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
-     RETURNING event_seq, attempts";
+/// The claim statement; `$lock` is empty on SQLite (the single writer serialises) and
+/// `FOR UPDATE SKIP LOCKED` on PostgreSQL. The guard is repeated in the outer WHERE either way.
+macro_rules! claim_sql {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE webhook_deliveries SET lease_token = $3, lease_expires_at = $4, attempts = attempts + 1, updated_at = $2 \
+             WHERE endpoint_id = $1 AND event_seq = ( \
+                SELECT d.event_seq FROM webhook_deliveries d \
+                WHERE d.endpoint_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
+                  AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2) \
+                  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e WHERE e.endpoint_id = d.endpoint_id \
+                                  AND e.order_key = d.order_key AND e.event_seq < d.event_seq AND e.state <> 'delivered') \
+                ORDER BY d.event_seq LIMIT 1 ",
+            $lock,
+            ") AND state = 'pending' AND next_attempt_at <= $2 AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
+             RETURNING event_seq, attempts"
+        )
+    };
+}
+const CLAIM_SQLITE: &str = claim_sql!("");
+const CLAIM_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED");
 
 /// Leases up to `limit` deliveries that are due and at the head of their job's line. An attempt is
 /// counted when it is claimed, so a delivery whose sender keeps dying still reaches `attempts_max`.

@@ -607,5 +607,7 @@ async fn webhook_deliveries_are_visible_and_requeueable(e: Engine) {
     assert_eq!(s.post_empty("/v1/webhooks/deliveries/ops/999/requeue").await.status, 404);
     assert_eq!(s.post_empty("/v1/webhooks/deliveries/bad%20id/1/requeue").await.status, 400);
     assert_eq!(s.get("/v1/webhooks/deliveries?state=lost").await.status, 400);
+    let r = s.post_empty("/v1/webhooks/deliveries/ops/not-a-number/requeue").await;
+    assert_eq!((r.status, code(&r)), (400, "invalid_request"), "a malformed path is the spec's JSON error");
     assert_eq!(s.get("/v1/webhooks/deliveries?endpoint=other").await.body["deliveries"].as_array().unwrap().len(), 0);
 }
