@@ -47,7 +47,10 @@ def work(settle, job):
     sleep = (job.get("payload") or {}).get("sleep_ms", 10) / 1000.0
     done = 0
     for item in job["items"]:
-        if item["state"] != "charged":
+        # Do what is still charged, and what an earlier failed attempt of the job got refunded:
+        # the job's success will reclaim it, so the work must be done.
+        redo = item["state"] == "refunded" and item.get("refund_reason") == "job_failed"
+        if item["state"] != "charged" and not redo:
             continue
         time.sleep(sleep)
         status, body = settle.post(f"/v1/jobs/{jid}/items/{item['id']}/succeed", {"lease_token": token})

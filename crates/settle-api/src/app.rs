@@ -157,19 +157,28 @@ async fn fallback() -> ApiError {
     ApiError::not_found("No such route.")
 }
 
-async fn method_not_allowed(req: Request, next: Next) -> Response {
+/// Answers that the framework or a layer produced without a body (405, the timeout's 503) get the
+/// spec's JSON error body.
+async fn json_errors(req: Request, next: Next) -> Response {
     let response = next.run(req).await;
-    if response.status() == axum::http::StatusCode::METHOD_NOT_ALLOWED
-        && response.headers().get("content-type").is_none()
-    {
-        return ApiError::new(
+    if response.headers().get("content-type").is_some() {
+        return response;
+    }
+    match response.status() {
+        axum::http::StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
             axum::http::StatusCode::METHOD_NOT_ALLOWED,
             "invalid_request",
             "This route does not take that method.",
         )
-        .into_response();
+        .into_response(),
+        axum::http::StatusCode::SERVICE_UNAVAILABLE => ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "The request took too long; retry shortly.",
+        )
+        .into_response(),
+        _ => response,
     }
-    response
 }
 
 async fn openapi_json(State(doc): State<Arc<serde_json::Value>>) -> Response {
@@ -189,12 +198,12 @@ pub fn router(state: AppState) -> Router {
     api.with_state(state)
         .merge(docs)
         .fallback(fallback)
-        .layer(middleware::from_fn(method_not_allowed))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             Duration::from_secs(REQUEST_SECONDS_MAX),
         ))
+        .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn(record))
         .layer(SetSensitiveRequestHeadersLayer::new([axum::http::header::AUTHORIZATION]))
         .layer(TraceLayer::new_for_http())

@@ -175,6 +175,11 @@ fn apply(base: &RetryPolicy, f: &PolicyFile, what: &str) -> anyhow::Result<Retry
     if let Some(s) = f.confirm_window_seconds {
         p.confirm_window_seconds = s;
     }
+    if p.confirm_window_seconds < u64::from(p.lease_seconds) {
+        bail!(
+            "{what}: confirm_window_seconds must be at least lease_seconds (an unknown outcome needs time to surface)"
+        );
+    }
     if let Some(r) = &f.refund_on {
         p.refund_on =
             RefundPolicy::parse(r).with_context(|| format!("{what}.refund_on is \"failure\" or \"final_failure\""))?;

@@ -194,7 +194,7 @@ pub async fn events(store: &dyn Store, cmd: Events) -> anyhow::Result<()> {
         if !follow {
             return Ok(());
         }
-        let wake = store.wake();
+        let wake = store.events_wake();
         tokio::select! {
             _ = wake.notified() => {}
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}

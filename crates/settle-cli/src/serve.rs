@@ -56,6 +56,20 @@ async fn open(db: &str, artifacts: &std::path::Path, config: &Config) -> anyhow:
     Ok(Arc::new(SqlStore::open(db, options).await.with_context(|| format!("open {db}"))?))
 }
 
+/// How long shutdown waits for the loops to finish the send or pass they are in.
+const LOOPS_STOP_WITHIN: Duration = Duration::from_secs(15);
+
+async fn join_loops(loops: Vec<tokio::task::JoinHandle<()>>) {
+    let all = async {
+        for l in loops {
+            let _ = l.await;
+        }
+    };
+    if tokio::time::timeout(LOOPS_STOP_WITHIN, all).await.is_err() {
+        tracing::warn!("background loops did not stop in time; leaving them (their leases will expire)");
+    }
+}
+
 /// The maintenance loops and one webhook deliverer per configured endpoint.
 fn spawn_loops(store: &Arc<SqlStore>, config: &Config, cancel: &CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
     let mut handles = Maintenance::new(store.clone() as Arc<dyn Store>, loop_settings(config)).spawn(cancel.clone());
@@ -75,9 +89,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let loops = spawn_loops(&store, &config, &cancel);
     shutdown_signal(cancel.clone()).await;
-    for l in loops {
-        let _ = l.await;
-    }
+    join_loops(loops).await;
     Ok(())
 }
 
@@ -138,8 +150,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .await
     .context("serve")?;
     cancel.cancel();
-    for l in loops {
-        let _ = l.await;
-    }
+    join_loops(loops).await;
     Ok(())
 }

@@ -93,6 +93,10 @@ async fn rust_and_python_example_workers_complete_a_batch() {
     );
 
     batch(&http, &s.base, "rust", 12).await;
+    // A job whose first attempt fails: the retry must redo the items the failure refunded.
+    let items: Vec<Value> = (0..3).map(|f| json!({"id": format!("frame-{f}"), "cost": 2})).collect();
+    let retry = json!({"id": "rust-retry", "account_id": "a", "kind": "render", "items": items, "payload": {"sleep_ms": 5, "fail": "NODE_DOWN", "fail_attempts": 1}});
+    assert_eq!(call(&http, "POST", &format!("{}/v1/jobs", s.base), Some(retry)).await.0, 201);
     let out = tokio::task::spawn_blocking({
         let base = s.base.clone();
         move || {
@@ -106,7 +110,7 @@ async fn rust_and_python_example_workers_complete_a_batch() {
     .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let done = states(&http, &s.base, "rust").await;
-    assert_eq!(done.len(), 12);
+    assert_eq!(done.len(), 13);
     assert!(done.iter().all(|(_, st, r)| st == "succeeded" && r["frames"] == 3), "{done:?}");
 
     batch(&http, &s.base, "py", 8).await;
@@ -130,7 +134,10 @@ async fn rust_and_python_example_workers_complete_a_batch() {
     let (_, audit) = call(&http, "GET", &format!("{}/v1/audit", s.base), None).await;
     assert_eq!(audit["ok"], true, "{audit}");
     let (_, acc) = call(&http, "GET", &format!("{}/v1/accounts/a", s.base), None).await;
-    assert_eq!(acc["balance"], 1000 - 20 * 6);
+    assert_eq!(acc["balance"], 1000 - 21 * 6);
+    let (_, retried) = call(&http, "GET", &format!("{}/v1/jobs/rust-retry", s.base), None).await;
+    assert_eq!(retried["attempt"], 2);
+    assert!(retried["items"].as_array().unwrap().iter().all(|i| i["state"] == "reclaimed"), "{retried}");
 }
 
 fn spawn(bin: &str, args: &[&str]) -> Child {
@@ -169,7 +176,7 @@ async fn soak_two_servers_three_workers_on_postgres() {
     let config = dir.path().join("settle.toml");
     std::fs::write(
         &config,
-        "[defaults]\nlease_seconds = 2\nbackoff_ms_base = 50\nbackoff_ms_max = 400\nconfirm_window_seconds = 1\n\n\
+        "[defaults]\nlease_seconds = 2\nbackoff_ms_base = 50\nbackoff_ms_max = 400\nconfirm_window_seconds = 2\n\n\
          [loops]\nrescue_every_ms = 200\nsweep_every_ms = 200\nreconcile_every_ms = 300\n",
     )
     .unwrap();

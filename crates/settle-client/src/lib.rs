@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// The server's largest claim.
+const CLAIM_LIMIT_MAX: u32 = 100;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The lease is gone (expired and rescued, or the job finished): stop working on the job.
@@ -27,6 +30,17 @@ pub struct Item {
     pub id: String,
     pub cost: i64,
     pub state: String,
+    /// `job_failed`, `item_failed`, `cancelled`, or null.
+    #[serde(default)]
+    pub refund_reason: Option<String>,
+}
+
+impl Item {
+    /// Whether this attempt must do the item: still charged, or refunded only because an earlier
+    /// attempt of the job failed (the job's success will reclaim it, so the work must be done).
+    pub fn to_do(&self) -> bool {
+        self.state == "charged" || (self.state == "refunded" && self.refund_reason.as_deref() == Some("job_failed"))
+    }
 }
 
 /// A claimed job, as `POST /v1/claims` answers it (the fields a worker needs).
@@ -95,9 +109,14 @@ impl Client {
         worker: &str,
         kinds: &[String],
         limit: u32,
+        lease_seconds: Option<u32>,
         wait_seconds: u32,
     ) -> Result<Vec<ClaimedJob>, ClientError> {
-        let mut body = json!({"worker": worker, "limit": limit, "wait_seconds": wait_seconds});
+        let mut body =
+            json!({"worker": worker, "limit": limit.clamp(1, CLAIM_LIMIT_MAX), "wait_seconds": wait_seconds});
+        if let Some(l) = lease_seconds {
+            body["lease_seconds"] = json!(l);
+        }
         if !kinds.is_empty() {
             body["kinds"] = json!(kinds);
         }
@@ -242,6 +261,10 @@ pub struct Worker {
     pub concurrency: u32,
     /// A claim waits up to this long for work.
     pub wait_seconds: u32,
+    /// The lease asked for with each claim (heartbeats then come at least every third of it);
+    /// `None` takes the job kind's lease from the server's configuration, and `heartbeat_every`
+    /// must then fit it.
+    pub lease_seconds: Option<u32>,
     pub heartbeat_every: Duration,
 }
 
@@ -253,6 +276,7 @@ impl Worker {
             kinds: Vec::new(),
             concurrency: 4,
             wait_seconds: 5,
+            lease_seconds: None,
             heartbeat_every: Duration::from_secs(10),
         }
     }
@@ -260,6 +284,10 @@ impl Worker {
     pub async fn run(self, handler: Arc<dyn Handler>, stop: CancellationToken) {
         let slots = Arc::new(tokio::sync::Semaphore::new(self.concurrency.max(1) as usize));
         let mut tasks = tokio::task::JoinSet::new();
+        let heartbeat_every = match self.lease_seconds {
+            Some(l) => self.heartbeat_every.min(Duration::from_millis(u64::from(l) * 1_000 / 3)),
+            None => self.heartbeat_every,
+        };
         while !stop.is_cancelled() {
             let free = slots.available_permits() as u32;
             if free == 0 {
@@ -268,10 +296,9 @@ impl Worker {
                     _ = tasks.join_next() => continue,
                 }
             }
-            let claimed = tokio::select! {
-                _ = stop.cancelled() => break,
-                r = self.client.claim(&self.name, &self.kinds, free, self.wait_seconds) => r,
-            };
+            // Not raced against `stop`: a claim the server committed must not be thrown away
+            // (its jobs would wait for their leases to expire). It is bounded by `wait_seconds`.
+            let claimed = self.client.claim(&self.name, &self.kinds, free, self.lease_seconds, self.wait_seconds).await;
             let jobs = match claimed {
                 Ok(jobs) => jobs,
                 Err(e) => {
@@ -282,14 +309,15 @@ impl Worker {
             };
             for job in jobs {
                 let permit = slots.clone().acquire_owned().await.expect("semaphore open");
-                let (client, handler, every) = (self.client.clone(), handler.clone(), self.heartbeat_every);
+                let (client, handler) = (self.client.clone(), handler.clone());
                 tasks.spawn(async move {
-                    run_one(client, handler, job, every).await;
+                    run_one(client, handler, job, heartbeat_every).await;
                     drop(permit);
                 });
             }
             while tasks.try_join_next().is_some() {}
         }
+        // Jobs under way finish and report.
         while tasks.join_next().await.is_some() {}
     }
 }
@@ -298,6 +326,8 @@ async fn run_one(client: Client, handler: Arc<dyn Handler>, job: ClaimedJob, hea
     let cancel = Arc::new(AtomicBool::new(job.cancel_requested));
     let lost = Arc::new(AtomicBool::new(false));
     let beating = CancellationToken::new();
+    // Stops the heartbeat whatever happens to this task (a panicking handler, an abort).
+    let _stop_beating = beating.clone().drop_guard();
     let beat = {
         let (client, id, token, cancel, lost, beating) =
             (client.clone(), job.id.clone(), job.lease_token.clone(), cancel.clone(), lost.clone(), beating.clone());

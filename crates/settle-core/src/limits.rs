@@ -45,3 +45,5 @@ pub const CLAIM_KINDS_MAX: usize = 32;
 pub const WAIT_SECONDS_MAX: u32 = 30;
 /// How often a long-poll looks again when no wake-up arrives.
 pub const POLL_INTERVAL_MS: u64 = 250;
+/// The shortest nap of a long-poll that found a due job it could not claim (another process holds it).
+pub const POLL_FLOOR_MS: u64 = 10;

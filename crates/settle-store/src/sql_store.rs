@@ -153,7 +153,10 @@ enum Backend {
 pub struct SqlStore {
     backend: Backend,
     env: Env,
+    /// Woken when a job may have become due (here, or in any process via LISTEN/NOTIFY).
     wake: Arc<tokio::sync::Notify>,
+    /// Woken when this process appended outbox events.
+    events_wake: Arc<tokio::sync::Notify>,
     artifacts: Option<Arc<dyn ArtifactStore>>,
     tx_retries: AtomicU64,
 }
@@ -202,6 +205,7 @@ impl SqlStore {
             backend: Backend::Sqlite { writer: tx, readers },
             env,
             wake: Arc::new(tokio::sync::Notify::new()),
+            events_wake: Arc::new(tokio::sync::Notify::new()),
             artifacts: options.artifacts,
             tx_retries: AtomicU64::new(0),
         })
@@ -230,6 +234,7 @@ impl SqlStore {
             backend: Backend::Postgres { pool },
             env,
             wake,
+            events_wake: Arc::new(tokio::sync::Notify::new()),
             artifacts: options.artifacts,
             tx_retries: AtomicU64::new(0),
         })
@@ -285,12 +290,24 @@ impl SqlStore {
 
     /// Runs one write operation in its own transaction (SQLite: a savepoint in the writer's batch)
     /// and answers after the commit.
+    /// A write that appends outbox events when it succeeds: wakes the events long-polls.
     async fn write<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
         let out = self.write_inner(f).await;
         if out.is_ok() {
-            self.wake.notify_waiters();
+            self.events_wake.notify_waiters();
         }
         out
+    }
+
+    /// A write that appends nothing to the outbox (heartbeats, webhook bookkeeping): wakes no one,
+    /// so a loop that waits on a wake-up never wakes itself.
+    async fn write_quiet<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        self.write_inner(f).await
+    }
+
+    /// Work may have become due: wake the long-polling claims of this process.
+    fn work_due(&self) {
+        self.wake.notify_waiters();
     }
 
     async fn write_inner<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
@@ -524,6 +541,10 @@ impl Store for SqlStore {
         self.wake.clone()
     }
 
+    fn events_wake(&self) -> Arc<tokio::sync::Notify> {
+        self.events_wake.clone()
+    }
+
     fn now(&self) -> settle_core::Timestamp {
         self.env.clock.now()
     }
@@ -605,6 +626,9 @@ impl Store for SqlStore {
     async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError> {
         ops::validate_job(&req)?;
         let out = self.write(op!([req] | db, cx | ops::create_job(db, cx, &req).await)).await?;
+        if !out.replayed {
+            self.work_due();
+        }
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
@@ -633,14 +657,17 @@ impl Store for SqlStore {
         if req.kinds.len() > limits::CLAIM_KINDS_MAX {
             return Err(StoreError::invalid(format!("at most {} kinds per claim", limits::CLAIM_KINDS_MAX)));
         }
-        let out = self.write(op!([req] | db, cx | ops::claim(db, cx, &req).await)).await?;
+        let out = self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req).await)).await?;
+        if !out.is_empty() {
+            self.events_wake.notify_waiters();
+        }
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
     async fn heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
         let (job, token) = (job.clone(), token.clone());
-        let out = self.write(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token).await)).await?;
+        let out = self.write_quiet(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         out.map_err(lease_lost)
     }
@@ -684,7 +711,7 @@ impl Store for SqlStore {
     ) -> Result<bool, StoreError> {
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
         let out = self
-            .write(op!(
+            .write_quiet(op!(
                 [job, item, token, artifact] | db,
                 cx | ops::register_artifact(db, cx, &job, &item, &token, &artifact).await
             ))
@@ -715,6 +742,9 @@ impl Store for SqlStore {
         check_text("message", signal.message.as_deref(), false)?;
         let id = job.clone();
         let (outcome, after) = self.write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal).await)).await?;
+        if outcome.applied {
+            self.work_due();
+        }
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
         Ok(Outcome { value, applied: outcome.applied })
@@ -741,6 +771,9 @@ impl Store for SqlStore {
     async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError> {
         let id = job.clone();
         let (outcome, after) = self.write(op!([id] | db, cx | ops::reconcile(db, cx, &id, finding).await)).await?;
+        if outcome.applied {
+            self.work_due();
+        }
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
         Ok(Outcome { value, applied: outcome.applied })
@@ -770,6 +803,7 @@ impl Store for SqlStore {
     async fn requeue(&self, job: &JobId) -> Result<Job, StoreError> {
         let id = job.clone();
         let out = self.write(op!([id] | db, cx | ops::requeue(db, cx, &id).await)).await?;
+        self.work_due();
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
@@ -792,7 +826,10 @@ impl Store for SqlStore {
             };
             // One job that fails every time must not stop the rescue of those behind it.
             match rescued_one.await {
-                Ok(true) => rescued.push(id),
+                Ok(true) => {
+                    self.work_due();
+                    rescued.push(id);
+                }
                 Ok(false) => {}
                 Err(e @ (StoreError::InjectedCrash(_) | StoreError::Unavailable(_))) => return Err(e),
                 Err(e) => tracing::error!(job = %id, error = %e, "lease rescue failed; continuing with the next job"),
@@ -848,7 +885,7 @@ impl Store for SqlStore {
 
     async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
         let endpoint = endpoint.to_owned();
-        self.write(op!([endpoint] | db, cx | webhooks::fan_out(db, cx, &endpoint, batch).await)).await
+        self.write_quiet(op!([endpoint] | db, cx | webhooks::fan_out(db, cx, &endpoint, batch).await)).await
     }
 
     async fn webhook_claim(
@@ -859,8 +896,11 @@ impl Store for SqlStore {
         attempts_max: u32,
     ) -> Result<Vec<Delivery>, StoreError> {
         let endpoint = endpoint.to_owned();
-        self.write(op!([endpoint] | db, cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max).await))
-            .await
+        self.write_quiet(op!(
+            [endpoint] | db,
+            cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max).await
+        ))
+        .await
     }
 
     async fn webhook_report(
@@ -871,7 +911,7 @@ impl Store for SqlStore {
         report: DeliveryReport,
     ) -> Result<bool, StoreError> {
         let (endpoint, token) = (endpoint.to_owned(), token.clone());
-        self.write(op!(
+        self.write_quiet(op!(
             [endpoint, token, report] | db,
             cx | webhooks::report(db, cx, &endpoint, seq, &token, &report).await
         ))
@@ -880,7 +920,7 @@ impl Store for SqlStore {
 
     async fn webhook_requeue(&self, endpoint: &str, seq: i64) -> Result<Delivery, StoreError> {
         let endpoint = endpoint.to_owned();
-        self.write(op!([endpoint] | db, cx | webhooks::requeue(db, cx, &endpoint, seq).await)).await
+        self.write_quiet(op!([endpoint] | db, cx | webhooks::requeue(db, cx, &endpoint, seq).await)).await
     }
 
     async fn webhook_deliveries(

@@ -9,9 +9,12 @@ use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
 pub trait Store: Send + Sync {
     fn engine_name(&self) -> &'static str;
 
-    /// Notified after every write that commits in this process, and — on PostgreSQL — whenever any
-    /// process makes a job due. Long-polls wait on it.
+    /// Notified when a job may have become due: created, requeued, retried, rescued — in this process,
+    /// or, on PostgreSQL, in any process. Claim long-polls wait on it.
     fn wake(&self) -> std::sync::Arc<tokio::sync::Notify>;
+
+    /// Notified when this process appended outbox events. Event long-polls and webhook delivery wait on it.
+    fn events_wake(&self) -> std::sync::Arc<tokio::sync::Notify>;
 
     /// The store's clock (injected; tests use a fake one).
     fn now(&self) -> settle_core::Timestamp;

@@ -243,7 +243,19 @@ pub(crate) async fn list(
     a.push(limit.into());
     sql.push_str(&format!(" ORDER BY d.event_seq, d.endpoint_id LIMIT ${}", a.len()));
     let rows = db.all_built(sql, &a).await?;
-    let out = rows.iter().map(delivery_from_row).collect::<Result<Vec<_>, _>>()?;
-    let next = if out.len() as i64 == limit { out.last().map(|d| d.event.seq) } else { None };
+    let mut out = rows.iter().map(delivery_from_row).collect::<Result<Vec<_>, _>>()?;
+    // The cursor is an event seq: a full page ends on a whole seq, so no endpoint's delivery of
+    // the last seq is skipped (unless one seq alone fills the page).
+    let next = if out.len() as i64 == limit {
+        let last = out.last().map(|d| d.event.seq).unwrap_or(after);
+        if out.first().is_some_and(|d| d.event.seq != last) {
+            out.retain(|d| d.event.seq != last);
+            Some(last - 1)
+        } else {
+            Some(last)
+        }
+    } else {
+        None
+    };
     Ok(Paged { rows: out, next_after: next })
 }

@@ -101,10 +101,18 @@ impl Deliverer {
     /// One pass: fan out new events, then send every delivery that is due and at the head of its
     /// job's line. Returns how many were delivered.
     pub async fn pass(&self) -> Result<usize, StoreError> {
+        self.pass_until(&CancellationToken::new()).await
+    }
+
+    /// As `pass`, stopping between sends once `cancel` fires (shutdown does not wait for a backlog).
+    pub async fn pass_until(&self, cancel: &CancellationToken) -> Result<usize, StoreError> {
         self.store.webhook_fan_out(&self.endpoint.id, self.batch).await?;
         let lease_ms = u64::try_from(self.endpoint.timeout.as_millis()).unwrap_or(u64::MAX).saturating_add(5_000);
         let mut delivered = 0;
         loop {
+            if cancel.is_cancelled() {
+                return Ok(delivered);
+            }
             // One at a time: a lease starts when its send does.
             let claimed = self.store.webhook_claim(&self.endpoint.id, 1, lease_ms, self.endpoint.attempts_max).await?;
             if claimed.is_empty() {
@@ -160,12 +168,12 @@ impl Deliverer {
 
     /// Runs passes until `cancel`, woken early by commits.
     pub async fn run(self, cancel: CancellationToken) {
-        let wake = self.store.wake();
+        let wake = self.store.events_wake();
         loop {
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Err(e) = self.pass().await {
+            if let Err(e) = self.pass_until(&cancel).await {
                 tracing::warn!(endpoint = %self.endpoint.id, error = %e, "webhook pass failed; will try again");
             }
             tokio::select! {

@@ -472,6 +472,11 @@ async fn tokens_and_roles(e: Engine) {
     assert_eq!((r.status, code(&r)), (401, "unauthorized"));
     let r = s.send("POST", "/v1/accounts", Some(json!({"id": "a"})), client).await;
     assert_eq!((r.status, code(&r)), (403, "forbidden"));
+    // Authorization comes before the body is read: no token and a bad body is still 401.
+    let r = s.send("POST", "/v1/accounts", Some(json!({"nonsense": true})), None).await;
+    assert_eq!((r.status, code(&r)), (401, "unauthorized"));
+    let r = s.send("POST", "/v1/jobs/bad%20id/fail", Some(json!({})), client).await;
+    assert_eq!((r.status, code(&r)), (403, "forbidden"));
     assert_eq!(s.send("POST", "/v1/accounts", Some(json!({"id": "a"})), admin).await.status, 201);
     assert_eq!(
         s.send("POST", "/v1/accounts/a/grants", Some(json!({"id": "g", "amount": 10})), admin).await.status,

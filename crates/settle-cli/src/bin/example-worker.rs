@@ -10,7 +10,7 @@
 //! - `no_items`: do the whole job in one go (sleep) and report only its success.
 //!
 //! Usage: `settle-example-worker URL NAME [--token T] [--concurrency N] [--heartbeat-ms MS]
-//! [--exit-when-idle]` — with `--exit-when-idle` it stops once no job is queued, running or cancelling.
+//! [--lease-seconds S] [--exit-when-idle]` — with `--exit-when-idle` it stops once no job is queued, running or cancelling.
 
 use serde_json::Value;
 use settle_client::{Client, Failure, Flow, Handler, JobContext, Outcome, Worker};
@@ -46,8 +46,11 @@ impl Handler for Frames {
         }
         let mut done = 0;
         for item in &ctx.job.items {
-            if item.state != "charged" {
+            if !item.to_do() {
                 continue;
+            }
+            if ctx.cancel_requested() {
+                return Outcome::Cancelled;
             }
             tokio::time::sleep(sleep).await;
             let flow = if p["fail_item"].as_str() == Some(item.id.as_str()) {
