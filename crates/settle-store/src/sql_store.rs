@@ -219,8 +219,11 @@ impl SqlStore {
         let pool = PgPoolOptions::new()
             .max_connections(options.pg_max_connections)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await?;
+        // LISTEN holds its connection for good: give it a pool of its own, so it never takes one of
+        // the `pg_max_connections` the transactions need.
+        let listen_pool = PgPoolOptions::new().max_connections(1).connect_lazy_with(connect);
         POSTGRES_MIGRATOR.run(&pool).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
         let env = Env {
             clock: options.clock.clone(),
@@ -229,7 +232,7 @@ impl SqlStore {
             crash: options.crash.clone(),
         };
         let wake = Arc::new(tokio::sync::Notify::new());
-        tokio::spawn(listen_for_wakeups(pool.clone(), Arc::downgrade(&wake)));
+        tokio::spawn(listen_for_wakeups(listen_pool, Arc::downgrade(&wake)));
         Ok(SqlStore {
             backend: Backend::Postgres { pool },
             env,

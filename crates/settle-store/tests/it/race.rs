@@ -228,3 +228,22 @@ async fn sqlite_rescuer_races_completion() {
 async fn postgres_rescuer_races_completion() {
     rescuer_races_completion(EngineKind::Postgres).await;
 }
+
+/// The LISTEN connection for wake-ups must not take one of the pool's connections: a store with a
+/// single connection still writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_with_one_connection_still_writes() {
+    let url = settle_testkit::fresh_database().await;
+    let options = StoreOptions { pg_max_connections: 1, ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await; // let the listener connect
+    let a = acc("solo");
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        store.create_account(NewAccount { id: a.clone(), overdraft_limit: settle_core::Credits::ZERO }),
+    )
+    .await
+    .expect("a write with one pooled connection must not wait for the listener");
+    assert!(r.is_ok());
+    assert_eq!(store.account(&a).await.unwrap().balance.get(), 0);
+}
