@@ -3,7 +3,7 @@
 //! - `SETTLE_TEST_DATABASE_URL=postgres://user@host:port/db` points the tests at an existing
 //!   server; each test creates its own database there.
 //! - Otherwise the first test process to get here creates a throwaway cluster under
-//!   `target/tmp/settle-pg` (initdb, run as the `postgres` user when we are root, since initdb and
+//!   the system temp dir, named after the checkout's target dir (initdb, run as the `postgres` user when we are root, since initdb and
 //!   pg_ctl refuse to run as root) and starts it on a loopback port; later processes reuse it.
 //!   `scripts/test` stops it at the end of the run.
 //! - A PostgreSQL that cannot be reached or started fails the test: no test skips for lack of one.
@@ -66,8 +66,15 @@ pub fn server_url() -> &'static str {
         let target = std::env::var_os("CARGO_TARGET_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-        let root = target.join("tmp").join("settle-pg");
+        // The cluster lives under the system temp dir (world-traversable, so the `postgres` user can
+        // reach it wherever the checkout is), named after this checkout's target dir; a pointer file
+        // in the target dir tells scripts/test where to stop it.
+        std::fs::create_dir_all(target.join("tmp")).unwrap();
+        let target = target.canonicalize().unwrap_or(target);
+        let key = target.to_string_lossy().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let root = std::env::temp_dir().join(format!("settle-test-pg-{key:016x}"));
         std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(target.join("tmp").join("settle-pg.path"), root.to_string_lossy().as_bytes()).unwrap();
         let lock = std::fs::File::create(root.join("lock")).unwrap();
         lock.lock().unwrap();
         let port_file = root.join("port");
