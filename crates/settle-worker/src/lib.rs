@@ -53,11 +53,14 @@ pub struct Maintenance {
     store: Arc<dyn Store>,
     settings: LoopSettings,
     checkers: BTreeMap<String, Arc<dyn OutcomeChecker>>,
+    /// Where the next reconcile pass starts: passes walk all unknown jobs page by page and wrap
+    /// around, so jobs nobody can resolve yet never hide the ones behind them.
+    reconcile_after: std::sync::Mutex<i64>,
 }
 
 impl Maintenance {
     pub fn new(store: Arc<dyn Store>, settings: LoopSettings) -> Maintenance {
-        Maintenance { store, settings, checkers: BTreeMap::new() }
+        Maintenance { store, settings, checkers: BTreeMap::new(), reconcile_after: std::sync::Mutex::new(0) }
     }
 
     /// Registers the checker for one job kind.
@@ -79,7 +82,9 @@ impl Maintenance {
     /// One reconciler pass over at most `batch` unknown jobs; returns the ids it resolved.
     pub async fn reconcile_pass(&self) -> Result<Vec<String>, StoreError> {
         let filter = JobFilter { state: Some(JobState::Unknown), ..JobFilter::ALL };
-        let page = self.store.jobs(&filter, Page { after: 0, limit: self.settings.batch }).await?;
+        let after = *self.reconcile_after.lock().expect("cursor lock");
+        let page = self.store.jobs(&filter, Page { after, limit: self.settings.batch }).await?;
+        *self.reconcile_after.lock().expect("cursor lock") = page.next_after.unwrap_or(0);
         let mut resolved = Vec::new();
         for job in page.rows {
             let finding = match self.checkers.get(&job.kind) {

@@ -139,3 +139,23 @@ async fn rescue_and_sweep_passes_move_jobs() {
     let j = f.store.job(&JobId::parse("r").unwrap()).await.unwrap();
     assert_eq!((j.state, j.last_error.unwrap().code.as_str()), (JobState::Queued, "LEASE_EXPIRED"));
 }
+
+/// Unknown jobs no one can resolve yet (the provider cannot tell) must not hide the ones behind them.
+#[tokio::test]
+async fn reconcile_passes_walk_past_jobs_that_cannot_be_resolved() {
+    let f = fixture().await;
+    for n in 0..3 {
+        unknown_job(&f, &format!("stuck{n}"), "payout").await;
+    }
+    unknown_job(&f, "behind", "render").await;
+    let down = Arc::new(Provider { answer: None, calls: AtomicU32::new(0) });
+    let settings = LoopSettings { batch: 2, ..LoopSettings::default() };
+    let m = Maintenance::new(f.store.clone(), settings).with_checker("payout", down);
+    f.clock.advance_seconds(3_600);
+    let mut resolved = Vec::new();
+    for _ in 0..3 {
+        resolved.extend(m.reconcile_pass().await.unwrap());
+    }
+    assert_eq!(resolved, ["behind"]);
+    assert_eq!(f.store.job(&JobId::parse("behind").unwrap()).await.unwrap().state, JobState::Queued);
+}
