@@ -19,9 +19,26 @@ pub enum CrashPoint {
     TeardownAfterRefund,
     /// Teardown: artifacts cleaned up; the terminal transition not written.
     TeardownAfterCleanup,
+    /// Payout: the provider said the key is absent; the send has not been made.
+    PayoutAfterLookup,
+    /// Payout: the provider executed the send and answered; the answer is not recorded.
+    PayoutAfterSend,
 }
 
 impl CrashPoint {
+    /// The points inside the store's operations (the store's crash harness visits every one).
+    pub const STORE: &'static [CrashPoint] = &[
+        CrashPoint::AfterGuard,
+        CrashPoint::AfterLedger,
+        CrashPoint::AfterOutbox,
+        CrashPoint::BeforeCommit,
+        CrashPoint::AfterCommit,
+        CrashPoint::TeardownAfterRefund,
+        CrashPoint::TeardownAfterCleanup,
+    ];
+    /// The points of a payout attempt, between provider calls (the payout crash test visits both).
+    pub const PAYOUT: &'static [CrashPoint] = &[CrashPoint::PayoutAfterLookup, CrashPoint::PayoutAfterSend];
+
     pub const ALL: &'static [CrashPoint] = &[
         CrashPoint::AfterGuard,
         CrashPoint::AfterLedger,
@@ -30,6 +47,8 @@ impl CrashPoint {
         CrashPoint::AfterCommit,
         CrashPoint::TeardownAfterRefund,
         CrashPoint::TeardownAfterCleanup,
+        CrashPoint::PayoutAfterLookup,
+        CrashPoint::PayoutAfterSend,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -41,6 +60,22 @@ impl CrashPoint {
             CrashPoint::AfterCommit => "after_commit",
             CrashPoint::TeardownAfterRefund => "teardown_after_refund",
             CrashPoint::TeardownAfterCleanup => "teardown_after_cleanup",
+            CrashPoint::PayoutAfterLookup => "payout_after_lookup",
+            CrashPoint::PayoutAfterSend => "payout_after_send",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CrashPoint;
+
+    #[test]
+    fn store_and_payout_points_are_all_the_points() {
+        let mut both: Vec<CrashPoint> = CrashPoint::STORE.iter().chain(CrashPoint::PAYOUT).copied().collect();
+        both.sort();
+        let mut all = CrashPoint::ALL.to_vec();
+        all.sort();
+        assert_eq!(both, all);
     }
 }

@@ -1,7 +1,7 @@
 //! Validated identifiers. Construction is the only place input is checked; a value of one of
 //! these types is known to be well-formed everywhere else.
 
-use crate::limits::{ARTIFACT_KEY_LEN_MAX, FAIL_CODE_LEN_MAX, ID_LEN_MAX, WORKER_LEN_MAX};
+use crate::limits::{ARTIFACT_KEY_LEN_MAX, DESTINATION_LEN_MAX, FAIL_CODE_LEN_MAX, ID_LEN_MAX, WORKER_LEN_MAX};
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -108,6 +108,10 @@ impl FailCode {
     pub fn cancelled() -> FailCode {
         FailCode("CANCELLED".to_owned())
     }
+    /// A payout attempt could not ask the provider whether its key exists; nothing was sent.
+    pub fn lookup_failed() -> FailCode {
+        FailCode("LOOKUP_FAILED".to_owned())
+    }
 }
 
 impl fmt::Display for FailCode {
@@ -137,6 +141,31 @@ impl ArtifactKey {
     }
 }
 
+/// Where a withdrawal pays out (an account number, an address): 1-256 printable ASCII characters,
+/// not starting or ending with a space. The provider decides whether it is valid.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Destination(String);
+
+impl Destination {
+    pub fn parse(s: &str) -> Result<Destination, IdError> {
+        let ok = !s.is_empty()
+            && s.len() <= DESTINATION_LEN_MAX
+            && s.bytes().all(|b| (0x20..=0x7e).contains(&b))
+            && !s.starts_with(' ')
+            && !s.ends_with(' ');
+        if !ok {
+            return Err(IdError {
+                what: "destination",
+                rule: "1-256 printable ASCII characters, not starting or ending with a space",
+            });
+        }
+        Ok(Destination(s.to_owned()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,6 +186,15 @@ mod tests {
         assert!(ArtifactKey::parse("job-1/frame-0001.png").is_ok());
         for bad in ["", "/abs", "a/../b", "..", "a//b", "a/", "./a", "a b"] {
             assert!(ArtifactKey::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn destinations_are_printable_and_bounded() {
+        assert!(Destination::parse("bc1q-test addr:42").is_ok());
+        assert!(Destination::parse(&"d".repeat(256)).is_ok());
+        for bad in [String::new(), "d".repeat(257), " lead".into(), "trail ".into(), "tab\there".into(), "é".into()] {
+            assert!(Destination::parse(&bad).is_err(), "{bad:?} accepted");
         }
     }
 

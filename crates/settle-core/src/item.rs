@@ -3,7 +3,7 @@
 //! ```text
 //!               fail                 succeed
 //!   charged ───────────► refunded ─────────────► reclaimed
-//!      │  └── succeed ──► succeeded
+//!      │  └── succeed ──► succeeded ──── return ───► returned   (payouts only)
 //!      └───── cancel ───► cancelled
 //! ```
 //! A store applies an arrow as one guarded `UPDATE items … WHERE state = <from>`; every pair
@@ -19,6 +19,8 @@ pub enum ItemState {
     Refunded,
     Reclaimed,
     Cancelled,
+    /// A paid-out withdrawal that the receiving side sent back: the amount is credited again.
+    Returned,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -26,6 +28,12 @@ pub enum ItemSignal {
     Fail,
     Succeed,
     Cancel,
+    /// The provider reports an executed payout as returned (withdrawals only).
+    Return,
+}
+
+impl ItemSignal {
+    pub const ALL: [ItemSignal; 4] = [ItemSignal::Fail, ItemSignal::Succeed, ItemSignal::Cancel, ItemSignal::Return];
 }
 
 /// One edge of the machine: where it starts, where it ends, and the ledger row it writes.
@@ -64,8 +72,14 @@ impl RefundReason {
 }
 
 impl ItemState {
-    pub const ALL: [ItemState; 5] =
-        [ItemState::Charged, ItemState::Succeeded, ItemState::Refunded, ItemState::Reclaimed, ItemState::Cancelled];
+    pub const ALL: [ItemState; 6] = [
+        ItemState::Charged,
+        ItemState::Succeeded,
+        ItemState::Refunded,
+        ItemState::Reclaimed,
+        ItemState::Cancelled,
+        ItemState::Returned,
+    ];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -74,6 +88,7 @@ impl ItemState {
             ItemState::Refunded => "refunded",
             ItemState::Reclaimed => "reclaimed",
             ItemState::Cancelled => "cancelled",
+            ItemState::Returned => "returned",
         }
     }
 
@@ -81,8 +96,10 @@ impl ItemState {
         ItemState::ALL.into_iter().find(|state| state.as_str() == s)
     }
 
+    /// No job signal moves the item any more. (A succeeded payout may still be returned by the
+    /// provider: that is the one arrow out of `succeeded`, and it is not a job signal.)
     pub const fn is_terminal(self) -> bool {
-        matches!(self, ItemState::Succeeded | ItemState::Reclaimed | ItemState::Cancelled)
+        matches!(self, ItemState::Succeeded | ItemState::Reclaimed | ItemState::Cancelled | ItemState::Returned)
     }
 
     /// A refund was written for this item at some point.
@@ -98,7 +115,7 @@ impl ItemState {
     pub fn net(self, cost: Credits) -> Result<Credits, MoneyError> {
         match self {
             ItemState::Charged | ItemState::Succeeded | ItemState::Reclaimed => cost.checked_neg(),
-            ItemState::Refunded | ItemState::Cancelled => Ok(Credits::ZERO),
+            ItemState::Refunded | ItemState::Cancelled | ItemState::Returned => Ok(Credits::ZERO),
         }
     }
 }
@@ -112,6 +129,7 @@ pub const fn arrow(state: ItemState, signal: ItemSignal) -> Option<Arrow> {
         (I::Charged, S::Succeed) => (I::Succeeded, None),
         (I::Charged, S::Cancel) => (I::Cancelled, Some(EntryKind::Refund)),
         (I::Refunded, S::Succeed) => (I::Reclaimed, Some(EntryKind::Reclaim)),
+        (I::Succeeded, S::Return) => (I::Returned, Some(EntryKind::PayoutReturn)),
         _ => return None,
     };
     Some(Arrow { from: state, to, entry })
@@ -120,7 +138,7 @@ pub const fn arrow(state: ItemState, signal: ItemSignal) -> Option<Arrow> {
 /// The signed ledger amount of an arrow's entry for an item of `cost`.
 pub fn entry_amount(kind: EntryKind, cost: Credits) -> Result<Credits, MoneyError> {
     match kind {
-        EntryKind::Refund => Ok(cost),
+        EntryKind::Refund | EntryKind::PayoutReturn => Ok(cost),
         EntryKind::Charge | EntryKind::Reclaim => cost.checked_neg(),
         EntryKind::Grant | EntryKind::Adjustment => Ok(cost),
     }
@@ -134,7 +152,7 @@ mod tests {
     fn every_arrow_keeps_the_net_consistent_with_its_entry() {
         let cost = Credits::new(40);
         for state in ItemState::ALL {
-            for signal in [ItemSignal::Fail, ItemSignal::Succeed, ItemSignal::Cancel] {
+            for signal in ItemSignal::ALL {
                 let Some(a) = arrow(state, signal) else { continue };
                 let before = a.from.net(cost).unwrap();
                 let after = a.to.net(cost).unwrap();
@@ -151,6 +169,16 @@ mod tests {
                 assert_eq!(arrow(state, signal), None);
             }
         }
+    }
+
+    #[test]
+    fn only_a_succeeded_item_can_be_returned_and_only_once() {
+        for state in ItemState::ALL {
+            let a = arrow(state, ItemSignal::Return);
+            assert_eq!(a.is_some(), state == ItemState::Succeeded, "{state:?}");
+        }
+        assert_eq!(arrow(ItemState::Returned, ItemSignal::Return), None);
+        assert_eq!(ItemState::Returned.net(Credits::new(40)).unwrap(), Credits::ZERO);
     }
 
     #[test]

@@ -15,10 +15,12 @@ pub enum JobState {
     Succeeded,
     Dead,
     Cancelled,
+    /// A withdrawal paid out and then sent back by the receiving side; its amount was credited again.
+    Returned,
 }
 
 impl JobState {
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
         JobState::Queued,
         JobState::Running,
         JobState::Unknown,
@@ -26,6 +28,7 @@ impl JobState {
         JobState::Succeeded,
         JobState::Dead,
         JobState::Cancelled,
+        JobState::Returned,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -37,6 +40,7 @@ impl JobState {
             JobState::Succeeded => "succeeded",
             JobState::Dead => "dead",
             JobState::Cancelled => "cancelled",
+            JobState::Returned => "returned",
         }
     }
 
@@ -47,11 +51,26 @@ impl JobState {
     /// `dead` is terminal for the queue, though a person may requeue it and a late success
     /// still recovers it.
     pub const fn is_terminal(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::Dead | JobState::Cancelled)
+        matches!(self, JobState::Succeeded | JobState::Dead | JobState::Cancelled | JobState::Returned)
     }
 
     /// States from which a success is accepted (any attempt: the work exists).
     pub const SUCCEED_FROM: [JobState; 4] = [JobState::Running, JobState::Queued, JobState::Unknown, JobState::Dead];
+}
+
+/// The job kind of withdrawals (spec §4). Reserved: only `POST /v1/withdrawals` creates it and only
+/// the built-in payout processor and reconciler move it (docs/decisions/0010).
+pub const WITHDRAWAL_KIND: &str = "withdrawal";
+
+/// Where an expired lease takes a running job: `unknown` when only the external system can tell
+/// what happened. A withdrawal whose attempt had started its send (`sending`: the marker is
+/// committed before the request leaves) may have paid out; any other `final_failure` job's worker
+/// may have acted once a cancel was requested. Otherwise the failure path (retry) is safe.
+pub fn lease_expiry_is_unknown(kind: &str, sending: bool, refund_on: RefundPolicy, cancel_requested: bool) -> bool {
+    if kind == WITHDRAWAL_KIND {
+        return sending;
+    }
+    cancel_requested && refund_on == RefundPolicy::FinalFailure
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -185,7 +204,7 @@ pub const fn cancel_action(state: JobState) -> CancelAction {
         JobState::Queued | JobState::Dead => CancelAction::Teardown,
         JobState::Cancelling => CancelAction::ResumeTeardown,
         JobState::Running => CancelAction::RequestFlag,
-        JobState::Succeeded => CancelAction::Finished,
+        JobState::Succeeded | JobState::Returned => CancelAction::Finished,
         JobState::Unknown => CancelAction::OutcomeUnknown,
         JobState::Cancelled => CancelAction::AlreadyCancelled,
     }
@@ -202,6 +221,18 @@ mod tests {
         assert_eq!(fail_outcome(false, true, 4, 5), FailOutcome::Retry);
         assert_eq!(fail_outcome(false, true, 5, 5), FailOutcome::Dead);
         assert_eq!(fail_outcome(false, false, 1, 5), FailOutcome::Dead);
+    }
+
+    #[test]
+    fn an_expired_payout_lease_is_unknown_never_a_retry() {
+        assert!(lease_expiry_is_unknown(WITHDRAWAL_KIND, true, RefundPolicy::FinalFailure, false));
+        assert!(lease_expiry_is_unknown(WITHDRAWAL_KIND, true, RefundPolicy::FinalFailure, true));
+        // No send was started by the attempt: nothing can have left, a retry asks first anyway.
+        assert!(!lease_expiry_is_unknown(WITHDRAWAL_KIND, false, RefundPolicy::FinalFailure, true));
+        assert!(lease_expiry_is_unknown("render", false, RefundPolicy::FinalFailure, true));
+        assert!(!lease_expiry_is_unknown("render", false, RefundPolicy::FinalFailure, false));
+        assert!(!lease_expiry_is_unknown("render", false, RefundPolicy::Failure, true));
+        assert_eq!(cancel_action(JobState::Returned), CancelAction::Finished);
     }
 
     #[test]

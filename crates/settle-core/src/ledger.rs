@@ -10,11 +10,19 @@ pub enum EntryKind {
     Refund,
     Reclaim,
     Adjustment,
+    /// A payout the receiving side sent back: the withdrawn amount credited again (+).
+    PayoutReturn,
 }
 
 impl EntryKind {
-    pub const ALL: [EntryKind; 5] =
-        [EntryKind::Grant, EntryKind::Charge, EntryKind::Refund, EntryKind::Reclaim, EntryKind::Adjustment];
+    pub const ALL: [EntryKind; 6] = [
+        EntryKind::Grant,
+        EntryKind::Charge,
+        EntryKind::Refund,
+        EntryKind::Reclaim,
+        EntryKind::Adjustment,
+        EntryKind::PayoutReturn,
+    ];
 
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -23,6 +31,7 @@ impl EntryKind {
             EntryKind::Refund => "refund",
             EntryKind::Reclaim => "reclaim",
             EntryKind::Adjustment => "adjustment",
+            EntryKind::PayoutReturn => "payout_return",
         }
     }
     pub fn parse(s: &str) -> Option<EntryKind> {

@@ -47,3 +47,17 @@ pub const WAIT_SECONDS_MAX: u32 = 30;
 pub const POLL_INTERVAL_MS: u64 = 250;
 /// The shortest nap of a long-poll that found a due job it could not claim (another process holds it).
 pub const POLL_FLOOR_MS: u64 = 10;
+/// Longest withdrawal destination (printable ASCII); longer → `invalid_request`.
+pub const DESTINATION_LEN_MAX: usize = 256;
+/// Provider calls: the whole request, and the connect phase within it (defaults of `[provider]`).
+pub const PROVIDER_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+pub const PROVIDER_CONNECT_TIMEOUT_MS_DEFAULT: u64 = 2_000;
+/// Bounds a configuration may set for a provider call.
+pub const PROVIDER_TIMEOUT_MS_MIN: u64 = 50;
+pub const PROVIDER_TIMEOUT_MS_MAX: u64 = 600_000;
+/// Largest provider answer body read; a longer one is outside the protocol (treated as no answer).
+pub const PROVIDER_BODY_BYTES_MAX: usize = 64 * 1024;
+/// Longest `provider_txid` kept; a longer one is outside the protocol.
+pub const PROVIDER_TXID_LEN_MAX: usize = 256;
+/// Most payouts one processor has in flight at once (one pass claims at most this many).
+pub const PAYOUTS_IN_FLIGHT_MAX: u32 = 64;

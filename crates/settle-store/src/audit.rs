@@ -26,6 +26,7 @@ struct ItemLedger {
     charges: u32,
     refunds: u32,
     reclaims: u32,
+    returns: u32,
     refund_seq: Option<i64>,
     reclaim_before_refund: bool,
 }
@@ -138,6 +139,7 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
                         il.reclaim_before_refund = true;
                     }
                 }
+                EntryKind::PayoutReturn => il.returns += 1,
                 EntryKind::Grant | EntryKind::Adjustment => {}
             }
         }
@@ -178,13 +180,16 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
                 format!("entries sum to {} but state {state_s} nets {net}", il.sum),
             ));
         }
-        if il.charges > 1 || il.refunds > 1 || il.reclaims > 1 {
+        if il.charges > 1 || il.refunds > 1 || il.reclaims > 1 || il.returns > 1 {
             violations.push(v(
                 "L4",
                 None,
                 Some(&job),
                 Some(&item),
-                format!("{} charges, {} refunds, {} reclaims", il.charges, il.refunds, il.reclaims),
+                format!(
+                    "{} charges, {} refunds, {} reclaims, {} payout returns",
+                    il.charges, il.refunds, il.reclaims, il.returns
+                ),
             ));
         }
         if il.reclaim_before_refund {
@@ -195,6 +200,8 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
             ItemState::Charged | ItemState::Succeeded => &[EntryKind::Charge],
             ItemState::Refunded | ItemState::Cancelled => &[EntryKind::Charge, EntryKind::Refund],
             ItemState::Reclaimed => &[EntryKind::Charge, EntryKind::Refund, EntryKind::Reclaim],
+            // A payout returned after it was paid: charged (held), never refunded, credited back once.
+            ItemState::Returned => &[EntryKind::Charge, EntryKind::PayoutReturn],
         };
         let kinds: Vec<EntryKind> = il.entries.iter().map(|e| e.0).collect();
         if kinds != expected {
@@ -208,7 +215,7 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
         }
         for (kind, amount, account) in &il.entries {
             let want = match kind {
-                EntryKind::Refund => i128::from(cost),
+                EntryKind::Refund | EntryKind::PayoutReturn => i128::from(cost),
                 _ => -i128::from(cost),
             };
             if i128::from(*amount) != want {
@@ -250,6 +257,31 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
             Some(&item),
             "ledger entries name an item that does not exist".to_owned(),
         ));
+    }
+    // Withdrawals: one row per withdrawal job, holding exactly the job's cost; `returned` exactly
+    // when the return was recorded.
+    let rows = db
+        .all(
+            "SELECT j.id, j.kind, j.state, j.cost, w.amount, w.returned_at FROM jobs j \
+             LEFT JOIN withdrawals w ON w.job_id = j.id WHERE j.kind = 'withdrawal' OR w.job_id IS NOT NULL ORDER BY j.id",
+            args![],
+        )
+        .await?;
+    for r in &rows {
+        let (job, kind, state, cost) = (r.text(0)?, r.text(1)?, r.text(2)?, r.i64(3)?);
+        let (amount, returned_at) = (r.opt_i64(4)?, r.opt_i64(5)?);
+        let problem = if kind != settle_core::job::WITHDRAWAL_KIND || amount.is_none() {
+            Some("a withdrawal row and a withdrawal job come together".to_owned())
+        } else if amount != Some(cost) {
+            Some(format!("withdrawal amount {amount:?} but the job holds {cost}"))
+        } else if (state == "returned") != returned_at.is_some() {
+            Some(format!("state {state} but returned_at {returned_at:?}"))
+        } else {
+            None
+        };
+        if let Some(message) = problem {
+            violations.push(v("L3", None, Some(&job), None, message));
+        }
     }
     let mut expected = 1i64;
     for r in db.all("SELECT seq FROM outbox ORDER BY seq", args![]).await? {

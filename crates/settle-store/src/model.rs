@@ -196,13 +196,62 @@ pub struct FailSignal {
     pub retry_after_ms: Option<u64>,
 }
 
-/// What reconciling an `unknown` job found at the external system.
+/// What reconciling an `unknown` job found at the external system. (A withdrawal found at the
+/// provider is recorded with its txid by `Payouts::payout_succeeded` instead.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finding {
     /// The external system has it: the job succeeded.
     Present,
     /// Absent; after the confirm window this becomes `TIMEOUT_CONFIRMED_NOT_SENT` (retryable).
     Absent,
+}
+
+/// A withdrawal to create (`POST /v1/withdrawals`): a job of kind `withdrawal` holding `amount`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewWithdrawal {
+    pub id: JobId,
+    pub account_id: AccountId,
+    pub amount: Credits,
+    pub destination: settle_core::ids::Destination,
+}
+
+/// A withdrawal: its job (state, attempts, hold) and what the payout needs and learned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Withdrawal {
+    pub job: Job,
+    pub destination: String,
+    pub amount: Credits,
+    /// Made once at creation; every attempt sends and looks up with it.
+    pub idempotency_key: String,
+    /// The provider's id of the transfer, once known.
+    pub provider_txid: Option<String>,
+    pub returned_at: Option<Timestamp>,
+}
+
+/// Who saw a payout come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReturnSource {
+    /// The provider's lookup answered `"status": "returned"`.
+    Provider,
+    /// An admin said so (`POST /v1/withdrawals/{id}/returned`).
+    Admin,
+}
+
+impl ReturnSource {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ReturnSource::Provider => "provider",
+            ReturnSource::Admin => "admin",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WithdrawalFilter {
+    pub state: Option<JobState>,
+    pub account_id: Option<AccountId>,
+    /// Only those whose job changed at or after this time (the return re-check's window).
+    pub updated_since: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,6 +21,32 @@ use settle_core::limits;
 use settle_core::{Credits, Timestamp};
 use std::sync::{Arc, Mutex};
 
+/// Who sends a signal. Withdrawals move only through the payout processor and reconciler (the
+/// provider is their only source of truth); every other job only through workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    Worker,
+    PayoutProcessor,
+}
+
+/// Refuses a signal whose caller may not move this job (docs/decisions/0010).
+pub(crate) fn check_caller(job: &JobRow, caller: Caller) -> Result<(), StoreError> {
+    let is_withdrawal = job.kind == job::WITHDRAWAL_KIND;
+    match (is_withdrawal, caller) {
+        (true, Caller::Worker) => Err(StoreError::InvalidTransition {
+            job: job.id.clone(),
+            action: "take worker signals (withdrawals are settled by the payout processor against the provider)",
+            state: job.state.as_str().to_owned(),
+        }),
+        (false, Caller::PayoutProcessor) => Err(StoreError::InvalidTransition {
+            job: job.id.clone(),
+            action: "be settled as a payout (it is not a withdrawal)",
+            state: job.state.as_str().to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Asked at every crash point; answers whether to "crash" there.
 pub trait CrashHook: Send + Sync {
     fn should_crash(&self, point: CrashPoint) -> bool;
@@ -127,7 +153,7 @@ pub(crate) async fn lock_job(db: &mut Db<'_>, id: &str) -> Result<Option<JobRow>
     db.opt(sql, args![id]).await?.map(|r| job_row(&r)).transpose()
 }
 
-async fn must_lock_job(db: &mut Db<'_>, id: &str) -> Result<JobRow, StoreError> {
+pub(crate) async fn must_lock_job(db: &mut Db<'_>, id: &str) -> Result<JobRow, StoreError> {
     lock_job(db, id).await?.ok_or_else(|| StoreError::not_found("job", id))
 }
 
@@ -215,7 +241,7 @@ pub(crate) fn account_from_row(r: &Row) -> Result<Account, StoreError> {
 // Ledger, counters, events
 
 /// Reserves `n` numbers of a gap-free counter; returns the first.
-async fn next_seq(db: &mut Db<'_>, counter: &'static str, n: i64) -> Result<i64, StoreError> {
+pub(crate) async fn next_seq(db: &mut Db<'_>, counter: &'static str, n: i64) -> Result<i64, StoreError> {
     debug_assert!(n >= 1);
     let row =
         db.one("UPDATE counters SET value = value + $2 WHERE name = $1 RETURNING value", args![counter, n]).await?;
@@ -224,7 +250,7 @@ async fn next_seq(db: &mut Db<'_>, counter: &'static str, n: i64) -> Result<i64,
 
 /// How a balance change may be refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum BalanceCheck {
+pub(crate) enum BalanceCheck {
     /// Charges: the balance may not go below `-overdraft_limit`.
     Overdraft,
     /// Grants and adjustments: the balance stays within `±BALANCE_MAX`, so refunds of outstanding
@@ -246,19 +272,19 @@ const DEBIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2 \
 const CREDIT_ANY: &str = "UPDATE accounts SET balance = balance + $2 WHERE id = $1 RETURNING balance";
 
 /// One ledger line to append.
-struct Line<'a> {
-    kind: EntryKind,
-    amount: Credits,
-    job_id: Option<&'a str>,
-    item_id: Option<&'a str>,
-    ref_id: Option<&'a str>,
-    reason: Option<&'a str>,
-    request_hash: Option<&'a [u8; 32]>,
+pub(crate) struct Line<'a> {
+    pub kind: EntryKind,
+    pub amount: Credits,
+    pub job_id: Option<&'a str>,
+    pub item_id: Option<&'a str>,
+    pub ref_id: Option<&'a str>,
+    pub reason: Option<&'a str>,
+    pub request_hash: Option<&'a [u8; 32]>,
 }
 
 /// Appends `lines` to one account's ledger: one server-side balance change for their sum (guarded
 /// per `check`), gap-free `seq` numbers, and the hash chain continued from the account's last entry.
-async fn post(
+pub(crate) async fn post(
     db: &mut Db<'_>,
     cx: &Cx,
     account_id: &str,
@@ -361,7 +387,7 @@ async fn post(
 }
 
 /// Appends one outbox event, numbered from the gap-free `outbox` counter.
-async fn emit(
+pub(crate) async fn emit(
     db: &mut Db<'_>,
     cx: &Cx,
     kind: &'static str,
@@ -384,13 +410,13 @@ async fn emit(
 }
 
 /// A signal as received, for the signal log.
-struct Heard<'a> {
-    signal: &'static str,
-    code: Option<&'a str>,
-    message: Option<&'a str>,
+pub(crate) struct Heard<'a> {
+    pub signal: &'static str,
+    pub code: Option<&'a str>,
+    pub message: Option<&'a str>,
 }
 
-async fn log_signal(
+pub(crate) async fn log_signal(
     db: &mut Db<'_>,
     cx: &Cx,
     job: &JobRow,
@@ -422,7 +448,7 @@ async fn log_signal(
 /// Applies `signal` to every item of `job_id` in the arrow's `from` state (optionally only
 /// `only_item`, and for reclaims only refunds that a job-level success may take back), writing one
 /// ledger row per item that actually moved. Returns the moved items with their entries.
-async fn move_items(
+pub(crate) async fn move_items(
     db: &mut Db<'_>,
     cx: &Cx,
     job: &JobRow,
@@ -498,7 +524,7 @@ async fn move_items(
     Ok(moved)
 }
 
-fn sum(moved: &[(String, Credits)]) -> Result<Credits, StoreError> {
+pub(crate) fn sum(moved: &[(String, Credits)]) -> Result<Credits, StoreError> {
     Ok(Credits::checked_sum(moved.iter().map(|(_, c)| *c))?)
 }
 
@@ -519,7 +545,7 @@ async fn close_attempt(
     Ok(())
 }
 
-fn guard_hit(rows: u64, what: &'static str) -> Result<(), StoreError> {
+pub(crate) fn guard_hit(rows: u64, what: &'static str) -> Result<(), StoreError> {
     // The job row is locked (or the writer is single), so a decided guard cannot miss.
     if rows != 1 {
         return Err(StoreError::internal(format!("guard for {what} matched {rows} rows on a locked job")));
@@ -689,7 +715,12 @@ pub(crate) fn validate_job(req: &NewJob) -> Result<Credits, StoreError> {
 }
 
 pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result<Created<Job>, StoreError> {
-    let total = validate_job(req)?;
+    validate_job(req)?;
+    if req.kind.as_str() == job::WITHDRAWAL_KIND {
+        return Err(StoreError::invalid(
+            "the job kind withdrawal is reserved: create withdrawals with POST /v1/withdrawals",
+        ));
+    }
     let fp = job_fingerprint(req);
     if db.opt("SELECT 1 FROM accounts WHERE id = $1", args![req.account_id.as_str()]).await?.is_none() {
         return Err(StoreError::not_found("account", req.account_id.as_str()));
@@ -702,6 +733,16 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
         }
         return Ok(Created { value: attach(db, existing).await?, replayed: true });
     }
+    insert_job(db, cx, req, &fp).await?;
+    let job = must_read_job(db, req.id.as_str()).await?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Created { value: job, replayed: false })
+}
+
+/// Inserts a new job (its id known to be free): the job row, its items `charged`, one charge per
+/// item under the overdraft guard (`insufficient_credits` aborts the whole transaction), `job.queued`.
+pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8; 32]) -> Result<(), StoreError> {
+    let total = validate_job(req)?;
     let job_seq = next_seq(db, "job", 1).await?;
     let policy = cx.policy.for_kind(req.kind.as_str());
     let max_attempts = i64::from(req.max_attempts.unwrap_or(policy.attempts_max));
@@ -723,7 +764,7 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
                 not_before,
                 i64::from(limits::LEASE_SECONDS_DEFAULT),
                 &req.payload,
-                &fp,
+                fp,
                 cx.now.micros()
             ],
         )
@@ -764,40 +805,60 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
     )
     .await?;
     cx.point(CrashPoint::AfterOutbox)?;
-    let job = must_read_job(db, req.id.as_str()).await?;
-    cx.point(CrashPoint::BeforeCommit)?;
-    Ok(Created { value: job, replayed: false })
+    Ok(())
 }
 
 /// The job claim; `$lock` as for webhooks: nothing on SQLite, `FOR UPDATE SKIP LOCKED` on PostgreSQL,
 /// and the guard again in the outer WHERE. `{KINDS}` is replaced by the kind filter's placeholders.
+/// `$cancel` is the cancel guard: workers never claim a job whose cancel was requested; the payout
+/// processor does claim a queued withdrawal with a cancel request, to ask the provider before the
+/// hold is refunded (docs/decisions/0010).
 macro_rules! claim_sql {
-    ($lock:literal) => {
+    ($lock:literal, $cancel:literal) => {
         concat!(
             "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_token = $2, \
              lease_expires_at = $3, lease_worker = $4, lease_seconds = $5, updated_at = $1 \
-             WHERE id = (SELECT id FROM jobs WHERE state = 'queued' AND not_before <= $1 AND cancel_requested = 0 {KINDS} \
-                         ORDER BY not_before, job_seq LIMIT 1 ",
+             WHERE id = (SELECT id FROM jobs WHERE state = 'queued' AND not_before <= $1 ",
+            $cancel,
+            " {KINDS} ORDER BY not_before, job_seq LIMIT 1 ",
             $lock,
-            ") AND state = 'queued' AND not_before <= $1 AND cancel_requested = 0 \
-             RETURNING id, attempt, kind"
+            ") AND state = 'queued' AND not_before <= $1 ",
+            $cancel,
+            " RETURNING id, attempt, kind"
         )
     };
 }
-const CLAIM_SQLITE: &str = claim_sql!("");
-const CLAIM_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED");
+const CLAIM_SQLITE: &str = claim_sql!("", "AND cancel_requested = 0");
+const CLAIM_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED", "AND cancel_requested = 0");
+const CLAIM_PAYOUTS_SQLITE: &str = claim_sql!("", "");
+const CLAIM_PAYOUTS_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED", "");
 
 /// Claims up to `limit` due jobs, one guarded UPDATE each; every claim opens an attempt row.
-pub(crate) async fn claim(db: &mut Db<'_>, cx: &Cx, req: &ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError> {
-    let template = match db.engine() {
-        Engine::Sqlite => CLAIM_SQLITE,
-        Engine::Postgres => CLAIM_PG,
+/// Workers never get a withdrawal (a claim naming no kinds leaves them out); the payout processor
+/// gets only withdrawals.
+pub(crate) async fn claim(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    req: &ClaimRequest,
+    caller: Caller,
+) -> Result<Vec<ClaimedJob>, StoreError> {
+    let template = match (db.engine(), caller) {
+        (Engine::Sqlite, Caller::Worker) => CLAIM_SQLITE,
+        (Engine::Postgres, Caller::Worker) => CLAIM_PG,
+        (Engine::Sqlite, Caller::PayoutProcessor) => CLAIM_PAYOUTS_SQLITE,
+        (Engine::Postgres, Caller::PayoutProcessor) => CLAIM_PAYOUTS_PG,
     };
-    let kinds_sql = if req.kinds.is_empty() {
-        String::new()
-    } else {
-        let params: Vec<String> = (0..req.kinds.len()).map(|i| format!("${}", 6 + i)).collect();
-        format!("AND kind IN ({})", params.join(", "))
+    let names_withdrawal = req.kinds.iter().any(|k| k.as_str() == job::WITHDRAWAL_KIND);
+    let kinds_sql = match caller {
+        Caller::PayoutProcessor => format!("AND kind = '{}'", job::WITHDRAWAL_KIND),
+        Caller::Worker if names_withdrawal => {
+            return Err(StoreError::invalid("withdrawals are claimed only by the built-in payout processor"));
+        }
+        Caller::Worker if req.kinds.is_empty() => format!("AND kind <> '{}'", job::WITHDRAWAL_KIND),
+        Caller::Worker => {
+            let params: Vec<String> = (0..req.kinds.len()).map(|i| format!("${}", 6 + i)).collect();
+            format!("AND kind IN ({})", params.join(", "))
+        }
     };
     let sql = template.replace("{KINDS}", &kinds_sql);
     let lease_seconds = req.lease_seconds.unwrap_or(cx.policy.default.lease_seconds);
@@ -812,7 +873,9 @@ pub(crate) async fn claim(db: &mut Db<'_>, cx: &Cx, req: &ClaimRequest) -> Resul
             req.worker.as_str().into(),
             i64::from(lease_seconds).into(),
         ];
-        a.extend(req.kinds.iter().map(|k| crate::db::Value::from(k.as_str())));
+        if caller == Caller::Worker {
+            a.extend(req.kinds.iter().map(|k| crate::db::Value::from(k.as_str())));
+        }
         let Some(row) = db.opt_built(sql.clone(), &a).await? else { break };
         let (job_id, attempt, kind) = (row.text(0)?, row.i64(1)?, row.text(2)?);
         cx.point(CrashPoint::AfterGuard)?;
@@ -865,8 +928,10 @@ pub(crate) async fn heartbeat(
     cx: &Cx,
     id: &JobId,
     token: &LeaseToken,
+    caller: Caller,
 ) -> Result<Result<Heartbeat, Stale>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
+    check_caller(&job, caller)?;
     if !holds_lease(&job, token) {
         log_signal(db, cx, &job, Some(&token.0), Heard { signal: "heartbeat", code: None, message: None }, "stale")
             .await?;
@@ -880,6 +945,14 @@ pub(crate) async fn heartbeat(
         )
         .await?;
     guard_hit(rows, "heartbeat")?;
+    // The payout processor's last heartbeat before a send marks the attempt as sending, committed
+    // before the request leaves: from here an expired lease is `unknown` (docs/design/payouts.md).
+    if caller == Caller::PayoutProcessor && !job.cancel_requested {
+        let rows = db
+            .exec("UPDATE withdrawals SET sending_attempt = $2 WHERE job_id = $1", args![&job.id, job.attempt])
+            .await?;
+        guard_hit(rows, "sending marker")?;
+    }
     cx.point(CrashPoint::AfterGuard)?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Ok(Heartbeat { lease_expires_at: expires, cancel_requested: job.cancel_requested }))
@@ -896,6 +969,7 @@ pub(crate) async fn item_report(
     failure: Option<(&FailCode, Option<&str>)>,
 ) -> Result<Result<ItemReport, Stale>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
+    check_caller(&job, Caller::Worker)?;
     let signal_name = if failure.is_some() { "item_fail" } else { "item_succeed" };
     if !holds_lease(&job, token) {
         let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
@@ -974,6 +1048,7 @@ pub(crate) async fn register_artifact(
     artifact: &NewArtifact,
 ) -> Result<Result<bool, Stale>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
+    check_caller(&job, Caller::Worker)?;
     if !holds_lease(&job, token) {
         log_signal(
             db,
@@ -1103,14 +1178,20 @@ struct Failure<'a> {
     retry_after_ms: Option<u64>,
     /// How the attempt row is closed: `failed`, `lease_expired`, `cancelled`.
     attempt_result: &'static str,
+    /// Retry whatever the attempts used: a withdrawal confirmed absent after its window is never
+    /// dead-lettered (and refunded) on that conclusion alone; the next attempt asks first.
+    budget_exempt: bool,
+    /// Keep a requested cancel for later: a withdrawal is torn down (refunded) only after the
+    /// provider said its key is absent, and this failure is not such an answer.
+    defer_cancel: bool,
 }
 
 /// The failure path shared by a worker's fail, the lease rescuer and reconcile-absent.
 async fn apply_failure(db: &mut Db<'_>, cx: &Cx, job: &JobRow, failure: Failure<'_>) -> Result<After, StoreError> {
-    let Failure { code, message, retryable, retry_after_ms, attempt_result } = failure;
-    let used = u32::try_from(job.attempt - job.budget_base).unwrap_or(u32::MAX);
+    let Failure { code, message, retryable, retry_after_ms, attempt_result, budget_exempt, defer_cancel } = failure;
+    let used = if budget_exempt { 0 } else { u32::try_from(job.attempt - job.budget_base).unwrap_or(u32::MAX) };
     let max = u32::try_from(job.max_attempts).unwrap_or(u32::MAX);
-    let outcome = job::fail_outcome(job.cancel_requested, retryable, used, max);
+    let outcome = job::fail_outcome(job.cancel_requested && !defer_cancel, retryable, used, max);
     if outcome == FailOutcome::Teardown {
         begin_teardown(
             db,
@@ -1175,6 +1256,7 @@ pub(crate) async fn fail(
     cx: &Cx,
     id: &JobId,
     signal: &FailSignal,
+    caller: Caller,
 ) -> Result<(Outcome<Job>, After), StoreError> {
     if let Some(m) = &signal.message
         && m.len() > limits::MESSAGE_LEN_MAX
@@ -1182,6 +1264,7 @@ pub(crate) async fn fail(
         return Err(StoreError::invalid(format!("message is longer than {} bytes", limits::MESSAGE_LEN_MAX)));
     }
     let job = must_lock_job(db, id.as_str()).await?;
+    check_caller(&job, caller)?;
     if !holds_lease(&job, &signal.lease_token) {
         log_signal(
             db,
@@ -1197,7 +1280,10 @@ pub(crate) async fn fail(
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: false }, after));
     }
-    let retryable = cx.policy.for_kind(&job.kind).is_retryable(&signal.code, signal.retryable);
+    // A payout attempt that could not ask the provider learned nothing: retry, keep any cancel
+    // request for an attempt that can ask, never dead-letter (and refund) on it.
+    let inconclusive = caller == Caller::PayoutProcessor && signal.code == FailCode::lookup_failed();
+    let retryable = inconclusive || cx.policy.for_kind(&job.kind).is_retryable(&signal.code, signal.retryable);
     let after = apply_failure(
         db,
         cx,
@@ -1208,6 +1294,8 @@ pub(crate) async fn fail(
             retryable,
             retry_after_ms: signal.retry_after_ms,
             attempt_result: "failed",
+            budget_exempt: inconclusive,
+            defer_cancel: inconclusive,
         },
     )
     .await?;
@@ -1228,10 +1316,17 @@ pub(crate) async fn expire_lease(
     if job.state != JobState::Running || job.lease_token.as_deref() != Some(seen_token) || !expired {
         return Ok((false, After::Nothing));
     }
-    if job.cancel_requested && job.refund_on == RefundPolicy::FinalFailure {
-        // The worker of an external effect (a payout) vanished after a cancel request: the effect may
-        // have happened. Tearing down would refund money that may have left, so the outcome is
-        // unknown until reconciled (docs/decisions/0004).
+    let sending = if job.kind == job::WITHDRAWAL_KIND {
+        let marker = db.one("SELECT sending_attempt FROM withdrawals WHERE job_id = $1", args![&job.id]).await?;
+        marker.opt_i64(0)? == Some(job.attempt)
+    } else {
+        false
+    };
+    if job::lease_expiry_is_unknown(&job.kind, sending, job.refund_on, job.cancel_requested) {
+        // The worker of an external effect vanished: a payout processor mid-attempt (it may have
+        // sent), or a `final_failure` worker after a cancel request. Retrying could send twice and
+        // tearing down would refund money that may have left, so the outcome is unknown until
+        // reconciled (docs/decisions/0004, 0010).
         let rows = db
             .exec(
                 "UPDATE jobs SET state = 'unknown', unknown_since = $3, lease_token = NULL, lease_expires_at = NULL, \
@@ -1249,13 +1344,16 @@ pub(crate) async fn expire_lease(
             "job.unknown",
             Some(&job.id),
             &job.account_id,
-            serde_json::json!({ "attempt": job.attempt, "message": "lease expired after a cancel request" }),
+            serde_json::json!({ "attempt": job.attempt, "message": "lease expired; the outcome is unknown until reconciled" }),
         )
         .await?;
         cx.point(CrashPoint::AfterOutbox)?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((true, After::Nothing));
     }
+    // A withdrawal whose attempt never started its send sent nothing: retry it, and let the next
+    // attempt ask the provider before any refund.
+    let payout = job.kind == job::WITHDRAWAL_KIND;
     let after = apply_failure(
         db,
         cx,
@@ -1266,6 +1364,8 @@ pub(crate) async fn expire_lease(
             retryable: true,
             retry_after_ms: None,
             attempt_result: "lease_expired",
+            budget_exempt: payout,
+            defer_cancel: payout,
         },
     )
     .await?;
@@ -1275,7 +1375,7 @@ pub(crate) async fn expire_lease(
 
 /// Success from any attempt (spec §3). A pending cancel wins over it unless the job's refund policy
 /// is `final_failure` (an external effect such as a payout cannot be taken back: docs/decisions/0004).
-async fn apply_success(
+pub(crate) async fn apply_success(
     db: &mut Db<'_>,
     cx: &Cx,
     job: &JobRow,
@@ -1362,6 +1462,7 @@ pub(crate) async fn succeed(
         return Err(StoreError::invalid(format!("result is larger than {} bytes", limits::PAYLOAD_BYTES_MAX)));
     }
     let job = must_lock_job(db, id.as_str()).await?;
+    check_caller(&job, Caller::Worker)?;
     let (applied, after) = apply_success(db, cx, &job, token, result).await?;
     let job = must_read_job(db, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
@@ -1374,8 +1475,10 @@ pub(crate) async fn mark_unknown(
     id: &JobId,
     token: &LeaseToken,
     message: Option<&str>,
+    caller: Caller,
 ) -> Result<Outcome<Job>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
+    check_caller(&job, caller)?;
     if !holds_lease(&job, token) {
         log_signal(db, cx, &job, Some(&token.0), Heard { signal: "unknown", code: None, message }, "stale").await?;
         let job = attach(db, job).await?;
@@ -1418,6 +1521,10 @@ pub(crate) async fn reconcile(
         (false, After::Nothing)
     } else {
         match finding {
+            // A withdrawal's success needs its txid: `payouts::payout_succeeded`.
+            Finding::Present if job.kind == job::WITHDRAWAL_KIND => {
+                return Err(StoreError::invalid("a withdrawal found at the provider is recorded with its txid"));
+            }
             Finding::Present => apply_success(db, cx, &job, None, None).await?,
             Finding::Absent => {
                 let since = job.unknown_since.unwrap_or(job.updated_at);
@@ -1436,6 +1543,8 @@ pub(crate) async fn reconcile(
                             retryable: true,
                             retry_after_ms: None,
                             attempt_result: "failed",
+                            budget_exempt: job.kind == job::WITHDRAWAL_KIND,
+                            defer_cancel: false,
                         },
                     )
                     .await?;
@@ -1454,7 +1563,17 @@ pub(crate) async fn reconcile(
 /// Cancel, per the spec's table. Returns the job and what is left to do after the commit.
 pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job, After), StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
-    let after = match job::cancel_action(job.state) {
+    let is_withdrawal = job.kind == job::WITHDRAWAL_KIND;
+    let action = match job::cancel_action(job.state) {
+        // A dead withdrawal's hold was refunded already; `cancelled` would only hide it from the
+        // late-execution check.
+        job::CancelAction::Teardown if is_withdrawal && job.state == JobState::Dead => job::CancelAction::Finished,
+        // A queued withdrawal that was tried before is cancelled through the processor, which asks
+        // the provider first (an earlier send may have gone through after all).
+        job::CancelAction::Teardown if is_withdrawal && job.attempt > 0 => job::CancelAction::RequestFlag,
+        other => other,
+    };
+    let after = match action {
         job::CancelAction::Teardown => {
             begin_teardown(db, cx, &job, None).await?;
             After::Teardown
@@ -1464,8 +1583,8 @@ pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job,
             if !job.cancel_requested {
                 let rows = db
                     .exec(
-                        "UPDATE jobs SET cancel_requested = 1, updated_at = $2 WHERE id = $1 AND state = 'running' AND cancel_requested = 0",
-                        args![&job.id, cx.now.micros()],
+                        "UPDATE jobs SET cancel_requested = 1, updated_at = $2 WHERE id = $1 AND state = $3 AND cancel_requested = 0",
+                        args![&job.id, cx.now.micros(), job.state.as_str()],
                     )
                     .await?;
                 guard_hit(rows, "cancel request")?;
@@ -1494,6 +1613,15 @@ pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job,
 
 pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
+    if job.kind == job::WITHDRAWAL_KIND {
+        // Dead means the hold was refunded after a definitive "not sent", and an item is refunded
+        // once: a re-run is a new withdrawal with a new key (docs/decisions/0010).
+        return Err(StoreError::InvalidTransition {
+            job: job.id,
+            action: "be requeued (a dead withdrawal's hold was refunded: create a new withdrawal)",
+            state: job.state.as_str().to_owned(),
+        });
+    }
     // A requeue re-sent after its answer was lost finds the job requeued and not claimed since:
     // answer it again rather than fail (docs/decisions/0005).
     if job.state == JobState::Queued && job.attempt > 0 && job.budget_base == job.attempt {

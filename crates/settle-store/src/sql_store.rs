@@ -6,9 +6,9 @@ use crate::artifacts::ArtifactStore;
 use crate::db::{Db, Engine};
 use crate::error::StoreError;
 use crate::model::*;
-use crate::ops::{self, After, CrashHook, Cx};
-use crate::store::Store;
-use crate::{audit, reads, webhooks};
+use crate::ops::{self, After, Caller, CrashHook, Cx};
+use crate::store::{Payouts, Store};
+use crate::{audit, payouts, reads, webhooks};
 use async_trait::async_trait;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
@@ -540,6 +540,10 @@ impl Store for SqlStore {
         self.engine().name()
     }
 
+    fn payouts(&self) -> &dyn Payouts {
+        self
+    }
+
     fn wake(&self) -> Arc<tokio::sync::Notify> {
         self.wake.clone()
     }
@@ -660,7 +664,7 @@ impl Store for SqlStore {
         if req.kinds.len() > limits::CLAIM_KINDS_MAX {
             return Err(StoreError::invalid(format!("at most {} kinds per claim", limits::CLAIM_KINDS_MAX)));
         }
-        let out = self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req).await)).await?;
+        let out = self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, Caller::Worker).await)).await?;
         if !out.is_empty() {
             self.events_wake.notify_waiters();
         }
@@ -670,7 +674,9 @@ impl Store for SqlStore {
 
     async fn heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
         let (job, token) = (job.clone(), token.clone());
-        let out = self.write_quiet(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token).await)).await?;
+        let out = self
+            .write_quiet(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token, Caller::Worker).await))
+            .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         out.map_err(lease_lost)
     }
@@ -744,7 +750,8 @@ impl Store for SqlStore {
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
         check_text("message", signal.message.as_deref(), false)?;
         let id = job.clone();
-        let (outcome, after) = self.write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal).await)).await?;
+        let (outcome, after) =
+            self.write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, Caller::Worker).await)).await?;
         if outcome.applied {
             self.work_due();
         }
@@ -764,7 +771,7 @@ impl Store for SqlStore {
         let out = self
             .write(op!(
                 [id, token, message] | db,
-                cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref()).await
+                cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref(), Caller::Worker).await
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
@@ -934,5 +941,116 @@ impl Store for SqlStore {
     ) -> Result<Paged<Delivery>, StoreError> {
         let filter = filter.clone();
         self.read(op!([filter] | db, _cx | webhooks::list(db, &filter, after, limit).await)).await
+    }
+}
+
+#[async_trait]
+impl Payouts for SqlStore {
+    async fn create_withdrawal(&self, req: NewWithdrawal) -> Result<Created<Withdrawal>, StoreError> {
+        payouts::validate_withdrawal(&req)?;
+        let out = self.write(op!([req] | db, cx | payouts::create_withdrawal(db, cx, &req).await)).await?;
+        if !out.replayed {
+            self.work_due();
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn withdrawal(&self, id: &JobId) -> Result<Withdrawal, StoreError> {
+        let id = id.clone();
+        self.read(op!([id] | db, _cx | payouts::must_read_withdrawal(db, id.as_str()).await)).await
+    }
+
+    async fn withdrawals(&self, filter: &WithdrawalFilter, page: Page) -> Result<Paged<Withdrawal>, StoreError> {
+        let filter = filter.clone();
+        self.read(op!([filter] | db, _cx | payouts::withdrawals(db, &filter, page).await)).await
+    }
+
+    async fn claim_payouts(
+        &self,
+        worker: &settle_core::ids::WorkerName,
+        limit: u32,
+    ) -> Result<Vec<ClaimedJob>, StoreError> {
+        if limit == 0 || limit > limits::CLAIM_LIMIT_MAX {
+            return Err(StoreError::invalid(format!("limit must be between 1 and {}", limits::CLAIM_LIMIT_MAX)));
+        }
+        let req = ClaimRequest { worker: worker.clone(), kinds: Vec::new(), limit, lease_seconds: None };
+        let out =
+            self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, Caller::PayoutProcessor).await)).await?;
+        if !out.is_empty() {
+            self.events_wake.notify_waiters();
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn payout_heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
+        let (job, token) = (job.clone(), token.clone());
+        let out = self
+            .write_quiet(op!(
+                [job, token] | db,
+                cx | ops::heartbeat(db, cx, &job, &token, Caller::PayoutProcessor).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        out.map_err(lease_lost)
+    }
+
+    async fn payout_succeeded(
+        &self,
+        job: &JobId,
+        token: Option<&LeaseToken>,
+        txid: &str,
+        returned: bool,
+    ) -> Result<Outcome<Withdrawal>, StoreError> {
+        payouts::check_txid(txid)?;
+        let (id, token, txid) = (job.clone(), token.cloned(), txid.to_owned());
+        let out = self
+            .write(op!(
+                [id, token, txid] | db,
+                cx | payouts::payout_succeeded(db, cx, &id, token.as_ref(), &txid, returned).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn payout_failed(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
+        check_text("message", signal.message.as_deref(), false)?;
+        let id = job.clone();
+        let (outcome, after) = self
+            .write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, Caller::PayoutProcessor).await))
+            .await?;
+        if outcome.applied {
+            self.work_due();
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let value = self.continue_after(outcome.value, after).await?;
+        Ok(Outcome { value, applied: outcome.applied })
+    }
+
+    async fn payout_unknown(
+        &self,
+        job: &JobId,
+        token: &LeaseToken,
+        message: Option<&str>,
+    ) -> Result<Outcome<Job>, StoreError> {
+        check_text("message", message, false)?;
+        let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
+        let out = self
+            .write(op!(
+                [id, token, message] | db,
+                cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref(), Caller::PayoutProcessor).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn payout_returned(&self, job: &JobId, source: ReturnSource) -> Result<Outcome<Withdrawal>, StoreError> {
+        let id = job.clone();
+        let out = self.write(op!([id] | db, cx | payouts::payout_returned(db, cx, &id, source).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
     }
 }

@@ -9,6 +9,9 @@ use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
 pub trait Store: Send + Sync {
     fn engine_name(&self) -> &'static str;
 
+    /// Withdrawals: their creation, reads, and the payout processor's transitions.
+    fn payouts(&self) -> &dyn Payouts;
+
     /// Notified when a job may have become due: created, requeued, retried, rescued — in this process,
     /// or, on PostgreSQL, in any process. Claim long-polls wait on it.
     fn wake(&self) -> std::sync::Arc<tokio::sync::Notify>;
@@ -120,4 +123,45 @@ pub trait Store: Send + Sync {
         after: i64,
         limit: u32,
     ) -> Result<Paged<Delivery>, StoreError>;
+}
+
+/// Withdrawals (spec §4, docs/design/payouts.md). Only the payout processor and reconciler call the
+/// transitions; the worker protocol refuses withdrawals.
+#[async_trait]
+pub trait Payouts: Send + Sync {
+    /// Holds the amount (a charge; `insufficient_credits` writes nothing) and makes the
+    /// idempotency key, once. Create-by-id: a replay answers the stored withdrawal.
+    async fn create_withdrawal(&self, req: NewWithdrawal) -> Result<Created<Withdrawal>, StoreError>;
+    async fn withdrawal(&self, id: &JobId) -> Result<Withdrawal, StoreError>;
+    async fn withdrawals(&self, filter: &WithdrawalFilter, page: Page) -> Result<Paged<Withdrawal>, StoreError>;
+    /// Claims up to `limit` due withdrawals (also those with a cancel request: the processor asks
+    /// the provider before a refund), each with its kind's lease.
+    async fn claim_payouts(
+        &self,
+        worker: &settle_core::ids::WorkerName,
+        limit: u32,
+    ) -> Result<Vec<ClaimedJob>, StoreError>;
+    /// Renews the lease just before a send and, unless a cancel was requested, marks the attempt
+    /// as sending (committed before the request leaves). `lease_lost` for a stale token.
+    async fn payout_heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError>;
+    /// The provider has the transfer: success from any attempt, the txid kept; `returned`: the
+    /// provider says it came back, recorded in the same transaction.
+    async fn payout_succeeded(
+        &self,
+        job: &JobId,
+        token: Option<&LeaseToken>,
+        txid: &str,
+        returned: bool,
+    ) -> Result<Outcome<Withdrawal>, StoreError>;
+    /// A definitive failure answer (or `LOOKUP_FAILED`: retried, never dead, a cancel kept).
+    async fn payout_failed(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
+    /// No answer to a send: `unknown`, never retried automatically.
+    async fn payout_unknown(
+        &self,
+        job: &JobId,
+        token: &LeaseToken,
+        message: Option<&str>,
+    ) -> Result<Outcome<Job>, StoreError>;
+    /// `succeeded → returned` with one `payout_return` credit, once.
+    async fn payout_returned(&self, job: &JobId, source: ReturnSource) -> Result<Outcome<Withdrawal>, StoreError>;
 }

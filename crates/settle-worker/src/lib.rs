@@ -7,8 +7,11 @@
 //! - teardown sweeper: finishes every job left `cancelling`;
 //! - reconciler: asks a kind's `OutcomeChecker` about each `unknown` job; without a checker, or when
 //!   the checker finds nothing, "absent" — which the store turns into `TIMEOUT_CONFIRMED_NOT_SENT`
-//!   (retryable) only once the kind's confirm window has passed.
+//!   (retryable) only once the kind's confirm window has passed. Withdrawals are left to the payout
+//!   processor's own reconcile pass, which asks the provider (no provider: they stay unknown);
+//! - payout processor (`payouts`): withdrawals against the provider.
 
+pub mod payouts;
 pub mod webhooks;
 
 use async_trait::async_trait;
@@ -87,6 +90,10 @@ impl Maintenance {
         *self.reconcile_after.lock().expect("cursor lock") = page.next_after.unwrap_or(0);
         let mut resolved = Vec::new();
         for job in page.rows {
+            // Only the provider can say what became of a payout: never "absent" for lack of asking.
+            if job.kind == settle_core::job::WITHDRAWAL_KIND {
+                continue;
+            }
             let finding = match self.checkers.get(&job.kind) {
                 None => Finding::Absent,
                 Some(checker) => match checker.check(&job).await {

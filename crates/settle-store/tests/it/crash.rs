@@ -258,7 +258,7 @@ async fn every_step_and_crash_point_converges(engine: EngineKind) {
             );
         }
     }
-    let all: BTreeSet<CrashPoint> = CrashPoint::ALL.iter().copied().collect();
-    assert_eq!(covered, all, "every crash point is exercised");
+    let all: BTreeSet<CrashPoint> = CrashPoint::STORE.iter().copied().collect();
+    assert_eq!(covered, all, "every store crash point is exercised");
     assert!(runs > 60, "only {runs} crash runs");
 }

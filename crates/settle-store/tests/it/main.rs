@@ -5,3 +5,4 @@ mod conformance;
 mod crash;
 mod kit;
 mod race;
+mod withdrawals;

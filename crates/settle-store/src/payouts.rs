@@ -1,0 +1,288 @@
+//! Withdrawals (spec §4, docs/design/payouts.md): the writes and reads that only payouts have.
+//! A withdrawal is a job of kind `withdrawal` (its hold is the item `main`), plus one row of
+//! `withdrawals` with the idempotency key made once at creation. Every write here has the shape of
+//! `ops`: lock the job, decide, guarded statements, ledger rows and the event in one transaction.
+
+use crate::db::{Db, Value, args};
+use crate::error::StoreError;
+use crate::model::*;
+use crate::ops::{self, After, Caller, Cx};
+use settle_core::crash::CrashPoint;
+use settle_core::fingerprint::Fingerprint;
+use settle_core::ids::{ItemId, JobId, JobKind};
+use settle_core::item::{ItemSignal, ItemState};
+use settle_core::job::{self, JobState, RefundPolicy};
+use settle_core::{Credits, Timestamp, limits};
+
+pub(crate) fn withdrawal_fingerprint(req: &NewWithdrawal) -> [u8; 32] {
+    Fingerprint::new("withdrawal")
+        .str("id", req.id.as_str())
+        .str("account_id", req.account_id.as_str())
+        .i64("amount", req.amount.get())
+        .str("destination", req.destination.as_str())
+        .finish()
+}
+
+/// Bad input writes nothing: the amount is positive and inside the largest balance Settle keeps.
+pub(crate) fn validate_withdrawal(req: &NewWithdrawal) -> Result<(), StoreError> {
+    if !req.amount.is_positive() {
+        return Err(StoreError::invalid("a withdrawal's amount must be greater than zero"));
+    }
+    if req.amount.get() > limits::BALANCE_MAX {
+        return Err(StoreError::Overflow);
+    }
+    Ok(())
+}
+
+/// Creates the withdrawal: the job holding the amount (a charge under the overdraft guard), the
+/// withdrawal row with a fresh idempotency key, `job.queued` — or answers the replay.
+pub(crate) async fn create_withdrawal(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    req: &NewWithdrawal,
+) -> Result<Created<Withdrawal>, StoreError> {
+    validate_withdrawal(req)?;
+    let fp = withdrawal_fingerprint(req);
+    if db.opt("SELECT 1 FROM accounts WHERE id = $1", args![req.account_id.as_str()]).await?.is_none() {
+        return Err(StoreError::not_found("account", req.account_id.as_str()));
+    }
+    if let Some(existing) = ops::lock_job(db, req.id.as_str()).await? {
+        if existing.request_hash != fp {
+            return Err(StoreError::IdempotencyConflict { what: "withdrawal", id: req.id.to_string() });
+        }
+        return Ok(Created { value: must_read_withdrawal(db, req.id.as_str()).await?, replayed: true });
+    }
+    let new_job = NewJob {
+        id: req.id.clone(),
+        account_id: req.account_id.clone(),
+        kind: JobKind::parse(job::WITHDRAWAL_KIND).expect("the withdrawal kind is a valid kind"),
+        items: vec![NewItem { id: ItemId::main(), cost: req.amount }],
+        payload: "null".to_owned(),
+        max_attempts: None,
+        // Never handed back while it may still leave, whatever the kind's configuration says.
+        refund_on: Some(RefundPolicy::FinalFailure),
+        not_before: None,
+    };
+    ops::insert_job(db, cx, &new_job, &fp).await?;
+    // Made once, here; every attempt of this withdrawal sends and looks up with it.
+    let key = format!("wd_{}", uuid::Uuid::new_v4().simple());
+    db.exec(
+        "INSERT INTO withdrawals (job_id, destination, amount, idempotency_key, created_at) VALUES ($1, $2, $3, $4, $5)",
+        args![req.id.as_str(), req.destination.as_str(), req.amount.get(), &key, cx.now.micros()],
+    )
+    .await?;
+    let w = must_read_withdrawal(db, req.id.as_str()).await?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Created { value: w, replayed: false })
+}
+
+const WITHDRAWAL_ROW: &str =
+    "SELECT destination, amount, idempotency_key, provider_txid, returned_at FROM withdrawals WHERE job_id = $1";
+
+async fn with_job(db: &mut Db<'_>, job: Job) -> Result<Withdrawal, StoreError> {
+    let r = db
+        .opt(WITHDRAWAL_ROW, args![&job.id])
+        .await?
+        .ok_or_else(|| StoreError::internal(format!("withdrawal job {} has no withdrawal row", job.id)))?;
+    Ok(Withdrawal {
+        destination: r.text(0)?,
+        amount: Credits::new(r.i64(1)?),
+        idempotency_key: r.text(2)?,
+        provider_txid: r.opt_text(3)?,
+        returned_at: r.opt_i64(4)?.map(Timestamp::from_micros),
+        job,
+    })
+}
+
+pub(crate) async fn read_withdrawal(db: &mut Db<'_>, id: &str) -> Result<Option<Withdrawal>, StoreError> {
+    match ops::read_job(db, id).await? {
+        Some(job) if job.kind == job::WITHDRAWAL_KIND => Ok(Some(with_job(db, job).await?)),
+        _ => Ok(None),
+    }
+}
+
+pub(crate) async fn must_read_withdrawal(db: &mut Db<'_>, id: &str) -> Result<Withdrawal, StoreError> {
+    read_withdrawal(db, id).await?.ok_or_else(|| StoreError::not_found("withdrawal", id))
+}
+
+/// Withdrawals in creation order after `page.after` (a job sequence number).
+pub(crate) async fn withdrawals(
+    db: &mut Db<'_>,
+    filter: &WithdrawalFilter,
+    page: Page,
+) -> Result<Paged<Withdrawal>, StoreError> {
+    let limit = page.limit.clamp(1, limits::PAGE_LIMIT_MAX);
+    let mut sql = format!("SELECT {} FROM jobs WHERE kind = 'withdrawal' AND job_seq > $1", ops::JOB_COLUMNS);
+    let mut a: Vec<Value> = vec![page.after.into()];
+    if let Some(s) = filter.state {
+        a.push(s.as_str().into());
+        sql.push_str(&format!(" AND state = ${}", a.len()));
+    }
+    if let Some(acc) = &filter.account_id {
+        a.push(acc.as_str().into());
+        sql.push_str(&format!(" AND account_id = ${}", a.len()));
+    }
+    if let Some(since) = filter.updated_since {
+        a.push(since.micros().into());
+        sql.push_str(&format!(" AND updated_at >= ${}", a.len()));
+    }
+    a.push(i64::from(limit).into());
+    sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
+    let rows = db.all_built(sql, &a).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    let mut last = None;
+    for r in &rows {
+        let row = ops::job_row(r)?;
+        last = Some(row.job_seq);
+        let job = ops::attach(db, row).await?;
+        out.push(with_job(db, job).await?);
+    }
+    let next_after = if out.len() as u32 == limit { last } else { None };
+    Ok(Paged { rows: out, next_after })
+}
+
+/// Keeps the provider's txid once known; a txid already kept is never replaced.
+pub(crate) async fn record_txid(db: &mut Db<'_>, job_id: &str, txid: &str) -> Result<(), StoreError> {
+    check_txid(txid)?;
+    let kept = db
+        .opt("SELECT provider_txid FROM withdrawals WHERE job_id = $1", args![job_id])
+        .await?
+        .ok_or_else(|| StoreError::internal(format!("withdrawal job {job_id} has no withdrawal row")))?
+        .opt_text(0)?;
+    match kept {
+        None => {
+            let rows = db
+                .exec(
+                    "UPDATE withdrawals SET provider_txid = $2 WHERE job_id = $1 AND provider_txid IS NULL",
+                    args![job_id, txid],
+                )
+                .await?;
+            ops::guard_hit(rows, "provider txid")
+        }
+        Some(k) if k == txid => Ok(()),
+        Some(k) => {
+            tracing::warn!(job = job_id, kept = %k, reported = txid, "the provider reported another txid for one key");
+            Ok(())
+        }
+    }
+}
+
+pub(crate) fn check_txid(txid: &str) -> Result<(), StoreError> {
+    if txid.is_empty() || txid.len() > limits::PROVIDER_TXID_LEN_MAX || txid.chars().any(char::is_control) {
+        return Err(StoreError::invalid(format!(
+            "a provider txid is 1 to {} characters without control characters",
+            limits::PROVIDER_TXID_LEN_MAX
+        )));
+    }
+    Ok(())
+}
+
+/// The provider has the transfer: the success path (accepted from any attempt, with or without
+/// the current lease: the money left) and the txid, in one transaction; and, when the provider
+/// says it came back already, the return too (a crash between the two would lose the return).
+pub(crate) async fn payout_succeeded(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    token: Option<&LeaseToken>,
+    txid: &str,
+    returned: bool,
+) -> Result<Outcome<Withdrawal>, StoreError> {
+    check_txid(txid)?;
+    let job = ops::must_lock_job(db, id.as_str()).await?;
+    ops::check_caller(&job, Caller::PayoutProcessor)?;
+    let (mut applied, after) = ops::apply_success(db, cx, &job, token, None).await?;
+    // A withdrawal is `final_failure`: its success wins over a cancel request, never a teardown.
+    assert_eq!(after, After::Nothing, "a payout's success never tears down");
+    if applied || matches!(job.state, JobState::Succeeded | JobState::Returned) {
+        record_txid(db, &job.id, txid).await?;
+    } else {
+        // Money left for a withdrawal that is not in a state a success can reach (`cancelled`):
+        // never drop what the provider said; a person must look (docs/decisions/0010).
+        tracing::error!(job = %job.id, state = job.state.as_str(), txid, "the provider executed a withdrawal Settle had closed");
+        ops::emit(
+            db,
+            cx,
+            "withdrawal.late_execution",
+            Some(&job.id),
+            &job.account_id,
+            serde_json::json!({ "state": job.state.as_str(), "provider_txid": txid }),
+        )
+        .await?;
+    }
+    cx.point(CrashPoint::AfterLedger)?;
+    if returned {
+        let now = ops::must_lock_job(db, id.as_str()).await?;
+        if now.state == JobState::Succeeded {
+            apply_return(db, cx, &now, ReturnSource::Provider).await?;
+            applied = true;
+        }
+    }
+    let w = must_read_withdrawal(db, id.as_str()).await?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Outcome { value: w, applied })
+}
+
+/// A paid-out withdrawal came back: `succeeded → returned`, once.
+pub(crate) async fn payout_returned(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    source: ReturnSource,
+) -> Result<Outcome<Withdrawal>, StoreError> {
+    let job = ops::must_lock_job(db, id.as_str()).await?;
+    if job.kind != job::WITHDRAWAL_KIND {
+        return Err(StoreError::not_found("withdrawal", id.as_str()));
+    }
+    let applied = match job.state {
+        JobState::Returned => false,
+        JobState::Succeeded => {
+            apply_return(db, cx, &job, source).await?;
+            true
+        }
+        other => {
+            return Err(StoreError::InvalidTransition {
+                job: job.id,
+                action: "be returned (only a succeeded withdrawal was paid out)",
+                state: other.as_str().to_owned(),
+            });
+        }
+    };
+    let w = must_read_withdrawal(db, id.as_str()).await?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Outcome { value: w, applied })
+}
+
+/// The job `succeeded → returned`, its item `succeeded → returned` with one `payout_return` of the
+/// stored amount, `returned_at`, and `withdrawal.returned`.
+async fn apply_return(db: &mut Db<'_>, cx: &Cx, job: &ops::JobRow, source: ReturnSource) -> Result<(), StoreError> {
+    let rows = db
+        .exec(
+            "UPDATE jobs SET state = 'returned', updated_at = $2 WHERE id = $1 AND state = 'succeeded'",
+            args![&job.id, cx.now.micros()],
+        )
+        .await?;
+    ops::guard_hit(rows, "return")?;
+    cx.point(CrashPoint::AfterGuard)?;
+    let moved = ops::move_items(db, cx, job, ItemState::Succeeded, ItemSignal::Return, None, None).await?;
+    cx.point(CrashPoint::AfterLedger)?;
+    let rows = db
+        .exec(
+            "UPDATE withdrawals SET returned_at = $2 WHERE job_id = $1 AND returned_at IS NULL",
+            args![&job.id, cx.now.micros()],
+        )
+        .await?;
+    ops::guard_hit(rows, "returned_at")?;
+    let txid = db.one("SELECT provider_txid FROM withdrawals WHERE job_id = $1", args![&job.id]).await?.opt_text(0)?;
+    ops::emit(
+        db,
+        cx,
+        "withdrawal.returned",
+        Some(&job.id),
+        &job.account_id,
+        serde_json::json!({ "amount": ops::sum(&moved)?.get(), "provider_txid": txid, "source": source.as_str() }),
+    )
+    .await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    Ok(())
+}

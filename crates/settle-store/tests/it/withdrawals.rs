@@ -1,0 +1,357 @@
+//! Withdrawals, written once against the `Store` and `Payouts` traits and run on both engines like
+//! the conformance suite; each check ends with the audit (L1–L4, including `payout_return`).
+
+use crate::kit::*;
+use settle_core::ids::*;
+use settle_core::job::{JobState, RefundPolicy};
+use settle_core::{Credits, limits};
+use settle_store::*;
+
+macro_rules! withdrawals {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let k = crate::kit::Kit::new(crate::kit::EngineKind::Sqlite).await;
+                    super::$name(&k).await;
+                    k.assert_clean().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let k = crate::kit::Kit::new(crate::kit::EngineKind::Postgres).await;
+                    super::$name(&k).await;
+                    k.assert_clean().await;
+                }
+            )*
+        }
+    };
+}
+
+withdrawals!(
+    create_holds_the_amount_and_replays,
+    bad_withdrawals_write_nothing,
+    the_withdrawal_kind_is_reserved_for_the_processor,
+    lease_expiry_retries_before_the_send_and_is_unknown_after,
+    success_keeps_the_txid_and_a_return_credits_once,
+    failures_follow_the_provider_codes,
+    confirmed_absent_never_dead_letters,
+    cancel_of_a_tried_withdrawal_asks_the_provider_first,
+    a_late_execution_of_a_dead_withdrawal_takes_the_hold_back,
+    withdrawals_list_by_state,
+);
+
+fn new_withdrawal(id: &str, account: &AccountId, amount: i64, destination: &str) -> NewWithdrawal {
+    NewWithdrawal {
+        id: jid(id),
+        account_id: account.clone(),
+        amount: Credits::new(amount),
+        destination: Destination::parse(destination).unwrap(),
+    }
+}
+
+async fn withdraw(k: &Kit, id: &str, account: &AccountId, amount: i64) -> Withdrawal {
+    k.store.payouts().create_withdrawal(new_withdrawal(id, account, amount, "acct-1")).await.unwrap().value
+}
+
+/// Claims exactly the withdrawal `id` through the payout processor's door.
+async fn claim_payout(k: &Kit, id: &str) -> LeaseToken {
+    let claimed = k.store.payouts().claim_payouts(&WorkerName::parse("payouts").unwrap(), 10).await.unwrap();
+    assert_eq!(claimed.iter().map(|c| c.job.id.as_str()).collect::<Vec<_>>(), vec![id]);
+    claimed[0].lease_token.clone()
+}
+
+async fn payout_fail(k: &Kit, id: &str, token: &LeaseToken, c: &str) -> Job {
+    k.store.payouts().payout_failed(&jid(id), fail_sig(token, c)).await.unwrap().value
+}
+
+async fn create_holds_the_amount_and_replays(k: &Kit) {
+    let a = k.account("a", 100).await;
+    let w = withdraw(k, "w1", &a, 40).await;
+    assert_eq!(
+        (w.job.kind.as_str(), w.job.state, w.job.refund_on),
+        ("withdrawal", JobState::Queued, RefundPolicy::FinalFailure)
+    );
+    assert_eq!((w.amount.get(), w.destination.as_str(), w.provider_txid.as_deref()), (40, "acct-1", None));
+    assert!(w.idempotency_key.starts_with("wd_") && w.idempotency_key.len() > 20, "{}", w.idempotency_key);
+    assert_eq!(k.balance(&a).await, 60);
+    assert_eq!(k.ledger_kinds(&a).await, vec![("grant".to_owned(), 100), ("charge".to_owned(), -40)]);
+    // a replay answers the stored withdrawal: the same key, nothing written
+    let again = k.store.payouts().create_withdrawal(new_withdrawal("w1", &a, 40, "acct-1")).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.value.idempotency_key, w.idempotency_key);
+    assert_eq!(k.balance(&a).await, 60);
+    // the same id with another body, or as a plain job: a conflict
+    for other in [new_withdrawal("w1", &a, 41, "acct-1"), new_withdrawal("w1", &a, 40, "acct-2")] {
+        let e = k.store.payouts().create_withdrawal(other).await.unwrap_err();
+        assert!(matches!(e, StoreError::IdempotencyConflict { .. }), "{e:?}");
+    }
+    let e = k.store.create_job(new_job("w1", &a, 40)).await.unwrap_err();
+    assert!(matches!(e, StoreError::IdempotencyConflict { .. }), "{e:?}");
+    let j = k.job("j1", &a, 5).await;
+    let e = k.store.payouts().create_withdrawal(new_withdrawal("j1", &a, 5, "acct-1")).await.unwrap_err();
+    assert!(matches!(e, StoreError::IdempotencyConflict { .. }), "{e:?}");
+    assert!(matches!(k.store.payouts().withdrawal(&jid(&j.id)).await, Err(StoreError::NotFound { .. })));
+}
+
+async fn bad_withdrawals_write_nothing(k: &Kit) {
+    let a = k.account("a", 100).await;
+    let before = (k.ledger_kinds(&a).await, k.event_types().await);
+    for (amount, overflow) in [(0, false), (-5, false), (limits::BALANCE_MAX + 1, true), (i64::MAX, true)] {
+        let e = k.store.payouts().create_withdrawal(new_withdrawal("bad", &a, amount, "acct-1")).await.unwrap_err();
+        assert_eq!(matches!(e, StoreError::Overflow), overflow, "{amount}: {e:?}");
+        assert!(overflow || matches!(e, StoreError::Invalid(_)), "{amount}: {e:?}");
+    }
+    let e = k.store.payouts().create_withdrawal(new_withdrawal("bad", &a, 101, "acct-1")).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientCredits { needed: 101, .. }), "{e:?}");
+    let e = k.store.payouts().create_withdrawal(new_withdrawal("bad", &acc("nobody"), 1, "acct-1")).await.unwrap_err();
+    assert!(matches!(e, StoreError::NotFound { .. }), "{e:?}");
+    assert!(matches!(k.store.payouts().withdrawal(&jid("bad")).await, Err(StoreError::NotFound { .. })));
+    assert_eq!((k.ledger_kinds(&a).await, k.event_types().await), before);
+    assert_eq!(k.balance(&a).await, 100);
+}
+
+async fn the_withdrawal_kind_is_reserved_for_the_processor(k: &Kit) {
+    let a = k.account("a", 100).await;
+    let mut plain = new_job("x", &a, 5);
+    plain.kind = JobKind::parse("withdrawal").unwrap();
+    assert!(matches!(k.store.create_job(plain).await, Err(StoreError::Invalid(_))));
+    withdraw(k, "w", &a, 10).await;
+    k.job("r", &a, 5).await;
+    // workers never get it, and may not ask for it
+    let claimed = k.store.claim(claim_req("w1", 10)).await.unwrap();
+    assert_eq!(claimed.iter().map(|c| c.job.id.as_str()).collect::<Vec<_>>(), vec!["r"]);
+    let named = ClaimRequest { kinds: vec![JobKind::parse("withdrawal").unwrap()], ..claim_req("w1", 10) };
+    assert!(matches!(k.store.claim(named).await, Err(StoreError::Invalid(_))));
+    let tr = claimed[0].lease_token.clone();
+    let t = claim_payout(k, "w").await;
+    // worker signals on a withdrawal, and payout signals on another job, are refused
+    let refused = |e: StoreError| assert!(matches!(e, StoreError::InvalidTransition { .. }), "{e:?}");
+    refused(k.store.succeed(&jid("w"), None).await.unwrap_err());
+    refused(k.store.fail(&jid("w"), fail_sig(&t, "NODE_DOWN")).await.unwrap_err());
+    refused(k.store.mark_unknown(&jid("w"), &t, None).await.unwrap_err());
+    refused(k.store.heartbeat(&jid("w"), &t).await.unwrap_err());
+    refused(k.store.item_succeed(&jid("w"), &ItemId::main(), &t).await.unwrap_err());
+    refused(k.store.payouts().payout_failed(&jid("r"), fail_sig(&tr, "NODE_DOWN")).await.unwrap_err());
+    refused(k.store.payouts().payout_succeeded(&jid("r"), Some(&tr), "tx", false).await.unwrap_err());
+    refused(k.store.payouts().payout_heartbeat(&jid("r"), &tr).await.unwrap_err());
+    assert_state(&k.get("w").await, JobState::Running);
+    assert_state(&k.get("r").await, JobState::Running);
+    // a dead withdrawal is not requeued: its hold was refunded (a re-run is a new withdrawal)
+    assert_state(&payout_fail(k, "w", &t, "INVALID_ADDRESS").await, JobState::Dead);
+    refused(k.store.requeue(&jid("w")).await.unwrap_err());
+    assert_eq!(k.balance(&a).await, 95);
+}
+
+async fn lease_expiry_retries_before_the_send_and_is_unknown_after(k: &Kit) {
+    let a = k.account("a", 100).await;
+    withdraw(k, "w", &a, 10).await;
+    // attempt 1 dies before its send started: nothing can have left, so it is retried
+    claim_payout(k, "w").await;
+    k.clock.advance_seconds(31);
+    assert_eq!(k.store.rescue_expired_leases(10).await.unwrap(), vec!["w".to_owned()]);
+    let j = k.get("w").await;
+    assert_state(&j, JobState::Queued);
+    assert_eq!((j.last_error.unwrap().code.as_str(), states(&k.get("w").await)), ("LEASE_EXPIRED", vec!["charged"]));
+    // attempt 2 marks its send, then dies: the payout may have left, so it is unknown, held
+    k.clock.advance_seconds(600);
+    let t = claim_payout(k, "w").await;
+    let hb = k.store.payouts().payout_heartbeat(&jid("w"), &t).await.unwrap();
+    assert!(!hb.cancel_requested);
+    k.clock.advance_seconds(31);
+    assert_eq!(k.store.rescue_expired_leases(10).await.unwrap(), vec!["w".to_owned()]);
+    let j = k.get("w").await;
+    assert_state(&j, JobState::Unknown);
+    assert_eq!((states(&j), k.balance(&a).await), (vec!["charged"], 90));
+    let attempts = k.store.attempts(&jid("w")).await.unwrap();
+    assert_eq!(attempts.iter().map(|a| a.result.as_deref()).collect::<Vec<_>>(), vec![Some("lease_expired"); 2]);
+    // the generic reconciler's "absent" is not how a payout is resolved… the processor's lookup is
+    assert!(k.store.payouts().claim_payouts(&WorkerName::parse("p").unwrap(), 10).await.unwrap().is_empty());
+}
+
+async fn success_keeps_the_txid_and_a_return_credits_once(k: &Kit) {
+    let a = k.account("a", 100).await;
+    withdraw(k, "w", &a, 40).await;
+    let t = claim_payout(k, "w").await;
+    let out = k.store.payouts().payout_succeeded(&jid("w"), Some(&t), "tx-1", false).await.unwrap();
+    assert!(out.applied);
+    assert_eq!((out.value.job.state, out.value.provider_txid.as_deref()), (JobState::Succeeded, Some("tx-1")));
+    assert_eq!(k.store.attempts(&jid("w")).await.unwrap()[0].result.as_deref(), Some("succeeded"));
+    // a duplicate report changes nothing and keeps the first txid
+    let again = k.store.payouts().payout_succeeded(&jid("w"), Some(&t), "tx-other", false).await.unwrap();
+    assert!(!again.applied);
+    assert_eq!(again.value.provider_txid.as_deref(), Some("tx-1"));
+    assert_eq!(k.balance(&a).await, 60);
+    // the payout came back: credited once
+    let r = k.store.payouts().payout_returned(&jid("w"), ReturnSource::Admin).await.unwrap();
+    assert!(r.applied);
+    assert_eq!(
+        (r.value.job.state, states(&r.value.job), r.value.job.net.get()),
+        (JobState::Returned, vec!["returned"], 0)
+    );
+    assert!(r.value.returned_at.is_some());
+    assert!(!k.store.payouts().payout_returned(&jid("w"), ReturnSource::Provider).await.unwrap().applied);
+    assert_eq!(k.balance(&a).await, 100);
+    assert_eq!(
+        k.ledger_kinds(&a).await,
+        vec![("grant".to_owned(), 100), ("charge".to_owned(), -40), ("payout_return".to_owned(), 40)]
+    );
+    assert!(k.event_types().await.contains(&"withdrawal.returned".to_owned()));
+    assert!(matches!(k.store.cancel(&jid("w")).await, Err(StoreError::JobFinished(_))));
+    // only a succeeded withdrawal can come back; only a withdrawal is one
+    withdraw(k, "q", &a, 10).await;
+    let e = k.store.payouts().payout_returned(&jid("q"), ReturnSource::Admin).await.unwrap_err();
+    assert!(matches!(e, StoreError::InvalidTransition { .. }), "{e:?}");
+    k.job("r", &a, 1).await;
+    assert!(matches!(
+        k.store.payouts().payout_returned(&jid("r"), ReturnSource::Admin).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    // found as already returned by the provider: success and return in one transaction
+    k.clock.advance_seconds(1);
+    let t = claim_payout(k, "q").await;
+    let both = k.store.payouts().payout_succeeded(&jid("q"), Some(&t), "tx-2", true).await.unwrap();
+    assert_eq!((both.value.job.state, both.value.provider_txid.as_deref()), (JobState::Returned, Some("tx-2")));
+    assert_eq!(k.balance(&a).await, 99);
+}
+
+async fn failures_follow_the_provider_codes(k: &Kit) {
+    let a = k.account("a", 100).await;
+    withdraw(k, "w", &a, 10).await;
+    // NODE_DOWN retries, holding the amount (final_failure)
+    let t = claim_payout(k, "w").await;
+    let j = payout_fail(k, "w", &t, "NODE_DOWN").await;
+    assert_state(&j, JobState::Queued);
+    assert_eq!((states(&j), k.balance(&a).await), (vec!["charged"], 90));
+    // a lookup that got no answer learned nothing: retried past the attempt budget, never dead
+    for _ in 0..5 {
+        k.clock.advance_seconds(600);
+        let t = claim_payout(k, "w").await;
+        assert_state(&payout_fail(k, "w", &t, "LOOKUP_FAILED").await, JobState::Queued);
+    }
+    assert_eq!(k.balance(&a).await, 90);
+    // INVALID_ADDRESS is definitive: dead, the hold refunded once
+    k.clock.advance_seconds(600);
+    let t = claim_payout(k, "w").await;
+    let j = payout_fail(k, "w", &t, "INVALID_ADDRESS").await;
+    assert_state(&j, JobState::Dead);
+    assert_eq!((states(&j), k.balance(&a).await), (vec!["refunded"], 100));
+    let summary = k.store.failure_summary().await.unwrap();
+    assert!(summary.iter().any(|f| f.code == "INVALID_ADDRESS" && f.state == "dead" && f.count == 1), "{summary:?}");
+    let codes: Vec<_> = k.store.attempts(&jid("w")).await.unwrap().into_iter().map(|a| a.fail_code).collect();
+    assert_eq!(codes.first().cloned().flatten().as_deref(), Some("NODE_DOWN"));
+    assert_eq!(codes.last().cloned().flatten().as_deref(), Some("INVALID_ADDRESS"));
+}
+
+async fn confirmed_absent_never_dead_letters(k: &Kit) {
+    let a = k.account("a", 100).await;
+    withdraw(k, "w", &a, 10).await;
+    // more rounds than the kind's attempts (3): each send goes unanswered, each is confirmed absent
+    for round in 0..4 {
+        let t = claim_payout(k, "w").await;
+        k.store.payouts().payout_heartbeat(&jid("w"), &t).await.unwrap();
+        assert_state(
+            &k.store.payouts().payout_unknown(&jid("w"), &t, Some("timeout")).await.unwrap().value,
+            JobState::Unknown,
+        );
+        k.clock.advance_seconds(3_599);
+        assert!(
+            !k.store.reconcile(&jid("w"), Finding::Absent).await.unwrap().applied,
+            "round {round}: inside the window"
+        );
+        k.clock.advance_seconds(1);
+        let j = k.store.reconcile(&jid("w"), Finding::Absent).await.unwrap().value;
+        assert_state(&j, JobState::Queued);
+        assert_eq!(j.last_error.unwrap().code, "TIMEOUT_CONFIRMED_NOT_SENT");
+        assert_eq!(k.balance(&a).await, 90, "round {round}: the hold stays");
+        k.clock.advance_seconds(600);
+    }
+    // a withdrawal found at the provider is recorded with its txid, not by a bare "present"
+    let t = claim_payout(k, "w").await;
+    k.store.payouts().payout_unknown(&jid("w"), &t, None).await.unwrap();
+    assert!(matches!(k.store.reconcile(&jid("w"), Finding::Present).await, Err(StoreError::Invalid(_))));
+    let w = k.store.payouts().payout_succeeded(&jid("w"), None, "tx-late", false).await.unwrap().value;
+    assert_eq!((w.job.state, w.provider_txid.as_deref()), (JobState::Succeeded, Some("tx-late")));
+    assert_eq!(k.balance(&a).await, 90);
+}
+
+async fn cancel_of_a_tried_withdrawal_asks_the_provider_first(k: &Kit) {
+    let a = k.account("a", 100).await;
+    // never tried: nothing can have left, cancelled at once with the hold refunded
+    withdraw(k, "fresh", &a, 10).await;
+    let c = k.store.cancel(&jid("fresh")).await.unwrap();
+    assert!(matches!(c, CancelOutcome::Cancelled(ref j) if states(j) == vec!["cancelled"]), "{c:?}");
+    // tried once: the cancel is a request the processor carries out after its lookup
+    withdraw(k, "w", &a, 10).await;
+    let t = claim_payout(k, "w").await;
+    payout_fail(k, "w", &t, "NODE_DOWN").await;
+    let c = k.store.cancel(&jid("w")).await.unwrap();
+    assert!(matches!(c, CancelOutcome::Accepted(ref j) if j.state == JobState::Queued && j.cancel_requested), "{c:?}");
+    assert_eq!(k.balance(&a).await, 90);
+    k.clock.advance_seconds(600);
+    let t = claim_payout(k, "w").await;
+    // the lookup failed: the cancel waits for an attempt that can ask
+    assert_state(&payout_fail(k, "w", &t, "LOOKUP_FAILED").await, JobState::Queued);
+    k.clock.advance_seconds(600);
+    let t = claim_payout(k, "w").await;
+    assert!(k.store.payouts().payout_heartbeat(&jid("w"), &t).await.unwrap().cancel_requested);
+    let j = payout_fail(k, "w", &t, "CANCELLED").await;
+    assert_state(&j, JobState::Cancelled);
+    assert_eq!((states(&j), k.balance(&a).await), (vec!["cancelled"], 100));
+    // a dead withdrawal stays dead: its hold was refunded already
+    withdraw(k, "d", &a, 10).await;
+    let t = claim_payout(k, "d").await;
+    payout_fail(k, "d", &t, "INSUFFICIENT").await;
+    assert!(matches!(k.store.cancel(&jid("d")).await, Err(StoreError::JobFinished(_))));
+}
+
+async fn a_late_execution_of_a_dead_withdrawal_takes_the_hold_back(k: &Kit) {
+    let a = k.account("a", 100).await;
+    withdraw(k, "w", &a, 30).await;
+    let t = claim_payout(k, "w").await;
+    assert_state(&payout_fail(k, "w", &t, "INVALID_ADDRESS").await, JobState::Dead);
+    assert_eq!(k.balance(&a).await, 100);
+    // the re-check finds the key executed after all: the money left, so the refund is reclaimed
+    let w = k.store.payouts().payout_succeeded(&jid("w"), None, "tx-late", false).await.unwrap().value;
+    assert_eq!(
+        (w.job.state, states(&w.job), w.provider_txid.as_deref()),
+        (JobState::Succeeded, vec!["reclaimed"], Some("tx-late"))
+    );
+    assert_eq!(k.balance(&a).await, 70);
+    // a cancelled withdrawal cannot take a success: the txid is reported, never dropped silently
+    withdraw(k, "c", &a, 5).await;
+    k.store.cancel(&jid("c")).await.unwrap();
+    let out = k.store.payouts().payout_succeeded(&jid("c"), None, "tx-c", false).await.unwrap();
+    assert!(!out.applied);
+    assert!(k.event_types().await.contains(&"withdrawal.late_execution".to_owned()));
+}
+
+async fn withdrawals_list_by_state(k: &Kit) {
+    let a = k.account("a", 100).await;
+    for i in 0..5 {
+        withdraw(k, &format!("w{i}"), &a, 1).await;
+    }
+    k.job("r", &a, 1).await;
+    let t = claim_payout_any(k).await;
+    k.store.payouts().payout_succeeded(&jid(&t.0), Some(&t.1), "tx", false).await.unwrap();
+    let all = k.store.payouts().withdrawals(&WithdrawalFilter::default(), Page { after: 0, limit: 3 }).await.unwrap();
+    assert_eq!(all.rows.iter().map(|w| w.job.id.as_str()).collect::<Vec<_>>(), vec!["w0", "w1", "w2"]);
+    let rest = k
+        .store
+        .payouts()
+        .withdrawals(&WithdrawalFilter::default(), Page { after: all.next_after.unwrap(), limit: 3 })
+        .await
+        .unwrap();
+    assert_eq!((rest.rows.len(), rest.next_after), (2, None));
+    let queued = WithdrawalFilter { state: Some(JobState::Queued), ..WithdrawalFilter::default() };
+    assert_eq!(k.store.payouts().withdrawals(&queued, Page::FIRST).await.unwrap().rows.len(), 4);
+}
+
+async fn claim_payout_any(k: &Kit) -> (String, LeaseToken) {
+    let claimed = k.store.payouts().claim_payouts(&WorkerName::parse("payouts").unwrap(), 1).await.unwrap();
+    (claimed[0].job.id.clone(), claimed[0].lease_token.clone())
+}
