@@ -236,29 +236,42 @@ async fn send(State(sim): State<Arc<Sim>>, _headers: HeaderMap, body: axum::body
         return error(StatusCode::BAD_REQUEST, "BAD_REQUEST", "the body is {key, destination, amount}");
     };
     let down = sim.node_is_down();
-    let key = req.key.clone();
-    let fate = {
+    let (fate, _in_flight) = {
         let mut book = sim.book.lock().expect("sim lock");
-        let in_flight = book.in_flight.entry(key.clone()).or_insert(0);
+        let in_flight = book.in_flight.entry(req.key.clone()).or_insert(0);
         *in_flight += 1;
         if *in_flight > 1 {
             book.concurrent_sends += 1;
         }
-        decide(&sim, &mut book, &req, down)
+        // Counted out when this request ends, however it ends: a caller that gives up on a hang
+        // drops this handler mid-sleep.
+        let guard = InFlight { sim: sim.clone(), key: req.key.clone() };
+        (decide(&sim, &mut book, &req, down), guard)
     };
-    let response = match fate {
+    match fate {
         Fate::Answer(r) => r,
         Fate::Hang(r) => {
             tokio::time::sleep(Duration::from_millis(sim.config.hang_ms)).await;
             r
         }
         Fate::Cut => cut_connection(),
-    };
-    let mut book = sim.book.lock().expect("sim lock");
-    if let Some(n) = book.in_flight.get_mut(&key) {
-        *n -= 1;
     }
-    response
+}
+
+/// One send of a key in flight; dropped when the request ends.
+struct InFlight {
+    sim: Arc<Sim>,
+    key: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut book) = self.sim.book.lock()
+            && let Some(n) = book.in_flight.get_mut(&self.key)
+        {
+            *n -= 1;
+        }
+    }
 }
 
 fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool) -> Fate {
