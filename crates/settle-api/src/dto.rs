@@ -162,7 +162,8 @@ pub struct CreateJob {
 pub struct Item {
     pub id: String,
     pub cost: i64,
-    /// `charged`, `succeeded`, `refunded`, `reclaimed`, `cancelled`.
+    /// `charged`, `succeeded`, `refunded`, `reclaimed`, `cancelled`, `returned` (a withdrawal paid out
+    /// and sent back).
     pub state: String,
     pub is_refunded: bool,
     pub is_reclaimed: bool,
@@ -181,7 +182,8 @@ pub struct Job {
     pub id: String,
     pub account_id: String,
     pub kind: String,
-    /// `queued`, `running`, `unknown`, `cancelling`, `succeeded`, `dead`, `cancelled`.
+    /// `queued`, `running`, `unknown`, `cancelling`, `succeeded`, `dead`, `cancelled`, and for
+    /// withdrawals `returned`.
     pub state: String,
     pub cost: i64,
     /// Sum of the job's ledger entries (≤ 0).
@@ -237,6 +239,66 @@ impl From<store::Job> for Job {
             updated_at: rfc3339(j.updated_at),
         }
     }
+}
+
+// ----- withdrawals -----------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWithdrawal {
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
+    pub id: String,
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
+    pub account_id: String,
+    /// Greater than zero; held (charged) at once, refunded only if the payout is definitively not made.
+    #[schema(minimum = 1)]
+    pub amount: i64,
+    /// Where the payout goes: 1-256 printable ASCII characters, not starting or ending with a space.
+    #[schema(pattern = r"^[!-~]([ -~]{0,254}[!-~])?$", min_length = 1, max_length = 256)]
+    pub destination: String,
+}
+
+/// A withdrawal: its job (kind `withdrawal`, `refund_on = final_failure`) and the payout's own fields.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Withdrawal {
+    #[serde(flatten)]
+    pub job: Job,
+    pub amount: i64,
+    pub destination: String,
+    /// Made once at creation; every attempt looks up and sends with it.
+    pub idempotency_key: String,
+    /// The provider's id of the transfer, once known.
+    pub provider_txid: Option<String>,
+    /// When the payout was recorded as returned.
+    pub returned_at: Option<String>,
+}
+
+impl From<store::Withdrawal> for Withdrawal {
+    fn from(w: store::Withdrawal) -> Withdrawal {
+        Withdrawal {
+            job: w.job.into(),
+            amount: w.amount.get(),
+            destination: w.destination,
+            idempotency_key: w.idempotency_key,
+            provider_txid: w.provider_txid,
+            returned_at: w.returned_at.map(rfc3339),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WithdrawalPage {
+    pub withdrawals: Vec<Withdrawal>,
+    pub next_after: Option<i64>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct WithdrawalsQuery {
+    pub after: Option<i64>,
+    pub limit: Option<u32>,
+    pub state: Option<String>,
+    pub account_id: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -343,7 +343,8 @@ pub async fn heartbeat(
 
 #[utoipa::path(post, path = "/v1/jobs/{id}/succeed", tag = "workers", params(("id" = String, Path)),
     request_body = dto::Succeed,
-    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody),
+              (status = 409, description = "a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
 pub async fn succeed(
     State(s): State<AppState>,
     _auth: Auth<WorkerRole>,
@@ -359,7 +360,8 @@ pub async fn succeed(
 
 #[utoipa::path(post, path = "/v1/jobs/{id}/fail", tag = "workers", params(("id" = String, Path)),
     request_body = dto::Fail,
-    responses((status = 200, body = dto::Job), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = dto::Job), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
 pub async fn fail(
     State(s): State<AppState>,
     _auth: Auth<WorkerRole>,
@@ -380,7 +382,8 @@ pub async fn fail(
 
 #[utoipa::path(post, path = "/v1/jobs/{id}/unknown", tag = "workers", params(("id" = String, Path)),
     request_body = dto::Unknown,
-    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody),
+              (status = 409, description = "a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
 pub async fn unknown(
     State(s): State<AppState>,
     _auth: Auth<WorkerRole>,
@@ -460,6 +463,68 @@ pub async fn register_artifact(
     let body =
         axum::Json(dto::Artifact { job_id: job.to_string(), item_id: item.to_string(), key: key.as_str().to_owned() });
     Ok((if new { StatusCode::CREATED } else { StatusCode::OK }, body).into_response())
+}
+
+// ----- withdrawals ----------------------------------------------------------------------------------
+
+#[utoipa::path(post, path = "/v1/withdrawals", tag = "withdrawals", request_body = dto::CreateWithdrawal,
+    responses((status = 201, body = dto::Withdrawal), (status = 200, description = "replay", body = dto::Withdrawal),
+              (status = 400, body = ErrorBody), (status = 402, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
+pub async fn create_withdrawal(
+    State(s): State<AppState>,
+    _auth: Auth<ClientRole>,
+    Json(b): Json<dto::CreateWithdrawal>,
+) -> ApiResult {
+    let req = store::NewWithdrawal {
+        id: id(JobId::parse, &b.id)?,
+        account_id: id(AccountId::parse, &b.account_id)?,
+        amount: Credits::new(b.amount),
+        destination: id(Destination::parse, &b.destination)?,
+    };
+    Ok(created(s.store.payouts().create_withdrawal(req).await?, dto::Withdrawal::from))
+}
+
+#[utoipa::path(get, path = "/v1/withdrawals/{id}", tag = "withdrawals", params(("id" = String, Path)),
+    responses((status = 200, body = dto::Withdrawal), (status = 404, body = ErrorBody)))]
+pub async fn get_withdrawal(
+    State(s): State<AppState>,
+    _auth: Auth<ClientRole>,
+    Path(withdrawal): Path<String>,
+) -> ApiResult {
+    Ok(ok(dto::Withdrawal::from(s.store.payouts().withdrawal(&id(JobId::parse, &withdrawal)?).await?)))
+}
+
+#[utoipa::path(get, path = "/v1/withdrawals", tag = "withdrawals", params(dto::WithdrawalsQuery),
+    responses((status = 200, body = dto::WithdrawalPage), (status = 400, body = ErrorBody)))]
+pub async fn list_withdrawals(
+    State(s): State<AppState>,
+    _auth: Auth<ClientRole>,
+    Query(q): Query<dto::WithdrawalsQuery>,
+) -> ApiResult {
+    let filter = store::WithdrawalFilter {
+        state: match q.state.as_deref() {
+            None => None,
+            Some(st) => Some(JobState::parse(st).ok_or_else(|| ApiError::invalid("state is not a job state."))?),
+        },
+        account_id: q.account_id.as_deref().map(|a| id(AccountId::parse, a)).transpose()?,
+        updated_since: None,
+    };
+    let p = s.store.payouts().withdrawals(&filter, page(q.after, q.limit)?).await?;
+    Ok(ok(dto::WithdrawalPage { withdrawals: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
+}
+
+#[utoipa::path(post, path = "/v1/withdrawals/{id}/returned", tag = "withdrawals", params(("id" = String, Path)),
+    responses((status = 200, description = "returned (now, or already)", body = dto::Withdrawal),
+              (status = 404, body = ErrorBody), (status = 409, description = "not a succeeded withdrawal", body = ErrorBody)))]
+pub async fn withdrawal_returned(
+    State(s): State<AppState>,
+    _auth: Auth<AdminRole>,
+    Path(withdrawal): Path<String>,
+) -> ApiResult {
+    let out = s.store.payouts().payout_returned(&id(JobId::parse, &withdrawal)?, store::ReturnSource::Admin).await?;
+    mark("withdrawal_returned", out.applied);
+    Ok(ok(dto::Withdrawal::from(out.value)))
 }
 
 // ----- failures, events, audit, operations ----------------------------------------------------------

@@ -5,3 +5,4 @@ mod api;
 mod kit;
 mod latency;
 mod openapi;
+mod withdrawals;
