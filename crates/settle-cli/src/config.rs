@@ -12,8 +12,15 @@
 //! confirm_window_seconds = 3600
 //! refund_on = "failure"          # or "final_failure"
 //!
-//! [kinds.withdrawal]             # any field of [defaults]; the rest is inherited
-//! refund_on = "final_failure"
+//! [kinds.withdrawal]             # any field of [defaults]; the rest is inherited. Withdrawals are
+//! attempts_max = 8               # built in: refund_on is always "final_failure", and unless set
+//! backoff_ms_base = 5000         # here they get 8 attempts from a 5 s backoff
+//!
+//! [provider]                     # the payout provider (provider-v1); without it withdrawals wait queued
+//! url = "https://payouts.example.test"
+//! timeout_ms = 10000             # a whole call; a withdrawal's lease must be ≥ 2 × this + 1 s
+//! connect_timeout_ms = 2000
+//! return_window_seconds = 0      # re-check paid withdrawals this young for returns (0: off)
 //!
 //! [[webhooks]]                  # every outbox event, signed; see docs/design/webhooks.md
 //! id = "ops"
@@ -25,18 +32,20 @@
 //! rescue_every_ms = 1000
 //! sweep_every_ms = 1000
 //! reconcile_every_ms = 10000
+//! payout_every_ms = 1000         # the payout processor's pace when nothing wakes it
 //! batch = 100
 //! ```
 //!
 //! Environment: `SETTLE_<FIELD>` overrides `[defaults]` (e.g. `SETTLE_ATTEMPTS_MAX=3`,
 //! `SETTLE_RETRYABLE_CODES=NODE_DOWN,TIMEOUT`); `SETTLE_KIND_<KIND>_<FIELD>` overrides a kind named
-//! in the file (the kind upper-cased, other characters as `_`); `SETTLE_LOOPS_<FIELD>` the loops.
+//! in the file (the kind upper-cased, other characters as `_`; `withdrawal` is always there);
+//! `SETTLE_LOOPS_<FIELD>` the loops; `SETTLE_PROVIDER_<FIELD>` the provider (`SETTLE_PROVIDER_URL`).
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use settle_core::backoff::Jitter;
 use settle_core::ids::{FailCode, JobKind};
-use settle_core::job::{Policies, RefundPolicy, RetryPolicy};
+use settle_core::job::{Policies, RefundPolicy, RetryPolicy, WITHDRAWAL_KIND};
 use settle_core::limits;
 use std::collections::BTreeMap;
 
@@ -59,14 +68,39 @@ pub struct Loops {
     pub rescue_every_ms: u64,
     pub sweep_every_ms: u64,
     pub reconcile_every_ms: u64,
+    pub payout_every_ms: u64,
     /// Most jobs one pass of a loop takes; the next pass takes the rest.
     pub batch: u32,
 }
 
 impl Default for Loops {
     fn default() -> Loops {
-        Loops { rescue_every_ms: 1_000, sweep_every_ms: 1_000, reconcile_every_ms: 10_000, batch: 100 }
+        Loops {
+            rescue_every_ms: 1_000,
+            sweep_every_ms: 1_000,
+            reconcile_every_ms: 10_000,
+            payout_every_ms: 1_000,
+            batch: 100,
+        }
     }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderFile {
+    pub url: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub connect_timeout_ms: Option<u64>,
+    pub return_window_seconds: Option<u64>,
+}
+
+/// The payout provider, when one is configured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provider {
+    pub url: String,
+    pub timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub return_window_seconds: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -91,6 +125,7 @@ pub struct ConfigFile {
     pub defaults: PolicyFile,
     pub kinds: BTreeMap<String, PolicyFile>,
     pub loops: Loops,
+    pub provider: ProviderFile,
     pub webhooks: Vec<WebhookFile>,
 }
 
@@ -98,7 +133,47 @@ pub struct ConfigFile {
 pub struct Config {
     pub policies: Policies,
     pub loops: Loops,
+    pub provider: Option<Provider>,
     pub webhooks: Vec<settle_worker::webhooks::Endpoint>,
+}
+
+fn provider(f: &ProviderFile) -> anyhow::Result<Option<Provider>> {
+    let Some(url) = &f.url else {
+        if f.timeout_ms.is_some() || f.connect_timeout_ms.is_some() || f.return_window_seconds.is_some() {
+            bail!("[provider] needs a url");
+        }
+        return Ok(None);
+    };
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        bail!("[provider] url must be http:// or https://");
+    }
+    let timeout_ms = f.timeout_ms.unwrap_or(limits::PROVIDER_TIMEOUT_MS_DEFAULT);
+    let connect_timeout_ms =
+        f.connect_timeout_ms.unwrap_or(limits::PROVIDER_CONNECT_TIMEOUT_MS_DEFAULT.min(timeout_ms));
+    let bounds = limits::PROVIDER_TIMEOUT_MS_MIN..=limits::PROVIDER_TIMEOUT_MS_MAX;
+    if !bounds.contains(&timeout_ms) || !bounds.contains(&connect_timeout_ms) || connect_timeout_ms > timeout_ms {
+        bail!(
+            "[provider] timeout_ms and connect_timeout_ms are between {} and {} ms, the connect timeout at most the whole",
+            limits::PROVIDER_TIMEOUT_MS_MIN,
+            limits::PROVIDER_TIMEOUT_MS_MAX
+        );
+    }
+    Ok(Some(Provider {
+        url: url.clone(),
+        timeout_ms,
+        connect_timeout_ms,
+        return_window_seconds: f.return_window_seconds.unwrap_or(0),
+    }))
+}
+
+/// What withdrawals start from before `[kinds.withdrawal]`: the defaults, held until final failure,
+/// with a longer budget, so a provider outage of a minute does not dead-letter (and refund) them.
+fn withdrawal_base(default: &RetryPolicy) -> RetryPolicy {
+    let mut p = default.clone();
+    p.refund_on = RefundPolicy::FinalFailure;
+    p.attempts_max = p.attempts_max.max(8);
+    p.backoff.backoff_ms_base = p.backoff.backoff_ms_base.max(5_000).min(p.backoff.backoff_ms_max);
+    p
 }
 
 fn endpoint(w: &WebhookFile) -> anyhow::Result<settle_worker::webhooks::Endpoint> {
@@ -234,6 +309,7 @@ impl Config {
             None => ConfigFile::default(),
         };
         env_overrides("SETTLE_", &mut file.defaults, env)?;
+        file.kinds.entry(WITHDRAWAL_KIND.to_owned()).or_default();
         for (kind, f) in file.kinds.iter_mut() {
             JobKind::parse(kind).with_context(|| format!("[kinds.{kind}]"))?;
             env_overrides(&format!("SETTLE_KIND_{}_", env_name(kind)), f, env)?;
@@ -252,13 +328,34 @@ impl Config {
         if let Some(v) = loops_num("RECONCILE_EVERY_MS")? {
             file.loops.reconcile_every_ms = v;
         }
+        if let Some(v) = loops_num("PAYOUT_EVERY_MS")? {
+            file.loops.payout_every_ms = v;
+        }
         if let Some(v) = loops_num("BATCH")? {
             file.loops.batch = u32::try_from(v)?;
+        }
+        if let Some(v) = env.get("SETTLE_PROVIDER_URL") {
+            file.provider.url = Some(v.clone());
+        }
+        let provider_num = |field: &str| -> anyhow::Result<Option<u64>> {
+            env.get(&format!("SETTLE_PROVIDER_{field}"))
+                .map(|v| v.parse::<u64>().with_context(|| format!("SETTLE_PROVIDER_{field}={v}")))
+                .transpose()
+        };
+        if let Some(v) = provider_num("TIMEOUT_MS")? {
+            file.provider.timeout_ms = Some(v);
+        }
+        if let Some(v) = provider_num("CONNECT_TIMEOUT_MS")? {
+            file.provider.connect_timeout_ms = Some(v);
+        }
+        if let Some(v) = provider_num("RETURN_WINDOW_SECONDS")? {
+            file.provider.return_window_seconds = Some(v);
         }
         let l = &file.loops;
         if l.rescue_every_ms == 0
             || l.sweep_every_ms == 0
             || l.reconcile_every_ms == 0
+            || l.payout_every_ms == 0
             || !(1..=limits::PAGE_LIMIT_MAX).contains(&l.batch)
         {
             bail!("[loops]: every period must be at least 1 ms and batch between 1 and {}", limits::PAGE_LIMIT_MAX);
@@ -266,7 +363,23 @@ impl Config {
         let default = apply(&RetryPolicy::default(), &file.defaults, "[defaults]")?;
         let mut kinds = BTreeMap::new();
         for (kind, f) in &file.kinds {
-            kinds.insert(kind.clone(), apply(&default, f, &format!("[kinds.{kind}]"))?);
+            let base = if kind == WITHDRAWAL_KIND { withdrawal_base(&default) } else { default.clone() };
+            kinds.insert(kind.clone(), apply(&base, f, &format!("[kinds.{kind}]"))?);
+        }
+        let withdrawal = &kinds[WITHDRAWAL_KIND];
+        if withdrawal.refund_on != RefundPolicy::FinalFailure {
+            bail!(
+                "[kinds.withdrawal].refund_on is always \"final_failure\": a hold is never refunded while the payout may still leave"
+            );
+        }
+        let provider = provider(&file.provider)?;
+        if let Some(p) = &provider
+            && u64::from(withdrawal.lease_seconds) * 1_000 < 2 * p.timeout_ms + 1_000
+        {
+            bail!(
+                "[kinds.withdrawal].lease_seconds ({}) must be at least 2 × [provider].timeout_ms + 1 s, so a send ends inside its lease",
+                withdrawal.lease_seconds
+            );
         }
         let webhooks = file.webhooks.iter().map(endpoint).collect::<anyhow::Result<Vec<_>>>()?;
         let mut ids: Vec<&str> = webhooks.iter().map(|w| w.id.as_str()).collect();
@@ -274,7 +387,7 @@ impl Config {
         if ids.windows(2).any(|w| w[0] == w[1]) {
             bail!("[[webhooks]] ids must be unique");
         }
-        Ok(Config { policies: Policies { default, kinds }, loops: file.loops, webhooks })
+        Ok(Config { policies: Policies { default, kinds }, loops: file.loops, provider, webhooks })
     }
 
     pub fn from_process_env(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
@@ -303,6 +416,15 @@ impl Config {
             defaults: file(&self.policies.default),
             kinds: self.policies.kinds.iter().map(|(k, p)| (k.clone(), file(p))).collect(),
             loops: self.loops.clone(),
+            provider: match &self.provider {
+                Some(p) => ProviderFile {
+                    url: Some(p.url.clone()),
+                    timeout_ms: Some(p.timeout_ms),
+                    connect_timeout_ms: Some(p.connect_timeout_ms),
+                    return_window_seconds: Some(p.return_window_seconds),
+                },
+                None => ProviderFile::default(),
+            },
             webhooks: self
                 .webhooks
                 .iter()
@@ -350,7 +472,8 @@ mod tests {
         let d = &c.policies.default;
         assert_eq!((d.attempts_max, d.backoff.backoff_ms_base, d.backoff.backoff_ms_max), (3, 500, 9000));
         let w = c.policies.for_kind("withdrawal");
-        assert_eq!((w.refund_on, w.attempts_max, w.backoff.backoff_ms_max), (RefundPolicy::FinalFailure, 3, 9000));
+        // withdrawals: held to final failure, and at least 8 attempts unless [kinds.withdrawal] says otherwise
+        assert_eq!((w.refund_on, w.attempts_max, w.backoff.backoff_ms_max), (RefundPolicy::FinalFailure, 8, 9000));
         let r = c.policies.for_kind("render-4k");
         assert_eq!((r.lease_seconds, r.attempts_max), (120, 7));
         assert_eq!(c.policies.for_kind("other").attempts_max, 3);
@@ -373,6 +496,12 @@ mod tests {
             "[defaults]\ncolour = 1\n",
             "[kinds.\"bad kind\"]\n",
             "[loops]\nbatch = 0\n",
+            "[kinds.withdrawal]\nrefund_on = \"failure\"\n",
+            "[provider]\ntimeout_ms = 100\n",
+            "[provider]\nurl = \"ftp://x\"\n",
+            "[provider]\nurl = \"http://x\"\ntimeout_ms = 20000\n",
+            "[provider]\nurl = \"http://x\"\ntimeout_ms = 1000\nconnect_timeout_ms = 2000\n",
+            "[provider]\nurl = \"http://x\"\ncolour = 1\n",
         ] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("c.toml");
@@ -380,5 +509,35 @@ mod tests {
             assert!(Config::load(Some(&path), &BTreeMap::new()).is_err(), "{bad}");
         }
         assert!(Config::load(None, &env(&[("SETTLE_ATTEMPTS_MAX", "x")])).is_err());
+    }
+
+    #[test]
+    fn withdrawals_are_built_in_and_the_provider_is_optional() {
+        let c = Config::load(None, &BTreeMap::new()).unwrap();
+        assert_eq!(c.provider, None);
+        let w = c.policies.for_kind("withdrawal");
+        assert_eq!((w.refund_on, w.attempts_max, w.backoff.backoff_ms_base), (RefundPolicy::FinalFailure, 8, 5_000));
+        let c = Config::load(
+            None,
+            &env(&[
+                ("SETTLE_PROVIDER_URL", "http://127.0.0.1:7071"),
+                ("SETTLE_PROVIDER_TIMEOUT_MS", "3000"),
+                ("SETTLE_KIND_WITHDRAWAL_ATTEMPTS_MAX", "4"),
+                ("SETTLE_LOOPS_PAYOUT_EVERY_MS", "250"),
+            ]),
+        )
+        .unwrap();
+        let p = c.provider.clone().unwrap();
+        assert_eq!(
+            (p.url.as_str(), p.timeout_ms, p.connect_timeout_ms, p.return_window_seconds),
+            ("http://127.0.0.1:7071", 3_000, 2_000, 0)
+        );
+        assert_eq!((c.policies.for_kind("withdrawal").attempts_max, c.loops.payout_every_ms), (4, 250));
+        // the printed configuration reads back
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, c.to_toml()).unwrap();
+        let again = Config::load(Some(&path), &BTreeMap::new()).unwrap();
+        assert_eq!((again.provider, again.policies), (c.provider, c.policies));
     }
 }

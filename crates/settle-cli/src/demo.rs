@@ -5,14 +5,14 @@ use crate::print;
 use anyhow::{Context, ensure};
 use settle_core::backoff::{BackoffPolicy, Jitter};
 use settle_core::ids::*;
-use settle_core::job::{JobState, RetryPolicy};
+use settle_core::job::{JobState, Policies, RefundPolicy, RetryPolicy, WITHDRAWAL_KIND};
 use settle_core::{Clock, Credits, FakeClock, SystemClock, Timestamp};
 use settle_store::*;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 struct Demo {
-    store: SqlStore,
+    store: Arc<SqlStore>,
     clock: Arc<FakeClock>,
     start: Timestamp,
 }
@@ -75,14 +75,15 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         backoff: BackoffPolicy { backoff_ms_base: 1_000, backoff_ms_max: 600_000, jitter: Jitter::None },
         ..RetryPolicy::default()
     };
+    let withdrawal = RetryPolicy { refund_on: RefundPolicy::FinalFailure, ..policy.clone() };
     let options = StoreOptions {
         clock: clock.clone(),
-        policy: policy.into(),
+        policy: Policies { default: policy, kinds: [(WITHDRAWAL_KIND.to_owned(), withdrawal)].into() },
         jitter_seed: 1,
         artifacts: Some(Arc::new(FsArtifactStore::new(dir.path().join("artifacts")))),
         ..StoreOptions::default()
     };
-    let store = SqlStore::open(&url, options).await.with_context(|| format!("open {url}"))?;
+    let store = Arc::new(SqlStore::open(&url, options).await.with_context(|| format!("open {url}"))?);
     println!("Settle demo on {url} (virtual clock; refunds on failure, backoff 1 s doubling, 5 attempts)\n");
     let d = Demo { store, clock, start };
     let alice = AccountId::parse("alice")?;
@@ -200,10 +201,147 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         d.balance(&alice).await?
     ));
 
+    payouts(&d).await?;
+
     println!("\nThe ledger (append-only; the balance is the sum of its rows):");
-    print::ledger(&d.store, &alice).await?;
+    print::ledger(d.store.as_ref(), &alice).await?;
     let report = d.store.audit().await?;
     println!();
     print::audit(&report);
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Seed 001: payouts through a provider (the simulator, in process) that loses an answer, refuses an
+/// address, goes down and sends a paid payout back.
+async fn payouts(d: &Demo) -> anyhow::Result<()> {
+    use settle_sim::{Forced, SimConfig};
+    use settle_worker::payouts::{AttemptEnd, HttpProvider, HttpProviderConfig, PayoutProcessor, PayoutSettings};
+    println!(
+        "\n6. Payouts (seed 001): one idempotency key per request, a lookup before every send, UNKNOWN for a lost answer"
+    );
+    let sim = settle_sim::start("127.0.0.1:0", SimConfig::default()).await.context("start the provider simulator")?;
+    let provider = HttpProvider::new(&HttpProviderConfig {
+        url: sim.url(),
+        timeout: std::time::Duration::from_secs(5),
+        connect_timeout: std::time::Duration::from_secs(1),
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    let settings =
+        PayoutSettings { batch: 4, return_window: std::time::Duration::from_secs(86_400), ..PayoutSettings::default() };
+    let processor = PayoutProcessor::new(
+        d.store.clone() as Arc<dyn Store>,
+        Arc::new(provider),
+        WorkerName::parse("payouts")?,
+        settings,
+    );
+    let bob = AccountId::parse("bob")?;
+    d.store.create_account(NewAccount { id: bob.clone(), overdraft_limit: Credits::ZERO }).await?;
+    let grant = NewGrant { id: RefId::parse("bob-salary")?, amount: Credits::new(1_000), reason: None };
+    d.store.grant(&bob, grant).await?;
+    d.say(format!("account bob granted 1000 credits; the provider simulator listens on {}", sim.url()));
+    let withdraw = |id: &'static str, amount: i64, to: &'static str| {
+        let bob = bob.clone();
+        async move {
+            let req = NewWithdrawal {
+                id: JobId::parse(id)?,
+                account_id: bob,
+                amount: Credits::new(amount),
+                destination: Destination::parse(to)?,
+            };
+            let w = d.store.payouts().create_withdrawal(req).await?.value;
+            d.say(format!("{id}: {amount} to {to}, held at once (key {})", w.idempotency_key));
+            anyhow::Ok(w)
+        }
+    };
+    let show = |id: &'static str| async move {
+        let w = d.store.payouts().withdrawal(&JobId::parse(id)?).await?;
+        let balance = d.balance(&AccountId::parse(&w.job.account_id)?).await?;
+        d.say(format!(
+            "{id} is {}; provider txid {}; bob's balance {balance}",
+            w.job.state.as_str(),
+            w.provider_txid.as_deref().unwrap_or("-")
+        ));
+        anyhow::Ok(w)
+    };
+
+    // (a) the answer is lost after the provider executed the payout
+    withdraw("payout-lost", 100, "acct-bob-1").await?;
+    sim.sim.force(Some(Forced::LoseAnswers));
+    let ends = processor.process_pass().await?;
+    sim.sim.force(None);
+    ensure!(
+        ends == vec![("payout-lost".to_owned(), AttemptEnd::Unknown)],
+        "the lost answer must leave it unknown: {ends:?}"
+    );
+    d.say("the provider executed the send but the connection was cut: UNKNOWN, not failed — never retried, still held");
+    show("payout-lost").await?;
+    d.clock.advance_seconds(10);
+    let moved = processor.reconcile_pass().await?;
+    ensure!(moved == vec!["payout-lost".to_owned()], "the reconciler must find it");
+    d.say("the reconciler asks the provider by key: found — it went out once");
+    let w = show("payout-lost").await?;
+    ensure!(w.job.state == JobState::Succeeded && w.provider_txid.is_some(), "payout-lost must succeed with its txid");
+
+    // (b) a refused address: definitive, the hold comes back
+    withdraw("payout-bad", 50, "invalid-acct-9").await?;
+    processor.process_pass().await?;
+    d.say("the provider answers INVALID_ADDRESS: not retryable, dead, the hold refunded");
+    let w = show("payout-bad").await?;
+    ensure!(w.job.state == JobState::Dead && w.job.net.get() == 0, "payout-bad must be dead and refunded");
+
+    // (c) the payout node is down, then back
+    withdraw("payout-retry", 70, "acct-bob-2").await?;
+    sim.sim.force(Some(Forced::NodeDown));
+    processor.process_pass().await?;
+    sim.sim.force(None);
+    let j = d.store.job(&JobId::parse("payout-retry")?).await?;
+    let wait_ms = (j.not_before.micros() - d.clock.now().micros()).max(0) as u64 / 1_000;
+    d.say(format!(
+        "NODE_DOWN is retryable: payout-retry is {} with not_before +{wait_ms} ms, still held",
+        j.state.as_str()
+    ));
+    d.clock.advance_millis(wait_ms);
+    processor.process_pass().await?;
+    let w = show("payout-retry").await?;
+    ensure!(w.job.state == JobState::Succeeded && w.job.attempt == 2, "payout-retry must succeed on attempt 2");
+
+    // (d) paid, then sent back by the receiving side
+    let w = withdraw("payout-back", 30, "acct-bob-3").await?;
+    processor.process_pass().await?;
+    show("payout-back").await?;
+    ensure!(sim.sim.return_transfer(&w.idempotency_key), "the simulator must have paid payout-back");
+    d.clock.advance_seconds(3_600);
+    let moved = processor.recheck_pass().await?;
+    ensure!(moved == vec!["payout-back".to_owned()], "the re-check must see the return: {moved:?}");
+    d.say("an hour later the bank has sent it back: the re-check sees it returned, one payout_return credit");
+    let w = show("payout-back").await?;
+    ensure!(w.job.state == JobState::Returned && w.job.net.get() == 0, "payout-back must be returned");
+
+    let executed = sim.sim.executed();
+    ensure!(executed.total_paid == 200 && executed.transfers.iter().all(|t| t.sends == 1), "each payout sent once");
+    d.say(format!(
+        "the provider paid out {} in {} transfers, each key sent once",
+        executed.total_paid,
+        executed.transfers.len()
+    ));
+    println!("\n   Failures by code (the seed's GROUP BY fail_code):");
+    for f in d.store.failure_summary().await? {
+        println!("     {:<28} {:<9} {}", f.code, f.state, f.count);
+    }
+    println!("\n   The attempt log: when and why it failed, when it went through:");
+    for id in ["payout-lost", "payout-bad", "payout-retry", "payout-back"] {
+        for a in d.store.attempts(&JobId::parse(id)?).await? {
+            println!(
+                "     {id:<13} attempt {} {:<10} {:<16} {}",
+                a.attempt_no,
+                a.result.as_deref().unwrap_or("open"),
+                a.fail_code.as_deref().unwrap_or(""),
+                a.message.as_deref().unwrap_or("")
+            );
+        }
+    }
+    println!("\n   Bob's ledger:");
+    print::ledger(d.store.as_ref(), &bob).await?;
+    sim.task.abort();
+    Ok(())
 }

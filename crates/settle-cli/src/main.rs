@@ -7,6 +7,7 @@ mod demo;
 mod operator;
 mod print;
 mod serve;
+mod sim;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -63,6 +64,15 @@ enum Command {
         #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db", global = true)]
         db: String,
     },
+    /// Lists or shows withdrawals (payouts), with their provider txids and attempts.
+    Withdrawals {
+        #[command(subcommand)]
+        cmd: operator::Withdrawals,
+        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db", global = true)]
+        db: String,
+    },
+    /// Runs the payout provider simulator (provider-v1), the counterparty of demos and tests.
+    ProviderSim(sim::SimArgs),
     /// Counts jobs now dead, unknown or waiting to retry, by fail code.
     Failures {
         #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
@@ -81,7 +91,11 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = if matches!(cli.command, Command::Serve(_) | Command::Worker(_)) { "info" } else { "warn" };
+    let default_level = if matches!(cli.command, Command::Serve(_) | Command::Worker(_) | Command::ProviderSim(_)) {
+        "info"
+    } else {
+        "warn"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG").unwrap_or_else(|_| default_level.into());
     // Structured JSON logs when nobody is watching a terminal.
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -134,6 +148,11 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let ok = operator::dead_letters(&open_existing(&db).await?, cmd).await?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
+        Command::Withdrawals { cmd, db } => {
+            operator::withdrawals(&open_existing(&db).await?, cmd).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ProviderSim(args) => sim::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Failures { db } => {
             operator::failures(&open_existing(&db).await?).await?;
             Ok(ExitCode::SUCCESS)

@@ -4,7 +4,7 @@ use crate::print;
 use anyhow::Context;
 use settle_core::ids::*;
 use settle_core::job::JobState;
-use settle_store::{Job, JobFilter, Page, Store};
+use settle_store::{Job, JobFilter, Page, Store, WithdrawalFilter};
 use std::time::Duration;
 
 #[derive(clap::Subcommand)]
@@ -23,6 +23,21 @@ pub enum Jobs {
         limit: u32,
     },
     /// One job: its items, attempts and the signals that changed nothing.
+    Show { id: String },
+}
+
+#[derive(clap::Subcommand)]
+pub enum Withdrawals {
+    /// Withdrawals, oldest first, with optional filters.
+    List {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        account: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// One withdrawal: its key, txid, hold, and every attempt — when and why it failed, when it went through.
     Show { id: String },
 }
 
@@ -134,6 +149,58 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     s.message.as_deref().unwrap_or("")
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+pub async fn withdrawals(store: &dyn Store, cmd: Withdrawals) -> anyhow::Result<()> {
+    match cmd {
+        Withdrawals::List { state, account, limit } => {
+            let filter = WithdrawalFilter {
+                state: state.as_deref().map(|s| JobState::parse(s).context("unknown state")).transpose()?,
+                account_id: account.as_deref().map(AccountId::parse).transpose()?,
+                updated_since: None,
+            };
+            println!(
+                "{:<24} {:<10} {:<12} {:>9} {:<24} {:<22} destination",
+                "id", "state", "account", "amount", "provider txid", "last error"
+            );
+            let mut page = Page { after: 0, limit: limit.clamp(1, 1000) };
+            let mut shown = 0u32;
+            loop {
+                let p = store.payouts().withdrawals(&filter, page).await?;
+                for w in &p.rows {
+                    println!(
+                        "{:<24} {:<10} {:<12} {:>9} {:<24} {:<22} {}",
+                        w.job.id,
+                        w.job.state.as_str(),
+                        w.job.account_id,
+                        w.amount,
+                        w.provider_txid.as_deref().unwrap_or("-"),
+                        w.job.last_error.as_ref().map(|e| e.code.as_str()).unwrap_or("-"),
+                        w.destination
+                    );
+                    shown += 1;
+                }
+                match p.next_after {
+                    Some(a) if shown < limit => page.after = a,
+                    _ => break,
+                }
+            }
+        }
+        Withdrawals::Show { id } => {
+            let w = store.payouts().withdrawal(&JobId::parse(&id)?).await?;
+            println!(
+                "{}  amount {}  to {}  key {}  txid {}{}",
+                w.job.id,
+                w.amount,
+                w.destination,
+                w.idempotency_key,
+                w.provider_txid.as_deref().unwrap_or("-"),
+                w.returned_at.map(|t| format!("  returned {}", print::time(t))).unwrap_or_default()
+            );
+            jobs(store, Jobs::Show { id }).await?;
         }
     }
     Ok(())

@@ -16,7 +16,7 @@ pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()
     let acc = store.account(account).await?;
     println!("  ledger of {} (overdraft limit {})", acc.id, acc.overdraft_limit);
     println!(
-        "  {:>5}  {:<10} {:>8} {:>9}  {:<14} {:<8} {:<27} reason",
+        "  {:>5}  {:<13} {:>8} {:>9}  {:<14} {:<8} {:<27} reason",
         "seq", "kind", "amount", "balance", "job", "item", "created_at"
     );
     let mut page = Page { after: 0, limit: 1000 };
@@ -24,7 +24,7 @@ pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()
         let p = store.ledger(account, page).await?;
         for e in &p.rows {
             println!(
-                "  {:>5}  {:<10} {:>+8} {:>9}  {:<14} {:<8} {:<27} {}",
+                "  {:>5}  {:<13} {:>+8} {:>9}  {:<14} {:<8} {:<27} {}",
                 e.seq,
                 e.kind.as_str(),
                 e.amount.get(),

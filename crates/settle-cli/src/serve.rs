@@ -5,6 +5,7 @@ use crate::config::Config;
 use anyhow::Context;
 use settle_api::{Application, Tokens};
 use settle_store::{FsArtifactStore, SqlStore, Store, StoreOptions};
+use settle_worker::payouts::{HttpProvider, HttpProviderConfig, PayoutProcessor, PayoutSettings};
 use settle_worker::webhooks::Deliverer;
 use settle_worker::{LoopSettings, Maintenance};
 use std::sync::Arc;
@@ -70,15 +71,49 @@ async fn join_loops(loops: Vec<tokio::task::JoinHandle<()>>) {
     }
 }
 
-/// The maintenance loops and one webhook deliverer per configured endpoint.
-fn spawn_loops(store: &Arc<SqlStore>, config: &Config, cancel: &CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
+/// The payout processor, when a provider is configured; otherwise withdrawals wait queued (and
+/// unknown ones stay unknown: no one can ask the provider).
+fn payout_processor(store: &Arc<SqlStore>, config: &Config) -> anyhow::Result<Option<PayoutProcessor>> {
+    let Some(p) = &config.provider else {
+        tracing::warn!(
+            "no payout provider configured ([provider] url or SETTLE_PROVIDER_URL): withdrawals are accepted and wait queued"
+        );
+        return Ok(None);
+    };
+    let provider = HttpProvider::new(&HttpProviderConfig {
+        url: p.url.clone(),
+        timeout: Duration::from_millis(p.timeout_ms),
+        connect_timeout: Duration::from_millis(p.connect_timeout_ms),
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    let settings = PayoutSettings {
+        every: Duration::from_millis(config.loops.payout_every_ms),
+        reconcile_every: Duration::from_millis(config.loops.reconcile_every_ms),
+        batch: config.loops.batch.min(settle_core::limits::PAYOUTS_IN_FLIGHT_MAX),
+        return_window: Duration::from_secs(p.return_window_seconds),
+    };
+    // One name per process, in the attempt log: which processor made which attempt.
+    let worker = settle_core::ids::WorkerName::parse(&format!("payouts@pid-{}", std::process::id()))?;
+    tracing::info!(provider = %p.url, "payout processor running");
+    Ok(Some(PayoutProcessor::new(store.clone() as Arc<dyn Store>, Arc::new(provider), worker, settings)))
+}
+
+/// The maintenance loops, the payout processor and one webhook deliverer per configured endpoint.
+fn spawn_loops(
+    store: &Arc<SqlStore>,
+    config: &Config,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut handles = Maintenance::new(store.clone() as Arc<dyn Store>, loop_settings(config)).spawn(cancel.clone());
+    if let Some(processor) = payout_processor(store, config)? {
+        handles.extend(processor.spawn(cancel.clone()));
+    }
     for (n, endpoint) in config.webhooks.iter().enumerate() {
         let seed = store.now().micros() as u64 ^ (n as u64).wrapping_mul(0x9E37_79B9);
         let deliverer = Deliverer::new(store.clone() as Arc<dyn Store>, endpoint.clone(), seed);
         handles.push(tokio::spawn(deliverer.run(cancel.clone())));
     }
-    handles
+    Ok(handles)
 }
 
 /// `settle worker`: the background loops alone, for any number of processes on one PostgreSQL.
@@ -87,7 +122,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let store = open(&args.db, &args.artifacts, &config).await?;
     tracing::info!(db = %args.db, engine = store.engine_name(), "settle worker running the background loops");
     let cancel = CancellationToken::new();
-    let loops = spawn_loops(&store, &config, &cancel);
+    let loops = spawn_loops(&store, &config, &cancel)?;
     shutdown_signal(cancel.clone()).await;
     join_loops(loops).await;
     Ok(())
@@ -138,8 +173,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let app = Application::build(&args.listen, store.clone() as Arc<dyn Store>, tokens).await?;
     tracing::info!(addr = %app.local_addr(), db = %args.db, engine = store.engine_name(), "settle serving API v1");
     eprintln!("settle: serving on http://{} ({})", app.local_addr(), args.db);
+    match &config.provider {
+        Some(p) => eprintln!("settle: paying out withdrawals through {}", p.url),
+        None => eprintln!(
+            "settle: no payout provider configured (SETTLE_PROVIDER_URL): withdrawals are accepted and wait queued"
+        ),
+    }
     let cancel = CancellationToken::new();
-    let loops = spawn_loops(&store, &config, &cancel);
+    let loops = spawn_loops(&store, &config, &cancel)?;
     let signal_cancel = cancel.clone();
     app.run_until(async move {
         tokio::select! {

@@ -34,6 +34,29 @@ fn demo_plays_the_stories_and_ends_clean() {
     let (code, out, _) = settle(&["ledger", "alice", "--db", &url]);
     assert_eq!(code, 0);
     assert!(out.contains("balance 420"), "{out}");
+    // Seed 001: the payouts, each found in one state, the returned one credited back once.
+    let (code, out, _) = settle(&["withdrawals", "list", "--db", &url]);
+    assert_eq!(code, 0, "{out}");
+    for (id, state) in [
+        ("payout-lost", "succeeded"),
+        ("payout-bad", "dead"),
+        ("payout-retry", "succeeded"),
+        ("payout-back", "returned"),
+    ] {
+        let line = out.lines().find(|l| l.starts_with(id)).unwrap_or_else(|| panic!("{id} missing: {out}"));
+        assert_eq!(line.split_whitespace().nth(1), Some(state), "{line}");
+    }
+    let (code, out, _) = settle(&["withdrawals", "show", "payout-retry", "--db", &url]);
+    assert_eq!(code, 0);
+    assert!(out.contains("NODE_DOWN") && out.contains("succeeded"), "{out}");
+    let (_, out, _) = settle(&["ledger", "bob", "--db", &url]);
+    let back: Vec<&str> = out.lines().filter(|l| l.contains(" payout-back ")).collect();
+    let kinds: Vec<&str> = back.iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
+    assert_eq!(kinds, ["charge", "payout_return"], "{out}");
+    assert!(out.contains("balance 830"), "{out}");
+    let (code, out, _) = settle(&["failures", "--db", &url]);
+    assert_eq!(code, 0);
+    assert!(out.contains("INVALID_ADDRESS"), "{out}");
 }
 
 #[test]

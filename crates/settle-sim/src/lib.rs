@@ -4,7 +4,8 @@
 //!
 //! - a share of sends is **executed and then answered with a cut connection**;
 //! - a share of sends **hangs past the caller's timeout** (half of them executed first);
-//! - **node-down periods** (`NODE_DOWN`, for sends and lookups), **rate limiting** (`RATE_LIMITED`
+//! - **node-down periods** (`NODE_DOWN` to sends: the payout node is down, the provider's records
+//!   still answer lookups), **rate limiting** (`RATE_LIMITED`
 //!   with `Retry-After`), a **finite float** (`INSUFFICIENT`), **refused destinations**
 //!   (`INVALID_ADDRESS`), and executed payouts that are **returned** later (`"status": "returned"`).
 //!
@@ -32,7 +33,7 @@ pub struct SimConfig {
     /// Sends that hang for `hang_ms` before answering (half of them executed first).
     pub hang: f64,
     pub hang_ms: u64,
-    /// Share of `down_period_ms` slots in which the node is down (`NODE_DOWN` to everything).
+    /// Share of `down_period_ms` slots in which the node is down (`NODE_DOWN` to sends).
     pub node_down: f64,
     pub down_period_ms: u64,
     /// Share of requests answered `RATE_LIMITED` with `Retry-After: retry_after_seconds`.
@@ -112,10 +113,20 @@ struct Book {
     log: Vec<LogEntry>,
 }
 
+/// A fault switched on by hand (the demo tells its stories with these), over the random ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forced {
+    /// Every send is answered `NODE_DOWN`.
+    NodeDown,
+    /// Every send is executed and its answer lost.
+    LoseAnswers,
+}
+
 pub struct Sim {
     config: SimConfig,
     started: Instant,
     book: Mutex<Book>,
+    forced: Mutex<Option<Forced>>,
 }
 
 impl Sim {
@@ -132,7 +143,25 @@ impl Sim {
                 concurrent_sends: 0,
                 log: Vec::new(),
             }),
+            forced: Mutex::new(None),
         })
+    }
+
+    /// Switches a fault on (or off with `None`) until told otherwise.
+    pub fn force(&self, fault: Option<Forced>) {
+        *self.forced.lock().expect("sim lock") = fault;
+    }
+
+    /// The receiving side sends an executed payout back now; false if the key was never executed.
+    pub fn return_transfer(&self, key: &str) -> bool {
+        let mut book = self.book.lock().expect("sim lock");
+        match book.transfers.get_mut(key) {
+            Some((_, at)) => {
+                *at = Some(Instant::now());
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn executed(&self) -> Executed {
@@ -154,6 +183,9 @@ impl Sim {
     }
 
     fn node_is_down(&self) -> bool {
+        if *self.forced.lock().expect("sim lock") == Some(Forced::NodeDown) {
+            return true;
+        }
         if self.config.node_down <= 0.0 {
             return false;
         }
@@ -182,12 +214,7 @@ fn log(book: &mut Book, op: &str, key: &str, fate: &str, answered: bool) -> u64 
 }
 
 async fn lookup(State(sim): State<Arc<Sim>>, Path(key): Path<String>) -> Response {
-    let down = sim.node_is_down();
     let mut book = sim.book.lock().expect("sim lock");
-    if down {
-        log(&mut book, "lookup", &key, "node_down", true);
-        return error(StatusCode::SERVICE_UNAVAILABLE, "NODE_DOWN", "the node is down");
-    }
     if unit(book.rng.next_u64()) < sim.config.rate_limit {
         log(&mut book, "lookup", &key, "rate_limited", true);
         return rate_limited(&sim.config);
@@ -236,6 +263,7 @@ async fn send(State(sim): State<Arc<Sim>>, _headers: HeaderMap, body: axum::body
         return error(StatusCode::BAD_REQUEST, "BAD_REQUEST", "the body is {key, destination, amount}");
     };
     let down = sim.node_is_down();
+    let lose = *sim.forced.lock().expect("sim lock") == Some(Forced::LoseAnswers);
     let (fate, _in_flight) = {
         let mut book = sim.book.lock().expect("sim lock");
         let in_flight = book.in_flight.entry(req.key.clone()).or_insert(0);
@@ -246,7 +274,7 @@ async fn send(State(sim): State<Arc<Sim>>, _headers: HeaderMap, body: axum::body
         // Counted out when this request ends, however it ends: a caller that gives up on a hang
         // drops this handler mid-sleep.
         let guard = InFlight { sim: sim.clone(), key: req.key.clone() };
-        (decide(&sim, &mut book, &req, down), guard)
+        (decide(&sim, &mut book, &req, down, lose), guard)
     };
     match fate {
         Fate::Answer(r) => r,
@@ -274,7 +302,7 @@ impl Drop for InFlight {
     }
 }
 
-fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool) -> Fate {
+fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool, lose: bool) -> Fate {
     let key = req.key.as_str();
     if key.is_empty() || req.amount <= 0 || req.destination.is_empty() {
         log(book, "send", key, "bad_request", true);
@@ -309,8 +337,8 @@ fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool) -> Fate {
         log(book, "send", key, "insufficient", true);
         return Fate::Answer(error(StatusCode::UNPROCESSABLE_ENTITY, "INSUFFICIENT", "the float cannot cover it"));
     }
-    let roll = unit(book.rng.next_u64());
-    let (execute, fate) = if roll < c.lose_answer {
+    let roll = if lose { 0.0 } else { unit(book.rng.next_u64()) };
+    let (execute, fate) = if lose || roll < c.lose_answer {
         (true, "cut")
     } else if roll < c.lose_answer + c.hang {
         let executed = book.rng.next_u64() & 1 == 0;

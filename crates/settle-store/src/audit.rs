@@ -260,14 +260,14 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
     }
     // Withdrawals: one row per withdrawal job, holding exactly the job's cost; `returned` exactly
     // when the return was recorded.
-    let rows = db
+    let withdrawal_rows = db
         .all(
             "SELECT j.id, j.kind, j.state, j.cost, w.amount, w.returned_at FROM jobs j \
              LEFT JOIN withdrawals w ON w.job_id = j.id WHERE j.kind = 'withdrawal' OR w.job_id IS NOT NULL ORDER BY j.id",
             args![],
         )
         .await?;
-    for r in &rows {
+    for r in &withdrawal_rows {
         let (job, kind, state, cost) = (r.text(0)?, r.text(1)?, r.text(2)?, r.i64(3)?);
         let (amount, returned_at) = (r.opt_i64(4)?, r.opt_i64(5)?);
         let problem = if kind != settle_core::job::WITHDRAWAL_KIND || amount.is_none() {

@@ -217,6 +217,8 @@ async fn success_keeps_the_txid_and_a_return_credits_once(k: &Kit) {
     let both = k.store.payouts().payout_succeeded(&jid("q"), Some(&t), "tx-2", true).await.unwrap();
     assert_eq!((both.value.job.state, both.value.provider_txid.as_deref()), (JobState::Returned, Some("tx-2")));
     assert_eq!(k.balance(&a).await, 99);
+    let report = k.store.audit().await.unwrap();
+    assert_eq!(report.entries_checked, k.ledger_kinds(&a).await.len() as u64, "the audit reads every entry");
 }
 
 async fn failures_follow_the_provider_codes(k: &Kit) {
