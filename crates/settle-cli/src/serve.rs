@@ -146,7 +146,8 @@ fn load_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
     Ok(tokens)
 }
 
-async fn shutdown_signal(cancel: CancellationToken) {
+/// Resolves at SIGINT or SIGTERM.
+pub async fn signalled() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -162,6 +163,10 @@ async fn shutdown_signal(cancel: CancellationToken) {
         _ = ctrl_c => {}
         _ = term => {}
     }
+}
+
+async fn shutdown_signal(cancel: CancellationToken) {
+    signalled().await;
     tracing::info!("shutting down: finishing requests in flight");
     cancel.cancel();
 }

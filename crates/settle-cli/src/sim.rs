@@ -70,18 +70,7 @@ pub async fn run(a: SimArgs) -> anyhow::Result<()> {
         "settle provider-sim: provider-v1 on {} (GET /v1/executed lists what it paid out, GET /v1/log every request)",
         running.url()
     );
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
-    }
+    crate::serve::signalled().await;
     running.task.abort();
     Ok(())
 }

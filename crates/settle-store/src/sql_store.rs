@@ -387,6 +387,47 @@ impl SqlStore {
         Ok(job)
     }
 
+    /// A failure signal from a worker or from the payout processor (each may move only its jobs).
+    async fn fail_as(&self, job: &JobId, signal: FailSignal, caller: Caller) -> Result<Outcome<Job>, StoreError> {
+        check_text("message", signal.message.as_deref(), false)?;
+        let id = job.clone();
+        let (outcome, after) =
+            self.write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, caller).await)).await?;
+        if outcome.applied {
+            self.work_due();
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let value = self.continue_after(outcome.value, after).await?;
+        Ok(Outcome { value, applied: outcome.applied })
+    }
+
+    async fn unknown_as(
+        &self,
+        job: &JobId,
+        token: &LeaseToken,
+        message: Option<&str>,
+        caller: Caller,
+    ) -> Result<Outcome<Job>, StoreError> {
+        check_text("message", message, false)?;
+        let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
+        let out = self
+            .write(op!(
+                [id, token, message] | db,
+                cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref(), caller).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn heartbeat_as(&self, job: &JobId, token: &LeaseToken, caller: Caller) -> Result<Heartbeat, StoreError> {
+        let (job, token) = (job.clone(), token.clone());
+        let out =
+            self.write_quiet(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token, caller).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        out.map_err(lease_lost)
+    }
+
     /// Continues a transition that left teardown to do; a cleanup failure is not an error for the
     /// signal that caused it: the job stays `cancelling` for the sweeper.
     async fn continue_after(&self, job: Job, after: After) -> Result<Job, StoreError> {
@@ -673,12 +714,7 @@ impl Store for SqlStore {
     }
 
     async fn heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
-        let (job, token) = (job.clone(), token.clone());
-        let out = self
-            .write_quiet(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token, Caller::Worker).await))
-            .await?;
-        self.crash_point(CrashPoint::AfterCommit)?;
-        out.map_err(lease_lost)
+        self.heartbeat_as(job, token, Caller::Worker).await
     }
 
     async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError> {
@@ -748,16 +784,7 @@ impl Store for SqlStore {
     }
 
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
-        check_text("message", signal.message.as_deref(), false)?;
-        let id = job.clone();
-        let (outcome, after) =
-            self.write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, Caller::Worker).await)).await?;
-        if outcome.applied {
-            self.work_due();
-        }
-        self.crash_point(CrashPoint::AfterCommit)?;
-        let value = self.continue_after(outcome.value, after).await?;
-        Ok(Outcome { value, applied: outcome.applied })
+        self.fail_as(job, signal, Caller::Worker).await
     }
 
     async fn mark_unknown(
@@ -766,16 +793,7 @@ impl Store for SqlStore {
         token: &LeaseToken,
         message: Option<&str>,
     ) -> Result<Outcome<Job>, StoreError> {
-        check_text("message", message, false)?;
-        let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
-        let out = self
-            .write(op!(
-                [id, token, message] | db,
-                cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref(), Caller::Worker).await
-            ))
-            .await?;
-        self.crash_point(CrashPoint::AfterCommit)?;
-        Ok(out)
+        self.unknown_as(job, token, message, Caller::Worker).await
     }
 
     async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError> {
@@ -985,15 +1003,7 @@ impl Payouts for SqlStore {
     }
 
     async fn payout_heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
-        let (job, token) = (job.clone(), token.clone());
-        let out = self
-            .write_quiet(op!(
-                [job, token] | db,
-                cx | ops::heartbeat(db, cx, &job, &token, Caller::PayoutProcessor).await
-            ))
-            .await?;
-        self.crash_point(CrashPoint::AfterCommit)?;
-        out.map_err(lease_lost)
+        self.heartbeat_as(job, token, Caller::PayoutProcessor).await
     }
 
     async fn payout_succeeded(
@@ -1016,17 +1026,7 @@ impl Payouts for SqlStore {
     }
 
     async fn payout_failed(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
-        check_text("message", signal.message.as_deref(), false)?;
-        let id = job.clone();
-        let (outcome, after) = self
-            .write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, Caller::PayoutProcessor).await))
-            .await?;
-        if outcome.applied {
-            self.work_due();
-        }
-        self.crash_point(CrashPoint::AfterCommit)?;
-        let value = self.continue_after(outcome.value, after).await?;
-        Ok(Outcome { value, applied: outcome.applied })
+        self.fail_as(job, signal, Caller::PayoutProcessor).await
     }
 
     async fn payout_unknown(
@@ -1035,16 +1035,7 @@ impl Payouts for SqlStore {
         token: &LeaseToken,
         message: Option<&str>,
     ) -> Result<Outcome<Job>, StoreError> {
-        check_text("message", message, false)?;
-        let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
-        let out = self
-            .write(op!(
-                [id, token, message] | db,
-                cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref(), Caller::PayoutProcessor).await
-            ))
-            .await?;
-        self.crash_point(CrashPoint::AfterCommit)?;
-        Ok(out)
+        self.unknown_as(job, token, message, Caller::PayoutProcessor).await
     }
 
     async fn payout_returned(&self, job: &JobId, source: ReturnSource) -> Result<Outcome<Withdrawal>, StoreError> {

@@ -1,6 +1,7 @@
 //! The HTTP API over real HTTP: a server on port 0 over a real store (SQLite file or a fresh
 //! PostgreSQL database), driven by a real HTTP client. Every check runs on both engines.
 
+#[macro_use]
 mod api;
 mod kit;
 mod latency;

@@ -7,27 +7,6 @@ use settle_api::{Role, Tokens};
 use settle_core::ids::{JobId, WorkerName};
 use settle_store::Store;
 
-macro_rules! on_both_engines {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::kit::Engine::Sqlite).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::kit::Engine::Postgres).await;
-                }
-            )*
-        }
-    };
-}
-
 on_both_engines!(
     withdrawals_hold_replay_and_read,
     bad_withdrawals_are_4xx_and_write_nothing,

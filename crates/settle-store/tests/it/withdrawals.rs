@@ -1,5 +1,6 @@
 //! Withdrawals, written once against the `Store` and `Payouts` traits and run on both engines like
-//! the conformance suite; each check ends with the audit (L1–L4, including `payout_return`).
+//! the conformance suite (its `conformance!` macro); each check ends with the audit (L1–L4, including
+//! `payout_return`).
 
 use crate::kit::*;
 use settle_core::ids::*;
@@ -7,32 +8,7 @@ use settle_core::job::{JobState, RefundPolicy};
 use settle_core::{Credits, limits};
 use settle_store::*;
 
-macro_rules! withdrawals {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let k = crate::kit::Kit::new(crate::kit::EngineKind::Sqlite).await;
-                    super::$name(&k).await;
-                    k.assert_clean().await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    let k = crate::kit::Kit::new(crate::kit::EngineKind::Postgres).await;
-                    super::$name(&k).await;
-                    k.assert_clean().await;
-                }
-            )*
-        }
-    };
-}
-
-withdrawals!(
+conformance!(
     create_holds_the_amount_and_replays,
     bad_withdrawals_write_nothing,
     the_withdrawal_kind_is_reserved_for_the_processor,
