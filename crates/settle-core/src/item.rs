@@ -3,8 +3,8 @@
 //! ```text
 //!               fail                 succeed
 //!   charged ───────────► refunded ─────────────► reclaimed
-//!      │  └── succeed ──► succeeded ──── return ───► returned   (payouts only)
-//!      └───── cancel ───► cancelled
+//!      │  └── succeed ──► succeeded ──── return ───► returned   (payouts only; also from
+//!      └───── cancel ───► cancelled                              reclaimed: a late execution)
 //! ```
 //! A store applies an arrow as one guarded `UPDATE items … WHERE state = <from>`; every pair
 //! this table does not list is a no-op.
@@ -129,7 +129,7 @@ pub const fn arrow(state: ItemState, signal: ItemSignal) -> Option<Arrow> {
         (I::Charged, S::Succeed) => (I::Succeeded, None),
         (I::Charged, S::Cancel) => (I::Cancelled, Some(EntryKind::Refund)),
         (I::Refunded, S::Succeed) => (I::Reclaimed, Some(EntryKind::Reclaim)),
-        (I::Succeeded, S::Return) => (I::Returned, Some(EntryKind::PayoutReturn)),
+        (I::Succeeded, S::Return) | (I::Reclaimed, S::Return) => (I::Returned, Some(EntryKind::PayoutReturn)),
         _ => return None,
     };
     Some(Arrow { from: state, to, entry })
@@ -172,10 +172,11 @@ mod tests {
     }
 
     #[test]
-    fn only_a_succeeded_item_can_be_returned_and_only_once() {
+    fn only_a_paid_item_can_be_returned_and_only_once() {
+        // Paid: succeeded, or reclaimed (refunded, then found executed after all).
         for state in ItemState::ALL {
             let a = arrow(state, ItemSignal::Return);
-            assert_eq!(a.is_some(), state == ItemState::Succeeded, "{state:?}");
+            assert_eq!(a.is_some(), matches!(state, ItemState::Succeeded | ItemState::Reclaimed), "{state:?}");
         }
         assert_eq!(arrow(ItemState::Returned, ItemSignal::Return), None);
         assert_eq!(ItemState::Returned.net(Credits::new(40)).unwrap(), Credits::ZERO);

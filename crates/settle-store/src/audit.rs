@@ -200,7 +200,11 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
             ItemState::Charged | ItemState::Succeeded => &[EntryKind::Charge],
             ItemState::Refunded | ItemState::Cancelled => &[EntryKind::Charge, EntryKind::Refund],
             ItemState::Reclaimed => &[EntryKind::Charge, EntryKind::Refund, EntryKind::Reclaim],
-            // A payout returned after it was paid: charged (held), never refunded, credited back once.
+            // A payout returned after it was paid: credited back once, after the charge (or after a
+            // refund reclaimed when the payout turned out to have executed late).
+            ItemState::Returned if il.refunds > 0 => {
+                &[EntryKind::Charge, EntryKind::Refund, EntryKind::Reclaim, EntryKind::PayoutReturn]
+            }
             ItemState::Returned => &[EntryKind::Charge, EntryKind::PayoutReturn],
         };
         let kinds: Vec<EntryKind> = il.entries.iter().map(|e| e.0).collect();
@@ -262,20 +266,24 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
     // when the return was recorded.
     let withdrawal_rows = db
         .all(
-            "SELECT j.id, j.kind, j.state, j.cost, w.amount, w.returned_at FROM jobs j \
-             LEFT JOIN withdrawals w ON w.job_id = j.id WHERE j.kind = 'withdrawal' OR w.job_id IS NOT NULL ORDER BY j.id",
+            "SELECT j.id, j.kind, j.state, j.cost, w.amount, w.returned_at, \
+                    (SELECT COUNT(*) FROM items i WHERE i.job_id = j.id AND i.state <> 'returned') \
+             FROM jobs j LEFT JOIN withdrawals w ON w.job_id = j.id \
+             WHERE j.kind = 'withdrawal' OR w.job_id IS NOT NULL ORDER BY j.id",
             args![],
         )
         .await?;
     for r in &withdrawal_rows {
         let (job, kind, state, cost) = (r.text(0)?, r.text(1)?, r.text(2)?, r.i64(3)?);
-        let (amount, returned_at) = (r.opt_i64(4)?, r.opt_i64(5)?);
+        let (amount, returned_at, not_returned) = (r.opt_i64(4)?, r.opt_i64(5)?, r.i64(6)?);
         let problem = if kind != settle_core::job::WITHDRAWAL_KIND || amount.is_none() {
             Some("a withdrawal row and a withdrawal job come together".to_owned())
         } else if amount != Some(cost) {
             Some(format!("withdrawal amount {amount:?} but the job holds {cost}"))
         } else if (state == "returned") != returned_at.is_some() {
             Some(format!("state {state} but returned_at {returned_at:?}"))
+        } else if state == "returned" && not_returned > 0 {
+            Some(format!("returned, but {not_returned} item(s) were not credited back"))
         } else {
             None
         };

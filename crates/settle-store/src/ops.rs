@@ -1216,12 +1216,14 @@ async fn apply_failure(db: &mut Db<'_>, cx: &Cx, job: &JobRow, failure: Failure<
         }
         _ => (JobState::Dead, job.not_before),
     };
+    // An exempt failure does not count against the budget, now or later: the budget's base moves up.
+    let base_step = i64::from(budget_exempt);
     let rows = db
         .exec(
             "UPDATE jobs SET state = $3, not_before = $4, lease_token = NULL, lease_expires_at = NULL, lease_worker = NULL, \
-             last_error_code = $5, last_error_message = $6, unknown_since = NULL, updated_at = $7 \
-             WHERE id = $1 AND state = $2",
-            args![&job.id, job.state.as_str(), state.as_str(), not_before, code.as_str(), message, cx.now.micros()],
+             last_error_code = $5, last_error_message = $6, unknown_since = NULL, updated_at = $7, \
+             budget_base = budget_base + $8 WHERE id = $1 AND state = $2",
+            args![&job.id, job.state.as_str(), state.as_str(), not_before, code.as_str(), message, cx.now.micros(), base_step],
         )
         .await?;
     guard_hit(rows, "failure")?;

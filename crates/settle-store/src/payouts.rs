@@ -180,6 +180,8 @@ pub(crate) fn check_txid(txid: &str) -> Result<(), StoreError> {
 /// The provider has the transfer: the success path (accepted from any attempt, with or without
 /// the current lease: the money left) and the txid, in one transaction; and, when the provider
 /// says it came back already, the return too (a crash between the two would lose the return).
+/// `After::Teardown` when the withdrawal was being torn down (a cancel that won before the provider
+/// was asked): the caller finishes the teardown.
 pub(crate) async fn payout_succeeded(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -187,19 +189,22 @@ pub(crate) async fn payout_succeeded(
     token: Option<&LeaseToken>,
     txid: &str,
     returned: bool,
-) -> Result<Outcome<Withdrawal>, StoreError> {
+) -> Result<(Outcome<Withdrawal>, After), StoreError> {
     check_txid(txid)?;
     let job = ops::must_lock_job(db, id.as_str()).await?;
     ops::check_caller(&job, Caller::PayoutProcessor)?;
+    // A withdrawal is `final_failure`: its success wins over a cancel request. Only a teardown that
+    // had already begun (`cancelling`) is left to finish.
     let (mut applied, after) = ops::apply_success(db, cx, &job, token, None).await?;
-    // A withdrawal is `final_failure`: its success wins over a cancel request, never a teardown.
-    assert_eq!(after, After::Nothing, "a payout's success never tears down");
+    let kept = db.one("SELECT provider_txid FROM withdrawals WHERE job_id = $1", args![&job.id]).await?.opt_text(0)?;
     if applied || matches!(job.state, JobState::Succeeded | JobState::Returned) {
         record_txid(db, &job.id, txid).await?;
-    } else {
-        // Money left for a withdrawal that is not in a state a success can reach (`cancelled`):
-        // never drop what the provider said; a person must look (docs/decisions/0010).
+    } else if kept.is_none() {
+        // Money left for a withdrawal no success can reach any more (`cancelling`, `cancelled`: its
+        // hold was refunded). Never drop what the provider said: kept, reported once, for a person
+        // (docs/decisions/0010).
         tracing::error!(job = %job.id, state = job.state.as_str(), txid, "the provider executed a withdrawal Settle had closed");
+        record_txid(db, &job.id, txid).await?;
         ops::emit(
             db,
             cx,
@@ -220,7 +225,7 @@ pub(crate) async fn payout_succeeded(
     }
     let w = must_read_withdrawal(db, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
-    Ok(Outcome { value: w, applied })
+    Ok((Outcome { value: w, applied }, after))
 }
 
 /// A paid-out withdrawal came back: `succeeded → returned`, once.
@@ -264,7 +269,15 @@ async fn apply_return(db: &mut Db<'_>, cx: &Cx, job: &ops::JobRow, source: Retur
         .await?;
     ops::guard_hit(rows, "return")?;
     cx.point(CrashPoint::AfterGuard)?;
-    let moved = ops::move_items(db, cx, job, ItemState::Succeeded, ItemSignal::Return, None, None).await?;
+    // Paid items: succeeded, or reclaimed (a late execution found after the hold was refunded).
+    let mut moved = ops::move_items(db, cx, job, ItemState::Succeeded, ItemSignal::Return, None, None).await?;
+    moved.extend(ops::move_items(db, cx, job, ItemState::Reclaimed, ItemSignal::Return, None, None).await?);
+    if ops::sum(&moved)?.get() != job.cost {
+        return Err(StoreError::internal(format!(
+            "return of {} credited {:?}, not its cost {}",
+            job.id, moved, job.cost
+        )));
+    }
     cx.point(CrashPoint::AfterLedger)?;
     let rows = db
         .exec(

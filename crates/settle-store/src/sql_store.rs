@@ -1015,14 +1015,18 @@ impl Payouts for SqlStore {
     ) -> Result<Outcome<Withdrawal>, StoreError> {
         payouts::check_txid(txid)?;
         let (id, token, txid) = (job.clone(), token.cloned(), txid.to_owned());
-        let out = self
+        let (out, after) = self
             .write(op!(
                 [id, token, txid] | db,
                 cx | payouts::payout_succeeded(db, cx, &id, token.as_ref(), &txid, returned).await
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
-        Ok(out)
+        if after == After::Nothing {
+            return Ok(out);
+        }
+        self.continue_after(out.value.job, after).await?;
+        Ok(Outcome { value: self.withdrawal(job).await?, applied: out.applied })
     }
 
     async fn payout_failed(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {

@@ -17,7 +17,7 @@ use settle_store::{
     WithdrawalFilter,
 };
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -126,7 +126,12 @@ fn txid_of(a: &Answer) -> Option<(String, Option<String>)> {
     if txid.is_empty() || txid.len() > limits::PROVIDER_TXID_LEN_MAX || txid.chars().any(char::is_control) {
         return None;
     }
-    let status = v.get("status").and_then(|s| s.as_str()).map(str::to_owned);
+    // A status that is there must be a string the protocol knows; anything else is not an answer.
+    let status = match v.get("status") {
+        None => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(other) => Some(other.to_string()),
+    };
     Some((txid, status))
 }
 
@@ -338,7 +343,6 @@ impl PayoutProcessor {
             Err(StoreError::LeaseLost(_)) => return Ok(AttemptEnd::LeaseLost),
             Err(e) => return Err(e),
         };
-        let renewed = Instant::now();
         if heartbeat.cancel_requested {
             let signal = fail(token, FailCode::cancelled(), "cancelled before the send".into(), Some(false));
             payouts.payout_failed(id, signal).await?;
@@ -348,11 +352,11 @@ impl PayoutProcessor {
             return Ok(AttemptEnd::Crashed);
         }
         // A process that stalled since the renewal (a pause, a swap storm) must not send on a lease
-        // that may have run out: the attempt is marked sending, so the rescuer makes it unknown.
-        let lease = Duration::from_micros(
-            u64::try_from(claimed.lease_expires_at.micros() - claimed.job.updated_at.micros()).unwrap_or(0),
-        );
-        if renewed.elapsed() > lease / 2 {
+        // that may have run out: the attempt is marked sending, so the rescuer makes it unknown. The
+        // lease is measured on the store's clock, from what the renewal wrote.
+        let lease_micros = claimed.lease_expires_at.micros() - claimed.job.updated_at.micros();
+        let left_micros = heartbeat.lease_expires_at.micros() - self.store.now().micros();
+        if left_micros < lease_micros / 2 {
             tracing::warn!(job = %id, "stalled before the send; leaving it to the reconciler");
             return Ok(AttemptEnd::LeaseLost);
         }
@@ -419,7 +423,8 @@ impl PayoutProcessor {
             return Ok(Vec::new());
         }
         let since = self.store.now().micros().saturating_sub(self.settings.return_window.as_micros() as i64);
-        let states = [JobState::Succeeded, JobState::Dead];
+        // Succeeded: returns. Dead and cancelled (tried ones): an earlier send executed after all.
+        let states = [JobState::Succeeded, JobState::Dead, JobState::Cancelled];
         let (which, after) = *self.recheck_after.lock().expect("cursor lock");
         let state = states[which % states.len()];
         let filter = WithdrawalFilter {
@@ -434,7 +439,8 @@ impl PayoutProcessor {
         };
         let mut moved = Vec::new();
         for w in page.rows {
-            if state == JobState::Dead && w.job.attempt == 0 {
+            // Never tried, or a late execution already recorded: nothing to ask.
+            if state != JobState::Succeeded && (w.job.attempt == 0 || w.provider_txid.is_some()) {
                 continue;
             }
             let id = JobId::parse(&w.job.id)?;
@@ -442,9 +448,14 @@ impl PayoutProcessor {
                 (JobState::Succeeded, Lookup::Found { returned: true, .. }) => {
                     self.store.payouts().payout_returned(&id, ReturnSource::Provider).await.map(|o| o.applied)
                 }
-                (JobState::Dead, Lookup::Found { txid, returned }) => {
-                    tracing::error!(job = %w.job.id, %txid, "a dead withdrawal was executed after all; taking the hold back");
-                    self.store.payouts().payout_succeeded(&id, None, &txid, returned).await.map(|o| o.applied)
+                (JobState::Dead | JobState::Cancelled, Lookup::Found { txid, returned }) => {
+                    tracing::error!(job = %w.job.id, %txid, state = state.as_str(), "a closed withdrawal was executed after all");
+                    let before = w.provider_txid.is_some();
+                    self.store
+                        .payouts()
+                        .payout_succeeded(&id, None, &txid, returned)
+                        .await
+                        .map(|o| o.applied || (!before && o.value.provider_txid.is_some()))
                 }
                 _ => Ok(false),
             };

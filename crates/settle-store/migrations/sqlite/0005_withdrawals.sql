@@ -5,6 +5,8 @@
 -- (https://www.sqlite.org/lang_altertable.html, "other kinds of table schema changes"): foreign keys
 -- off around one transaction, every row copied as is, indexes and triggers made again, and the
 -- foreign keys checked before the commit. Ledger rows are copied, never changed: their hashes hold.
+-- Re-runnable: sqlx records a no-transaction migration after it, so a crash in between runs it again
+-- (the rebuild starts over from the tables as they are; the new table is created if missing).
 PRAGMA foreign_keys = OFF;
 BEGIN IMMEDIATE;
 
@@ -97,7 +99,7 @@ END;
 
 -- One row per withdrawal job. The idempotency key is made once, at creation, and reused by every
 -- attempt; the provider's txid is kept once known.
-CREATE TABLE withdrawals (
+CREATE TABLE IF NOT EXISTS withdrawals (
     job_id          TEXT PRIMARY KEY REFERENCES jobs (id),
     destination     TEXT NOT NULL,
     amount          INTEGER NOT NULL CHECK (amount > 0),
@@ -110,6 +112,10 @@ CREATE TABLE withdrawals (
     created_at      INTEGER NOT NULL
 ) STRICT;
 
-PRAGMA foreign_key_check;
+-- The copy kept every reference: with foreign keys off, nothing else would say so. A violation
+-- fails this CHECK and the migration with it, before the commit.
+CREATE TEMP TABLE migration_0005_check (violations INTEGER NOT NULL CHECK (violations = 0));
+INSERT INTO migration_0005_check SELECT COUNT(*) FROM pragma_foreign_key_check;
+DROP TABLE temp.migration_0005_check;
 COMMIT;
 PRAGMA foreign_keys = ON;

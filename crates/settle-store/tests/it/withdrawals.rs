@@ -212,6 +212,10 @@ async fn failures_follow_the_provider_codes(k: &Kit) {
         assert_state(&payout_fail(k, "w", &t, "LOOKUP_FAILED").await, JobState::Queued);
     }
     assert_eq!(k.balance(&a).await, 90);
+    // …and does not count later either: a definitive retryable refusal still retries (budget 3)
+    k.clock.advance_seconds(600);
+    let t = claim_payout(k, "w").await;
+    assert_state(&payout_fail(k, "w", &t, "NODE_DOWN").await, JobState::Queued);
     // INVALID_ADDRESS is definitive: dead, the hold refunded once
     k.clock.advance_seconds(600);
     let t = claim_payout(k, "w").await;
@@ -300,12 +304,34 @@ async fn a_late_execution_of_a_dead_withdrawal_takes_the_hold_back(k: &Kit) {
         (JobState::Succeeded, vec!["reclaimed"], Some("tx-late"))
     );
     assert_eq!(k.balance(&a).await, 70);
+    // and if it then comes back, the return credits the reclaimed amount, once
+    let r = k.store.payouts().payout_returned(&jid("w"), ReturnSource::Provider).await.unwrap().value;
+    assert_eq!((r.job.state, states(&r.job), r.job.net.get()), (JobState::Returned, vec!["returned"], 0));
+    assert_eq!(k.balance(&a).await, 100);
+    let kinds: Vec<String> = k.ledger_kinds(&a).await.into_iter().map(|(kind, _)| kind).collect();
+    assert_eq!(kinds, vec!["grant", "charge", "refund", "reclaim", "payout_return"]);
     // a cancelled withdrawal cannot take a success: the txid is reported, never dropped silently
     withdraw(k, "c", &a, 5).await;
     k.store.cancel(&jid("c")).await.unwrap();
     let out = k.store.payouts().payout_succeeded(&jid("c"), None, "tx-c", false).await.unwrap();
     assert!(!out.applied);
-    assert!(k.event_types().await.contains(&"withdrawal.late_execution".to_owned()));
+    assert_eq!((out.value.job.state, out.value.provider_txid.as_deref()), (JobState::Cancelled, Some("tx-c")));
+    assert_eq!(late_executions(k).await, 1);
+    // reported once: the re-check finding it again changes nothing
+    assert!(!k.store.payouts().payout_succeeded(&jid("c"), None, "tx-c", false).await.unwrap().applied);
+    assert_eq!(late_executions(k).await, 1);
+    // a teardown under way (its refund committed, then the process died) meets a found transfer: no
+    // panic, the txid kept and reported, the teardown finished
+    withdraw(k, "t", &a, 5).await;
+    k.crasher.arm(settle_core::crash::CrashPoint::TeardownAfterRefund);
+    assert!(matches!(k.store.cancel(&jid("t")).await, Err(StoreError::InjectedCrash(_))));
+    assert_state(&k.get("t").await, JobState::Cancelling);
+    let out = k.store.payouts().payout_succeeded(&jid("t"), None, "tx-t", false).await.unwrap();
+    assert_eq!(
+        (out.applied, out.value.job.state, out.value.provider_txid.as_deref()),
+        (false, JobState::Cancelled, Some("tx-t"))
+    );
+    assert_eq!(late_executions(k).await, 2);
 }
 
 async fn withdrawals_list_by_state(k: &Kit) {
@@ -332,4 +358,8 @@ async fn withdrawals_list_by_state(k: &Kit) {
 async fn claim_payout_any(k: &Kit) -> (String, LeaseToken) {
     let claimed = k.store.payouts().claim_payouts(&WorkerName::parse("payouts").unwrap(), 1).await.unwrap();
     (claimed[0].job.id.clone(), claimed[0].lease_token.clone())
+}
+
+async fn late_executions(k: &Kit) -> usize {
+    k.event_types().await.iter().filter(|t| *t == "withdrawal.late_execution").count()
 }
