@@ -111,6 +111,17 @@ impl ItemState {
         matches!(self, ItemState::Reclaimed)
     }
 
+    /// Whether a later transition may still credit this item's cost back: a charged item (refund,
+    /// cancel) and, for a payout (`returnable`), a paid one (return). An account's `held` is the sum
+    /// of these; grants keep `balance + held ≤ BALANCE_MAX`, so no refund or return can overflow.
+    pub const fn is_held(self, returnable: bool) -> bool {
+        match self {
+            ItemState::Charged => true,
+            ItemState::Succeeded | ItemState::Reclaimed => returnable,
+            ItemState::Refunded | ItemState::Cancelled | ItemState::Returned => false,
+        }
+    }
+
     /// The item's net effect on the balance in this state (invariant L3).
     pub fn net(self, cost: Credits) -> Result<Credits, MoneyError> {
         match self {
@@ -180,6 +191,33 @@ mod tests {
         }
         assert_eq!(arrow(ItemState::Returned, ItemSignal::Return), None);
         assert_eq!(ItemState::Returned.net(Credits::new(40)).unwrap(), Credits::ZERO);
+    }
+
+    #[test]
+    fn every_credit_leaves_balance_plus_held_unchanged() {
+        // A credit (refund, return) moves cost from `held` to the balance; nothing else grows the sum.
+        let cost = Credits::new(40);
+        for returnable in [false, true] {
+            for state in ItemState::ALL {
+                for signal in ItemSignal::ALL {
+                    // Only payouts are returned, and a payout's paid item is returnable.
+                    if signal == ItemSignal::Return && !returnable {
+                        continue;
+                    }
+                    let Some(a) = arrow(state, signal) else { continue };
+                    let written = a.entry.map(|k| entry_amount(k, cost).unwrap().get()).unwrap_or(0);
+                    let held = |s: ItemState| if s.is_held(returnable) { cost.get() } else { 0 };
+                    let change = written + held(a.to) - held(a.from);
+                    assert!(
+                        change <= 0,
+                        "{state:?} {signal:?} returnable={returnable}: balance + held grows by {change}"
+                    );
+                    if written > 0 {
+                        assert_eq!(change, 0, "{state:?} {signal:?}: a credit comes out of held");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -13,6 +13,8 @@ struct Acc {
     balance: i64,
     exposure: i64,
     refunded_cost: i128,
+    held: i64,
+    held_cost: i128,
     sum: i128,
     running: i128,
     prev: Hash32,
@@ -50,10 +52,12 @@ fn v(
 pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
     let mut violations = Vec::new();
     let mut accounts: BTreeMap<String, Acc> = BTreeMap::new();
-    for r in db.all("SELECT id, balance, exposure FROM accounts ORDER BY id", args![]).await? {
-        let (balance, exposure) = (r.i64(1)?, r.i64(2)?);
-        accounts
-            .insert(r.text(0)?, Acc { balance, exposure, refunded_cost: 0, sum: 0, running: 0, prev: GENESIS_HASH });
+    for r in db.all("SELECT id, balance, exposure, held FROM accounts ORDER BY id", args![]).await? {
+        let (balance, exposure, held) = (r.i64(1)?, r.i64(2)?, r.i64(3)?);
+        accounts.insert(
+            r.text(0)?,
+            Acc { balance, exposure, refunded_cost: 0, held, held_cost: 0, sum: 0, running: 0, prev: GENESIS_HASH },
+        );
     }
     let mut items: HashMap<(String, String), ItemLedger> = HashMap::new();
     let rows = db
@@ -157,7 +161,7 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
     }
     let item_rows = db
         .all(
-            "SELECT i.job_id, i.item_id, i.cost, i.state, j.account_id FROM items i JOIN jobs j ON j.id = i.job_id \
+            "SELECT i.job_id, i.item_id, i.cost, i.state, j.account_id, j.kind FROM items i JOIN jobs j ON j.id = i.job_id \
              ORDER BY i.job_id, i.ord",
             args![],
         )
@@ -212,10 +216,14 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
             violations.push(v("L3", None, Some(&job), Some(&item), format!("state {state_s} has entries {kinds:?}")));
         }
         let job_account = r.text(4)?;
-        if state == ItemState::Refunded
-            && let Some(acc) = accounts.get_mut(&job_account)
-        {
-            acc.refunded_cost += i128::from(cost);
+        let returnable = r.text(5)? == settle_core::job::WITHDRAWAL_KIND;
+        if let Some(acc) = accounts.get_mut(&job_account) {
+            if state == ItemState::Refunded {
+                acc.refunded_cost += i128::from(cost);
+            }
+            if state.is_held(returnable) {
+                acc.held_cost += i128::from(cost);
+            }
         }
         for (kind, amount, account) in &il.entries {
             let want = match kind {
@@ -243,6 +251,24 @@ pub(crate) async fn audit(db: &mut Db<'_>) -> Result<AuditReport, StoreError> {
         }
     }
     for (id, acc) in &accounts {
+        if acc.held_cost != i128::from(acc.held) {
+            violations.push(v(
+                "L1",
+                Some(id),
+                None,
+                None,
+                format!("held {} but the items that may still be credited back cost {}", acc.held, acc.held_cost),
+            ));
+        }
+        if i128::from(acc.balance) + i128::from(acc.held) > i128::from(settle_core::limits::BALANCE_MAX) {
+            violations.push(v(
+                "L1",
+                Some(id),
+                None,
+                None,
+                format!("balance {} plus held {} exceeds the largest balance", acc.balance, acc.held),
+            ));
+        }
         if acc.refunded_cost != i128::from(acc.exposure) {
             violations.push(v(
                 "L1",

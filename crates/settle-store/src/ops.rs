@@ -265,8 +265,10 @@ pub(crate) enum BalanceCheck {
 const DEBIT_OVERDRAFT: &str = "UPDATE accounts SET balance = balance + $2 \
      WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 AND balance - exposure >= (0 - $3) - $2 \
      RETURNING balance";
+// Credits (grants, positive adjustments) keep `balance + held ≤ BALANCE_MAX`: the balance after every
+// refund and return still possible stays inside i64 (docs/decisions/0003).
 const CREDIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2 \
-     WHERE id = $1 AND balance <= $3 - $2 RETURNING balance";
+     WHERE id = $1 AND balance + held <= $3 - $2 RETURNING balance";
 const DEBIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2 \
      WHERE id = $1 AND balance - exposure >= (0 - $3) - $2 RETURNING balance";
 const CREDIT_ANY: &str = "UPDATE accounts SET balance = balance + $2 WHERE id = $1 RETURNING balance";
@@ -509,7 +511,16 @@ pub(crate) async fn move_items(
             .collect::<Result<Vec<_>, StoreError>>()?;
         post(db, cx, &job.account_id, BalanceCheck::Never, &lines).await?;
     }
-    // Track what a later success could still reclaim.
+    // Track what a later transition could still credit back (refund, return)…
+    let returnable = job.kind == job::WITHDRAWAL_KIND;
+    let held_step = i64::from(arrow.to.is_held(returnable)) - i64::from(arrow.from.is_held(returnable));
+    if held_step != 0 && !moved.is_empty() {
+        let change = if held_step > 0 { sum(&moved)? } else { sum(&moved)?.checked_neg()? };
+        let rows =
+            db.exec("UPDATE accounts SET held = held + $2 WHERE id = $1", args![&job.account_id, change.get()]).await?;
+        guard_hit(rows, "held")?;
+    }
+    // …and what a later success could still reclaim.
     let exposure_change = match (arrow.from, arrow.to) {
         (_, ItemState::Refunded) => Some(sum(&moved)?),
         (ItemState::Refunded, _) => Some(sum(&moved)?.checked_neg()?),
@@ -794,6 +805,11 @@ pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8;
         })
         .collect::<Result<_, StoreError>>()?;
     post(db, cx, req.account_id.as_str(), BalanceCheck::Overdraft, &lines).await?;
+    // Every charged item may still be refunded: it is held until it is decided.
+    let rows = db
+        .exec("UPDATE accounts SET held = held + $2 WHERE id = $1", args![req.account_id.as_str(), total.get()])
+        .await?;
+    guard_hit(rows, "held")?;
     cx.point(CrashPoint::AfterLedger)?;
     emit(
         db,

@@ -81,6 +81,8 @@ conformance!(
     item_failure_after_a_job_refund_is_not_reclaimed,
     final_failure_lease_expiry_after_cancel_is_unknown,
     reclaims_can_never_overflow,
+    refunds_can_never_overflow,
+    the_audit_checks_what_is_held,
 );
 
 async fn account_create_is_idempotent_by_id(k: &Kit) {
@@ -1050,4 +1052,56 @@ async fn reclaims_can_never_overflow(k: &Kit) {
         .await
         .unwrap();
     assert_eq!(k.balance(&a).await, 5 - big);
+}
+
+async fn refunds_can_never_overflow(k: &Kit) {
+    // The case: four jobs of cost 2^61 on an account granted 2^61 each time. Before `held`,
+    // every grant was accepted and the fourth refund overflowed: that job could never end.
+    let big = settle_core::limits::BALANCE_MAX;
+    let a = acc("a");
+    k.store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+    let mut tokens = Vec::new();
+    for i in 0..4 {
+        let g = NewGrant { id: RefId::parse(&format!("g{i}")).unwrap(), amount: Credits::new(big), reason: None };
+        let granted = k.store.grant(&a, g).await;
+        // Only the first grant fits: the outstanding charge may still come back as a refund.
+        assert_eq!(granted.is_ok(), i == 0, "grant {i}: {granted:?}");
+        if let Err(e) = granted {
+            assert!(matches!(e, StoreError::Overflow), "{e:?}");
+        }
+        let created = k.store.create_job(new_job(&format!("j{i}"), &a, big)).await;
+        assert_eq!(created.is_ok(), i == 0, "job {i}: {created:?}");
+        if i == 0 {
+            tokens.push(k.claim_one("j0").await);
+        }
+    }
+    // Every outstanding job can still fail and be refunded.
+    let j = k.fail("j0", &tokens[0], "INVALID_INPUT").await.value;
+    assert_state(&j, JobState::Dead);
+    assert_eq!(k.balance(&a).await, big);
+    // With nothing held, the balance is what bounds a grant.
+    let g = NewGrant { id: RefId::parse("g-more").unwrap(), amount: Credits::new(1), reason: None };
+    assert!(matches!(k.store.grant(&a, g).await, Err(StoreError::Overflow)));
+    // A positive adjustment is bounded the same way; a negative one frees room.
+    let adj = |id: &str, amount: i64| NewAdjustment {
+        id: RefId::parse(id).unwrap(),
+        amount: Credits::new(amount),
+        reason: "fix".into(),
+    };
+    assert!(matches!(k.store.adjust(&a, adj("x1", 1)).await, Err(StoreError::Overflow)));
+    k.store.adjust(&a, adj("x2", -5)).await.unwrap();
+    k.store.adjust(&a, adj("x3", 5)).await.unwrap();
+}
+
+async fn the_audit_checks_what_is_held(k: &Kit) {
+    let a = k.account("a", 100).await;
+    k.job("j", &a, 10).await;
+    k.raw("UPDATE accounts SET held = 3 WHERE id = 'a'").await.unwrap();
+    let report = k.store.audit().await.unwrap();
+    assert!(
+        report.violations.iter().any(|v| v.invariant == "L1" && v.message.contains("held 3")),
+        "{:#?}",
+        report.violations
+    );
+    k.raw("UPDATE accounts SET held = 10 WHERE id = 'a'").await.unwrap();
 }

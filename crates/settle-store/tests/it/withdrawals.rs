@@ -19,6 +19,7 @@ conformance!(
     cancel_of_a_tried_withdrawal_asks_the_provider_first,
     a_late_execution_of_a_dead_withdrawal_takes_the_hold_back,
     withdrawals_list_by_state,
+    payout_returns_can_never_overflow,
 );
 
 fn new_withdrawal(id: &str, account: &AccountId, amount: i64, destination: &str) -> NewWithdrawal {
@@ -362,4 +363,18 @@ async fn claim_payout_any(k: &Kit) -> (String, LeaseToken) {
 
 async fn late_executions(k: &Kit) -> usize {
     k.event_types().await.iter().filter(|t| *t == "withdrawal.late_execution").count()
+}
+
+async fn payout_returns_can_never_overflow(k: &Kit) {
+    let big = limits::BALANCE_MAX;
+    let a = k.account("a", big).await;
+    withdraw(k, "w", &a, big).await;
+    let t = claim_payout(k, "w").await;
+    k.store.payouts().payout_succeeded(&jid("w"), Some(&t), "tx", false).await.unwrap();
+    assert_eq!(k.balance(&a).await, 0);
+    // The paid amount may still come back: a grant that would not fit beside it is refused.
+    let g = NewGrant { id: RefId::parse("g2").unwrap(), amount: Credits::new(big), reason: None };
+    assert!(matches!(k.store.grant(&a, g).await, Err(StoreError::Overflow)));
+    let back = k.store.payouts().payout_returned(&jid("w"), ReturnSource::Admin).await.unwrap();
+    assert_eq!((back.value.job.state, k.balance(&a).await), (JobState::Returned, big));
 }
