@@ -158,29 +158,33 @@ pub(crate) async fn events(db: &mut Db<'_>, after: i64, limit: u32) -> Result<Pa
 }
 
 /// Running jobs whose lease has expired, with the token the rescuer saw.
+/// Running jobs past their lease, after the cursor `after` (a job sequence number), in job order:
+/// `(job_seq, id, lease_token)`.
 pub(crate) async fn expired_leases(
     db: &mut Db<'_>,
     now: Timestamp,
+    after: i64,
     limit: u32,
-) -> Result<Vec<(String, String)>, StoreError> {
+) -> Result<Vec<(i64, String, String)>, StoreError> {
     let rows = db
         .all(
-            "SELECT id, lease_token FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 \
-             ORDER BY lease_expires_at, job_seq LIMIT $2",
-            args![now.micros(), page_limit(limit)],
+            "SELECT job_seq, id, lease_token FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 \
+             AND job_seq > $2 ORDER BY job_seq LIMIT $3",
+            args![now.micros(), after, page_limit(limit)],
         )
         .await?;
-    rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?))).collect()
+    rows.iter().map(|r| Ok((r.i64(0)?, r.text(1)?, r.text(2)?))).collect()
 }
 
-pub(crate) async fn cancelling(db: &mut Db<'_>, limit: u32) -> Result<Vec<String>, StoreError> {
+/// Jobs left `cancelling`, after the cursor `after`, in job order: `(job_seq, id)`.
+pub(crate) async fn cancelling(db: &mut Db<'_>, after: i64, limit: u32) -> Result<Vec<(i64, String)>, StoreError> {
     let rows = db
         .all(
-            "SELECT id FROM jobs WHERE state = 'cancelling' ORDER BY updated_at, job_seq LIMIT $1",
-            args![page_limit(limit)],
+            "SELECT job_seq, id FROM jobs WHERE state = 'cancelling' AND job_seq > $1 ORDER BY job_seq LIMIT $2",
+            args![after, page_limit(limit)],
         )
         .await?;
-    rows.iter().map(|r| Ok(r.text(0)?)).collect()
+    rows.iter().map(|r| Ok((r.i64(0)?, r.text(1)?))).collect()
 }
 
 pub(crate) async fn stats(db: &mut Db<'_>) -> Result<Stats, StoreError> {

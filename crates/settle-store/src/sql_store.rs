@@ -159,6 +159,19 @@ pub struct SqlStore {
     events_wake: Arc<tokio::sync::Notify>,
     artifacts: Option<Arc<dyn ArtifactStore>>,
     tx_retries: AtomicU64,
+    /// Where the next rescue and sweep passes start (job sequence numbers). Each pass takes the next
+    /// page and wraps around at the end, so jobs whose step keeps failing never hide the ones behind
+    /// them (a failing step writes nothing, so "oldest first" would return them every time).
+    rescue_after: Mutex<i64>,
+    sweep_after: Mutex<i64>,
+}
+
+/// The cursor after a page: its last row, or the beginning again when the page was the last one.
+fn next_cursor(seqs: &[i64], limit: u32) -> i64 {
+    match seqs.last() {
+        Some(last) if seqs.len() as u32 >= limit.clamp(1, limits::PAGE_LIMIT_MAX) => *last,
+        _ => 0,
+    }
 }
 
 static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -208,6 +221,8 @@ impl SqlStore {
             events_wake: Arc::new(tokio::sync::Notify::new()),
             artifacts: options.artifacts,
             tx_retries: AtomicU64::new(0),
+            rescue_after: Mutex::new(0),
+            sweep_after: Mutex::new(0),
         })
     }
 
@@ -240,6 +255,8 @@ impl SqlStore {
             events_wake: Arc::new(tokio::sync::Notify::new()),
             artifacts: options.artifacts,
             tx_retries: AtomicU64::new(0),
+            rescue_after: Mutex::new(0),
+            sweep_after: Mutex::new(0),
         })
     }
 
@@ -838,9 +855,12 @@ impl Store for SqlStore {
 
     async fn rescue_expired_leases(&self, limit: u32) -> Result<Vec<String>, StoreError> {
         let now = self.env.clock.now();
-        let seen = self.read(op!([] | db, _cx | reads::expired_leases(db, now, limit).await)).await?;
+        let after = *self.rescue_after.lock().expect("cursor lock");
+        let seen = self.read(op!([] | db, _cx | reads::expired_leases(db, now, after, limit).await)).await?;
+        let seqs: Vec<i64> = seen.iter().map(|(seq, _, _)| *seq).collect();
+        *self.rescue_after.lock().expect("cursor lock") = next_cursor(&seqs, limit);
         let mut rescued = Vec::new();
-        for (id, token) in seen {
+        for (_, id, token) in seen {
             let job_id = id.clone();
             let rescued_one = async {
                 let (applied, after) = self
@@ -867,9 +887,12 @@ impl Store for SqlStore {
     }
 
     async fn resume_teardowns(&self, limit: u32) -> Result<Vec<String>, StoreError> {
-        let ids = self.read(op!([] | db, _cx | reads::cancelling(db, limit).await)).await?;
+        let after = *self.sweep_after.lock().expect("cursor lock");
+        let ids = self.read(op!([] | db, _cx | reads::cancelling(db, after, limit).await)).await?;
+        let seqs: Vec<i64> = ids.iter().map(|(seq, _)| *seq).collect();
+        *self.sweep_after.lock().expect("cursor lock") = next_cursor(&seqs, limit);
         let mut done = Vec::new();
-        for id in ids {
+        for (_, id) in ids {
             match self.finish_teardown(&id).await {
                 Ok(job) if job.state == settle_core::job::JobState::Cancelled => done.push(id),
                 Ok(_) => {}

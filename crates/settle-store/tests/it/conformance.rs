@@ -83,6 +83,8 @@ conformance!(
     reclaims_can_never_overflow,
     refunds_can_never_overflow,
     the_audit_checks_what_is_held,
+    rescue_passes_never_starve_behind_failing_jobs,
+    sweep_passes_never_starve_behind_failing_jobs,
 );
 
 async fn account_create_is_idempotent_by_id(k: &Kit) {
@@ -1104,4 +1106,61 @@ async fn the_audit_checks_what_is_held(k: &Kit) {
         report.violations
     );
     k.raw("UPDATE accounts SET held = 10 WHERE id = 'a'").await.unwrap();
+}
+
+async fn rescue_passes_never_starve_behind_failing_jobs(k: &Kit) {
+    // Eight running jobs whose rescue fails every time (their account's `held` was tampered with, so
+    // the refund's update is refused), then one whose rescue works, expired last. A pass takes five.
+    let bad = k.account("bad", 1_000).await;
+    let good = k.account("good", 1_000).await;
+    for i in 0..8 {
+        k.job(&format!("b{i}"), &bad, 10).await;
+        k.claim_one(&format!("b{i}")).await;
+    }
+    k.clock.advance_seconds(1);
+    k.job("g", &good, 10).await;
+    k.claim_one("g").await;
+    k.raw("UPDATE accounts SET held = 0 WHERE id = 'bad'").await.unwrap();
+    k.clock.advance_seconds(60);
+    let mut rescued = Vec::new();
+    for _ in 0..3 {
+        rescued.extend(k.store.rescue_expired_leases(5).await.unwrap());
+    }
+    assert_eq!(rescued, vec!["g".to_owned()], "the good job is reached within the passes that cover all");
+    assert_state(&k.get("g").await, JobState::Queued);
+    // Put `held` back; the stuck ones are then rescued like any other.
+    k.raw("UPDATE accounts SET held = 80 WHERE id = 'bad'").await.unwrap();
+    let mut rest = Vec::new();
+    for _ in 0..3 {
+        rest.extend(k.store.rescue_expired_leases(5).await.unwrap());
+    }
+    assert_eq!(rest.len(), 8, "{rest:?}");
+}
+
+async fn sweep_passes_never_starve_behind_failing_jobs(k: &Kit) {
+    // Eight teardowns whose artifacts the store refuses to delete, then one it can finish.
+    let a = k.account("a", 1_000).await;
+    *k.artifacts.fail_prefix.lock().unwrap() = Some(String::new());
+    for (i, id) in (0..9).map(|i| (i, if i < 8 { format!("b{i}") } else { "g".to_owned() })) {
+        k.job(&id, &a, 10).await;
+        let t = k.claim_one(&id).await;
+        let key = if i < 8 { format!("bad/{id}") } else { format!("good/{id}") };
+        let artifact = NewArtifact { key: ArtifactKey::parse(&key).unwrap() };
+        k.store.register_artifact(&jid(&id), &ItemId::main(), &t, artifact).await.unwrap();
+        k.store.cancel(&jid(&id)).await.unwrap();
+        k.fail(&id, &t, "CANCELLED").await;
+        assert_state(&k.get(&id).await, JobState::Cancelling);
+    }
+    *k.artifacts.fail_prefix.lock().unwrap() = Some("bad/".into());
+    let mut finished = Vec::new();
+    for _ in 0..3 {
+        finished.extend(k.store.resume_teardowns(5).await.unwrap());
+    }
+    assert_eq!(finished, vec!["g".to_owned()], "the good teardown is reached within the passes that cover all");
+    *k.artifacts.fail_prefix.lock().unwrap() = None;
+    let mut rest = Vec::new();
+    for _ in 0..3 {
+        rest.extend(k.store.resume_teardowns(5).await.unwrap());
+    }
+    assert_eq!(rest.len(), 8, "{rest:?}");
 }

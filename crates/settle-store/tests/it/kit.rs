@@ -10,10 +10,12 @@ use settle_store::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Real files under a temp dir; `fail` makes every delete fail (a storage outage).
+/// Real files under a temp dir; `fail` makes every delete fail (a storage outage), `fail_prefix`
+/// the deletes of keys starting with it (objects the store refuses to delete).
 pub struct TestArtifacts {
     pub fs: FsArtifactStore,
     pub fail: AtomicBool,
+    pub fail_prefix: Mutex<Option<String>>,
     pub deletes: AtomicUsize,
 }
 
@@ -22,6 +24,9 @@ impl ArtifactStore for TestArtifacts {
     async fn delete(&self, key: &str) -> Result<(), String> {
         if self.fail.load(Ordering::SeqCst) {
             return Err("artifact store unavailable".into());
+        }
+        if self.fail_prefix.lock().unwrap().as_deref().is_some_and(|p| key.starts_with(p)) {
+            return Err("delete refused".into());
         }
         self.deletes.fetch_add(1, Ordering::SeqCst);
         self.fs.delete(key).await
@@ -96,6 +101,7 @@ impl Kit {
         let artifacts = Arc::new(TestArtifacts {
             fs: FsArtifactStore::new(dir.path().join("artifacts")),
             fail: AtomicBool::new(false),
+            fail_prefix: Mutex::new(None),
             deletes: AtomicUsize::new(0),
         });
         let crasher = Arc::new(Crasher::default());
