@@ -7,17 +7,11 @@ use settle_store as store;
 use utoipa::ToSchema;
 
 pub fn rfc3339(t: Timestamp) -> String {
-    let nanos = i128::from(t.micros()) * 1_000;
-    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
-        .ok()
-        .and_then(|dt| dt.format(&time::format_description::well_known::Rfc3339).ok())
-        .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_owned())
+    t.rfc3339()
 }
 
 pub fn parse_rfc3339(s: &str) -> Option<Timestamp> {
-    let dt = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
-    let micros = dt.unix_timestamp_nanos() / 1_000;
-    i64::try_from(micros).ok().map(Timestamp::from_micros)
+    Timestamp::parse_rfc3339(s)
 }
 
 // ----- accounts and ledger -----------------------------------------------------------------------
@@ -446,6 +440,8 @@ pub struct FailureSummary {
     pub by_code: Vec<FailureCount>,
 }
 
+/// The schema of an event envelope. Answers serialize `settle_store::EventEnvelope` itself — the
+/// same value, byte for byte, that a webhook delivery sends.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Event {
     pub seq: i64,
@@ -459,7 +455,8 @@ pub struct Event {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventPage {
-    pub events: Vec<Event>,
+    #[schema(value_type = Vec<Event>)]
+    pub events: Vec<store::EventEnvelope>,
     pub next_after: Option<i64>,
 }
 
@@ -520,7 +517,8 @@ pub struct EventsQuery {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookDelivery {
     pub endpoint_id: String,
-    pub event: Event,
+    #[schema(value_type = Event)]
+    pub event: store::EventEnvelope,
     /// `pending`, `delivered`, `dead`.
     pub state: String,
     pub attempts: u32,
@@ -546,22 +544,11 @@ pub struct DeliveriesQuery {
     pub state: Option<String>,
 }
 
-pub fn event(e: store::Event) -> Event {
-    Event {
-        seq: e.seq,
-        kind: e.kind,
-        job_id: e.job_id,
-        account_id: e.account_id,
-        data: serde_json::from_str(&e.data).unwrap_or(serde_json::Value::Null),
-        created_at: rfc3339(e.created_at),
-    }
-}
-
 impl From<store::Delivery> for WebhookDelivery {
     fn from(d: store::Delivery) -> WebhookDelivery {
         WebhookDelivery {
             endpoint_id: d.endpoint_id,
-            event: event(d.event),
+            event: d.event.envelope(),
             state: d.state,
             attempts: d.attempts,
             next_attempt_at: rfc3339(d.next_attempt_at),

@@ -566,7 +566,7 @@ pub async fn events(
             _ = tokio::time::sleep(nap) => {}
         }
     };
-    Ok(ok(dto::EventPage { events: got.rows.into_iter().map(dto::event).collect(), next_after: got.next_after }))
+    Ok(ok(dto::EventPage { events: got.rows.iter().map(store::Event::envelope).collect(), next_after: got.next_after }))
 }
 
 #[utoipa::path(get, path = "/v1/webhooks/deliveries", tag = "operations", params(dto::DeliveriesQuery),

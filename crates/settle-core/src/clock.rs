@@ -25,6 +25,22 @@ impl Timestamp {
         let delta = i64::try_from(seconds).unwrap_or(i64::MAX).saturating_mul(1_000_000);
         Timestamp(self.0.saturating_sub(delta))
     }
+
+    /// RFC 3339 in UTC, as every answer, event and webhook body writes it (fraction without
+    /// trailing zeros). One formatter, so one event reads the same everywhere.
+    pub fn rfc3339(self) -> String {
+        let nanos = i128::from(self.0) * 1_000;
+        time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+            .ok()
+            .and_then(|dt| dt.format(&time::format_description::well_known::Rfc3339).ok())
+            .unwrap_or_else(|| "1970-01-01T00:00:00Z".to_owned())
+    }
+
+    pub fn parse_rfc3339(s: &str) -> Option<Timestamp> {
+        let dt = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+        let micros = dt.unix_timestamp_nanos() / 1_000;
+        i64::try_from(micros).ok().map(Timestamp::from_micros)
+    }
 }
 
 pub trait Clock: Send + Sync + std::fmt::Debug {
@@ -76,5 +92,26 @@ impl FakeClock {
 impl Clock for FakeClock {
     fn now(&self) -> Timestamp {
         Timestamp(self.0.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Timestamp;
+
+    #[test]
+    fn rfc3339_round_trips_in_utc() {
+        assert_eq!(Timestamp::from_micros(0).rfc3339(), "1970-01-01T00:00:00Z");
+        assert_eq!(Timestamp::from_micros(1_767_225_600_000_005).rfc3339(), "2026-01-01T00:00:00.000005Z");
+        assert_eq!(Timestamp::from_micros(951_782_400_500_000).rfc3339(), "2000-02-29T00:00:00.5Z");
+        for t in [0, 1_767_225_600_000_005, 951_782_400_500_000] {
+            let ts = Timestamp::from_micros(t);
+            assert_eq!(Timestamp::parse_rfc3339(&ts.rfc3339()), Some(ts));
+        }
+        assert_eq!(
+            Timestamp::parse_rfc3339("2026-01-01T01:00:00+01:00"),
+            Some(Timestamp::from_micros(1_767_225_600_000_000))
+        );
+        assert_eq!(Timestamp::parse_rfc3339("yesterday"), None);
     }
 }

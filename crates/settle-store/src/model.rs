@@ -312,6 +312,32 @@ pub struct Event {
     pub created_at: Timestamp,
 }
 
+/// An event as it is shown and sent: `GET /v1/events`, the deliveries list and every webhook body
+/// serialize this one value, so one event is the same bytes everywhere.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct EventEnvelope {
+    pub seq: i64,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub job_id: Option<String>,
+    pub account_id: String,
+    pub data: serde_json::Value,
+    pub created_at: String,
+}
+
+impl Event {
+    pub fn envelope(&self) -> EventEnvelope {
+        EventEnvelope {
+            seq: self.seq,
+            kind: self.kind.clone(),
+            job_id: self.job_id.clone(),
+            account_id: self.account_id.clone(),
+            data: serde_json::from_str(&self.data).unwrap_or(serde_json::Value::Null),
+            created_at: self.created_at.rfc3339(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
     /// `L1` … `L4`, or `SEQ` for a gap in a sequence.

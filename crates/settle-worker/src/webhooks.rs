@@ -32,42 +32,9 @@ impl Endpoint {
     }
 }
 
-/// The body sent for an event: the same object `GET /v1/events` lists.
+/// The body sent for an event: the envelope `GET /v1/events` lists, the same bytes.
 pub fn event_body(e: &Event) -> Vec<u8> {
-    let created_at = {
-        let nanos = i128::from(e.created_at.micros()) * 1_000;
-        // RFC 3339 without pulling a time crate into the worker: seconds and microseconds, UTC.
-        let secs = nanos.div_euclid(1_000_000_000);
-        let micros = (nanos.rem_euclid(1_000_000_000) / 1_000) as u32;
-        format_rfc3339(secs as i64, micros)
-    };
-    let data: serde_json::Value = serde_json::from_str(&e.data).unwrap_or(serde_json::Value::Null);
-    serde_json::to_vec(&serde_json::json!({
-        "seq": e.seq,
-        "type": e.kind,
-        "job_id": e.job_id,
-        "account_id": e.account_id,
-        "data": data,
-        "created_at": created_at,
-    }))
-    .unwrap_or_default()
-}
-
-/// Civil date from days since the epoch (Howard Hinnant's algorithm).
-fn format_rfc3339(secs: i64, micros: u32) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = if m <= 2 { y + 1 } else { y };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z", rem / 3_600, rem % 3_600 / 60, rem % 60)
+    serde_json::to_vec(&e.envelope()).unwrap_or_default()
 }
 
 pub struct Deliverer {
@@ -182,15 +149,5 @@ impl Deliverer {
                 _ = tokio::time::sleep(self.every) => {}
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn rfc3339_dates() {
-        assert_eq!(super::format_rfc3339(0, 0), "1970-01-01T00:00:00.000000Z");
-        assert_eq!(super::format_rfc3339(1_767_225_600, 5), "2026-01-01T00:00:00.000005Z");
-        assert_eq!(super::format_rfc3339(951_782_400, 0), "2000-02-29T00:00:00.000000Z");
     }
 }

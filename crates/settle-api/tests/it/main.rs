@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod api;
+mod events;
 mod kit;
 mod latency;
 mod openapi;
