@@ -91,7 +91,7 @@ fn mark(kind: &'static str, applied: bool) {
 // ----- accounts -------------------------------------------------------------------------------------
 
 #[utoipa::path(post, path = "/v1/accounts", tag = "accounts", request_body = dto::CreateAccount,
-    responses((status = 201, body = dto::Account), (status = 200, description = "replay", body = dto::Account),
+    responses((status = 201, body = dto::Account), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::Account),
               (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn create_account(
     State(s): State<AppState>,
@@ -114,7 +114,7 @@ pub async fn get_account(State(s): State<AppState>, _auth: Auth<ClientRole>, Pat
 
 #[utoipa::path(post, path = "/v1/accounts/{id}/grants", tag = "accounts", params(("id" = String, Path)),
     request_body = dto::CreateGrant,
-    responses((status = 201, body = dto::LedgerEntry), (status = 200, description = "replay", body = dto::LedgerEntry),
+    responses((status = 201, body = dto::LedgerEntry), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::LedgerEntry),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn create_grant(
     State(s): State<AppState>,
@@ -129,7 +129,7 @@ pub async fn create_grant(
 
 #[utoipa::path(post, path = "/v1/accounts/{id}/adjustments", tag = "accounts", params(("id" = String, Path)),
     request_body = dto::CreateAdjustment,
-    responses((status = 201, body = dto::LedgerEntry), (status = 200, description = "replay", body = dto::LedgerEntry),
+    responses((status = 201, body = dto::LedgerEntry), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::LedgerEntry),
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn create_adjustment(
     State(s): State<AppState>,
@@ -157,7 +157,7 @@ pub async fn get_ledger(
 // ----- jobs -----------------------------------------------------------------------------------------
 
 #[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = dto::CreateJob,
-    responses((status = 201, body = dto::Job), (status = 200, description = "replay", body = dto::Job),
+    responses((status = 201, body = dto::Job), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::Job),
               (status = 400, body = ErrorBody), (status = 402, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody)))]
 pub async fn create_job(
@@ -468,7 +468,7 @@ pub async fn register_artifact(
 // ----- withdrawals ----------------------------------------------------------------------------------
 
 #[utoipa::path(post, path = "/v1/withdrawals", tag = "withdrawals", request_body = dto::CreateWithdrawal,
-    responses((status = 201, body = dto::Withdrawal), (status = 200, description = "replay", body = dto::Withdrawal),
+    responses((status = 201, body = dto::Withdrawal), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::Withdrawal),
               (status = 400, body = ErrorBody), (status = 402, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody)))]
 pub async fn create_withdrawal(

@@ -45,6 +45,7 @@ on_both_engines!(
     fifty_concurrent_failures_refund_once,
     the_curl_walkthrough_of_the_readme,
     webhook_deliveries_are_visible_and_requeueable,
+    a_replay_answers_the_job_as_it_is_now,
 );
 
 async fn accounts_grants_and_adjustments(e: Engine) {
@@ -615,4 +616,24 @@ async fn webhook_deliveries_are_visible_and_requeueable(e: Engine) {
     let r = s.post_empty("/v1/webhooks/deliveries/ops/not-a-number/requeue").await;
     assert_eq!((r.status, code(&r)), (400, "invalid_request"), "a malformed path is the spec's JSON error");
     assert_eq!(s.get("/v1/webhooks/deliveries?endpoint=other").await.body["deliveries"].as_array().unwrap().len(), 0);
+}
+
+/// docs/decisions/0011: a replayed create answers the resource as it is now.
+async fn a_replay_answers_the_job_as_it_is_now(e: Engine) {
+    let s = Server::start(e).await;
+    s.account("a", 100).await;
+    let create = json!({"id": "j", "account_id": "a", "kind": "render", "cost": 10});
+    let first = s.post("/v1/jobs", create.clone()).await;
+    assert_eq!(
+        (first.status, first.body["state"].as_str(), first.body["attempt"].as_i64()),
+        (201, Some("queued"), Some(0))
+    );
+    let (_, token) = s.claim().await;
+    let r = s.post("/v1/jobs/j/fail", json!({"lease_token": token, "code": "NODE_DOWN"})).await;
+    assert_eq!(r.status, 200);
+    let replay = s.post("/v1/jobs", create).await;
+    assert_eq!((replay.status, replay.replayed), (200, true));
+    assert_eq!(replay.body, s.get("/v1/jobs/j").await.body, "the replay is the job as GET shows it now");
+    assert_eq!((replay.body["attempt"].as_i64(), replay.body["net"].as_i64()), (Some(1), Some(0)));
+    assert_eq!(replay.body["last_error"]["code"], "NODE_DOWN");
 }
