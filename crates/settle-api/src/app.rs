@@ -174,12 +174,9 @@ async fn json_errors(req: Request, next: Next) -> Response {
             "This route does not take that method.",
         )
         .into_response(),
-        axum::http::StatusCode::SERVICE_UNAVAILABLE => ApiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            "The request took too long; retry shortly.",
-        )
-        .into_response(),
+        axum::http::StatusCode::SERVICE_UNAVAILABLE => {
+            ApiError::unavailable("The request took too long; retry shortly.").into_response()
+        }
         _ => response,
     }
 }

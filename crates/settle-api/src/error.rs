@@ -27,11 +27,13 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Sent as `Retry-After` (seconds) with a `503`.
+    pub retry_after_seconds: Option<u32>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into() }
+        ApiError { status, code, message: message.into(), retry_after_seconds: None }
     }
     pub fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
@@ -44,6 +46,13 @@ impl ApiError {
     }
     pub fn forbidden(role: &str) -> ApiError {
         ApiError::new(StatusCode::FORBIDDEN, "forbidden", format!("This endpoint needs the {role} role."))
+    }
+    /// `503 unavailable`, with `Retry-After: 1`.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError {
+            retry_after_seconds: Some(1),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        }
     }
     pub fn too_large() -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "The request body is larger than 1 MiB.")
@@ -85,7 +94,12 @@ impl From<StoreError> for ApiError {
             }
             StoreError::Unavailable(_) | StoreError::Retryable(_) => {
                 tracing::warn!(error = %e, "store unavailable");
-                ApiError::new(S::SERVICE_UNAVAILABLE, "unavailable", "The ledger is unavailable; retry shortly.")
+                ApiError::unavailable("The ledger is unavailable; retry shortly.")
+            }
+            StoreError::Busy(_) => {
+                tracing::warn!(error = %e, "store busy: a lock or statement timeout");
+                metrics::counter!("settle_store_busy_total").increment(1);
+                ApiError::unavailable("The ledger is busy; nothing was written. Retry shortly.")
             }
             StoreError::CleanupFailed { .. } | StoreError::InjectedCrash(_) | StoreError::Internal(_) => {
                 tracing::error!(error = %e, "internal error");
@@ -98,6 +112,10 @@ impl From<StoreError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
-        (self.status, axum::Json(body)).into_response()
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(seconds) = self.retry_after_seconds {
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }

@@ -29,6 +29,9 @@ pub enum StoreError {
     InjectedCrash(&'static str),
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// A lock or statement timeout: the ledger is there but busy; nothing was written.
+    #[error("the ledger is busy: {0}")]
+    Busy(String),
     /// A PostgreSQL serialization failure, deadlock or concurrent create; retried inside the store
     /// and seen by callers only when the retries run out.
     #[error("transaction conflict, retry: {0}")]
@@ -81,6 +84,12 @@ fn is_unavailable_sqlstate(code: &str) -> bool {
     code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "3D000")
 }
 
+/// PostgreSQL's lock timeout (`55P03`) and statement timeout (`57014`), and SQLite's busy answers
+/// (`SQLITE_BUSY` and its extended codes): a transaction waited too long and was rolled back.
+fn is_busy_code(code: &str) -> bool {
+    matches!(code, "55P03" | "57014" | "5" | "261" | "517" | "773")
+}
+
 fn is_retryable_db(e: &sqlx::Error) -> bool {
     let sqlx::Error::Database(db) = e else { return false };
     match db.code().as_deref() {
@@ -124,6 +133,11 @@ impl From<sqlx::Error> for StoreError {
             && db.code().is_some_and(|c| is_unavailable_sqlstate(&c))
         {
             return StoreError::Unavailable(e.to_string());
+        }
+        if let sqlx::Error::Database(db) = &e
+            && db.code().is_some_and(|c| is_busy_code(&c))
+        {
+            return StoreError::Busy(e.to_string());
         }
         match e {
             sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {

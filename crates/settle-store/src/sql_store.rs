@@ -65,6 +65,10 @@ pub struct StoreOptions {
     pub busy_timeout: Duration,
     /// PostgreSQL connections per process.
     pub pg_max_connections: u32,
+    /// How long a PostgreSQL statement waits for a row lock, and runs at most; past either the
+    /// transaction is rolled back and the caller gets `Busy` (`503` with `Retry-After`).
+    pub pg_lock_timeout: Duration,
+    pub pg_statement_timeout: Duration,
     pub artifacts: Option<Arc<dyn ArtifactStore>>,
     pub crash: Option<Arc<dyn CrashHook>>,
 }
@@ -80,6 +84,8 @@ impl Default for StoreOptions {
             sqlite_readers: 4,
             busy_timeout: Duration::from_secs(5),
             pg_max_connections: 16,
+            pg_lock_timeout: Duration::from_secs(10),
+            pg_statement_timeout: Duration::from_secs(60),
             artifacts: None,
             crash: None,
         }
@@ -230,7 +236,11 @@ impl SqlStore {
         let connect = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::invalid(format!("bad postgres url: {e}")))?
             // Durability is the server's: every commit waits for its WAL flush.
-            .options([("synchronous_commit", "on"), ("lock_timeout", "10s"), ("statement_timeout", "60s")]);
+            .options([
+                ("synchronous_commit", "on".to_owned()),
+                ("lock_timeout", format!("{}ms", options.pg_lock_timeout.as_millis().max(1))),
+                ("statement_timeout", format!("{}ms", options.pg_statement_timeout.as_millis().max(1))),
+            ]);
         let pool = PgPoolOptions::new()
             .max_connections(options.pg_max_connections)
             .acquire_timeout(Duration::from_secs(30))

@@ -46,6 +46,7 @@ on_both_engines!(
     the_curl_walkthrough_of_the_readme,
     webhook_deliveries_are_visible_and_requeueable,
     a_replay_answers_the_job_as_it_is_now,
+    a_lock_held_too_long_is_503_with_retry_after,
 );
 
 async fn accounts_grants_and_adjustments(e: Engine) {
@@ -636,4 +637,63 @@ async fn a_replay_answers_the_job_as_it_is_now(e: Engine) {
     assert_eq!(replay.body, s.get("/v1/jobs/j").await.body, "the replay is the job as GET shows it now");
     assert_eq!((replay.body["attempt"].as_i64(), replay.body["net"].as_i64()), (Some(1), Some(0)));
     assert_eq!(replay.body["last_error"]["code"], "NODE_DOWN");
+}
+
+/// Another connection holds the lock a transition needs for longer than the store waits: the answer
+/// is `503 unavailable` with `Retry-After` and nothing is written; once the lock is gone, the same
+/// request works. (PostgreSQL: a row lock past `lock_timeout`; SQLite: the write lock past the busy
+/// timeout.)
+async fn a_lock_held_too_long_is_503_with_retry_after(e: Engine) {
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    let s = Server::with_options(e, Tokens::default(), |o| {
+        o.pg_lock_timeout = std::time::Duration::from_millis(200);
+        o.busy_timeout = std::time::Duration::from_millis(200);
+    })
+    .await;
+    s.account("a", 100).await;
+    s.job("j", "a", 10).await;
+    let hold = match e {
+        Engine::Postgres => "SELECT id FROM jobs WHERE id = 'j' FOR UPDATE",
+        Engine::Sqlite => "UPDATE accounts SET balance = balance WHERE id = 'a'",
+    };
+    let busy = |r: &Reply| r.status == 503 && code(r) == "unavailable";
+    let (status, retry_after) = match e {
+        Engine::Postgres => {
+            let mut conn =
+                sqlx::postgres::PgConnectOptions::from_str(&s.database_url).unwrap().connect().await.unwrap();
+            let mut tx = conn.begin().await.unwrap();
+            sqlx::query(hold).execute(&mut *tx).await.unwrap();
+            let r = s.send("POST", "/v1/jobs/j/cancel", None, None).await;
+            let retry = retry_after(&s, "/v1/jobs/j/cancel").await;
+            assert!(busy(&r), "{} {}", r.status, r.body);
+            tx.rollback().await.unwrap();
+            (r.status, retry)
+        }
+        Engine::Sqlite => {
+            let mut conn =
+                sqlx::sqlite::SqliteConnectOptions::from_str(&s.database_url).unwrap().connect().await.unwrap();
+            let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.unwrap();
+            sqlx::query(hold).execute(&mut *tx).await.unwrap();
+            let r = s.send("POST", "/v1/jobs/j/cancel", None, None).await;
+            let retry = retry_after(&s, "/v1/jobs/j/cancel").await;
+            assert!(busy(&r), "{} {}", r.status, r.body);
+            tx.rollback().await.unwrap();
+            (r.status, retry)
+        }
+    };
+    assert_eq!((status, retry_after.as_deref()), (503, Some("1")));
+    assert_eq!(s.get("/v1/jobs/j").await.body["state"], "queued", "nothing was written");
+    let r = s.post_empty("/v1/jobs/j/cancel").await;
+    assert_eq!((r.status, r.body["state"].as_str()), (200, Some("cancelled")));
+    if matches!(e, Engine::Postgres) {
+        let metrics = s.http.get(format!("{}/metrics", s.base)).send().await.unwrap().text().await.unwrap();
+        assert!(metrics.contains("settle_store_busy_total"), "{metrics}");
+    }
+}
+
+/// The `Retry-After` header of a POST, sent while the lock is still held.
+async fn retry_after(s: &Server, path: &str) -> Option<String> {
+    let r = s.http.post(format!("{}{path}", s.base)).send().await.unwrap();
+    r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned())
 }

@@ -42,15 +42,21 @@ impl Server {
     }
 
     pub async fn with_tokens(engine: Engine, tokens: Tokens) -> Server {
+        Server::with_options(engine, tokens, |_| {}).await
+    }
+
+    /// A server whose store is opened with `adjust` applied to the options.
+    pub async fn with_options(engine: Engine, tokens: Tokens, adjust: impl FnOnce(&mut StoreOptions)) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let url = match engine {
             Engine::Sqlite => format!("sqlite://{}", dir.path().join("api.db").display()),
             Engine::Postgres => settle_testkit::fresh_database().await,
         };
-        let options = StoreOptions {
+        let mut options = StoreOptions {
             artifacts: Some(Arc::new(FsArtifactStore::new(dir.path().join("artifacts")))),
             ..StoreOptions::default()
         };
+        adjust(&mut options);
         let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
         let app = Application::build("127.0.0.1:0", store.clone() as Arc<dyn Store>, tokens).await.unwrap();
         let base = format!("http://{}", app.local_addr());
