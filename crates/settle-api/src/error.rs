@@ -101,7 +101,10 @@ impl From<StoreError> for ApiError {
                 metrics::counter!("settle_store_busy_total").increment(1);
                 ApiError::unavailable("The ledger is busy; nothing was written. Retry shortly.")
             }
-            StoreError::CleanupFailed { .. } | StoreError::InjectedCrash(_) | StoreError::Internal(_) => {
+            StoreError::CleanupFailed { .. }
+            | StoreError::InjectedCrash(_)
+            | StoreError::NotSettle(_)
+            | StoreError::Internal(_) => {
                 tracing::error!(error = %e, "internal error");
                 ApiError::new(S::INTERNAL_SERVER_ERROR, "internal", "An internal error occurred.")
             }

@@ -12,7 +12,7 @@ mod sim;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use settle_core::ids::AccountId;
-use settle_store::{SqlStore, Store, StoreOptions};
+use settle_store::{SqlStore, Store, StoreError, StoreOptions};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -114,7 +114,10 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            // A database Settle must not open (not a database, another program's, a newer schema):
+            // exit 2, as for a usage error — nothing was written.
+            let refused = e.chain().any(|c| matches!(c.downcast_ref::<StoreError>(), Some(StoreError::NotSettle(_))));
+            if refused { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
 }

@@ -168,3 +168,61 @@ fn operator_commands_read_and_requeue() {
     assert!(out.contains("[defaults]") && out.contains("attempts_max = 5"), "{out}");
     assert_eq!(settle(&["audit", "--db", &url]).0, 0);
 }
+
+/// A database that is not Settle's is refused at start with exit code 2, and left as it was.
+#[test]
+fn a_database_that_is_not_settles_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let sha = |p: &std::path::Path| std::fs::read(p).unwrap();
+    // another program's SQLite file
+    let other = dir.path().join("other.db");
+    let made = Command::new("python3")
+        .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)'); c.execute(\"INSERT INTO users (name) VALUES ('ada')\"); c.commit()"])
+        .arg(&other)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // a file that is not a database at all
+    let text = dir.path().join("notes.db");
+    std::fs::write(&text, "these are my notes, not a database\n").unwrap();
+    for (path, says) in [(&other, "not a Settle database"), (&text, "not an SQLite database")] {
+        let before = sha(path);
+        let url = format!("sqlite://{}", path.display());
+        for args in [vec!["serve", "--listen", "127.0.0.1:0", "--db", &url], vec!["audit", "--db", &url]] {
+            let (code, out, err) = settle(&args);
+            assert_eq!(code, 2, "{args:?}: {out}{err}");
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+        assert_eq!(sha(path), before, "{} was changed", path.display());
+        let siblings: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(!siblings.iter().any(|n| n.to_string_lossy().ends_with("-wal")), "{siblings:?}");
+    }
+    // a Settle database whose schema is newer than this binary
+    let newer = dir.path().join("newer.db");
+    let url = format!("sqlite://{}", newer.display());
+    assert_eq!(settle(&["demo", "--db", &url]).0, 0);
+    let bumped = Command::new("python3")
+        .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute(\"INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) VALUES (9999, 'from the future', 1, x'00', 0)\"); c.commit()"])
+        .arg(&newer)
+        .status()
+        .unwrap();
+    assert!(bumped.success());
+    let (code, _, err) = settle(&["serve", "--listen", "127.0.0.1:0", "--db", &url]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("newer than this binary"), "{err}");
+    // an empty file is a new database; a Settle database opens and is marked as Settle's
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    let url = format!("sqlite://{}", empty.display());
+    assert_eq!(settle(&["demo", "--db", &url]).0, 0);
+    assert_eq!(settle(&["audit", "--db", &url]).0, 0);
+    let app_id = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute('PRAGMA application_id').fetchone()[0])",
+        ])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&app_id.stdout).trim(), (0x5345_544C_i64).to_string());
+}

@@ -36,6 +36,10 @@ pub enum StoreError {
     /// and seen by callers only when the retries run out.
     #[error("transaction conflict, retry: {0}")]
     Retryable(String),
+    /// The database is not one Settle may open: not a database, another program's, or a newer
+    /// Settle schema. Nothing was written.
+    #[error("{0}")]
+    NotSettle(String),
     #[error("internal store error: {0}")]
     Internal(String),
 }

@@ -13,6 +13,7 @@ pub mod artifacts;
 mod audit;
 pub mod db;
 pub mod error;
+mod identity;
 pub mod model;
 mod ops;
 mod payouts;

@@ -206,8 +206,16 @@ impl SqlStore {
                 Durability::Normal => SqliteSynchronous::Normal,
             })
             .statement_cache_capacity(256);
+        crate::identity::check_sqlite(&base, &SQLITE_MIGRATOR).await?;
         let mut writer = base.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).connect().await?;
         SQLITE_MIGRATOR.run(&mut writer).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
+        // Marks the file as Settle's, for this check next time and for other tools.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "PRAGMA application_id = {}",
+            crate::identity::SQLITE_APPLICATION_ID
+        )))
+        .execute(&mut writer)
+        .await?;
         let readers = SqlitePoolOptions::new()
             .max_connections(options.sqlite_readers.max(1))
             .connect_with(base.read_only(true))
@@ -249,6 +257,7 @@ impl SqlStore {
         // LISTEN holds its connection for good: give it a pool of its own, so it never takes one of
         // the `pg_max_connections` the transactions need.
         let listen_pool = PgPoolOptions::new().max_connections(1).connect_lazy_with(connect);
+        crate::identity::check_postgres(&pool, &POSTGRES_MIGRATOR).await?;
         POSTGRES_MIGRATOR.run(&pool).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
         let env = Env {
             clock: options.clock.clone(),

@@ -4,6 +4,7 @@
 #[macro_use]
 mod conformance;
 mod crash;
+mod identity;
 mod kit;
 mod race;
 mod withdrawals;
