@@ -110,7 +110,8 @@ fn spawn_loops(
     }
     for (n, endpoint) in config.webhooks.iter().enumerate() {
         let seed = store.now().micros() as u64 ^ (n as u64).wrapping_mul(0x9E37_79B9);
-        let deliverer = Deliverer::new(store.clone() as Arc<dyn Store>, endpoint.clone(), seed);
+        let deliverer =
+            Deliverer::new(store.clone() as Arc<dyn Store>, endpoint.clone(), seed).map_err(|e| anyhow::anyhow!(e))?;
         handles.push(tokio::spawn(deliverer.run(cancel.clone())));
     }
     Ok(handles)

@@ -48,21 +48,28 @@ pub struct Deliverer {
 }
 
 impl Deliverer {
-    pub fn new(store: Arc<dyn Store>, endpoint: Endpoint, seed: u64) -> Deliverer {
+    /// Refuses an endpoint whose client cannot be built with its timeout and without redirects:
+    /// a process must not start with a sender that could hang forever or follow a redirect.
+    pub fn new(store: Arc<dyn Store>, endpoint: Endpoint, seed: u64) -> Result<Deliverer, String> {
+        let bounds = Duration::from_millis(100)..=Duration::from_secs(60);
+        if !bounds.contains(&endpoint.timeout) {
+            return Err(format!("webhook endpoint {}: the timeout must be between 100 ms and 60 s", endpoint.id));
+        }
         // No redirects: a 3xx is a failure, never a re-sent request without its signature.
         let http = reqwest::Client::builder()
             .timeout(endpoint.timeout)
+            .connect_timeout(endpoint.timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .unwrap_or_default();
-        Deliverer {
+            .map_err(|e| format!("webhook endpoint {}: cannot build its HTTP client: {e}", endpoint.id))?;
+        Ok(Deliverer {
             store,
             endpoint,
             http,
             rng: std::sync::Mutex::new(SplitMix64::new(seed)),
             every: Duration::from_millis(250),
             batch: 100,
-        }
+        })
     }
 
     /// One pass: fan out new events, then send every delivery that is due and at the head of its
@@ -111,6 +118,10 @@ impl Deliverer {
         let report = match sent {
             Ok(resp) if resp.status().is_success() => DeliveryReport::Delivered { status: resp.status().as_u16() },
             Ok(resp) => self.failed(d, Some(resp.status().as_u16()), format!("receiver answered {}", resp.status())),
+            Err(e) if e.is_timeout() => {
+                let ms = self.endpoint.timeout.as_millis();
+                self.failed(d, None, format!("send failed: the receiver did not answer; timed out after {ms} ms"))
+            }
             Err(e) => self.failed(d, None, format!("send failed: {e}")),
         };
         let ok = matches!(report, DeliveryReport::Delivered { .. });

@@ -96,7 +96,7 @@ async fn deliver_everything(engine: &str) {
     let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
     endpoint.backoff = BackoffPolicy { backoff_ms_base: 10, backoff_ms_max: 40, jitter: Jitter::None };
     endpoint.timeout = Duration::from_secs(5);
-    let deliverer = Deliverer::new(store.clone(), endpoint, 1);
+    let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
     let outbox = store.events(0, 1000).await.unwrap().rows;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
@@ -181,7 +181,7 @@ async fn dead_deliveries_block_their_job_until_requeued() {
     let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
     endpoint.backoff = BackoffPolicy { backoff_ms_base: 1, backoff_ms_max: 2, jitter: Jitter::None };
     endpoint.attempts_max = 2;
-    let deliverer = Deliverer::new(store.clone(), endpoint, 1);
+    let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
     for _ in 0..20 {
         deliverer.pass().await.unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -205,4 +205,70 @@ async fn dead_deliveries_block_their_job_until_requeued() {
     assert_eq!(store.webhook_deliveries(&filter("delivered"), 0, 1000).await.unwrap().rows.len(), outbox);
     assert!(matches!(store.webhook_requeue("ops", 1).await, Err(StoreError::InvalidTransition { .. })));
     assert!(matches!(store.webhook_requeue("ops", 10_000).await, Err(StoreError::NotFound { .. })));
+}
+
+#[tokio::test]
+async fn an_endpoint_without_a_bounded_timeout_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("w.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    for timeout in [Duration::ZERO, Duration::from_millis(99), Duration::from_secs(61)] {
+        let mut endpoint = Endpoint::new("ops", "http://127.0.0.1:9/hook", SECRET);
+        endpoint.timeout = timeout;
+        assert!(Deliverer::new(store.clone(), endpoint, 1).is_err(), "{timeout:?} accepted");
+    }
+}
+
+/// The sender's client has its timeout and follows no redirect: a receiver that hangs is a failed
+/// attempt after the timeout, and a 307 is a failed attempt whose target never hears the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_receiver_times_out_and_a_redirect_is_not_followed() {
+    let target_hits = Arc::new(Mutex::new(0u32));
+    let hits = target_hits.clone();
+    let app = axum::Router::new()
+        .route(
+            "/slow",
+            axum::routing::post(|| async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                StatusCode::OK
+            }),
+        )
+        .route("/moved", axum::routing::post(|| async { (StatusCode::TEMPORARY_REDIRECT, [("location", "/target")]) }))
+        .route(
+            "/target",
+            axum::routing::post(move || {
+                let hits = hits.clone();
+                async move {
+                    *hits.lock().unwrap() += 1;
+                    StatusCode::OK
+                }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("w.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    store
+        .create_account(NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO })
+        .await
+        .unwrap();
+    for (id, path) in [("slow", "/slow"), ("moved", "/moved")] {
+        let mut endpoint = Endpoint::new(id, &format!("http://{addr}{path}"), SECRET);
+        endpoint.timeout = Duration::from_millis(300);
+        let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), deliverer.pass()).await.expect("the pass ends").unwrap();
+        let filter = DeliveryFilter { endpoint_id: Some(id.into()), state: None };
+        let d = store.webhook_deliveries(&filter, 0, 10).await.unwrap().rows;
+        assert_eq!((d.len(), d[0].state.as_str(), d[0].attempts), (1, "pending", 1), "{id}: {d:?}");
+        match id {
+            "slow" => {
+                let error = d[0].last_error.clone().unwrap_or_default();
+                assert!(d[0].last_status.is_none() && error.contains("timed out"), "{id}: {d:?}");
+            }
+            _ => assert_eq!(d[0].last_status, Some(307), "{d:?}"),
+        }
+    }
+    assert_eq!(*target_hits.lock().unwrap(), 0, "the redirect was not followed");
 }
