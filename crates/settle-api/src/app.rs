@@ -26,6 +26,27 @@ pub const BODY_BYTES_MAX: usize = 1 << 20;
 /// A request still running after this is answered `503` (long-polls wait at most 30 s).
 pub const REQUEST_SECONDS_MAX: u64 = 60;
 
+/// What one slow or idle client may hold: a connection that does not finish its request head in
+/// `header_read_timeout` (also the idle time allowed between requests on a kept-alive connection)
+/// is closed; a body not read within `body_read_timeout` ends the request; past `max_connections`
+/// open connections a new one is closed at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> HttpLimits {
+        HttpLimits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            max_connections: 1_024,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<dyn Store>,
@@ -192,6 +213,10 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
 }
 
 pub fn router(state: AppState) -> Router {
+    router_with(state, HttpLimits::default())
+}
+
+fn router_with(state: AppState, limits: HttpLimits) -> Router {
     let (api, _) = api_router().split_for_parts();
     let doc = Arc::new(serde_json::to_value(openapi()).expect("the OpenAPI document serializes"));
     let docs = Router::new().route("/openapi.json", axum::routing::get(openapi_json)).with_state(doc);
@@ -199,6 +224,7 @@ pub fn router(state: AppState) -> Router {
         .merge(docs)
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(limits.body_read_timeout))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             Duration::from_secs(REQUEST_SECONDS_MAX),
@@ -215,6 +241,7 @@ pub fn router(state: AppState) -> Router {
 pub struct Application {
     listener: TcpListener,
     router: Router,
+    limits: HttpLimits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -227,6 +254,15 @@ pub enum StartError {
 
 impl Application {
     pub async fn build(listen: &str, store: Arc<dyn Store>, tokens: Tokens) -> Result<Application, StartError> {
+        Application::build_with(listen, store, tokens, HttpLimits::default()).await
+    }
+
+    pub async fn build_with(
+        listen: &str,
+        store: Arc<dyn Store>,
+        tokens: Tokens,
+        limits: HttpLimits,
+    ) -> Result<Application, StartError> {
         let listener =
             TcpListener::bind(listen).await.map_err(|source| StartError::Bind { addr: listen.to_owned(), source })?;
         let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: listen.to_owned(), source })?;
@@ -237,14 +273,53 @@ impl Application {
             tracing::warn!(%addr, "no tokens configured: serving without authentication on a loopback address only");
         }
         let state = AppState { store, tokens: Arc::new(tokens), metrics: metrics_handle() };
-        Ok(Application { listener, router: router(state) })
+        Ok(Application { listener, router: router_with(state, limits), limits })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener.local_addr().expect("a bound listener has an address")
     }
 
+    /// Serves until `shutdown`, then stops accepting and finishes the requests in flight. Every
+    /// connection gets the header-read timer, and at most `max_connections` are open at once.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-        axum::serve(self.listener, self.router).with_graceful_shutdown(shutdown).await
+        use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+        let Application { listener, router, limits } = self;
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).keep_alive(true);
+        builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(limits.header_read_timeout));
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let open = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+        tokio::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = listener.accept() => accepted,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset before accept: wait a little.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = open.clone().try_acquire_owned() else {
+                tracing::warn!(max = limits.max_connections, "too many open connections; closing a new one");
+                drop(stream);
+                continue;
+            };
+            let service = hyper_util::service::TowerToHyperService::new(router.clone());
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                let _ = connection.await;
+                drop(permit);
+            });
+        }
+        drop(listener);
+        graceful.shutdown().await;
+        Ok(())
     }
 }

@@ -14,5 +14,5 @@ pub mod error;
 mod extract;
 mod handlers;
 
-pub use app::{AppState, Application, StartError, openapi, router};
+pub use app::{AppState, Application, HttpLimits, StartError, openapi, router};
 pub use auth::{Role, Tokens};

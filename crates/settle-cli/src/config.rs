@@ -28,6 +28,11 @@
 //! secret = "at least 16 characters"
 //! attempts_max = 12              # optional; also backoff_ms_base, backoff_ms_max, timeout_ms
 //!
+//! [http]                         # what one slow or idle client may hold
+//! header_read_timeout_ms = 10000 # a request head (and the idle time between kept-alive requests)
+//! body_read_timeout_ms = 30000
+//! max_connections = 1024         # more are closed at once
+//!
 //! [loops]
 //! rescue_every_ms = 1000
 //! sweep_every_ms = 1000
@@ -39,7 +44,8 @@
 //! Environment: `SETTLE_<FIELD>` overrides `[defaults]` (e.g. `SETTLE_ATTEMPTS_MAX=3`,
 //! `SETTLE_RETRYABLE_CODES=NODE_DOWN,TIMEOUT`); `SETTLE_KIND_<KIND>_<FIELD>` overrides a kind named
 //! in the file (the kind upper-cased, other characters as `_`; `withdrawal` is always there);
-//! `SETTLE_LOOPS_<FIELD>` the loops; `SETTLE_PROVIDER_<FIELD>` the provider (`SETTLE_PROVIDER_URL`).
+//! `SETTLE_LOOPS_<FIELD>` the loops; `SETTLE_PROVIDER_<FIELD>` the provider (`SETTLE_PROVIDER_URL`);
+//! `SETTLE_HTTP_<FIELD>` the HTTP limits.
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
@@ -85,6 +91,35 @@ impl Default for Loops {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Http {
+    pub header_read_timeout_ms: u64,
+    pub body_read_timeout_ms: u64,
+    pub max_connections: usize,
+}
+
+impl Default for Http {
+    fn default() -> Http {
+        let d = settle_api::HttpLimits::default();
+        Http {
+            header_read_timeout_ms: d.header_read_timeout.as_millis() as u64,
+            body_read_timeout_ms: d.body_read_timeout.as_millis() as u64,
+            max_connections: d.max_connections,
+        }
+    }
+}
+
+impl Http {
+    pub fn limits(&self) -> settle_api::HttpLimits {
+        settle_api::HttpLimits {
+            header_read_timeout: std::time::Duration::from_millis(self.header_read_timeout_ms),
+            body_read_timeout: std::time::Duration::from_millis(self.body_read_timeout_ms),
+            max_connections: self.max_connections,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderFile {
@@ -125,6 +160,7 @@ pub struct ConfigFile {
     pub defaults: PolicyFile,
     pub kinds: BTreeMap<String, PolicyFile>,
     pub loops: Loops,
+    pub http: Http,
     pub provider: ProviderFile,
     pub webhooks: Vec<WebhookFile>,
 }
@@ -133,6 +169,7 @@ pub struct ConfigFile {
 pub struct Config {
     pub policies: Policies,
     pub loops: Loops,
+    pub http: Http,
     pub provider: Option<Provider>,
     pub webhooks: Vec<settle_worker::webhooks::Endpoint>,
 }
@@ -334,6 +371,27 @@ impl Config {
         if let Some(v) = loops_num("BATCH")? {
             file.loops.batch = u32::try_from(v)?;
         }
+        let http_num = |field: &str| -> anyhow::Result<Option<u64>> {
+            env.get(&format!("SETTLE_HTTP_{field}"))
+                .map(|v| v.parse::<u64>().with_context(|| format!("SETTLE_HTTP_{field}={v}")))
+                .transpose()
+        };
+        if let Some(v) = http_num("HEADER_READ_TIMEOUT_MS")? {
+            file.http.header_read_timeout_ms = v;
+        }
+        if let Some(v) = http_num("BODY_READ_TIMEOUT_MS")? {
+            file.http.body_read_timeout_ms = v;
+        }
+        if let Some(v) = http_num("MAX_CONNECTIONS")? {
+            file.http.max_connections = usize::try_from(v)?;
+        }
+        let h = &file.http;
+        if !(100..=600_000).contains(&h.header_read_timeout_ms)
+            || !(100..=600_000).contains(&h.body_read_timeout_ms)
+            || !(1..=1_000_000).contains(&h.max_connections)
+        {
+            bail!("[http]: timeouts are between 100 ms and 10 min, max_connections between 1 and 1000000");
+        }
         if let Some(v) = env.get("SETTLE_PROVIDER_URL") {
             file.provider.url = Some(v.clone());
         }
@@ -387,7 +445,7 @@ impl Config {
         if ids.windows(2).any(|w| w[0] == w[1]) {
             bail!("[[webhooks]] ids must be unique");
         }
-        Ok(Config { policies: Policies { default, kinds }, loops: file.loops, provider, webhooks })
+        Ok(Config { policies: Policies { default, kinds }, loops: file.loops, http: file.http, provider, webhooks })
     }
 
     pub fn from_process_env(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
@@ -416,6 +474,7 @@ impl Config {
             defaults: file(&self.policies.default),
             kinds: self.policies.kinds.iter().map(|(k, p)| (k.clone(), file(p))).collect(),
             loops: self.loops.clone(),
+            http: self.http.clone(),
             provider: match &self.provider {
                 Some(p) => ProviderFile {
                     url: Some(p.url.clone()),
@@ -502,6 +561,8 @@ mod tests {
             "[provider]\nurl = \"http://x\"\ntimeout_ms = 20000\n",
             "[provider]\nurl = \"http://x\"\ntimeout_ms = 1000\nconnect_timeout_ms = 2000\n",
             "[provider]\nurl = \"http://x\"\ncolour = 1\n",
+            "[http]\nheader_read_timeout_ms = 0\n",
+            "[http]\nmax_connections = 0\n",
         ] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("c.toml");

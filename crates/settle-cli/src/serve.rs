@@ -176,7 +176,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let tokens = load_tokens(&args)?;
     let config = Config::from_process_env(args.config.as_deref())?;
     let store = open(&args.db, &args.artifacts, &config).await?;
-    let app = Application::build(&args.listen, store.clone() as Arc<dyn Store>, tokens).await?;
+    let app =
+        Application::build_with(&args.listen, store.clone() as Arc<dyn Store>, tokens, config.http.limits()).await?;
     tracing::info!(addr = %app.local_addr(), db = %args.db, engine = store.engine_name(), "settle serving API v1");
     eprintln!("settle: serving on http://{} ({})", app.local_addr(), args.db);
     match &config.provider {

@@ -4,6 +4,7 @@
 #[macro_use]
 mod api;
 mod events;
+mod http_limits;
 mod kit;
 mod latency;
 mod openapi;
