@@ -30,11 +30,13 @@ pub const REQUEST_SECONDS_MAX: u64 = 60;
 /// `header_read_timeout` (also the idle time allowed between requests on a kept-alive connection)
 /// is closed; a body not read within `body_read_timeout` ends the request; past `max_connections`
 /// open connections a new one is closed at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HttpLimits {
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
     pub max_connections: usize,
+    /// Per-token request rate and long-polls.
+    pub abuse: crate::limits::AbuseLimits,
 }
 
 impl Default for HttpLimits {
@@ -43,6 +45,7 @@ impl Default for HttpLimits {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
             max_connections: 1_024,
+            abuse: crate::limits::AbuseLimits::default(),
         }
     }
 }
@@ -52,6 +55,7 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub tokens: Arc<Tokens>,
     pub metrics: PrometheusHandle,
+    pub limiter: Arc<crate::limits::Limiter>,
 }
 
 #[derive(OpenApi)]
@@ -152,6 +156,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
                     ("413", "payload_too_large"),
                 ]);
             }
+            common.push(("429", "rate_limited"));
             for (status, what) in common {
                 op.responses.responses.entry(status.to_owned()).or_insert_with(|| error(what).into());
             }
@@ -175,6 +180,23 @@ async fn record(matched: Option<MatchedPath>, req: Request, next: Next) -> Respo
     metrics::histogram!("settle_http_request_duration_seconds", "route" => route)
         .record(started.elapsed().as_secs_f64());
     response
+}
+
+/// The per-token request rate: past it, `429 rate_limited` with `Retry-After`, before any work.
+async fn rate_limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    // Loopback mode (no tokens) has no one to tell apart; probes are never limited.
+    let path = req.uri().path();
+    if state.tokens.is_empty() || matches!(path, "/healthz" | "/readyz" | "/metrics") {
+        return next.run(req).await;
+    }
+    let key = state.tokens.identify(req.headers());
+    match state.limiter.admit(key) {
+        Ok(()) => next.run(req).await,
+        Err(wait) => {
+            metrics::counter!("settle_http_rate_limited_total").increment(1);
+            ApiError::rate_limited(wait).into_response()
+        }
+    }
 }
 
 async fn fallback() -> ApiError {
@@ -220,7 +242,9 @@ fn router_with(state: AppState, limits: HttpLimits) -> Router {
     let (api, _) = api_router().split_for_parts();
     let doc = Arc::new(serde_json::to_value(openapi()).expect("the OpenAPI document serializes"));
     let docs = Router::new().route("/openapi.json", axum::routing::get(openapi_json)).with_state(doc);
-    api.with_state(state)
+    let limited = middleware::from_fn_with_state(state.clone(), rate_limit);
+    api.layer(limited)
+        .with_state(state)
         .merge(docs)
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
@@ -272,7 +296,8 @@ impl Application {
             }
             tracing::warn!(%addr, "no tokens configured: serving without authentication on a loopback address only");
         }
-        let state = AppState { store, tokens: Arc::new(tokens), metrics: metrics_handle() };
+        let limiter = Arc::new(crate::limits::Limiter::new(limits.abuse));
+        let state = AppState { store, tokens: Arc::new(tokens), metrics: metrics_handle(), limiter };
         Ok(Application { listener, router: router_with(state, limits), limits })
     }
 

@@ -95,6 +95,23 @@ impl Tokens {
         Ok(tokens)
     }
 
+    /// The digest of the presented token when it is a configured one (the key of its limits).
+    pub fn identify(&self, headers: &HeaderMap) -> Option<[u8; 32]> {
+        let presented = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)?;
+        let d = digest(presented);
+        let mut found = None;
+        for (known, _) in &self.entries {
+            if bool::from(known.ct_eq(&d)) {
+                found = Some(d);
+            }
+        }
+        found
+    }
+
     /// Checks the `Authorization: Bearer …` header for `needed`: 401 without a known token,
     /// 403 with a known token of another role.
     pub fn authorize(&self, headers: &HeaderMap, needed: Role) -> Result<(), ApiError> {

@@ -54,6 +54,18 @@ impl ApiError {
             ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
         }
     }
+    /// `429 rate_limited`: this token made more requests than its rate allows.
+    pub fn rate_limited(retry_after: std::time::Duration) -> ApiError {
+        let seconds = u32::try_from(retry_after.as_secs()).unwrap_or(u32::MAX).saturating_add(1);
+        ApiError {
+            retry_after_seconds: Some(seconds),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                "Too many requests with this token; retry later.",
+            )
+        }
+    }
     pub fn too_large() -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "The request body is larger than 1 MiB.")
     }

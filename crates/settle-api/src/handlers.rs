@@ -6,7 +6,7 @@ use crate::dto::{self, parse_rfc3339};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use settle_core::ids::*;
 use settle_core::job::{JobState, RefundPolicy};
@@ -81,6 +81,21 @@ fn canonical_json(v: &serde_json::Value) -> String {
     let mut out = String::new();
     write(v, &mut out);
     out
+}
+
+/// A waiting long-poll takes one of its token's places; with none left it answers at once (a plain
+/// poll) instead of waiting. Loopback mode (no tokens) has no one to tell apart.
+fn long_poll_slot(s: &AppState, headers: &HeaderMap, wait: u32) -> (u32, Option<tokio::sync::OwnedSemaphorePermit>) {
+    if wait == 0 || s.tokens.is_empty() {
+        return (wait, None);
+    }
+    match s.limiter.long_poll(s.tokens.identify(headers)) {
+        Some(slot) => (wait, Some(slot)),
+        None => {
+            metrics::counter!("settle_http_long_polls_refused_total").increment(1);
+            (0, None)
+        }
+    }
 }
 
 fn mark(kind: &'static str, applied: bool) {
@@ -267,11 +282,17 @@ pub async fn requeue(State(s): State<AppState>, _auth: Auth<AdminRole>, Path(job
 
 #[utoipa::path(post, path = "/v1/claims", tag = "workers", request_body = dto::Claim,
     responses((status = 200, body = dto::Claimed), (status = 400, body = ErrorBody)))]
-pub async fn claim(State(s): State<AppState>, _auth: Auth<WorkerRole>, Json(b): Json<dto::Claim>) -> ApiResult {
+pub async fn claim(
+    State(s): State<AppState>,
+    _auth: Auth<WorkerRole>,
+    headers: HeaderMap,
+    Json(b): Json<dto::Claim>,
+) -> ApiResult {
     let wait = b.wait_seconds.unwrap_or(0);
     if wait > limits::WAIT_SECONDS_MAX {
         return Err(ApiError::invalid(format!("wait_seconds is at most {}.", limits::WAIT_SECONDS_MAX)));
     }
+    let (wait, _slot) = long_poll_slot(&s, &headers, wait);
     let req = store::ClaimRequest {
         worker: id(WorkerName::parse, &b.worker)?,
         kinds: b.kinds.unwrap_or_default().iter().map(|k| id(JobKind::parse, k)).collect::<Result<_, _>>()?,
@@ -542,6 +563,7 @@ pub async fn failure_summary(State(s): State<AppState>, _auth: Auth<ClientRole>)
 pub async fn events(
     State(s): State<AppState>,
     _auth: Auth<ClientRole>,
+    headers: HeaderMap,
     Query(q): Query<dto::EventsQuery>,
 ) -> ApiResult {
     let p = page(q.after, q.limit)?;
@@ -549,6 +571,7 @@ pub async fn events(
     if wait > limits::WAIT_SECONDS_MAX {
         return Err(ApiError::invalid(format!("wait_seconds is at most {}.", limits::WAIT_SECONDS_MAX)));
     }
+    let (wait, _slot) = long_poll_slot(&s, &headers, wait);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
     let wake = s.store.events_wake();
     let got = loop {

@@ -13,6 +13,8 @@ pub mod dto;
 pub mod error;
 mod extract;
 mod handlers;
+pub mod limits;
 
 pub use app::{AppState, Application, HttpLimits, StartError, openapi, router};
 pub use auth::{Role, Tokens};
+pub use limits::AbuseLimits;

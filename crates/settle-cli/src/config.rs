@@ -32,6 +32,9 @@
 //! header_read_timeout_ms = 10000 # a request head (and the idle time between kept-alive requests)
 //! body_read_timeout_ms = 30000
 //! max_connections = 1024         # more are closed at once
+//! requests_per_second_per_token = 1000.0   # then 429 rate_limited (0: off); not in loopback mode
+//! burst_per_token = 2000.0
+//! long_polls_per_token = 64      # more waiting long-polls answer at once
 //!
 //! [loops]
 //! rescue_every_ms = 1000
@@ -91,12 +94,15 @@ impl Default for Loops {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Http {
     pub header_read_timeout_ms: u64,
     pub body_read_timeout_ms: u64,
     pub max_connections: usize,
+    pub requests_per_second_per_token: f64,
+    pub burst_per_token: f64,
+    pub long_polls_per_token: usize,
 }
 
 impl Default for Http {
@@ -106,6 +112,9 @@ impl Default for Http {
             header_read_timeout_ms: d.header_read_timeout.as_millis() as u64,
             body_read_timeout_ms: d.body_read_timeout.as_millis() as u64,
             max_connections: d.max_connections,
+            requests_per_second_per_token: d.abuse.requests_per_second,
+            burst_per_token: d.abuse.burst,
+            long_polls_per_token: d.abuse.long_polls,
         }
     }
 }
@@ -116,6 +125,11 @@ impl Http {
             header_read_timeout: std::time::Duration::from_millis(self.header_read_timeout_ms),
             body_read_timeout: std::time::Duration::from_millis(self.body_read_timeout_ms),
             max_connections: self.max_connections,
+            abuse: settle_api::AbuseLimits {
+                requests_per_second: self.requests_per_second_per_token,
+                burst: self.burst_per_token,
+                long_polls: self.long_polls_per_token,
+            },
         }
     }
 }
@@ -385,12 +399,32 @@ impl Config {
         if let Some(v) = http_num("MAX_CONNECTIONS")? {
             file.http.max_connections = usize::try_from(v)?;
         }
+        if let Some(v) = http_num("LONG_POLLS_PER_TOKEN")? {
+            file.http.long_polls_per_token = usize::try_from(v)?;
+        }
+        let http_rate = |field: &str| -> anyhow::Result<Option<f64>> {
+            env.get(&format!("SETTLE_HTTP_{field}"))
+                .map(|v| v.parse::<f64>().with_context(|| format!("SETTLE_HTTP_{field}={v}")))
+                .transpose()
+        };
+        if let Some(v) = http_rate("REQUESTS_PER_SECOND_PER_TOKEN")? {
+            file.http.requests_per_second_per_token = v;
+        }
+        if let Some(v) = http_rate("BURST_PER_TOKEN")? {
+            file.http.burst_per_token = v;
+        }
         let h = &file.http;
         if !(100..=600_000).contains(&h.header_read_timeout_ms)
             || !(100..=600_000).contains(&h.body_read_timeout_ms)
             || !(1..=1_000_000).contains(&h.max_connections)
+            || !(h.requests_per_second_per_token.is_finite() && h.requests_per_second_per_token >= 0.0)
+            || !(h.burst_per_token.is_finite() && h.burst_per_token >= 1.0)
+            || !(1..=100_000).contains(&h.long_polls_per_token)
         {
-            bail!("[http]: timeouts are between 100 ms and 10 min, max_connections between 1 and 1000000");
+            bail!(
+                "[http]: timeouts are between 100 ms and 10 min, max_connections between 1 and 1000000, the rate \
+                 zero (off) or more, the burst at least 1, long_polls_per_token between 1 and 100000"
+            );
         }
         if let Some(v) = env.get("SETTLE_PROVIDER_URL") {
             file.provider.url = Some(v.clone());

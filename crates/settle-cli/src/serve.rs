@@ -132,6 +132,16 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
 fn load_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
     let mut tokens = match &args.tokens {
         Some(path) => {
+            // Tokens are secrets: a file others may read is refused, not used.
+            use std::os::unix::fs::PermissionsExt;
+            let mode =
+                std::fs::metadata(path).with_context(|| format!("read {}", path.display()))?.permissions().mode();
+            anyhow::ensure!(
+                mode & 0o007 == 0,
+                "{} is open to every user (mode {:o}): chmod o-rwx (or 600) it; tokens are secrets",
+                path.display(),
+                mode & 0o777
+            );
             let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
             Tokens::parse_file(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
         }

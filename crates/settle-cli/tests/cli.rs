@@ -226,3 +226,23 @@ fn a_database_that_is_not_settles_is_refused_and_left_alone() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&app_id.stdout).trim(), (0x5345_544C_i64).to_string());
 }
+
+/// Tokens are secrets: a token file every user can read, or a short token, stops `settle serve`.
+#[test]
+fn serve_refuses_an_open_token_file_and_short_tokens() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, "admin admin-token-0123456789\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let db = format!("sqlite://{}", dir.path().join("t.db").display());
+    let path = file.display().to_string();
+    let (code, _, err) = settle(&["serve", "--listen", "127.0.0.1:0", "--db", &db, "--tokens", &path]);
+    assert_ne!(code, 0);
+    assert!(err.contains("open to every user"), "{err}");
+    std::fs::write(&file, "admin short\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, _, err) = settle(&["serve", "--listen", "127.0.0.1:0", "--db", &db, "--tokens", &path]);
+    assert_ne!(code, 0);
+    assert!(err.contains("at least 16 characters"), "{err}");
+}
