@@ -414,13 +414,15 @@ impl Config {
             file.http.burst_per_token = v;
         }
         let h = &file.http;
-        if !(100..=600_000).contains(&h.header_read_timeout_ms)
-            || !(100..=600_000).contains(&h.body_read_timeout_ms)
-            || !(1..=1_000_000).contains(&h.max_connections)
-            || !(h.requests_per_second_per_token.is_finite() && h.requests_per_second_per_token >= 0.0)
-            || !(h.burst_per_token.is_finite() && h.burst_per_token >= 1.0)
-            || !(1..=100_000).contains(&h.long_polls_per_token)
-        {
+        let http_ok = (100..=600_000).contains(&h.header_read_timeout_ms)
+            && (100..=600_000).contains(&h.body_read_timeout_ms)
+            && (1..=1_000_000).contains(&h.max_connections)
+            && h.requests_per_second_per_token.is_finite()
+            && h.requests_per_second_per_token >= 0.0
+            && h.burst_per_token.is_finite()
+            && h.burst_per_token >= 1.0
+            && (1..=100_000).contains(&h.long_polls_per_token);
+        if !http_ok {
             bail!(
                 "[http]: timeouts are between 100 ms and 10 min, max_connections between 1 and 1000000, the rate \
                  zero (off) or more, the burst at least 1, long_polls_per_token between 1 and 100000"
