@@ -1,9 +1,12 @@
 //! Bearer tokens with roles `admin` ⊇ {`client`, `worker`}.
 //!
-//! Tokens come from a file (`--tokens FILE`: one `ROLE TOKEN` per line, `#` comments) or the
-//! environment (`SETTLE_TOKENS="admin=…,worker=…"`). Tokens are compared as SHA-256 digests in
-//! constant time. With no token configured, every request is allowed and the server only binds a
-//! loopback address.
+//! Tokens come from a file (`--tokens FILE`, `#` comments) or the environment
+//! (`SETTLE_TOKENS="admin=…,worker:ci=…"`). A file line is `ROLE TOKEN [NAME]`, or — so the file holds
+//! no secret — `ROLE sha256:HEX NAME` with the hex SHA-256 of the token. Any number of tokens per
+//! role, each with a unique name (default `ROLE-LINE`): the name is the actor in logs and in the
+//! action log, so a token can be rotated (add the new one, then remove the old) and revoked alone.
+//! Tokens are compared as SHA-256 digests in constant time. With no token configured, every request
+//! is allowed (actor `loopback`) and the server only binds a loopback address.
 
 use crate::error::ApiError;
 use axum::http::HeaderMap;
@@ -38,9 +41,32 @@ impl Role {
     }
 }
 
+/// Who made a request: the token's name and role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    pub name: String,
+    pub role: Role,
+}
+
+impl std::fmt::Display for Actor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct Tokens {
-    entries: Vec<([u8; 32], Role)>,
+    entries: Vec<([u8; 32], Role, String)>,
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '@' | '-'));
+    if !ok {
+        return Err(format!("a token's name is 1-64 characters of [A-Za-z0-9_.:@-], not {name:?}"));
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for Tokens {
@@ -59,10 +85,27 @@ impl Tokens {
     }
 
     pub fn add(&mut self, role: Role, token: &str) -> Result<(), String> {
+        let name = format!("{}-{}", role.name(), self.entries.len() + 1);
+        self.add_named(role, token, &name)
+    }
+
+    pub fn add_named(&mut self, role: Role, token: &str, name: &str) -> Result<(), String> {
         if token.len() < 16 {
             return Err(format!("a {} token must be at least 16 characters", role.name()));
         }
-        self.entries.push((digest(token), role));
+        self.add_digest(role, digest(token), name)
+    }
+
+    /// A token known only by its SHA-256 (the file keeps no secret).
+    pub fn add_digest(&mut self, role: Role, digest: [u8; 32], name: &str) -> Result<(), String> {
+        check_name(name)?;
+        if self.entries.iter().any(|(_, _, n)| n == name) {
+            return Err(format!("two tokens are named {name}"));
+        }
+        if self.entries.iter().any(|(d, _, _)| *d == digest) {
+            return Err(format!("token {name} is configured twice"));
+        }
+        self.entries.push((digest, role, name.to_owned()));
         Ok(())
     }
 
@@ -75,11 +118,23 @@ impl Tokens {
                 continue;
             }
             let mut parts = line.split_whitespace();
-            let (Some(role), Some(token), None) = (parts.next(), parts.next(), parts.next()) else {
-                return Err(format!("line {}: expected `ROLE TOKEN`", n + 1));
+            let (Some(role), Some(token), name, None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+                return Err(format!("line {}: expected `ROLE TOKEN [NAME]` or `ROLE sha256:HEX NAME`", n + 1));
             };
             let role = Role::parse(role).ok_or_else(|| format!("line {}: unknown role {role}", n + 1))?;
-            tokens.add(role, token).map_err(|e| format!("line {}: {e}", n + 1))?;
+            let default_name = format!("{}-{}", role.name(), n + 1);
+            let added = match token.strip_prefix("sha256:") {
+                Some(hex_digest) => {
+                    let name = name.ok_or("a hashed token needs a name")?;
+                    let bytes = hex::decode(hex_digest).ok().filter(|b| b.len() == 32);
+                    let digest: [u8; 32] = bytes
+                        .and_then(|b| b.try_into().ok())
+                        .ok_or("sha256: takes 64 hex digits (the SHA-256 of the token)")?;
+                    tokens.add_digest(role, digest, name)
+                }
+                None => tokens.add_named(role, token, name.unwrap_or(&default_name)),
+            };
+            added.map_err(|e| format!("line {}: {e}", n + 1))?;
         }
         Ok(tokens)
     }
@@ -88,9 +143,17 @@ impl Tokens {
     pub fn parse_env(text: &str) -> Result<Tokens, String> {
         let mut tokens = Tokens::default();
         for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (role, token) = pair.split_once('=').ok_or_else(|| format!("expected role=token, got {pair:?}"))?;
-            let role = Role::parse(role.trim()).ok_or_else(|| format!("unknown role {role}"))?;
-            tokens.add(role, token.trim())?;
+            let (who, token) =
+                pair.split_once('=').ok_or_else(|| "expected role=token or role:name=token".to_owned())?;
+            let (role, name) = match who.split_once(':') {
+                Some((role, name)) => (role.trim(), Some(name.trim())),
+                None => (who.trim(), None),
+            };
+            let role = Role::parse(role).ok_or_else(|| format!("unknown role {role}"))?;
+            match name {
+                Some(name) => tokens.add_named(role, token.trim(), name)?,
+                None => tokens.add(role, token.trim())?,
+            }
         }
         Ok(tokens)
     }
@@ -104,7 +167,7 @@ impl Tokens {
             .map(str::trim)?;
         let d = digest(presented);
         let mut found = None;
-        for (known, _) in &self.entries {
+        for (known, _, _) in &self.entries {
             if bool::from(known.ct_eq(&d)) {
                 found = Some(d);
             }
@@ -114,9 +177,9 @@ impl Tokens {
 
     /// Checks the `Authorization: Bearer …` header for `needed`: 401 without a known token,
     /// 403 with a known token of another role.
-    pub fn authorize(&self, headers: &HeaderMap, needed: Role) -> Result<(), ApiError> {
+    pub fn authorize(&self, headers: &HeaderMap, needed: Role) -> Result<Actor, ApiError> {
         if self.entries.is_empty() {
-            return Ok(());
+            return Ok(Actor { name: "loopback".to_owned(), role: Role::Admin });
         }
         let presented = headers
             .get(axum::http::header::AUTHORIZATION)
@@ -126,23 +189,30 @@ impl Tokens {
             .ok_or_else(ApiError::unauthorized)?;
         let d = digest(presented);
         // Compare against every entry, without an early exit, in constant time per entry.
-        let mut role = None;
-        for (known, r) in &self.entries {
+        let mut found = None;
+        for (known, r, name) in &self.entries {
             if bool::from(known.ct_eq(&d)) {
-                role = Some(*r);
+                found = Some((*r, name));
             }
         }
-        match role {
+        match found {
             None => Err(ApiError::unauthorized()),
-            Some(r) if r.grants(needed) => Ok(()),
-            Some(_) => Err(ApiError::forbidden(needed.name())),
+            Some((r, name)) if r.grants(needed) => Ok(Actor { name: name.clone(), role: r }),
+            Some((_, name)) => {
+                tracing::info!(actor = %name, needed = needed.name(), "token of another role refused");
+                Err(ApiError::forbidden(needed.name()))
+            }
         }
     }
 }
 
 /// An extractor that authorizes the request for role `R` before anything else of it is read:
 /// a missing or wrong token is `401`, a token of another role `403` — even when the body is bad.
-pub struct Auth<R>(std::marker::PhantomData<R>);
+pub struct Auth<R> {
+    /// Who is asking: the token's name and role (`loopback` without tokens).
+    pub actor: Actor,
+    role: std::marker::PhantomData<R>,
+}
 
 pub trait RoleMarker {
     const ROLE: Role;
@@ -169,7 +239,44 @@ impl<R: RoleMarker + Send + Sync> axum::extract::FromRequestParts<crate::app::Ap
         parts: &mut axum::http::request::Parts,
         state: &crate::app::AppState,
     ) -> Result<Self, Self::Rejection> {
-        state.tokens.authorize(&parts.headers, R::ROLE)?;
-        Ok(Auth(std::marker::PhantomData))
+        let actor = state.tokens.authorize(&parts.headers, R::ROLE)?;
+        Ok(Auth { actor, role: std::marker::PhantomData })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(axum::http::header::AUTHORIZATION, format!("Bearer {token}").parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn files_hold_hashes_and_names() {
+        let hashed = hex::encode(Sha256::digest(b"alice-admin-token-0123"));
+        let file = format!(
+            "# rotated on 2026-11-30\nadmin sha256:{hashed} ops-alice\nadmin bob-admin-token-0123456 ops-bob\nworker worker-token-0123456789\n"
+        );
+        let t = Tokens::parse_file(&file).unwrap();
+        let actor = t.authorize(&bearer("alice-admin-token-0123"), Role::Client).unwrap();
+        assert_eq!((actor.name.as_str(), actor.role), ("ops-alice", Role::Admin));
+        assert_eq!(t.authorize(&bearer("bob-admin-token-0123456"), Role::Admin).unwrap().name, "ops-bob");
+        assert_eq!(t.authorize(&bearer("worker-token-0123456789"), Role::Worker).unwrap().name, "worker-4");
+        assert!(t.authorize(&bearer(&format!("sha256:{hashed}")), Role::Admin).is_err(), "the hash is not the token");
+        for bad in [
+            format!("admin sha256:{hashed}\n"),
+            "admin sha256:abcd ops\n".to_owned(),
+            format!("admin sha256:{hashed} ops\nclient sha256:{hashed} other\n"),
+            "admin a-token-0123456789 ops\nclient b-token-0123456789 ops\n".to_owned(),
+            "admin a-token-0123456789 bad name\n".to_owned(),
+            "admin short ops\n".to_owned(),
+        ] {
+            assert!(Tokens::parse_file(&bad).is_err(), "{bad}");
+        }
+        let env = Tokens::parse_env("admin:ops-carol=carol-token-0123456789,worker=w-token-0123456789").unwrap();
+        assert_eq!(env.authorize(&bearer("carol-token-0123456789"), Role::Admin).unwrap().name, "ops-carol");
     }
 }

@@ -110,14 +110,15 @@ fn mark(kind: &'static str, applied: bool) {
               (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn create_account(
     State(s): State<AppState>,
-    _auth: Auth<AdminRole>,
+    auth: Auth<AdminRole>,
     Json(b): Json<dto::CreateAccount>,
 ) -> ApiResult {
     let req = store::NewAccount {
         id: id(AccountId::parse, &b.id)?,
         overdraft_limit: Credits::new(b.overdraft_limit.unwrap_or(0)),
     };
-    let c = s.store.create_account(req).await?;
+    tracing::info!(actor = %auth.actor, account = %req.id, "create account");
+    let c = s.store.create_account_by(req, &auth.actor.name).await?;
     Ok(created(c, dto::Account::from))
 }
 
@@ -133,13 +134,14 @@ pub async fn get_account(State(s): State<AppState>, _auth: Auth<ClientRole>, Pat
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn create_grant(
     State(s): State<AppState>,
-    _auth: Auth<AdminRole>,
+    auth: Auth<AdminRole>,
     Path(account): Path<String>,
     Json(b): Json<dto::CreateGrant>,
 ) -> ApiResult {
     let account = id(AccountId::parse, &account)?;
     let req = store::NewGrant { id: id(RefId::parse, &b.id)?, amount: Credits::new(b.amount), reason: b.reason };
-    Ok(created(s.store.grant(&account, req).await?, dto::LedgerEntry::from))
+    tracing::info!(actor = %auth.actor, %account, grant = %req.id, amount = req.amount.get(), "grant");
+    Ok(created(s.store.grant_by(&account, req, &auth.actor.name).await?, dto::LedgerEntry::from))
 }
 
 #[utoipa::path(post, path = "/v1/accounts/{id}/adjustments", tag = "accounts", params(("id" = String, Path)),
@@ -148,13 +150,14 @@ pub async fn create_grant(
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn create_adjustment(
     State(s): State<AppState>,
-    _auth: Auth<AdminRole>,
+    auth: Auth<AdminRole>,
     Path(account): Path<String>,
     Json(b): Json<dto::CreateAdjustment>,
 ) -> ApiResult {
     let account = id(AccountId::parse, &account)?;
     let req = store::NewAdjustment { id: id(RefId::parse, &b.id)?, amount: Credits::new(b.amount), reason: b.reason };
-    Ok(created(s.store.adjust(&account, req).await?, dto::LedgerEntry::from))
+    tracing::info!(actor = %auth.actor, %account, adjustment = %req.id, amount = req.amount.get(), "adjustment");
+    Ok(created(s.store.adjust_by(&account, req, &auth.actor.name).await?, dto::LedgerEntry::from))
 }
 
 #[utoipa::path(get, path = "/v1/accounts/{id}/ledger", tag = "accounts", params(("id" = String, Path), dto::PageQuery),
@@ -272,8 +275,10 @@ pub async fn cancel(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(job
 
 #[utoipa::path(post, path = "/v1/jobs/{id}/requeue", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-pub async fn requeue(State(s): State<AppState>, _auth: Auth<AdminRole>, Path(job): Path<String>) -> ApiResult {
-    let j = s.store.requeue(&id(JobId::parse, &job)?).await?;
+pub async fn requeue(State(s): State<AppState>, auth: Auth<AdminRole>, Path(job): Path<String>) -> ApiResult {
+    let job = id(JobId::parse, &job)?;
+    tracing::info!(actor = %auth.actor, %job, "requeue");
+    let j = s.store.requeue_by(&job, &auth.actor.name).await?;
     mark("requeue", true);
     Ok(ok(dto::Job::from(j)))
 }
@@ -540,10 +545,12 @@ pub async fn list_withdrawals(
               (status = 404, body = ErrorBody), (status = 409, description = "not a succeeded withdrawal", body = ErrorBody)))]
 pub async fn withdrawal_returned(
     State(s): State<AppState>,
-    _auth: Auth<AdminRole>,
+    auth: Auth<AdminRole>,
     Path(withdrawal): Path<String>,
 ) -> ApiResult {
-    let out = s.store.payouts().payout_returned(&id(JobId::parse, &withdrawal)?, store::ReturnSource::Admin).await?;
+    let withdrawal = id(JobId::parse, &withdrawal)?;
+    tracing::info!(actor = %auth.actor, %withdrawal, "withdrawal returned");
+    let out = s.store.payouts().payout_returned_by(&withdrawal, store::ReturnSource::Admin, &auth.actor.name).await?;
     mark("withdrawal_returned", out.applied);
     Ok(ok(dto::Withdrawal::from(out.value)))
 }
@@ -621,11 +628,12 @@ pub async fn webhook_deliveries(
     responses((status = 200, body = dto::WebhookDelivery), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn requeue_delivery(
     State(s): State<AppState>,
-    _auth: Auth<AdminRole>,
+    auth: Auth<AdminRole>,
     Path((endpoint, seq)): Path<(String, i64)>,
 ) -> ApiResult {
     id(JobKind::parse, &endpoint)?;
-    Ok(ok(dto::WebhookDelivery::from(s.store.webhook_requeue(&endpoint, seq).await?)))
+    tracing::info!(actor = %auth.actor, %endpoint, seq, "requeue delivery");
+    Ok(ok(dto::WebhookDelivery::from(s.store.webhook_requeue_by(&endpoint, seq, &auth.actor.name).await?)))
 }
 
 #[utoipa::path(get, path = "/v1/audit", tag = "operations", responses((status = 200, body = dto::Audit)))]

@@ -138,6 +138,9 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     a.message.as_deref().unwrap_or("")
                 );
             }
+            for a in store.actions(Some(&id), None).await? {
+                println!("  action {:<20} by {:<16} at {} {}", a.action, a.actor, print::time(a.at), a.detail);
+            }
             for s in store.signals(&id).await? {
                 println!(
                     "  signal {:<12} {:<9} attempt {} at {} {} {}",
@@ -219,7 +222,7 @@ pub async fn dead_letters(store: &dyn Store, cmd: DeadLetters) -> anyhow::Result
             anyhow::ensure!(!ids.is_empty(), "name the jobs to requeue");
             let mut all_ok = true;
             for id in ids {
-                match store.requeue(&JobId::parse(&id)?).await {
+                match store.requeue_by(&JobId::parse(&id)?, "cli").await {
                     Ok(j) => println!("{id}: requeued ({})", j.state.as_str()),
                     Err(e) => {
                         all_ok = false;

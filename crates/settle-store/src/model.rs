@@ -228,6 +228,24 @@ pub struct Withdrawal {
     pub returned_at: Option<Timestamp>,
 }
 
+/// Who acts when no person does (tests, the CLI's own store calls, the background loops).
+pub const SYSTEM_ACTOR: &str = "system";
+
+/// An admin action as recorded: who, what, when, on which job or account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Action {
+    pub id: i64,
+    pub at: Timestamp,
+    /// The token's name (or `system`, `loopback`).
+    pub actor: String,
+    /// `account.create`, `grant`, `adjustment`, `requeue`, `withdrawal.returned`, `webhook.requeue`.
+    pub action: String,
+    pub job_id: Option<String>,
+    pub account_id: Option<String>,
+    /// JSON text: what the action named (ids, amounts, reasons).
+    pub detail: String,
+}
+
 /// Who saw a payout come back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReturnSource {

@@ -564,6 +564,27 @@ pub(crate) fn guard_hit(rows: u64, what: &'static str) -> Result<(), StoreError>
     Ok(())
 }
 
+/// Records an admin action in the caller's transaction.
+pub(crate) async fn record_action(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    actor: &str,
+    action: &'static str,
+    job_id: Option<&str>,
+    account_id: Option<&str>,
+    detail: serde_json::Value,
+) -> Result<(), StoreError> {
+    if actor.is_empty() || actor.len() > limits::WORKER_LEN_MAX {
+        return Err(StoreError::invalid("an actor's name is 1 to 128 characters"));
+    }
+    db.exec(
+        "INSERT INTO actions (at, actor, action, job_id, account_id, detail) VALUES ($1, $2, $3, $4, $5, $6)",
+        args![cx.now.micros(), actor, action, job_id, account_id, detail.to_string()],
+    )
+    .await?;
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Accounts and grants
 

@@ -213,3 +213,31 @@ pub(crate) async fn next_due_at(
         None => None,
     })
 }
+
+/// The admin actions on a job (`job`) or an account (`account`), oldest first.
+pub(crate) async fn actions(
+    db: &mut Db<'_>,
+    job: Option<&str>,
+    account: Option<&str>,
+) -> Result<Vec<crate::model::Action>, StoreError> {
+    let rows = db
+        .all(
+            "SELECT id, at, actor, action, job_id, account_id, detail FROM actions \
+             WHERE (CAST($1 AS TEXT) IS NULL OR job_id = $1) AND (CAST($2 AS TEXT) IS NULL OR account_id = $2) ORDER BY id LIMIT 1000",
+            args![job, account],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(crate::model::Action {
+                id: r.i64(0)?,
+                at: Timestamp::from_micros(r.i64(1)?),
+                actor: r.text(2)?,
+                action: r.text(3)?,
+                job_id: r.opt_text(4)?,
+                account_id: r.opt_text(5)?,
+                detail: r.text(6)?,
+            })
+        })
+        .collect()
+}

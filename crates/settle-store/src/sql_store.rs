@@ -641,10 +641,29 @@ impl Store for SqlStore {
         self.read(op!([kinds] | db, _cx | reads::next_due_at(db, &kinds).await)).await
     }
 
-    async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError> {
-        let out = self.write(op!([req] | db, cx | ops::create_account(db, cx, &req).await)).await?;
+    async fn create_account_by(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError> {
+        let actor = actor.to_owned();
+        let out = self
+            .write(op!(
+                [req, actor] | db,
+                cx | {
+                    let out = ops::create_account(db, cx, &req).await?;
+                    if !out.replayed {
+                        let detail = serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() });
+                        ops::record_action(db, cx, &actor, "account.create", None, Some(req.id.as_str()), detail)
+                            .await?;
+                    }
+                    Ok(out)
+                }
+            ))
+            .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
+    }
+
+    async fn actions(&self, job: Option<&JobId>, account: Option<&AccountId>) -> Result<Vec<Action>, StoreError> {
+        let (job, account) = (job.map(|j| j.as_str().to_owned()), account.map(|a| a.as_str().to_owned()));
+        self.read(op!([job, account] | db, _cx | reads::actions(db, job.as_deref(), account.as_deref()).await)).await
     }
 
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError> {
@@ -652,51 +671,71 @@ impl Store for SqlStore {
         self.read(op!([id] | db, _cx | reads::account(db, &id).await)).await
     }
 
-    async fn grant(&self, account: &AccountId, req: NewGrant) -> Result<Created<LedgerEntry>, StoreError> {
+    async fn grant_by(
+        &self,
+        account: &AccountId,
+        req: NewGrant,
+        actor: &str,
+    ) -> Result<Created<LedgerEntry>, StoreError> {
         if !req.amount.is_positive() {
             return Err(StoreError::invalid("a grant's amount must be greater than zero"));
         }
         check_text("reason", req.reason.as_deref(), false)?;
-        let account = account.clone();
+        let (account, actor) = (account.clone(), actor.to_owned());
         let out = self
-            .write(op!(
-                [account, req] | db,
-                cx | ops::credit(
+            .write(op!([account, req, actor] | db, cx | {
+                let out = ops::credit(
                     db,
                     cx,
                     EntryKind::Grant,
                     &account,
                     req.id.as_str(),
                     req.amount,
-                    req.reason.as_deref()
+                    req.reason.as_deref(),
                 )
-                .await
-            ))
+                .await?;
+                if !out.replayed {
+                    let detail = serde_json::json!({ "id": req.id.as_str(), "amount": req.amount.get(), "seq": out.value.seq });
+                    ops::record_action(db, cx, &actor, "grant", None, Some(account.as_str()), detail).await?;
+                }
+                Ok(out)
+            }))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
 
-    async fn adjust(&self, account: &AccountId, req: NewAdjustment) -> Result<Created<LedgerEntry>, StoreError> {
+    async fn adjust_by(
+        &self,
+        account: &AccountId,
+        req: NewAdjustment,
+        actor: &str,
+    ) -> Result<Created<LedgerEntry>, StoreError> {
         if req.amount == Credits::ZERO {
             return Err(StoreError::invalid("an adjustment's amount must not be zero"));
         }
         check_text("reason", Some(&req.reason), true)?;
-        let account = account.clone();
+        let (account, actor) = (account.clone(), actor.to_owned());
         let out = self
-            .write(op!(
-                [account, req] | db,
-                cx | ops::credit(
+            .write(op!([account, req, actor] | db, cx | {
+                let out = ops::credit(
                     db,
                     cx,
                     EntryKind::Adjustment,
                     &account,
                     req.id.as_str(),
                     req.amount,
-                    Some(&req.reason)
+                    Some(&req.reason),
                 )
-                .await
-            ))
+                .await?;
+                if !out.replayed {
+                    let detail = serde_json::json!({
+                        "id": req.id.as_str(), "amount": req.amount.get(), "reason": req.reason, "seq": out.value.seq
+                    });
+                    ops::record_action(db, cx, &actor, "adjustment", None, Some(account.as_str()), detail).await?;
+                }
+                Ok(out)
+            }))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -864,9 +903,24 @@ impl Store for SqlStore {
         })
     }
 
-    async fn requeue(&self, job: &JobId) -> Result<Job, StoreError> {
-        let id = job.clone();
-        let out = self.write(op!([id] | db, cx | ops::requeue(db, cx, &id).await)).await?;
+    async fn requeue_by(&self, job: &JobId, actor: &str) -> Result<Job, StoreError> {
+        let (id, actor) = (job.clone(), actor.to_owned());
+        let out = self
+            .write(op!(
+                [id, actor] | db,
+                cx | {
+                    let before = ops::must_lock_job(db, id.as_str()).await?.state;
+                    let job = ops::requeue(db, cx, &id).await?;
+                    // A re-sent requeue answers the job again; only the one that moved it is an action.
+                    if before == settle_core::job::JobState::Dead {
+                        let detail = serde_json::json!({ "attempt": job.attempt });
+                        ops::record_action(db, cx, &actor, "requeue", Some(id.as_str()), Some(&job.account_id), detail)
+                            .await?;
+                    }
+                    Ok(job)
+                }
+            ))
+            .await?;
         self.work_due();
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -988,9 +1042,19 @@ impl Store for SqlStore {
         .await
     }
 
-    async fn webhook_requeue(&self, endpoint: &str, seq: i64) -> Result<Delivery, StoreError> {
-        let endpoint = endpoint.to_owned();
-        self.write_quiet(op!([endpoint] | db, cx | webhooks::requeue(db, cx, &endpoint, seq).await)).await
+    async fn webhook_requeue_by(&self, endpoint: &str, seq: i64, actor: &str) -> Result<Delivery, StoreError> {
+        let (endpoint, actor) = (endpoint.to_owned(), actor.to_owned());
+        self.write_quiet(op!(
+            [endpoint, actor] | db,
+            cx | {
+                let d = webhooks::requeue(db, cx, &endpoint, seq).await?;
+                let detail = serde_json::json!({ "endpoint": endpoint, "seq": seq });
+                let (job, account) = (d.event.job_id.clone(), d.event.account_id.clone());
+                ops::record_action(db, cx, &actor, "webhook.requeue", job.as_deref(), Some(&account), detail).await?;
+                Ok(d)
+            }
+        ))
+        .await
     }
 
     async fn webhook_deliveries(
@@ -1084,9 +1148,25 @@ impl Payouts for SqlStore {
         self.unknown_as(job, token, message, Caller::PayoutProcessor).await
     }
 
-    async fn payout_returned(&self, job: &JobId, source: ReturnSource) -> Result<Outcome<Withdrawal>, StoreError> {
-        let id = job.clone();
-        let out = self.write(op!([id] | db, cx | payouts::payout_returned(db, cx, &id, source).await)).await?;
+    async fn payout_returned_by(
+        &self,
+        job: &JobId,
+        source: ReturnSource,
+        actor: &str,
+    ) -> Result<Outcome<Withdrawal>, StoreError> {
+        let (id, actor) = (job.clone(), actor.to_owned());
+        let out = self
+            .write(op!([id, actor] | db, cx | {
+                let out = payouts::payout_returned(db, cx, &id, source).await?;
+                if out.applied && source == ReturnSource::Admin {
+                    let detail = serde_json::json!({ "amount": out.value.amount.get(), "provider_txid": out.value.provider_txid });
+                    let account = out.value.job.account_id.clone();
+                    ops::record_action(db, cx, &actor, "withdrawal.returned", Some(id.as_str()), Some(&account), detail)
+                        .await?;
+                }
+                Ok(out)
+            }))
+            .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }

@@ -28,10 +28,32 @@ pub trait Store: Send + Sync {
         kinds: &[settle_core::ids::JobKind],
     ) -> Result<Option<settle_core::Timestamp>, StoreError>;
 
-    async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError>;
+    async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError> {
+        self.create_account_by(req, SYSTEM_ACTOR).await
+    }
+    /// As `create_account`, recording `actor` (a token's name) in the action log with it.
+    async fn create_account_by(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError>;
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError>;
-    async fn grant(&self, account: &AccountId, req: NewGrant) -> Result<Created<LedgerEntry>, StoreError>;
-    async fn adjust(&self, account: &AccountId, req: NewAdjustment) -> Result<Created<LedgerEntry>, StoreError>;
+    async fn grant(&self, account: &AccountId, req: NewGrant) -> Result<Created<LedgerEntry>, StoreError> {
+        self.grant_by(account, req, SYSTEM_ACTOR).await
+    }
+    async fn grant_by(
+        &self,
+        account: &AccountId,
+        req: NewGrant,
+        actor: &str,
+    ) -> Result<Created<LedgerEntry>, StoreError>;
+    async fn adjust(&self, account: &AccountId, req: NewAdjustment) -> Result<Created<LedgerEntry>, StoreError> {
+        self.adjust_by(account, req, SYSTEM_ACTOR).await
+    }
+    async fn adjust_by(
+        &self,
+        account: &AccountId,
+        req: NewAdjustment,
+        actor: &str,
+    ) -> Result<Created<LedgerEntry>, StoreError>;
+    /// The admin actions on a job or an account (both `None`: all), oldest first, at most 1000.
+    async fn actions(&self, job: Option<&JobId>, account: Option<&AccountId>) -> Result<Vec<Action>, StoreError>;
     /// Entries in `seq` order after `page.after`.
     async fn ledger(&self, account: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError>;
 
@@ -80,7 +102,10 @@ pub trait Store: Send + Sync {
     ) -> Result<Outcome<Job>, StoreError>;
     async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError>;
     async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError>;
-    async fn requeue(&self, job: &JobId) -> Result<Job, StoreError>;
+    async fn requeue(&self, job: &JobId) -> Result<Job, StoreError> {
+        self.requeue_by(job, SYSTEM_ACTOR).await
+    }
+    async fn requeue_by(&self, job: &JobId, actor: &str) -> Result<Job, StoreError>;
 
     /// The lease rescuer's pass: jobs running past their lease take the failure path
     /// (`LEASE_EXPIRED`, retryable), or teardown when a cancel was requested. Returns their ids.
@@ -116,7 +141,10 @@ pub trait Store: Send + Sync {
         report: DeliveryReport,
     ) -> Result<bool, StoreError>;
     /// Puts a dead delivery back in line with a fresh attempt budget.
-    async fn webhook_requeue(&self, endpoint: &str, seq: i64) -> Result<Delivery, StoreError>;
+    async fn webhook_requeue(&self, endpoint: &str, seq: i64) -> Result<Delivery, StoreError> {
+        self.webhook_requeue_by(endpoint, seq, SYSTEM_ACTOR).await
+    }
+    async fn webhook_requeue_by(&self, endpoint: &str, seq: i64, actor: &str) -> Result<Delivery, StoreError>;
     async fn webhook_deliveries(
         &self,
         filter: &DeliveryFilter,
@@ -163,5 +191,14 @@ pub trait Payouts: Send + Sync {
         message: Option<&str>,
     ) -> Result<Outcome<Job>, StoreError>;
     /// `succeeded → returned` with one `payout_return` credit, once.
-    async fn payout_returned(&self, job: &JobId, source: ReturnSource) -> Result<Outcome<Withdrawal>, StoreError>;
+    async fn payout_returned(&self, job: &JobId, source: ReturnSource) -> Result<Outcome<Withdrawal>, StoreError> {
+        self.payout_returned_by(job, source, SYSTEM_ACTOR).await
+    }
+    /// As `payout_returned`; an admin's return is recorded with `actor` in the action log.
+    async fn payout_returned_by(
+        &self,
+        job: &JobId,
+        source: ReturnSource,
+        actor: &str,
+    ) -> Result<Outcome<Withdrawal>, StoreError>;
 }

@@ -47,6 +47,7 @@ on_both_engines!(
     webhook_deliveries_are_visible_and_requeueable,
     a_replay_answers_the_job_as_it_is_now,
     a_lock_held_too_long_is_503_with_retry_after,
+    admin_actions_record_their_actor,
 );
 
 async fn accounts_grants_and_adjustments(e: Engine) {
@@ -696,4 +697,52 @@ async fn a_lock_held_too_long_is_503_with_retry_after(e: Engine) {
 async fn retry_after(s: &Server, path: &str) -> Option<String> {
     let r = s.http.post(format!("{}{path}", s.base)).send().await.unwrap();
     r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned())
+}
+
+/// Admin actions are recorded with the name of the token that made them, in the same transaction.
+async fn admin_actions_record_their_actor(e: Engine) {
+    let hashed = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(b"alice-admin-token-0123"))
+    };
+    let file = format!(
+        "admin sha256:{hashed} ops-alice\nclient client-token-0123456789 shop\nworker worker-token-0123456789 gpu\n"
+    );
+    let s = Server::with_tokens(e, Tokens::parse_file(&file).unwrap()).await;
+    let (admin, client, worker) =
+        (Some("alice-admin-token-0123"), Some("client-token-0123456789"), Some("worker-token-0123456789"));
+    assert_eq!(s.send("POST", "/v1/accounts", Some(json!({"id": "a"})), admin).await.status, 201);
+    let g = json!({"id": "g", "amount": 50});
+    assert_eq!(s.send("POST", "/v1/accounts/a/grants", Some(g.clone()), admin).await.status, 201);
+    assert_eq!(s.send("POST", "/v1/accounts/a/grants", Some(g), admin).await.status, 200, "a replay");
+    let adj = json!({"id": "fix-1", "amount": -5, "reason": "chargeback"});
+    assert_eq!(s.send("POST", "/v1/accounts/a/adjustments", Some(adj), admin).await.status, 201);
+    let job = json!({"id": "j", "account_id": "a", "kind": "render", "cost": 10});
+    assert_eq!(s.send("POST", "/v1/jobs", Some(job), client).await.status, 201);
+    let c = s.send("POST", "/v1/claims", Some(json!({"worker": "w"})), worker).await;
+    let token = c.body["jobs"][0]["lease_token"].as_str().unwrap().to_owned();
+    let f = json!({"lease_token": token, "code": "INVALID_INPUT"});
+    assert_eq!(s.send("POST", "/v1/jobs/j/fail", Some(f), worker).await.body["state"], "dead");
+    assert_eq!(s.send("POST", "/v1/jobs/j/requeue", None, admin).await.status, 200);
+    let store = s.store_handle();
+    let jid = settle_core::ids::JobId::parse("j").unwrap();
+    let on_job = settle_store::Store::actions(&*store, Some(&jid), None).await.unwrap();
+    assert_eq!(
+        on_job.iter().map(|a| (a.action.as_str(), a.actor.as_str())).collect::<Vec<_>>(),
+        vec![("requeue", "ops-alice")]
+    );
+    let acc = settle_core::ids::AccountId::parse("a").unwrap();
+    let on_account = settle_store::Store::actions(&*store, None, Some(&acc)).await.unwrap();
+    let seen: Vec<(&str, &str)> = on_account.iter().map(|a| (a.action.as_str(), a.actor.as_str())).collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("account.create", "ops-alice"),
+            ("grant", "ops-alice"),
+            ("adjustment", "ops-alice"),
+            ("requeue", "ops-alice")
+        ],
+        "the replayed grant is not a second action"
+    );
+    assert!(on_account[2].detail.contains("chargeback"));
 }
