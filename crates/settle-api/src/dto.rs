@@ -529,6 +529,12 @@ pub struct WebhookDelivery {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+pub struct RequeuedDeliveries {
+    /// How many dead deliveries were put back in line; call again while it is 1000.
+    pub requeued: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookDeliveryPage {
     pub deliveries: Vec<WebhookDelivery>,
     pub next_after: Option<i64>,

@@ -636,6 +636,20 @@ pub async fn requeue_delivery(
     Ok(ok(dto::WebhookDelivery::from(s.store.webhook_requeue_by(&endpoint, seq, &auth.actor.name).await?)))
 }
 
+#[utoipa::path(post, path = "/v1/webhooks/deliveries/{endpoint}/requeue", tag = "operations",
+    params(("endpoint" = String, Path)),
+    responses((status = 200, description = "the dead deliveries put back in line (at most 1000 a call)", body = dto::RequeuedDeliveries)))]
+pub async fn requeue_dead_deliveries(
+    State(s): State<AppState>,
+    auth: Auth<AdminRole>,
+    Path(endpoint): Path<String>,
+) -> ApiResult {
+    id(JobKind::parse, &endpoint)?;
+    tracing::info!(actor = %auth.actor, %endpoint, "requeue dead deliveries");
+    let n = s.store.webhook_requeue_dead(&endpoint, limits::PAGE_LIMIT_MAX, &auth.actor.name).await?;
+    Ok(ok(dto::RequeuedDeliveries { requeued: n }))
+}
+
 #[utoipa::path(get, path = "/v1/audit", tag = "operations", responses((status = 200, body = dto::Audit)))]
 pub async fn audit(State(s): State<AppState>, _auth: Auth<AdminRole>) -> ApiResult {
     let r = s.store.audit().await?;

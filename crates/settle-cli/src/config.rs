@@ -27,6 +27,7 @@
 //! url = "https://example.test/settle-hook"
 //! secret = "at least 16 characters"
 //! attempts_max = 12              # optional; also backoff_ms_base, backoff_ms_max, timeout_ms
+//! start_from = "now"             # a new endpoint gets events from now on, or "beginning": all
 //!
 //! [http]                         # what one slow or idle client may hold
 //! header_read_timeout_ms = 10000 # a request head (and the idle time between kept-alive requests)
@@ -166,6 +167,9 @@ pub struct WebhookFile {
     pub backoff_ms_max: Option<u64>,
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Where a new endpoint begins: "now" (the default) or "beginning" (the whole outbox).
+    #[serde(default)]
+    pub start_from: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -254,6 +258,11 @@ fn endpoint(w: &WebhookFile) -> anyhow::Result<settle_worker::webhooks::Endpoint
     if let Some(ms) = w.timeout_ms {
         e.timeout = std::time::Duration::from_millis(ms.clamp(100, 60_000));
     }
+    e.start_from = match w.start_from.as_deref() {
+        None | Some("now") => settle_store::StartFrom::Now,
+        Some("beginning") => settle_store::StartFrom::Beginning,
+        Some(other) => bail!("[[webhooks]] {}: start_from is \"now\" or \"beginning\", not {other:?}", w.id),
+    };
     Ok(e)
 }
 
@@ -531,6 +540,13 @@ impl Config {
                     backoff_ms_base: Some(w.backoff.backoff_ms_base),
                     backoff_ms_max: Some(w.backoff.backoff_ms_max),
                     timeout_ms: Some(u64::try_from(w.timeout.as_millis()).unwrap_or(u64::MAX)),
+                    start_from: Some(
+                        match w.start_from {
+                            settle_store::StartFrom::Now => "now",
+                            settle_store::StartFrom::Beginning => "beginning",
+                        }
+                        .to_owned(),
+                    ),
                 })
                 .collect(),
         };

@@ -418,6 +418,17 @@ pub enum DeliveryReport {
     Failed { status: Option<u16>, error: String, retry_at: Timestamp, attempts_max: u32 },
 }
 
+/// Where a new webhook endpoint's deliveries begin. An endpoint that has begun continues from where
+/// it is, whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartFrom {
+    /// Events appended from now on (the default: adding an endpoint does not replay history).
+    #[default]
+    Now,
+    /// The whole outbox, from its first event.
+    Beginning,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeliveryFilter {
     pub endpoint_id: Option<String>,

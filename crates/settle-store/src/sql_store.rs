@@ -1007,6 +1007,27 @@ impl Store for SqlStore {
         self.read(op!([] | db, _cx | audit::audit(db).await)).await
     }
 
+    async fn webhook_start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError> {
+        let endpoint = endpoint.to_owned();
+        self.write_quiet(op!([endpoint] | db, _cx | webhooks::start(db, &endpoint, from).await)).await
+    }
+
+    async fn webhook_requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError> {
+        let (endpoint, actor) = (endpoint.to_owned(), actor.to_owned());
+        self.write_quiet(op!(
+            [endpoint, actor] | db,
+            cx | {
+                let n = webhooks::requeue_dead(db, cx, &endpoint, limit).await?;
+                if n > 0 {
+                    let detail = serde_json::json!({ "endpoint": endpoint, "requeued": n });
+                    ops::record_action(db, cx, &actor, "webhook.requeue_dead", None, None, detail).await?;
+                }
+                Ok(n)
+            }
+        ))
+        .await
+    }
+
     async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
         let endpoint = endpoint.to_owned();
         self.write_quiet(op!([endpoint] | db, cx | webhooks::fan_out(db, cx, &endpoint, batch).await)).await

@@ -122,6 +122,10 @@ pub trait Store: Send + Sync {
     /// L1–L4 and gap-free sequences, over one consistent snapshot.
     async fn audit(&self) -> Result<AuditReport, StoreError>;
 
+    /// Webhooks: begins `endpoint` (its first delivery) where `from` says, if it has not begun.
+    async fn webhook_start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError>;
+    /// Requeues up to `limit` dead deliveries of `endpoint` (an admin's bulk requeue, recorded).
+    async fn webhook_requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError>;
     /// Webhooks: creates the deliveries of the next outbox events for `endpoint` (at most `batch`).
     async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError>;
     /// Leases up to `limit` due deliveries, each at the head of its job's line for `endpoint`.

@@ -38,6 +38,33 @@ fn delivery_from_row(r: &Row) -> Result<Delivery, StoreError> {
     })
 }
 
+/// Begins an endpoint: its cursor at 0 (`Beginning`) or after the newest event (`Now`), unless it
+/// has one already. Returns whether it began now.
+pub(crate) async fn start(db: &mut Db<'_>, endpoint: &str, from: crate::model::StartFrom) -> Result<bool, StoreError> {
+    let sql = match from {
+        crate::model::StartFrom::Beginning => {
+            "INSERT INTO webhook_cursors (endpoint_id, last_seq) VALUES ($1, 0) ON CONFLICT DO NOTHING"
+        }
+        crate::model::StartFrom::Now => {
+            "INSERT INTO webhook_cursors (endpoint_id, last_seq) \
+             SELECT $1, COALESCE(MAX(seq), 0) FROM outbox WHERE true ON CONFLICT DO NOTHING"
+        }
+    };
+    Ok(db.exec(sql, args![endpoint]).await? == 1)
+}
+
+/// Puts up to `limit` dead deliveries of `endpoint` back in line with a fresh attempt budget;
+/// returns how many.
+pub(crate) async fn requeue_dead(db: &mut Db<'_>, cx: &Cx, endpoint: &str, limit: u32) -> Result<u64, StoreError> {
+    Ok(db.exec(
+        "UPDATE webhook_deliveries SET state = 'pending', attempts = 0, next_attempt_at = $2, lease_token = NULL, \
+         lease_expires_at = NULL, updated_at = $2 WHERE endpoint_id = $1 AND state = 'dead' AND event_seq IN \
+         (SELECT event_seq FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'dead' ORDER BY event_seq LIMIT $3)",
+        args![endpoint, cx.now.micros(), i64::from(limit.clamp(1, limits::PAGE_LIMIT_MAX))],
+    )
+    .await?)
+}
+
 /// Creates the deliveries of the next outbox events for `endpoint`. Advances only through a
 /// contiguous run of sequence numbers, so no event is ever skipped. Returns how many it created.
 pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32) -> Result<u64, StoreError> {

@@ -4,7 +4,7 @@
 
 use settle_core::backoff::{BackoffPolicy, Jitter, SplitMix64};
 use settle_core::signature;
-use settle_store::{Delivery, DeliveryReport, Event, Store, StoreError};
+use settle_store::{Delivery, DeliveryReport, Event, StartFrom, Store, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -17,6 +17,8 @@ pub struct Endpoint {
     pub attempts_max: u32,
     pub backoff: BackoffPolicy,
     pub timeout: Duration,
+    /// Where this endpoint's deliveries begin when it is new (an endpoint that has begun continues).
+    pub start_from: StartFrom,
 }
 
 impl Endpoint {
@@ -28,6 +30,7 @@ impl Endpoint {
             attempts_max: 12,
             backoff: BackoffPolicy { backoff_ms_base: 1_000, backoff_ms_max: 300_000, jitter: Jitter::Full },
             timeout: Duration::from_secs(10),
+            start_from: StartFrom::Now,
         }
     }
 }
@@ -42,6 +45,8 @@ pub struct Deliverer {
     endpoint: Endpoint,
     http: reqwest::Client,
     rng: std::sync::Mutex<SplitMix64>,
+    /// Whether the endpoint's start was made sure of (once per process).
+    started: std::sync::atomic::AtomicBool,
     /// How often to look for work when nothing wakes the loop.
     pub every: Duration,
     pub batch: u32,
@@ -67,6 +72,7 @@ impl Deliverer {
             endpoint,
             http,
             rng: std::sync::Mutex::new(SplitMix64::new(seed)),
+            started: std::sync::atomic::AtomicBool::new(false),
             every: Duration::from_millis(250),
             batch: 100,
         })
@@ -80,6 +86,12 @@ impl Deliverer {
 
     /// As `pass`, stopping between sends once `cancel` fires (shutdown does not wait for a backlog).
     pub async fn pass_until(&self, cancel: &CancellationToken) -> Result<usize, StoreError> {
+        if !self.started.load(std::sync::atomic::Ordering::Relaxed) {
+            if self.store.webhook_start(&self.endpoint.id, self.endpoint.start_from).await? {
+                tracing::info!(endpoint = %self.endpoint.id, from = ?self.endpoint.start_from, "webhook endpoint begins");
+            }
+            self.started.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         self.store.webhook_fan_out(&self.endpoint.id, self.batch).await?;
         let lease_ms = u64::try_from(self.endpoint.timeout.as_millis()).unwrap_or(u64::MAX).saturating_add(5_000);
         let mut delivered = 0;

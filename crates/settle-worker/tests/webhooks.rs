@@ -96,6 +96,7 @@ async fn deliver_everything(engine: &str) {
     let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
     endpoint.backoff = BackoffPolicy { backoff_ms_base: 10, backoff_ms_max: 40, jitter: Jitter::None };
     endpoint.timeout = Duration::from_secs(5);
+    endpoint.start_from = StartFrom::Beginning;
     let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
     let outbox = store.events(0, 1000).await.unwrap().rows;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -181,6 +182,7 @@ async fn dead_deliveries_block_their_job_until_requeued() {
     let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
     endpoint.backoff = BackoffPolicy { backoff_ms_base: 1, backoff_ms_max: 2, jitter: Jitter::None };
     endpoint.attempts_max = 2;
+    endpoint.start_from = StartFrom::Beginning;
     let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
     for _ in 0..20 {
         deliverer.pass().await.unwrap();
@@ -194,9 +196,11 @@ async fn dead_deliveries_block_their_job_until_requeued() {
     assert!(pending.iter().all(|d| d.attempts == 0), "later events of a job wait behind its dead head");
     // The receiver comes up; requeue the dead ones and everything goes through.
     *receiver.down_for.lock().unwrap() = 0;
-    for d in &dead {
-        assert_eq!(store.webhook_requeue("ops", d.event.seq).await.unwrap().state, "pending");
-    }
+    // One call requeues them all (bounded per call), and is recorded with who made it.
+    assert_eq!(store.webhook_requeue_dead("ops", 1000, "ops-alice").await.unwrap(), dead.len() as u64);
+    assert_eq!(store.webhook_requeue_dead("ops", 1000, "ops-alice").await.unwrap(), 0);
+    let actions = store.actions(None, None).await.unwrap();
+    assert!(actions.iter().any(|a| a.action == "webhook.requeue_dead" && a.actor == "ops-alice"), "{actions:?}");
     assert!(store.webhook_requeue("ops", dead[0].event.seq).await.is_ok(), "requeue of a pending one answers it");
     for _ in 0..20 {
         deliverer.pass().await.unwrap();
@@ -257,6 +261,7 @@ async fn a_hanging_receiver_times_out_and_a_redirect_is_not_followed() {
     for (id, path) in [("slow", "/slow"), ("moved", "/moved")] {
         let mut endpoint = Endpoint::new(id, &format!("http://{addr}{path}"), SECRET);
         endpoint.timeout = Duration::from_millis(300);
+        endpoint.start_from = StartFrom::Beginning;
         let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
         tokio::time::timeout(Duration::from_secs(10), deliverer.pass()).await.expect("the pass ends").unwrap();
         let filter = DeliveryFilter { endpoint_id: Some(id.into()), state: None };
@@ -271,4 +276,51 @@ async fn a_hanging_receiver_times_out_and_a_redirect_is_not_followed() {
         }
     }
     assert_eq!(*target_hits.lock().unwrap(), 0, "the redirect was not followed");
+}
+
+/// An endpoint added to a running deployment gets the events from now on, not the whole history;
+/// one that asks for the beginning gets all; an endpoint that has begun keeps its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_new_endpoint_starts_from_now_unless_told_otherwise() {
+    starts_from_now("sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_new_endpoint_starts_from_now_unless_told_otherwise() {
+    starts_from_now("postgres").await;
+}
+
+async fn starts_from_now(engine: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = match engine {
+        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
+        _ => settle_testkit::fresh_database().await,
+    };
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    scenario(&store).await;
+    let history = store.events(0, 1000).await.unwrap().rows.len();
+    assert!(history > 5);
+    let unreachable = "http://127.0.0.1:9/hook";
+    let mut beginning = Endpoint::new("all", unreachable, SECRET);
+    beginning.start_from = StartFrom::Beginning;
+    let now = Endpoint::new("new", unreachable, SECRET);
+    assert_eq!(now.start_from, StartFrom::Now, "now is the default");
+    for e in [beginning, now] {
+        let d = Deliverer::new(store.clone(), e, 1).unwrap();
+        d.pass().await.unwrap();
+    }
+    let count = |id: &str| {
+        let store = store.clone();
+        let filter = DeliveryFilter { endpoint_id: Some(id.into()), state: None };
+        async move { store.webhook_deliveries(&filter, 0, 1000).await.unwrap().rows.len() }
+    };
+    assert_eq!((count("all").await, count("new").await), (history, 0));
+    store
+        .create_account(NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO })
+        .await
+        .unwrap();
+    let mut again = Endpoint::new("new", unreachable, SECRET);
+    again.start_from = StartFrom::Beginning;
+    Deliverer::new(store.clone(), again, 1).unwrap().pass().await.unwrap();
+    assert_eq!(count("new").await, 1, "the endpoint had begun: it continues with the new event only");
 }

@@ -618,6 +618,9 @@ async fn webhook_deliveries_are_visible_and_requeueable(e: Engine) {
     let r = s.post_empty("/v1/webhooks/deliveries/ops/not-a-number/requeue").await;
     assert_eq!((r.status, code(&r)), (400, "invalid_request"), "a malformed path is the spec's JSON error");
     assert_eq!(s.get("/v1/webhooks/deliveries?endpoint=other").await.body["deliveries"].as_array().unwrap().len(), 0);
+    let r = s.post_empty("/v1/webhooks/deliveries/ops/requeue").await;
+    assert_eq!((r.status, r.body["requeued"].as_u64()), (200, Some(0)), "nothing is dead");
+    assert_eq!(s.post_empty("/v1/webhooks/deliveries/bad%20id/requeue").await.status, 400);
 }
 
 /// docs/decisions/0011: a replayed create answers the resource as it is now.
