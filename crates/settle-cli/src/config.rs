@@ -28,6 +28,7 @@
 //! secret = "at least 16 characters"
 //! attempts_max = 12              # optional; also backoff_ms_base, backoff_ms_max, timeout_ms
 //! start_from = "now"             # a new endpoint gets events from now on, or "beginning": all
+//! retention_hours = 168          # delivered rows are pruned after this
 //!
 //! [http]                         # what one slow or idle client may hold
 //! header_read_timeout_ms = 10000 # a request head (and the idle time between kept-alive requests)
@@ -170,6 +171,9 @@ pub struct WebhookFile {
     /// Where a new endpoint begins: "now" (the default) or "beginning" (the whole outbox).
     #[serde(default)]
     pub start_from: Option<String>,
+    /// How long delivered rows are kept before they are pruned (default 168 hours).
+    #[serde(default)]
+    pub retention_hours: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -257,6 +261,12 @@ fn endpoint(w: &WebhookFile) -> anyhow::Result<settle_worker::webhooks::Endpoint
     }
     if let Some(ms) = w.timeout_ms {
         e.timeout = std::time::Duration::from_millis(ms.clamp(100, 60_000));
+    }
+    if let Some(h) = w.retention_hours {
+        if h == 0 {
+            bail!("[[webhooks]] {}: retention_hours must be at least 1", w.id);
+        }
+        e.retention = std::time::Duration::from_secs(h.saturating_mul(3_600));
     }
     e.start_from = match w.start_from.as_deref() {
         None | Some("now") => settle_store::StartFrom::Now,
@@ -540,6 +550,7 @@ impl Config {
                     backoff_ms_base: Some(w.backoff.backoff_ms_base),
                     backoff_ms_max: Some(w.backoff.backoff_ms_max),
                     timeout_ms: Some(u64::try_from(w.timeout.as_millis()).unwrap_or(u64::MAX)),
+                    retention_hours: Some(w.retention.as_secs() / 3_600),
                     start_from: Some(
                         match w.start_from {
                             settle_store::StartFrom::Now => "now",

@@ -1028,6 +1028,16 @@ impl Store for SqlStore {
         .await
     }
 
+    async fn webhook_prune(
+        &self,
+        endpoint: &str,
+        before: settle_core::Timestamp,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let endpoint = endpoint.to_owned();
+        self.write_quiet(op!([endpoint] | db, _cx | webhooks::prune(db, &endpoint, before, limit).await)).await
+    }
+
     async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
         let endpoint = endpoint.to_owned();
         self.write_quiet(op!([endpoint] | db, cx | webhooks::fan_out(db, cx, &endpoint, batch).await)).await

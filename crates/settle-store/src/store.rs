@@ -126,6 +126,13 @@ pub trait Store: Send + Sync {
     async fn webhook_start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError>;
     /// Requeues up to `limit` dead deliveries of `endpoint` (an admin's bulk requeue, recorded).
     async fn webhook_requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError>;
+    /// Deletes up to `limit` delivered rows of `endpoint` delivered before `before` (retention).
+    async fn webhook_prune(
+        &self,
+        endpoint: &str,
+        before: settle_core::Timestamp,
+        limit: u32,
+    ) -> Result<u64, StoreError>;
     /// Webhooks: creates the deliveries of the next outbox events for `endpoint` (at most `batch`).
     async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError>;
     /// Leases up to `limit` due deliveries, each at the head of its job's line for `endpoint`.

@@ -65,6 +65,19 @@ pub(crate) async fn requeue_dead(db: &mut Db<'_>, cx: &Cx, endpoint: &str, limit
     .await?)
 }
 
+/// Deletes up to `limit` of `endpoint`'s delivered rows delivered before `before` (the fan-out
+/// cursor is kept apart, so nothing is delivered again); returns how many.
+pub(crate) async fn prune(db: &mut Db<'_>, endpoint: &str, before: Timestamp, limit: u32) -> Result<u64, StoreError> {
+    Ok(db
+        .exec(
+            "DELETE FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'delivered' AND event_seq IN \
+             (SELECT event_seq FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'delivered' \
+              AND delivered_at < $2 ORDER BY event_seq LIMIT $3)",
+            args![endpoint, before.micros(), i64::from(limit.clamp(1, limits::PAGE_LIMIT_MAX))],
+        )
+        .await?)
+}
+
 /// Creates the deliveries of the next outbox events for `endpoint`. Advances only through a
 /// contiguous run of sequence numbers, so no event is ever skipped. Returns how many it created.
 pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32) -> Result<u64, StoreError> {

@@ -19,6 +19,8 @@ pub struct Endpoint {
     pub timeout: Duration,
     /// Where this endpoint's deliveries begin when it is new (an endpoint that has begun continues).
     pub start_from: StartFrom,
+    /// How long delivered rows are kept (for the deliveries list) before they are pruned.
+    pub retention: Duration,
 }
 
 impl Endpoint {
@@ -31,6 +33,7 @@ impl Endpoint {
             backoff: BackoffPolicy { backoff_ms_base: 1_000, backoff_ms_max: 300_000, jitter: Jitter::Full },
             timeout: Duration::from_secs(10),
             start_from: StartFrom::Now,
+            retention: Duration::from_secs(7 * 24 * 3_600),
         }
     }
 }
@@ -93,6 +96,12 @@ impl Deliverer {
             self.started.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         self.store.webhook_fan_out(&self.endpoint.id, self.batch).await?;
+        let retention_seconds = self.endpoint.retention.as_secs();
+        let cutoff = self.store.now().minus_seconds(retention_seconds);
+        let pruned = self.store.webhook_prune(&self.endpoint.id, cutoff, self.batch).await?;
+        if pruned > 0 {
+            tracing::debug!(endpoint = %self.endpoint.id, pruned, "pruned delivered webhook rows past retention");
+        }
         let lease_ms = u64::try_from(self.endpoint.timeout.as_millis()).unwrap_or(u64::MAX).saturating_add(5_000);
         let mut delivered = 0;
         loop {

@@ -324,3 +324,54 @@ async fn starts_from_now(engine: &str) {
     Deliverer::new(store.clone(), again, 1).unwrap().pass().await.unwrap();
     assert_eq!(count("new").await, 1, "the endpoint had begun: it continues with the new event only");
 }
+
+/// Delivered rows are pruned once past the endpoint's retention; nothing is delivered again, and
+/// rows not yet delivered are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_delivered_rows_are_pruned_after_retention() {
+    pruned_after_retention("sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_delivered_rows_are_pruned_after_retention() {
+    pruned_after_retention("postgres").await;
+}
+
+async fn pruned_after_retention(engine: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = match engine {
+        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
+        _ => settle_testkit::fresh_database().await,
+    };
+    let clock = Arc::new(settle_core::FakeClock::new(settle_core::Timestamp::from_micros(1_767_225_600_000_000)));
+    let options = StoreOptions { clock: clock.clone(), ..StoreOptions::default() };
+    let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
+    scenario(&store).await;
+    let receiver = Arc::new(Receiver::default());
+    let app = axum::Router::new().route("/hook", axum::routing::post(receive)).with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
+    endpoint.start_from = StartFrom::Beginning;
+    endpoint.retention = Duration::from_secs(3_600);
+    let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
+    let history = store.events(0, 1000).await.unwrap().rows.len();
+    while deliverer.pass().await.unwrap() > 0 {}
+    let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
+    assert_eq!(store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows.len(), history);
+    // Inside the retention: kept. Past it: pruned, and the next pass delivers nothing again.
+    clock.advance_seconds(3_599);
+    deliverer.pass().await.unwrap();
+    assert_eq!(store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows.len(), history);
+    clock.advance_seconds(2);
+    store
+        .create_account(NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO })
+        .await
+        .unwrap();
+    deliverer.pass().await.unwrap();
+    let left = store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows;
+    assert_eq!(left.len(), 1, "only the new event's row: {left:?}");
+    assert_eq!(left[0].event.kind, "account.created");
+    assert_eq!(receiver.got.lock().unwrap().len(), history + 1, "every event delivered once");
+}
