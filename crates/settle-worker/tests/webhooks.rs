@@ -36,6 +36,19 @@ async fn receive(State(r): State<Arc<Receiver>>, headers: HeaderMap, body: axum:
     StatusCode::OK
 }
 
+/// Serves `app` on a free port; returns its address.
+async fn serve(app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// A receiver at `/hook`.
+async fn serve_receiver(receiver: Arc<Receiver>) -> std::net::SocketAddr {
+    serve(axum::Router::new().route("/hook", axum::routing::post(receive)).with_state(receiver)).await
+}
+
 async fn scenario(store: &SqlStore) {
     let a = AccountId::parse("a").unwrap();
     store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
@@ -88,10 +101,7 @@ async fn deliver_everything(engine: &str) {
     scenario(&store).await;
 
     let receiver = Arc::new(Receiver { down_for: Mutex::new(3), ..Receiver::default() });
-    let app = axum::Router::new().route("/hook", axum::routing::post(receive)).with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = serve_receiver(receiver.clone()).await;
 
     let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
     endpoint.backoff = BackoffPolicy { backoff_ms_base: 10, backoff_ms_max: 40, jitter: Jitter::None };
@@ -175,10 +185,7 @@ async fn dead_deliveries_block_their_job_until_requeued() {
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     scenario(&store).await;
     let receiver = Arc::new(Receiver { down_for: Mutex::new(u32::MAX), ..Receiver::default() });
-    let app = axum::Router::new().route("/hook", axum::routing::post(receive)).with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = serve_receiver(receiver.clone()).await;
     let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
     endpoint.backoff = BackoffPolicy { backoff_ms_base: 1, backoff_ms_max: 2, jitter: Jitter::None };
     endpoint.attempts_max = 2;
@@ -248,9 +255,7 @@ async fn a_hanging_receiver_times_out_and_a_redirect_is_not_followed() {
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = serve(app).await;
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("w.db").display());
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
@@ -348,10 +353,7 @@ async fn pruned_after_retention(engine: &str) {
     let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
     scenario(&store).await;
     let receiver = Arc::new(Receiver::default());
-    let app = axum::Router::new().route("/hook", axum::routing::post(receive)).with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = serve_receiver(receiver.clone()).await;
     let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
     endpoint.start_from = StartFrom::Beginning;
     endpoint.retention = Duration::from_secs(3_600);
