@@ -128,6 +128,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(h::webhook_deliveries))
         .routes(routes!(h::requeue_delivery))
         .routes(routes!(h::requeue_dead_deliveries))
+        .routes(routes!(h::close_breaker))
         .routes(routes!(h::healthz))
         .routes(routes!(h::readyz))
         .routes(routes!(h::metrics))

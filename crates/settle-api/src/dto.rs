@@ -538,6 +538,35 @@ pub struct RequeuedDeliveries {
 pub struct WebhookDeliveryPage {
     pub deliveries: Vec<WebhookDelivery>,
     pub next_after: Option<i64>,
+    /// Every endpoint's circuit breaker (all endpoints, whatever the page's filter).
+    pub endpoints: Vec<WebhookBreaker>,
+}
+
+/// A webhook endpoint's circuit breaker (docs/design/webhooks.md).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WebhookBreaker {
+    pub endpoint_id: String,
+    /// `closed` (sending), `open` (paused until `next_probe_at`) or `half_open` (one probe in flight).
+    pub breaker: String,
+    /// Consecutive failed sends while closed.
+    pub failures: i64,
+    /// Consecutive openings without a delivered send between them; each doubles the pause.
+    pub opens: i64,
+    /// When an open breaker lets its next probe through (RFC 3339).
+    pub next_probe_at: Option<String>,
+}
+
+impl From<store::BreakerStatus> for WebhookBreaker {
+    fn from(b: store::BreakerStatus) -> WebhookBreaker {
+        let open = b.state != "closed";
+        WebhookBreaker {
+            endpoint_id: b.endpoint_id,
+            breaker: b.state,
+            failures: b.failures,
+            opens: b.opens,
+            next_probe_at: b.next_probe_at.filter(|_| open).map(rfc3339),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

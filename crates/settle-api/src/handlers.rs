@@ -617,10 +617,27 @@ pub async fn webhook_deliveries(
     }
     let filter = store::DeliveryFilter { endpoint_id: q.endpoint, state: q.state };
     let got = s.store.webhook_deliveries(&filter, p.after, p.limit).await?;
+    let breakers = s.store.webhook_breakers().await?;
     Ok(ok(dto::WebhookDeliveryPage {
         deliveries: got.rows.into_iter().map(Into::into).collect(),
         next_after: got.next_after,
+        endpoints: breakers.into_iter().map(Into::into).collect(),
     }))
+}
+
+/// Closes a webhook endpoint's circuit breaker by hand, when its receiver is known to be back:
+/// deliveries resume at once instead of at the next probe. Recorded in the action log.
+#[utoipa::path(post, path = "/v1/webhooks/endpoints/{endpoint}/breaker/close", tag = "operations",
+    params(("endpoint" = String, Path)),
+    responses((status = 200, body = dto::WebhookBreaker), (status = 404, body = ErrorBody)))]
+pub async fn close_breaker(
+    State(s): State<AppState>,
+    auth: Auth<AdminRole>,
+    Path(endpoint): Path<String>,
+) -> ApiResult {
+    id(JobKind::parse, &endpoint)?;
+    tracing::info!(actor = %auth.actor, %endpoint, "close webhook breaker");
+    Ok(ok(dto::WebhookBreaker::from(s.store.webhook_breaker_close_by(&endpoint, &auth.actor.name).await?)))
 }
 
 #[utoipa::path(post, path = "/v1/webhooks/deliveries/{endpoint}/{seq}/requeue", tag = "operations",
@@ -698,6 +715,10 @@ pub async fn metrics(State(s): State<AppState>) -> ApiResult {
     metrics::gauge!("settle_queue_depth").set(count("queued") as f64);
     metrics::gauge!("settle_dead_letters").set(count("dead") as f64);
     metrics::gauge!("settle_store_tx_retries_total", "engine" => s.store.engine_name()).set(stats.tx_retries as f64);
+    for b in s.store.webhook_breakers().await? {
+        let open = if b.state == "closed" { 0.0 } else { 1.0 };
+        metrics::gauge!("settle_webhook_breaker_open", "endpoint" => b.endpoint_id).set(open);
+    }
     let text = s.metrics.render();
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

@@ -29,6 +29,9 @@
 //! attempts_max = 12              # optional; also backoff_ms_base, backoff_ms_max, timeout_ms
 //! start_from = "now"             # a new endpoint gets events from now on, or "beginning": all
 //! retention_hours = 168          # delivered rows are pruned after this
+//! breaker_failures = 5           # consecutive failed sends that pause the endpoint (0 = never)
+//! breaker_open_ms = 30000        # the first pause; doubled per failed probe up to breaker_open_ms_max
+//! breaker_open_ms_max = 600000
 //!
 //! [http]                         # what one slow or idle client may hold
 //! header_read_timeout_ms = 10000 # a request head (and the idle time between kept-alive requests)
@@ -174,6 +177,15 @@ pub struct WebhookFile {
     /// How long delivered rows are kept before they are pruned (default 168 hours).
     #[serde(default)]
     pub retention_hours: Option<u64>,
+    /// Consecutive failed sends that open the endpoint's circuit breaker (default 5; 0 = none).
+    #[serde(default)]
+    pub breaker_failures: Option<u32>,
+    /// The first pause of an open breaker (default 30 000 ms), doubled per failed probe.
+    #[serde(default)]
+    pub breaker_open_ms: Option<u64>,
+    /// The longest pause (default 600 000 ms).
+    #[serde(default)]
+    pub breaker_open_ms_max: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -267,6 +279,18 @@ fn endpoint(w: &WebhookFile) -> anyhow::Result<settle_worker::webhooks::Endpoint
             bail!("[[webhooks]] {}: retention_hours must be at least 1", w.id);
         }
         e.retention = std::time::Duration::from_secs(h.saturating_mul(3_600));
+    }
+    if let Some(n) = w.breaker_failures {
+        e.breaker.failures = n;
+    }
+    if let Some(ms) = w.breaker_open_ms {
+        e.breaker.open_ms = ms;
+    }
+    if let Some(ms) = w.breaker_open_ms_max {
+        e.breaker.open_ms_max = ms;
+    }
+    if e.breaker.open_ms == 0 || e.breaker.open_ms > e.breaker.open_ms_max {
+        bail!("[[webhooks]] {}: breaker_open_ms must be at least 1 and at most breaker_open_ms_max", w.id);
     }
     e.start_from = match w.start_from.as_deref() {
         None | Some("now") => settle_store::StartFrom::Now,
@@ -551,6 +575,9 @@ impl Config {
                     backoff_ms_max: Some(w.backoff.backoff_ms_max),
                     timeout_ms: Some(u64::try_from(w.timeout.as_millis()).unwrap_or(u64::MAX)),
                     retention_hours: Some(w.retention.as_secs() / 3_600),
+                    breaker_failures: Some(w.breaker.failures),
+                    breaker_open_ms: Some(w.breaker.open_ms),
+                    breaker_open_ms_max: Some(w.breaker.open_ms_max),
                     start_from: Some(
                         match w.start_from {
                             settle_store::StartFrom::Now => "now",

@@ -1,59 +1,12 @@
 //! The example workers — Rust (settle-client SDK) and Python (standard library only) — each
 //! complete a batch of jobs against a real `settle serve`.
 
+mod common;
+
+use common::{Process, call, serve};
 use serde_json::{Value, json};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-pub struct Serve {
-    pub child: Child,
-    pub base: String,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-pub fn serve(db: Option<&str>, config: Option<&std::path::Path>) -> Serve {
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_settle"));
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")]).current_dir(dir.path());
-    if let Some(db) = db {
-        cmd.args(["--db", db]);
-    }
-    if let Some(c) = config {
-        cmd.arg("--config").arg(c);
-    }
-    let child = cmd
-        .env_remove("SETTLE_DATABASE_URL")
-        .env_remove("SETTLE_TOKENS")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "settle serve did not come up");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Serve { child, base, _dir: Some(dir) }
-}
-
-pub async fn call(http: &reqwest::Client, method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
-    let mut req = http.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or(Value::Null))
-}
 
 async fn batch(http: &reqwest::Client, base: &str, prefix: &str, n: usize) {
     for i in 0..n {
@@ -151,17 +104,6 @@ fn spawn(bin: &str, args: &[&str]) -> Child {
         .unwrap()
 }
 
-struct Killed(Vec<Child>);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// Soak on PostgreSQL: 2 `settle serve` + 3 `settle worker` processes and three example workers
 /// (one of them too slow to heartbeat within its lease) work jobs that fail retryably, fail for
 /// good, come back unknown, fail an item, hang past their lease and answer late, and are
@@ -185,14 +127,14 @@ async fn soak_two_servers_three_workers_on_postgres() {
     let settle = env!("CARGO_BIN_EXE_settle");
     let worker = env!("CARGO_BIN_EXE_settle-example-worker");
     let cfg = config.to_str().unwrap();
-    let mut procs = Killed(Vec::new());
+    let mut procs: Vec<Process> = Vec::new();
     for _ in 0..3 {
-        procs.0.push(spawn(settle, &["worker", "--db", &db, "--config", cfg]));
+        procs.push(Process(spawn(settle, &["worker", "--db", &db, "--config", cfg])));
     }
-    procs.0.push(spawn(worker, &[&a.base, "fast-a", "--heartbeat-ms", "400", "--concurrency", "6"]));
-    procs.0.push(spawn(worker, &[&b.base, "fast-b", "--heartbeat-ms", "400", "--concurrency", "6"]));
+    procs.push(Process(spawn(worker, &[&a.base, "fast-a", "--heartbeat-ms", "400", "--concurrency", "6"])));
+    procs.push(Process(spawn(worker, &[&b.base, "fast-b", "--heartbeat-ms", "400", "--concurrency", "6"])));
     // Heartbeats every 10 s against a 2 s lease: its long jobs are rescued, and it answers late.
-    procs.0.push(spawn(worker, &[&a.base, "slow", "--heartbeat-ms", "10000", "--concurrency", "3"]));
+    procs.push(Process(spawn(worker, &[&a.base, "slow", "--heartbeat-ms", "10000", "--concurrency", "3"])));
 
     let http = reqwest::Client::new();
     for acc in 0..ACCOUNTS {

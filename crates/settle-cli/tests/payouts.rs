@@ -1,39 +1,12 @@
 //! The README's payout walk-through, as a user runs it: `settle provider-sim` and `settle serve`
 //! as two processes, withdrawals made with HTTP, the provider losing half its answers.
 
-use serde_json::{Value, json};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::{Process, call, free_port, wait_for};
+use serde_json::json;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-fn wait_for(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "port {port} did not open");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-async fn call(http: &reqwest::Client, method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
-    let mut req = http.request(reqwest::Method::from_bytes(method.as_bytes()).unwrap(), url);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.unwrap();
-    (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn withdrawals_through_settle_serve_and_provider_sim() {

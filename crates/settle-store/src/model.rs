@@ -418,6 +418,49 @@ pub enum DeliveryReport {
     Failed { status: Option<u16>, error: String, retry_at: Timestamp, attempts_max: u32 },
 }
 
+/// A webhook endpoint's circuit breaker policy (docs/design/webhooks.md, "Circuit breaker").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerPolicy {
+    /// Consecutive failed sends that open the breaker; 0 = no breaker.
+    pub failures: u32,
+    /// The first pause once open, in milliseconds; doubled per consecutive re-open.
+    pub open_ms: u64,
+    /// The longest pause, in milliseconds.
+    pub open_ms_max: u64,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> BreakerPolicy {
+        BreakerPolicy { failures: 5, open_ms: 30_000, open_ms_max: 600_000 }
+    }
+}
+
+impl BreakerPolicy {
+    pub fn enabled(&self) -> bool {
+        self.failures > 0
+    }
+
+    /// The pause after the `opens`-th consecutive opening (1-based).
+    pub fn pause_ms(&self, opens: i64) -> u64 {
+        let shift = u32::try_from(opens.saturating_sub(1).clamp(0, 20)).unwrap_or(20);
+        self.open_ms.saturating_mul(1 << shift).min(self.open_ms_max.max(self.open_ms))
+    }
+}
+
+/// Where a webhook endpoint's breaker stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerStatus {
+    pub endpoint_id: String,
+    /// `closed`, `open` or `half_open`.
+    pub state: String,
+    /// Consecutive failed sends while closed.
+    pub failures: i64,
+    /// Consecutive openings without a success between them.
+    pub opens: i64,
+    /// When an open breaker lets its next probe through.
+    pub next_probe_at: Option<Timestamp>,
+}
+
 /// Where a new webhook endpoint's deliveries begin. An endpoint that has begun continues from where
 /// it is, whatever this says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

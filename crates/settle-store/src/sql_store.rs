@@ -69,6 +69,10 @@ pub struct StoreOptions {
     /// transaction is rolled back and the caller gets `Busy` (`503` with `Retry-After`).
     pub pg_lock_timeout: Duration,
     pub pg_statement_timeout: Duration,
+    /// How long a request waits for a PostgreSQL connection — including reconnecting to a server
+    /// that is down — before it is answered `Unavailable` (`503`): a client hears within this
+    /// bound that the database is away, instead of hanging.
+    pub pg_acquire_timeout: Duration,
     pub artifacts: Option<Arc<dyn ArtifactStore>>,
     pub crash: Option<Arc<dyn CrashHook>>,
 }
@@ -86,6 +90,7 @@ impl Default for StoreOptions {
             pg_max_connections: 16,
             pg_lock_timeout: Duration::from_secs(10),
             pg_statement_timeout: Duration::from_secs(60),
+            pg_acquire_timeout: Duration::from_secs(5),
             artifacts: None,
             crash: None,
         }
@@ -251,7 +256,7 @@ impl SqlStore {
             ]);
         let pool = PgPoolOptions::new()
             .max_connections(options.pg_max_connections)
-            .acquire_timeout(Duration::from_secs(30))
+            .acquire_timeout(options.pg_acquire_timeout)
             .connect_with(connect.clone())
             .await?;
         // LISTEN holds its connection for good: give it a pool of its own, so it never takes one of
@@ -1009,7 +1014,7 @@ impl Store for SqlStore {
 
     async fn webhook_start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError> {
         let endpoint = endpoint.to_owned();
-        self.write_quiet(op!([endpoint] | db, _cx | webhooks::start(db, &endpoint, from).await)).await
+        self.write_quiet(op!([endpoint] | db, cx | webhooks::start(db, cx, &endpoint, from).await)).await
     }
 
     async fn webhook_requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError> {
@@ -1049,11 +1054,12 @@ impl Store for SqlStore {
         limit: u32,
         lease_ms: u64,
         attempts_max: u32,
+        breaker: BreakerPolicy,
     ) -> Result<Vec<Delivery>, StoreError> {
         let endpoint = endpoint.to_owned();
         self.write_quiet(op!(
             [endpoint] | db,
-            cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max).await
+            cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max, breaker).await
         ))
         .await
     }
@@ -1064,11 +1070,30 @@ impl Store for SqlStore {
         seq: i64,
         token: &LeaseToken,
         report: DeliveryReport,
+        breaker: BreakerPolicy,
     ) -> Result<bool, StoreError> {
         let (endpoint, token) = (endpoint.to_owned(), token.clone());
         self.write_quiet(op!(
             [endpoint, token, report] | db,
-            cx | webhooks::report(db, cx, &endpoint, seq, &token, &report).await
+            cx | webhooks::report(db, cx, &endpoint, seq, &token, &report, breaker).await
+        ))
+        .await
+    }
+
+    async fn webhook_breakers(&self) -> Result<Vec<BreakerStatus>, StoreError> {
+        self.read(op!([] | db, _cx | webhooks::breakers(db).await)).await
+    }
+
+    async fn webhook_breaker_close_by(&self, endpoint: &str, actor: &str) -> Result<BreakerStatus, StoreError> {
+        let (endpoint, actor) = (endpoint.to_owned(), actor.to_owned());
+        self.write_quiet(op!(
+            [endpoint, actor] | db,
+            cx | {
+                let b = webhooks::close_by_hand(db, cx, &endpoint).await?;
+                let detail = serde_json::json!({ "endpoint": endpoint });
+                ops::record_action(db, cx, &actor, "webhook.breaker_close", None, None, detail).await?;
+                Ok(b)
+            }
         ))
         .await
     }

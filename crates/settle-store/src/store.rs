@@ -135,22 +135,30 @@ pub trait Store: Send + Sync {
     ) -> Result<u64, StoreError>;
     /// Webhooks: creates the deliveries of the next outbox events for `endpoint` (at most `batch`).
     async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError>;
-    /// Leases up to `limit` due deliveries, each at the head of its job's line for `endpoint`.
+    /// Leases up to `limit` due deliveries, each at the head of its job's line for `endpoint`; while
+    /// the endpoint's breaker is open, nothing but (when due) one probe.
     async fn webhook_claim(
         &self,
         endpoint: &str,
         limit: u32,
         lease_ms: u64,
         attempts_max: u32,
+        breaker: BreakerPolicy,
     ) -> Result<Vec<Delivery>, StoreError>;
-    /// Records a send's outcome; `false` when the lease was lost (nothing changed).
+    /// Records a send's outcome and moves the endpoint's breaker; `false` when the lease was lost
+    /// (nothing changed).
     async fn webhook_report(
         &self,
         endpoint: &str,
         seq: i64,
         token: &LeaseToken,
         report: DeliveryReport,
+        breaker: BreakerPolicy,
     ) -> Result<bool, StoreError>;
+    /// Every webhook endpoint's circuit breaker.
+    async fn webhook_breakers(&self) -> Result<Vec<BreakerStatus>, StoreError>;
+    /// Closes an endpoint's breaker by hand (an admin, recorded in the action log).
+    async fn webhook_breaker_close_by(&self, endpoint: &str, actor: &str) -> Result<BreakerStatus, StoreError>;
     /// Puts a dead delivery back in line with a fresh attempt budget.
     async fn webhook_requeue(&self, endpoint: &str, seq: i64) -> Result<Delivery, StoreError> {
         self.webhook_requeue_by(endpoint, seq, SYSTEM_ACTOR).await

@@ -4,7 +4,7 @@
 
 use crate::db::{Db, Engine, Row, args};
 use crate::error::StoreError;
-use crate::model::{Delivery, DeliveryFilter, DeliveryReport, Event, LeaseToken, Paged};
+use crate::model::{BreakerPolicy, BreakerStatus, Delivery, DeliveryFilter, DeliveryReport, Event, LeaseToken, Paged};
 use crate::ops::Cx;
 use settle_core::Timestamp;
 use settle_core::limits;
@@ -40,7 +40,12 @@ fn delivery_from_row(r: &Row) -> Result<Delivery, StoreError> {
 
 /// Begins an endpoint: its cursor at 0 (`Beginning`) or after the newest event (`Now`), unless it
 /// has one already. Returns whether it began now.
-pub(crate) async fn start(db: &mut Db<'_>, endpoint: &str, from: crate::model::StartFrom) -> Result<bool, StoreError> {
+pub(crate) async fn start(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    endpoint: &str,
+    from: crate::model::StartFrom,
+) -> Result<bool, StoreError> {
     let sql = match from {
         crate::model::StartFrom::Beginning => {
             "INSERT INTO webhook_cursors (endpoint_id, last_seq) VALUES ($1, 0) ON CONFLICT DO NOTHING"
@@ -50,7 +55,20 @@ pub(crate) async fn start(db: &mut Db<'_>, endpoint: &str, from: crate::model::S
              SELECT $1, COALESCE(MAX(seq), 0) FROM outbox WHERE true ON CONFLICT DO NOTHING"
         }
     };
-    Ok(db.exec(sql, args![endpoint]).await? == 1)
+    let began = db.exec(sql, args![endpoint]).await? == 1;
+    ensure_breaker(db, endpoint, cx.now).await?;
+    Ok(began)
+}
+
+/// Makes the endpoint's breaker row (closed) unless it exists, so every locking read finds a row.
+async fn ensure_breaker(db: &mut Db<'_>, endpoint: &str, now: Timestamp) -> Result<(), StoreError> {
+    db.exec(
+        "INSERT INTO webhook_breakers (endpoint_id, state, failures, opens, changed_at) \
+         VALUES ($1, 'closed', 0, 0, $2) ON CONFLICT DO NOTHING",
+        args![endpoint, now.micros()],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Puts up to `limit` dead deliveries of `endpoint` back in line with a fresh attempt budget;
@@ -145,7 +163,7 @@ macro_rules! claim_sql {
             "UPDATE webhook_deliveries SET lease_token = $3, lease_expires_at = $4, attempts = attempts + 1, updated_at = $2 \
              WHERE endpoint_id = $1 AND event_seq = ( \
                 SELECT d.event_seq FROM webhook_deliveries d \
-                WHERE d.endpoint_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 \
+                WHERE d.endpoint_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 AND d.event_seq > $5 \
                   AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2) \
                   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e WHERE e.endpoint_id = d.endpoint_id \
                                   AND e.order_key = d.order_key AND e.event_seq < d.event_seq AND e.state <> 'delivered') \
@@ -161,6 +179,8 @@ const CLAIM_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED");
 
 /// Leases up to `limit` deliveries that are due and at the head of their job's line. An attempt is
 /// counted when it is claimed, so a delivery whose sender keeps dying still reaches `attempts_max`.
+/// While the endpoint's breaker is open nothing is claimed but, when due, one probe.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn claim(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -168,7 +188,9 @@ pub(crate) async fn claim(
     limit: u32,
     lease_ms: u64,
     attempts_max: u32,
+    breaker: BreakerPolicy,
 ) -> Result<Vec<Delivery>, StoreError> {
+    // Delivery rows before the breaker row, on every path (docs/design/webhooks.md).
     db.exec(
         "UPDATE webhook_deliveries SET state = 'dead', last_error = COALESCE(last_error, 'the sender stopped mid-send'), \
          lease_token = NULL, lease_expires_at = NULL, updated_at = $2 \
@@ -176,29 +198,103 @@ pub(crate) async fn claim(
         args![endpoint, cx.now.micros(), i64::from(attempts_max)],
     )
     .await?;
+    let expires = cx.now.plus_millis(lease_ms);
+    let open = if breaker.enabled() {
+        db.opt(
+            "SELECT state, probe_seq FROM webhook_breakers WHERE endpoint_id = $1 AND state <> 'closed'",
+            args![endpoint],
+        )
+        .await?
+    } else {
+        None
+    };
+    let Some(row) = open else {
+        let mut out = Vec::new();
+        for _ in 0..limit.min(limits::CLAIM_LIMIT_MAX) {
+            let Some(d) = claim_one(db, cx, endpoint, &new_token(), expires, 0).await? else { break };
+            out.push(d);
+        }
+        return Ok(out);
+    };
+    // Open or half-open: at most one probe, taken with a guarded write so only one process gets it.
+    // A `probe_at` further away than the longest pause is due anyway (a clock that ran ahead).
+    let token = new_token();
+    let took = db
+        .exec(
+            "UPDATE webhook_breakers SET state = 'half_open', probe_token = $3, probe_expires_at = $4 \
+             WHERE endpoint_id = $1 AND ( \
+               (state = 'open' AND (probe_at IS NULL OR probe_at <= $2 OR probe_at > $5)) \
+               OR (state = 'half_open' AND (probe_expires_at IS NULL OR probe_expires_at <= $2)))",
+            args![
+                endpoint,
+                cx.now.micros(),
+                &token.0,
+                expires.micros(),
+                cx.now.plus_millis(breaker.open_ms_max.max(breaker.open_ms)).micros()
+            ],
+        )
+        .await?;
+    if took == 0 {
+        return Ok(Vec::new());
+    }
+    // Probes rotate through the due deliveries: the next one after the last probe, wrapping round.
+    let after = row.opt_i64(1)?.unwrap_or(0);
+    let mut probe = claim_one(db, cx, endpoint, &token, expires, after).await?;
+    if probe.is_none() && after > 0 {
+        probe = claim_one(db, cx, endpoint, &token, expires, 0).await?;
+    }
+    match &probe {
+        Some(d) => {
+            db.exec("UPDATE webhook_breakers SET probe_seq = $2 WHERE endpoint_id = $1", args![endpoint, d.event.seq])
+                .await?;
+            tracing::info!(endpoint, seq = d.event.seq, "webhook breaker half-open: sending one probe");
+        }
+        None => {
+            db.exec(
+                "UPDATE webhook_breakers SET state = 'open', probe_token = NULL, probe_expires_at = NULL \
+                 WHERE endpoint_id = $1 AND probe_token = $2",
+                args![endpoint, &token.0],
+            )
+            .await?;
+        }
+    }
+    Ok(probe.into_iter().collect())
+}
+
+fn new_token() -> LeaseToken {
+    LeaseToken(uuid::Uuid::new_v4().to_string())
+}
+
+/// Leases the first due delivery at the head of its line with `event_seq > after`.
+async fn claim_one(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    endpoint: &str,
+    token: &LeaseToken,
+    expires: Timestamp,
+    after: i64,
+) -> Result<Option<Delivery>, StoreError> {
     let sql = match db.engine() {
         Engine::Sqlite => CLAIM_SQLITE,
         Engine::Postgres => CLAIM_PG,
     };
-    let expires = cx.now.plus_millis(lease_ms).micros();
-    let mut out = Vec::new();
-    for _ in 0..limit.min(limits::CLAIM_LIMIT_MAX) {
-        let token = uuid::Uuid::new_v4().to_string();
-        let Some(row) = db.opt(sql, args![endpoint, cx.now.micros(), &token, expires]).await? else { break };
-        let seq = row.i64(0)?;
-        let r = db.one(SELECT_ONE, args![endpoint, seq]).await?;
-        let mut d = delivery_from_row(&r)?;
-        d.lease_token = Some(LeaseToken(token));
-        out.push(d);
-    }
-    Ok(out)
+    let Some(row) = db.opt(sql, args![endpoint, cx.now.micros(), &token.0, expires.micros(), after]).await? else {
+        return Ok(None);
+    };
+    let seq = row.i64(0)?;
+    let r = db.one(SELECT_ONE, args![endpoint, seq]).await?;
+    let mut d = delivery_from_row(&r)?;
+    d.lease_token = Some(token.clone());
+    Ok(Some(d))
 }
 
 const SELECT_ONE: &str = "SELECT d.endpoint_id, d.state, d.attempts, d.next_attempt_at, d.last_status, d.last_error, \
      d.delivered_at, o.seq, o.type, o.job_id, o.account_id, o.data, o.created_at \
      FROM webhook_deliveries d JOIN outbox o ON o.seq = d.event_seq WHERE d.endpoint_id = $1 AND d.event_seq = $2";
 
-/// Records a send's outcome, guarded by the lease: a report from a lost lease changes nothing.
+/// Records a send's outcome, guarded by the lease: a report from a lost lease changes nothing,
+/// the breaker included.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn report(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -206,38 +302,156 @@ pub(crate) async fn report(
     seq: i64,
     token: &LeaseToken,
     report: &DeliveryReport,
+    breaker: BreakerPolicy,
 ) -> Result<bool, StoreError> {
-    let rows = match report {
+    match report {
         DeliveryReport::Delivered { status } => {
-            db.exec(
-                "UPDATE webhook_deliveries SET state = 'delivered', delivered_at = $4, \
-                 last_status = $5, last_error = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = $4 \
-                 WHERE endpoint_id = $1 AND event_seq = $2 AND lease_token = $3 AND state = 'pending'",
-                args![endpoint, seq, &token.0, cx.now.micros(), i64::from(*status)],
-            )
-            .await?
-        }
-        DeliveryReport::Failed { status, error, retry_at, attempts_max } => {
-            db.exec(
-                "UPDATE webhook_deliveries SET \
-                 state = CASE WHEN attempts >= $7 THEN 'dead' ELSE 'pending' END, \
-                 next_attempt_at = $5, last_status = $6, last_error = $8, lease_token = NULL, lease_expires_at = NULL, \
-                 updated_at = $4 WHERE endpoint_id = $1 AND event_seq = $2 AND lease_token = $3 AND state = 'pending'",
-                args![
+            let rows = db
+                .exec(
+                    "UPDATE webhook_deliveries SET state = 'delivered', delivered_at = $4, \
+                     last_status = $5, last_error = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = $4 \
+                     WHERE endpoint_id = $1 AND event_seq = $2 AND lease_token = $3 AND state = 'pending'",
+                    args![endpoint, seq, &token.0, cx.now.micros(), i64::from(*status)],
+                )
+                .await?;
+            if rows == 1 && close_breaker(db, cx, endpoint).await? {
+                tracing::debug!(
                     endpoint,
                     seq,
-                    &token.0,
-                    cx.now.micros(),
-                    retry_at.micros(),
-                    status.map(i64::from),
-                    i64::from(*attempts_max),
-                    error.chars().take(limits::MESSAGE_LEN_MAX).collect::<String>()
-                ],
-            )
-            .await?
+                    "webhook breaker closed (or its failure count cleared) by a delivered send"
+                );
+            }
+            Ok(rows == 1)
+        }
+        DeliveryReport::Failed { status, error, retry_at, attempts_max } => {
+            // A probe tests the endpoint, not the delivery: a failed probe gives its attempt back.
+            let probe = breaker.enabled()
+                && db
+                    .opt(
+                        "SELECT 1 FROM webhook_breakers WHERE endpoint_id = $1 AND state = 'half_open' AND probe_token = $2",
+                        args![endpoint, &token.0],
+                    )
+                    .await?
+                    .is_some();
+            let rows = db
+                .exec(
+                    "UPDATE webhook_deliveries SET \
+                     state = CASE WHEN attempts - $9 >= $7 THEN 'dead' ELSE 'pending' END, attempts = attempts - $9, \
+                     next_attempt_at = $5, last_status = $6, last_error = $8, lease_token = NULL, lease_expires_at = NULL, \
+                     updated_at = $4 WHERE endpoint_id = $1 AND event_seq = $2 AND lease_token = $3 AND state = 'pending'",
+                    args![
+                        endpoint,
+                        seq,
+                        &token.0,
+                        cx.now.micros(),
+                        retry_at.micros(),
+                        status.map(i64::from),
+                        i64::from(*attempts_max),
+                        error.chars().take(limits::MESSAGE_LEN_MAX).collect::<String>(),
+                        i64::from(probe)
+                    ],
+                )
+                .await?;
+            if rows == 1 {
+                if breaker.enabled() {
+                    breaker_failed(db, cx, endpoint, token, breaker).await?;
+                } else {
+                    close_breaker(db, cx, endpoint).await?;
+                }
+            }
+            Ok(rows == 1)
+        }
+    }
+}
+
+/// A success (or no breaker configured): closed, counters and probe cleared. Writes nothing, and
+/// so locks nothing, while the endpoint is healthy.
+async fn close_breaker(db: &mut Db<'_>, cx: &Cx, endpoint: &str) -> Result<bool, StoreError> {
+    let rows = db
+        .exec(
+            "UPDATE webhook_breakers SET state = 'closed', failures = 0, opens = 0, probe_at = NULL, probe_seq = NULL, \
+             probe_token = NULL, probe_expires_at = NULL, changed_at = $2 \
+             WHERE endpoint_id = $1 AND (state <> 'closed' OR failures <> 0)",
+            args![endpoint, cx.now.micros()],
+        )
+        .await?;
+    Ok(rows == 1)
+}
+
+/// A failed send moves the breaker: counted while closed (opening it at the threshold), re-opened
+/// with a longer pause when it was the probe, ignored otherwise (a send claimed before it opened).
+async fn breaker_failed(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    endpoint: &str,
+    token: &LeaseToken,
+    breaker: BreakerPolicy,
+) -> Result<(), StoreError> {
+    ensure_breaker(db, endpoint, cx.now).await?;
+    let lock = match db.engine() {
+        Engine::Sqlite => "SELECT state, failures, opens, probe_token FROM webhook_breakers WHERE endpoint_id = $1",
+        Engine::Postgres => {
+            "SELECT state, failures, opens, probe_token FROM webhook_breakers WHERE endpoint_id = $1 FOR UPDATE"
         }
     };
-    Ok(rows == 1)
+    let row = db.one(lock, args![endpoint]).await?;
+    let (state, failures, opens, probe_token) = (row.text(0)?, row.i64(1)?, row.i64(2)?, row.opt_text(3)?);
+    let threshold = i64::from(breaker.failures);
+    let (failures, opens) = match state.as_str() {
+        "closed" if failures + 1 < threshold => {
+            db.exec("UPDATE webhook_breakers SET failures = $2 WHERE endpoint_id = $1", args![endpoint, failures + 1])
+                .await?;
+            return Ok(());
+        }
+        "closed" => (failures + 1, 1),
+        "half_open" if probe_token.as_deref() == Some(token.0.as_str()) => (failures, opens + 1),
+        _ => return Ok(()),
+    };
+    let pause = breaker.pause_ms(opens);
+    db.exec(
+        "UPDATE webhook_breakers SET state = 'open', failures = $2, opens = $3, probe_at = $4, probe_token = NULL, \
+         probe_expires_at = NULL, changed_at = $5 WHERE endpoint_id = $1",
+        args![endpoint, failures, opens, cx.now.plus_millis(pause).micros(), cx.now.micros()],
+    )
+    .await?;
+    tracing::warn!(endpoint, failures, opens, pause_ms = pause, "webhook breaker open: the endpoint is paused");
+    Ok(())
+}
+
+/// Every endpoint's breaker, by endpoint id.
+pub(crate) async fn breakers(db: &mut Db<'_>) -> Result<Vec<BreakerStatus>, StoreError> {
+    let rows = db
+        .all("SELECT endpoint_id, state, failures, opens, probe_at FROM webhook_breakers ORDER BY endpoint_id", args![])
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(BreakerStatus {
+                endpoint_id: r.text(0)?,
+                state: r.text(1)?,
+                failures: r.i64(2)?,
+                opens: r.i64(3)?,
+                next_probe_at: r.opt_i64(4)?.map(Timestamp::from_micros),
+            })
+        })
+        .collect()
+}
+
+/// An admin closes an endpoint's breaker by hand; returns where it stands now.
+pub(crate) async fn close_by_hand(db: &mut Db<'_>, cx: &Cx, endpoint: &str) -> Result<BreakerStatus, StoreError> {
+    let known = db.opt("SELECT 1 FROM webhook_cursors WHERE endpoint_id = $1", args![endpoint]).await?.is_some();
+    if !known {
+        return Err(StoreError::not_found("webhook endpoint", endpoint));
+    }
+    ensure_breaker(db, endpoint, cx.now).await?;
+    close_breaker(db, cx, endpoint).await?;
+    tracing::info!(endpoint, "webhook breaker closed by hand");
+    Ok(BreakerStatus {
+        endpoint_id: endpoint.to_owned(),
+        state: "closed".into(),
+        failures: 0,
+        opens: 0,
+        next_probe_at: None,
+    })
 }
 
 pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, endpoint: &str, seq: i64) -> Result<Delivery, StoreError> {

@@ -132,3 +132,90 @@ pub async fn fresh_database() -> String {
         None => panic!("SETTLE_TEST_DATABASE_URL must name a database: {admin}"),
     }
 }
+
+/// A PostgreSQL cluster of a test's own, to be killed and restarted under load (the shared test
+/// server must never be). `synchronous_commit` is on, so an acknowledged commit is in the WAL the
+/// OS holds before the client hears of it; `fsync` is off, which a killed server process (the OS
+/// stays up) does not care about.
+pub struct Cluster {
+    bin: PathBuf,
+    _dir: TempDirOwned,
+    data: PathBuf,
+    log: PathBuf,
+    opts: String,
+    port: u16,
+}
+
+/// A folder under the temp dir removed on drop (the cluster's files belong to `postgres` when we
+/// are root, so it is removed as root either way).
+struct TempDirOwned(PathBuf);
+
+impl Drop for TempDirOwned {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Cluster {
+    /// initdb and start a new cluster on a free loopback port.
+    pub fn start() -> Cluster {
+        let bin = bindir();
+        let dir = std::env::temp_dir().join(format!("settle-test-own-pg-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        if is_root() {
+            let st = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir).status().unwrap();
+            assert!(st.success(), "chown of the cluster folder failed");
+        }
+        let data = dir.join("data");
+        let out = pg_tool(
+            &bin.join("initdb"),
+            &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres", "-E", "UTF8"],
+        );
+        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        let port = free_port();
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=on -c max_connections=100",
+            dir.display()
+        );
+        let log = dir.join("log");
+        let c = Cluster { bin, _dir: TempDirOwned(dir), data, log, opts, port };
+        c.up();
+        c
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> std::process::Output {
+        let mut all = vec!["-D", self.data.to_str().unwrap()];
+        all.extend_from_slice(args);
+        pg_tool(&self.bin.join("pg_ctl"), &all)
+    }
+
+    /// Starts the server (again) on its port and waits until it accepts connections.
+    pub fn up(&self) {
+        let out = self.pg_ctl(&["-o", &self.opts, "-l", self.log.to_str().unwrap(), "-w", "-t", "60", "start"]);
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+
+    /// `pg_ctl stop -m immediate`: every server process is killed at once, as by a crash; the next
+    /// start runs crash recovery from the WAL.
+    pub fn kill(&self) {
+        let out = self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
+        assert!(out.status.success(), "pg_ctl stop -m immediate failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
+    }
+}

@@ -4,7 +4,7 @@
 
 use settle_core::backoff::{BackoffPolicy, Jitter, SplitMix64};
 use settle_core::signature;
-use settle_store::{Delivery, DeliveryReport, Event, StartFrom, Store, StoreError};
+use settle_store::{BreakerPolicy, Delivery, DeliveryReport, Event, StartFrom, Store, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +21,8 @@ pub struct Endpoint {
     pub start_from: StartFrom,
     /// How long delivered rows are kept (for the deliveries list) before they are pruned.
     pub retention: Duration,
+    /// The endpoint's circuit breaker (shared by every process through the store).
+    pub breaker: BreakerPolicy,
 }
 
 impl Endpoint {
@@ -34,6 +36,7 @@ impl Endpoint {
             timeout: Duration::from_secs(10),
             start_from: StartFrom::Now,
             retention: Duration::from_secs(7 * 24 * 3_600),
+            breaker: BreakerPolicy::default(),
         }
     }
 }
@@ -109,7 +112,10 @@ impl Deliverer {
                 return Ok(delivered);
             }
             // One at a time: a lease starts when its send does.
-            let claimed = self.store.webhook_claim(&self.endpoint.id, 1, lease_ms, self.endpoint.attempts_max).await?;
+            let claimed = self
+                .store
+                .webhook_claim(&self.endpoint.id, 1, lease_ms, self.endpoint.attempts_max, self.endpoint.breaker)
+                .await?;
             if claimed.is_empty() {
                 return Ok(delivered);
             }
@@ -146,7 +152,7 @@ impl Deliverer {
             Err(e) => self.failed(d, None, format!("send failed: {e}")),
         };
         let ok = matches!(report, DeliveryReport::Delivered { .. });
-        if !self.store.webhook_report(&self.endpoint.id, d.event.seq, &token, report).await? {
+        if !self.store.webhook_report(&self.endpoint.id, d.event.seq, &token, report, self.endpoint.breaker).await? {
             tracing::warn!(endpoint = %self.endpoint.id, seq = d.event.seq, "webhook lease lost before the report");
         }
         Ok(ok)

@@ -3,10 +3,10 @@
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use settle_core::Credits;
 use settle_core::backoff::{BackoffPolicy, Jitter};
 use settle_core::ids::*;
 use settle_core::signature::{self, SignatureError};
+use settle_core::{Clock, Credits};
 use settle_store::*;
 use settle_worker::webhooks::{Deliverer, Endpoint, event_body};
 use std::collections::BTreeMap;
@@ -20,9 +20,13 @@ struct Receiver {
     /// Requests refused before the receiver comes up.
     down_for: Mutex<u32>,
     got: Mutex<Vec<(String, i64, Vec<u8>)>>,
+    /// The event seq of every request, answered or refused.
+    tried: Mutex<Vec<i64>>,
 }
 
 async fn receive(State(r): State<Arc<Receiver>>, headers: HeaderMap, body: axum::body::Bytes) -> StatusCode {
+    let seq = headers.get("settle-event-seq").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(-1);
+    r.tried.lock().unwrap().push(seq);
     {
         let mut down = r.down_for.lock().unwrap();
         if *down > 0 {
@@ -31,7 +35,6 @@ async fn receive(State(r): State<Arc<Receiver>>, headers: HeaderMap, body: axum:
         }
     }
     let sig = headers.get("settle-signature").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-    let seq = headers.get("settle-event-seq").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(-1);
     r.got.lock().unwrap().push((sig, seq, body.to_vec()));
     StatusCode::OK
 }
@@ -189,6 +192,8 @@ async fn dead_deliveries_block_their_job_until_requeued() {
     let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
     endpoint.backoff = BackoffPolicy { backoff_ms_base: 1, backoff_ms_max: 2, jitter: Jitter::None };
     endpoint.attempts_max = 2;
+    // Dead-lettering itself, without the breaker pausing the endpoint first.
+    endpoint.breaker.failures = 0;
     endpoint.start_from = StartFrom::Beginning;
     let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
     for _ in 0..20 {
@@ -376,4 +381,130 @@ async fn pruned_after_retention(engine: &str) {
     assert_eq!(left.len(), 1, "only the new event's row: {left:?}");
     assert_eq!(left[0].event.kind, "account.created");
     assert_eq!(receiver.got.lock().unwrap().len(), history + 1, "every event delivered once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_failing_endpoint_is_paused_by_its_breaker_and_probed() {
+    breaker_pauses_and_probes("sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_failing_endpoint_is_paused_by_its_breaker_and_probed() {
+    breaker_pauses_and_probes("postgres").await;
+}
+
+/// Sum of attempts over the endpoint's deliveries.
+async fn attempts(store: &SqlStore) -> u32 {
+    let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
+    store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows.iter().map(|d| d.attempts).sum()
+}
+
+async fn breaker(store: &SqlStore) -> BreakerStatus {
+    store.webhook_breakers().await.unwrap().into_iter().find(|b| b.endpoint_id == "ops").unwrap()
+}
+
+async fn breaker_pauses_and_probes(engine: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = match engine {
+        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
+        _ => settle_testkit::fresh_database().await,
+    };
+    let clock = Arc::new(settle_core::FakeClock::new(settle_core::Timestamp::from_micros(1_767_225_600_000_000)));
+    let options = StoreOptions { clock: clock.clone(), ..StoreOptions::default() };
+    let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
+    scenario(&store).await;
+    let receiver = Arc::new(Receiver { down_for: Mutex::new(u32::MAX), ..Receiver::default() });
+    let addr = serve_receiver(receiver.clone()).await;
+    let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
+    endpoint.start_from = StartFrom::Beginning;
+    endpoint.backoff = BackoffPolicy { backoff_ms_base: 1, backoff_ms_max: 2, jitter: Jitter::None };
+    endpoint.attempts_max = 4;
+    let policy = BreakerPolicy { failures: 3, open_ms: 10_000, open_ms_max: 40_000 };
+    endpoint.breaker = policy;
+    let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
+    let tried = || receiver.tried.lock().unwrap().len();
+
+    // Four jobs' lines (the account's and three jobs') are due: the third failure opens the
+    // breaker and the fourth head is not tried. Nothing more is sent, pass after pass.
+    deliverer.pass().await.unwrap();
+    assert_eq!(tried(), 3);
+    assert_eq!(attempts(&store).await, 3);
+    let b = breaker(&store).await;
+    assert_eq!((b.state.as_str(), b.failures, b.opens), ("open", 3, 1), "{b:?}");
+    assert_eq!(b.next_probe_at, Some(clock.now().plus_millis(10_000)));
+    clock.advance_seconds(9);
+    for _ in 0..3 {
+        deliverer.pass().await.unwrap();
+    }
+    assert_eq!(tried(), 3, "an open breaker sends nothing before its probe is due");
+
+    // Due: one probe. It fails: open again for twice as long, and the probed delivery keeps its
+    // attempt budget (a probe tests the endpoint, not the delivery).
+    clock.advance_seconds(1);
+    deliverer.pass().await.unwrap();
+    assert_eq!(tried(), 4);
+    assert_eq!(attempts(&store).await, 3);
+    let b = breaker(&store).await;
+    assert_eq!((b.state.as_str(), b.opens), ("open", 2), "{b:?}");
+    assert_eq!(b.next_probe_at, Some(clock.now().plus_millis(20_000)));
+
+    // Probes rotate: each due probe takes the next delivery after the last one probed.
+    let mut probed = vec![*receiver.tried.lock().unwrap().last().unwrap()];
+    for pause in [20, 40, 40] {
+        clock.advance_seconds(pause);
+        deliverer.pass().await.unwrap();
+        probed.push(*receiver.tried.lock().unwrap().last().unwrap());
+    }
+    assert_eq!(tried(), 7);
+    assert_eq!(breaker(&store).await.opens, 5);
+    assert_eq!(breaker(&store).await.next_probe_at, Some(clock.now().plus_millis(40_000)), "capped at open_ms_max");
+    let distinct: std::collections::BTreeSet<i64> = probed.iter().copied().collect();
+    assert!(distinct.len() >= 3, "probes rotate through the due deliveries: {probed:?}");
+    let dead = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("dead".into()) };
+    assert!(store.webhook_deliveries(&dead, 0, 1000).await.unwrap().rows.is_empty(), "probes kill nothing");
+
+    // Only one probe at a time, whoever asks: a second claim while it is out gets nothing; a
+    // probe whose sender died (its lease lapsed) lets the next one through.
+    clock.advance_seconds(40);
+    let probe = store.webhook_claim("ops", 10, 1_000, 4, policy).await.unwrap();
+    assert_eq!(probe.len(), 1, "a half-open breaker lets one delivery through");
+    assert_eq!(breaker(&store).await.state, "half_open");
+    assert!(store.webhook_claim("ops", 10, 1_000, 4, policy).await.unwrap().is_empty());
+    clock.advance_seconds(2);
+    let next = store.webhook_claim("ops", 10, 1_000, 4, policy).await.unwrap();
+    assert_eq!(next.len(), 1, "the lapsed probe is replaced");
+    // The first prober reports late: its lease was taken over, so nothing moves.
+    let late =
+        DeliveryReport::Failed { status: Some(503), error: "late".into(), retry_at: clock.now(), attempts_max: 4 };
+    let first_token = probe[0].lease_token.clone().unwrap();
+    if probe[0].event.seq != next[0].event.seq {
+        // A different delivery: its own lease lapsed but was not taken over, so its report applies
+        // to the delivery; the breaker is not its to move.
+        store.webhook_report("ops", probe[0].event.seq, &first_token, late.clone(), policy).await.unwrap();
+    } else {
+        assert!(!store.webhook_report("ops", probe[0].event.seq, &first_token, late.clone(), policy).await.unwrap());
+    }
+    assert_eq!(breaker(&store).await.state, "half_open", "only the current probe's report moves the breaker");
+    let token = next[0].lease_token.clone().unwrap();
+    assert!(store.webhook_report("ops", next[0].event.seq, &token, late, policy).await.unwrap());
+    assert_eq!(breaker(&store).await.state, "open");
+
+    // The receiver comes back: the next probe succeeds, the breaker closes and everything goes.
+    *receiver.down_for.lock().unwrap() = 0;
+    clock.advance_seconds(40);
+    while deliverer.pass().await.unwrap() > 0 {
+        clock.advance_seconds(1);
+    }
+    let b = breaker(&store).await;
+    assert_eq!((b.state.as_str(), b.failures, b.opens, b.next_probe_at), ("closed", 0, 0, None), "{b:?}");
+    let outbox = store.events(0, 1000).await.unwrap().rows.len();
+    let delivered = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("delivered".into()) };
+    assert_eq!(store.webhook_deliveries(&delivered, 0, 1000).await.unwrap().rows.len(), outbox);
+    assert_eq!(receiver.got.lock().unwrap().len(), outbox);
+
+    // An admin may close it by hand (recorded); an unknown endpoint is 404.
+    assert!(matches!(store.webhook_breaker_close_by("nope", "ops-alice").await, Err(StoreError::NotFound { .. })));
+    assert_eq!(store.webhook_breaker_close_by("ops", "ops-alice").await.unwrap().state, "closed");
+    let actions = store.actions(None, None).await.unwrap();
+    assert!(actions.iter().any(|a| a.action == "webhook.breaker_close" && a.actor == "ops-alice"), "{actions:?}");
 }

@@ -621,6 +621,33 @@ async fn webhook_deliveries_are_visible_and_requeueable(e: Engine) {
     let r = s.post_empty("/v1/webhooks/deliveries/ops/requeue").await;
     assert_eq!((r.status, r.body["requeued"].as_u64()), (200, Some(0)), "nothing is dead");
     assert_eq!(s.post_empty("/v1/webhooks/deliveries/bad%20id/requeue").await.status, 400);
+
+    // One failed send opens a breaker of threshold 1: the list and /metrics say so; an admin closes it.
+    let store = s.store_handle();
+    let policy = settle_store::BreakerPolicy { failures: 1, open_ms: 60_000, open_ms_max: 60_000 };
+    let claimed = settle_store::Store::webhook_claim(&*store, "ops", 1, 10_000, 5, policy).await.unwrap();
+    let failed = settle_store::DeliveryReport::Failed {
+        status: Some(500),
+        error: "down".into(),
+        retry_at: settle_store::Store::now(&*store),
+        attempts_max: 5,
+    };
+    let token = claimed[0].lease_token.clone().unwrap();
+    settle_store::Store::webhook_report(&*store, "ops", claimed[0].event.seq, &token, failed, policy).await.unwrap();
+    let r = s.get("/v1/webhooks/deliveries?endpoint=other").await;
+    let ops = &r.body["endpoints"][0];
+    assert_eq!((ops["endpoint_id"].as_str(), ops["breaker"].as_str()), (Some("ops"), Some("open")), "{}", r.body);
+    assert_eq!((ops["failures"].as_i64(), ops["opens"].as_i64()), (Some(1), Some(1)));
+    assert!(ops["next_probe_at"].as_str().is_some(), "{ops}");
+    let metrics = s.get("/metrics").await.body.as_str().unwrap().to_owned();
+    assert!(metrics.contains("settle_webhook_breaker_open{endpoint=\"ops\"} 1"), "{metrics}");
+    let r = s.post_empty("/v1/webhooks/endpoints/ops/breaker/close").await;
+    assert_eq!((r.status, r.body["breaker"].as_str()), (200, Some("closed")), "{}", r.body);
+    assert!(r.body["next_probe_at"].is_null());
+    let metrics = s.get("/metrics").await.body.as_str().unwrap().to_owned();
+    assert!(metrics.contains("settle_webhook_breaker_open{endpoint=\"ops\"} 0"), "{metrics}");
+    assert_eq!(s.post_empty("/v1/webhooks/endpoints/nope/breaker/close").await.status, 404);
+    assert_eq!(s.post_empty("/v1/webhooks/endpoints/bad%20id/breaker/close").await.status, 400);
 }
 
 /// docs/decisions/0011: a replayed create answers the resource as it is now.
