@@ -37,6 +37,9 @@ pub struct HttpLimits {
     pub max_connections: usize,
     /// Per-token request rate and long-polls.
     pub abuse: crate::limits::AbuseLimits,
+    /// How often a waiting long-poll looks again when nothing wakes it. Wake-ups (a commit in this
+    /// process, or a NOTIFY from another) answer it at once; this is only the safety net.
+    pub long_poll_recheck: Duration,
 }
 
 impl Default for HttpLimits {
@@ -46,6 +49,7 @@ impl Default for HttpLimits {
             body_read_timeout: Duration::from_secs(30),
             max_connections: 1_024,
             abuse: crate::limits::AbuseLimits::default(),
+            long_poll_recheck: Duration::from_millis(settle_core::limits::POLL_INTERVAL_MS),
         }
     }
 }
@@ -56,6 +60,7 @@ pub struct AppState {
     pub tokens: Arc<Tokens>,
     pub metrics: PrometheusHandle,
     pub limiter: Arc<crate::limits::Limiter>,
+    pub long_poll_recheck: Duration,
 }
 
 #[derive(OpenApi)]
@@ -299,7 +304,13 @@ impl Application {
             tracing::warn!(%addr, "no tokens configured: serving without authentication on a loopback address only");
         }
         let limiter = Arc::new(crate::limits::Limiter::new(limits.abuse));
-        let state = AppState { store, tokens: Arc::new(tokens), metrics: metrics_handle(), limiter };
+        let state = AppState {
+            store,
+            tokens: Arc::new(tokens),
+            metrics: metrics_handle(),
+            limiter,
+            long_poll_recheck: limits.long_poll_recheck.max(Duration::from_millis(1)),
+        };
         Ok(Application { listener, router: router_with(state, limits), limits })
     }
 

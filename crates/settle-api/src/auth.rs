@@ -279,4 +279,43 @@ mod tests {
         let env = Tokens::parse_env("admin:ops-carol=carol-token-0123456789,worker=w-token-0123456789").unwrap();
         assert_eq!(env.authorize(&bearer("carol-token-0123456789"), Role::Admin).unwrap().name, "ops-carol");
     }
+
+    #[test]
+    fn a_token_is_at_least_16_characters_in_a_file_and_in_the_environment() {
+        let at_edge = "a".repeat(16);
+        let short = "a".repeat(15);
+        assert!(Tokens::parse_file(&format!("admin {at_edge}\n")).is_ok());
+        let e = Tokens::parse_file(&format!("admin {short}\n")).err().unwrap();
+        assert!(e.contains("line 1") && e.contains("at least 16"), "{e}");
+        assert!(Tokens::parse_env(&format!("worker={at_edge}")).is_ok());
+        assert!(Tokens::parse_env(&format!("worker={short}")).unwrap_err().contains("at least 16"));
+        let mut t = Tokens::default();
+        assert!(t.add(Role::Client, &short).is_err());
+        assert!(t.is_empty(), "a refused token is not kept");
+    }
+
+    #[test]
+    fn environment_and_file_parsing_refuse_what_they_do_not_understand() {
+        for bad in
+            ["admin", "root=aaaaaaaaaaaaaaaaaaaa", "admin:two words=aaaaaaaaaaaaaaaaaaaa", "=aaaaaaaaaaaaaaaaaaaa"]
+        {
+            assert!(Tokens::parse_env(bad).is_err(), "{bad}");
+        }
+        // Blank entries and surrounding space are fine; several tokens per role, each its own name.
+        let t = Tokens::parse_env(" admin=aaaaaaaaaaaaaaaaaaaa , ,admin=bbbbbbbbbbbbbbbbbbbb ").unwrap();
+        assert_eq!(t.authorize(&bearer("aaaaaaaaaaaaaaaaaaaa"), Role::Admin).unwrap().name, "admin-1");
+        assert_eq!(t.authorize(&bearer("bbbbbbbbbbbbbbbbbbbb"), Role::Admin).unwrap().name, "admin-2");
+        for bad in ["admin", "superuser aaaaaaaaaaaaaaaaaaaa", "admin aaaaaaaaaaaaaaaaaaaa name extra"] {
+            let e = Tokens::parse_file(bad).err().unwrap_or_default();
+            assert!(e.starts_with("line 1"), "{bad}: {e:?}");
+        }
+        let t = Tokens::parse_file("# only comments\n\n   \n").unwrap();
+        assert!(t.is_empty());
+        // A wrong token, a token of another role and no token at all are told apart.
+        let t = Tokens::parse_env("worker=wwwwwwwwwwwwwwwwwwww").unwrap();
+        assert!(t.authorize(&HeaderMap::new(), Role::Worker).is_err());
+        assert!(t.authorize(&bearer("wwwwwwwwwwwwwwwwwwww"), Role::Worker).is_ok());
+        assert!(t.authorize(&bearer("wwwwwwwwwwwwwwwwwwww"), Role::Client).is_err());
+        assert!(t.authorize(&bearer("wwwwwwwwwwwwwwwwwwwx"), Role::Worker).is_err());
+    }
 }

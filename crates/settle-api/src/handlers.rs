@@ -83,6 +83,27 @@ fn canonical_json(v: &serde_json::Value) -> String {
     out
 }
 
+/// Counts a long-poll (`wait_seconds` > 0) while it is being answered, in
+/// `settle_http_long_polls_waiting`.
+struct Waiting(bool);
+
+impl Waiting {
+    fn start(wait: u32) -> Waiting {
+        if wait > 0 {
+            metrics::gauge!("settle_http_long_polls_waiting").increment(1.0);
+        }
+        Waiting(wait > 0)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.0 {
+            metrics::gauge!("settle_http_long_polls_waiting").decrement(1.0);
+        }
+    }
+}
+
 /// A waiting long-poll takes one of its token's places; with none left it answers at once (a plain
 /// poll) instead of waiting. Loopback mode (no tokens) has no one to tell apart.
 fn long_poll_slot(s: &AppState, headers: &HeaderMap, wait: u32) -> (u32, Option<tokio::sync::OwnedSemaphorePermit>) {
@@ -305,6 +326,7 @@ pub async fn claim(
         lease_seconds: b.lease_seconds,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
+    let _waiting = Waiting::start(wait);
     let wake = s.store.wake();
     let claimed = loop {
         let notified = wake.notified();
@@ -317,7 +339,7 @@ pub async fn claim(
         }
         // Sleep until woken (a job was queued anywhere), until the next queued job's not_before,
         // or for one poll interval — whichever comes first.
-        let mut nap = (deadline - now).min(Duration::from_millis(limits::POLL_INTERVAL_MS));
+        let mut nap = (deadline - now).min(s.long_poll_recheck);
         if let Some(due) = s.store.next_due_at(&req.kinds).await? {
             let until_due = due.micros().saturating_sub(s.store.now().micros()).max(0);
             // A due job another process holds under SKIP LOCKED must not make this loop spin.
@@ -580,6 +602,7 @@ pub async fn events(
     }
     let (wait, _slot) = long_poll_slot(&s, &headers, wait);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
+    let _waiting = Waiting::start(wait);
     let wake = s.store.events_wake();
     let got = loop {
         let notified = wake.notified();
@@ -590,7 +613,7 @@ pub async fn events(
         if !got.rows.is_empty() || now >= deadline {
             break got;
         }
-        let nap = (deadline - now).min(Duration::from_millis(limits::POLL_INTERVAL_MS));
+        let nap = (deadline - now).min(s.long_poll_recheck);
         tokio::select! {
             _ = &mut notified => {}
             _ = tokio::time::sleep(nap) => {}

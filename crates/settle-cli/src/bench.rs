@@ -28,9 +28,19 @@ pub struct BenchArgs {
     /// Durability is the server's own (`synchronous_commit=on` is forced on Settle's sessions).
     #[arg(long)]
     postgres: Option<String>,
+    /// Measure claim long-poll wake-up latency instead (over HTTP; with --postgres the job is
+    /// created by a second store, so the wake-up crosses LISTEN/NOTIFY).
+    #[arg(long)]
+    wake: bool,
+    /// Wake-ups measured per case with --wake.
+    #[arg(long, default_value_t = 50)]
+    samples: usize,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.wake {
+        return run_wake(&args).await;
+    }
     if let Some(server) = &args.postgres {
         return run_postgres(&args, server).await;
     }
@@ -78,6 +88,108 @@ async fn run_postgres(args: &BenchArgs, server: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Claim long-poll wake-ups over HTTP: from just before a job is created (on PostgreSQL by a second
+/// store with its own pool) to the waiting claim's answer, and from a job's `not_before` to the
+/// answer. The server's fallback re-check is set to 60 s, so only the wake-up path can answer.
+async fn run_wake(args: &BenchArgs) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (url, engine) = match &args.postgres {
+        Some(server) => (fresh_pg_database(server).await?, "PostgreSQL"),
+        None => (format!("sqlite://{}", dir.path().join("wake.db").display()), "SQLite"),
+    };
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await?);
+    let other = match &args.postgres {
+        Some(_) => Some(SqlStore::open(&url, StoreOptions::default()).await?),
+        None => None,
+    };
+    let limits = settle_api::HttpLimits { long_poll_recheck: std::time::Duration::from_secs(60), ..Default::default() };
+    let app = settle_api::Application::build_with(
+        "127.0.0.1:0",
+        store.clone() as Arc<dyn Store>,
+        settle_api::Tokens::default(),
+        limits,
+    )
+    .await?;
+    let base = format!("http://{}", app.local_addr());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(app.run_until(stop.clone().cancelled_owned()));
+    let account = AccountId::parse("bench")?;
+    store.create_account(NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO }).await?;
+    let grant = NewGrant { id: RefId::parse("g")?, amount: Credits::new(1_000_000), reason: None };
+    store.grant(&account, grant).await?;
+    let writer: &SqlStore = other.as_ref().unwrap_or(&store);
+    let http = reqwest::Client::new();
+    let job = |id: String, not_before: Option<settle_core::Timestamp>| -> anyhow::Result<NewJob> {
+        Ok(NewJob {
+            id: JobId::parse(&id)?,
+            account_id: account.clone(),
+            kind: JobKind::parse("bench")?,
+            items: vec![NewItem { id: ItemId::main(), cost: Credits::new(1) }],
+            payload: "null".into(),
+            max_attempts: None,
+            refund_on: None,
+            not_before,
+        })
+    };
+    let (mut created, mut due) = (Vec::new(), Vec::new());
+    for n in 0..args.samples.max(1) {
+        let waiter = {
+            let (http, base) = (http.clone(), base.clone());
+            tokio::spawn(async move {
+                let r = http
+                    .post(format!("{base}/v1/claims"))
+                    .json(&serde_json::json!({"worker": "bench", "wait_seconds": 30}))
+                    .send()
+                    .await;
+                (r, Instant::now())
+            })
+        };
+        wait_for_long_poll(&http, &base).await?;
+        let sent = Instant::now();
+        writer.create_job(job(format!("c{n}"), None)?).await?;
+        let (answer, at) = waiter.await?;
+        anyhow::ensure!(answer?.status().is_success(), "the claim failed");
+        created.push(at.saturating_duration_since(sent));
+        let not_before = settle_core::SystemClock.now_plus_millis(300);
+        writer.create_job(job(format!("d{n}"), Some(not_before))?).await?;
+        let r = http
+            .post(format!("{base}/v1/claims"))
+            .json(&serde_json::json!({"worker": "bench", "wait_seconds": 30}))
+            .send()
+            .await?;
+        let answered = settle_core::SystemClock.now_micros();
+        anyhow::ensure!(r.status().is_success(), "the claim failed");
+        due.push(std::time::Duration::from_micros(answered.saturating_sub(not_before.micros()).max(0) as u64));
+    }
+    stop.cancel();
+    server.await??;
+    let line = |what: &str, mut v: Vec<std::time::Duration>| {
+        v.sort();
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        println!("{what:<34} p50 {:>9.2?}  p99 {:>9.2?}  max {:>9.2?}", at(0.5), at(0.99), at(1.0));
+    };
+    println!(
+        "settle bench --wake: {engine}, {} samples, claim long-poll over HTTP (fallback re-check 60 s)",
+        args.samples.max(1)
+    );
+    line(if other.is_some() { "woken by a create (LISTEN/NOTIFY)" } else { "woken by a create (in process)" }, created);
+    line("woken by not_before", due);
+    Ok(())
+}
+
+/// Waits until the server shows a long-poll waiting (`settle_http_long_polls_waiting`).
+async fn wait_for_long_poll(http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let text = http.get(format!("{base}/metrics")).send().await?.text().await?;
+        if text.lines().any(|l| l == "settle_http_long_polls_waiting 1") {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the claim never started waiting");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
 }
 
 async fn fresh_pg_database(server: &str) -> anyhow::Result<String> {

@@ -135,6 +135,7 @@ impl Http {
                 burst: self.burst_per_token,
                 long_polls: self.long_polls_per_token,
             },
+            ..settle_api::HttpLimits::default()
         }
     }
 }

@@ -121,18 +121,28 @@ fn serve_finishes_requests_in_flight_on_sigterm() {
         assert!(std::time::Instant::now() < deadline, "settle serve did not come up");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    // A claim that long-polls for 2 s is in flight when SIGTERM arrives; it must still be answered.
+    // A claim that long-polls for 3 s is in flight when SIGTERM arrives; it must still be answered.
     let claim = std::thread::spawn({
         let base = base.clone();
         move || {
             Command::new("curl")
                 .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-XPOST", &format!("{base}/v1/claims")])
-                .args(["-H", "content-type: application/json", "-d", r#"{"worker":"w","wait_seconds":2}"#])
+                .args(["-H", "content-type: application/json", "-d", r#"{"worker":"w","wait_seconds":3}"#])
                 .output()
                 .unwrap()
         }
     });
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SIGTERM only once the claim is waiting in the server (its gauge says so), however slow the
+    // machine is to start curl.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let metrics = Command::new("curl").args(["-fs", &format!("{base}/metrics")]).output().unwrap();
+        if String::from_utf8_lossy(&metrics.stdout).lines().any(|l| l == "settle_http_long_polls_waiting 1") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the claim never started waiting");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let st = Command::new("kill").args(["-TERM", &server.id().to_string()]).status().unwrap();
     assert!(st.success());
     let answered = claim.join().unwrap();

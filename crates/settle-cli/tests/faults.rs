@@ -206,7 +206,7 @@ async fn sqlite_on_a_disk_that_fills_up() {
     until(60, "creates before the disk fills", || async { count(&load, Answer::Status(201)).await >= 100 }).await;
     let filler = mnt.join("filler");
     fill(&filler);
-    until(120, "503s on the full disk", || async { count(&load, Answer::Status(503)).await >= 20 }).await;
+    until(60, "503s on the full disk", || async { count(&load, Answer::Status(503)).await >= 20 }).await;
     let (health, _) = call(&http, "GET", &format!("{}/healthz", s.base), None).await;
     assert_eq!(health, 200, "the process is alive while its disk is full");
     let acknowledged_before = count(&load, Answer::Status(201)).await;

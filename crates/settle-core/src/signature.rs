@@ -99,4 +99,19 @@ mod tests {
         assert_eq!(verify("s3cret-s3cret-s3cret", &h, br#"{"seq":1}"#, 2_000, 300), Err(SignatureError::Stale));
         assert_eq!(verify("s3cret-s3cret-s3cret", "v1=zz", b"", 0, 300), Err(SignatureError::Malformed));
     }
+
+    #[test]
+    fn the_tolerance_holds_both_ways_and_at_its_edge() {
+        let secret = "s3cret-s3cret-s3cret";
+        let h = sign(secret, 1_000, b"{}");
+        // A timestamp from the future (a replay prepared ahead, or a sender's clock far ahead) is
+        // refused like an old one; exactly at the tolerance it is still accepted.
+        assert_eq!(verify(secret, &h, b"{}", 699, 300), Err(SignatureError::Stale));
+        assert_eq!(verify(secret, &h, b"{}", 700, 300), Ok(()));
+        assert_eq!(verify(secret, &h, b"{}", 1_300, 300), Ok(()));
+        assert_eq!(verify(secret, &h, b"{}", 1_301, 300), Err(SignatureError::Stale));
+        // A header signed for another time does not verify with its t changed.
+        let moved = h.replace("t=1000", "t=1001");
+        assert_eq!(verify(secret, &moved, b"{}", 1_000, 300), Err(SignatureError::Mismatch));
+    }
 }

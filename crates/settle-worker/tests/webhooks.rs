@@ -205,6 +205,7 @@ async fn dead_deliveries_block_their_job_until_requeued() {
     assert!(!dead.is_empty());
     assert!(dead.iter().all(|d| d.attempts == 2 && d.last_status == Some(503)));
     let pending = store.webhook_deliveries(&filter("pending"), 0, 1000).await.unwrap().rows;
+    assert!(!pending.is_empty(), "each job has later events behind its dead head");
     assert!(pending.iter().all(|d| d.attempts == 0), "later events of a job wait behind its dead head");
     // The receiver comes up; requeue the dead ones and everything goes through.
     *receiver.down_for.lock().unwrap() = 0;
@@ -507,4 +508,146 @@ async fn breaker_pauses_and_probes(engine: &str) {
     assert_eq!(store.webhook_breaker_close_by("ops", "ops-alice").await.unwrap().state, "closed");
     let actions = store.actions(None, None).await.unwrap();
     assert!(actions.iter().any(|a| a.action == "webhook.breaker_close" && a.actor == "ops-alice"), "{actions:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_deliverers_racing_on_one_endpoint_deliver_each_event_once_in_order() {
+    deliverers_race("sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_deliverers_racing_on_one_endpoint_deliver_each_event_once_in_order() {
+    deliverers_race("postgres").await;
+}
+
+/// Four deliverers — on PostgreSQL four stores, each its own pool, as four processes would be —
+/// pass over one endpoint at once: every event arrives exactly once (no lease lapses here), and in
+/// order per job.
+async fn deliverers_race(engine: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = match engine {
+        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
+        _ => settle_testkit::fresh_database().await,
+    };
+    let first = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    for round in 0..4 {
+        scenario_named(&first, round).await;
+    }
+    let outbox = first.events(0, 1000).await.unwrap().rows;
+    let receiver = Arc::new(Receiver::default());
+    let addr = serve_receiver(receiver.clone()).await;
+    let done = tokio_util::sync::CancellationToken::new();
+    let mut handles = Vec::new();
+    for n in 0..4u64 {
+        let store = match engine {
+            "sqlite" => first.clone(),
+            _ => Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap()),
+        };
+        let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
+        endpoint.start_from = StartFrom::Beginning;
+        let deliverer = Deliverer::new(store, endpoint, n).unwrap();
+        let done = done.clone();
+        handles.push(tokio::spawn(async move {
+            while !done.is_cancelled() {
+                deliverer.pass().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while receiver.got.lock().unwrap().len() < outbox.len() {
+        assert!(std::time::Instant::now() < deadline, "not every event was delivered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Every pass in flight finishes before the count is read, so a duplicate send would show.
+    done.cancel();
+    for h in handles {
+        h.await.unwrap();
+    }
+    let got: Vec<i64> = receiver.got.lock().unwrap().iter().map(|(_, seq, _)| *seq).collect();
+    let mut sorted = got.clone();
+    sorted.sort();
+    assert_eq!(sorted, outbox.iter().map(|e| e.seq).collect::<Vec<_>>(), "each event exactly once");
+    // In order per job: for every job, the seqs arrived in increasing order.
+    let key = |seq: i64| {
+        let e = outbox.iter().find(|e| e.seq == seq).unwrap();
+        e.job_id.clone().unwrap_or_else(|| format!("account:{}", e.account_id))
+    };
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for seq in got {
+        let k = key(seq);
+        assert!(last.get(&k).is_none_or(|prev| *prev < seq), "{k}: {seq} arrived after a later event");
+        last.insert(k, seq);
+    }
+    assert!(last.len() > 4, "several jobs' lines were delivered: {last:?}");
+}
+
+/// `scenario` on account `a{round}` with jobs `r{round}-j{n}`.
+async fn scenario_named(store: &SqlStore, round: u32) {
+    let a = AccountId::parse(&format!("a{round}")).unwrap();
+    store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+    let grant = NewGrant { id: RefId::parse(&format!("g{round}")).unwrap(), amount: Credits::new(100), reason: None };
+    store.grant(&a, grant).await.unwrap();
+    for n in 0..3 {
+        let id = JobId::parse(&format!("r{round}-j{n}")).unwrap();
+        let req = NewJob {
+            id: id.clone(),
+            account_id: a.clone(),
+            kind: JobKind::parse("render").unwrap(),
+            items: vec![NewItem { id: ItemId::main(), cost: Credits::new(10) }],
+            payload: "null".into(),
+            max_attempts: None,
+            refund_on: None,
+            not_before: None,
+        };
+        store.create_job(req).await.unwrap();
+        store.cancel(&id).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_lapsed_lease_is_sent_again_and_counts_toward_the_cap() {
+    lapsed_leases("sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_lapsed_lease_is_sent_again_and_counts_toward_the_cap() {
+    lapsed_leases("postgres").await;
+}
+
+/// A sender that dies mid-send (claims, never reports): once its lease lapses the delivery is
+/// claimed again (sent again — at least once), the dead sender's late report changes nothing, and
+/// a delivery whose senders keep dying reaches the attempt cap and goes dead.
+async fn lapsed_leases(engine: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = match engine {
+        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
+        _ => settle_testkit::fresh_database().await,
+    };
+    let clock = Arc::new(settle_core::FakeClock::new(settle_core::Timestamp::from_micros(1_767_225_600_000_000)));
+    let store = SqlStore::open(&url, StoreOptions { clock: clock.clone(), ..StoreOptions::default() }).await.unwrap();
+    store
+        .create_account(NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO })
+        .await
+        .unwrap();
+    store.webhook_start("ops", StartFrom::Beginning).await.unwrap();
+    store.webhook_fan_out("ops", 100).await.unwrap();
+    let no_breaker = BreakerPolicy { failures: 0, ..BreakerPolicy::default() };
+    let claim = || store.webhook_claim("ops", 1, 1_000, 2, no_breaker);
+    let first = claim().await.unwrap();
+    assert_eq!((first.len(), first[0].attempts), (1, 1));
+    assert!(claim().await.unwrap().is_empty(), "leased: nobody else sends it");
+    clock.advance_seconds(2);
+    let second = claim().await.unwrap();
+    assert_eq!((second.len(), second[0].event.seq, second[0].attempts), (1, first[0].event.seq, 2), "sent again");
+    let late = DeliveryReport::Delivered { status: 200 };
+    let stale = first[0].lease_token.clone().unwrap();
+    assert!(!store.webhook_report("ops", first[0].event.seq, &stale, late, no_breaker).await.unwrap());
+    // The second sender dies too: the cap (2) is reached through lapsed leases alone.
+    clock.advance_seconds(2);
+    assert!(claim().await.unwrap().is_empty());
+    let dead = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("dead".into()) };
+    let dead = store.webhook_deliveries(&dead, 0, 100).await.unwrap().rows;
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].attempts, dead[0].last_error.as_deref()), (2, Some("the sender stopped mid-send")));
 }

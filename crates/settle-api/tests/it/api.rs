@@ -410,7 +410,7 @@ async fn events_and_long_polls(e: Engine) {
         let s = s.clone();
         tokio::spawn(async move { s.get(&format!("/v1/events?after={last}&wait_seconds=10")).await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    s.until_long_polls_waiting(2).await;
     s.job("j", "a", 1).await;
     let (r, waited) = waiter.await.unwrap();
     assert_eq!(r.body["jobs"][0]["id"], "j");

@@ -58,7 +58,14 @@ impl Server {
         };
         adjust(&mut options);
         let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
-        let app = Application::build("127.0.0.1:0", store.clone() as Arc<dyn Store>, tokens).await.unwrap();
+        // Long-polls re-check only every 30 s here, far past any bound a test waits for: an answer
+        // in time can only come from the wake-up path (in-process notify, LISTEN/NOTIFY).
+        let limits = settle_api::HttpLimits {
+            long_poll_recheck: std::time::Duration::from_secs(30),
+            ..settle_api::HttpLimits::default()
+        };
+        let app =
+            Application::build_with("127.0.0.1:0", store.clone() as Arc<dyn Store>, tokens, limits).await.unwrap();
         let base = format!("http://{}", app.local_addr());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(app.run_until(async move {
@@ -72,6 +79,27 @@ impl Server {
             _dir: dir,
             store,
             stop: Some(stop),
+        }
+    }
+
+    /// Waits until `n` long-polls are waiting in this server (`settle_http_long_polls_waiting`), so
+    /// what a test does next happens while they wait. The gauge is per process, and nextest runs
+    /// each test in a process of its own.
+    pub async fn until_long_polls_waiting(&self, n: u32) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let r = self.get("/metrics").await;
+            let text = r.body.as_str().unwrap_or_default().to_owned();
+            let waiting = text
+                .lines()
+                .find_map(|l| l.strip_prefix("settle_http_long_polls_waiting "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+            if waiting >= f64::from(n) {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "{n} long-polls never waited: {waiting}");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
     }
 

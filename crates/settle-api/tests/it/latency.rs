@@ -1,8 +1,8 @@
-//! Claim long-poll wake-up latency: a claim waiting on `POST /v1/claims` must return promptly
-//! (the issue asks for 100 ms) after a job becomes due — created by another store (on PostgreSQL
-//! another connection pool, so the wake-up crosses LISTEN/NOTIFY), or reaching its `not_before`.
-//! The bound asserted here is generous (CI machines stall); the measured numbers are printed and
-//! recorded in docs/performance.md.
+//! Claim long-poll wake-ups: a claim waiting on `POST /v1/claims` is answered when a job becomes
+//! due — created by another store (on PostgreSQL another connection pool, so the wake-up crosses
+//! LISTEN/NOTIFY), or reaching its `not_before`. The test server re-checks only every 30 s, so an
+//! answer inside the bound can only come from the wake-up path: a broken one fails here. How fast
+//! it is, is measured by `settle bench --wake` (docs/performance.md), not by this test.
 
 use crate::kit::*;
 use serde_json::json;
@@ -12,8 +12,9 @@ use settle_store::{NewItem, NewJob, SqlStore, Store, StoreOptions};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const SAMPLES: usize = 10;
-const GENEROUS_BOUND: Duration = Duration::from_millis(1_000);
+const SAMPLES: usize = 5;
+/// Far above any wake-up, far below the test server's 30 s re-check and the claims' 10 s wait.
+const BOUND: Duration = Duration::from_secs(5);
 
 fn job(id: &str, not_before: Option<settle_core::Timestamp>) -> NewJob {
     NewJob {
@@ -26,11 +27,6 @@ fn job(id: &str, not_before: Option<settle_core::Timestamp>) -> NewJob {
         refund_on: None,
         not_before,
     }
-}
-
-fn summary(mut v: Vec<Duration>) -> (Duration, Duration) {
-    v.sort();
-    (v[v.len() / 2], v[v.len() - 1])
 }
 
 async fn wake_latency(e: Engine) {
@@ -53,7 +49,7 @@ async fn wake_latency(e: Engine) {
                 (r, Instant::now())
             })
         };
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        s.until_long_polls_waiting(1).await;
         let committed = Instant::now(); // just before the create is sent
         match &other {
             Some(store) => drop(store.create_job(job(&format!("c{n}"), None)).await.unwrap()),
@@ -80,21 +76,16 @@ async fn wake_latency(e: Engine) {
         assert_eq!(r.body["jobs"][0]["id"], format!("d{n}"));
         due.push(Duration::from_micros(returned.saturating_sub(not_before.micros()) as u64));
     }
-    let (c50, cmax) = summary(created);
-    let (d50, dmax) = summary(due);
-    println!(
-        "{e:?}: claim woken by a new job: p50 {c50:?}, max {cmax:?}; by not_before: p50 {d50:?}, max {dmax:?} ({SAMPLES} samples each)"
-    );
-    assert!(cmax < GENEROUS_BOUND, "woken by a new job after {cmax:?}");
-    assert!(dmax < GENEROUS_BOUND, "woken by not_before after {dmax:?}");
+    assert!(created.iter().all(|d| *d < BOUND), "woken by a new job after {created:?}");
+    assert!(due.iter().all(|d| *d < BOUND), "woken by not_before after {due:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_claim_long_poll_wakes_promptly() {
+async fn sqlite_claim_long_poll_is_woken_not_polled() {
     wake_latency(Engine::Sqlite).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_claim_long_poll_wakes_promptly() {
+async fn postgres_claim_long_poll_is_woken_not_polled() {
     wake_latency(Engine::Postgres).await;
 }

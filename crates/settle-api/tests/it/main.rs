@@ -8,4 +8,5 @@ mod http_limits;
 mod kit;
 mod latency;
 mod openapi;
+mod roles;
 mod withdrawals;

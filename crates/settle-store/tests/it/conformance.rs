@@ -85,6 +85,7 @@ conformance!(
     the_audit_checks_what_is_held,
     rescue_passes_never_starve_behind_failing_jobs,
     sweep_passes_never_starve_behind_failing_jobs,
+    a_claim_returns_at_most_its_limit,
 );
 
 async fn account_create_is_idempotent_by_id(k: &Kit) {
@@ -397,6 +398,25 @@ async fn claim_respects_not_before_kinds_and_limit(k: &Kit) {
     {
         assert!(matches!(k.store.claim(bad).await, Err(StoreError::Invalid(_))));
     }
+}
+
+/// More due jobs than the limit: a claim takes exactly `limit`, oldest first, and the rest stay
+/// queued for the next; a limit above `CLAIM_LIMIT_MAX` is refused and claims nothing.
+async fn a_claim_returns_at_most_its_limit(k: &Kit) {
+    let a = k.account("a", 1_000).await;
+    for n in 0..7 {
+        k.job(&format!("j{n}"), &a, 1).await;
+    }
+    let got = k.store.claim(claim_req("w", 3)).await.unwrap();
+    let ids: Vec<_> = got.iter().map(|c| c.job.id.as_str()).collect();
+    assert_eq!(ids, ["j0", "j1", "j2"]);
+    let max = settle_core::limits::CLAIM_LIMIT_MAX;
+    let refused = k.store.claim(claim_req("w", max + 1)).await;
+    assert!(matches!(refused, Err(StoreError::Invalid(_))), "{refused:?}");
+    assert_eq!(k.get("j3").await.state, JobState::Queued, "a refused claim leases nothing");
+    let got = k.store.claim(claim_req("w", max)).await.unwrap();
+    assert_eq!(got.len(), 4, "the rest, however high the limit");
+    assert!(k.store.claim(claim_req("w", 1)).await.unwrap().is_empty());
 }
 
 async fn heartbeat_extends_and_reports_cancel(k: &Kit) {

@@ -206,6 +206,26 @@ impl Kit {
         }
     }
 
+    /// Raw SQL statements (`;`-separated) straight at the database, behind Settle's back.
+    pub async fn raw_script(&self, sql: &str) -> Result<(), sqlx::Error> {
+        use sqlx::{ConnectOptions, Connection};
+        use std::str::FromStr;
+        let sql = sqlx::AssertSqlSafe(sql.to_owned());
+        if self.url.starts_with("sqlite:") {
+            let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url)?.connect().await?;
+            sqlx::raw_sql(sql).execute(&mut conn).await?;
+            conn.close().await
+        } else {
+            let mut conn = sqlx::postgres::PgConnectOptions::from_str(&self.url)?.connect().await?;
+            sqlx::raw_sql(sql).execute(&mut conn).await?;
+            conn.close().await
+        }
+    }
+
+    pub fn is_sqlite(&self) -> bool {
+        self.url.starts_with("sqlite:")
+    }
+
     /// Drops the trigger that refuses UPDATEs of the ledger (to tamper with it in a test).
     pub async fn drop_update_trigger(&self) {
         let sql = if self.url.starts_with("sqlite:") {
@@ -217,7 +237,7 @@ impl Kit {
     }
 }
 
-fn limits_batch() -> usize {
+pub fn limits_batch() -> usize {
     settle_core::limits::WRITE_BATCH_MAX
 }
 

@@ -7,4 +7,5 @@ mod crash;
 mod identity;
 mod kit;
 mod race;
+mod tamper;
 mod withdrawals;

@@ -1,0 +1,112 @@
+//! The SDK against a real server: a cancel that arrives mid-batch stops the worker at the next item
+//! boundary — the item in hand is reported, no later item is, the job ends `cancelled`, and only
+//! the items done stay charged.
+
+use serde_json::{Value, json};
+use settle_client::{Client, Flow, Handler, JobContext, Outcome, Worker};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Reports items in order; before reporting item `frame-2` it tells the test and waits until the
+/// test has cancelled the job.
+struct Batch {
+    reported: Mutex<Vec<String>>,
+    at_frame_2: Notify,
+    cancelled: Notify,
+}
+
+#[async_trait::async_trait]
+impl Handler for Batch {
+    async fn run(&self, ctx: &JobContext) -> Outcome {
+        for item in ctx.job.items.iter().filter(|i| i.to_do()) {
+            if item.id == "frame-2" {
+                self.at_frame_2.notify_one();
+                self.cancelled.notified().await;
+            }
+            let flow = ctx.item_done(&item.id).await.expect("item report");
+            self.reported.lock().unwrap().push(item.id.clone());
+            if flow == Flow::Stop {
+                return Outcome::Cancelled;
+            }
+        }
+        Outcome::Succeeded(None)
+    }
+}
+
+async fn call(http: &reqwest::Client, method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
+    let mut req = http.request(method, url);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_stops_the_worker_at_the_next_item_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("sdk.db").display());
+    let store = Arc::new(settle_store::SqlStore::open(&url, settle_store::StoreOptions::default()).await.unwrap());
+    let app = settle_api::Application::build("127.0.0.1:0", store, settle_api::Tokens::default()).await.unwrap();
+    let base = format!("http://{}", app.local_addr());
+    let serving = CancellationToken::new();
+    tokio::spawn(app.run_until(serving.clone().cancelled_owned()));
+
+    let http = reqwest::Client::new();
+    let post = reqwest::Method::POST;
+    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await.0, 201);
+    let grant = json!({"id": "g", "amount": 100});
+    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts/a/grants"), Some(grant)).await.0, 201);
+    let items: Vec<Value> = (0..6).map(|f| json!({"id": format!("frame-{f}"), "cost": 5})).collect();
+    let job = json!({"id": "batch", "account_id": "a", "kind": "render", "items": items});
+    assert_eq!(call(&http, post.clone(), format!("{base}/v1/jobs"), Some(job)).await.0, 201);
+
+    let handler =
+        Arc::new(Batch { reported: Mutex::new(Vec::new()), at_frame_2: Notify::new(), cancelled: Notify::new() });
+    let stop = CancellationToken::new();
+    let mut worker = Worker::new(Client::new(&base, None), "sdk");
+    worker.wait_seconds = 1;
+    worker.concurrency = 1;
+    let running = tokio::spawn(worker.run(handler.clone(), stop.clone()));
+
+    handler.at_frame_2.notified().await;
+    let (status, cancelled) = call(&http, post.clone(), format!("{base}/v1/jobs/batch/cancel"), None).await;
+    assert_eq!(status, 202, "{cancelled}");
+    handler.cancelled.notify_one();
+
+    // The worker reports its outcome; the job ends cancelled.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let job = loop {
+        let (_, job) = call(&http, reqwest::Method::GET, format!("{base}/v1/jobs/batch"), None).await;
+        if job["state"] == "cancelled" {
+            break job;
+        }
+        assert!(std::time::Instant::now() < deadline, "the job did not end: {job}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    stop.cancel();
+    running.await.unwrap();
+    // The item in hand when the cancel came was reported; none after it.
+    assert_eq!(*handler.reported.lock().unwrap(), ["frame-0", "frame-1", "frame-2"]);
+    let states: Vec<(&str, &str)> = job["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["id"].as_str().unwrap(), i["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("frame-0", "succeeded"),
+            ("frame-1", "succeeded"),
+            ("frame-2", "succeeded"),
+            ("frame-3", "cancelled"),
+            ("frame-4", "cancelled"),
+            ("frame-5", "cancelled"),
+        ]
+    );
+    let (_, account) = call(&http, reqwest::Method::GET, format!("{base}/v1/accounts/a"), None).await;
+    assert_eq!(account["balance"], 100 - 3 * 5, "only the items done stay charged: {account}");
+    serving.cancel();
+}

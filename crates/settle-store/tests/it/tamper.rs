@@ -1,0 +1,225 @@
+//! The audit's detectors, each shown alone: a ledger altered behind Settle's back in one way only,
+//! and the audit names exactly that. And the database's own guards (unique indexes, triggers)
+//! refusing the rows a bug or a person might write directly.
+
+use crate::kit::*;
+use settle_store::*;
+
+macro_rules! per_engine {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(&crate::kit::Kit::new(crate::kit::EngineKind::Sqlite).await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(&crate::kit::Kit::new(crate::kit::EngineKind::Postgres).await).await;
+                }
+            )*
+        }
+    };
+}
+
+per_engine!(
+    a_changed_reason_breaks_only_the_hash_chain,
+    a_changed_timestamp_breaks_only_the_hash_chain,
+    a_deleted_entry_is_a_gap_in_the_sequence,
+    a_deleted_event_is_a_gap_in_the_outbox,
+    a_wrong_balance_is_l1,
+    a_wrong_exposure_is_l1,
+    a_wrong_held_is_l1,
+    a_second_charge_is_l4,
+    a_reclaim_without_a_refund_is_l4,
+    a_balance_after_that_is_not_the_running_sum_is_l2,
+    the_database_refuses_duplicate_money_rows,
+);
+
+/// Ledger: 1 grant b 5 · 2 grant a 100 · 3 charge j/i0 −10 · 4 refund j/i0 +10 · 5 charge k/i0 −7.
+/// Job `j` was claimed and failed retryably (its item refunded, `a` exposed 10), `k` is charged.
+async fn scenario(k: &Kit) {
+    k.account("b", 5).await;
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10]).await;
+    let t = k.claim_one("j").await;
+    k.fail("j", &t, "TIMEOUT").await;
+    k.items_job("k", &a, &[7]).await;
+    k.assert_clean().await;
+}
+
+/// Audits and returns the violations as (invariant, message).
+async fn found(k: &Kit) -> Vec<(&'static str, String)> {
+    let report = k.store.audit().await.unwrap();
+    report.violations.into_iter().map(|v| (v.invariant, v.message)).collect()
+}
+
+/// The audit finds exactly one violation, of `invariant`, whose message contains `says`.
+async fn only(k: &Kit, invariant: &str, says: &str) {
+    let found = found(k).await;
+    assert_eq!(found.len(), 1, "exactly one violation expected: {found:#?}");
+    assert_eq!(found[0].0, invariant, "{found:#?}");
+    assert!(found[0].1.contains(says), "{found:#?}");
+}
+
+async fn tamper(k: &Kit, sql: &str) {
+    k.raw_script(sql).await.unwrap();
+}
+
+fn drop_ledger_guards(k: &Kit) -> &'static str {
+    if k.is_sqlite() {
+        "DROP TRIGGER ledger_entries_no_update; DROP TRIGGER ledger_entries_no_delete;"
+    } else {
+        "DROP TRIGGER ledger_entries_no_update ON ledger_entries; DROP TRIGGER ledger_entries_no_delete ON ledger_entries;"
+    }
+}
+
+async fn a_changed_reason_breaks_only_the_hash_chain(k: &Kit) {
+    scenario(k).await;
+    tamper(k, &format!("{} UPDATE ledger_entries SET reason = 'forged' WHERE seq = 2;", drop_ledger_guards(k))).await;
+    only(k, "L2", "entry 2: hash chain does not verify").await;
+}
+
+async fn a_changed_timestamp_breaks_only_the_hash_chain(k: &Kit) {
+    scenario(k).await;
+    let sql = format!("{} UPDATE ledger_entries SET created_at = created_at + 1 WHERE seq = 3;", drop_ledger_guards(k));
+    tamper(k, &sql).await;
+    only(k, "L2", "entry 3: hash chain does not verify").await;
+}
+
+async fn a_deleted_entry_is_a_gap_in_the_sequence(k: &Kit) {
+    scenario(k).await;
+    // b's only entry, with b's balance covered up: sums, chains and items all still agree.
+    let sql = format!(
+        "{} DELETE FROM ledger_entries WHERE seq = 1; UPDATE accounts SET balance = 0 WHERE id = 'b';",
+        drop_ledger_guards(k)
+    );
+    tamper(k, &sql).await;
+    only(k, "SEQ", "ledger seq 2 follows 0").await;
+}
+
+async fn a_deleted_event_is_a_gap_in_the_outbox(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "DELETE FROM outbox WHERE seq = 2").await;
+    only(k, "SEQ", "outbox seq 3 follows 1").await;
+}
+
+async fn a_wrong_balance_is_l1(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE accounts SET balance = balance + 1 WHERE id = 'a'").await;
+    only(k, "L1", "balance 94 but entries sum to 93").await;
+}
+
+async fn a_wrong_exposure_is_l1(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE accounts SET exposure = exposure + 1 WHERE id = 'a'").await;
+    only(k, "L1", "exposure 11 but refunded items cost 10").await;
+}
+
+async fn a_wrong_held_is_l1(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE accounts SET held = held + 1 WHERE id = 'a'").await;
+    only(k, "L1", "held 8 but the items that may still be credited back cost 7").await;
+}
+
+/// A copy of entry 5 (k's charge) as entry 6 of `kind`, with the unique indexes that would refuse
+/// it dropped.
+fn second_entry(k: &Kit, kind: &str) -> String {
+    let _ = k;
+    let drop = "DROP INDEX ledger_entries_item_kind; DROP INDEX ledger_entries_chain;";
+    format!(
+        "{drop} INSERT INTO ledger_entries (seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, \
+         request_hash, created_at, prev_hash, hash) SELECT 6, account_id, '{kind}', amount, balance_after, job_id, item_id, \
+         ref_id, reason, request_hash, created_at, prev_hash, hash FROM ledger_entries WHERE seq = 5;"
+    )
+}
+
+async fn a_second_charge_is_l4(k: &Kit) {
+    scenario(k).await;
+    tamper(k, &second_entry(k, "charge")).await;
+    let found = found(k).await;
+    assert!(found.iter().any(|(inv, m)| *inv == "L4" && m.contains("2 charges")), "{found:#?}");
+}
+
+async fn a_reclaim_without_a_refund_is_l4(k: &Kit) {
+    scenario(k).await;
+    tamper(k, &second_entry(k, "reclaim")).await;
+    let found = found(k).await;
+    assert!(
+        found.iter().any(|(inv, m)| *inv == "L4" && m.contains("a reclaim without an earlier refund")),
+        "{found:#?}"
+    );
+}
+
+async fn a_balance_after_that_is_not_the_running_sum_is_l2(k: &Kit) {
+    scenario(k).await;
+    tamper(k, &format!("{} UPDATE ledger_entries SET balance_after = 0 WHERE seq = 3;", drop_ledger_guards(k))).await;
+    let found = found(k).await;
+    assert!(
+        found.iter().any(|(inv, m)| *inv == "L2" && m.contains("entry 3: balance_after 0 but the running sum is 90")),
+        "{found:#?}"
+    );
+}
+
+/// The rows no code path may write, written directly: each refused by the database itself.
+async fn the_database_refuses_duplicate_money_rows(k: &Kit) {
+    scenario(k).await;
+    let copy = |seq: i64, kind: &str, prev: &str| {
+        format!(
+            "INSERT INTO ledger_entries (seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, \
+             request_hash, created_at, prev_hash, hash) SELECT 6, account_id, '{kind}', amount, balance_after, job_id, \
+             item_id, ref_id, reason, request_hash, created_at, {prev}, hash FROM ledger_entries WHERE seq = {seq}"
+        )
+    };
+    // Each copy gets a chain link no entry has yet (after entry 5's hash), unless it is the fork,
+    // so exactly one index stands in the way; the error names it (PostgreSQL by name, SQLite by
+    // its columns).
+    let after_last = "(SELECT hash FROM ledger_entries WHERE seq = 5)";
+    let sqlite = k.is_sqlite();
+    for (what, sql, pg_index, sqlite_columns) in [
+        (
+            "second charge",
+            copy(5, "charge", after_last),
+            "ledger_entries_item_kind",
+            "ledger_entries.job_id, ledger_entries.item_id, ledger_entries.kind",
+        ),
+        (
+            "second refund",
+            copy(4, "refund", after_last),
+            "ledger_entries_item_kind",
+            "ledger_entries.job_id, ledger_entries.item_id, ledger_entries.kind",
+        ),
+        (
+            "second grant of one ref",
+            copy(2, "grant", after_last),
+            "ledger_entries_ref",
+            "ledger_entries.kind, ledger_entries.ref_id",
+        ),
+        (
+            "fork of the chain",
+            copy(5, "reclaim", "prev_hash"),
+            "ledger_entries_chain",
+            "ledger_entries.account_id, ledger_entries.prev_hash",
+        ),
+    ] {
+        let message = k.raw_script(&sql).await.expect_err(what).to_string();
+        let names = if sqlite { sqlite_columns } else { pg_index };
+        assert!(message.contains(names), "{what}: {message}");
+    }
+    for (what, sql) in [
+        ("update", "UPDATE ledger_entries SET amount = 0 WHERE seq = 3"),
+        ("delete", "DELETE FROM ledger_entries WHERE seq = 3"),
+    ] {
+        let message = k.raw_script(sql).await.expect_err(what).to_string();
+        assert!(message.contains("append-only"), "{what}: {message}");
+    }
+    if !k.is_sqlite() {
+        let message = k.raw_script("TRUNCATE ledger_entries CASCADE").await.expect_err("truncate").to_string();
+        assert!(message.contains("append-only"), "truncate: {message}");
+    }
+    k.assert_clean().await;
+}
