@@ -1045,7 +1045,10 @@ impl Store for SqlStore {
 
     async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
         let endpoint = endpoint.to_owned();
-        self.write_quiet(op!([endpoint] | db, cx | webhooks::fan_out(db, cx, &endpoint, batch).await)).await
+        let created =
+            self.write_quiet(op!([endpoint] | db, cx | webhooks::fan_out(db, cx, &endpoint, batch).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(created)
     }
 
     async fn webhook_claim(
@@ -1057,11 +1060,14 @@ impl Store for SqlStore {
         breaker: BreakerPolicy,
     ) -> Result<Vec<Delivery>, StoreError> {
         let endpoint = endpoint.to_owned();
-        self.write_quiet(op!(
-            [endpoint] | db,
-            cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max, breaker).await
-        ))
-        .await
+        let claimed = self
+            .write_quiet(op!(
+                [endpoint] | db,
+                cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max, breaker).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(claimed)
     }
 
     async fn webhook_report(
@@ -1073,11 +1079,14 @@ impl Store for SqlStore {
         breaker: BreakerPolicy,
     ) -> Result<bool, StoreError> {
         let (endpoint, token) = (endpoint.to_owned(), token.clone());
-        self.write_quiet(op!(
-            [endpoint, token, report] | db,
-            cx | webhooks::report(db, cx, &endpoint, seq, &token, &report, breaker).await
-        ))
-        .await
+        let applied = self
+            .write_quiet(op!(
+                [endpoint, token, report] | db,
+                cx | webhooks::report(db, cx, &endpoint, seq, &token, &report, breaker).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(applied)
     }
 
     async fn webhook_breakers(&self) -> Result<Vec<BreakerStatus>, StoreError> {

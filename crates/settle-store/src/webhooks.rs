@@ -7,6 +7,7 @@ use crate::error::StoreError;
 use crate::model::{BreakerPolicy, BreakerStatus, Delivery, DeliveryFilter, DeliveryReport, Event, LeaseToken, Paged};
 use crate::ops::Cx;
 use settle_core::Timestamp;
+use settle_core::crash::CrashPoint;
 use settle_core::limits;
 
 fn event_from_row(r: &Row, at: usize) -> Result<Event, StoreError> {
@@ -152,6 +153,7 @@ pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32
             return Err(StoreError::Retryable("webhook cursor moved concurrently".into()));
         }
     }
+    cx.point(CrashPoint::BeforeCommit)?;
     Ok(created)
 }
 
@@ -214,6 +216,7 @@ pub(crate) async fn claim(
             let Some(d) = claim_one(db, cx, endpoint, &new_token(), expires, 0).await? else { break };
             out.push(d);
         }
+        cx.point(CrashPoint::BeforeCommit)?;
         return Ok(out);
     };
     // Open or half-open: at most one probe, taken with a guarded write so only one process gets it.
@@ -281,6 +284,7 @@ async fn claim_one(
     let Some(row) = db.opt(sql, args![endpoint, cx.now.micros(), &token.0, expires.micros(), after]).await? else {
         return Ok(None);
     };
+    cx.point(CrashPoint::AfterGuard)?;
     let seq = row.i64(0)?;
     let r = db.one(SELECT_ONE, args![endpoint, seq]).await?;
     let mut d = delivery_from_row(&r)?;
@@ -314,6 +318,7 @@ pub(crate) async fn report(
                     args![endpoint, seq, &token.0, cx.now.micros(), i64::from(*status)],
                 )
                 .await?;
+            cx.point(CrashPoint::AfterGuard)?;
             if rows == 1 && close_breaker(db, cx, endpoint).await? {
                 tracing::debug!(
                     endpoint,
@@ -321,6 +326,7 @@ pub(crate) async fn report(
                     "webhook breaker closed (or its failure count cleared) by a delivered send"
                 );
             }
+            cx.point(CrashPoint::BeforeCommit)?;
             Ok(rows == 1)
         }
         DeliveryReport::Failed { status, error, retry_at, attempts_max } => {
@@ -352,6 +358,7 @@ pub(crate) async fn report(
                     ],
                 )
                 .await?;
+            cx.point(CrashPoint::AfterGuard)?;
             if rows == 1 {
                 if breaker.enabled() {
                     breaker_failed(db, cx, endpoint, token, breaker).await?;
@@ -359,6 +366,7 @@ pub(crate) async fn report(
                     close_breaker(db, cx, endpoint).await?;
                 }
             }
+            cx.point(CrashPoint::BeforeCommit)?;
             Ok(rows == 1)
         }
     }

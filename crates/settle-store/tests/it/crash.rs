@@ -9,6 +9,7 @@ use settle_core::crash::CrashPoint;
 use settle_core::ids::{ArtifactKey, RefId};
 use settle_core::job::RefundPolicy;
 use settle_store::*;
+
 use std::collections::{BTreeSet, HashMap};
 
 #[derive(Clone, Debug)]
@@ -261,4 +262,145 @@ async fn every_step_and_crash_point_converges(engine: EngineKind) {
     let all: BTreeSet<CrashPoint> = CrashPoint::STORE.iter().copied().collect();
     assert_eq!(covered, all, "every store crash point is exercised");
     assert!(runs > 60, "only {runs} crash runs");
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WebhookOp {
+    FanOut,
+    Claim,
+    ReportDelivered,
+    ReportFailed,
+}
+
+const NO_BREAKER: BreakerPolicy = BreakerPolicy { failures: 0, open_ms: 1, open_ms_max: 1 };
+const LEASE_MS: u64 = 1_000;
+
+async fn webhook_setup(k: &Kit) {
+    let a = k.account("a", 100).await;
+    k.job("j1", &a, 10).await;
+    k.items_job("j2", &a, &[5, 5]).await;
+    k.store.cancel(&jid("j2")).await.unwrap();
+    k.store.webhook_start("ops", StartFrom::Beginning).await.unwrap();
+}
+
+/// Runs `op` once (after what it needs), crashing at `crash` if given; returns the seqs it sent.
+async fn webhook_op(k: &Kit, op: WebhookOp, crash: Option<CrashPoint>) -> Result<Vec<i64>, StoreError> {
+    let s = &k.store;
+    let mut sent = Vec::new();
+    if op != WebhookOp::FanOut {
+        s.webhook_fan_out("ops", 100).await?;
+    }
+    let claimed = if matches!(op, WebhookOp::ReportDelivered | WebhookOp::ReportFailed) {
+        s.webhook_claim("ops", 1, LEASE_MS, 10, NO_BREAKER).await?
+    } else {
+        Vec::new()
+    };
+    if let Some(p) = crash {
+        k.crasher.arm(p);
+    }
+    match op {
+        WebhookOp::FanOut => drop(s.webhook_fan_out("ops", 100).await?),
+        WebhookOp::Claim => drop(s.webhook_claim("ops", 1, LEASE_MS, 10, NO_BREAKER).await?),
+        WebhookOp::ReportDelivered | WebhookOp::ReportFailed => {
+            let d = &claimed[0];
+            sent.push(d.event.seq);
+            let report = if op == WebhookOp::ReportDelivered {
+                DeliveryReport::Delivered { status: 200 }
+            } else {
+                DeliveryReport::Failed { status: Some(500), error: "down".into(), retry_at: s.now(), attempts_max: 10 }
+            };
+            s.webhook_report("ops", d.event.seq, d.lease_token.as_ref().unwrap(), report, NO_BREAKER).await?;
+        }
+    }
+    Ok(sent)
+}
+
+/// The sender goes on as a restarted process would: fan out, claim, send, report, and when
+/// nothing is due, let time pass (so leases of a dead sender lapse). Returns the seqs it sent.
+async fn deliver_the_rest(k: &Kit) -> Vec<i64> {
+    let s = &k.store;
+    let mut sent = Vec::new();
+    let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
+    for _ in 0..200 {
+        s.webhook_fan_out("ops", 100).await.unwrap();
+        let claimed = s.webhook_claim("ops", 1, LEASE_MS, 10, NO_BREAKER).await.unwrap();
+        if claimed.is_empty() {
+            let rows = s.webhook_deliveries(&all, 0, 1000).await.unwrap().rows;
+            if !rows.is_empty() && rows.iter().all(|d| d.state == "delivered") {
+                return sent;
+            }
+            k.clock.advance_seconds(2);
+            continue;
+        }
+        for d in claimed {
+            sent.push(d.event.seq);
+            let report = DeliveryReport::Delivered { status: 200 };
+            s.webhook_report("ops", d.event.seq, d.lease_token.as_ref().unwrap(), report, NO_BREAKER).await.unwrap();
+        }
+    }
+    panic!("webhook delivery did not converge");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_webhook_operations_converge_after_every_crash_point() {
+    webhook_operations_converge(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_webhook_operations_converge_after_every_crash_point() {
+    webhook_operations_converge(EngineKind::Postgres).await;
+}
+
+/// Webhook fan-out, claim and report (delivered and failed), each crashed at every point it visits,
+/// then the sender goes on. Delivery is at least once, so convergence here is: every event of the
+/// outbox ends `delivered` exactly once in the table, none dead, each sent at least once, and the
+/// ledger untouched (audit clean) — the same end as the clean run.
+async fn webhook_operations_converge(engine: EngineKind) {
+    let ops = [WebhookOp::FanOut, WebhookOp::Claim, WebhookOp::ReportDelivered, WebhookOp::ReportFailed];
+    let mut runs = 0;
+    for op in ops {
+        // The clean run says which points the operation visits.
+        let k = Kit::new(engine).await;
+        webhook_setup(&k).await;
+        k.crasher.take_seen();
+        let mut sent = webhook_op(&k, op, None).await.unwrap();
+        let mut points = k.crasher.take_seen();
+        points.sort();
+        points.dedup();
+        sent.extend(deliver_the_rest(&k).await);
+        let outbox: Vec<i64> = k.store.events(0, 1000).await.unwrap().rows.iter().map(|e| e.seq).collect();
+        let expected_points: &[CrashPoint] = match op {
+            WebhookOp::FanOut => &[CrashPoint::BeforeCommit, CrashPoint::AfterCommit],
+            _ => &[CrashPoint::AfterGuard, CrashPoint::BeforeCommit, CrashPoint::AfterCommit],
+        };
+        for p in expected_points {
+            assert!(points.contains(p), "{op:?} never visits {p:?}: {points:?}");
+        }
+        for point in points {
+            runs += 1;
+            let k = Kit::new(engine).await;
+            webhook_setup(&k).await;
+            let crashed = webhook_op(&k, op, Some(point)).await;
+            assert!(matches!(crashed, Err(StoreError::InjectedCrash(_))), "{op:?} at {point:?}: {crashed:?}");
+            assert!(!k.crasher.disarm(), "the armed point fired");
+            let mut sent = if matches!(op, WebhookOp::ReportDelivered | WebhookOp::ReportFailed) {
+                // The send happened before the report crashed.
+                let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
+                vec![k.store.webhook_deliveries(&all, 0, 1).await.unwrap().rows[0].event.seq]
+            } else {
+                Vec::new()
+            };
+            sent.extend(deliver_the_rest(&k).await);
+            let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
+            let rows = k.store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows;
+            let delivered: Vec<i64> = rows.iter().filter(|d| d.state == "delivered").map(|d| d.event.seq).collect();
+            assert_eq!(delivered, outbox, "{op:?} at {point:?}: every event delivered, once in the table");
+            let mut distinct = sent.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct, outbox, "{op:?} at {point:?}: every event sent at least once: {sent:?}");
+            k.assert_clean().await;
+        }
+    }
+    assert!(runs >= 11, "only {runs} webhook crash runs");
 }
