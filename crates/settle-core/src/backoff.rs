@@ -103,4 +103,26 @@ mod tests {
         let mean = draws.iter().sum::<u64>() / 1000;
         assert!((250_000..350_000).contains(&mean), "mean {mean}");
     }
+
+    /// SplitMix64's published sequence for seed 0 (Vigna's reference implementation).
+    #[test]
+    fn splitmix64_matches_the_reference() {
+        let mut r = SplitMix64::new(0);
+        let got: Vec<u64> = (0..4).map(|_| r.next_u64()).collect();
+        assert_eq!(got, [0xe220_a839_7b1d_cdaf, 0x6e78_9e6a_a1b9_65f4, 0x06c4_5d18_8009_454f, 0xf88b_b8a8_724c_81ec]);
+    }
+
+    #[test]
+    fn below_inclusive_covers_exactly_zero_to_max() {
+        let mut r = SplitMix64::new(7);
+        for max in [0u64, 1, 9] {
+            let mut seen = vec![false; max as usize + 1];
+            for _ in 0..2_000 {
+                let v = r.below_inclusive(max);
+                assert!(v <= max, "{v} > {max}");
+                seen[v as usize] = true;
+            }
+            assert!(seen.iter().all(|s| *s), "not every value of 0..={max} was drawn: {seen:?}");
+        }
+    }
 }

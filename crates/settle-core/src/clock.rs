@@ -114,4 +114,27 @@ mod tests {
         );
         assert_eq!(Timestamp::parse_rfc3339("yesterday"), None);
     }
+
+    #[test]
+    fn arithmetic_and_clocks() {
+        use super::{Clock, FakeClock, SystemClock};
+        let t = Timestamp::from_micros(5_000_000);
+        assert_eq!(t.micros(), 5_000_000);
+        assert_eq!(t.plus_millis(1_500).micros(), 6_500_000);
+        assert_eq!(t.plus_seconds(2).micros(), 7_000_000);
+        assert_eq!(t.minus_seconds(3).micros(), 2_000_000);
+        assert_eq!(Timestamp::from_micros(i64::MAX - 1).plus_millis(1).micros(), i64::MAX, "saturates");
+        let fake = FakeClock::new(t);
+        assert_eq!(fake.now(), t);
+        fake.advance_millis(250);
+        fake.advance_seconds(1);
+        assert_eq!(fake.now().micros(), 6_250_000);
+        fake.set(Timestamp::from_micros(42));
+        assert_eq!(fake.now().micros(), 42);
+        // The system clock is after this code was written (2026-11-30) and moves forward.
+        let now = SystemClock.now_micros();
+        assert!(now > 1_796_000_000_000_000, "{now}");
+        assert!(SystemClock.now().micros() >= now);
+        assert!(SystemClock.now_plus_millis(60_000).micros() >= now + 60_000_000);
+    }
 }

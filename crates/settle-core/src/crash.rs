@@ -78,4 +78,18 @@ mod tests {
         all.sort();
         assert_eq!(both, all);
     }
+
+    #[test]
+    fn names_are_distinct_snake_case() {
+        let names: Vec<&str> = CrashPoint::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(names[0], "after_guard");
+        let mut distinct = names.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), names.len());
+        assert!(
+            names.iter().all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_lowercase() || c == '_')),
+            "{names:?}"
+        );
+    }
 }

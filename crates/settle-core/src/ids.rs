@@ -204,4 +204,23 @@ mod tests {
         assert!(FailCode::parse("node_down").is_err());
         assert!(FailCode::parse("").is_err());
     }
+
+    #[test]
+    fn worker_names_codes_keys_and_destinations_keep_their_rules() {
+        let long = |n: usize| "w".repeat(n);
+        for ok in ["w1", "gpu-node_3.eu:7", "pool/a@host", &long(WORKER_LEN_MAX)] {
+            assert_eq!(WorkerName::parse(ok).unwrap().as_str(), ok);
+        }
+        for bad in ["", "has space", "ünï", &long(WORKER_LEN_MAX + 1)] {
+            assert!(WorkerName::parse(bad).is_err(), "{bad:?}");
+        }
+        let code = FailCode::parse("NODE_DOWN").unwrap();
+        assert_eq!((code.as_str(), code.to_string()), ("NODE_DOWN", "NODE_DOWN".to_owned()));
+        let key = format!("{}/x", "k".repeat(ARTIFACT_KEY_LEN_MAX - 2));
+        assert_eq!(ArtifactKey::parse(&key).unwrap().as_str(), key, "exactly the longest key");
+        assert!(ArtifactKey::parse(&format!("{key}y")).is_err(), "one longer");
+        assert!(ArtifactKey::parse("a//b").is_err() && ArtifactKey::parse("a/../b").is_err());
+        let to = Destination::parse("DE00 1234").unwrap();
+        assert_eq!(to.as_str(), "DE00 1234");
+    }
 }

@@ -226,4 +226,65 @@ mod tests {
         assert_eq!(arrow(ItemState::Refunded, ItemSignal::Cancel), None);
         assert_eq!(arrow(ItemState::Refunded, ItemSignal::Succeed).unwrap().to, ItemState::Reclaimed);
     }
+
+    /// The whole item state machine, every (state, signal) pair: the spec's table, pinned.
+    #[test]
+    fn the_arrow_table_is_exactly_the_spec() {
+        use ItemSignal as S;
+        use ItemState as I;
+        let expected = |state, signal| match (state, signal) {
+            (I::Charged, S::Fail) => Some((I::Refunded, Some(EntryKind::Refund))),
+            (I::Charged, S::Succeed) => Some((I::Succeeded, None)),
+            (I::Charged, S::Cancel) => Some((I::Cancelled, Some(EntryKind::Refund))),
+            (I::Refunded, S::Succeed) => Some((I::Reclaimed, Some(EntryKind::Reclaim))),
+            (I::Succeeded, S::Return) | (I::Reclaimed, S::Return) => Some((I::Returned, Some(EntryKind::PayoutReturn))),
+            _ => None,
+        };
+        let mut arrows = 0;
+        for state in ItemState::ALL {
+            for signal in ItemSignal::ALL {
+                let got = arrow(state, signal).map(|a| {
+                    assert_eq!(a.from, state);
+                    (a.to, a.entry)
+                });
+                assert_eq!(got, expected(state, signal), "{state:?} {signal:?}");
+                arrows += usize::from(got.is_some());
+            }
+        }
+        assert_eq!(arrows, 6);
+    }
+
+    #[test]
+    fn names_are_the_wire_and_storage_format() {
+        let names: Vec<&str> = ItemState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, ["charged", "succeeded", "refunded", "reclaimed", "cancelled", "returned"]);
+        for s in ItemState::ALL {
+            assert_eq!(ItemState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(ItemState::parse("charge"), None);
+        for (r, name) in [
+            (RefundReason::JobFailed, "job_failed"),
+            (RefundReason::ItemFailed, "item_failed"),
+            (RefundReason::Cancelled, "cancelled"),
+        ] {
+            assert_eq!((r.as_str(), RefundReason::parse(name)), (name, Some(r)));
+        }
+        assert_eq!(RefundReason::parse("failed"), None);
+    }
+
+    #[test]
+    fn what_each_state_says_of_itself() {
+        use ItemState as I;
+        // (state, terminal, refunded at some point, reclaimed)
+        for (s, terminal, refunded, reclaimed) in [
+            (I::Charged, false, false, false),
+            (I::Succeeded, true, false, false),
+            (I::Refunded, false, true, false),
+            (I::Reclaimed, true, true, true),
+            (I::Cancelled, true, true, false),
+            (I::Returned, true, false, false),
+        ] {
+            assert_eq!((s.is_terminal(), s.is_refunded(), s.is_reclaimed()), (terminal, refunded, reclaimed), "{s:?}");
+        }
+    }
 }

@@ -252,4 +252,33 @@ mod tests {
         assert!(p.is_retryable(&invalid, Some(true)));
         assert!(!p.is_retryable(&node_down, Some(false)));
     }
+
+    #[test]
+    fn job_names_and_finality() {
+        let names: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, ["queued", "running", "unknown", "cancelling", "succeeded", "dead", "cancelled", "returned"]);
+        for s in JobState::ALL {
+            assert_eq!(JobState::parse(s.as_str()), Some(s));
+            // `dead` is terminal for the queue (a person may requeue it).
+            let terminal = matches!(s, JobState::Succeeded | JobState::Dead | JobState::Cancelled | JobState::Returned);
+            assert_eq!(s.is_terminal(), terminal, "{s:?}");
+        }
+        assert_eq!(JobState::parse("done"), None);
+        for (p, name) in [(RefundPolicy::Failure, "failure"), (RefundPolicy::FinalFailure, "final_failure")] {
+            assert_eq!((p.as_str(), RefundPolicy::parse(name)), (name, Some(p)));
+        }
+        assert_eq!(RefundPolicy::parse("never"), None);
+    }
+
+    #[test]
+    fn a_kind_has_its_own_policy_or_the_default() {
+        let default = RetryPolicy { attempts_max: 3, ..RetryPolicy::default() };
+        let mut policies = Policies::from(default.clone());
+        assert_eq!(policies.default, default);
+        assert!(policies.kinds.is_empty());
+        let payout = RetryPolicy { attempts_max: 9, ..RetryPolicy::default() };
+        policies.kinds.insert("payout".into(), payout.clone());
+        assert_eq!(policies.for_kind("payout"), &payout);
+        assert_eq!(policies.for_kind("render"), &default);
+    }
 }

@@ -113,4 +113,14 @@ mod tests {
         assert_ne!(h, chain_hash(&GENESIS_HASH, &EntryFields { reason: Some("x"), ..e }));
         assert_eq!(h, chain_hash(&GENESIS_HASH, &e));
     }
+
+    #[test]
+    fn entry_kind_names_are_the_storage_format() {
+        let names: Vec<&str> = EntryKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["grant", "charge", "refund", "reclaim", "adjustment", "payout_return"]);
+        for k in EntryKind::ALL {
+            assert_eq!(EntryKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(EntryKind::parse("payout"), None);
+    }
 }

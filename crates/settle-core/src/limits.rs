@@ -61,3 +61,18 @@ pub const PROVIDER_BODY_BYTES_MAX: usize = 64 * 1024;
 pub const PROVIDER_TXID_LEN_MAX: usize = 256;
 /// Most payouts one processor has in flight at once (one pass claims at most this many).
 pub const PAYOUTS_IN_FLIGHT_MAX: u32 = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bounds decision 0003's arithmetic rests on, and the sizes the API and the provider
+    /// protocol document.
+    #[test]
+    fn the_bounds_are_what_the_decisions_say() {
+        assert_eq!(BALANCE_MAX, 2_305_843_009_213_693_952);
+        assert_eq!(BALANCE_MAX.checked_mul(4), None, "four balances overflow: why held is tracked");
+        assert_eq!(PAYLOAD_BYTES_MAX, 262_144);
+        assert_eq!(PROVIDER_BODY_BYTES_MAX, 65_536);
+    }
+}

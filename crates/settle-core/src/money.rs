@@ -62,4 +62,14 @@ mod tests {
         );
         assert_eq!(Credits::checked_sum([Credits::new(2), Credits::new(3)]), Ok(Credits::new(5)));
     }
+
+    #[test]
+    fn sign_and_display() {
+        for (n, positive, negative) in [(-1, false, true), (0, false, false), (1, true, false)] {
+            let c = Credits::new(n);
+            assert_eq!((c.get(), c.is_positive(), c.is_negative()), (n, positive, negative));
+        }
+        assert_eq!(Credits::new(-42).to_string(), "-42");
+        assert_eq!(Credits::new(i64::MAX).to_string(), "9223372036854775807");
+    }
 }

@@ -114,4 +114,25 @@ mod tests {
         let moved = h.replace("t=1000", "t=1001");
         assert_eq!(verify(secret, &moved, b"{}", 1_000, 300), Err(SignatureError::Mismatch));
     }
+
+    /// A key of exactly one block (64 bytes) is used as it is, not hashed first (RFC 2104); the
+    /// expected MAC is Python's `hmac.new(b"\x0b" * 64, b"Settle", "sha256")`.
+    #[test]
+    fn a_block_sized_key_is_not_hashed() {
+        let mac = hmac_sha256(&[0x0b; 64], b"Settle");
+        assert_eq!(hex::encode(mac), "51223beacb69dd84d9e6fe32e708d6c034c7d25b02c19be10739e011fcef0fe5");
+    }
+
+    /// Two wrong bytes whose differences cancel under XOR must still fail the compare.
+    #[test]
+    fn differences_do_not_cancel_out() {
+        let secret = "s3cret-s3cret-s3cret";
+        let h = sign(secret, 1_000, b"{}");
+        let (t, v1) = h.split_once(",v1=").unwrap();
+        let mut mac = hex::decode(v1).unwrap();
+        mac[0] ^= 1;
+        mac[1] ^= 1;
+        let forged = format!("{t},v1={}", hex::encode(mac));
+        assert_eq!(verify(secret, &forged, b"{}", 1_000, 300), Err(SignatureError::Mismatch));
+    }
 }

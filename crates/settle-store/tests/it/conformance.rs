@@ -183,6 +183,7 @@ async fn adjustment_needs_a_reason_and_may_be_negative(k: &Kit) {
     assert_eq!(down.value.balance_after.get(), -15);
     assert_eq!(down.value.reason.as_deref(), Some("chargeback"));
     assert_eq!(k.ledger_kinds(&a).await, vec![("grant".into(), 10), ("adjustment".into(), -25)]);
+    assert_eq!(k.event_types().await, ["account.created", "account.granted", "account.adjusted"]);
 }
 
 async fn job_create_charges_every_item_and_replays(k: &Kit) {
