@@ -83,24 +83,19 @@ fn canonical_json(v: &serde_json::Value) -> String {
     out
 }
 
-/// Counts a long-poll (`wait_seconds` > 0) while it is being answered, in
-/// `settle_http_long_polls_waiting`.
-struct Waiting(bool);
+/// Counts a long-poll in `settle_http_long_polls_waiting` while it sleeps between looks.
+struct Waiting;
 
 impl Waiting {
-    fn start(wait: u32) -> Waiting {
-        if wait > 0 {
-            metrics::gauge!("settle_http_long_polls_waiting").increment(1.0);
-        }
-        Waiting(wait > 0)
+    fn start() -> Waiting {
+        metrics::gauge!("settle_http_long_polls_waiting").increment(1.0);
+        Waiting
     }
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        if self.0 {
-            metrics::gauge!("settle_http_long_polls_waiting").decrement(1.0);
-        }
+        metrics::gauge!("settle_http_long_polls_waiting").decrement(1.0);
     }
 }
 
@@ -326,7 +321,6 @@ pub async fn claim(
         lease_seconds: b.lease_seconds,
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
-    let _waiting = Waiting::start(wait);
     let wake = s.store.wake();
     let claimed = loop {
         let notified = wake.notified();
@@ -346,6 +340,9 @@ pub async fn claim(
             let floor = Duration::from_millis(limits::POLL_FLOOR_MS);
             nap = nap.min(Duration::from_micros(until_due as u64).max(floor));
         }
+        // Counted only while it sleeps after finding nothing: what a test (or an operator) sees
+        // waiting has looked and will be answered by a wake-up or its next look.
+        let _waiting = Waiting::start();
         tokio::select! {
             _ = &mut notified => {}
             _ = tokio::time::sleep(nap) => {}
@@ -602,7 +599,6 @@ pub async fn events(
     }
     let (wait, _slot) = long_poll_slot(&s, &headers, wait);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
-    let _waiting = Waiting::start(wait);
     let wake = s.store.events_wake();
     let got = loop {
         let notified = wake.notified();
@@ -614,6 +610,7 @@ pub async fn events(
             break got;
         }
         let nap = (deadline - now).min(s.long_poll_recheck);
+        let _waiting = Waiting::start();
         tokio::select! {
             _ = &mut notified => {}
             _ = tokio::time::sleep(nap) => {}

@@ -121,13 +121,13 @@ fn serve_finishes_requests_in_flight_on_sigterm() {
         assert!(std::time::Instant::now() < deadline, "settle serve did not come up");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    // A claim that long-polls for 3 s is in flight when SIGTERM arrives; it must still be answered.
+    // A claim that long-polls for 20 s is in flight when SIGTERM arrives; it must still be answered.
     let claim = std::thread::spawn({
         let base = base.clone();
         move || {
             Command::new("curl")
                 .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-XPOST", &format!("{base}/v1/claims")])
-                .args(["-H", "content-type: application/json", "-d", r#"{"worker":"w","wait_seconds":3}"#])
+                .args(["-H", "content-type: application/json", "-d", r#"{"worker":"w","wait_seconds":20}"#])
                 .output()
                 .unwrap()
         }
@@ -143,6 +143,7 @@ fn serve_finishes_requests_in_flight_on_sigterm() {
         assert!(std::time::Instant::now() < deadline, "the claim never started waiting");
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
+    assert!(!claim.is_finished(), "the claim must still be waiting when SIGTERM arrives");
     let st = Command::new("kill").args(["-TERM", &server.id().to_string()]).status().unwrap();
     assert!(st.success());
     let answered = claim.join().unwrap();

@@ -219,3 +219,26 @@ impl Drop for Cluster {
         let _ = self.pg_ctl(&["-m", "immediate", "-w", "stop"]);
     }
 }
+
+/// Waits until `n` sessions on the database at `url` are LISTENing for Settle's wake-ups (a store
+/// connects its listener in the background): what a test does next reaches them.
+pub async fn until_listening(url: &str, n: i64) {
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    let mut conn = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().connect().await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let listening: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%settle_wake%'",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        if listening >= n {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "only {listening} of {n} wake-up listeners connected");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    conn.close().await.unwrap();
+}

@@ -22,9 +22,17 @@ struct Receiver {
     got: Mutex<Vec<(String, i64, Vec<u8>)>>,
     /// The event seq of every request, answered or refused.
     tried: Mutex<Vec<i64>>,
+    /// The query strings the requests came with (deliverers racing tell themselves apart by it).
+    senders: Mutex<std::collections::BTreeSet<String>>,
 }
 
-async fn receive(State(r): State<Arc<Receiver>>, headers: HeaderMap, body: axum::body::Bytes) -> StatusCode {
+async fn receive(
+    State(r): State<Arc<Receiver>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    r.senders.lock().unwrap().insert(query.unwrap_or_default());
     let seq = headers.get("settle-event-seq").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).unwrap_or(-1);
     r.tried.lock().unwrap().push(seq);
     {
@@ -543,7 +551,8 @@ async fn deliverers_race(engine: &str) {
             "sqlite" => first.clone(),
             _ => Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap()),
         };
-        let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
+        // One endpoint; each deliverer's URL says which one sent.
+        let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook?d={n}"), SECRET);
         endpoint.start_from = StartFrom::Beginning;
         let deliverer = Deliverer::new(store, endpoint, n).unwrap();
         let done = done.clone();
@@ -580,6 +589,8 @@ async fn deliverers_race(engine: &str) {
         last.insert(k, seq);
     }
     assert!(last.len() > 4, "several jobs' lines were delivered: {last:?}");
+    let senders = receiver.senders.lock().unwrap().clone();
+    assert!(senders.len() >= 2, "the deliverers really raced: only {senders:?} sent");
 }
 
 /// `scenario` on account `a{round}` with jobs `r{round}-j{n}`.

@@ -86,6 +86,11 @@ impl Server {
     /// what a test does next happens while they wait. The gauge is per process, and nextest runs
     /// each test in a process of its own.
     pub async fn until_long_polls_waiting(&self, n: u32) {
+        assert_eq!(
+            std::env::var("NEXTEST_EXECUTION_MODE").as_deref(),
+            Ok("process-per-test"),
+            "the long-poll gauge is per process: run these tests with cargo nextest (scripts/test)"
+        );
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             let r = self.get("/metrics").await;

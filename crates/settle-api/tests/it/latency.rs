@@ -38,6 +38,11 @@ async fn wake_latency(e: Engine) {
         Engine::Postgres => Some(SqlStore::open(&s.database_url, StoreOptions::default()).await.unwrap()),
         Engine::Sqlite => None,
     };
+    if other.is_some() {
+        // Both stores' listeners up before the first NOTIFY: one sent earlier would be lost, and
+        // the server re-checks only every 30 s.
+        settle_testkit::until_listening(&s.database_url, 2).await;
+    }
     let mut created = Vec::new();
     let mut due = Vec::new();
     for n in 0..SAMPLES {

@@ -278,26 +278,7 @@ async fn postgres_store_with_one_connection_still_writes() {
     let store = SqlStore::open(&url, options).await.unwrap();
     // The listener holds its connection: wait until the server shows it listening, so the write
     // below really runs beside it.
-    {
-        use sqlx::{ConnectOptions, Connection};
-        use std::str::FromStr;
-        let mut conn = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            let listening: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%settle_wake%'",
-            )
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
-            if listening == 1 {
-                break;
-            }
-            assert!(std::time::Instant::now() < deadline, "the wake-up listener never connected");
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        conn.close().await.unwrap();
-    }
+    settle_testkit::until_listening(&url, 1).await;
     let a = acc("solo");
     let r = tokio::time::timeout(
         std::time::Duration::from_secs(10),
@@ -398,21 +379,28 @@ async fn stale_signals_race_claims(engine: EngineKind) {
         let stale = k.claim_one(&id).await;
         k.fail(&id, &stale, "TIMEOUT").await;
         let before = k.balance(&a).await;
+        // Half the stale signals go at once (racing the claims), half only once attempt 2 is
+        // leased (each must be refused against the running attempt).
+        let leased = Arc::new(tokio::sync::Semaphore::new(0));
         let mut claimers = Vec::new();
         let mut signals = Vec::new();
         for t in 0..16 {
-            let k2 = k.clone();
+            let (k2, leased2) = (k.clone(), leased.clone());
             claimers.push(tokio::spawn(async move {
                 for _ in 0..200 {
                     if let Some(c) = k2.store.claim(claim_req(&format!("w{t}"), 1)).await.unwrap().into_iter().next() {
+                        leased2.add_permits(16);
                         return Some(c);
                     }
                     tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                 }
                 None
             }));
-            let (k2, id2, stale) = (k.clone(), id.clone(), stale.clone());
+            let (k2, id2, stale, leased2) = (k.clone(), id.clone(), stale.clone(), leased.clone());
             signals.push(tokio::spawn(async move {
+                if t >= 8 {
+                    leased2.acquire().await.unwrap().forget();
+                }
                 let j = jid(&id2);
                 match t % 4 {
                     0 => assert!(!k2.store.fail(&j, fail_sig(&stale, "TIMEOUT")).await.unwrap().applied),

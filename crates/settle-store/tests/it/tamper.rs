@@ -37,6 +37,13 @@ per_engine!(
     a_second_charge_is_l4,
     a_reclaim_without_a_refund_is_l4,
     a_balance_after_that_is_not_the_running_sum_is_l2,
+    a_second_refund_is_l4,
+    an_item_state_its_entries_do_not_match_is_l3,
+    an_entry_for_another_amount_than_the_cost_is_l3,
+    an_entry_on_another_account_than_the_jobs_is_l3,
+    entries_of_a_missing_item_are_l3,
+    balance_plus_held_past_the_largest_is_l1,
+    a_withdrawal_row_that_disagrees_with_its_job_is_l3,
     the_database_refuses_duplicate_money_rows,
 );
 
@@ -126,28 +133,26 @@ async fn a_wrong_held_is_l1(k: &Kit) {
     only(k, "L1", "held 8 but the items that may still be credited back cost 7").await;
 }
 
-/// A copy of entry 5 (k's charge) as entry 6 of `kind`, with the unique indexes that would refuse
-/// it dropped.
-fn second_entry(k: &Kit, kind: &str) -> String {
-    let _ = k;
+/// A copy of entry `from` as entry 6 of `kind`, with the unique indexes that would refuse it dropped.
+fn copy_entry(from: i64, kind: &str) -> String {
     let drop = "DROP INDEX ledger_entries_item_kind; DROP INDEX ledger_entries_chain;";
     format!(
         "{drop} INSERT INTO ledger_entries (seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, \
          request_hash, created_at, prev_hash, hash) SELECT 6, account_id, '{kind}', amount, balance_after, job_id, item_id, \
-         ref_id, reason, request_hash, created_at, prev_hash, hash FROM ledger_entries WHERE seq = 5;"
+         ref_id, reason, request_hash, created_at, prev_hash, hash FROM ledger_entries WHERE seq = {from};"
     )
 }
 
 async fn a_second_charge_is_l4(k: &Kit) {
     scenario(k).await;
-    tamper(k, &second_entry(k, "charge")).await;
+    tamper(k, &copy_entry(5, "charge")).await;
     let found = found(k).await;
     assert!(found.iter().any(|(inv, m)| *inv == "L4" && m.contains("2 charges")), "{found:#?}");
 }
 
 async fn a_reclaim_without_a_refund_is_l4(k: &Kit) {
     scenario(k).await;
-    tamper(k, &second_entry(k, "reclaim")).await;
+    tamper(k, &copy_entry(5, "reclaim")).await;
     let found = found(k).await;
     assert!(
         found.iter().any(|(inv, m)| *inv == "L4" && m.contains("a reclaim without an earlier refund")),
@@ -163,6 +168,64 @@ async fn a_balance_after_that_is_not_the_running_sum_is_l2(k: &Kit) {
         found.iter().any(|(inv, m)| *inv == "L2" && m.contains("entry 3: balance_after 0 but the running sum is 90")),
         "{found:#?}"
     );
+}
+
+/// The audit names `invariant` with a message containing `says` (among what else the tampering
+/// breaks: these alterations cannot be hidden from the other checks).
+async fn names(k: &Kit, invariant: &str, says: &str) {
+    let found = found(k).await;
+    assert!(found.iter().any(|(inv, m)| *inv == invariant && m.contains(says)), "{invariant} {says:?} in {found:#?}");
+}
+
+async fn a_second_refund_is_l4(k: &Kit) {
+    scenario(k).await;
+    tamper(k, &copy_entry(4, "refund")).await;
+    names(k, "L4", "1 charges, 2 refunds").await;
+}
+
+async fn an_item_state_its_entries_do_not_match_is_l3(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE items SET state = 'charged', refund_reason = NULL WHERE job_id = 'j'").await;
+    names(k, "L3", "entries sum to 0 but state charged nets -10").await;
+    names(k, "L3", "state charged has entries [Charge, Refund]").await;
+}
+
+async fn an_entry_for_another_amount_than_the_cost_is_l3(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE items SET cost = 8 WHERE job_id = 'k'").await;
+    names(k, "L3", "Charge of -7 for an item of cost 8").await;
+}
+
+async fn an_entry_on_another_account_than_the_jobs_is_l3(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE jobs SET account_id = 'b' WHERE id = 'k'").await;
+    names(k, "L3", "Charge posted to a, not the job's account b").await;
+}
+
+async fn entries_of_a_missing_item_are_l3(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "DELETE FROM items WHERE job_id = 'k'").await;
+    names(k, "L3", "ledger entries name an item that does not exist").await;
+}
+
+async fn balance_plus_held_past_the_largest_is_l1(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE accounts SET held = 2305843009213693952 WHERE id = 'a'").await;
+    names(k, "L1", "balance 93 plus held 2305843009213693952 exceeds the largest balance").await;
+}
+
+async fn a_withdrawal_row_that_disagrees_with_its_job_is_l3(k: &Kit) {
+    scenario(k).await;
+    let w = NewWithdrawal {
+        id: jid("w1"),
+        account_id: acc("a"),
+        amount: settle_core::Credits::new(20),
+        destination: settle_core::ids::Destination::parse("acct-1").unwrap(),
+    };
+    k.store.payouts().create_withdrawal(w).await.unwrap();
+    k.assert_clean().await;
+    tamper(k, "UPDATE withdrawals SET amount = 21 WHERE job_id = 'w1'").await;
+    only(k, "L3", "withdrawal amount Some(21) but the job holds 20").await;
 }
 
 /// The rows no code path may write, written directly: each refused by the database itself.
