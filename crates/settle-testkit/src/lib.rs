@@ -4,8 +4,9 @@
 //!   server; each test creates its own database there.
 //! - Otherwise the first test process to get here creates a throwaway cluster under
 //!   the system temp dir, named after the checkout's target dir (initdb, run as the `postgres` user when we are root, since initdb and
-//!   pg_ctl refuse to run as root) and starts it on a loopback port; later processes reuse it.
-//!   `scripts/test` stops it at the end of the run.
+//!   pg_ctl refuse to run as root) and starts it on a loopback port; later processes reuse it
+//!   while it runs. `scripts/test` stops it and deletes it at the end of the run; a cluster found
+//!   stopped is begun afresh, so the tests' databases never pile up in the temp dir.
 //! - A PostgreSQL that cannot be reached or started fails the test: no test skips for lack of one.
 
 use std::path::{Path, PathBuf};
@@ -90,10 +91,13 @@ pub fn server_url() -> &'static str {
             let st = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&root).status().unwrap();
             assert!(st.success(), "chown of the test cluster folder failed");
         }
-        if !data.join("PG_VERSION").exists() {
-            let out = pg_tool(&bin.join("initdb"), &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres", "-E", "UTF8"]);
-            assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        // A cluster that is not running is begun afresh: the databases earlier runs' tests made
+        // there are of no use and would only pile up.
+        if data.exists() {
+            std::fs::remove_dir_all(&data).unwrap();
         }
+        let out = pg_tool(&bin.join("initdb"), &["-D", data.to_str().unwrap(), "-A", "trust", "-U", "postgres", "-E", "UTF8"]);
+        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
         let port = free_port();
         // fsync off is fine for semantics tests (never for benchmarks): a lost test cluster is rebuilt.
         let opts = format!(

@@ -674,6 +674,12 @@ async fn cancel_requested_then_lease_expiry_tears_down(k: &Kit) {
     let j = k.get("j").await;
     assert_state(&j, JobState::Cancelled);
     assert_eq!(k.balance(&a).await, 100);
+    // The attempt log says why the attempt ended: its lease ran out, not a worker's cancel.
+    let attempts = k.store.attempts(&jid("j")).await.unwrap();
+    assert_eq!(
+        (attempts[0].result.as_deref(), attempts[0].fail_code.as_deref()),
+        (Some("lease_expired"), Some("LEASE_EXPIRED"))
+    );
 }
 
 async fn unknown_is_not_refunded_and_reconciles(k: &Kit) {

@@ -429,3 +429,59 @@ async fn stale_signals_race_claims(engine: EngineKind) {
     }
     k.assert_clean().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_the_rescuer_never_takes_a_lease_renewed_under_it() {
+    rescuer_races_heartbeats(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_the_rescuer_never_takes_a_lease_renewed_under_it() {
+    rescuer_races_heartbeats(EngineKind::Postgres).await;
+}
+
+/// 60 leases past their expiry; one rescue pass (which reads the expired leases first, then takes
+/// each in its own transaction) races a heartbeat for every job. A heartbeat that was accepted
+/// renewed the lease: the rescuer must not take that job afterwards. Each job ends either still
+/// running under its renewed lease (heartbeat first) or requeued with the heartbeat refused.
+async fn rescuer_races_heartbeats(engine: EngineKind) {
+    let k = Arc::new(Kit::new(engine).await);
+    let a = k.account("a", 1_000_000).await;
+    let mut tokens = Vec::new();
+    for n in 0..60 {
+        let id = format!("h{n}");
+        k.job(&id, &a, 1).await;
+        tokens.push((id.clone(), k.claim_one(&id).await));
+    }
+    k.clock.advance_seconds(31);
+    let rescuer = {
+        let k = k.clone();
+        tokio::spawn(async move { k.store.rescue_expired_leases(100).await.unwrap() })
+    };
+    let mut beats = Vec::new();
+    for (id, token) in tokens.into_iter().rev() {
+        let k = k.clone();
+        beats.push(tokio::spawn(async move { (id.clone(), k.store.heartbeat(&jid(&id), &token).await) }));
+    }
+    let rescued = rescuer.await.unwrap();
+    let (mut renewed, mut refused) = (0, 0);
+    for b in beats {
+        let (id, beat) = b.await.unwrap();
+        let job = k.get(&id).await;
+        match beat {
+            Ok(_) => {
+                renewed += 1;
+                assert_eq!(job.state, JobState::Running, "{id}: taken by the rescuer after its lease was renewed");
+                assert!(!rescued.contains(&id), "{id} renewed and rescued");
+            }
+            Err(StoreError::LeaseLost(_)) => {
+                refused += 1;
+                assert_eq!(job.state, JobState::Queued, "{id}");
+                assert!(rescued.contains(&id));
+            }
+            Err(e) => panic!("{id}: {e}"),
+        }
+    }
+    assert_eq!(renewed + refused, 60);
+    k.assert_clean().await;
+}
