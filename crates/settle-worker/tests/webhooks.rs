@@ -47,6 +47,14 @@ async fn receive(
     StatusCode::OK
 }
 
+/// A SQLite file in `dir`, or a fresh PostgreSQL database.
+async fn database(engine: &str, dir: &tempfile::TempDir) -> String {
+    match engine {
+        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
+        _ => settle_testkit::fresh_database().await,
+    }
+}
+
 /// Serves `app` on a free port; returns its address.
 async fn serve(app: axum::Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -104,10 +112,7 @@ async fn scenario(store: &SqlStore) {
 
 async fn deliver_everything(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let url = match engine {
-        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
-        _ => settle_testkit::fresh_database().await,
-    };
+    let url = database(engine, &dir).await;
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     scenario(&store).await;
 
@@ -311,10 +316,7 @@ async fn postgres_a_new_endpoint_starts_from_now_unless_told_otherwise() {
 
 async fn starts_from_now(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let url = match engine {
-        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
-        _ => settle_testkit::fresh_database().await,
-    };
+    let url = database(engine, &dir).await;
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     scenario(&store).await;
     let history = store.events(0, 1000).await.unwrap().rows.len();
@@ -358,10 +360,7 @@ async fn postgres_delivered_rows_are_pruned_after_retention() {
 
 async fn pruned_after_retention(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let url = match engine {
-        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
-        _ => settle_testkit::fresh_database().await,
-    };
+    let url = database(engine, &dir).await;
     let clock = Arc::new(settle_core::FakeClock::new(settle_core::Timestamp::from_micros(1_767_225_600_000_000)));
     let options = StoreOptions { clock: clock.clone(), ..StoreOptions::default() };
     let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
@@ -414,10 +413,7 @@ async fn breaker(store: &SqlStore) -> BreakerStatus {
 
 async fn breaker_pauses_and_probes(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let url = match engine {
-        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
-        _ => settle_testkit::fresh_database().await,
-    };
+    let url = database(engine, &dir).await;
     let clock = Arc::new(settle_core::FakeClock::new(settle_core::Timestamp::from_micros(1_767_225_600_000_000)));
     let options = StoreOptions { clock: clock.clone(), ..StoreOptions::default() };
     let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
@@ -533,10 +529,7 @@ async fn postgres_deliverers_racing_on_one_endpoint_deliver_each_event_once_in_o
 /// order per job.
 async fn deliverers_race(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let url = match engine {
-        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
-        _ => settle_testkit::fresh_database().await,
-    };
+    let url = database(engine, &dir).await;
     let first = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     for round in 0..4 {
         scenario_named(&first, round).await;
@@ -631,10 +624,7 @@ async fn postgres_a_lapsed_lease_is_sent_again_and_counts_toward_the_cap() {
 /// a delivery whose senders keep dying reaches the attempt cap and goes dead.
 async fn lapsed_leases(engine: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let url = match engine {
-        "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
-        _ => settle_testkit::fresh_database().await,
-    };
+    let url = database(engine, &dir).await;
     let clock = Arc::new(settle_core::FakeClock::new(settle_core::Timestamp::from_micros(1_767_225_600_000_000)));
     let store = SqlStore::open(&url, StoreOptions { clock: clock.clone(), ..StoreOptions::default() }).await.unwrap();
     store
