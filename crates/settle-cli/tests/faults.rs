@@ -105,6 +105,29 @@ async fn check_nothing_lost(http: &reqwest::Client, base: &str, load: &Load) {
     assert_eq!(account["balance"], GRANT - total, "{account}");
 }
 
+/// Once the fault is undone: 100 more creates are acknowledged (Settle recovered by itself), the
+/// load stops, nothing acknowledged is lost, the server stops cleanly and the audit is clean.
+async fn recovers_losing_nothing(
+    load: &Load,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    acknowledged_before: usize,
+    http: &reqwest::Client,
+    s: &mut common::Serve,
+    db: &str,
+) {
+    until(60, "creates after the fault was undone", || async {
+        count(load, Answer::Status(201)).await >= acknowledged_before + 100
+    })
+    .await;
+    load.stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    check_nothing_lost(http, &s.base, load).await;
+    assert!(s.stop(), "settle serve did not stop cleanly");
+    audit(db);
+}
+
 async fn open_account(http: &reqwest::Client, base: &str) {
     assert_eq!(call(http, "POST", &format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await.0, 201);
     let grant = json!({"id": "g", "amount": GRANT});
@@ -139,17 +162,7 @@ async fn postgres_killed_and_restarted_under_load() {
     assert_eq!(ready, 503);
     let acknowledged_before = count(&load, Answer::Status(201)).await;
     pg.up();
-    until(60, "creates after the restart", || async {
-        count(&load, Answer::Status(201)).await >= acknowledged_before + 100
-    })
-    .await;
-    load.stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    check_nothing_lost(&http, &s.base, &load).await;
-    assert!(s.stop(), "settle serve did not stop cleanly");
-    audit(&db);
+    recovers_losing_nothing(&load, tasks, acknowledged_before, &http, &mut s, &db).await;
 }
 
 /// Mounts a tmpfs of `mb` MiB at `dir` (root only); unmounts on drop.
@@ -211,17 +224,7 @@ async fn sqlite_on_a_disk_that_fills_up() {
     assert_eq!(health, 200, "the process is alive while its disk is full");
     let acknowledged_before = count(&load, Answer::Status(201)).await;
     std::fs::remove_file(&filler).unwrap();
-    until(60, "creates after space came back", || async {
-        count(&load, Answer::Status(201)).await >= acknowledged_before + 100
-    })
-    .await;
-    load.stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    check_nothing_lost(&http, &s.base, &load).await;
-    assert!(s.stop(), "settle serve did not stop cleanly");
-    audit(&db);
+    recovers_losing_nothing(&load, tasks, acknowledged_before, &http, &mut s, &db).await;
     let path = mnt.join("settle.db");
     let check = Command::new("python3")
         .args([
