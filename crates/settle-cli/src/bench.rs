@@ -35,11 +35,26 @@ pub struct BenchArgs {
     /// Wake-ups measured per case with --wake.
     #[arg(long, default_value_t = 50)]
     samples: usize,
+    /// Print only the engine's own one-row durable commit rate (SQLite `synchronous=FULL` in a
+    /// file under --dir, or the --postgres server) and stop: the yardstick of scripts/bench-http.
+    #[arg(long)]
+    raw_commits: bool,
+    /// Where --raw-commits puts its SQLite file (a real disk, not tmpfs, or fsync costs nothing).
+    #[arg(long, default_value = ".")]
+    dir: std::path::PathBuf,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.wake {
         return run_wake(&args).await;
+    }
+    if args.raw_commits {
+        let rate = match &args.postgres {
+            Some(server) => pg_raw_commits_per_second(server, 2_000).await?,
+            None => raw_commits_per_second_in(&args.dir, Durability::Full, 2_000).await?,
+        };
+        println!("{rate:.0}");
+        return Ok(());
     }
     if let Some(server) = &args.postgres {
         return run_postgres(&args, server).await;
@@ -303,7 +318,11 @@ async fn drive(store: Arc<SqlStore>, concurrency: usize, jobs: usize) -> anyhow:
 /// The engine's own limit: one-row INSERT transactions (BEGIN IMMEDIATE … COMMIT) on one
 /// connection with the same durability — what a commit costs with no Settle logic at all.
 async fn raw_commits_per_second(durability: Durability, n: usize) -> anyhow::Result<f64> {
-    let dir = tempfile::tempdir()?;
+    raw_commits_per_second_in(&std::env::temp_dir(), durability, n).await
+}
+
+async fn raw_commits_per_second_in(parent: &std::path::Path, durability: Durability, n: usize) -> anyhow::Result<f64> {
+    let dir = tempfile::tempdir_in(parent)?;
     let url = format!("sqlite://{}", dir.path().join("raw.db").display());
     let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?
         .create_if_missing(true)

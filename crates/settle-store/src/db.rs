@@ -1,6 +1,7 @@
 //! A thin layer over one SQLite or PostgreSQL connection, so every transition is written once,
 //! in SQL both engines read the same way (`$N` placeholders, `RETURNING`, `ON CONFLICT`).
 
+use crate::error::StoreError;
 use sqlx::postgres::{PgArguments, PgConnection, PgRow};
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteConnection, SqliteRow};
@@ -29,6 +30,11 @@ pub(crate) enum Value {
     OptText(Option<String>),
     Blob(Vec<u8>),
     OptBlob(Option<Vec<u8>>),
+    // Arrays, for PostgreSQL's `unnest($1::bigint[], …)` multi-row inserts only.
+    I64s(Vec<i64>),
+    Texts(Vec<String>),
+    OptTexts(Vec<Option<String>>),
+    OptBlobs(Vec<Option<Vec<u8>>>),
 }
 
 impl From<i64> for Value {
@@ -97,6 +103,9 @@ fn bind_sqlite<'q>(mut q: Query<'q, Sqlite, SqliteArguments>, args: &[Value]) ->
             Value::OptText(v) => q.bind(v),
             Value::Blob(v) => q.bind(v),
             Value::OptBlob(v) => q.bind(v),
+            Value::I64s(_) | Value::Texts(_) | Value::OptTexts(_) | Value::OptBlobs(_) => {
+                unreachable!("arrays are bound on PostgreSQL only")
+            }
         };
     }
     q
@@ -111,6 +120,10 @@ fn bind_pg<'q>(mut q: Query<'q, Postgres, PgArguments>, args: &[Value]) -> Query
             Value::OptText(v) => q.bind(v),
             Value::Blob(v) => q.bind(v),
             Value::OptBlob(v) => q.bind(v),
+            Value::I64s(v) => q.bind(v),
+            Value::Texts(v) => q.bind(v),
+            Value::OptTexts(v) => q.bind(v),
+            Value::OptBlobs(v) => q.bind(v),
         };
     }
     q
@@ -120,37 +133,66 @@ fn bind_pg<'q>(mut q: Query<'q, Postgres, PgArguments>, args: &[Value]) -> Query
 pub(crate) enum Row {
     Sqlite(SqliteRow),
     Pg(PgRow),
+    /// A row read by the SQLite writer (rusqlite), copied out of the statement.
+    Lite(Vec<rusqlite::types::Value>),
+}
+
+fn lite_value(r: &[rusqlite::types::Value], i: usize) -> Result<&rusqlite::types::Value, StoreError> {
+    r.get(i).ok_or_else(|| StoreError::internal(format!("no column {i}")))
+}
+
+fn lite_type(i: usize, v: &rusqlite::types::Value, want: &str) -> StoreError {
+    StoreError::internal(format!("column {i} is {:?}, not {want}", v.data_type()))
 }
 
 impl Row {
-    pub fn i64(&self, i: usize) -> Result<i64, sqlx::Error> {
+    pub fn i64(&self, i: usize) -> Result<i64, StoreError> {
+        self.opt_i64(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
+    }
+    pub fn opt_i64(&self, i: usize) -> Result<Option<i64>, StoreError> {
         match self {
-            Row::Sqlite(r) => r.try_get(i),
-            Row::Pg(r) => r.try_get(i),
+            Row::Sqlite(r) => Ok(r.try_get(i)?),
+            Row::Pg(r) => Ok(r.try_get(i)?),
+            Row::Lite(r) => match lite_value(r, i)? {
+                rusqlite::types::Value::Integer(v) => Ok(Some(*v)),
+                rusqlite::types::Value::Null => Ok(None),
+                v => Err(lite_type(i, v, "an integer")),
+            },
         }
     }
-    pub fn opt_i64(&self, i: usize) -> Result<Option<i64>, sqlx::Error> {
+    pub fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.opt_text(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
+    }
+    pub fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
         match self {
-            Row::Sqlite(r) => r.try_get(i),
-            Row::Pg(r) => r.try_get(i),
+            Row::Sqlite(r) => Ok(r.try_get(i)?),
+            Row::Pg(r) => Ok(r.try_get(i)?),
+            Row::Lite(r) => match lite_value(r, i)? {
+                rusqlite::types::Value::Text(v) => Ok(Some(v.clone())),
+                rusqlite::types::Value::Null => Ok(None),
+                v => Err(lite_type(i, v, "text")),
+            },
         }
     }
-    pub fn text(&self, i: usize) -> Result<String, sqlx::Error> {
+    pub fn opt_blob(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
         match self {
-            Row::Sqlite(r) => r.try_get(i),
-            Row::Pg(r) => r.try_get(i),
+            Row::Sqlite(r) => Ok(r.try_get(i)?),
+            Row::Pg(r) => Ok(r.try_get(i)?),
+            Row::Lite(r) => match lite_value(r, i)? {
+                rusqlite::types::Value::Blob(v) => Ok(Some(v.clone())),
+                rusqlite::types::Value::Null => Ok(None),
+                v => Err(lite_type(i, v, "a blob")),
+            },
         }
     }
-    pub fn opt_text(&self, i: usize) -> Result<Option<String>, sqlx::Error> {
+    pub fn blob(&self, i: usize) -> Result<Vec<u8>, StoreError> {
         match self {
-            Row::Sqlite(r) => r.try_get(i),
-            Row::Pg(r) => r.try_get(i),
-        }
-    }
-    pub fn blob(&self, i: usize) -> Result<Vec<u8>, sqlx::Error> {
-        match self {
-            Row::Sqlite(r) => r.try_get(i),
-            Row::Pg(r) => r.try_get(i),
+            Row::Sqlite(r) => Ok(r.try_get(i)?),
+            Row::Pg(r) => Ok(r.try_get(i)?),
+            Row::Lite(r) => match lite_value(r, i)? {
+                rusqlite::types::Value::Blob(v) => Ok(v.clone()),
+                v => Err(lite_type(i, v, "a blob")),
+            },
         }
     }
 }
@@ -158,39 +200,42 @@ impl Row {
 /// A connection inside an open transaction (or a read snapshot).
 pub(crate) enum Db<'c> {
     Sqlite(&'c mut SqliteConnection),
-    // Constructed by the PostgreSQL backend (issue 3); the SQL of `ops` already runs on both.
-    #[allow(dead_code)]
     Pg(&'c mut PgConnection),
+    /// The SQLite writer's own connection (rusqlite, on the writer's thread): every statement runs
+    /// in place, prepared once and cached, with no hop to another thread.
+    Lite(&'c mut rusqlite::Connection),
 }
 
 impl Db<'_> {
     pub fn engine(&self) -> Engine {
         match self {
-            Db::Sqlite(_) => Engine::Sqlite,
+            Db::Sqlite(_) | Db::Lite(_) => Engine::Sqlite,
             Db::Pg(_) => Engine::Postgres,
         }
     }
 
     /// Runs a statement; returns the number of rows it changed.
-    pub async fn exec(&mut self, sql: &'static str, args: &[Value]) -> Result<u64, sqlx::Error> {
+    pub async fn exec(&mut self, sql: &'static str, args: &[Value]) -> Result<u64, StoreError> {
         match self {
             Db::Sqlite(c) => Ok(bind_sqlite(sqlx::query(sql), args).execute(&mut **c).await?.rows_affected()),
             Db::Pg(c) => Ok(bind_pg(sqlx::query(sql), args).execute(&mut **c).await?.rows_affected()),
+            Db::Lite(c) => lite_exec(c, sql, args),
         }
     }
 
-    pub async fn opt(&mut self, sql: &'static str, args: &[Value]) -> Result<Option<Row>, sqlx::Error> {
+    pub async fn opt(&mut self, sql: &'static str, args: &[Value]) -> Result<Option<Row>, StoreError> {
         match self {
             Db::Sqlite(c) => Ok(bind_sqlite(sqlx::query(sql), args).fetch_optional(&mut **c).await?.map(Row::Sqlite)),
             Db::Pg(c) => Ok(bind_pg(sqlx::query(sql), args).fetch_optional(&mut **c).await?.map(Row::Pg)),
+            Db::Lite(c) => Ok(lite_query(c, sql, args, 1)?.into_iter().next()),
         }
     }
 
-    pub async fn one(&mut self, sql: &'static str, args: &[Value]) -> Result<Row, sqlx::Error> {
-        self.opt(sql, args).await?.ok_or(sqlx::Error::RowNotFound)
+    pub async fn one(&mut self, sql: &'static str, args: &[Value]) -> Result<Row, StoreError> {
+        self.opt(sql, args).await?.ok_or_else(|| StoreError::internal(format!("no row from {sql}")))
     }
 
-    pub async fn all(&mut self, sql: &'static str, args: &[Value]) -> Result<Vec<Row>, sqlx::Error> {
+    pub async fn all(&mut self, sql: &'static str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
         match self {
             Db::Sqlite(c) => Ok(bind_sqlite(sqlx::query(sql), args)
                 .fetch_all(&mut **c)
@@ -201,11 +246,12 @@ impl Db<'_> {
             Db::Pg(c) => {
                 Ok(bind_pg(sqlx::query(sql), args).fetch_all(&mut **c).await?.into_iter().map(Row::Pg).collect())
             }
+            Db::Lite(c) => lite_query(c, sql, args, usize::MAX),
         }
     }
 
     /// For statements assembled from constant fragments and `$N` placeholders only (list filters).
-    pub async fn all_built(&mut self, sql: String, args: &[Value]) -> Result<Vec<Row>, sqlx::Error> {
+    pub async fn all_built(&mut self, sql: String, args: &[Value]) -> Result<Vec<Row>, StoreError> {
         match self {
             Db::Sqlite(c) => Ok(bind_sqlite(sqlx::query(AssertSqlSafe(sql)), args)
                 .fetch_all(&mut **c)
@@ -219,10 +265,65 @@ impl Db<'_> {
                 .into_iter()
                 .map(Row::Pg)
                 .collect()),
+            Db::Lite(c) => lite_query(c, &sql, args, usize::MAX),
         }
     }
 
-    pub async fn opt_built(&mut self, sql: String, args: &[Value]) -> Result<Option<Row>, sqlx::Error> {
+    pub async fn opt_built(&mut self, sql: String, args: &[Value]) -> Result<Option<Row>, StoreError> {
         Ok(self.all_built(sql, args).await?.into_iter().next())
     }
+}
+
+/// Binds `args` to a rusqlite statement by the number in each `$N` placeholder (a placeholder may
+/// repeat, and SQLite numbers parameters in order of first appearance, not by their names).
+fn lite_bind(stmt: &mut rusqlite::CachedStatement<'_>, args: &[Value]) -> Result<(), StoreError> {
+    use rusqlite::types::Null;
+    for index in 1..=stmt.parameter_count() {
+        let name = stmt.parameter_name(index).unwrap_or("");
+        let n: usize = name
+            .strip_prefix('$')
+            .and_then(|d| d.parse().ok())
+            .ok_or_else(|| StoreError::internal(format!("unsupported placeholder {name:?}")))?;
+        let arg = args.get(n - 1).ok_or_else(|| StoreError::internal(format!("no argument for ${n}")))?;
+        let bound = match arg {
+            Value::I64(v) => stmt.raw_bind_parameter(index, v),
+            Value::OptI64(Some(v)) => stmt.raw_bind_parameter(index, v),
+            Value::Text(v) | Value::OptText(Some(v)) => stmt.raw_bind_parameter(index, v.as_str()),
+            Value::Blob(v) | Value::OptBlob(Some(v)) => stmt.raw_bind_parameter(index, v.as_slice()),
+            Value::OptI64(None) | Value::OptText(None) | Value::OptBlob(None) => stmt.raw_bind_parameter(index, Null),
+            Value::I64s(_) | Value::Texts(_) | Value::OptTexts(_) | Value::OptBlobs(_) => {
+                return Err(StoreError::internal("arrays are bound on PostgreSQL only"));
+            }
+        };
+        bound.map_err(StoreError::from_sqlite)?;
+    }
+    Ok(())
+}
+
+fn lite_exec(c: &rusqlite::Connection, sql: &str, args: &[Value]) -> Result<u64, StoreError> {
+    let mut stmt = c.prepare_cached(sql).map_err(StoreError::from_sqlite)?;
+    lite_bind(&mut stmt, args)?;
+    let mut rows = stmt.raw_query();
+    // Steps the statement to its end (a `RETURNING` clause yields rows that are not read here).
+    while rows.next().map_err(StoreError::from_sqlite)?.is_some() {}
+    drop(rows);
+    Ok(c.changes())
+}
+
+fn lite_query(c: &rusqlite::Connection, sql: &str, args: &[Value], max: usize) -> Result<Vec<Row>, StoreError> {
+    let mut stmt = c.prepare_cached(sql).map_err(StoreError::from_sqlite)?;
+    lite_bind(&mut stmt, args)?;
+    let columns = stmt.column_count();
+    let mut out = Vec::new();
+    let mut rows = stmt.raw_query();
+    while let Some(row) = rows.next().map_err(StoreError::from_sqlite)? {
+        if out.len() < max {
+            let values = (0..columns)
+                .map(|i| row.get::<_, rusqlite::types::Value>(i))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(StoreError::from_sqlite)?;
+            out.push(Row::Lite(values));
+        }
+    }
+    Ok(out)
 }

@@ -151,3 +151,30 @@ impl From<sqlx::Error> for StoreError {
         }
     }
 }
+
+impl StoreError {
+    /// An error of the SQLite writer's connection (rusqlite), classified as `From<sqlx::Error>`
+    /// classifies the same codes: an integer overflow refused by a STRICT column is `Overflow`, a busy
+    /// database `Busy`, a full disk or an I/O error `Unavailable` (nothing was written).
+    pub(crate) fn from_sqlite(e: rusqlite::Error) -> StoreError {
+        if let rusqlite::Error::SqliteFailure(failure, _) = &e {
+            let extended = failure.extended_code.to_string();
+            if extended == SQLITE_CONSTRAINT_DATATYPE {
+                return StoreError::Overflow;
+            }
+            if is_busy_code(&extended) {
+                return StoreError::Busy(e.to_string());
+            }
+            if matches!(
+                failure.code,
+                rusqlite::ErrorCode::DiskFull
+                    | rusqlite::ErrorCode::SystemIoFailure
+                    | rusqlite::ErrorCode::CannotOpen
+                    | rusqlite::ErrorCode::ReadOnly
+            ) {
+                return StoreError::Unavailable(e.to_string());
+            }
+        }
+        StoreError::Internal(e.to_string())
+    }
+}

@@ -12,6 +12,7 @@
 pub mod artifacts;
 mod audit;
 pub mod db;
+mod engine;
 pub mod error;
 mod identity;
 pub mod model;

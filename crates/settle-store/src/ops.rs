@@ -58,6 +58,61 @@ pub(crate) struct Cx {
     pub policy: Arc<Policies>,
     pub rng: Arc<Mutex<SplitMix64>>,
     pub crash: Option<Arc<dyn CrashHook>>,
+    /// PostgreSQL: the transaction's ledger lines and events, numbered by `flush` just before its
+    /// COMMIT (docs/decisions/0013). `None` on SQLite, whose single writer numbers them at once.
+    pub pending: Option<Arc<Mutex<Pending>>>,
+}
+
+/// Ledger lines and outbox events of one PostgreSQL transaction, in the order they were written,
+/// waiting for their numbers. Shared by every operation of a batch; the batch runner cuts it back
+/// to the mark taken before an operation that fails.
+#[derive(Default)]
+pub(crate) struct Pending {
+    pub lines: Vec<PendingLine>,
+    pub events: Vec<PendingEvent>,
+}
+
+pub(crate) struct PendingLine {
+    pub account_id: String,
+    pub kind: EntryKind,
+    pub amount: i64,
+    pub balance_after: i64,
+    pub job_id: Option<String>,
+    pub item_id: Option<String>,
+    pub ref_id: Option<String>,
+    pub reason: Option<String>,
+    pub request_hash: Option<Vec<u8>>,
+    pub created_at: i64,
+}
+
+pub(crate) struct PendingEvent {
+    pub kind: &'static str,
+    pub job_id: Option<String>,
+    pub account_id: String,
+    pub data: String,
+    pub created_at: i64,
+}
+
+impl Pending {
+    pub fn mark(&self) -> (usize, usize) {
+        (self.lines.len(), self.events.len())
+    }
+
+    pub fn truncate(&mut self, (lines, events): (usize, usize)) {
+        self.lines.truncate(lines);
+        self.events.truncate(events);
+    }
+
+    /// What the transaction has queued so far for one job (added to its `net`).
+    fn job_amount(&self, job_id: &str) -> Result<Credits, StoreError> {
+        Ok(Credits::checked_sum(
+            self.lines.iter().filter(|l| l.job_id.as_deref() == Some(job_id)).map(|l| Credits::new(l.amount)),
+        )?)
+    }
+}
+
+fn lock_pending(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
+    pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Cx {
@@ -157,26 +212,36 @@ pub(crate) async fn must_lock_job(db: &mut Db<'_>, id: &str) -> Result<JobRow, S
     lock_job(db, id).await?.ok_or_else(|| StoreError::not_found("job", id))
 }
 
-pub(crate) async fn read_job(db: &mut Db<'_>, id: &str) -> Result<Option<Job>, StoreError> {
+pub(crate) async fn read_job(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Option<Job>, StoreError> {
     let Some(row) = db.opt(SELECT_JOB, args![id]).await? else { return Ok(None) };
     let row = job_row(&row)?;
-    Ok(Some(attach(db, row).await?))
+    Ok(Some(attach(db, cx, row).await?))
 }
 
-pub(crate) async fn must_read_job(db: &mut Db<'_>, id: &str) -> Result<Job, StoreError> {
-    read_job(db, id).await?.ok_or_else(|| StoreError::not_found("job", id))
+pub(crate) async fn must_read_job(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Job, StoreError> {
+    read_job(db, cx, id).await?.ok_or_else(|| StoreError::not_found("job", id))
 }
 
-/// Completes a job row with its items and its net (the sum of its ledger entries).
-pub(crate) async fn attach(db: &mut Db<'_>, row: JobRow) -> Result<Job, StoreError> {
-    let items = db
-        .all("SELECT item_id, cost, state, refund_reason FROM items WHERE job_id = $1 ORDER BY ord", args![&row.id])
-        .await?
-        .iter()
-        .map(item_from_row)
-        .collect::<Result<Vec<_>, _>>()?;
-    let amounts = db.all("SELECT amount FROM ledger_entries WHERE job_id = $1", args![&row.id]).await?;
-    let net = Credits::checked_sum(amounts.iter().map(|r| r.i64(0).map(Credits::new)).collect::<Result<Vec<_>, _>>()?)?;
+/// Completes a job row with its items and its net (the sum of its ledger entries, those the
+/// transaction has queued included).
+pub(crate) async fn attach(db: &mut Db<'_>, cx: &Cx, row: JobRow) -> Result<Job, StoreError> {
+    // One statement: the items, each row carrying the job's net (an uncorrelated subquery, run once).
+    let rows = db
+        .all(
+            "SELECT item_id, cost, state, refund_reason, \
+             (SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = $1) \
+             FROM items WHERE job_id = $1 ORDER BY ord",
+            args![&row.id],
+        )
+        .await?;
+    let items = rows.iter().map(item_from_row).collect::<Result<Vec<_>, _>>()?;
+    let mut net = match rows.first() {
+        Some(r) => Credits::new(r.i64(4)?),
+        None => Credits::ZERO,
+    };
+    if let Some(pending) = &cx.pending {
+        net = net.checked_add(lock_pending(pending).job_amount(&row.id)?)?;
+    }
     Ok(Job {
         id: row.id,
         account_id: row.account_id,
@@ -262,16 +327,37 @@ pub(crate) enum BalanceCheck {
 
 // Debits (charges, negative adjustments) keep `balance − exposure ≥ −BALANCE_MAX`: the balance
 // after every possible reclaim stays inside i64 (docs/decisions/0003).
-const DEBIT_OVERDRAFT: &str = "UPDATE accounts SET balance = balance + $2 \
+// Each also moves `held` by $4 and `exposure` by $5 (`Holds`) in the same statement; the guards
+// read the values from before it, as when they were separate statements after the balance.
+const DEBIT_OVERDRAFT: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
      WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 AND balance - exposure >= (0 - $3) - $2 \
      RETURNING balance";
 // Credits (grants, positive adjustments) keep `balance + held ≤ BALANCE_MAX`: the balance after every
 // refund and return still possible stays inside i64 (docs/decisions/0003).
-const CREDIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2 \
+const CREDIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
      WHERE id = $1 AND balance + held <= $3 - $2 RETURNING balance";
-const DEBIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2 \
+const DEBIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
      WHERE id = $1 AND balance - exposure >= (0 - $3) - $2 RETURNING balance";
-const CREDIT_ANY: &str = "UPDATE accounts SET balance = balance + $2 WHERE id = $1 RETURNING balance";
+const CREDIT_ANY: &str = "UPDATE accounts SET balance = balance + $2, held = held + $3, exposure = exposure + $4 \
+     WHERE id = $1 RETURNING balance";
+const HOLDS_ONLY: &str = "UPDATE accounts SET held = held + $2, exposure = exposure + $3 WHERE id = $1";
+
+/// How a transition moves an account's `held` (what later refunds and returns could add back) and
+/// `exposure` (what a later success could reclaim), written with its balance change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Holds {
+    pub held: i64,
+    pub exposure: i64,
+}
+
+/// `holds` alone, for a transition that moves no money (an item succeeding leaves the held set).
+async fn change_holds(db: &mut Db<'_>, account_id: &str, holds: Holds) -> Result<(), StoreError> {
+    if holds == Holds::default() {
+        return Ok(());
+    }
+    let rows = db.exec(HOLDS_ONLY, args![account_id, holds.held, holds.exposure]).await?;
+    guard_hit(rows, "held")
+}
 
 /// One ledger line to append.
 pub(crate) struct Line<'a> {
@@ -285,28 +371,67 @@ pub(crate) struct Line<'a> {
 }
 
 /// Appends `lines` to one account's ledger: one server-side balance change for their sum (guarded
-/// per `check`), gap-free `seq` numbers, and the hash chain continued from the account's last entry.
+/// per `check`), then the lines themselves — at once on SQLite; on PostgreSQL queued for `flush`,
+/// which numbers and chains them just before COMMIT (docs/decisions/0013).
 pub(crate) async fn post(
     db: &mut Db<'_>,
     cx: &Cx,
     account_id: &str,
     check: BalanceCheck,
     lines: &[Line<'_>],
-) -> Result<Vec<LedgerEntry>, StoreError> {
+    holds: Holds,
+) -> Result<(), StoreError> {
     if lines.is_empty() {
-        return Ok(Vec::new());
+        return change_holds(db, account_id, holds).await;
     }
+    let Some(pending) = &cx.pending else {
+        post_lines(db, cx, account_id, check, lines, holds).await?;
+        return Ok(());
+    };
     let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
+    let balance_end = change_balance(db, account_id, check, total, holds).await?;
+    let mut balance = Credits::new(balance_end).checked_sub(total)?;
+    let mut pending = lock_pending(pending);
+    for line in lines {
+        balance = balance.checked_add(line.amount)?;
+        pending.lines.push(PendingLine {
+            account_id: account_id.to_owned(),
+            kind: line.kind,
+            amount: line.amount.get(),
+            balance_after: balance.get(),
+            job_id: line.job_id.map(str::to_owned),
+            item_id: line.item_id.map(str::to_owned),
+            ref_id: line.ref_id.map(str::to_owned),
+            reason: line.reason.map(str::to_owned),
+            request_hash: line.request_hash.map(|h| h.to_vec()),
+            created_at: cx.now.micros(),
+        });
+    }
+    assert_eq!(balance.get(), balance_end, "ledger lines must sum to the balance change");
+    Ok(())
+}
+
+/// The guarded balance change for a posting of `total`; returns the balance after it.
+async fn change_balance(
+    db: &mut Db<'_>,
+    account_id: &str,
+    check: BalanceCheck,
+    total: Credits,
+    holds: Holds,
+) -> Result<i64, StoreError> {
+    let (held, exposure) = (holds.held, holds.exposure);
     let row = match check {
         BalanceCheck::Overdraft => {
             debug_assert!(!total.is_positive());
-            db.opt(DEBIT_OVERDRAFT, args![account_id, total.get(), limits::BALANCE_MAX]).await?
+            db.opt(DEBIT_OVERDRAFT, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
         }
         BalanceCheck::Bounded if total.is_negative() => {
-            db.opt(DEBIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX]).await?
+            db.opt(DEBIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
         }
-        BalanceCheck::Bounded => db.opt(CREDIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX]).await?,
-        BalanceCheck::Never => db.opt(CREDIT_ANY, args![account_id, total.get()]).await?,
+        BalanceCheck::Bounded => {
+            db.opt(CREDIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
+        }
+        BalanceCheck::Never => db.opt(CREDIT_ANY, args![account_id, total.get(), held, exposure]).await?,
     };
     let Some(row) = row else {
         let current = db
@@ -322,15 +447,44 @@ pub(crate) async fn post(
             _ => StoreError::Overflow,
         });
     };
-    let balance_end = row.i64(0)?;
-    let mut balance = Credits::new(balance_end).checked_sub(total)?;
-    let mut prev: Hash32 = match db
-        .opt("SELECT hash FROM ledger_entries WHERE account_id = $1 ORDER BY seq DESC LIMIT 1", args![account_id])
-        .await?
+    row.i64(0)
+}
+
+/// `post`, with the lines numbered and written at once, for an answer that is the entry itself
+/// (grants, adjustments). On PostgreSQL this takes the ledger counter now and holds it to COMMIT, so
+/// it runs in a transaction of its own; nothing may be queued before it.
+pub(crate) async fn post_now(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    check: BalanceCheck,
+    lines: &[Line<'_>],
+) -> Result<Vec<LedgerEntry>, StoreError> {
+    if let Some(pending) = &cx.pending
+        && !lock_pending(pending).lines.is_empty()
     {
-        Some(r) => r.blob(0)?.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes"))?,
-        None => GENESIS_HASH,
-    };
+        return Err(StoreError::internal("post_now after queued ledger lines would fork the chain"));
+    }
+    post_lines(db, cx, account_id, check, lines, Holds::default()).await
+}
+
+/// Posts and writes `lines` at once, numbered from the `ledger` counter.
+async fn post_lines(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    check: BalanceCheck,
+    lines: &[Line<'_>],
+    holds: Holds,
+) -> Result<Vec<LedgerEntry>, StoreError> {
+    if lines.is_empty() {
+        change_holds(db, account_id, holds).await?;
+        return Ok(Vec::new());
+    }
+    let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
+    let balance_end = change_balance(db, account_id, check, total, holds).await?;
+    let mut balance = Credits::new(balance_end).checked_sub(total)?;
+    let mut prev = chain_head(db, account_id).await?;
     let first_seq = next_seq(db, "ledger", lines.len() as i64).await?;
     let mut out = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
@@ -388,7 +542,18 @@ pub(crate) async fn post(
     Ok(out)
 }
 
-/// Appends one outbox event, numbered from the gap-free `outbox` counter.
+/// The hash of an account's newest entry (the genesis hash for an account without entries).
+async fn chain_head(db: &mut Db<'_>, account_id: &str) -> Result<Hash32, StoreError> {
+    match db
+        .opt("SELECT hash FROM ledger_entries WHERE account_id = $1 ORDER BY seq DESC LIMIT 1", args![account_id])
+        .await?
+    {
+        Some(r) => r.blob(0)?.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes")),
+        None => Ok(GENESIS_HASH),
+    }
+}
+
+/// Appends one outbox event: numbered at once on SQLite; on PostgreSQL queued for `flush`.
 pub(crate) async fn emit(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -397,16 +562,132 @@ pub(crate) async fn emit(
     account_id: &str,
     data: serde_json::Value,
 ) -> Result<(), StoreError> {
+    if let Some(pending) = &cx.pending {
+        lock_pending(pending).events.push(PendingEvent {
+            kind,
+            job_id: job_id.map(str::to_owned),
+            account_id: account_id.to_owned(),
+            data: data.to_string(),
+            created_at: cx.now.micros(),
+        });
+        return Ok(());
+    }
     let seq = next_seq(db, "outbox", 1).await?;
     db.exec(
         "INSERT INTO outbox (seq, type, job_id, account_id, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
         args![seq, kind, job_id, account_id, data.to_string(), cx.now.micros()],
     )
     .await?;
-    // Work became due: wake the long-polling claims of every process at commit (PostgreSQL
-    // delivers NOTIFY only if the transaction commits). In-process waiters are woken by the store.
-    if db.engine() == Engine::Postgres && matches!(kind, "job.queued" | "job.retry_scheduled" | "job.requeued") {
-        db.exec("SELECT pg_notify('settle_wake', '')", args![]).await?;
+    if db.engine() == Engine::Postgres && wakes_claims(kind) {
+        db.exec("SELECT pg_notify('settle_wake', '')", &[]).await?;
+    }
+    Ok(())
+}
+
+/// Events after which work may be due: a PostgreSQL transaction that writes one wakes the
+/// long-polling claims of every process at its commit (NOTIFY is delivered only if it commits).
+fn wakes_claims(kind: &str) -> bool {
+    matches!(kind, "job.queued" | "job.retry_scheduled" | "job.requeued")
+}
+
+/// PostgreSQL, the last statements before COMMIT: numbers the transaction's queued ledger lines
+/// and events from the gap-free counters and writes them, one statement each (decision 0013).
+/// The previous hash of each account is read before the counter is taken; it cannot change
+/// meanwhile, as this transaction holds the row of every account it posted to. From the counter
+/// UPDATE to the end of COMMIT nothing here waits for another transaction's row.
+pub(crate) async fn flush(db: &mut Db<'_>, pending: &Pending) -> Result<(), StoreError> {
+    use crate::db::Value;
+    if !pending.lines.is_empty() {
+        let mut accounts: Vec<&str> = Vec::new();
+        for line in &pending.lines {
+            if !accounts.contains(&line.account_id.as_str()) {
+                accounts.push(&line.account_id);
+            }
+        }
+        let mut heads: std::collections::HashMap<String, Hash32> = std::collections::HashMap::new();
+        let rows = db
+            .all(
+                "SELECT a.id, (SELECT e.hash FROM ledger_entries e WHERE e.account_id = a.id ORDER BY e.seq DESC LIMIT 1) \
+                 FROM unnest($1::text[]) AS a(id)",
+                &[Value::Texts(accounts.iter().map(|a| a.to_string()).collect())],
+            )
+            .await?;
+        for r in &rows {
+            let head = match r.opt_blob(1)? {
+                Some(h) => h.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes"))?,
+                None => GENESIS_HASH,
+            };
+            heads.insert(r.text(0)?, head);
+        }
+        let first = next_seq(db, "ledger", pending.lines.len() as i64).await?;
+        let n = pending.lines.len();
+        let (mut seqs, mut prevs, mut hashes) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
+        for (i, line) in pending.lines.iter().enumerate() {
+            let seq = first + i as i64;
+            let head = heads.get_mut(&line.account_id).ok_or_else(|| StoreError::internal("no chain head"))?;
+            let hash = chain_hash(
+                head,
+                &EntryFields {
+                    seq,
+                    account_id: &line.account_id,
+                    kind: line.kind,
+                    amount: line.amount,
+                    balance_after: line.balance_after,
+                    job_id: line.job_id.as_deref(),
+                    item_id: line.item_id.as_deref(),
+                    ref_id: line.ref_id.as_deref(),
+                    reason: line.reason.as_deref(),
+                    created_at: line.created_at,
+                },
+            );
+            seqs.push(seq);
+            prevs.push(head.to_vec());
+            hashes.push(hash.to_vec());
+            *head = hash;
+        }
+        let lines = &pending.lines;
+        db.exec(
+            "INSERT INTO ledger_entries (seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, \
+             request_hash, created_at, prev_hash, hash) \
+             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
+             $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bigint[], $12::bytea[], $13::bytea[])",
+            &[
+                Value::I64s(seqs),
+                Value::OptTexts(lines.iter().map(|l| Some(l.account_id.clone())).collect()),
+                Value::OptTexts(lines.iter().map(|l| Some(l.kind.as_str().to_owned())).collect()),
+                Value::I64s(lines.iter().map(|l| l.amount).collect()),
+                Value::I64s(lines.iter().map(|l| l.balance_after).collect()),
+                Value::OptTexts(lines.iter().map(|l| l.job_id.clone()).collect()),
+                Value::OptTexts(lines.iter().map(|l| l.item_id.clone()).collect()),
+                Value::OptTexts(lines.iter().map(|l| l.ref_id.clone()).collect()),
+                Value::OptTexts(lines.iter().map(|l| l.reason.clone()).collect()),
+                Value::OptBlobs(lines.iter().map(|l| l.request_hash.clone()).collect()),
+                Value::I64s(lines.iter().map(|l| l.created_at).collect()),
+                Value::OptBlobs(prevs.into_iter().map(Some).collect()),
+                Value::OptBlobs(hashes.into_iter().map(Some).collect()),
+            ],
+        )
+        .await?;
+    }
+    if !pending.events.is_empty() {
+        let events = &pending.events;
+        let first = next_seq(db, "outbox", events.len() as i64).await?;
+        db.exec(
+            "INSERT INTO outbox (seq, type, job_id, account_id, data, created_at) \
+             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[])",
+            &[
+                Value::I64s((0..events.len() as i64).map(|i| first + i).collect()),
+                Value::OptTexts(events.iter().map(|e| Some(e.kind.to_owned())).collect()),
+                Value::OptTexts(events.iter().map(|e| e.job_id.clone()).collect()),
+                Value::OptTexts(events.iter().map(|e| Some(e.account_id.clone())).collect()),
+                Value::OptTexts(events.iter().map(|e| Some(e.data.clone())).collect()),
+                Value::I64s(events.iter().map(|e| e.created_at).collect()),
+            ],
+        )
+        .await?;
+        if events.iter().any(|e| wakes_claims(e.kind)) {
+            db.exec("SELECT pg_notify('settle_wake', '')", &[]).await?;
+        }
     }
     Ok(())
 }
@@ -494,8 +775,21 @@ pub(crate) async fn move_items(
     // RETURNING order is unspecified; ledger rows follow the job's item order on both engines.
     moved.sort();
     let moved: Vec<(String, Credits)> = moved.into_iter().map(|(_, id, cost)| (id, cost)).collect();
-    if let Some(kind) = arrow.entry {
-        let lines = moved
+    // What a later transition could still credit back (refund, return), and what a later success
+    // could still reclaim, move with the balance in one statement.
+    let returnable = job.kind == job::WITHDRAWAL_KIND;
+    let held_step = i64::from(arrow.to.is_held(returnable)) - i64::from(arrow.from.is_held(returnable));
+    let mut holds = Holds::default();
+    if held_step != 0 && !moved.is_empty() {
+        holds.held = if held_step > 0 { sum(&moved)? } else { sum(&moved)?.checked_neg()? }.get();
+    }
+    holds.exposure = match (arrow.from, arrow.to) {
+        (_, ItemState::Refunded) => sum(&moved)?.get(),
+        (ItemState::Refunded, _) => sum(&moved)?.checked_neg()?.get(),
+        _ => 0,
+    };
+    let lines = match arrow.entry {
+        Some(kind) => moved
             .iter()
             .map(|(item_id, cost)| {
                 Ok(Line {
@@ -508,30 +802,10 @@ pub(crate) async fn move_items(
                     request_hash: None,
                 })
             })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        post(db, cx, &job.account_id, BalanceCheck::Never, &lines).await?;
-    }
-    // Track what a later transition could still credit back (refund, return)…
-    let returnable = job.kind == job::WITHDRAWAL_KIND;
-    let held_step = i64::from(arrow.to.is_held(returnable)) - i64::from(arrow.from.is_held(returnable));
-    if held_step != 0 && !moved.is_empty() {
-        let change = if held_step > 0 { sum(&moved)? } else { sum(&moved)?.checked_neg()? };
-        let rows =
-            db.exec("UPDATE accounts SET held = held + $2 WHERE id = $1", args![&job.account_id, change.get()]).await?;
-        guard_hit(rows, "held")?;
-    }
-    // …and what a later success could still reclaim.
-    let exposure_change = match (arrow.from, arrow.to) {
-        (_, ItemState::Refunded) => Some(sum(&moved)?),
-        (ItemState::Refunded, _) => Some(sum(&moved)?.checked_neg()?),
-        _ => None,
+            .collect::<Result<Vec<_>, StoreError>>()?,
+        None => Vec::new(),
     };
-    if let Some(change) = exposure_change.filter(|c| *c != Credits::ZERO) {
-        let rows = db
-            .exec("UPDATE accounts SET exposure = exposure + $2 WHERE id = $1", args![&job.account_id, change.get()])
-            .await?;
-        guard_hit(rows, "exposure")?;
-    }
+    post(db, cx, &job.account_id, BalanceCheck::Never, &lines, holds).await?;
     Ok(moved)
 }
 
@@ -672,7 +946,7 @@ pub(crate) async fn credit(
         }
         return Ok(Created { value: entry_from_row(&existing)?, replayed: true });
     }
-    let entries = post(
+    let entries = post_now(
         db,
         cx,
         account.as_str(),
@@ -763,19 +1037,22 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
         if existing.request_hash != fp {
             return Err(StoreError::IdempotencyConflict { what: "job", id: req.id.to_string() });
         }
-        return Ok(Created { value: attach(db, existing).await?, replayed: true });
+        return Ok(Created { value: attach(db, cx, existing).await?, replayed: true });
     }
-    insert_job(db, cx, req, &fp).await?;
-    let job = must_read_job(db, req.id.as_str()).await?;
+    let job = insert_job(db, cx, req, &fp).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: job, replayed: false })
 }
 
 /// Inserts a new job (its id known to be free): the job row, its items `charged`, one charge per
 /// item under the overdraft guard (`insufficient_credits` aborts the whole transaction), `job.queued`.
-pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8; 32]) -> Result<(), StoreError> {
+/// Returns the job as written, built from the request (debug builds check it against a re-read).
+pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8; 32]) -> Result<Job, StoreError> {
     let total = validate_job(req)?;
-    let job_seq = next_seq(db, "job", 1).await?;
+    let job_seq = match db.engine() {
+        Engine::Sqlite => next_seq(db, "job", 1).await?,
+        Engine::Postgres => db.one("SELECT nextval('job_seq_numbers')", &[]).await?.i64(0)?,
+    };
     let policy = cx.policy.for_kind(req.kind.as_str());
     let max_attempts = i64::from(req.max_attempts.unwrap_or(policy.attempts_max));
     let refund_on = req.refund_on.unwrap_or(policy.refund_on);
@@ -825,12 +1102,9 @@ pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8;
             })
         })
         .collect::<Result<_, StoreError>>()?;
-    post(db, cx, req.account_id.as_str(), BalanceCheck::Overdraft, &lines).await?;
     // Every charged item may still be refunded: it is held until it is decided.
-    let rows = db
-        .exec("UPDATE accounts SET held = held + $2 WHERE id = $1", args![req.account_id.as_str(), total.get()])
-        .await?;
-    guard_hit(rows, "held")?;
+    let holds = Holds { held: total.get(), exposure: 0 };
+    post(db, cx, req.account_id.as_str(), BalanceCheck::Overdraft, &lines, holds).await?;
     cx.point(CrashPoint::AfterLedger)?;
     emit(
         db,
@@ -842,7 +1116,42 @@ pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8;
     )
     .await?;
     cx.point(CrashPoint::AfterOutbox)?;
-    Ok(())
+    let job = Job {
+        id: req.id.as_str().to_owned(),
+        account_id: req.account_id.as_str().to_owned(),
+        kind: req.kind.as_str().to_owned(),
+        state: JobState::Queued,
+        cost: total,
+        net: total.checked_neg()?,
+        attempt: 0,
+        max_attempts: u32::try_from(max_attempts).map_err(StoreError::internal)?,
+        budget_base: 0,
+        refund_on,
+        cancel_requested: false,
+        not_before: Timestamp::from_micros(not_before),
+        lease_expires_at: None,
+        last_error: None,
+        items: req
+            .items
+            .iter()
+            .map(|i| Item {
+                id: i.id.as_str().to_owned(),
+                cost: i.cost,
+                state: ItemState::Charged,
+                refund_reason: None,
+            })
+            .collect(),
+        payload: req.payload.clone(),
+        result: None,
+        created_at: cx.now,
+        updated_at: cx.now,
+    };
+    #[cfg(debug_assertions)]
+    {
+        let stored = must_read_job(db, cx, req.id.as_str()).await?;
+        assert_eq!(job, stored, "a created job's answer must be what was stored");
+    }
+    Ok(job)
 }
 
 /// The job claim; `$lock` as for webhooks: nothing on SQLite, `FOR UPDATE SKIP LOCKED` on PostgreSQL,
@@ -934,7 +1243,7 @@ pub(crate) async fn claim(
             args![&job_id, attempt, req.worker.as_str(), &token, cx.now.micros()],
         )
         .await?;
-        let job = must_read_job(db, &job_id).await?;
+        let job = must_read_job(db, cx, &job_id).await?;
         emit(
             db,
             cx,
@@ -1177,7 +1486,7 @@ pub(crate) async fn finish_teardown(db: &mut Db<'_>, cx: &Cx, id: &str) -> Resul
             .await?;
         guard_hit(rows, "finish teardown")?;
         cx.point(CrashPoint::AfterGuard)?;
-        let done = must_read_job(db, id).await?;
+        let done = must_read_job(db, cx, id).await?;
         let count = |s: ItemState| done.items.iter().filter(|i| i.state == s).count();
         emit(
             db,
@@ -1195,7 +1504,7 @@ pub(crate) async fn finish_teardown(db: &mut Db<'_>, cx: &Cx, id: &str) -> Resul
         .await?;
         cx.point(CrashPoint::AfterOutbox)?;
     }
-    let job = must_read_job(db, id).await?;
+    let job = must_read_job(db, cx, id).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(job)
 }
@@ -1315,7 +1624,7 @@ pub(crate) async fn fail(
         )
         .await?;
         let after = resume_if_cancelling(&job);
-        let job = attach(db, job).await?;
+        let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: false }, after));
     }
@@ -1338,7 +1647,7 @@ pub(crate) async fn fail(
         },
     )
     .await?;
-    let job = must_read_job(db, id.as_str()).await?;
+    let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: job, applied: true }, after))
 }
@@ -1503,7 +1812,7 @@ pub(crate) async fn succeed(
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, Caller::Worker)?;
     let (applied, after) = apply_success(db, cx, &job, token, result).await?;
-    let job = must_read_job(db, id.as_str()).await?;
+    let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: job, applied }, after))
 }
@@ -1520,7 +1829,7 @@ pub(crate) async fn mark_unknown(
     check_caller(&job, caller)?;
     if !holds_lease(&job, token) {
         log_signal(db, cx, &job, Some(&token.0), Heard { signal: "unknown", code: None, message }, "stale").await?;
-        let job = attach(db, job).await?;
+        let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok(Outcome { value: job, applied: false });
     }
@@ -1544,7 +1853,7 @@ pub(crate) async fn mark_unknown(
     )
     .await?;
     cx.point(CrashPoint::AfterOutbox)?;
-    let job = must_read_job(db, id.as_str()).await?;
+    let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Outcome { value: job, applied: true })
 }
@@ -1594,7 +1903,7 @@ pub(crate) async fn reconcile(
             }
         }
     };
-    let job = must_read_job(db, id.as_str()).await?;
+    let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: job, applied }, after))
 }
@@ -1645,7 +1954,7 @@ pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job,
         job::CancelAction::OutcomeUnknown => return Err(StoreError::OutcomeUnknown(job.id)),
         job::CancelAction::AlreadyCancelled => After::Nothing,
     };
-    let job = must_read_job(db, id.as_str()).await?;
+    let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((job, after))
 }
@@ -1664,7 +1973,7 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job,
     // A requeue re-sent after its answer was lost finds the job requeued and not claimed since:
     // answer it again rather than fail (docs/decisions/0005).
     if job.state == JobState::Queued && job.attempt > 0 && job.budget_base == job.attempt {
-        let job = attach(db, job).await?;
+        let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok(job);
     }
@@ -1685,7 +1994,7 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job,
     cx.point(CrashPoint::AfterGuard)?;
     emit(db, cx, "job.requeued", Some(&job.id), &job.account_id, serde_json::json!({ "attempt": job.attempt })).await?;
     cx.point(CrashPoint::AfterOutbox)?;
-    let job = must_read_job(db, id.as_str()).await?;
+    let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(job)
 }
@@ -1700,5 +2009,5 @@ pub(crate) async fn cleanup_keys(db: &mut Db<'_>, id: &str) -> Result<Vec<String
             args![id],
         )
         .await?;
-    rows.iter().map(|r| Ok(r.text(0)?)).collect()
+    rows.iter().map(|r| r.text(0)).collect()
 }

@@ -50,7 +50,7 @@ pub(crate) async fn create_withdrawal(
         if existing.request_hash != fp {
             return Err(StoreError::IdempotencyConflict { what: "withdrawal", id: req.id.to_string() });
         }
-        return Ok(Created { value: must_read_withdrawal(db, req.id.as_str()).await?, replayed: true });
+        return Ok(Created { value: must_read_withdrawal(db, cx, req.id.as_str()).await?, replayed: true });
     }
     let new_job = NewJob {
         id: req.id.clone(),
@@ -71,7 +71,7 @@ pub(crate) async fn create_withdrawal(
         args![req.id.as_str(), req.destination.as_str(), req.amount.get(), &key, cx.now.micros()],
     )
     .await?;
-    let w = must_read_withdrawal(db, req.id.as_str()).await?;
+    let w = must_read_withdrawal(db, cx, req.id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: w, replayed: false })
 }
@@ -94,20 +94,21 @@ async fn with_job(db: &mut Db<'_>, job: Job) -> Result<Withdrawal, StoreError> {
     })
 }
 
-pub(crate) async fn read_withdrawal(db: &mut Db<'_>, id: &str) -> Result<Option<Withdrawal>, StoreError> {
-    match ops::read_job(db, id).await? {
+pub(crate) async fn read_withdrawal(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Option<Withdrawal>, StoreError> {
+    match ops::read_job(db, cx, id).await? {
         Some(job) if job.kind == job::WITHDRAWAL_KIND => Ok(Some(with_job(db, job).await?)),
         _ => Ok(None),
     }
 }
 
-pub(crate) async fn must_read_withdrawal(db: &mut Db<'_>, id: &str) -> Result<Withdrawal, StoreError> {
-    read_withdrawal(db, id).await?.ok_or_else(|| StoreError::not_found("withdrawal", id))
+pub(crate) async fn must_read_withdrawal(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Withdrawal, StoreError> {
+    read_withdrawal(db, cx, id).await?.ok_or_else(|| StoreError::not_found("withdrawal", id))
 }
 
 /// Withdrawals in creation order after `page.after` (a job sequence number).
 pub(crate) async fn withdrawals(
     db: &mut Db<'_>,
+    cx: &Cx,
     filter: &WithdrawalFilter,
     page: Page,
 ) -> Result<Paged<Withdrawal>, StoreError> {
@@ -134,7 +135,7 @@ pub(crate) async fn withdrawals(
     for r in &rows {
         let row = ops::job_row(r)?;
         last = Some(row.job_seq);
-        let job = ops::attach(db, row).await?;
+        let job = ops::attach(db, cx, row).await?;
         out.push(with_job(db, job).await?);
     }
     let next_after = if out.len() as u32 == limit { last } else { None };
@@ -223,7 +224,7 @@ pub(crate) async fn payout_succeeded(
             applied = true;
         }
     }
-    let w = must_read_withdrawal(db, id.as_str()).await?;
+    let w = must_read_withdrawal(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: w, applied }, after))
 }
@@ -253,7 +254,7 @@ pub(crate) async fn payout_returned(
             });
         }
     };
-    let w = must_read_withdrawal(db, id.as_str()).await?;
+    let w = must_read_withdrawal(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Outcome { value: w, applied })
 }

@@ -3,7 +3,7 @@
 use crate::db::{Db, Value, args};
 use crate::error::StoreError;
 use crate::model::*;
-use crate::ops::{self, entry_from_row, job_row};
+use crate::ops::{self, Cx, entry_from_row, job_row};
 use settle_core::Timestamp;
 use settle_core::ids::AccountId;
 use settle_core::limits::PAGE_LIMIT_MAX;
@@ -39,7 +39,7 @@ pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Resul
     Ok(Paged { rows: entries, next_after: next })
 }
 
-pub(crate) async fn jobs(db: &mut Db<'_>, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
+pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
     let limit = page_limit(page.limit);
     let mut sql = format!("SELECT {} FROM jobs WHERE job_seq > $1", ops::JOB_COLUMNS);
     let mut a: Vec<Value> = vec![page.after.into()];
@@ -67,14 +67,14 @@ pub(crate) async fn jobs(db: &mut Db<'_>, filter: &JobFilter, page: Page) -> Res
     for r in &rows {
         let row = job_row(r)?;
         seqs.push(row.job_seq);
-        jobs.push(ops::attach(db, row).await?);
+        jobs.push(ops::attach(db, cx, row).await?);
     }
     let next = next_after(&seqs, limit, |s| *s);
     Ok(Paged { rows: jobs, next_after: next })
 }
 
-pub(crate) async fn attempts(db: &mut Db<'_>, id: &str) -> Result<Vec<Attempt>, StoreError> {
-    ops::must_read_job(db, id).await?;
+pub(crate) async fn attempts(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Vec<Attempt>, StoreError> {
+    ops::must_read_job(db, cx, id).await?;
     let rows = db
         .all(
             "SELECT attempt_no, worker, started_at, finished_at, result, fail_code, message FROM attempts \

@@ -4,13 +4,14 @@
 
 use crate::artifacts::ArtifactStore;
 use crate::db::{Db, Engine};
+use crate::engine::postgres::PgShared;
+use crate::engine::{BatchOp, Env, Op, OpFn};
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, After, Caller, CrashHook, Cx};
 use crate::store::{Payouts, Store};
 use crate::{audit, payouts, reads, webhooks};
 use async_trait::async_trait;
-use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use settle_core::backoff::SplitMix64;
 use settle_core::crash::CrashPoint;
@@ -19,16 +20,13 @@ use settle_core::job::Policies;
 use settle_core::ledger::EntryKind;
 use settle_core::{Clock, Credits, SystemClock, limits};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
-use std::panic::AssertUnwindSafe;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// Boxes an async block over `(db, cx)` as an operation.
 /// Clones the listed captures into each run, so PostgreSQL can retry the whole operation.
@@ -65,6 +63,9 @@ pub struct StoreOptions {
     pub busy_timeout: Duration,
     /// PostgreSQL connections per process.
     pub pg_max_connections: u32,
+    /// PostgreSQL write lanes per process: tasks committing batches of operations in parallel
+    /// (docs/decisions/0013); each holds one of the `pg_max_connections` while it commits.
+    pub pg_write_lanes: usize,
     /// How long a PostgreSQL statement waits for a row lock, and runs at most; past either the
     /// transaction is rolled back and the caller gets `Busy` (`503` with `Retry-After`).
     pub pg_lock_timeout: Duration,
@@ -88,6 +89,7 @@ impl Default for StoreOptions {
             sqlite_readers: 4,
             busy_timeout: Duration::from_secs(5),
             pg_max_connections: 16,
+            pg_write_lanes: 4,
             pg_lock_timeout: Duration::from_secs(10),
             pg_statement_timeout: Duration::from_secs(60),
             pg_acquire_timeout: Duration::from_secs(5),
@@ -97,68 +99,16 @@ impl Default for StoreOptions {
     }
 }
 
-/// An operation for the writer: runs inside the batch transaction, answers only after the commit.
-trait WriteOp: Send {
-    fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn deliver(self: Box<Self>, committed: Result<(), StoreError>);
-}
-
-/// An operation: run once on SQLite, and again on PostgreSQL after a serialization failure or deadlock.
-type OpFn<T> = Arc<dyn for<'a, 'c> Fn(&'a mut Db<'c>, &'a Cx) -> BoxFuture<'a, Result<T, StoreError>> + Send + Sync>;
-
-struct Op<T> {
-    f: Option<OpFn<T>>,
-    out: Option<Result<T, StoreError>>,
-    reply: oneshot::Sender<Result<T, StoreError>>,
-}
-
-impl<T: Send + 'static> WriteOp for Op<T> {
-    fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move {
-            let f = self.f.take().expect("an op runs once in the writer");
-            match f(db, cx).await {
-                Ok(v) => {
-                    self.out = Some(Ok(v));
-                    Ok(())
-                }
-                Err(e) => {
-                    let copy = StoreError::internal("operation failed");
-                    self.out = Some(Err(e));
-                    Err(copy)
-                }
-            }
-        })
-    }
-
-    fn deliver(self: Box<Self>, committed: Result<(), StoreError>) {
-        let answer = match (self.out, committed) {
-            (Some(Err(own)), _) => Err(own),
-            (Some(Ok(v)), Ok(())) => Ok(v),
-            (_, Err(e)) => Err(e),
-            (None, Ok(())) => Err(StoreError::internal("operation never ran")),
-        };
-        let _ = self.reply.send(answer);
-    }
-}
-
-/// What the writer needs to build each operation's context.
-#[derive(Clone)]
-struct Env {
-    clock: Arc<dyn Clock>,
-    policy: Arc<Policies>,
-    rng: Arc<Mutex<SplitMix64>>,
-    crash: Option<Arc<dyn CrashHook>>,
-}
-
-impl Env {
-    fn cx(&self) -> Cx {
-        Cx { now: self.clock.now(), policy: self.policy.clone(), rng: self.rng.clone(), crash: self.crash.clone() }
-    }
-}
-
 enum Backend {
-    Sqlite { writer: mpsc::Sender<Box<dyn WriteOp>>, readers: SqlitePool },
-    Postgres { pool: PgPool },
+    Sqlite {
+        writer: mpsc::Sender<Box<dyn BatchOp>>,
+        readers: SqlitePool,
+    },
+    /// `lanes` commits batches of operations; `shared.transaction` runs one operation alone.
+    Postgres {
+        shared: Arc<PgShared>,
+        lanes: mpsc::Sender<Box<dyn BatchOp>>,
+    },
 }
 
 pub struct SqlStore {
@@ -169,7 +119,6 @@ pub struct SqlStore {
     /// Woken when this process appended outbox events.
     events_wake: Arc<tokio::sync::Notify>,
     artifacts: Option<Arc<dyn ArtifactStore>>,
-    tx_retries: AtomicU64,
     /// Where the next rescue and sweep passes start (job sequence numbers). Each pass takes the next
     /// page and wraps around at the end, so jobs whose step keeps failing never hide the ones behind
     /// them (a failing step writes nothing, so "oldest first" would return them every time).
@@ -213,6 +162,7 @@ impl SqlStore {
             .statement_cache_capacity(256);
         crate::identity::check_sqlite(&base, &SQLITE_MIGRATOR).await?;
         let mut writer = base.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).connect().await?;
+        let path = base.get_filename().to_owned();
         SQLITE_MIGRATOR.run(&mut writer).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
         // Marks the file as Settle's, for this check next time and for other tools.
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -221,6 +171,7 @@ impl SqlStore {
         )))
         .execute(&mut writer)
         .await?;
+        writer.close().await?;
         let readers = SqlitePoolOptions::new()
             .max_connections(options.sqlite_readers.max(1))
             .connect_with(base.read_only(true))
@@ -232,14 +183,19 @@ impl SqlStore {
             crash: options.crash.clone(),
         };
         let (tx, rx) = mpsc::channel(limits::WRITE_QUEUE_MAX);
-        tokio::spawn(writer_loop(writer, rx, env.clone(), options.write_batch_max.clamp(1, limits::WRITE_BATCH_MAX)));
+        let conn = crate::engine::sqlite::open_writer(&path, &options)?;
+        crate::engine::sqlite::spawn_writer(
+            conn,
+            rx,
+            env.clone(),
+            options.write_batch_max.clamp(1, limits::WRITE_BATCH_MAX),
+        )?;
         Ok(SqlStore {
             backend: Backend::Sqlite { writer: tx, readers },
             env,
             wake: Arc::new(tokio::sync::Notify::new()),
             events_wake: Arc::new(tokio::sync::Notify::new()),
             artifacts: options.artifacts,
-            tx_retries: AtomicU64::new(0),
             rescue_after: Mutex::new(0),
             sweep_after: Mutex::new(0),
         })
@@ -272,13 +228,20 @@ impl SqlStore {
         };
         let wake = Arc::new(tokio::sync::Notify::new());
         tokio::spawn(listen_for_wakeups(listen_pool, Arc::downgrade(&wake)));
+        let shared = Arc::new(PgShared {
+            pool,
+            env: env.clone(),
+            tx_retries: AtomicU64::new(0),
+            lock_timeout: options.pg_lock_timeout,
+        });
+        let lanes =
+            crate::engine::postgres::spawn_lanes(shared.clone(), options.pg_write_lanes, options.write_batch_max);
         Ok(SqlStore {
-            backend: Backend::Postgres { pool },
+            backend: Backend::Postgres { lanes, shared },
             env,
             wake,
             events_wake: Arc::new(tokio::sync::Notify::new()),
             artifacts: options.artifacts,
-            tx_retries: AtomicU64::new(0),
             rescue_after: Mutex::new(0),
             sweep_after: Mutex::new(0),
         })
@@ -294,41 +257,9 @@ impl SqlStore {
     /// How many PostgreSQL transactions were retried after a serialization failure, deadlock or
     /// concurrent create (a metric; always 0 on SQLite).
     pub fn tx_retries(&self) -> u64 {
-        self.tx_retries.load(Ordering::Relaxed)
-    }
-
-    /// One PostgreSQL transaction (READ COMMITTED), retried whole on the retryable SQLSTATEs.
-    async fn write_pg<T: Send + 'static>(&self, pool: &PgPool, f: OpFn<T>) -> Result<T, StoreError> {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            // A `Transaction` rolls back if this future is dropped midway (a client hanging up, a
-            // timeout): a pooled connection never goes back with a transaction open.
-            let mut tx = pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
-            let cx = self.env.cx();
-            let out = {
-                let mut db = Db::Pg(&mut tx);
-                f(&mut db, &cx).await
-            };
-            let outcome = match out {
-                Err(e) => {
-                    let _ = tx.rollback().await;
-                    Err(e)
-                }
-                Ok(v) => match tx.commit().await {
-                    Ok(()) => Ok(v),
-                    Err(e) => Err(StoreError::from_commit(e)),
-                },
-            };
-            match outcome {
-                Err(e) if attempt < limits::TX_ATTEMPTS_MAX && e.is_pg_retryable() => {
-                    self.tx_retries.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(attempt, error = %e, "retrying a PostgreSQL transaction");
-                    let pause_ms = { self.env.rng.lock().expect("rng lock").below_inclusive(5 << attempt) };
-                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-                }
-                other => return other,
-            }
+        match &self.backend {
+            Backend::Sqlite { .. } => 0,
+            Backend::Postgres { shared, .. } => shared.tx_retries.load(Ordering::Relaxed),
         }
     }
 
@@ -349,6 +280,19 @@ impl SqlStore {
         self.write_inner(f).await
     }
 
+    /// A write whose answer is a ledger entry with its number (grants, adjustments: `ops::post_now`):
+    /// on PostgreSQL in a transaction of its own, never in a lane's batch.
+    async fn write_alone<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        let out = match &self.backend {
+            Backend::Sqlite { .. } => self.write_inner(f).await,
+            Backend::Postgres { shared, .. } => shared.transaction(f).await,
+        };
+        if out.is_ok() {
+            self.events_wake.notify_waiters();
+        }
+        out
+    }
+
     /// Work may have become due: wake the long-polling claims of this process.
     fn work_due(&self) {
         self.wake.notify_waiters();
@@ -357,12 +301,15 @@ impl SqlStore {
     async fn write_inner<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
         match &self.backend {
             Backend::Sqlite { writer, .. } => {
-                let (reply, answer) = oneshot::channel();
-                let op: Box<dyn WriteOp> = Box::new(Op { f: Some(f), out: None, reply });
+                let (op, answer) = Op::boxed(f);
                 writer.send(op).await.map_err(|_| StoreError::Unavailable("the writer has stopped".into()))?;
                 answer.await.map_err(|_| StoreError::Unavailable("the writer dropped the operation".into()))?
             }
-            Backend::Postgres { pool } => self.write_pg(pool, f).await,
+            Backend::Postgres { lanes, .. } => {
+                let (op, answer) = Op::boxed(f);
+                lanes.send(op).await.map_err(|_| StoreError::Unavailable("the write lanes have stopped".into()))?;
+                answer.await.map_err(|_| StoreError::Unavailable("the write lanes dropped the operation".into()))?
+            }
         }
     }
 
@@ -371,7 +318,7 @@ impl SqlStore {
         match &self.backend {
             Backend::Sqlite { readers, .. } => {
                 let mut tx = readers.begin().await?;
-                let cx = self.env.cx();
+                let cx = self.env.cx(None);
                 let out = {
                     let mut db = Db::Sqlite(&mut tx);
                     f(&mut db, &cx).await
@@ -379,10 +326,11 @@ impl SqlStore {
                 tx.rollback().await?;
                 out
             }
-            Backend::Postgres { pool } => {
+            Backend::Postgres { shared, .. } => {
+                let pool = &shared.pool;
                 // One snapshot for every statement of the read (the audit above all).
                 let mut tx = pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
-                let cx = self.env.cx();
+                let cx = self.env.cx(None);
                 let out = {
                     let mut db = Db::Pg(&mut tx);
                     f(&mut db, &cx).await
@@ -521,86 +469,6 @@ async fn listen_for_wakeups(pool: PgPool, wake: std::sync::Weak<tokio::sync::Not
     }
 }
 
-async fn writer_loop(mut conn: SqliteConnection, mut rx: mpsc::Receiver<Box<dyn WriteOp>>, env: Env, batch_max: usize) {
-    let mut batch: Vec<Box<dyn WriteOp>> = Vec::with_capacity(batch_max);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        while batch.len() < batch_max {
-            match rx.try_recv() {
-                Ok(op) => batch.push(op),
-                Err(_) => break,
-            }
-        }
-        run_batch(&mut conn, &env, &mut batch).await;
-    }
-    let _ = conn.close().await;
-}
-
-/// One transaction for the whole batch, one savepoint per operation. Replies go out only after
-/// COMMIT returns; if the transaction is lost midway (the engine rolled it back on its own, a
-/// panic), every operation of the batch is answered with an error — none was acknowledged.
-async fn run_batch(conn: &mut SqliteConnection, env: &Env, batch: &mut Vec<Box<dyn WriteOp>>) {
-    if let Err(e) = sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await {
-        let msg = e.to_string();
-        for op in batch.drain(..) {
-            op.deliver(Err(StoreError::Unavailable(msg.clone())));
-        }
-        return;
-    }
-    let mut broken: Option<String> = None;
-    for op in batch.iter_mut() {
-        if broken.is_some() {
-            break;
-        }
-        if let Err(e) = sqlx::raw_sql("SAVEPOINT op").execute(&mut *conn).await {
-            broken = Some(e.to_string());
-            break;
-        }
-        let cx = env.cx();
-        let result = {
-            let mut db = Db::Sqlite(&mut *conn);
-            AssertUnwindSafe(op.run(&mut db, &cx)).catch_unwind().await
-        };
-        let step = match result {
-            Ok(Ok(())) => sqlx::raw_sql("RELEASE op").execute(&mut *conn).await.map(|_| ()),
-            Ok(Err(_)) => match sqlx::raw_sql("ROLLBACK TO op").execute(&mut *conn).await {
-                Ok(_) => sqlx::raw_sql("RELEASE op").execute(&mut *conn).await.map(|_| ()),
-                Err(e) => Err(e),
-            },
-            Err(_) => {
-                // A programmer error in one operation: undo it alone; the others in the batch go on.
-                tracing::error!("a write operation panicked; it is rolled back");
-                match sqlx::raw_sql("ROLLBACK TO op").execute(&mut *conn).await {
-                    Ok(_) => sqlx::raw_sql("RELEASE op").execute(&mut *conn).await.map(|_| ()),
-                    Err(e) => Err(e),
-                }
-            }
-        };
-        if let Err(e) = step {
-            broken = Some(e.to_string());
-        }
-    }
-    let committed = match broken {
-        Some(msg) => {
-            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-            Err(msg)
-        }
-        None => match sqlx::raw_sql("COMMIT").execute(&mut *conn).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
-                Err(e.to_string())
-            }
-        },
-    };
-    for op in batch.drain(..) {
-        match &committed {
-            Ok(()) => op.deliver(Ok(())),
-            Err(msg) => op.deliver(Err(StoreError::Unavailable(format!("the write batch was rolled back: {msg}")))),
-        }
-    }
-}
-
 fn lease_lost(stale: ops::Stale) -> StoreError {
     StoreError::LeaseLost(stale.0)
 }
@@ -688,7 +556,7 @@ impl Store for SqlStore {
         check_text("reason", req.reason.as_deref(), false)?;
         let (account, actor) = (account.clone(), actor.to_owned());
         let out = self
-            .write(op!([account, req, actor] | db, cx | {
+            .write_alone(op!([account, req, actor] | db, cx | {
                 let out = ops::credit(
                     db,
                     cx,
@@ -722,7 +590,7 @@ impl Store for SqlStore {
         check_text("reason", Some(&req.reason), true)?;
         let (account, actor) = (account.clone(), actor.to_owned());
         let out = self
-            .write(op!([account, req, actor] | db, cx | {
+            .write_alone(op!([account, req, actor] | db, cx | {
                 let out = ops::credit(
                     db,
                     cx,
@@ -763,12 +631,12 @@ impl Store for SqlStore {
 
     async fn job(&self, id: &JobId) -> Result<Job, StoreError> {
         let id = id.clone();
-        self.read(op!([id] | db, _cx | ops::must_read_job(db, id.as_str()).await)).await
+        self.read(op!([id] | db, cx | ops::must_read_job(db, cx, id.as_str()).await)).await
     }
 
     async fn jobs(&self, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
         let filter = filter.clone();
-        self.read(op!([filter] | db, _cx | reads::jobs(db, &filter, page).await)).await
+        self.read(op!([filter] | db, cx | reads::jobs(db, cx, &filter, page).await)).await
     }
 
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError> {
@@ -986,7 +854,7 @@ impl Store for SqlStore {
 
     async fn attempts(&self, job: &JobId) -> Result<Vec<Attempt>, StoreError> {
         let id = job.clone();
-        self.read(op!([id] | db, _cx | reads::attempts(db, id.as_str()).await)).await
+        self.read(op!([id] | db, cx | reads::attempts(db, cx, id.as_str()).await)).await
     }
 
     async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError> {
@@ -1147,12 +1015,12 @@ impl Payouts for SqlStore {
 
     async fn withdrawal(&self, id: &JobId) -> Result<Withdrawal, StoreError> {
         let id = id.clone();
-        self.read(op!([id] | db, _cx | payouts::must_read_withdrawal(db, id.as_str()).await)).await
+        self.read(op!([id] | db, cx | payouts::must_read_withdrawal(db, cx, id.as_str()).await)).await
     }
 
     async fn withdrawals(&self, filter: &WithdrawalFilter, page: Page) -> Result<Paged<Withdrawal>, StoreError> {
         let filter = filter.clone();
-        self.read(op!([filter] | db, _cx | payouts::withdrawals(db, &filter, page).await)).await
+        self.read(op!([filter] | db, cx | payouts::withdrawals(db, cx, &filter, page).await)).await
     }
 
     async fn claim_payouts(

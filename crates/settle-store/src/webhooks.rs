@@ -75,26 +75,25 @@ async fn ensure_breaker(db: &mut Db<'_>, endpoint: &str, now: Timestamp) -> Resu
 /// Puts up to `limit` dead deliveries of `endpoint` back in line with a fresh attempt budget;
 /// returns how many.
 pub(crate) async fn requeue_dead(db: &mut Db<'_>, cx: &Cx, endpoint: &str, limit: u32) -> Result<u64, StoreError> {
-    Ok(db.exec(
+    db.exec(
         "UPDATE webhook_deliveries SET state = 'pending', attempts = 0, next_attempt_at = $2, lease_token = NULL, \
          lease_expires_at = NULL, updated_at = $2 WHERE endpoint_id = $1 AND state = 'dead' AND event_seq IN \
          (SELECT event_seq FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'dead' ORDER BY event_seq LIMIT $3)",
         args![endpoint, cx.now.micros(), i64::from(limit.clamp(1, limits::PAGE_LIMIT_MAX))],
     )
-    .await?)
+    .await
 }
 
 /// Deletes up to `limit` of `endpoint`'s delivered rows delivered before `before` (the fan-out
 /// cursor is kept apart, so nothing is delivered again); returns how many.
 pub(crate) async fn prune(db: &mut Db<'_>, endpoint: &str, before: Timestamp, limit: u32) -> Result<u64, StoreError> {
-    Ok(db
-        .exec(
-            "DELETE FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'delivered' AND event_seq IN \
-             (SELECT event_seq FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'delivered' \
-              AND delivered_at < $2 ORDER BY event_seq LIMIT $3)",
-            args![endpoint, before.micros(), i64::from(limit.clamp(1, limits::PAGE_LIMIT_MAX))],
-        )
-        .await?)
+    db.exec(
+        "DELETE FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'delivered' AND event_seq IN \
+         (SELECT event_seq FROM webhook_deliveries WHERE endpoint_id = $1 AND state = 'delivered' \
+          AND delivered_at < $2 ORDER BY event_seq LIMIT $3)",
+        args![endpoint, before.micros(), i64::from(limit.clamp(1, limits::PAGE_LIMIT_MAX))],
+    )
+    .await
 }
 
 /// Creates the deliveries of the next outbox events for `endpoint`. Advances only through a

@@ -1,0 +1,227 @@
+//! PostgreSQL writes (docs/decisions/0013).
+//!
+//! - `PgShared::transaction`: one operation in one READ COMMITTED transaction, retried whole on the
+//!   retryable SQLSTATEs; its ledger lines and events are numbered by `ops::flush` just before COMMIT.
+//! - Lanes: `lanes` tasks sharing one queue. A lane takes the first waiting operation and whatever
+//!   else is waiting (up to `batch_max`, no timer), runs them in one transaction under a short lock
+//!   timeout, a savepoint each, flushes once, commits once, then answers every one. An operation
+//!   that met a lock it may not wait for (or a deadlock, a serialization failure, a concurrent
+//!   create) is rolled back to its savepoint and run again alone after the batch, so a batch never
+//!   waits long on another transaction and cannot hold a wait cycle for more than the short timeout.
+
+use super::{BatchOp, Env, OpFn, Ran};
+use crate::db::Db;
+use crate::error::StoreError;
+use crate::ops::{self, Pending};
+use futures_util::FutureExt;
+use settle_core::limits;
+use sqlx::postgres::PgPool;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The longest a batched operation waits for another transaction's row lock before it leaves the
+/// batch to run alone (with the store's full `lock_timeout`).
+const BATCH_START: &str = "SET LOCAL lock_timeout = '50ms'; SAVEPOINT op";
+/// Savepoints per transaction: PostgreSQL caches 64 subtransaction ids per backend; past that every
+/// snapshot in the cluster must consult pg_subtrans.
+pub(crate) const BATCH_MAX: usize = 48;
+
+pub(crate) struct PgShared {
+    pub pool: PgPool,
+    pub env: Env,
+    pub tx_retries: AtomicU64,
+    /// The store's lock timeout, restored before the flush (the counters may be held by a
+    /// committing batch for a while).
+    pub lock_timeout: Duration,
+}
+
+fn new_pending() -> Arc<Mutex<Pending>> {
+    Arc::new(Mutex::new(Pending::default()))
+}
+
+fn take(pending: &Mutex<Pending>) -> Pending {
+    std::mem::take(&mut *pending.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+impl PgShared {
+    /// One PostgreSQL transaction (READ COMMITTED) for one operation, retried whole on the
+    /// retryable SQLSTATEs.
+    pub async fn transaction<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            // A `Transaction` rolls back if this future is dropped midway (a client hanging up, a
+            // timeout): a pooled connection never goes back with a transaction open.
+            let mut tx = self.pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+            let pending = new_pending();
+            let cx = self.env.cx(Some(pending.clone()));
+            let out = {
+                let mut db = Db::Pg(&mut tx);
+                match f(&mut db, &cx).await {
+                    Ok(v) => ops::flush(&mut db, &take(&pending)).await.map(|()| v),
+                    Err(e) => Err(e),
+                }
+            };
+            let outcome = match out {
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    Err(e)
+                }
+                Ok(v) => match tx.commit().await {
+                    Ok(()) => Ok(v),
+                    Err(e) => Err(StoreError::from_commit(e)),
+                },
+            };
+            match outcome {
+                Err(e) if attempt < limits::TX_ATTEMPTS_MAX && e.is_pg_retryable() => {
+                    self.tx_retries.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(attempt, error = %e, "retrying a PostgreSQL transaction");
+                    let pause_ms = { self.env.rng.lock().expect("rng lock").below_inclusive(5 << attempt) };
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// Starts `lanes` lane tasks over one queue; they end when every sender is dropped.
+pub(crate) fn spawn_lanes(shared: Arc<PgShared>, lanes: usize, batch_max: usize) -> mpsc::Sender<Box<dyn BatchOp>> {
+    let (tx, rx) = mpsc::channel::<Box<dyn BatchOp>>(limits::WRITE_QUEUE_MAX);
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    for _ in 0..lanes.max(1) {
+        tokio::spawn(lane(shared.clone(), rx.clone(), batch_max.clamp(1, BATCH_MAX)));
+    }
+    tx
+}
+
+async fn lane(shared: Arc<PgShared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Box<dyn BatchOp>>>>, batch_max: usize) {
+    let mut batch: Vec<Box<dyn BatchOp>> = Vec::with_capacity(batch_max);
+    loop {
+        {
+            let mut rx = rx.lock().await;
+            match rx.recv().await {
+                Some(op) => batch.push(op),
+                None => return,
+            }
+            while batch.len() < batch_max {
+                match rx.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+        }
+        run_batch(&shared, &mut batch).await;
+    }
+}
+
+/// Runs every operation of the batch alone, in a task each (they were never committed).
+fn all_alone(shared: &Arc<PgShared>, ops: impl IntoIterator<Item = Box<dyn BatchOp>>) {
+    for op in ops {
+        tokio::spawn(op.alone(shared.clone()));
+    }
+}
+
+async fn exec(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, sql: &str) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut **tx).await.map(|_| ())
+}
+
+/// One batch: one transaction, a savepoint per operation, one flush, one COMMIT, then the answers.
+/// Anything failing before COMMIT is sent leaves nothing committed: every operation is run again
+/// alone. A failed COMMIT leaves the outcome unknown: the operations that ran are answered
+/// `Unavailable` (never "nothing happened"); those that were rolled back to their savepoints run alone.
+async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
+    let mut tx = match shared.pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await {
+        Ok(tx) => tx,
+        Err(e) => {
+            let e = StoreError::from(e);
+            for op in batch.drain(..) {
+                op.deliver(Err(StoreError::Unavailable(e.to_string())));
+            }
+            return;
+        }
+    };
+    let pending = new_pending();
+    let mut ran: Vec<Box<dyn BatchOp>> = Vec::with_capacity(batch.len());
+    let mut again: Vec<Box<dyn BatchOp>> = Vec::new();
+    // A savepoint is always open when an operation starts: released and opened again in one round
+    // trip after an operation that stays, rolled back to (which keeps it) after one that does not.
+    // The last one is left open; COMMIT takes it with the rest.
+    let mut broken = exec(&mut tx, BATCH_START).await.err().map(|e| e.to_string());
+    for mut op in batch.drain(..) {
+        if broken.is_some() {
+            ran.push(op);
+            continue;
+        }
+        let mark = pending.lock().unwrap_or_else(|p| p.into_inner()).mark();
+        let cx = shared.env.cx(Some(pending.clone()));
+        let result = {
+            let mut db = Db::Pg(&mut tx);
+            AssertUnwindSafe(op.run(&mut db, &cx)).catch_unwind().await
+        };
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(_) => {
+                tracing::error!("a write operation panicked; it is rolled back");
+                Ran::Failed
+            }
+        };
+        let step = match outcome {
+            Ran::Done => exec(&mut tx, "RELEASE SAVEPOINT op; SAVEPOINT op").await,
+            Ran::Failed | Ran::Again => {
+                pending.lock().unwrap_or_else(|p| p.into_inner()).truncate(mark);
+                exec(&mut tx, "ROLLBACK TO SAVEPOINT op").await
+            }
+        };
+        if let Err(e) = step {
+            broken = Some(e.to_string());
+        }
+        match outcome {
+            Ran::Again => again.push(op),
+            _ => ran.push(op),
+        }
+    }
+    if broken.is_none() {
+        let restore = format!("SET LOCAL lock_timeout = '{}ms'", shared.lock_timeout.as_millis().max(1));
+        let flushed = async {
+            exec(&mut tx, &restore).await?;
+            let mut db = Db::Pg(&mut tx);
+            ops::flush(&mut db, &take(&pending)).await
+        };
+        match AssertUnwindSafe(flushed).catch_unwind().await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => broken = Some(e.to_string()),
+            Err(_) => broken = Some("the flush panicked".into()),
+        }
+    }
+    if let Some(reason) = broken {
+        tracing::warn!(%reason, ops = ran.len() + again.len(), "a write batch failed before COMMIT; its operations run alone");
+        let _ = tx.rollback().await;
+        shared.tx_retries.fetch_add(1, Ordering::Relaxed);
+        all_alone(shared, ran.into_iter().chain(again));
+        return;
+    }
+    let committed = tx.commit().await.map_err(StoreError::from_commit);
+    match committed {
+        Ok(()) => {
+            for op in ran {
+                op.deliver(Ok(()));
+            }
+        }
+        // Refused, so nothing of it committed.
+        Err(e) if e.is_pg_retryable() => all_alone(shared, ran),
+        Err(e) => {
+            let msg = e.to_string();
+            for op in ran {
+                op.deliver(Err(StoreError::Unavailable(format!("the write batch's commit failed: {msg}"))));
+            }
+        }
+    }
+    if !again.is_empty() {
+        shared.tx_retries.fetch_add(again.len() as u64, Ordering::Relaxed);
+    }
+    all_alone(shared, again);
+}

@@ -1,0 +1,78 @@
+-- wrk script for scripts/bench-http: the seed-000 story on repeat, one connection per wrk thread
+-- (run wrk with -t N -c N), so each thread's requests and answers alternate strictly.
+--   create a job (charge) -> claim it (claim) -> fail it TIMEOUT, not retryable (refund)
+--   -> the late success with the same lease token (reclaim)
+-- Each 2xx answer of those four is one guarded transition. Accounts bench-1..bench-N must exist
+-- with enough credit; BENCH_RUN (an env var) keeps job ids unique across runs on one database.
+
+local threads = {}
+local counter = 0
+
+function setup(thread)
+  counter = counter + 1
+  thread:set("tid", counter)
+  table.insert(threads, thread)
+end
+
+local step, n, job, token = 0, 0, nil, nil
+transitions, errors, empty = 0, 0, 0
+local run = os.getenv("BENCH_RUN") or "0"
+local headers = { ["Content-Type"] = "application/json" }
+
+function request()
+  if step == 0 then
+    n = n + 1
+    local body = string.format(
+      '{"id":"r%s-t%d-%d","account_id":"bench-%d","kind":"render","cost":10,"max_attempts":1}', run, tid, n, tid)
+    return wrk.format("POST", "/v1/jobs", headers, body)
+  elseif step == 1 then
+    return wrk.format("POST", "/v1/claims", headers,
+      string.format('{"worker":"w%d","kinds":["render"],"limit":1,"lease_seconds":600}', tid))
+  elseif step == 2 then
+    return wrk.format("POST", "/v1/jobs/" .. job .. "/fail", headers,
+      '{"lease_token":"' .. token .. '","code":"TIMEOUT","retryable":false}')
+  else
+    return wrk.format("POST", "/v1/jobs/" .. job .. "/succeed", headers, '{"lease_token":"' .. token .. '"}')
+  end
+end
+
+function response(status, hdrs, body)
+  if status < 200 or status > 299 then
+    errors = errors + 1
+    if errors <= 3 then io.stderr:write("bench-http: " .. status .. " " .. body .. "\n") end
+    step = 0
+    return
+  end
+  if step == 0 then
+    transitions = transitions + 1
+    step = 1
+  elseif step == 1 then
+    job = string.match(body, '"id":"([^"]+)"')
+    token = string.match(body, '"lease_token":"([^"]+)"')
+    if job and token then
+      transitions = transitions + 1
+      step = 2
+    else
+      empty = empty + 1
+      step = 0
+    end
+  elseif step == 2 then
+    transitions = transitions + 1
+    step = 3
+  else
+    transitions = transitions + 1
+    step = 0
+  end
+end
+
+function done(summary, latency, requests)
+  local t, e, m = 0, 0, 0
+  for _, thread in ipairs(threads) do
+    t = t + thread:get("transitions")
+    e = e + thread:get("errors")
+    m = m + thread:get("empty")
+  end
+  local secs = summary.duration / 1e6
+  io.write(string.format("RESULT transitions=%d seconds=%.3f rate=%.1f p50_ms=%.2f p99_ms=%.2f errors=%d empty_claims=%d requests=%d\n",
+    t, secs, t / secs, latency:percentile(50) / 1000, latency:percentile(99) / 1000, e, m, summary.requests))
+end
