@@ -39,6 +39,11 @@ pub struct BenchArgs {
     /// file under --dir, or the --postgres server) and stop: the yardstick of scripts/bench-http.
     #[arg(long)]
     raw_commits: bool,
+    /// Measure the cost of a transition as the ledger grows: fill one SQLite store (FULL) to each
+    /// of these numbers of ledger entries (jobs of 10 items: one job per 10 entries) and measure
+    /// transitions/s (--concurrency's last value, --jobs jobs) and a full audit at each.
+    #[arg(long, value_delimiter = ',')]
+    scale: Vec<u64>,
     /// Where --raw-commits puts its SQLite file (a real disk, not tmpfs, or fsync costs nothing).
     #[arg(long, default_value = ".")]
     dir: std::path::PathBuf,
@@ -47,6 +52,9 @@ pub struct BenchArgs {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.wake {
         return run_wake(&args).await;
+    }
+    if !args.scale.is_empty() {
+        return run_scale(&args).await;
     }
     if args.raw_commits {
         let rate = match &args.postgres {
@@ -256,14 +264,23 @@ async fn transitions_per_second(
 /// `concurrency` clients, each with its own account, create, claim and succeed `jobs` jobs in all;
 /// returns guarded transitions per second, after checking the audit.
 async fn drive(store: Arc<SqlStore>, concurrency: usize, jobs: usize) -> anyhow::Result<f64> {
+    drive_on(store, concurrency, jobs, "").await
+}
+
+/// `drive`, with ids prefixed by `run` so it can run again on the same store.
+async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &str) -> anyhow::Result<f64> {
     let mut accounts = Vec::new();
     for a in 0..concurrency {
-        let id = AccountId::parse(&format!("acct-{a}"))?;
+        let id = AccountId::parse(&format!("{run}acct-{a}"))?;
         store.create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }).await?;
         store
             .grant(
                 &id,
-                NewGrant { id: RefId::parse(&format!("g-{a}"))?, amount: Credits::new(1_000_000_000), reason: None },
+                NewGrant {
+                    id: RefId::parse(&format!("{run}g-{a}"))?,
+                    amount: Credits::new(1_000_000_000),
+                    reason: None,
+                },
             )
             .await?;
         accounts.push(id);
@@ -273,10 +290,11 @@ async fn drive(store: Arc<SqlStore>, concurrency: usize, jobs: usize) -> anyhow:
     let mut handles = Vec::new();
     for (c, account) in accounts.into_iter().enumerate() {
         let store = store.clone();
+        let run = run.to_owned();
         handles.push(tokio::spawn(async move {
             let kind = JobKind::parse("bench").expect("valid kind");
             for n in 0..per_client {
-                let id = JobId::parse(&format!("j-{c}-{n}")).expect("valid id");
+                let id = JobId::parse(&format!("{run}j-{c}-{n}")).expect("valid id");
                 let req = NewJob {
                     id: id.clone(),
                     account_id: account.clone(),
@@ -313,6 +331,78 @@ async fn drive(store: Arc<SqlStore>, concurrency: usize, jobs: usize) -> anyhow:
     let report = store.audit().await?;
     anyhow::ensure!(report.ok(), "audit failed after the benchmark: {:?}", report.violations);
     Ok((per_client * concurrency * 3) as f64 / elapsed)
+}
+
+/// `settle bench --scale`: per-transition cost and audit speed as the ledger grows.
+async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir_in(&args.dir)?;
+    let url = format!("sqlite://{}", dir.path().join("scale.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await?);
+    let concurrency = args.concurrency.last().copied().unwrap_or(32).max(1);
+    println!(
+        "settle bench --scale: SQLite (WAL, synchronous=FULL) in {}, filled with jobs of 10 items; at each size {} jobs \
+         created, claimed, succeeded by {concurrency} clients (3 transitions each), then a full audit",
+        args.dir.display(),
+        args.jobs
+    );
+    println!(
+        "{:>12} {:>10} {:>14} {:>11} {:>11} {:>16}",
+        "entries", "jobs", "transitions/s", "µs/transition", "audit s", "audit entries/s"
+    );
+    let fill = AccountId::parse("fill")?;
+    store.create_account(NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) }).await?;
+    let mut filled: u64 = 0;
+    let mut round = 0;
+    for &target in &args.scale {
+        // Fill: 32 tasks creating jobs of 10 one-credit items (10 charge entries each).
+        let needed = target.saturating_sub(filled) / 10;
+        let per_task = needed.div_ceil(32);
+        let mut tasks = Vec::new();
+        for t in 0..32u64 {
+            let (store, fill) = (store.clone(), fill.clone());
+            let count = per_task.min(needed.saturating_sub(t * per_task));
+            tasks.push(tokio::spawn(async move {
+                let kind = JobKind::parse("fill").expect("valid kind");
+                // Never due: a backlog that is there, not one the measured claims must skip over.
+                let later = store.now().plus_seconds(10 * 365 * 24 * 3600);
+                for n in 0..count {
+                    let items = (0..10)
+                        .map(|i| NewItem { id: ItemId::parse(&format!("i{i}")).expect("valid"), cost: Credits::new(1) })
+                        .collect();
+                    let req = NewJob {
+                        id: JobId::parse(&format!("f{round}-{t}-{n}")).expect("valid id"),
+                        account_id: fill.clone(),
+                        kind: kind.clone(),
+                        items,
+                        payload: "null".into(),
+                        max_attempts: None,
+                        refund_on: None,
+                        not_before: Some(later),
+                    };
+                    store.create_job(req).await?;
+                }
+                Ok::<u64, StoreError>(count * 10)
+            }));
+        }
+        for t in tasks {
+            filled += t.await.context("fill task")??;
+        }
+        round += 1;
+        let rate = drive_on(store.clone(), concurrency, args.jobs, &format!("s{round}")).await?;
+        let started = Instant::now();
+        let report = store.audit().await?;
+        let secs = started.elapsed().as_secs_f64();
+        anyhow::ensure!(report.ok(), "audit failed: {:?}", report.violations);
+        let stats = store.stats().await?;
+        let entries: i64 = stats.entries_by_kind.iter().map(|(_, n)| *n).sum();
+        let jobs: i64 = stats.jobs_by_state.iter().map(|(_, n)| *n).sum();
+        println!(
+            "{entries:>12} {jobs:>10} {rate:>14.0} {:>11.0} {secs:>11.2} {:>16.0}",
+            1e6 / rate,
+            entries as f64 / secs
+        );
+    }
+    Ok(())
 }
 
 /// The engine's own limit: one-row INSERT transactions (BEGIN IMMEDIATE … COMMIT) on one

@@ -269,6 +269,48 @@ impl Db<'_> {
         }
     }
 
+    /// Streams the rows of `sql` through `f`, one at a time (nothing is collected); returns how many.
+    pub async fn each(
+        &mut self,
+        sql: &'static str,
+        args: &[Value],
+        mut f: impl FnMut(&Row) -> Result<(), StoreError> + Send,
+    ) -> Result<u64, StoreError> {
+        use futures_util::TryStreamExt;
+        let mut n = 0;
+        match self {
+            Db::Sqlite(c) => {
+                let mut rows = bind_sqlite(sqlx::query(sql), args).fetch(&mut **c);
+                while let Some(r) = rows.try_next().await? {
+                    f(&Row::Sqlite(r))?;
+                    n += 1;
+                }
+            }
+            Db::Pg(c) => {
+                let mut rows = bind_pg(sqlx::query(sql), args).fetch(&mut **c);
+                while let Some(r) = rows.try_next().await? {
+                    f(&Row::Pg(r))?;
+                    n += 1;
+                }
+            }
+            Db::Lite(c) => {
+                let mut stmt = c.prepare_cached(sql).map_err(StoreError::from_sqlite)?;
+                lite_bind(&mut stmt, args)?;
+                let columns = stmt.column_count();
+                let mut rows = stmt.raw_query();
+                while let Some(row) = rows.next().map_err(StoreError::from_sqlite)? {
+                    let values = (0..columns)
+                        .map(|i| row.get::<_, rusqlite::types::Value>(i))
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(StoreError::from_sqlite)?;
+                    f(&Row::Lite(values))?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
+
     pub async fn opt_built(&mut self, sql: String, args: &[Value]) -> Result<Option<Row>, StoreError> {
         Ok(self.all_built(sql, args).await?.into_iter().next())
     }

@@ -127,9 +127,16 @@ impl Cx {
 // ---------------------------------------------------------------------------------------------
 // Reading rows
 
-pub(crate) const JOB_COLUMNS: &str = "id, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
-     cancel_requested, not_before, lease_token, lease_expires_at, lease_worker, last_error_code, last_error_message, \
-     unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq, result";
+/// The job row's columns, in the order `job_row` decodes them (a macro, so statements can be
+/// assembled with `concat!`).
+macro_rules! job_columns {
+    () => {
+        "id, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
+         cancel_requested, not_before, lease_token, lease_expires_at, lease_worker, last_error_code, \
+         last_error_message, unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq, result"
+    };
+}
+pub(crate) const JOB_COLUMNS: &str = job_columns!();
 
 /// A job row as stored, before its items are attached.
 #[derive(Debug, Clone)]
@@ -190,12 +197,8 @@ pub(crate) fn job_row(r: &Row) -> Result<JobRow, StoreError> {
     })
 }
 
-const SELECT_JOB: &str = "SELECT id, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
-     cancel_requested, not_before, lease_token, lease_expires_at, lease_worker, last_error_code, last_error_message, \
-     unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq, result FROM jobs WHERE id = $1";
-const LOCK_JOB_PG: &str = "SELECT id, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
-     cancel_requested, not_before, lease_token, lease_expires_at, lease_worker, last_error_code, last_error_message, \
-     unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq, result FROM jobs WHERE id = $1 FOR UPDATE";
+const SELECT_JOB: &str = concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1");
+const LOCK_JOB_PG: &str = concat!("SELECT ", job_columns!(), " FROM jobs WHERE id = $1 FOR UPDATE");
 
 /// Reads the job row and, on PostgreSQL, locks it until commit. Every job transition starts here,
 /// so the decision below is made on a row no one else can change (lock order: job → items →
@@ -1170,7 +1173,8 @@ macro_rules! claim_sql {
             $lock,
             ") AND state = 'queued' AND not_before <= $1 ",
             $cancel,
-            " RETURNING id, attempt, kind"
+            " RETURNING ",
+            job_columns!()
         )
     };
 }
@@ -1223,11 +1227,12 @@ pub(crate) async fn claim(
             a.extend(req.kinds.iter().map(|k| crate::db::Value::from(k.as_str())));
         }
         let Some(row) = db.opt_built(sql.clone(), &a).await? else { break };
-        let (job_id, attempt, kind) = (row.text(0)?, row.i64(1)?, row.text(2)?);
+        let mut row = job_row(&row)?;
+        let (job_id, attempt) = (row.id.clone(), row.attempt);
         cx.point(CrashPoint::AfterGuard)?;
         // A claim that names no lease gets its job kind's.
         let mut expires = lease_expires_at;
-        let kind_lease = cx.policy.for_kind(&kind).lease_seconds;
+        let kind_lease = cx.policy.for_kind(&row.kind).lease_seconds;
         if req.lease_seconds.is_none() && kind_lease != lease_seconds {
             expires = cx.now.plus_seconds(u64::from(kind_lease));
             let rows = db
@@ -1237,13 +1242,17 @@ pub(crate) async fn claim(
                 )
                 .await?;
             guard_hit(rows, "kind lease")?;
+            row.lease_expires_at = Some(expires.micros());
+            row.lease_seconds = i64::from(kind_lease);
         }
         db.exec(
             "INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) VALUES ($1, $2, $3, $4, $5)",
             args![&job_id, attempt, req.worker.as_str(), &token, cx.now.micros()],
         )
         .await?;
-        let job = must_read_job(db, cx, &job_id).await?;
+        let job = attach(db, cx, row).await?;
+        #[cfg(debug_assertions)]
+        assert_eq!(job, must_read_job(db, cx, &job_id).await?, "a claimed job's answer must be what was stored");
         emit(
             db,
             cx,

@@ -103,12 +103,11 @@ enum Backend {
     Sqlite {
         writer: mpsc::Sender<Box<dyn BatchOp>>,
         readers: SqlitePool,
+        /// The file, for reads that stream through a rusqlite connection of their own (the audit).
+        path: std::path::PathBuf,
     },
     /// `lanes` commits batches of operations; `shared.transaction` runs one operation alone.
-    Postgres {
-        shared: Arc<PgShared>,
-        lanes: mpsc::Sender<Box<dyn BatchOp>>,
-    },
+    Postgres { shared: Arc<PgShared>, lanes: mpsc::Sender<Box<dyn BatchOp>> },
 }
 
 pub struct SqlStore {
@@ -184,14 +183,16 @@ impl SqlStore {
         };
         let (tx, rx) = mpsc::channel(limits::WRITE_QUEUE_MAX);
         let conn = crate::engine::sqlite::open_writer(&path, &options)?;
+        let checkpointer = crate::engine::sqlite::open_checkpointer(&path, &options)?;
         crate::engine::sqlite::spawn_writer(
             conn,
             rx,
             env.clone(),
             options.write_batch_max.clamp(1, limits::WRITE_BATCH_MAX),
+            checkpointer,
         )?;
         Ok(SqlStore {
-            backend: Backend::Sqlite { writer: tx, readers },
+            backend: Backend::Sqlite { writer: tx, readers, path },
             env,
             wake: Arc::new(tokio::sync::Notify::new()),
             events_wake: Arc::new(tokio::sync::Notify::new()),
@@ -876,8 +877,38 @@ impl Store for SqlStore {
         Ok(stats)
     }
 
-    async fn audit(&self) -> Result<AuditReport, StoreError> {
-        self.read(op!([] | db, _cx | audit::audit(db).await)).await
+    async fn audit_with_progress(
+        &self,
+        progress: Arc<dyn Fn(audit::AuditProgress) + Send + Sync>,
+    ) -> Result<AuditReport, StoreError> {
+        match &self.backend {
+            // Streamed through rusqlite on a blocking thread: sqlx-sqlite sends every row from its
+            // worker thread to the caller, which costs far more than SQLite reading it.
+            Backend::Sqlite { path, .. } => {
+                let path = path.clone();
+                let runtime = tokio::runtime::Handle::current();
+                tokio::task::spawn_blocking(move || {
+                    let mut conn = rusqlite::Connection::open_with_flags(
+                        &path,
+                        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                    )
+                    .map_err(StoreError::from_sqlite)?;
+                    // Pages mapped rather than copied in, a large cache for the index lookups of the
+                    // items pass; then one snapshot (WAL) for every statement of the audit.
+                    conn.execute_batch("PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -262144; BEGIN")
+                        .map_err(StoreError::from_sqlite)?;
+                    let report = runtime.block_on(async {
+                        let mut db = Db::Lite(&mut conn);
+                        audit::audit(&mut db, &*progress).await
+                    });
+                    let _ = conn.execute_batch("ROLLBACK");
+                    report
+                })
+                .await
+                .map_err(|e| StoreError::internal(format!("the audit thread failed: {e}")))?
+            }
+            Backend::Postgres { .. } => self.read(op!([progress] | db, _cx | audit::audit(db, &*progress).await)).await,
+        }
     }
 
     async fn webhook_start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError> {

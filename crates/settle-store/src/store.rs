@@ -1,9 +1,11 @@
 //! The `Store` trait: one call per domain operation. The conformance suite is written against it.
 
+use crate::audit::AuditProgress;
 use crate::error::StoreError;
 use crate::model::*;
 use async_trait::async_trait;
 use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
+use std::sync::Arc;
 
 #[async_trait]
 pub trait Store: Send + Sync {
@@ -120,7 +122,14 @@ pub trait Store: Send + Sync {
     /// Jobs by state and ledger entries by kind (for metrics).
     async fn stats(&self) -> Result<Stats, StoreError>;
     /// L1–L4 and gap-free sequences, over one consistent snapshot.
-    async fn audit(&self) -> Result<AuditReport, StoreError>;
+    async fn audit(&self) -> Result<AuditReport, StoreError> {
+        self.audit_with_progress(Arc::new(|_| {})).await
+    }
+    /// `audit`, calling `progress` as it streams through the ledger and the items.
+    async fn audit_with_progress(
+        &self,
+        progress: Arc<dyn Fn(AuditProgress) + Send + Sync>,
+    ) -> Result<AuditReport, StoreError>;
 
     /// Webhooks: begins `endpoint` (its first delivery) where `from` says, if it has not begun.
     async fn webhook_start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError>;

@@ -18,7 +18,14 @@ pub(crate) fn spawn_writer(
     mut rx: mpsc::Receiver<Box<dyn BatchOp>>,
     env: Env,
     batch_max: usize,
+    checkpointer: rusqlite::Connection,
 ) -> Result<(), StoreError> {
+    // The writer keeps `stop` while it runs; the checkpointer ends when it is dropped.
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("settle-sqlite-checkpoint".into())
+        .spawn(move || checkpoint_loop(checkpointer, stopped))
+        .map_err(|e| StoreError::internal(format!("cannot start the SQLite checkpointer: {e}")))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .map_err(|e| StoreError::internal(format!("the SQLite writer's runtime: {e}")))?;
@@ -38,10 +45,50 @@ pub(crate) fn spawn_writer(
                     run_batch(&mut conn, &env, &mut batch).await;
                 }
                 let _ = conn.close();
+                drop(stop);
             });
         })
         .map_err(|e| StoreError::internal(format!("cannot start the SQLite writer: {e}")))?;
     Ok(())
+}
+
+/// How often the checkpointer copies the WAL back into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+/// The writer's own automatic checkpoint, a backstop only (pages of WAL): the checkpointer thread
+/// keeps the WAL far below this, so the writer never spends its time copying pages.
+const WRITER_AUTOCHECKPOINT_PAGES: u32 = 50_000;
+
+/// Checkpoints (PASSIVE: never blocks the writer or the readers) on a connection and thread of its
+/// own, so the single writer spends its time on transitions, not on copying the WAL back.
+fn checkpoint_loop(conn: rusqlite::Connection, stopped: std::sync::mpsc::Receiver<()>) {
+    use std::sync::mpsc::RecvTimeoutError;
+    while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_EVERY) {
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "SQLite checkpoint failed; trying again");
+        }
+    }
+    // The last checkpoint, after the writer's last commit.
+    let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+}
+
+/// Opens the checkpointer's connection to the store's file.
+pub(crate) fn open_checkpointer(
+    path: &std::path::Path,
+    options: &StoreOptions,
+) -> Result<rusqlite::Connection, StoreError> {
+    use rusqlite::OpenFlags;
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(StoreError::from_sqlite)?;
+    conn.busy_timeout(options.busy_timeout).map_err(StoreError::from_sqlite)?;
+    let sync = match options.durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous = {sync};")).map_err(StoreError::from_sqlite)?;
+    Ok(conn)
 }
 
 /// Opens the writer's connection: the file the migrations just prepared (WAL is persistent), with
@@ -58,8 +105,13 @@ pub(crate) fn open_writer(path: &std::path::Path, options: &StoreOptions) -> Res
         Durability::Full => "FULL",
         Durability::Normal => "NORMAL",
     };
-    conn.execute_batch(&format!("PRAGMA foreign_keys = ON; PRAGMA synchronous = {sync};"))
-        .map_err(StoreError::from_sqlite)?;
+    // temp_store = MEMORY keeps each savepoint's journal (the pages to restore if the operation is
+    // rolled back to it) in memory instead of a temporary file per batch.
+    conn.execute_batch(&format!(
+        "PRAGMA foreign_keys = ON; PRAGMA synchronous = {sync}; PRAGMA temp_store = MEMORY; \
+         PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT_PAGES};"
+    ))
+    .map_err(StoreError::from_sqlite)?;
     let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).map_err(StoreError::from_sqlite)?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::internal(format!("the SQLite writer found journal_mode {mode}, not wal")));
@@ -81,7 +133,7 @@ async fn run_batch(conn: &mut rusqlite::Connection, env: &Env, batch: &mut Vec<B
     }
     let mut broken: Option<String> = None;
     for op in batch.iter_mut() {
-        if let Err(e) = conn.execute_batch("SAVEPOINT op") {
+        if let Err(e) = run(conn, "SAVEPOINT op") {
             broken = Some(e.to_string());
             break;
         }
@@ -91,13 +143,13 @@ async fn run_batch(conn: &mut rusqlite::Connection, env: &Env, batch: &mut Vec<B
             AssertUnwindSafe(op.run(&mut db, &cx)).catch_unwind().await
         };
         let step = match result {
-            Ok(Ran::Done) => conn.execute_batch("RELEASE op"),
+            Ok(Ran::Done) => run(conn, "RELEASE op"),
             // One writer: nothing to wait for, so no operation is run again elsewhere.
-            Ok(Ran::Failed | Ran::Again) => conn.execute_batch("ROLLBACK TO op; RELEASE op"),
+            Ok(Ran::Failed | Ran::Again) => run(conn, "ROLLBACK TO op").and_then(|()| run(conn, "RELEASE op")),
             Err(_) => {
                 // A programmer error in one operation: undo it alone; the others in the batch go on.
                 tracing::error!("a write operation panicked; it is rolled back");
-                conn.execute_batch("ROLLBACK TO op; RELEASE op")
+                run(conn, "ROLLBACK TO op").and_then(|()| run(conn, "RELEASE op"))
             }
         };
         if let Err(e) = step {
@@ -127,4 +179,9 @@ async fn run_batch(conn: &mut rusqlite::Connection, env: &Env, batch: &mut Vec<B
             Err(msg) => op.deliver(Err(StoreError::Unavailable(format!("the write batch was rolled back: {msg}")))),
         }
     }
+}
+
+/// A transaction-control statement, prepared once.
+fn run(conn: &rusqlite::Connection, sql: &str) -> Result<(), rusqlite::Error> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
