@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Plots scripts/bench-http's results.tsv as an SVG: transitions/s against clients for each engine,
+"""Plots scripts/bench-http's results.tsv as an SVG (usage: bench-plot.py TSV SVG [TITLE]): transitions/s against clients for each engine,
 beside pgbench TPC-B tps (PostgreSQL) and SQLite's one-row durable commit rate. No dependencies."""
 import csv
 import sys
 
+title = sys.argv[3] if len(sys.argv) > 3 else "Guarded transitions/s over HTTP (scripts/bench-http)"
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 series = {}
 for r in rows:
@@ -36,7 +37,7 @@ def y(v):
 
 out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
        f'<rect width="{W}" height="{H}" fill="white"/>',
-       f'<text x="{L}" y="18" font-size="14">Guarded transitions/s over HTTP (scripts/bench-http)</text>',
+       f'<text x="{L}" y="18" font-size="14">{title}</text>',
        f'<line x1="{L}" y1="{T + ph}" x2="{L + pw}" y2="{T + ph}" stroke="black"/>',
        f'<line x1="{L}" y1="{T}" x2="{L}" y2="{T + ph}" stroke="black"/>',
        f'<text x="{L + pw / 2}" y="{H - 10}" text-anchor="middle">concurrent clients</text>']

@@ -387,6 +387,11 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
         for t in tasks {
             filled += t.await.context("fill task")??;
         }
+        // The fill's WAL copied back into the database first, so the measurement does not share
+        // the disk with that checkpoint.
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?.connect().await?;
+        sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&mut conn).await?;
+        conn.close().await?;
         round += 1;
         let rate = drive_on(store.clone(), concurrency, args.jobs, &format!("s{round}")).await?;
         let started = Instant::now();

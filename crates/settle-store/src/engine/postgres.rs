@@ -114,6 +114,13 @@ async fn lane(shared: Arc<PgShared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<B
                 }
             }
         }
+        if batch.len() == 1 {
+            // Nothing to share the transaction with: no savepoint, no short lock timeout — the
+            // operation runs as it would alone, and the lane is free again after its COMMIT.
+            let op = batch.pop().expect("one operation");
+            op.alone(shared.clone()).await;
+            continue;
+        }
         run_batch(&shared, &mut batch).await;
     }
 }
