@@ -71,47 +71,44 @@ fn checkpoint_loop(conn: rusqlite::Connection, stopped: std::sync::mpsc::Receive
     let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
 }
 
+/// A read-write connection to the store's file with the store's busy timeout and durability.
+fn open_rw(path: &std::path::Path, options: &StoreOptions, pragmas: &str) -> Result<rusqlite::Connection, StoreError> {
+    use rusqlite::OpenFlags;
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(StoreError::from_sqlite)?;
+    conn.busy_timeout(options.busy_timeout).map_err(StoreError::from_sqlite)?;
+    let sync = match options.durability {
+        Durability::Full => "FULL",
+        Durability::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous = {sync}; {pragmas}")).map_err(StoreError::from_sqlite)?;
+    Ok(conn)
+}
+
 /// Opens the checkpointer's connection to the store's file.
 pub(crate) fn open_checkpointer(
     path: &std::path::Path,
     options: &StoreOptions,
 ) -> Result<rusqlite::Connection, StoreError> {
-    use rusqlite::OpenFlags;
-    let conn = rusqlite::Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(StoreError::from_sqlite)?;
-    conn.busy_timeout(options.busy_timeout).map_err(StoreError::from_sqlite)?;
-    let sync = match options.durability {
-        Durability::Full => "FULL",
-        Durability::Normal => "NORMAL",
-    };
-    conn.execute_batch(&format!("PRAGMA synchronous = {sync};")).map_err(StoreError::from_sqlite)?;
-    Ok(conn)
+    open_rw(path, options, "")
 }
 
 /// Opens the writer's connection: the file the migrations just prepared (WAL is persistent), with
 /// the store's durability, foreign keys on and a cache for every statement of the write path.
+/// temp_store = MEMORY keeps each savepoint's journal (the pages to restore if the operation is
+/// rolled back to it) in memory instead of a temporary file per batch.
 pub(crate) fn open_writer(path: &std::path::Path, options: &StoreOptions) -> Result<rusqlite::Connection, StoreError> {
-    use rusqlite::OpenFlags;
-    let conn = rusqlite::Connection::open_with_flags(
+    let conn = open_rw(
         path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(StoreError::from_sqlite)?;
-    conn.busy_timeout(options.busy_timeout).map_err(StoreError::from_sqlite)?;
-    let sync = match options.durability {
-        Durability::Full => "FULL",
-        Durability::Normal => "NORMAL",
-    };
-    // temp_store = MEMORY keeps each savepoint's journal (the pages to restore if the operation is
-    // rolled back to it) in memory instead of a temporary file per batch.
-    conn.execute_batch(&format!(
-        "PRAGMA foreign_keys = ON; PRAGMA synchronous = {sync}; PRAGMA temp_store = MEMORY; \
-         PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT_PAGES};"
-    ))
-    .map_err(StoreError::from_sqlite)?;
+        options,
+        &format!(
+            "PRAGMA foreign_keys = ON; PRAGMA temp_store = MEMORY; \
+             PRAGMA wal_autocheckpoint = {WRITER_AUTOCHECKPOINT_PAGES};"
+        ),
+    )?;
     let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).map_err(StoreError::from_sqlite)?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::internal(format!("the SQLite writer found journal_mode {mode}, not wal")));

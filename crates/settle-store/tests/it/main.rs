@@ -7,5 +7,6 @@ mod crash;
 mod identity;
 mod kit;
 mod race;
+mod schema;
 mod tamper;
 mod withdrawals;

@@ -1,0 +1,133 @@
+//! The two engines' schemas stay one schema: after every migration, SQLite and PostgreSQL have the
+//! same tables, the same columns in each, and the same explicitly created indexes on the same columns.
+//! (Types differ by design — `bytea`/`BLOB`, `bigint`/`INTEGER` — and so do the names the engines give
+//! to primary keys and column-level UNIQUE constraints, which are left out.)
+
+use settle_store::{SqlStore, StoreOptions};
+use sqlx::{ConnectOptions, Connection, Row};
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+type Schema = BTreeMap<String, (Vec<String>, Vec<(String, Vec<String>)>)>;
+
+async fn sqlite_schema(url: &str) -> Schema {
+    let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(url).unwrap().connect().await.unwrap();
+    let tables: Vec<String> = sqlx::query(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
+         AND name <> '_sqlx_migrations' ORDER BY name",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let mut schema = Schema::new();
+    for t in tables {
+        let mut columns: Vec<String> =
+            sqlx::query(sqlx::AssertSqlSafe(format!("SELECT name FROM pragma_table_info('{t}')")))
+                .fetch_all(&mut c)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+        columns.sort();
+        let names: Vec<String> = sqlx::query(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = $1 AND sql IS NOT NULL ORDER BY name",
+        )
+        .bind(&t)
+        .fetch_all(&mut c)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+        let mut indexes = Vec::new();
+        for i in names {
+            let cols: Vec<String> =
+                sqlx::query(sqlx::AssertSqlSafe(format!("SELECT name FROM pragma_index_info('{i}') ORDER BY seqno")))
+                    .fetch_all(&mut c)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+            indexes.push((i, cols));
+        }
+        schema.insert(t, (columns, indexes));
+    }
+    c.close().await.unwrap();
+    schema
+}
+
+async fn postgres_schema(url: &str) -> Schema {
+    let mut c = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().connect().await.unwrap();
+    let tables: Vec<String> = sqlx::query(
+        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema() \
+         AND table_name <> '_sqlx_migrations' ORDER BY 1",
+    )
+    .fetch_all(&mut c)
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let mut schema = Schema::new();
+    for t in tables {
+        let mut columns: Vec<String> = sqlx::query(
+            "SELECT column_name::text FROM information_schema.columns WHERE table_schema = current_schema() \
+             AND table_name = $1",
+        )
+        .bind(&t)
+        .fetch_all(&mut c)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+        columns.sort();
+        // Indexes that back no constraint: the ones made by CREATE INDEX.
+        let rows = sqlx::query(
+            "SELECT ic.relname::text, a.attname::text FROM pg_index x \
+             JOIN pg_class ic ON ic.oid = x.indexrelid JOIN pg_class tc ON tc.oid = x.indrelid \
+             JOIN LATERAL unnest(x.indkey) WITH ORDINALITY AS k(attnum, ord) ON true \
+             JOIN pg_attribute a ON a.attrelid = tc.oid AND a.attnum = k.attnum \
+             WHERE tc.relname = $1 AND tc.relnamespace = current_schema()::regnamespace \
+             AND NOT EXISTS (SELECT 1 FROM pg_constraint con WHERE con.conindid = x.indexrelid) \
+             ORDER BY 1, k.ord",
+        )
+        .bind(&t)
+        .fetch_all(&mut c)
+        .await
+        .unwrap();
+        let mut indexes: Vec<(String, Vec<String>)> = Vec::new();
+        for r in &rows {
+            let (name, column): (String, String) = (r.get(0), r.get(1));
+            match indexes.last_mut() {
+                Some((last, cols)) if *last == name => cols.push(column),
+                _ => indexes.push((name, vec![column])),
+            }
+        }
+        schema.insert(t, (columns, indexes));
+    }
+    c.close().await.unwrap();
+    schema
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite_url = format!("sqlite://{}", dir.path().join("schema.db").display());
+    drop(SqlStore::open(&sqlite_url, StoreOptions::default()).await.unwrap());
+    let pg_url = settle_testkit::fresh_database().await;
+    drop(SqlStore::open(&pg_url, StoreOptions::default()).await.unwrap());
+    let (lite, pg) = (sqlite_schema(&sqlite_url).await, postgres_schema(&pg_url).await);
+    assert!(lite.contains_key("ledger_entries") && lite["ledger_entries"].1.len() >= 3, "the reader sees the schema");
+    assert_eq!(lite.keys().collect::<Vec<_>>(), pg.keys().collect::<Vec<_>>(), "tables");
+    for (table, (columns, indexes)) in &lite {
+        let (pg_columns, pg_indexes) = &pg[table];
+        assert_eq!(columns, pg_columns, "columns of {table}");
+        assert_eq!(indexes, pg_indexes, "indexes of {table}");
+    }
+}
