@@ -345,11 +345,13 @@ fn lite_bind(stmt: &mut rusqlite::CachedStatement<'_>, args: &[Value]) -> Result
 fn lite_exec(c: &rusqlite::Connection, sql: &str, args: &[Value]) -> Result<u64, StoreError> {
     let mut stmt = c.prepare_cached(sql).map_err(StoreError::from_sqlite)?;
     lite_bind(&mut stmt, args)?;
+    // A statement that writes nothing changed nothing (`changes()` would still report the last write).
+    let writes = !stmt.readonly();
     let mut rows = stmt.raw_query();
     // Steps the statement to its end (a `RETURNING` clause yields rows that are not read here).
     while rows.next().map_err(StoreError::from_sqlite)?.is_some() {}
     drop(rows);
-    Ok(c.changes())
+    Ok(if writes { c.changes() } else { 0 })
 }
 
 fn lite_query(c: &rusqlite::Connection, sql: &str, args: &[Value], max: usize) -> Result<Vec<Row>, StoreError> {

@@ -10,49 +10,49 @@ use std::str::FromStr;
 
 type Schema = BTreeMap<String, (Vec<String>, Vec<(String, Vec<String>)>)>;
 
+/// The first column of every row of `sql` (with `bind` as `$1` when given), on SQLite.
+async fn lite_names(c: &mut sqlx::SqliteConnection, sql: String, bind: Option<&str>) -> Vec<String> {
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    if let Some(b) = bind {
+        q = q.bind(b.to_owned());
+    }
+    q.fetch_all(c).await.unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+/// The first column of every row of `sql` (with `bind` as `$1` when given), on PostgreSQL.
+async fn pg_names(c: &mut sqlx::PgConnection, sql: &'static str, bind: Option<&str>) -> Vec<String> {
+    let mut q = sqlx::query(sql);
+    if let Some(b) = bind {
+        q = q.bind(b.to_owned());
+    }
+    q.fetch_all(c).await.unwrap().iter().map(|r| r.get(0)).collect()
+}
+
 async fn sqlite_schema(url: &str) -> Schema {
     let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(url).unwrap().connect().await.unwrap();
-    let tables: Vec<String> = sqlx::query(
+    let tables = lite_names(
+        &mut c,
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' \
-         AND name <> '_sqlx_migrations' ORDER BY name",
+         AND name <> '_sqlx_migrations' ORDER BY name"
+            .into(),
+        None,
     )
-    .fetch_all(&mut c)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect();
+    .await;
     let mut schema = Schema::new();
     for t in tables {
-        let mut columns: Vec<String> =
-            sqlx::query(sqlx::AssertSqlSafe(format!("SELECT name FROM pragma_table_info('{t}')")))
-                .fetch_all(&mut c)
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
+        let mut columns = lite_names(&mut c, format!("SELECT name FROM pragma_table_info('{t}')"), None).await;
         columns.sort();
-        let names: Vec<String> = sqlx::query(
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = $1 AND sql IS NOT NULL ORDER BY name",
+        let names = lite_names(
+            &mut c,
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = $1 AND sql IS NOT NULL ORDER BY name"
+                .into(),
+            Some(&t),
         )
-        .bind(&t)
-        .fetch_all(&mut c)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .await;
         let mut indexes = Vec::new();
         for i in names {
-            let cols: Vec<String> =
-                sqlx::query(sqlx::AssertSqlSafe(format!("SELECT name FROM pragma_index_info('{i}') ORDER BY seqno")))
-                    .fetch_all(&mut c)
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
+            let cols =
+                lite_names(&mut c, format!("SELECT name FROM pragma_index_info('{i}') ORDER BY seqno"), None).await;
             indexes.push((i, cols));
         }
         schema.insert(t, (columns, indexes));
@@ -63,29 +63,22 @@ async fn sqlite_schema(url: &str) -> Schema {
 
 async fn postgres_schema(url: &str) -> Schema {
     let mut c = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().connect().await.unwrap();
-    let tables: Vec<String> = sqlx::query(
+    let tables = pg_names(
+        &mut c,
         "SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema() \
          AND table_name <> '_sqlx_migrations' ORDER BY 1",
+        None,
     )
-    .fetch_all(&mut c)
-    .await
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect();
+    .await;
     let mut schema = Schema::new();
     for t in tables {
-        let mut columns: Vec<String> = sqlx::query(
+        let mut columns = pg_names(
+            &mut c,
             "SELECT column_name::text FROM information_schema.columns WHERE table_schema = current_schema() \
              AND table_name = $1",
+            Some(&t),
         )
-        .bind(&t)
-        .fetch_all(&mut c)
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .await;
         columns.sort();
         // Indexes that back no constraint: the ones made by CREATE INDEX.
         let rows = sqlx::query(
