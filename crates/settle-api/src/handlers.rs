@@ -268,7 +268,7 @@ pub async fn attempts(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(j
                 worker: a.worker,
                 started_at: dto::rfc3339(a.started_at),
                 finished_at: a.finished_at.map(dto::rfc3339),
-                result: a.result,
+                result: a.result.map(|r| r.as_str().to_owned()),
                 fail_code: a.fail_code,
                 message: a.message,
             })

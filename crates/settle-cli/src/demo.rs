@@ -184,7 +184,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
             "  attempt {} by {}: {} {}",
             a.attempt_no,
             a.worker,
-            a.result.as_deref().unwrap_or("open"),
+            a.result.map_or("open", |r| r.as_str()),
             a.fail_code.as_deref().unwrap_or("")
         ));
     }
@@ -334,7 +334,7 @@ async fn payouts(d: &Demo) -> anyhow::Result<()> {
             println!(
                 "     {id:<13} attempt {} {:<10} {:<16} {}",
                 a.attempt_no,
-                a.result.as_deref().unwrap_or("open"),
+                a.result.map_or("open", |r| r.as_str()),
                 a.fail_code.as_deref().unwrap_or(""),
                 a.message.as_deref().unwrap_or("")
             );

@@ -133,7 +133,7 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     a.worker,
                     print::time(a.started_at),
                     a.finished_at.map(print::time).unwrap_or_else(|| "-".into()),
-                    a.result.as_deref().unwrap_or("open"),
+                    a.result.map_or("open", |r| r.as_str()),
                     a.fail_code.as_deref().unwrap_or(""),
                     a.message.as_deref().unwrap_or("")
                 );

@@ -5,6 +5,7 @@
 //! winner per claim, and no job ever held under two unexpired leases at once.
 
 use settle_core::Credits;
+use settle_core::history::AttemptResult;
 use settle_core::ids::*;
 use settle_core::item::ItemState;
 use settle_core::job::JobState;
@@ -165,12 +166,12 @@ async fn four_processes_share_one_postgres_ledger() {
     let mut lease_expired = 0;
     for j in &jobs {
         let attempts = store.attempts(&JobId::parse(&j.id).unwrap()).await.unwrap();
-        lease_expired += attempts.iter().filter(|a| a.result.as_deref() == Some("lease_expired")).count();
+        lease_expired += attempts.iter().filter(|a| a.result == Some(AttemptResult::LeaseExpired)).count();
         assert_eq!(attempts.len() as u32, claims_per_job.get(&j.id).copied().unwrap_or(0), "claims of {}", j.id);
         for pair in attempts.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
-            let free_from = match a.result.as_deref() {
-                Some("lease_expired") => a.started_at.micros() + LEASE_MICROS,
+            let free_from = match a.result {
+                Some(AttemptResult::LeaseExpired) => a.started_at.micros() + LEASE_MICROS,
                 Some(_) => a.finished_at.expect("closed attempts have an end").micros(),
                 None => panic!("{}: attempt {} still open while attempt {} started", j.id, a.attempt_no, b.attempt_no),
             };

@@ -6,6 +6,7 @@
 //! - [`job`]: the job lifecycle (spec §3): states, refund policy, and the pure decisions a store applies.
 //! - [`backoff`]: `min(base · 2^n, max)` with optional full jitter from a seedable generator.
 //! - [`ledger`]: entry kinds and the per-account hash chain.
+//! - [`history`]: the names a job's history records (event types, attempt results, signals and their effects).
 //! - [`fingerprint`]: canonical request fingerprints for create-by-id idempotency.
 //! - [`clock`]: the injected `Clock`; nothing else reads the system time.
 //! - [`crash`]: the `CrashPoint` enum the crash-convergence harness iterates.
@@ -15,6 +16,7 @@ pub mod backoff;
 pub mod clock;
 pub mod crash;
 pub mod fingerprint;
+pub mod history;
 pub mod ids;
 pub mod item;
 pub mod job;

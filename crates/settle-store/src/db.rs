@@ -129,7 +129,49 @@ fn bind_pg<'q>(mut q: Query<'q, Postgres, PgArguments>, args: &[Value]) -> Query
     q
 }
 
-/// One result row, decoded by column position.
+/// A column of a result row: its position. Plain `usize` positions for ad-hoc statements; the
+/// enums of [`columns!`] for the rows Settle reads everywhere, so they are decoded by name.
+pub(crate) trait Col {
+    fn at(self) -> usize;
+}
+
+impl Col for usize {
+    fn at(self) -> usize {
+        self
+    }
+}
+
+/// A row's column list, written once: `columns!(JobCol { id, account_id, … })` defines an enum
+/// whose variants are the columns (`row.text(JobCol::id)`) and `JobCol::LIST`, the list to select
+/// them in that order.
+macro_rules! columns {
+    ($(#[$meta:meta])* $vis:vis $name:ident { $first:ident $(, $rest:ident)* $(,)? }) => {
+        $(#[$meta])*
+        #[allow(non_camel_case_types, dead_code)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $name {
+            $first,
+            $($rest,)*
+        }
+
+        #[allow(dead_code)]
+        impl $name {
+            /// The columns, comma-separated, in the order the variants name them.
+            pub const LIST: &'static str = concat!(stringify!($first) $(, ", ", stringify!($rest))*);
+            /// How many columns there are (the position of a column selected after them).
+            pub const COUNT: usize = [stringify!($first) $(, stringify!($rest))*].len();
+        }
+
+        impl $crate::db::Col for $name {
+            fn at(self) -> usize {
+                self as usize
+            }
+        }
+    };
+}
+pub(crate) use columns;
+
+/// One result row, decoded by column position (see [`Col`]).
 pub(crate) enum Row {
     Sqlite(SqliteRow),
     Pg(PgRow),
@@ -146,10 +188,12 @@ fn lite_type(i: usize, v: &rusqlite::types::Value, want: &str) -> StoreError {
 }
 
 impl Row {
-    pub fn i64(&self, i: usize) -> Result<i64, StoreError> {
+    pub fn i64(&self, c: impl Col) -> Result<i64, StoreError> {
+        let i = c.at();
         self.opt_i64(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
     }
-    pub fn opt_i64(&self, i: usize) -> Result<Option<i64>, StoreError> {
+    pub fn opt_i64(&self, c: impl Col) -> Result<Option<i64>, StoreError> {
+        let i = c.at();
         match self {
             Row::Sqlite(r) => Ok(r.try_get(i)?),
             Row::Pg(r) => Ok(r.try_get(i)?),
@@ -160,10 +204,12 @@ impl Row {
             },
         }
     }
-    pub fn text(&self, i: usize) -> Result<String, StoreError> {
+    pub fn text(&self, c: impl Col) -> Result<String, StoreError> {
+        let i = c.at();
         self.opt_text(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
     }
-    pub fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+    pub fn opt_text(&self, c: impl Col) -> Result<Option<String>, StoreError> {
+        let i = c.at();
         match self {
             Row::Sqlite(r) => Ok(r.try_get(i)?),
             Row::Pg(r) => Ok(r.try_get(i)?),
@@ -174,7 +220,8 @@ impl Row {
             },
         }
     }
-    pub fn opt_blob(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
+    pub fn opt_blob(&self, c: impl Col) -> Result<Option<Vec<u8>>, StoreError> {
+        let i = c.at();
         match self {
             Row::Sqlite(r) => Ok(r.try_get(i)?),
             Row::Pg(r) => Ok(r.try_get(i)?),
@@ -185,7 +232,8 @@ impl Row {
             },
         }
     }
-    pub fn blob(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+    pub fn blob(&self, c: impl Col) -> Result<Vec<u8>, StoreError> {
+        let i = c.at();
         match self {
             Row::Sqlite(r) => Ok(r.try_get(i)?),
             Row::Pg(r) => Ok(r.try_get(i)?),

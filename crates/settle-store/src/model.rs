@@ -1,5 +1,6 @@
 //! What goes into and comes out of the store. Plain data; the api crate maps it to JSON.
 
+use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
 use settle_core::ids::{AccountId, ArtifactKey, FailCode, ItemId, JobId, JobKind, RefId, WorkerName};
 use settle_core::item::ItemState;
 use settle_core::job::{JobState, RefundPolicy};
@@ -294,8 +295,8 @@ pub struct Attempt {
     pub worker: String,
     pub started_at: Timestamp,
     pub finished_at: Option<Timestamp>,
-    /// `succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`; `None` while open.
-    pub result: Option<String>,
+    /// How it ended; `None` while open.
+    pub result: Option<AttemptResult>,
     pub fail_code: Option<String>,
     pub message: Option<String>,
 }
@@ -304,10 +305,10 @@ pub struct Attempt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignalRecord {
     pub attempt_no: Option<u32>,
-    pub signal: String,
+    pub signal: Signal,
     pub fail_code: Option<String>,
     pub message: Option<String>,
-    pub effect: String,
+    pub effect: SignalEffect,
     pub received_at: Timestamp,
 }
 
@@ -322,7 +323,7 @@ pub struct FailureCount {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     pub seq: i64,
-    pub kind: String,
+    pub kind: EventKind,
     pub job_id: Option<String>,
     pub account_id: String,
     /// JSON text.
@@ -347,7 +348,7 @@ impl Event {
     pub fn envelope(&self) -> EventEnvelope {
         EventEnvelope {
             seq: self.seq,
-            kind: self.kind.clone(),
+            kind: self.kind.as_str().to_owned(),
             job_id: self.job_id.clone(),
             account_id: self.account_id.clone(),
             data: serde_json::from_str(&self.data).unwrap_or(serde_json::Value::Null),

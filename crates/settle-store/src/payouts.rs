@@ -9,6 +9,7 @@ use crate::model::*;
 use crate::ops::{self, After, Caller, Cx};
 use settle_core::crash::CrashPoint;
 use settle_core::fingerprint::Fingerprint;
+use settle_core::history::EventKind;
 use settle_core::ids::{ItemId, JobId, JobKind};
 use settle_core::item::{ItemSignal, ItemState};
 use settle_core::job::{self, JobState, RefundPolicy};
@@ -113,7 +114,7 @@ pub(crate) async fn withdrawals(
     page: Page,
 ) -> Result<Paged<Withdrawal>, StoreError> {
     let limit = page.limit.clamp(1, limits::PAGE_LIMIT_MAX);
-    let mut sql = format!("SELECT {} FROM jobs WHERE kind = 'withdrawal' AND job_seq > $1", ops::JOB_COLUMNS);
+    let mut sql = format!("SELECT {} FROM jobs WHERE kind = 'withdrawal' AND job_seq > $1", ops::JobCol::LIST);
     let mut a: Vec<Value> = vec![page.after.into()];
     if let Some(s) = filter.state {
         a.push(s.as_str().into());
@@ -209,7 +210,7 @@ pub(crate) async fn payout_succeeded(
         ops::emit(
             db,
             cx,
-            "withdrawal.late_execution",
+            EventKind::WithdrawalLateExecution,
             Some(&job.id),
             &job.account_id,
             serde_json::json!({ "state": job.state.as_str(), "provider_txid": txid }),
@@ -291,7 +292,7 @@ async fn apply_return(db: &mut Db<'_>, cx: &Cx, job: &ops::JobRow, source: Retur
     ops::emit(
         db,
         cx,
-        "withdrawal.returned",
+        EventKind::WithdrawalReturned,
         Some(&job.id),
         &job.account_id,
         serde_json::json!({ "amount": ops::sum(&moved)?.get(), "provider_txid": txid, "source": source.as_str() }),

@@ -5,11 +5,18 @@ use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, Cx, entry_from_row, job_row};
 use settle_core::Timestamp;
+use settle_core::history::{AttemptResult, Signal, SignalEffect};
 use settle_core::ids::AccountId;
 use settle_core::limits::PAGE_LIMIT_MAX;
+use std::sync::LazyLock;
 
 fn page_limit(limit: u32) -> i64 {
     i64::from(limit.clamp(1, PAGE_LIMIT_MAX))
+}
+
+/// A stored name read back into its enum; a name this build does not know is an internal error.
+pub(crate) fn name<T>(parse: fn(&str) -> Option<T>, what: &str, text: String) -> Result<T, StoreError> {
+    parse(&text).ok_or_else(|| StoreError::internal(format!("bad {what} {text}")))
 }
 
 fn next_after<T>(rows: &[T], limit: i64, key: impl Fn(&T) -> i64) -> Option<i64> {
@@ -18,22 +25,23 @@ fn next_after<T>(rows: &[T], limit: i64, key: impl Fn(&T) -> i64) -> Option<i64>
 
 pub(crate) async fn account(db: &mut Db<'_>, id: &AccountId) -> Result<Account, StoreError> {
     let row = db
-        .opt("SELECT id, balance, overdraft_limit, created_at FROM accounts WHERE id = $1", args![id.as_str()])
+        .opt(&ops::SELECT_ACCOUNT, args![id.as_str()])
         .await?
         .ok_or_else(|| StoreError::not_found("account", id.as_str()))?;
     ops::account_from_row(&row)
 }
 
+static LEDGER_PAGE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM ledger_entries WHERE account_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        ops::EntryCol::LIST
+    )
+});
+
 pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
     account(db, id).await?;
     let limit = page_limit(page.limit);
-    let rows = db
-        .all(
-            "SELECT seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash \
-             FROM ledger_entries WHERE account_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-            args![id.as_str(), page.after, limit],
-        )
-        .await?;
+    let rows = db.all(&LEDGER_PAGE, args![id.as_str(), page.after, limit]).await?;
     let entries = rows.iter().map(entry_from_row).collect::<Result<Vec<_>, _>>()?;
     let next = next_after(&entries, limit, |e| e.seq);
     Ok(Paged { rows: entries, next_after: next })
@@ -41,7 +49,7 @@ pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Resul
 
 pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
     let limit = page_limit(page.limit);
-    let mut sql = format!("SELECT {} FROM jobs WHERE job_seq > $1", ops::JOB_COLUMNS);
+    let mut sql = format!("SELECT {} FROM jobs WHERE job_seq > $1", ops::JobCol::LIST);
     let mut a: Vec<Value> = vec![page.after.into()];
     let mut add = |sql: &mut String, column: &str, v: Value| {
         a.push(v);
@@ -89,7 +97,7 @@ pub(crate) async fn attempts(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Vec<A
                 worker: r.text(1)?,
                 started_at: Timestamp::from_micros(r.i64(2)?),
                 finished_at: r.opt_i64(3)?.map(Timestamp::from_micros),
-                result: r.opt_text(4)?,
+                result: r.opt_text(4)?.map(|t| name(AttemptResult::parse, "attempt result", t)).transpose()?,
                 fail_code: r.opt_text(5)?,
                 message: r.opt_text(6)?,
             })
@@ -108,10 +116,10 @@ pub(crate) async fn signals(db: &mut Db<'_>, id: &str) -> Result<Vec<SignalRecor
         .map(|r| {
             Ok(SignalRecord {
                 attempt_no: r.opt_i64(0)?.map(|n| n as u32),
-                signal: r.text(1)?,
+                signal: name(Signal::parse, "signal", r.text(1)?)?,
                 fail_code: r.opt_text(2)?,
                 message: r.opt_text(3)?,
-                effect: r.text(4)?,
+                effect: name(SignalEffect::parse, "signal effect", r.text(4)?)?,
                 received_at: Timestamp::from_micros(r.i64(5)?),
             })
         })
@@ -140,19 +148,7 @@ pub(crate) async fn events(db: &mut Db<'_>, after: i64, limit: u32) -> Result<Pa
             args![after, limit],
         )
         .await?;
-    let events = rows
-        .iter()
-        .map(|r| {
-            Ok(Event {
-                seq: r.i64(0)?,
-                kind: r.text(1)?,
-                job_id: r.opt_text(2)?,
-                account_id: r.text(3)?,
-                data: r.text(4)?,
-                created_at: Timestamp::from_micros(r.i64(5)?),
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
+    let events = rows.iter().map(|r| crate::webhooks::event_from_row(r, 0)).collect::<Result<Vec<_>, StoreError>>()?;
     let next = next_after(&events, limit, |e| e.seq);
     Ok(Paged { rows: events, next_after: next })
 }

@@ -8,12 +8,13 @@ use crate::model::{BreakerPolicy, BreakerStatus, Delivery, DeliveryFilter, Deliv
 use crate::ops::Cx;
 use settle_core::Timestamp;
 use settle_core::crash::CrashPoint;
+use settle_core::history::EventKind;
 use settle_core::limits;
 
-fn event_from_row(r: &Row, at: usize) -> Result<Event, StoreError> {
+pub(crate) fn event_from_row(r: &Row, at: usize) -> Result<Event, StoreError> {
     Ok(Event {
         seq: r.i64(at)?,
-        kind: r.text(at + 1)?,
+        kind: crate::reads::name(EventKind::parse, "event type", r.text(at + 1)?)?,
         job_id: r.opt_text(at + 2)?,
         account_id: r.text(at + 3)?,
         data: r.text(at + 4)?,

@@ -4,6 +4,7 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use settle_core::backoff::{BackoffPolicy, Jitter};
+use settle_core::history::EventKind;
 use settle_core::ids::*;
 use settle_core::signature::{self, SignatureError};
 use settle_core::{Clock, Credits};
@@ -387,7 +388,7 @@ async fn pruned_after_retention(engine: &str) {
     deliverer.pass().await.unwrap();
     let left = store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows;
     assert_eq!(left.len(), 1, "only the new event's row: {left:?}");
-    assert_eq!(left[0].event.kind, "account.created");
+    assert_eq!(left[0].event.kind, EventKind::AccountCreated);
     assert_eq!(receiver.got.lock().unwrap().len(), history + 1, "every event delivered once");
 }
 

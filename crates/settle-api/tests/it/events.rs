@@ -37,7 +37,7 @@ fn whole_seconds_and_trailing_zeros_read_the_same_in_both() {
     for micros in [1_767_225_600_000_000, 1_767_225_600_120_000, 1_767_225_600_000_001] {
         let event = Event {
             seq: 7,
-            kind: "job.queued".into(),
+            kind: settle_core::history::EventKind::JobQueued,
             job_id: Some("j".into()),
             account_id: "a".into(),
             data: r#"{"kind":"render","cost":10,"items":1}"#.into(),

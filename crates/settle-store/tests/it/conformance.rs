@@ -3,6 +3,7 @@
 //! Each check ends with `assert_clean` — the audit (L1–L4, gap-free sequences) after every scenario.
 
 use crate::kit::*;
+use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
 use settle_core::ids::*;
 use settle_core::item::ItemState;
 use settle_core::job::{JobState, RefundPolicy};
@@ -393,7 +394,7 @@ async fn claim_respects_not_before_kinds_and_limit(k: &Kit) {
     assert_eq!(got[0].job.id, "mail");
     let attempts = k.store.attempts(&jid("r1")).await.unwrap();
     assert_eq!(attempts.len(), 1);
-    assert_eq!((attempts[0].attempt_no, attempts[0].worker.as_str(), attempts[0].result.as_deref()), (1, "w1", None));
+    assert_eq!((attempts[0].attempt_no, attempts[0].worker.as_str(), attempts[0].result), (1, "w1", None));
     for bad in
         [ClaimRequest { limit: 0, ..claim_req("w", 1) }, ClaimRequest { lease_seconds: Some(0), ..claim_req("w", 1) }]
     {
@@ -443,7 +444,7 @@ async fn succeed_from_running_decides_items(k: &Kit) {
     assert_eq!(states(&out.value), ["succeeded", "succeeded"]);
     assert_eq!((out.value.net.get(), k.balance(&a).await), (-30, 70));
     let att = k.store.attempts(&jid("j")).await.unwrap();
-    assert_eq!(att[0].result.as_deref(), Some("succeeded"));
+    assert_eq!(att[0].result, Some(AttemptResult::Succeeded));
     assert!(att[0].finished_at.is_some());
     assert!(k.event_types().await.contains(&"job.succeeded".to_string()));
 }
@@ -470,7 +471,7 @@ async fn succeed_after_refund_reclaims_once(k: &Kit) {
     let kinds: Vec<_> = k.ledger_kinds(&a).await.into_iter().skip(1).collect();
     assert_eq!(kinds, vec![("charge".into(), -40), ("refund".into(), 40), ("reclaim".into(), -40)]);
     let signals = k.store.signals(&jid("render-1")).await.unwrap();
-    assert!(signals.iter().any(|s| s.effect == "recovered" && s.attempt_no == Some(1)), "{signals:?}");
+    assert!(signals.iter().any(|s| s.effect == SignalEffect::Recovered && s.attempt_no == Some(1)), "{signals:?}");
 }
 
 async fn succeed_from_unknown_and_dead_recovers(k: &Kit) {
@@ -490,7 +491,7 @@ async fn succeed_from_unknown_and_dead_recovers(k: &Kit) {
     assert_eq!(states(&d), ["reclaimed"]);
     assert_eq!(k.balance(&a).await, 80);
     let att = k.store.attempts(&jid("d")).await.unwrap();
-    assert_eq!(att[0].result.as_deref(), Some("failed"), "the support log keeps the failure");
+    assert_eq!(att[0].result, Some(AttemptResult::Failed), "the support log keeps the failure");
 }
 
 async fn job_success_keeps_item_failures_refunded(k: &Kit) {
@@ -517,7 +518,7 @@ async fn succeed_after_cancel_requested_tears_down(k: &Kit) {
     // A success after the cancel changes nothing.
     assert!(!k.store.succeed(&jid("j"), None).await.unwrap().applied);
     assert_eq!(k.balance(&a).await, 90);
-    assert_eq!(k.store.attempts(&jid("j")).await.unwrap()[0].result.as_deref(), Some("cancelled"));
+    assert_eq!(k.store.attempts(&jid("j")).await.unwrap()[0].result, Some(AttemptResult::Cancelled));
 }
 
 async fn retryable_failure_requeues_with_backoff_and_refunds(k: &Kit) {
@@ -597,7 +598,7 @@ async fn last_attempt_goes_dead(k: &Kit) {
     }
     let att = k.store.attempts(&jid("j")).await.unwrap();
     assert_eq!(att.len(), 3);
-    assert!(att.iter().all(|a| a.result.as_deref() == Some("failed") && a.fail_code.as_deref() == Some("TIMEOUT")));
+    assert!(att.iter().all(|a| a.result == Some(AttemptResult::Failed) && a.fail_code.as_deref() == Some("TIMEOUT")));
     assert_eq!(k.balance(&a).await, 100);
 }
 
@@ -637,7 +638,7 @@ async fn lease_expiry_requeues_and_late_success_reclaims(k: &Kit) {
     assert_state(&j, JobState::Queued);
     assert_eq!(j.last_error.as_ref().unwrap().code, "LEASE_EXPIRED");
     assert_eq!(k.balance(&a).await, 100);
-    assert_eq!(k.store.attempts(&jid("j")).await.unwrap()[0].result.as_deref(), Some("lease_expired"));
+    assert_eq!(k.store.attempts(&jid("j")).await.unwrap()[0].result, Some(AttemptResult::LeaseExpired));
     // The lost worker's heartbeat and failure are stale; its success recovers the job.
     assert!(matches!(k.store.heartbeat(&jid("j"), &t).await, Err(StoreError::LeaseLost(_))));
     assert!(!k.fail("j", &t, "TIMEOUT").await.applied);
@@ -677,8 +678,8 @@ async fn cancel_requested_then_lease_expiry_tears_down(k: &Kit) {
     // The attempt log says why the attempt ended: its lease ran out, not a worker's cancel.
     let attempts = k.store.attempts(&jid("j")).await.unwrap();
     assert_eq!(
-        (attempts[0].result.as_deref(), attempts[0].fail_code.as_deref()),
-        (Some("lease_expired"), Some("LEASE_EXPIRED"))
+        (attempts[0].result, attempts[0].fail_code.as_deref()),
+        (Some(AttemptResult::LeaseExpired), Some("LEASE_EXPIRED"))
     );
 }
 
@@ -691,7 +692,7 @@ async fn unknown_is_not_refunded_and_reconciles(k: &Kit) {
     assert_eq!((states(&u), k.balance(&a).await), (vec!["charged"], 90));
     assert!(k.store.claim(claim_req("w", 5)).await.unwrap().is_empty(), "unknown is never retried automatically");
     assert!(k.store.rescue_expired_leases(10).await.unwrap().is_empty());
-    assert_eq!(k.store.attempts(&jid("p")).await.unwrap()[0].result.as_deref(), Some("unknown"));
+    assert_eq!(k.store.attempts(&jid("p")).await.unwrap()[0].result, Some(AttemptResult::Unknown));
     // absent, but inside the confirm window: nothing yet
     k.clock.advance_seconds(3_599);
     assert!(!k.store.reconcile(&jid("p"), Finding::Absent).await.unwrap().applied);
@@ -744,7 +745,7 @@ async fn cancel_queued_refunds_and_cleans_artifacts(k: &Kit) {
     assert!(!root.join("j/a1").exists(), "undelivered item's artifact is deleted");
     assert_eq!(k.balance(&a).await, 90);
     let last = k.store.events(0, 1000).await.unwrap().rows.pop().unwrap();
-    assert_eq!(last.kind, "job.cancelled", "the terminal event is written last");
+    assert_eq!(last.kind, EventKind::JobCancelled, "the terminal event is written last");
     // a fresh queued job is refunded item by item
     k.items_job("q", &a, &[5, 5]).await;
     let CancelOutcome::Cancelled(q) = k.store.cancel(&jid("q")).await.unwrap() else { panic!() };
@@ -876,7 +877,7 @@ async fn stale_tokens_change_nothing_and_are_logged(k: &Kit) {
     assert_eq!(k.get("j").await, before);
     let sig = k.store.signals(&jid("j")).await.unwrap();
     assert_eq!(sig.len(), 2);
-    assert!(sig.iter().all(|s| s.effect == "stale" && s.attempt_no == Some(1)));
+    assert!(sig.iter().all(|s| s.effect == SignalEffect::Stale && s.attempt_no == Some(1)));
     assert!(k.fail("j", &t2, "TIMEOUT").await.applied);
 }
 
@@ -1022,8 +1023,8 @@ async fn stale_lease_signals_are_logged_though_refused(k: &Kit) {
         Err(StoreError::LeaseLost(_))
     ));
     let logged: Vec<_> = k.store.signals(&jid("j")).await.unwrap().into_iter().map(|s| (s.signal, s.effect)).collect();
-    let stale = |s: &str| (s.to_owned(), "stale".to_owned());
-    assert_eq!(logged, vec![stale("heartbeat"), stale("item_succeed"), stale("artifact")]);
+    let stale = |s: Signal| (s, SignalEffect::Stale);
+    assert_eq!(logged, vec![stale(Signal::Heartbeat), stale(Signal::ItemSucceed), stale(Signal::Artifact)]);
 }
 
 async fn item_failure_after_a_job_refund_is_not_reclaimed(k: &Kit) {
@@ -1051,7 +1052,7 @@ async fn final_failure_lease_expiry_after_cancel_is_unknown(k: &Kit) {
     let j = k.get("payout").await;
     assert_state(&j, JobState::Unknown);
     assert_eq!(k.balance(&a).await, 70, "money that may have left is not handed back");
-    assert_eq!(k.store.attempts(&jid("payout")).await.unwrap()[0].result.as_deref(), Some("lease_expired"));
+    assert_eq!(k.store.attempts(&jid("payout")).await.unwrap()[0].result, Some(AttemptResult::LeaseExpired));
     // the worker's late success (the payout went through) is accepted
     assert_state(&k.store.succeed(&jid("payout"), Some(&t)).await.unwrap().value, JobState::Succeeded);
     assert_eq!(k.balance(&a).await, 70);

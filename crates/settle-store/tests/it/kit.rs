@@ -186,7 +186,7 @@ impl Kit {
     }
 
     pub async fn event_types(&self) -> Vec<String> {
-        self.store.events(0, 1000).await.unwrap().rows.into_iter().map(|e| e.kind).collect()
+        self.store.events(0, 1000).await.unwrap().rows.into_iter().map(|e| e.kind.as_str().to_owned()).collect()
     }
 
     /// Raw SQL straight at the database, behind Settle's back.

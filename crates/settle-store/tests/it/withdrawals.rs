@@ -3,6 +3,7 @@
 //! `payout_return`).
 
 use crate::kit::*;
+use settle_core::history::AttemptResult;
 use settle_core::ids::*;
 use settle_core::job::{JobState, RefundPolicy};
 use settle_core::{Credits, limits};
@@ -145,7 +146,7 @@ async fn lease_expiry_retries_before_the_send_and_is_unknown_after(k: &Kit) {
     assert_state(&j, JobState::Unknown);
     assert_eq!((states(&j), k.balance(&a).await), (vec!["charged"], 90));
     let attempts = k.store.attempts(&jid("w")).await.unwrap();
-    assert_eq!(attempts.iter().map(|a| a.result.as_deref()).collect::<Vec<_>>(), vec![Some("lease_expired"); 2]);
+    assert_eq!(attempts.iter().map(|a| a.result).collect::<Vec<_>>(), vec![Some(AttemptResult::LeaseExpired); 2]);
     // the generic reconciler's "absent" is not how a payout is resolved… the processor's lookup is
     assert!(k.store.payouts().claim_payouts(&WorkerName::parse("p").unwrap(), 10).await.unwrap().is_empty());
 }
@@ -157,7 +158,7 @@ async fn success_keeps_the_txid_and_a_return_credits_once(k: &Kit) {
     let out = k.store.payouts().payout_succeeded(&jid("w"), Some(&t), "tx-1", false).await.unwrap();
     assert!(out.applied);
     assert_eq!((out.value.job.state, out.value.provider_txid.as_deref()), (JobState::Succeeded, Some("tx-1")));
-    assert_eq!(k.store.attempts(&jid("w")).await.unwrap()[0].result.as_deref(), Some("succeeded"));
+    assert_eq!(k.store.attempts(&jid("w")).await.unwrap()[0].result, Some(AttemptResult::Succeeded));
     // a duplicate report changes nothing and keeps the first txid
     let again = k.store.payouts().payout_succeeded(&jid("w"), Some(&t), "tx-other", false).await.unwrap();
     assert!(!again.applied);

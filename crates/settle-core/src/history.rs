@@ -1,0 +1,138 @@
+//! What a job's history records, named once: the outbox's event types, how an attempt ended,
+//! which signal arrived and what it did. The store writes these names and reads them back through
+//! `parse`; the API, the CLI and the webhooks show them as they are spelled here (spec §4, §6).
+
+/// An enum of names: `ALL`, `as_str`, `parse` and `Display`, with each variant's stored spelling
+/// next to it.
+macro_rules! names {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            pub fn parse(s: &str) -> Option<$name> {
+                $name::ALL.iter().copied().find(|v| v.as_str() == s)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+    };
+}
+
+names! {
+    /// The type of an outbox event (`GET /v1/events`, webhook bodies).
+    EventKind {
+        AccountCreated = "account.created",
+        AccountGranted = "account.granted",
+        AccountAdjusted = "account.adjusted",
+        JobQueued = "job.queued",
+        JobClaimed = "job.claimed",
+        JobItemSucceeded = "job.item_succeeded",
+        JobItemRefunded = "job.item_refunded",
+        JobItemReclaimed = "job.item_reclaimed",
+        JobCancelRequested = "job.cancel_requested",
+        JobCancelling = "job.cancelling",
+        JobCancelled = "job.cancelled",
+        JobRefunded = "job.refunded",
+        JobReclaimed = "job.reclaimed",
+        JobRetryScheduled = "job.retry_scheduled",
+        JobDead = "job.dead",
+        JobUnknown = "job.unknown",
+        JobSucceeded = "job.succeeded",
+        JobRequeued = "job.requeued",
+        WithdrawalLateExecution = "withdrawal.late_execution",
+        WithdrawalReturned = "withdrawal.returned",
+    }
+}
+
+impl EventKind {
+    /// Events after which work may be due: a transaction that writes one wakes waiting claims.
+    pub const fn wakes_claims(self) -> bool {
+        matches!(self, EventKind::JobQueued | EventKind::JobRetryScheduled | EventKind::JobRequeued)
+    }
+}
+
+names! {
+    /// How an attempt ended (the attempt log's `result`; an open attempt has none).
+    AttemptResult {
+        Succeeded = "succeeded",
+        Failed = "failed",
+        LeaseExpired = "lease_expired",
+        Unknown = "unknown",
+        Cancelled = "cancelled",
+        /// A success from an earlier attempt arrived and overtook this one (spec §3).
+        Superseded = "superseded",
+    }
+}
+
+names! {
+    /// A signal a worker (or the payout processor) sent about a job.
+    Signal {
+        Heartbeat = "heartbeat",
+        ItemSucceed = "item_succeed",
+        ItemFail = "item_fail",
+        Artifact = "artifact",
+        Fail = "fail",
+        Succeed = "succeed",
+        Unknown = "unknown",
+    }
+}
+
+names! {
+    /// What a logged signal did. Signals that moved the job are visible in its events; the signal
+    /// log keeps the ones that did not, and a late success that recovered a failed job.
+    SignalEffect {
+        /// Its lease token is not the current attempt's: nothing changed.
+        Stale = "stale",
+        /// A repeat of what already happened: nothing changed.
+        Noop = "noop",
+        /// A late success that took a failed job's refund back (the seed's 32-second result).
+        Recovered = "recovered",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_parses_back_and_names_are_distinct() {
+        fn check<T: Copy + PartialEq + std::fmt::Debug>(
+            all: &[T],
+            as_str: fn(T) -> &'static str,
+            parse: fn(&str) -> Option<T>,
+        ) {
+            let mut seen = std::collections::HashSet::new();
+            for &v in all {
+                assert_eq!(parse(as_str(v)), Some(v));
+                assert!(seen.insert(as_str(v)), "{} named twice", as_str(v));
+            }
+            assert_eq!(parse("no such name"), None);
+        }
+        check(EventKind::ALL, EventKind::as_str, EventKind::parse);
+        check(AttemptResult::ALL, AttemptResult::as_str, AttemptResult::parse);
+        check(Signal::ALL, Signal::as_str, Signal::parse);
+        check(SignalEffect::ALL, SignalEffect::as_str, SignalEffect::parse);
+    }
+
+    #[test]
+    fn only_events_that_make_work_due_wake_claims() {
+        let waking: Vec<_> = EventKind::ALL.iter().filter(|k| k.wakes_claims()).map(|k| k.as_str()).collect();
+        assert_eq!(waking, ["job.queued", "job.retry_scheduled", "job.requeued"]);
+    }
+}

@@ -1,0 +1,122 @@
+//! Accounts, grants and adjustments: the only writes that create credits from nothing, each answered
+//! with its ledger entry.
+
+use super::{
+    AccountCol, BalanceCheck, Cx, EntryCol, Line, SELECT_ACCOUNT, account_from_row, emit, entry_from_row, post_now,
+};
+use crate::db::{Db, args};
+use crate::error::StoreError;
+use crate::model::*;
+use settle_core::Credits;
+use settle_core::crash::CrashPoint;
+use settle_core::fingerprint::Fingerprint;
+use settle_core::history::EventKind;
+use settle_core::ids::AccountId;
+use settle_core::ledger::EntryKind;
+use settle_core::limits;
+use std::sync::LazyLock;
+
+pub(crate) fn account_fingerprint(req: &NewAccount) -> [u8; 32] {
+    Fingerprint::new("account").str("id", req.id.as_str()).i64("overdraft_limit", req.overdraft_limit.get()).finish()
+}
+
+pub(crate) async fn create_account(db: &mut Db<'_>, cx: &Cx, req: &NewAccount) -> Result<Created<Account>, StoreError> {
+    if req.overdraft_limit.is_negative() || req.overdraft_limit.get() > limits::BALANCE_MAX {
+        return Err(StoreError::invalid(format!("overdraft_limit must be between 0 and {}", limits::BALANCE_MAX)));
+    }
+    let fp = account_fingerprint(req);
+    let inserted = db
+        .exec(
+            "INSERT INTO accounts (id, balance, overdraft_limit, created_at, request_hash) VALUES ($1, 0, $2, $3, $4) \
+             ON CONFLICT (id) DO NOTHING",
+            args![req.id.as_str(), req.overdraft_limit.get(), cx.now.micros(), &fp],
+        )
+        .await?;
+    cx.point(CrashPoint::AfterGuard)?;
+    let row = db.one(&SELECT_ACCOUNT, args![req.id.as_str()]).await?;
+    let account = account_from_row(&row)?;
+    if inserted == 0 {
+        if row.blob(AccountCol::COUNT)? != fp {
+            return Err(StoreError::IdempotencyConflict { what: "account", id: req.id.to_string() });
+        }
+        return Ok(Created { value: account, replayed: true });
+    }
+    emit(
+        db,
+        cx,
+        EventKind::AccountCreated,
+        None,
+        req.id.as_str(),
+        serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() }),
+    )
+    .await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Created { value: account, replayed: false })
+}
+
+/// A grant or adjustment by its id, with its request fingerprint after its columns.
+static SELECT_CREDIT: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {}, request_hash FROM ledger_entries WHERE kind = $1 AND ref_id = $2", EntryCol::LIST)
+});
+
+pub(crate) fn credit_fingerprint(
+    kind: EntryKind,
+    account: &AccountId,
+    id: &str,
+    amount: Credits,
+    reason: Option<&str>,
+) -> [u8; 32] {
+    Fingerprint::new(kind.as_str())
+        .str("account_id", account.as_str())
+        .str("id", id)
+        .i64("amount", amount.get())
+        .opt_str("reason", reason)
+        .finish()
+}
+
+/// Grants (`amount > 0`) and adjustments (`amount ≠ 0`, reason required), created by id.
+pub(crate) async fn credit(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    kind: EntryKind,
+    account: &AccountId,
+    id: &str,
+    amount: Credits,
+    reason: Option<&str>,
+) -> Result<Created<LedgerEntry>, StoreError> {
+    debug_assert!(matches!(kind, EntryKind::Grant | EntryKind::Adjustment));
+    let fp = credit_fingerprint(kind, account, id, amount, reason);
+    if let Some(existing) = db.opt(&SELECT_CREDIT, args![kind.as_str(), id]).await? {
+        if existing.blob(EntryCol::COUNT)? != fp {
+            return Err(StoreError::IdempotencyConflict { what: kind.as_str(), id: id.to_owned() });
+        }
+        return Ok(Created { value: entry_from_row(&existing)?, replayed: true });
+    }
+    let entries = post_now(
+        db,
+        cx,
+        account.as_str(),
+        BalanceCheck::Bounded,
+        &[Line { kind, amount, job_id: None, item_id: None, ref_id: Some(id), reason, request_hash: Some(&fp) }],
+    )
+    .await?;
+    cx.point(CrashPoint::AfterLedger)?;
+    let entry = entries.into_iter().next().expect("one line posted");
+    let event = match kind {
+        EntryKind::Grant => EventKind::AccountGranted,
+        _ => EventKind::AccountAdjusted,
+    };
+    emit(
+        db,
+        cx,
+        event,
+        None,
+        account.as_str(),
+        serde_json::json!({ "id": id, "amount": amount.get(), "seq": entry.seq }),
+    )
+    .await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Created { value: entry, replayed: false })
+}

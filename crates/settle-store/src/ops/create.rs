@@ -1,0 +1,192 @@
+//! Creating a job: validated, fingerprinted for create-by-id replays, its items inserted and charged
+//! one ledger line each, in one transaction with its `job.queued` event.
+
+use super::{BalanceCheck, Cx, Holds, Line, attach, emit, guard_hit, lock_job, must_read_job, next_seq, post};
+use crate::db::{Db, Engine, args};
+use crate::error::StoreError;
+use crate::model::*;
+use settle_core::crash::CrashPoint;
+use settle_core::fingerprint::Fingerprint;
+use settle_core::history::EventKind;
+use settle_core::item::ItemState;
+use settle_core::job::{self, JobState};
+use settle_core::ledger::EntryKind;
+use settle_core::limits;
+use settle_core::{Credits, Timestamp};
+
+pub(crate) fn job_fingerprint(req: &NewJob) -> [u8; 32] {
+    let mut f = Fingerprint::new("job")
+        .str("id", req.id.as_str())
+        .str("account_id", req.account_id.as_str())
+        .str("kind", req.kind.as_str())
+        .str("payload", &req.payload)
+        .opt_i64("max_attempts", req.max_attempts.map(i64::from))
+        .opt_str("refund_on", req.refund_on.map(|p| p.as_str()))
+        .opt_i64("not_before", req.not_before.map(|t| t.micros()))
+        .i64("items", req.items.len() as i64);
+    for item in &req.items {
+        f = f.str("item", item.id.as_str()).i64("cost", item.cost.get());
+    }
+    f.finish()
+}
+
+pub(crate) fn validate_job(req: &NewJob) -> Result<Credits, StoreError> {
+    if req.items.is_empty() || req.items.len() > limits::JOB_ITEMS_MAX {
+        return Err(StoreError::invalid(format!("a job has 1 to {} items", limits::JOB_ITEMS_MAX)));
+    }
+    let mut ids: Vec<&str> = req.items.iter().map(|i| i.id.as_str()).collect();
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) {
+        return Err(StoreError::invalid("item ids must be unique within a job"));
+    }
+    if req.items.iter().any(|i| i.cost.is_negative()) {
+        return Err(StoreError::invalid("item cost must be zero or more"));
+    }
+    let total = Credits::checked_sum(req.items.iter().map(|i| i.cost))?;
+    if total.get() > limits::BALANCE_MAX {
+        return Err(StoreError::Overflow);
+    }
+    if let Some(n) = req.max_attempts
+        && !(1..=limits::ATTEMPTS_MAX_LIMIT).contains(&n)
+    {
+        return Err(StoreError::invalid(format!("max_attempts must be between 1 and {}", limits::ATTEMPTS_MAX_LIMIT)));
+    }
+    if req.payload.len() > limits::PAYLOAD_BYTES_MAX {
+        return Err(StoreError::invalid(format!("payload is larger than {} bytes", limits::PAYLOAD_BYTES_MAX)));
+    }
+    Ok(total)
+}
+
+pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result<Created<Job>, StoreError> {
+    validate_job(req)?;
+    if req.kind.as_str() == job::WITHDRAWAL_KIND {
+        return Err(StoreError::invalid(
+            "the job kind withdrawal is reserved: create withdrawals with POST /v1/withdrawals",
+        ));
+    }
+    let fp = job_fingerprint(req);
+    if db.opt("SELECT 1 FROM accounts WHERE id = $1", args![req.account_id.as_str()]).await?.is_none() {
+        return Err(StoreError::not_found("account", req.account_id.as_str()));
+    }
+    // Replay or conflict first, so a re-sent create takes no sequence number. Two concurrent
+    // creates of one id on PostgreSQL: the loser hits `jobs_pkey`, is retried, and lands here.
+    if let Some(existing) = lock_job(db, req.id.as_str()).await? {
+        if existing.request_hash != fp {
+            return Err(StoreError::IdempotencyConflict { what: "job", id: req.id.to_string() });
+        }
+        return Ok(Created { value: attach(db, cx, existing).await?, replayed: true });
+    }
+    let job = insert_job(db, cx, req, &fp).await?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Created { value: job, replayed: false })
+}
+
+/// Inserts a new job (its id known to be free): the job row, its items `charged`, one charge per
+/// item under the overdraft guard (`insufficient_credits` aborts the whole transaction), `job.queued`.
+/// Returns the job as written, built from the request (debug builds check it against a re-read).
+pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8; 32]) -> Result<Job, StoreError> {
+    let total = validate_job(req)?;
+    let job_seq = match db.engine() {
+        Engine::Sqlite => next_seq(db, "job", 1).await?,
+        Engine::Postgres => db.one("SELECT nextval('job_seq_numbers')", &[]).await?.i64(0)?,
+    };
+    let policy = cx.policy.for_kind(req.kind.as_str());
+    let max_attempts = i64::from(req.max_attempts.unwrap_or(policy.attempts_max));
+    let refund_on = req.refund_on.unwrap_or(policy.refund_on);
+    let not_before = req.not_before.unwrap_or(cx.now).micros();
+    let inserted = db
+        .exec(
+            "INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
+             cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, 'queued', $5, 0, 0, $6, $7, 0, $8, $9, $10, $11, $12, $12)",
+            args![
+                req.id.as_str(),
+                job_seq,
+                req.account_id.as_str(),
+                req.kind.as_str(),
+                total.get(),
+                max_attempts,
+                refund_on.as_str(),
+                not_before,
+                i64::from(limits::LEASE_SECONDS_DEFAULT),
+                &req.payload,
+                fp,
+                cx.now.micros()
+            ],
+        )
+        .await?;
+    guard_hit(inserted, "job insert")?;
+    cx.point(CrashPoint::AfterGuard)?;
+    for (ord, item) in req.items.iter().enumerate() {
+        db.exec(
+            "INSERT INTO items (job_id, item_id, ord, cost, state) VALUES ($1, $2, $3, $4, 'charged')",
+            args![req.id.as_str(), item.id.as_str(), ord as i64, item.cost.get()],
+        )
+        .await?;
+    }
+    let lines: Vec<Line<'_>> = req
+        .items
+        .iter()
+        .map(|i| {
+            Ok(Line {
+                kind: EntryKind::Charge,
+                amount: i.cost.checked_neg()?,
+                job_id: Some(req.id.as_str()),
+                item_id: Some(i.id.as_str()),
+                ref_id: None,
+                reason: None,
+                request_hash: None,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    // Every charged item may still be refunded: it is held until it is decided.
+    let holds = Holds { held: total.get(), exposure: 0 };
+    post(db, cx, req.account_id.as_str(), BalanceCheck::Overdraft, &lines, holds).await?;
+    cx.point(CrashPoint::AfterLedger)?;
+    emit(
+        db,
+        cx,
+        EventKind::JobQueued,
+        Some(req.id.as_str()),
+        req.account_id.as_str(),
+        serde_json::json!({ "kind": req.kind.as_str(), "cost": total.get(), "items": req.items.len() }),
+    )
+    .await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    let job = Job {
+        id: req.id.as_str().to_owned(),
+        account_id: req.account_id.as_str().to_owned(),
+        kind: req.kind.as_str().to_owned(),
+        state: JobState::Queued,
+        cost: total,
+        net: total.checked_neg()?,
+        attempt: 0,
+        max_attempts: u32::try_from(max_attempts).map_err(StoreError::internal)?,
+        budget_base: 0,
+        refund_on,
+        cancel_requested: false,
+        not_before: Timestamp::from_micros(not_before),
+        lease_expires_at: None,
+        last_error: None,
+        items: req
+            .items
+            .iter()
+            .map(|i| Item {
+                id: i.id.as_str().to_owned(),
+                cost: i.cost,
+                state: ItemState::Charged,
+                refund_reason: None,
+            })
+            .collect(),
+        payload: req.payload.clone(),
+        result: None,
+        created_at: cx.now,
+        updated_at: cx.now,
+    };
+    #[cfg(debug_assertions)]
+    {
+        let stored = must_read_job(db, cx, req.id.as_str()).await?;
+        assert_eq!(job, stored, "a created job's answer must be what was stored");
+    }
+    Ok(job)
+}

@@ -1,0 +1,169 @@
+//! Every write of Settle, written once for both engines. Each function runs inside a transaction
+//! the caller opened (on SQLite, a savepoint inside the writer's batch).
+//!
+//! The shape of every transition: lock and read the job row (PostgreSQL `FOR UPDATE`; on SQLite
+//! the single writer already serialises), decide with the pure functions of `settle-core`, then
+//! apply the decision as guarded `UPDATE … WHERE state = <from> …` statements whose row counts are
+//! asserted, the ledger rows, the server-side balance change and the outbox event — all in the
+//! one transaction. Nothing here reads the system clock or keeps money in application state.
+//!
+//! The transitions, by family:
+//!
+//! - [`accounts`]: accounts, grants and adjustments.
+//! - [`create`]: a job and its items, charged.
+//! - [`claim`]: due jobs leased to workers, each with an attempt row.
+//! - [`signals`]: heartbeats, item reports and artifacts from the lease holder.
+//! - [`failure`]: a failure signal or a lapsed lease: refund, then retry or dead.
+//! - [`success`]: success from any attempt, reclaiming what a failure refunded.
+//! - [`unknown`]: outcomes nobody knows yet, and their reconciliation.
+//! - [`teardown`]: cancel, requeue, and the cancelling job's artifact cleanup and end.
+//!
+//! over what they share:
+//!
+//! - [`rows`]: reading job, item, entry and account rows (decoded by column name).
+//! - [`ledger`]: guarded balance changes and the per-account hash-chained ledger lines.
+//! - [`outbox`]: events, written in the transition's transaction.
+//! - [`items`]: the item arrows applied to a job's items, with their ledger lines.
+//! - [`history`]: the attempt log, the signal log and the operator actions.
+
+mod accounts;
+mod claim;
+mod create;
+mod failure;
+mod history;
+mod items;
+mod ledger;
+mod outbox;
+mod rows;
+mod signals;
+mod success;
+mod teardown;
+mod unknown;
+
+pub(crate) use accounts::*;
+pub(crate) use claim::*;
+pub(crate) use create::*;
+pub(crate) use failure::*;
+pub(crate) use history::*;
+pub(crate) use items::*;
+pub(crate) use ledger::*;
+pub(crate) use outbox::*;
+pub(crate) use rows::*;
+pub(crate) use signals::*;
+pub(crate) use success::*;
+pub(crate) use teardown::*;
+pub(crate) use unknown::*;
+
+use crate::db::{Db, args};
+use crate::error::StoreError;
+use settle_core::backoff::SplitMix64;
+use settle_core::crash::CrashPoint;
+use settle_core::job::{self, Policies};
+use settle_core::{Credits, Timestamp};
+use std::sync::{Arc, Mutex};
+
+/// Who sends a signal. Withdrawals move only through the payout processor and reconciler (the
+/// provider is their only source of truth); every other job only through workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    Worker,
+    PayoutProcessor,
+}
+
+/// Refuses a signal whose caller may not move this job (docs/decisions/0010).
+pub(crate) fn check_caller(job: &JobRow, caller: Caller) -> Result<(), StoreError> {
+    let is_withdrawal = job.kind == job::WITHDRAWAL_KIND;
+    match (is_withdrawal, caller) {
+        (true, Caller::Worker) => Err(StoreError::InvalidTransition {
+            job: job.id.clone(),
+            action: "take worker signals (withdrawals are settled by the payout processor against the provider)",
+            state: job.state.as_str().to_owned(),
+        }),
+        (false, Caller::PayoutProcessor) => Err(StoreError::InvalidTransition {
+            job: job.id.clone(),
+            action: "be settled as a payout (it is not a withdrawal)",
+            state: job.state.as_str().to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Asked at every crash point; answers whether to "crash" there.
+pub trait CrashHook: Send + Sync {
+    fn should_crash(&self, point: CrashPoint) -> bool;
+}
+
+/// What every operation needs besides the connection.
+pub(crate) struct Cx {
+    pub now: Timestamp,
+    pub policy: Arc<Policies>,
+    pub rng: Arc<Mutex<SplitMix64>>,
+    pub crash: Option<Arc<dyn CrashHook>>,
+    /// PostgreSQL: the transaction's ledger lines and events, numbered by `flush` just before its
+    /// COMMIT (docs/decisions/0013). `None` on SQLite, whose single writer numbers them at once.
+    pub pending: Option<Arc<Mutex<Pending>>>,
+}
+
+/// Ledger lines and outbox events of one PostgreSQL transaction, in the order they were written,
+/// waiting for their numbers. Shared by every operation of a batch; the batch runner cuts it back
+/// to the mark taken before an operation that fails.
+#[derive(Default)]
+pub(crate) struct Pending {
+    pub lines: Vec<PendingLine>,
+    pub events: Vec<PendingEvent>,
+}
+
+impl Pending {
+    pub fn mark(&self) -> (usize, usize) {
+        (self.lines.len(), self.events.len())
+    }
+
+    pub fn truncate(&mut self, (lines, events): (usize, usize)) {
+        self.lines.truncate(lines);
+        self.events.truncate(events);
+    }
+
+    /// What the transaction has queued so far for one job (added to its `net`).
+    fn job_amount(&self, job_id: &str) -> Result<Credits, StoreError> {
+        Ok(Credits::checked_sum(
+            self.lines.iter().filter(|l| l.job_id.as_deref() == Some(job_id)).map(|l| Credits::new(l.amount)),
+        )?)
+    }
+}
+
+fn lock_pending(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
+    pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Cx {
+    pub fn point(&self, point: CrashPoint) -> Result<(), StoreError> {
+        match &self.crash {
+            Some(hook) if hook.should_crash(point) => Err(StoreError::InjectedCrash(point.name())),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Reserves `n` numbers of a gap-free counter; returns the first.
+pub(crate) async fn next_seq(db: &mut Db<'_>, counter: &'static str, n: i64) -> Result<i64, StoreError> {
+    debug_assert!(n >= 1);
+    let row =
+        db.one("UPDATE counters SET value = value + $2 WHERE name = $1 RETURNING value", args![counter, n]).await?;
+    Ok(row.i64(0)? - n + 1)
+}
+
+/// PostgreSQL, the last statements before COMMIT: numbers the transaction's queued ledger lines
+/// and events from the gap-free counters and writes them, one statement each (decision 0013).
+/// From the counter UPDATE to the end of COMMIT nothing here waits for another transaction's row.
+pub(crate) async fn flush(db: &mut Db<'_>, pending: &Pending) -> Result<(), StoreError> {
+    ledger::flush_lines(db, &pending.lines).await?;
+    outbox::flush_events(db, &pending.events).await
+}
+
+pub(crate) fn guard_hit(rows: u64, what: &'static str) -> Result<(), StoreError> {
+    // The job row is locked (or the writer is single), so a decided guard cannot miss.
+    if rows != 1 {
+        return Err(StoreError::internal(format!("guard for {what} matched {rows} rows on a locked job")));
+    }
+    Ok(())
+}

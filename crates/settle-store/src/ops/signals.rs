@@ -1,0 +1,180 @@
+//! Signals from the lease holder that do not end the job: heartbeats, item reports, artifacts. A
+//! signal whose token is not the current attempt's changes nothing and is logged as stale.
+
+use super::{
+    Caller, Cx, Heard, JobRow, SELECT_ITEM, check_caller, emit, guard_hit, item_from_row, log_signal, move_items,
+    must_lock_job,
+};
+use crate::db::{Db, args};
+use crate::error::StoreError;
+use crate::model::*;
+use settle_core::crash::CrashPoint;
+use settle_core::history::{EventKind, Signal, SignalEffect};
+use settle_core::ids::{FailCode, ItemId, JobId};
+use settle_core::item::{self, ItemSignal, ItemState, RefundReason};
+use settle_core::job::JobState;
+
+/// A signal with a lease token that is not the current one. It is logged in the same transaction,
+/// which then commits; the caller turns it into `LeaseLost` afterwards, so the log row survives.
+#[derive(Debug)]
+pub(crate) struct Stale(pub String);
+
+pub(super) fn holds_lease(job: &JobRow, token: &LeaseToken) -> bool {
+    job.state == JobState::Running && job.lease_token.as_deref() == Some(token.0.as_str())
+}
+
+pub(crate) async fn heartbeat(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    token: &LeaseToken,
+    caller: Caller,
+) -> Result<Result<Heartbeat, Stale>, StoreError> {
+    let job = must_lock_job(db, id.as_str()).await?;
+    check_caller(&job, caller)?;
+    if !holds_lease(&job, token) {
+        log_signal(
+            db,
+            cx,
+            &job,
+            Some(&token.0),
+            Heard { signal: Signal::Heartbeat, code: None, message: None },
+            SignalEffect::Stale,
+        )
+        .await?;
+        return Ok(Err(Stale(job.id)));
+    }
+    let expires = cx.now.plus_seconds(u64::try_from(job.lease_seconds).unwrap_or(0));
+    let rows = db
+        .exec(
+            "UPDATE jobs SET lease_expires_at = $3, updated_at = $4 WHERE id = $1 AND state = 'running' AND lease_token = $2",
+            args![&job.id, &token.0, expires.micros(), cx.now.micros()],
+        )
+        .await?;
+    guard_hit(rows, "heartbeat")?;
+    // The payout processor's last heartbeat before a send marks the attempt as sending, committed
+    // before the request leaves: from here an expired lease is `unknown` (docs/design/payouts.md).
+    if caller == Caller::PayoutProcessor && !job.cancel_requested {
+        let rows = db
+            .exec("UPDATE withdrawals SET sending_attempt = $2 WHERE job_id = $1", args![&job.id, job.attempt])
+            .await?;
+        guard_hit(rows, "sending marker")?;
+    }
+    cx.point(CrashPoint::AfterGuard)?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Ok(Heartbeat { lease_expires_at: expires, cancel_requested: job.cancel_requested }))
+}
+
+/// An item report from the worker holding the lease: `charged → succeeded`, `refunded → reclaimed`
+/// (an explicit item success takes back any refund), or `charged → refunded` on failure.
+pub(crate) async fn item_report(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    item_id: &ItemId,
+    token: &LeaseToken,
+    failure: Option<(&FailCode, Option<&str>)>,
+) -> Result<Result<ItemReport, Stale>, StoreError> {
+    let job = must_lock_job(db, id.as_str()).await?;
+    check_caller(&job, Caller::Worker)?;
+    let signal_name = if failure.is_some() { Signal::ItemFail } else { Signal::ItemSucceed };
+    if !holds_lease(&job, token) {
+        let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
+        log_signal(db, cx, &job, Some(&token.0), Heard { signal: signal_name, code, message }, SignalEffect::Stale)
+            .await?;
+        return Ok(Err(Stale(job.id)));
+    }
+    let current = db
+        .opt(&SELECT_ITEM, args![&job.id, item_id.as_str()])
+        .await?
+        .ok_or_else(|| StoreError::not_found("item", item_id.as_str()))?;
+    let current = item_from_row(&current)?;
+    let signal = if failure.is_some() { ItemSignal::Fail } else { ItemSignal::Succeed };
+    let reason_only = signal == ItemSignal::Fail
+        && current.state == ItemState::Refunded
+        && current.refund_reason.as_deref() != Some(RefundReason::ItemFailed.as_str());
+    let applied = match item::arrow(current.state, signal) {
+        // Already refunded by a job-level failure; the worker now says this item was not delivered,
+        // so a later job-level success must not reclaim it (spec §2). No money moves.
+        None if reason_only => {
+            let rows = db
+                .exec(
+                    "UPDATE items SET refund_reason = 'item_failed' WHERE job_id = $1 AND item_id = $2 AND state = 'refunded'",
+                    args![&job.id, item_id.as_str()],
+                )
+                .await?;
+            guard_hit(rows, "item refund reason")?;
+            cx.point(CrashPoint::AfterGuard)?;
+            true
+        }
+        None => {
+            let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
+            log_signal(db, cx, &job, Some(&token.0), Heard { signal: signal_name, code, message }, SignalEffect::Noop)
+                .await?;
+            false
+        }
+        Some(arrow) => {
+            let reason = (signal == ItemSignal::Fail).then_some(RefundReason::ItemFailed);
+            let moved = move_items(db, cx, &job, arrow.from, signal, Some(item_id.as_str()), reason).await?;
+            guard_hit(moved.len() as u64, "item report")?;
+            cx.point(CrashPoint::AfterLedger)?;
+            let (event, data) = match (arrow.to, failure) {
+                (ItemState::Refunded, Some((code, message))) => (
+                    EventKind::JobItemRefunded,
+                    serde_json::json!({ "item_id": item_id.as_str(), "amount": current.cost.get(), "code": code.as_str(), "message": message }),
+                ),
+                (ItemState::Reclaimed, _) => (
+                    EventKind::JobItemReclaimed,
+                    serde_json::json!({ "item_id": item_id.as_str(), "amount": current.cost.get() }),
+                ),
+                _ => (EventKind::JobItemSucceeded, serde_json::json!({ "item_id": item_id.as_str() })),
+            };
+            emit(db, cx, event, Some(&job.id), &job.account_id, data).await?;
+            cx.point(CrashPoint::AfterOutbox)?;
+            true
+        }
+    };
+    let item = item_from_row(&db.one(&SELECT_ITEM, args![&job.id, item_id.as_str()]).await?)?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Ok(ItemReport { item, cancel_requested: job.cancel_requested, applied }))
+}
+
+pub(crate) async fn register_artifact(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    item_id: &ItemId,
+    token: &LeaseToken,
+    artifact: &NewArtifact,
+) -> Result<Result<bool, Stale>, StoreError> {
+    let job = must_lock_job(db, id.as_str()).await?;
+    check_caller(&job, Caller::Worker)?;
+    if !holds_lease(&job, token) {
+        log_signal(
+            db,
+            cx,
+            &job,
+            Some(&token.0),
+            Heard { signal: Signal::Artifact, code: None, message: Some(artifact.key.as_str()) },
+            SignalEffect::Stale,
+        )
+        .await?;
+        return Ok(Err(Stale(job.id)));
+    }
+    if db
+        .opt("SELECT 1 FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, item_id.as_str()])
+        .await?
+        .is_none()
+    {
+        return Err(StoreError::not_found("item", item_id.as_str()));
+    }
+    let rows = db
+        .exec(
+            "INSERT INTO artifacts (job_id, item_id, key, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+            args![&job.id, item_id.as_str(), artifact.key.as_str(), cx.now.micros()],
+        )
+        .await?;
+    cx.point(CrashPoint::AfterGuard)?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(Ok(rows == 1))
+}

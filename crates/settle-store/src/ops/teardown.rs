@@ -1,0 +1,215 @@
+//! Cancel and requeue, and the teardown of a cancelling job: refunds first, artifacts deleted
+//! after the commit, the terminal state written last (seed 003).
+
+use super::{Cx, JobRow, attach, close_attempt, emit, guard_hit, move_items, must_lock_job, must_read_job, sum};
+use crate::db::{Db, args};
+use crate::error::StoreError;
+use crate::model::*;
+use settle_core::crash::CrashPoint;
+use settle_core::history::{AttemptResult, EventKind};
+use settle_core::ids::{FailCode, JobId};
+use settle_core::item::{ItemSignal, ItemState, RefundReason};
+use settle_core::job::{self, JobState};
+
+/// What a transition left to do after its commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum After {
+    Nothing,
+    /// The job is `cancelling`: clean up artifacts, then finish (teardown steps 2–3).
+    Teardown,
+}
+
+/// Teardown step 1 inside the caller's transaction: the job (now in `from`) becomes `cancelling`,
+/// every item still `charged` becomes `cancelled` with its refund.
+pub(super) async fn begin_teardown(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    attempt_result: Option<AttemptResult>,
+) -> Result<(), StoreError> {
+    let rows = db
+        .exec(
+            "UPDATE jobs SET state = 'cancelling', cancel_requested = 1, lease_token = NULL, lease_expires_at = NULL, \
+             lease_worker = NULL, updated_at = $3 WHERE id = $1 AND state = $2",
+            args![&job.id, job.state.as_str(), cx.now.micros()],
+        )
+        .await?;
+    guard_hit(rows, "teardown")?;
+    if let Some(result) = attempt_result {
+        let code =
+            if result == AttemptResult::LeaseExpired { FailCode::lease_expired() } else { FailCode::cancelled() };
+        close_attempt(db, cx, job, result, Some(code.as_str()), None).await?;
+    }
+    cx.point(CrashPoint::AfterGuard)?;
+    let moved =
+        move_items(db, cx, job, ItemState::Charged, ItemSignal::Cancel, None, Some(RefundReason::Cancelled)).await?;
+    cx.point(CrashPoint::AfterLedger)?;
+    emit(
+        db,
+        cx,
+        EventKind::JobCancelling,
+        Some(&job.id),
+        &job.account_id,
+        serde_json::json!({ "from": job.state.as_str() }),
+    )
+    .await?;
+    if !moved.is_empty() {
+        emit(
+            db,
+            cx,
+            EventKind::JobRefunded,
+            Some(&job.id),
+            &job.account_id,
+            serde_json::json!({ "reason": "cancelled", "amount": sum(&moved)?.get(), "items": moved.iter().map(|m| m.0.as_str()).collect::<Vec<_>>() }),
+        )
+        .await?;
+    }
+    cx.point(CrashPoint::AfterOutbox)?;
+    Ok(())
+}
+
+/// Teardown step 3: `cancelling → cancelled`, last, with the final totals.
+pub(crate) async fn finish_teardown(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Job, StoreError> {
+    let job = must_lock_job(db, id).await?;
+    if job.state == JobState::Cancelling {
+        let rows = db
+            .exec(
+                "UPDATE jobs SET state = 'cancelled', updated_at = $2 WHERE id = $1 AND state = 'cancelling'",
+                args![id, cx.now.micros()],
+            )
+            .await?;
+        guard_hit(rows, "finish teardown")?;
+        cx.point(CrashPoint::AfterGuard)?;
+        let done = must_read_job(db, cx, id).await?;
+        let count = |s: ItemState| done.items.iter().filter(|i| i.state == s).count();
+        emit(
+            db,
+            cx,
+            EventKind::JobCancelled,
+            Some(id),
+            &job.account_id,
+            serde_json::json!({
+                "net": done.net.get(),
+                "items_cancelled": count(ItemState::Cancelled),
+                "items_succeeded": count(ItemState::Succeeded) + count(ItemState::Reclaimed),
+                "items_refunded": count(ItemState::Refunded),
+            }),
+        )
+        .await?;
+        cx.point(CrashPoint::AfterOutbox)?;
+    }
+    let job = must_read_job(db, cx, id).await?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(job)
+}
+
+/// A repeated signal for a job whose teardown was interrupted finishes that teardown, so
+/// re-sending what was interrupted converges without waiting for the sweeper.
+pub(super) fn resume_if_cancelling(job: &JobRow) -> After {
+    if job.state == JobState::Cancelling { After::Teardown } else { After::Nothing }
+}
+
+/// Cancel, per the spec's table. Returns the job and what is left to do after the commit.
+pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job, After), StoreError> {
+    let job = must_lock_job(db, id.as_str()).await?;
+    let is_withdrawal = job.kind == job::WITHDRAWAL_KIND;
+    let action = match job::cancel_action(job.state) {
+        // A dead withdrawal's hold was refunded already; `cancelled` would only hide it from the
+        // late-execution check.
+        job::CancelAction::Teardown if is_withdrawal && job.state == JobState::Dead => job::CancelAction::Finished,
+        // A queued withdrawal that was tried before is cancelled through the processor, which asks
+        // the provider first (an earlier send may have gone through after all).
+        job::CancelAction::Teardown if is_withdrawal && job.attempt > 0 => job::CancelAction::RequestFlag,
+        other => other,
+    };
+    let after = match action {
+        job::CancelAction::Teardown => {
+            begin_teardown(db, cx, &job, None).await?;
+            After::Teardown
+        }
+        job::CancelAction::ResumeTeardown => After::Teardown,
+        job::CancelAction::RequestFlag => {
+            if !job.cancel_requested {
+                let rows = db
+                    .exec(
+                        "UPDATE jobs SET cancel_requested = 1, updated_at = $2 WHERE id = $1 AND state = $3 AND cancel_requested = 0",
+                        args![&job.id, cx.now.micros(), job.state.as_str()],
+                    )
+                    .await?;
+                guard_hit(rows, "cancel request")?;
+                cx.point(CrashPoint::AfterGuard)?;
+                emit(
+                    db,
+                    cx,
+                    EventKind::JobCancelRequested,
+                    Some(&job.id),
+                    &job.account_id,
+                    serde_json::json!({ "attempt": job.attempt }),
+                )
+                .await?;
+                cx.point(CrashPoint::AfterOutbox)?;
+            }
+            After::Nothing
+        }
+        job::CancelAction::Finished => return Err(StoreError::JobFinished(job.id)),
+        job::CancelAction::OutcomeUnknown => return Err(StoreError::OutcomeUnknown(job.id)),
+        job::CancelAction::AlreadyCancelled => After::Nothing,
+    };
+    let job = must_read_job(db, cx, id.as_str()).await?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok((job, after))
+}
+
+pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job, StoreError> {
+    let job = must_lock_job(db, id.as_str()).await?;
+    if job.kind == job::WITHDRAWAL_KIND {
+        // Dead means the hold was refunded after a definitive "not sent", and an item is refunded
+        // once: a re-run is a new withdrawal with a new key (docs/decisions/0010).
+        return Err(StoreError::InvalidTransition {
+            job: job.id,
+            action: "be requeued (a dead withdrawal's hold was refunded: create a new withdrawal)",
+            state: job.state.as_str().to_owned(),
+        });
+    }
+    // A requeue re-sent after its answer was lost finds the job requeued and not claimed since:
+    // answer it again rather than fail (docs/decisions/0005).
+    if job.state == JobState::Queued && job.attempt > 0 && job.budget_base == job.attempt {
+        let job = attach(db, cx, job).await?;
+        cx.point(CrashPoint::BeforeCommit)?;
+        return Ok(job);
+    }
+    if job.state != JobState::Dead {
+        return Err(StoreError::InvalidTransition {
+            job: job.id,
+            action: "be requeued",
+            state: job.state.as_str().to_owned(),
+        });
+    }
+    let rows = db
+        .exec(
+            "UPDATE jobs SET state = 'queued', budget_base = attempt, not_before = $2, updated_at = $2 WHERE id = $1 AND state = 'dead'",
+            args![&job.id, cx.now.micros()],
+        )
+        .await?;
+    guard_hit(rows, "requeue")?;
+    cx.point(CrashPoint::AfterGuard)?;
+    emit(db, cx, EventKind::JobRequeued, Some(&job.id), &job.account_id, serde_json::json!({ "attempt": job.attempt }))
+        .await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    let job = must_read_job(db, cx, id.as_str()).await?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok(job)
+}
+
+/// Artifact keys to delete for a job being torn down: every item that ends undelivered (net 0),
+/// rescanned in full each time (seed 003: the marker, not "undecided").
+pub(crate) async fn cleanup_keys(db: &mut Db<'_>, id: &str) -> Result<Vec<String>, StoreError> {
+    let rows = db
+        .all(
+            "SELECT a.key FROM artifacts a JOIN items i ON i.job_id = a.job_id AND i.item_id = a.item_id \
+             WHERE a.job_id = $1 AND i.state IN ('cancelled', 'refunded') ORDER BY a.key",
+            args![id],
+        )
+        .await?;
+    rows.iter().map(|r| r.text(0)).collect()
+}

@@ -1,0 +1,448 @@
+//! `SqlStore`: the `Store` for SQLite (embedded, one writer that batches) and PostgreSQL (many
+//! processes, transactions batched in write lanes). The transitions themselves live in `ops` and
+//! are shared; each engine's writer lives in `engine`. Here:
+//!
+//! - this module: options, opening either engine, and running operations (writes, reads, crash points);
+//! - [`store`]: the `Store` trait, each method one operation (or a few, for teardown);
+//! - [`payouts`]: the `Payouts` trait, the payout processor's side;
+//! - [`teardown`]: a cancelling job's steps 2–3, after its refunds committed.
+
+use crate::artifacts::ArtifactStore;
+use crate::db::{Db, Engine};
+use crate::engine::postgres::PgShared;
+use crate::engine::{BatchOp, Env, Op, OpFn};
+use crate::error::StoreError;
+use crate::model::*;
+use crate::ops::{self, Caller, CrashHook, Cx};
+use futures_util::future::BoxFuture;
+use settle_core::backoff::SplitMix64;
+use settle_core::crash::CrashPoint;
+use settle_core::ids::JobId;
+use settle_core::job::Policies;
+use settle_core::{Clock, SystemClock, limits};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{ConnectOptions, Connection};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Boxes an async block over `(db, cx)` as an operation.
+/// Clones the listed captures into each run, so PostgreSQL can retry the whole operation.
+macro_rules! op {
+    ([$($v:ident),*] |$db:ident, $cx:ident| $body:expr) => {
+        Arc::new(move |$db: &mut Db<'_>, $cx: &Cx| -> BoxFuture<'_, _> {
+            $(let $v = $v.clone();)*
+            Box::pin(async move { $body })
+        })
+    };
+}
+
+// After `op!`, which they use.
+mod payouts;
+mod store;
+mod teardown;
+
+/// SQLite durability. `Full` (the default) fsyncs the WAL at every commit; `Normal` may lose the
+/// last commits on power loss (never corrupts) and exists for benchmarks and throwaway stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    Full,
+    Normal,
+}
+
+/// How a store is opened. Every option is explicit; `StoreOptions::default()` is production.
+#[derive(Clone)]
+pub struct StoreOptions {
+    pub clock: Arc<dyn Clock>,
+    /// Retry, lease and refund policy per job kind.
+    pub policy: Policies,
+    /// Seed of the backoff jitter generator (fixed in tests for reproducible schedules).
+    pub jitter_seed: u64,
+    pub durability: Durability,
+    /// Most operations the SQLite writer commits in one transaction (1 disables batching).
+    pub write_batch_max: usize,
+    /// SQLite readers (WAL lets them run beside the writer).
+    pub sqlite_readers: u32,
+    pub busy_timeout: Duration,
+    /// PostgreSQL connections per process.
+    pub pg_max_connections: u32,
+    /// PostgreSQL write lanes per process: tasks committing batches of operations in parallel
+    /// (docs/decisions/0013); each holds one of the `pg_max_connections` while it commits.
+    pub pg_write_lanes: usize,
+    /// How long a PostgreSQL statement waits for a row lock, and runs at most; past either the
+    /// transaction is rolled back and the caller gets `Busy` (`503` with `Retry-After`).
+    pub pg_lock_timeout: Duration,
+    pub pg_statement_timeout: Duration,
+    /// How long a request waits for a PostgreSQL connection — including reconnecting to a server
+    /// that is down — before it is answered `Unavailable` (`503`): a client hears within this
+    /// bound that the database is away, instead of hanging.
+    pub pg_acquire_timeout: Duration,
+    pub artifacts: Option<Arc<dyn ArtifactStore>>,
+    pub crash: Option<Arc<dyn CrashHook>>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            clock: Arc::new(SystemClock),
+            policy: Policies::default(),
+            jitter_seed: SystemClock.now().micros() as u64,
+            durability: Durability::Full,
+            write_batch_max: limits::WRITE_BATCH_MAX,
+            sqlite_readers: 4,
+            busy_timeout: Duration::from_secs(5),
+            pg_max_connections: 16,
+            pg_write_lanes: 4,
+            pg_lock_timeout: Duration::from_secs(10),
+            pg_statement_timeout: Duration::from_secs(60),
+            pg_acquire_timeout: Duration::from_secs(5),
+            artifacts: None,
+            crash: None,
+        }
+    }
+}
+
+enum Backend {
+    Sqlite {
+        writer: mpsc::Sender<Box<dyn BatchOp>>,
+        readers: SqlitePool,
+        /// The file, for reads that stream through a rusqlite connection of their own (the audit).
+        path: std::path::PathBuf,
+    },
+    /// `lanes` commits batches of operations; `shared.transaction` runs one operation alone.
+    Postgres { shared: Arc<PgShared>, lanes: mpsc::Sender<Box<dyn BatchOp>> },
+}
+
+pub struct SqlStore {
+    backend: Backend,
+    env: Env,
+    /// Woken when a job may have become due (here, or in any process via LISTEN/NOTIFY).
+    wake: Arc<tokio::sync::Notify>,
+    /// Woken when this process appended outbox events.
+    events_wake: Arc<tokio::sync::Notify>,
+    artifacts: Option<Arc<dyn ArtifactStore>>,
+    /// Where the next rescue and sweep passes start (job sequence numbers). Each pass takes the next
+    /// page and wraps around at the end, so jobs whose step keeps failing never hide the ones behind
+    /// them (a failing step writes nothing, so "oldest first" would return them every time).
+    rescue_after: Mutex<i64>,
+    sweep_after: Mutex<i64>,
+}
+
+/// The cursor after a page: its last row, or the beginning again when the page was the last one.
+fn next_cursor(seqs: &[i64], limit: u32) -> i64 {
+    match seqs.last() {
+        Some(last) if seqs.len() as u32 >= limit.clamp(1, limits::PAGE_LIMIT_MAX) => *last,
+        _ => 0,
+    }
+}
+
+static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+/// Runs under sqlx's PostgreSQL advisory lock, so processes starting at once apply it once.
+static POSTGRES_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+impl SqlStore {
+    /// Opens (creating if needed) the store at `url`: `sqlite://PATH`.
+    pub async fn open(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
+        if url.starts_with("sqlite:") {
+            SqlStore::open_sqlite(url, options).await
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            SqlStore::open_postgres(url, options).await
+        } else {
+            Err(StoreError::invalid(format!("unsupported database url {url:?}: use sqlite://PATH or postgres://…")))
+        }
+    }
+
+    async fn open_sqlite(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
+        let base = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::invalid(format!("bad sqlite url {url:?}: {e}")))?
+            .foreign_keys(true)
+            .busy_timeout(options.busy_timeout)
+            .synchronous(match options.durability {
+                Durability::Full => SqliteSynchronous::Full,
+                Durability::Normal => SqliteSynchronous::Normal,
+            })
+            .statement_cache_capacity(256);
+        crate::identity::check_sqlite(&base, &SQLITE_MIGRATOR).await?;
+        let mut writer = base.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).connect().await?;
+        let path = base.get_filename().to_owned();
+        SQLITE_MIGRATOR.run(&mut writer).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
+        // Marks the file as Settle's, for this check next time and for other tools.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "PRAGMA application_id = {}",
+            crate::identity::SQLITE_APPLICATION_ID
+        )))
+        .execute(&mut writer)
+        .await?;
+        writer.close().await?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(options.sqlite_readers.max(1))
+            .connect_with(base.read_only(true))
+            .await?;
+        let env = Env {
+            clock: options.clock.clone(),
+            policy: Arc::new(options.policy.clone()),
+            rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
+            crash: options.crash.clone(),
+        };
+        let (tx, rx) = mpsc::channel(limits::WRITE_QUEUE_MAX);
+        let conn = crate::engine::sqlite::open_writer(&path, &options)?;
+        let checkpointer = crate::engine::sqlite::open_checkpointer(&path, &options)?;
+        crate::engine::sqlite::spawn_writer(
+            conn,
+            rx,
+            env.clone(),
+            options.write_batch_max.clamp(1, limits::WRITE_BATCH_MAX),
+            checkpointer,
+        )?;
+        Ok(SqlStore {
+            backend: Backend::Sqlite { writer: tx, readers, path },
+            env,
+            wake: Arc::new(tokio::sync::Notify::new()),
+            events_wake: Arc::new(tokio::sync::Notify::new()),
+            artifacts: options.artifacts,
+            rescue_after: Mutex::new(0),
+            sweep_after: Mutex::new(0),
+        })
+    }
+
+    async fn open_postgres(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::invalid(format!("bad postgres url: {e}")))?
+            // Durability is the server's: every commit waits for its WAL flush.
+            .options([
+                ("synchronous_commit", "on".to_owned()),
+                ("lock_timeout", format!("{}ms", options.pg_lock_timeout.as_millis().max(1))),
+                ("statement_timeout", format!("{}ms", options.pg_statement_timeout.as_millis().max(1))),
+            ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.pg_max_connections)
+            .acquire_timeout(options.pg_acquire_timeout)
+            .connect_with(connect.clone())
+            .await?;
+        // LISTEN holds its connection for good: give it a pool of its own, so it never takes one of
+        // the `pg_max_connections` the transactions need.
+        let listen_pool = PgPoolOptions::new().max_connections(1).connect_lazy_with(connect);
+        crate::identity::check_postgres(&pool, &POSTGRES_MIGRATOR).await?;
+        POSTGRES_MIGRATOR.run(&pool).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
+        let env = Env {
+            clock: options.clock.clone(),
+            policy: Arc::new(options.policy.clone()),
+            rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
+            crash: options.crash.clone(),
+        };
+        let wake = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(listen_for_wakeups(listen_pool, Arc::downgrade(&wake)));
+        let shared = Arc::new(PgShared {
+            pool,
+            env: env.clone(),
+            tx_retries: AtomicU64::new(0),
+            lock_timeout: options.pg_lock_timeout,
+        });
+        let lanes =
+            crate::engine::postgres::spawn_lanes(shared.clone(), options.pg_write_lanes, options.write_batch_max);
+        Ok(SqlStore {
+            backend: Backend::Postgres { lanes, shared },
+            env,
+            wake,
+            events_wake: Arc::new(tokio::sync::Notify::new()),
+            artifacts: options.artifacts,
+            rescue_after: Mutex::new(0),
+            sweep_after: Mutex::new(0),
+        })
+    }
+
+    pub fn engine(&self) -> Engine {
+        match self.backend {
+            Backend::Sqlite { .. } => Engine::Sqlite,
+            Backend::Postgres { .. } => Engine::Postgres,
+        }
+    }
+
+    /// How many PostgreSQL transactions were retried after a serialization failure, deadlock or
+    /// concurrent create (a metric; always 0 on SQLite).
+    pub fn tx_retries(&self) -> u64 {
+        match &self.backend {
+            Backend::Sqlite { .. } => 0,
+            Backend::Postgres { shared, .. } => shared.tx_retries.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Runs one write operation in its own transaction (SQLite: a savepoint in the writer's batch)
+    /// and answers after the commit.
+    /// A write that appends outbox events when it succeeds: wakes the events long-polls.
+    async fn write<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        let out = self.write_inner(f).await;
+        if out.is_ok() {
+            self.events_wake.notify_waiters();
+        }
+        out
+    }
+
+    /// A write that appends nothing to the outbox (heartbeats, webhook bookkeeping): wakes no one,
+    /// so a loop that waits on a wake-up never wakes itself.
+    async fn write_quiet<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        self.write_inner(f).await
+    }
+
+    /// A write whose answer is a ledger entry with its number (grants, adjustments: `ops::post_now`):
+    /// on PostgreSQL in a transaction of its own, never in a lane's batch.
+    async fn write_alone<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        let out = match &self.backend {
+            Backend::Sqlite { .. } => self.write_inner(f).await,
+            Backend::Postgres { shared, .. } => shared.transaction(f).await,
+        };
+        if out.is_ok() {
+            self.events_wake.notify_waiters();
+        }
+        out
+    }
+
+    /// Work may have become due: wake the long-polling claims of this process.
+    fn work_due(&self) {
+        self.wake.notify_waiters();
+    }
+
+    async fn write_inner<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        match &self.backend {
+            Backend::Sqlite { writer, .. } => {
+                let (op, answer) = Op::boxed(f);
+                writer.send(op).await.map_err(|_| StoreError::Unavailable("the writer has stopped".into()))?;
+                answer.await.map_err(|_| StoreError::Unavailable("the writer dropped the operation".into()))?
+            }
+            Backend::Postgres { lanes, .. } => {
+                let (op, answer) = Op::boxed(f);
+                lanes.send(op).await.map_err(|_| StoreError::Unavailable("the write lanes have stopped".into()))?;
+                answer.await.map_err(|_| StoreError::Unavailable("the write lanes dropped the operation".into()))?
+            }
+        }
+    }
+
+    /// Runs reads on one consistent snapshot.
+    async fn read<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        match &self.backend {
+            Backend::Sqlite { readers, .. } => {
+                let mut tx = readers.begin().await?;
+                let cx = self.env.cx(None);
+                let out = {
+                    let mut db = Db::Sqlite(&mut tx);
+                    f(&mut db, &cx).await
+                };
+                tx.rollback().await?;
+                out
+            }
+            Backend::Postgres { shared, .. } => {
+                let pool = &shared.pool;
+                // One snapshot for every statement of the read (the audit above all).
+                let mut tx = pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
+                let cx = self.env.cx(None);
+                let out = {
+                    let mut db = Db::Pg(&mut tx);
+                    f(&mut db, &cx).await
+                };
+                tx.rollback().await?;
+                out
+            }
+        }
+    }
+
+    fn crash_point(&self, point: CrashPoint) -> Result<(), StoreError> {
+        match &self.env.crash {
+            Some(hook) if hook.should_crash(point) => Err(StoreError::InjectedCrash(point.name())),
+            _ => Ok(()),
+        }
+    }
+
+    /// A failure signal from a worker or from the payout processor (each may move only its jobs).
+    async fn fail_as(&self, job: &JobId, signal: FailSignal, caller: Caller) -> Result<Outcome<Job>, StoreError> {
+        check_text("message", signal.message.as_deref(), false)?;
+        let id = job.clone();
+        let (outcome, after) =
+            self.write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, caller).await)).await?;
+        if outcome.applied {
+            self.work_due();
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let value = self.continue_after(outcome.value, after).await?;
+        Ok(Outcome { value, applied: outcome.applied })
+    }
+
+    async fn unknown_as(
+        &self,
+        job: &JobId,
+        token: &LeaseToken,
+        message: Option<&str>,
+        caller: Caller,
+    ) -> Result<Outcome<Job>, StoreError> {
+        check_text("message", message, false)?;
+        let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
+        let out = self
+            .write(op!(
+                [id, token, message] | db,
+                cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref(), caller).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn heartbeat_as(&self, job: &JobId, token: &LeaseToken, caller: Caller) -> Result<Heartbeat, StoreError> {
+        let (job, token) = (job.clone(), token.clone());
+        let out =
+            self.write_quiet(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token, caller).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        out.map_err(lease_lost)
+    }
+}
+
+/// PostgreSQL LISTEN for `settle_wake`: wakes this process's long-polls when any process makes a
+/// job due. Reconnects after a lost connection; ends when the store is dropped.
+async fn listen_for_wakeups(pool: PgPool, wake: std::sync::Weak<tokio::sync::Notify>) {
+    loop {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot LISTEN for wake-ups; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if wake.strong_count() == 0 {
+                    return;
+                }
+                continue;
+            }
+        };
+        if let Err(e) = listener.listen("settle_wake").await {
+            tracing::warn!(error = %e, "LISTEN settle_wake failed; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        loop {
+            let next = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
+            let Some(w) = wake.upgrade() else { return };
+            match next {
+                Ok(Ok(_)) => w.notify_waiters(),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "wake-up listener lost its connection; reconnecting");
+                    break;
+                }
+                Err(_) => {} // no notification for 5 s: look again whether the store still exists
+            }
+        }
+    }
+}
+
+fn lease_lost(stale: ops::Stale) -> StoreError {
+    StoreError::LeaseLost(stale.0)
+}
+
+fn check_text(what: &str, s: Option<&str>, required: bool) -> Result<(), StoreError> {
+    match s {
+        None if required => Err(StoreError::invalid(format!("{what} is required"))),
+        Some(t) if t.len() > limits::MESSAGE_LEN_MAX => {
+            Err(StoreError::invalid(format!("{what} is longer than {} bytes", limits::MESSAGE_LEN_MAX)))
+        }
+        Some("") if required => Err(StoreError::invalid(format!("{what} is required"))),
+        _ => Ok(()),
+    }
+}

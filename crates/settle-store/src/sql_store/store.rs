@@ -1,0 +1,564 @@
+//! `Store` for `SqlStore`: every method validates what the store must, then runs its transition
+//! from `ops` as one operation, and continues after the commit where the transition says so.
+
+use super::{Backend, SqlStore, check_text, lease_lost, next_cursor};
+use crate::db::Db;
+use crate::error::StoreError;
+use crate::model::*;
+use crate::ops::{self, After, Caller, Cx};
+use crate::store::{Payouts, Store};
+use crate::{audit, reads, webhooks};
+use async_trait::async_trait;
+use futures_util::future::BoxFuture;
+use settle_core::crash::CrashPoint;
+use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
+use settle_core::ledger::EntryKind;
+use settle_core::{Credits, limits};
+use std::sync::Arc;
+
+#[async_trait]
+impl Store for SqlStore {
+    fn engine_name(&self) -> &'static str {
+        self.engine().name()
+    }
+
+    fn payouts(&self) -> &dyn Payouts {
+        self
+    }
+
+    fn wake(&self) -> Arc<tokio::sync::Notify> {
+        self.wake.clone()
+    }
+
+    fn events_wake(&self) -> Arc<tokio::sync::Notify> {
+        self.events_wake.clone()
+    }
+
+    fn now(&self) -> settle_core::Timestamp {
+        self.env.clock.now()
+    }
+
+    async fn next_due_at(
+        &self,
+        kinds: &[settle_core::ids::JobKind],
+    ) -> Result<Option<settle_core::Timestamp>, StoreError> {
+        let kinds = kinds.to_vec();
+        self.read(op!([kinds] | db, _cx | reads::next_due_at(db, &kinds).await)).await
+    }
+
+    async fn create_account_by(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError> {
+        let actor = actor.to_owned();
+        let out = self
+            .write(op!(
+                [req, actor] | db,
+                cx | {
+                    let out = ops::create_account(db, cx, &req).await?;
+                    if !out.replayed {
+                        let detail = serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() });
+                        ops::record_action(db, cx, &actor, "account.create", None, Some(req.id.as_str()), detail)
+                            .await?;
+                    }
+                    Ok(out)
+                }
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn actions(&self, job: Option<&JobId>, account: Option<&AccountId>) -> Result<Vec<Action>, StoreError> {
+        let (job, account) = (job.map(|j| j.as_str().to_owned()), account.map(|a| a.as_str().to_owned()));
+        self.read(op!([job, account] | db, _cx | reads::actions(db, job.as_deref(), account.as_deref()).await)).await
+    }
+
+    async fn account(&self, id: &AccountId) -> Result<Account, StoreError> {
+        let id = id.clone();
+        self.read(op!([id] | db, _cx | reads::account(db, &id).await)).await
+    }
+
+    async fn grant_by(
+        &self,
+        account: &AccountId,
+        req: NewGrant,
+        actor: &str,
+    ) -> Result<Created<LedgerEntry>, StoreError> {
+        if !req.amount.is_positive() {
+            return Err(StoreError::invalid("a grant's amount must be greater than zero"));
+        }
+        check_text("reason", req.reason.as_deref(), false)?;
+        let (account, actor) = (account.clone(), actor.to_owned());
+        let out = self
+            .write_alone(op!([account, req, actor] | db, cx | {
+                let out = ops::credit(
+                    db,
+                    cx,
+                    EntryKind::Grant,
+                    &account,
+                    req.id.as_str(),
+                    req.amount,
+                    req.reason.as_deref(),
+                )
+                .await?;
+                if !out.replayed {
+                    let detail = serde_json::json!({ "id": req.id.as_str(), "amount": req.amount.get(), "seq": out.value.seq });
+                    ops::record_action(db, cx, &actor, "grant", None, Some(account.as_str()), detail).await?;
+                }
+                Ok(out)
+            }))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn adjust_by(
+        &self,
+        account: &AccountId,
+        req: NewAdjustment,
+        actor: &str,
+    ) -> Result<Created<LedgerEntry>, StoreError> {
+        if req.amount == Credits::ZERO {
+            return Err(StoreError::invalid("an adjustment's amount must not be zero"));
+        }
+        check_text("reason", Some(&req.reason), true)?;
+        let (account, actor) = (account.clone(), actor.to_owned());
+        let out = self
+            .write_alone(op!([account, req, actor] | db, cx | {
+                let out = ops::credit(
+                    db,
+                    cx,
+                    EntryKind::Adjustment,
+                    &account,
+                    req.id.as_str(),
+                    req.amount,
+                    Some(&req.reason),
+                )
+                .await?;
+                if !out.replayed {
+                    let detail = serde_json::json!({
+                        "id": req.id.as_str(), "amount": req.amount.get(), "reason": req.reason, "seq": out.value.seq
+                    });
+                    ops::record_action(db, cx, &actor, "adjustment", None, Some(account.as_str()), detail).await?;
+                }
+                Ok(out)
+            }))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn ledger(&self, account: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
+        let account = account.clone();
+        self.read(op!([account] | db, _cx | reads::ledger(db, &account, page).await)).await
+    }
+
+    async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError> {
+        ops::validate_job(&req)?;
+        let out = self.write(op!([req] | db, cx | ops::create_job(db, cx, &req).await)).await?;
+        if !out.replayed {
+            self.work_due();
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn job(&self, id: &JobId) -> Result<Job, StoreError> {
+        let id = id.clone();
+        self.read(op!([id] | db, cx | ops::must_read_job(db, cx, id.as_str()).await)).await
+    }
+
+    async fn jobs(&self, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
+        let filter = filter.clone();
+        self.read(op!([filter] | db, cx | reads::jobs(db, cx, &filter, page).await)).await
+    }
+
+    async fn claim(&self, req: ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError> {
+        if req.lease_seconds.is_some_and(|s| !(limits::LEASE_SECONDS_MIN..=limits::LEASE_SECONDS_MAX).contains(&s)) {
+            return Err(StoreError::invalid(format!(
+                "lease_seconds must be between {} and {}",
+                limits::LEASE_SECONDS_MIN,
+                limits::LEASE_SECONDS_MAX
+            )));
+        }
+        if req.limit == 0 || req.limit > limits::CLAIM_LIMIT_MAX {
+            return Err(StoreError::invalid(format!("limit must be between 1 and {}", limits::CLAIM_LIMIT_MAX)));
+        }
+        if req.kinds.len() > limits::CLAIM_KINDS_MAX {
+            return Err(StoreError::invalid(format!("at most {} kinds per claim", limits::CLAIM_KINDS_MAX)));
+        }
+        let out = self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, Caller::Worker).await)).await?;
+        if !out.is_empty() {
+            self.events_wake.notify_waiters();
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
+        self.heartbeat_as(job, token, Caller::Worker).await
+    }
+
+    async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError> {
+        let (job, item, token) = (job.clone(), item.clone(), token.clone());
+        let out = self
+            .write(op!([job, item, token] | db, cx | ops::item_report(db, cx, &job, &item, &token, None).await))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        out.map_err(lease_lost)
+    }
+
+    async fn item_fail(
+        &self,
+        job: &JobId,
+        item: &ItemId,
+        token: &LeaseToken,
+        code: &FailCode,
+        message: Option<&str>,
+    ) -> Result<ItemReport, StoreError> {
+        check_text("message", message, false)?;
+        let (job, item, token, code) = (job.clone(), item.clone(), token.clone(), code.clone());
+        let message = message.map(str::to_owned);
+        let out = self
+            .write(op!(
+                [job, item, token, code, message] | db,
+                cx | ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref()))).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        out.map_err(lease_lost)
+    }
+
+    async fn register_artifact(
+        &self,
+        job: &JobId,
+        item: &ItemId,
+        token: &LeaseToken,
+        artifact: NewArtifact,
+    ) -> Result<bool, StoreError> {
+        let (job, item, token) = (job.clone(), item.clone(), token.clone());
+        let out = self
+            .write_quiet(op!(
+                [job, item, token, artifact] | db,
+                cx | ops::register_artifact(db, cx, &job, &item, &token, &artifact).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        out.map_err(lease_lost)
+    }
+
+    async fn succeed_with_result(
+        &self,
+        job: &JobId,
+        token: Option<&LeaseToken>,
+        result: Option<String>,
+    ) -> Result<Outcome<Job>, StoreError> {
+        let (id, token) = (job.clone(), token.cloned());
+        let (outcome, after) = self
+            .write(op!(
+                [id, token, result] | db,
+                cx | ops::succeed(db, cx, &id, token.as_ref(), result.as_deref()).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let value = self.continue_after(outcome.value, after).await?;
+        Ok(Outcome { value, applied: outcome.applied })
+    }
+
+    async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
+        self.fail_as(job, signal, Caller::Worker).await
+    }
+
+    async fn mark_unknown(
+        &self,
+        job: &JobId,
+        token: &LeaseToken,
+        message: Option<&str>,
+    ) -> Result<Outcome<Job>, StoreError> {
+        self.unknown_as(job, token, message, Caller::Worker).await
+    }
+
+    async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError> {
+        let id = job.clone();
+        let (outcome, after) = self.write(op!([id] | db, cx | ops::reconcile(db, cx, &id, finding).await)).await?;
+        if outcome.applied {
+            self.work_due();
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let value = self.continue_after(outcome.value, after).await?;
+        Ok(Outcome { value, applied: outcome.applied })
+    }
+
+    async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError> {
+        let id = job.clone();
+        let (job, after) = self.write(op!([id] | db, cx | ops::cancel(db, cx, &id).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let job = match after {
+            After::Nothing => job,
+            After::Teardown => match self.finish_teardown(&job.id).await {
+                Ok(done) => done,
+                Err(StoreError::CleanupFailed { job: id, message }) => {
+                    tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");
+                    return Ok(CancelOutcome::Accepted(self.job(&JobId::parse(&id)?).await?));
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(match job.state {
+            settle_core::job::JobState::Cancelled => CancelOutcome::Cancelled(job),
+            _ => CancelOutcome::Accepted(job),
+        })
+    }
+
+    async fn requeue_by(&self, job: &JobId, actor: &str) -> Result<Job, StoreError> {
+        let (id, actor) = (job.clone(), actor.to_owned());
+        let out = self
+            .write(op!(
+                [id, actor] | db,
+                cx | {
+                    let before = ops::must_lock_job(db, id.as_str()).await?.state;
+                    let job = ops::requeue(db, cx, &id).await?;
+                    // A re-sent requeue answers the job again; only the one that moved it is an action.
+                    if before == settle_core::job::JobState::Dead {
+                        let detail = serde_json::json!({ "attempt": job.attempt });
+                        ops::record_action(db, cx, &actor, "requeue", Some(id.as_str()), Some(&job.account_id), detail)
+                            .await?;
+                    }
+                    Ok(job)
+                }
+            ))
+            .await?;
+        self.work_due();
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn rescue_expired_leases(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        let now = self.env.clock.now();
+        let after = *self.rescue_after.lock().expect("cursor lock");
+        let seen = self.read(op!([] | db, _cx | reads::expired_leases(db, now, after, limit).await)).await?;
+        let seqs: Vec<i64> = seen.iter().map(|(seq, _, _)| *seq).collect();
+        *self.rescue_after.lock().expect("cursor lock") = next_cursor(&seqs, limit);
+        let mut rescued = Vec::new();
+        for (_, id, token) in seen {
+            let job_id = id.clone();
+            let rescued_one = async {
+                let (applied, after) = self
+                    .write(op!([job_id, token] | db, cx | ops::expire_lease(db, cx, &job_id, &token).await))
+                    .await?;
+                if applied && after == After::Teardown {
+                    let job = self.job(&JobId::parse(&id)?).await?;
+                    self.continue_after(job, after).await?;
+                }
+                Ok::<bool, StoreError>(applied)
+            };
+            // One job that fails every time must not stop the rescue of those behind it.
+            match rescued_one.await {
+                Ok(true) => {
+                    self.work_due();
+                    rescued.push(id);
+                }
+                Ok(false) => {}
+                Err(e @ (StoreError::InjectedCrash(_) | StoreError::Unavailable(_))) => return Err(e),
+                Err(e) => tracing::error!(job = %id, error = %e, "lease rescue failed; continuing with the next job"),
+            }
+        }
+        Ok(rescued)
+    }
+
+    async fn resume_teardowns(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        let after = *self.sweep_after.lock().expect("cursor lock");
+        let ids = self.read(op!([] | db, _cx | reads::cancelling(db, after, limit).await)).await?;
+        let seqs: Vec<i64> = ids.iter().map(|(seq, _)| *seq).collect();
+        *self.sweep_after.lock().expect("cursor lock") = next_cursor(&seqs, limit);
+        let mut done = Vec::new();
+        for (_, id) in ids {
+            match self.finish_teardown(&id).await {
+                Ok(job) if job.state == settle_core::job::JobState::Cancelled => done.push(id),
+                Ok(_) => {}
+                Err(StoreError::CleanupFailed { job, message }) => {
+                    tracing::warn!(%job, %message, "artifact cleanup failed again; will retry");
+                }
+                Err(e @ (StoreError::InjectedCrash(_) | StoreError::Unavailable(_))) => return Err(e),
+                Err(e) => tracing::error!(job = %id, error = %e, "teardown failed; continuing with the next job"),
+            }
+        }
+        Ok(done)
+    }
+
+    async fn attempts(&self, job: &JobId) -> Result<Vec<Attempt>, StoreError> {
+        let id = job.clone();
+        self.read(op!([id] | db, cx | reads::attempts(db, cx, id.as_str()).await)).await
+    }
+
+    async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError> {
+        let id = job.clone();
+        self.read(op!([id] | db, _cx | reads::signals(db, id.as_str()).await)).await
+    }
+
+    async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError> {
+        self.read(op!([] | db, _cx | reads::failure_summary(db).await)).await
+    }
+
+    async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
+        self.read(op!([] | db, _cx | reads::events(db, after, limit).await)).await
+    }
+
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let mut stats = self.read(op!([] | db, _cx | reads::stats(db).await)).await?;
+        stats.tx_retries = self.tx_retries();
+        Ok(stats)
+    }
+
+    async fn audit_with_progress(
+        &self,
+        progress: Arc<dyn Fn(audit::AuditProgress) + Send + Sync>,
+    ) -> Result<AuditReport, StoreError> {
+        match &self.backend {
+            // Streamed through rusqlite on a blocking thread: sqlx-sqlite sends every row from its
+            // worker thread to the caller, which costs far more than SQLite reading it.
+            Backend::Sqlite { path, .. } => {
+                let path = path.clone();
+                let runtime = tokio::runtime::Handle::current();
+                tokio::task::spawn_blocking(move || {
+                    let mut conn = rusqlite::Connection::open_with_flags(
+                        &path,
+                        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                    )
+                    .map_err(StoreError::from_sqlite)?;
+                    // Pages mapped rather than copied in, a large cache for the index lookups of the
+                    // items pass; then one snapshot (WAL) for every statement of the audit.
+                    conn.execute_batch("PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -262144; BEGIN")
+                        .map_err(StoreError::from_sqlite)?;
+                    let report = runtime.block_on(async {
+                        let mut db = Db::Lite(&mut conn);
+                        audit::audit(&mut db, &*progress).await
+                    });
+                    let _ = conn.execute_batch("ROLLBACK");
+                    report
+                })
+                .await
+                .map_err(|e| StoreError::internal(format!("the audit thread failed: {e}")))?
+            }
+            Backend::Postgres { .. } => self.read(op!([progress] | db, _cx | audit::audit(db, &*progress).await)).await,
+        }
+    }
+
+    async fn webhook_start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError> {
+        let endpoint = endpoint.to_owned();
+        self.write_quiet(op!([endpoint] | db, cx | webhooks::start(db, cx, &endpoint, from).await)).await
+    }
+
+    async fn webhook_requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError> {
+        let (endpoint, actor) = (endpoint.to_owned(), actor.to_owned());
+        self.write_quiet(op!(
+            [endpoint, actor] | db,
+            cx | {
+                let n = webhooks::requeue_dead(db, cx, &endpoint, limit).await?;
+                if n > 0 {
+                    let detail = serde_json::json!({ "endpoint": endpoint, "requeued": n });
+                    ops::record_action(db, cx, &actor, "webhook.requeue_dead", None, None, detail).await?;
+                }
+                Ok(n)
+            }
+        ))
+        .await
+    }
+
+    async fn webhook_prune(
+        &self,
+        endpoint: &str,
+        before: settle_core::Timestamp,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let endpoint = endpoint.to_owned();
+        self.write_quiet(op!([endpoint] | db, _cx | webhooks::prune(db, &endpoint, before, limit).await)).await
+    }
+
+    async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
+        let endpoint = endpoint.to_owned();
+        let created =
+            self.write_quiet(op!([endpoint] | db, cx | webhooks::fan_out(db, cx, &endpoint, batch).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(created)
+    }
+
+    async fn webhook_claim(
+        &self,
+        endpoint: &str,
+        limit: u32,
+        lease_ms: u64,
+        attempts_max: u32,
+        breaker: BreakerPolicy,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let endpoint = endpoint.to_owned();
+        let claimed = self
+            .write_quiet(op!(
+                [endpoint] | db,
+                cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max, breaker).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(claimed)
+    }
+
+    async fn webhook_report(
+        &self,
+        endpoint: &str,
+        seq: i64,
+        token: &LeaseToken,
+        report: DeliveryReport,
+        breaker: BreakerPolicy,
+    ) -> Result<bool, StoreError> {
+        let (endpoint, token) = (endpoint.to_owned(), token.clone());
+        let applied = self
+            .write_quiet(op!(
+                [endpoint, token, report] | db,
+                cx | webhooks::report(db, cx, &endpoint, seq, &token, &report, breaker).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(applied)
+    }
+
+    async fn webhook_breakers(&self) -> Result<Vec<BreakerStatus>, StoreError> {
+        self.read(op!([] | db, _cx | webhooks::breakers(db).await)).await
+    }
+
+    async fn webhook_breaker_close_by(&self, endpoint: &str, actor: &str) -> Result<BreakerStatus, StoreError> {
+        let (endpoint, actor) = (endpoint.to_owned(), actor.to_owned());
+        self.write_quiet(op!(
+            [endpoint, actor] | db,
+            cx | {
+                let b = webhooks::close_by_hand(db, cx, &endpoint).await?;
+                let detail = serde_json::json!({ "endpoint": endpoint });
+                ops::record_action(db, cx, &actor, "webhook.breaker_close", None, None, detail).await?;
+                Ok(b)
+            }
+        ))
+        .await
+    }
+
+    async fn webhook_requeue_by(&self, endpoint: &str, seq: i64, actor: &str) -> Result<Delivery, StoreError> {
+        let (endpoint, actor) = (endpoint.to_owned(), actor.to_owned());
+        self.write_quiet(op!(
+            [endpoint, actor] | db,
+            cx | {
+                let d = webhooks::requeue(db, cx, &endpoint, seq).await?;
+                let detail = serde_json::json!({ "endpoint": endpoint, "seq": seq });
+                let (job, account) = (d.event.job_id.clone(), d.event.account_id.clone());
+                ops::record_action(db, cx, &actor, "webhook.requeue", job.as_deref(), Some(&account), detail).await?;
+                Ok(d)
+            }
+        ))
+        .await
+    }
+
+    async fn webhook_deliveries(
+        &self,
+        filter: &DeliveryFilter,
+        after: i64,
+        limit: u32,
+    ) -> Result<Paged<Delivery>, StoreError> {
+        let filter = filter.clone();
+        self.read(op!([filter] | db, _cx | webhooks::list(db, &filter, after, limit).await)).await
+    }
+}

@@ -1,0 +1,59 @@
+//! Teardown steps 2 and 3 of a cancelling job (seed 003), after step 1's refunds committed:
+//! artifacts deleted outside any transaction, then the terminal state written last.
+
+use super::SqlStore;
+use crate::db::Db;
+use crate::error::StoreError;
+use crate::model::*;
+use crate::ops::{self, After, Cx};
+use crate::store::Store;
+use futures_util::future::BoxFuture;
+use settle_core::crash::CrashPoint;
+use settle_core::ids::JobId;
+use std::sync::Arc;
+
+impl SqlStore {
+    /// Teardown steps 2 and 3, after step 1 committed: delete the artifacts of every undelivered
+    /// item (a full rescan, each delete idempotent), then `cancelling → cancelled`, last.
+    /// A cleanup failure leaves the job `cancelling` and is returned as `CleanupFailed`.
+    pub(super) async fn finish_teardown(&self, id: &str) -> Result<Job, StoreError> {
+        self.crash_point(CrashPoint::TeardownAfterRefund)?;
+        let owned = id.to_owned();
+        let keys = self.read(op!([owned] | db, _cx | ops::cleanup_keys(db, &owned).await)).await?;
+        if !keys.is_empty() {
+            let Some(artifacts) = &self.artifacts else {
+                return Err(StoreError::CleanupFailed {
+                    job: id.to_owned(),
+                    message: "no artifact store is configured".into(),
+                });
+            };
+            for key in &keys {
+                artifacts
+                    .delete(key)
+                    .await
+                    .map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
+            }
+        }
+        self.crash_point(CrashPoint::TeardownAfterCleanup)?;
+        let owned = id.to_owned();
+        let job = self.write(op!([owned] | db, cx | ops::finish_teardown(db, cx, &owned).await)).await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(job)
+    }
+
+    /// Continues a transition that left teardown to do; a cleanup failure is not an error for the
+    /// signal that caused it: the job stays `cancelling` for the sweeper.
+    pub(super) async fn continue_after(&self, job: Job, after: After) -> Result<Job, StoreError> {
+        match after {
+            After::Nothing => Ok(job),
+            After::Teardown => match self.finish_teardown(&job.id).await {
+                Ok(done) => Ok(done),
+                Err(StoreError::CleanupFailed { job: id, message }) => {
+                    tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");
+                    self.job(&JobId::parse(&id)?).await
+                }
+                Err(e) => Err(e),
+            },
+        }
+    }
+}
