@@ -61,6 +61,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     pub limiter: Arc<crate::limits::Limiter>,
     pub long_poll_recheck: Duration,
+    /// Signs the console's sessions (made at startup).
+    pub console_key: crate::console::SessionKey,
 }
 
 #[derive(OpenApi)]
@@ -248,11 +250,16 @@ pub fn router(state: AppState) -> Router {
 fn router_with(state: AppState, limits: HttpLimits) -> Router {
     let (api, _) = api_router().split_for_parts();
     let doc = Arc::new(serde_json::to_value(openapi()).expect("the OpenAPI document serializes"));
-    let docs = Router::new().route("/openapi.json", axum::routing::get(openapi_json)).with_state(doc);
+    let docs = Router::new()
+        .route("/openapi.json", axum::routing::get(openapi_json))
+        .with_state(doc)
+        .merge(crate::reference::router());
     let limited = middleware::from_fn_with_state(state.clone(), rate_limit);
+    let console = crate::console::router().with_state(state.clone());
     api.layer(limited)
         .with_state(state)
         .merge(docs)
+        .merge(console)
         .fallback(fallback)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(limits.body_read_timeout))
@@ -310,6 +317,7 @@ impl Application {
             metrics: metrics_handle(),
             limiter,
             long_poll_recheck: limits.long_poll_recheck.max(Duration::from_millis(1)),
+            console_key: crate::console::SessionKey::random(),
         };
         Ok(Application { listener, router: router_with(state, limits), limits })
     }

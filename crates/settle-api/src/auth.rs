@@ -175,6 +175,25 @@ impl Tokens {
         found
     }
 
+    /// The actor of a presented token, if it is a configured one (compared in constant time
+    /// against every entry, without an early exit).
+    pub fn actor_of(&self, presented: &str) -> Option<Actor> {
+        let d = digest(presented.trim());
+        let mut found = None;
+        for (known, r, name) in &self.entries {
+            if bool::from(known.ct_eq(&d)) {
+                found = Some(Actor { name: name.clone(), role: *r });
+            }
+        }
+        found
+    }
+
+    /// The role of the token named `name`, while it is configured (a console session ends when
+    /// its token is removed or given another role).
+    pub fn role_of(&self, name: &str) -> Option<Role> {
+        self.entries.iter().find(|(_, _, n)| n == name).map(|(_, r, _)| *r)
+    }
+
     /// Checks the `Authorization: Bearer …` header for `needed`: 401 without a known token,
     /// 403 with a known token of another role.
     pub fn authorize(&self, headers: &HeaderMap, needed: Role) -> Result<Actor, ApiError> {

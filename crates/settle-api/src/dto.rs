@@ -19,8 +19,11 @@ pub fn parse_rfc3339(s: &str) -> Option<Timestamp> {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAccount {
+    /// The account's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
+    /// How far below zero charges may take the balance, in credits (minor units); 0 (the default) to 2^61.
     #[serde(default)]
     #[schema(minimum = 0)]
     pub overdraft_limit: Option<i64>,
@@ -28,9 +31,13 @@ pub struct CreateAccount {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Account {
+    /// The account's id.
     pub id: String,
+    /// The balance in credits (minor units, signed 64-bit): the sum of the account's ledger entries.
     pub balance: i64,
+    /// How far below zero charges may take the balance, in credits.
     pub overdraft_limit: i64,
+    /// When the account was created (RFC 3339 UTC time).
     pub created_at: String,
 }
 
@@ -48,11 +55,14 @@ impl From<store::Account> for Account {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateGrant {
+    /// The grant's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
-    /// Greater than zero.
+    /// Credits to add (minor units): greater than zero; the balance stays within ±2^61.
     #[schema(minimum = 1)]
     pub amount: i64,
+    /// Why, for people reading the ledger: up to 2,000 bytes.
     #[serde(default)]
     pub reason: Option<String>,
 }
@@ -60,29 +70,41 @@ pub struct CreateGrant {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAdjustment {
+    /// The adjustment's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
-    /// Not zero.
+    /// Credits to add (positive) or take away (negative), in minor units; not zero.
     pub amount: i64,
+    /// Why (required): 1 to 2,000 bytes.
     #[schema(min_length = 1)]
     pub reason: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LedgerEntry {
+    /// The entry's position in the whole ledger: increasing, gap-free, in commit order.
     pub seq: i64,
+    /// The account the entry belongs to.
     pub account_id: String,
-    /// `grant`, `charge`, `refund`, `reclaim`, `adjustment`.
+    /// `grant`, `adjustment`, `charge`, `refund`, `reclaim` or `payout_return`.
     pub kind: String,
+    /// Signed credits (minor units): charges and reclaims negative, grants, refunds and returns positive.
     pub amount: i64,
+    /// The account's balance right after this entry, in credits.
     pub balance_after: i64,
+    /// The job the entry charges, refunds or reclaims; null for grants and adjustments.
     pub job_id: Option<String>,
+    /// The job's item the entry moves; null for grants and adjustments.
     pub item_id: Option<String>,
-    /// The grant's or adjustment's id.
+    /// The grant's or adjustment's id; null for job entries.
     pub id: Option<String>,
+    /// Why: the grant's or adjustment's reason, or a refund's reason (`job_failed`, `item_failed`,
+    /// `cancelled`).
     pub reason: Option<String>,
+    /// When the entry was written (RFC 3339 UTC time).
     pub created_at: String,
-    /// Hex SHA-256 of this entry chained to the account's previous one.
+    /// Hex SHA-256 of this entry chained to the account's previous entry (64 hex digits).
     pub hash: String,
 }
 
@@ -106,6 +128,7 @@ impl From<store::LedgerEntry> for LedgerEntry {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LedgerPage {
+    /// Entries in `seq` order.
     pub entries: Vec<LedgerEntry>,
     /// Pass as `after` for the next page; null at the end.
     pub next_after: Option<i64>,
@@ -116,8 +139,10 @@ pub struct LedgerPage {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewItem {
+    /// The item's id, unique within the job: 1-128 characters of `[A-Za-z0-9_.:-]`.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
+    /// The item's price in credits (minor units), 0 or more; charged when the job is created.
     #[schema(minimum = 0)]
     pub cost: i64,
 }
@@ -125,74 +150,102 @@ pub struct NewItem {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateJob {
+    /// The job's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
+    /// The account to charge.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub account_id: String,
+    /// What kind of work (1-128 characters of `[A-Za-z0-9_.:-]`); workers claim by kind.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub kind: String,
-    /// A single-item job (item `main`). Exactly one of `cost` and `items`.
+    /// A single-item job (item `main`) of this price in credits, 0 or more. Exactly one of `cost` and
+    /// `items`.
     #[serde(default)]
     #[schema(minimum = 0)]
     pub cost: Option<i64>,
+    /// The billable items, 1 to 1,000, each charged on creation. Exactly one of `cost` and `items`.
     #[serde(default)]
     pub items: Option<Vec<NewItem>>,
-    /// Any JSON, handed to the worker.
+    /// Any JSON, up to 256 KiB, handed to the worker as is.
     #[serde(default)]
     pub payload: Option<serde_json::Value>,
+    /// How many attempts before the job is dead: 1 to 100 (default per kind, else 5).
     #[serde(default)]
     #[schema(minimum = 1, maximum = 100)]
     pub max_attempts: Option<u32>,
-    /// `failure` (default) or `final_failure`.
+    /// `failure` (default: refund at every failure, reclaim on a late success) or `final_failure` (refund
+    /// only when the job is dead).
     #[serde(default)]
     #[schema(pattern = r"^(failure|final_failure)$")]
     pub refund_on: Option<String>,
-    /// RFC 3339; not claimable before.
+    /// Not claimable before this time (RFC 3339 UTC time); default now.
     #[serde(default)]
     pub not_before: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Item {
+    /// The item's id within its job.
     pub id: String,
+    /// The item's price in credits (minor units).
     pub cost: i64,
-    /// `charged`, `succeeded`, `refunded`, `reclaimed`, `cancelled`, `returned` (a withdrawal paid out
+    /// `charged`, `succeeded`, `refunded`, `reclaimed`, `cancelled`, or `returned` (a withdrawal paid out
     /// and sent back).
     pub state: String,
+    /// Whether the item's charge is refunded now (its net is 0).
     pub is_refunded: bool,
+    /// Whether a refund of this item was taken back by a late success.
     pub is_reclaimed: bool,
-    /// `job_failed`, `item_failed`, `cancelled`.
+    /// Why it was refunded: `job_failed`, `item_failed` or `cancelled`; null if never refunded.
     pub refund_reason: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LastError {
+    /// The fail code of the last failure (`A-Z0-9_`, 1-64 characters), e.g. `TIMEOUT`, `LEASE_EXPIRED`.
     pub code: String,
+    /// The failure's message, up to 2,000 bytes.
     pub message: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Job {
+    /// The job's id.
     pub id: String,
+    /// The account charged.
     pub account_id: String,
+    /// The kind of work.
     pub kind: String,
-    /// `queued`, `running`, `unknown`, `cancelling`, `succeeded`, `dead`, `cancelled`, and for
-    /// withdrawals `returned`.
+    /// `queued`, `running`, `unknown`, `cancelling`, `succeeded`, `dead`, `cancelled`, and for withdrawals
+    /// `returned`.
     pub state: String,
+    /// The sum of its items' prices, in credits (minor units).
     pub cost: i64,
-    /// Sum of the job's ledger entries (≤ 0).
+    /// The sum of the job's ledger entries, in credits (≤ 0): what the job costs the account now.
     pub net: i64,
+    /// How many attempts have started (0 before the first claim).
     pub attempt: u32,
+    /// Attempts allowed before the job is dead (1 to 100); a requeue gives a fresh budget.
     pub max_attempts: u32,
+    /// `failure` or `final_failure`.
     pub refund_on: String,
+    /// A cancel was requested while the job was running; its worker stops at the next item boundary.
     pub cancel_requested: bool,
+    /// Not claimable before this time (RFC 3339 UTC time); a retry's backoff moves it.
     pub not_before: String,
+    /// The last failure, if any.
     pub last_error: Option<LastError>,
+    /// The job's items, in the order they were given.
     pub items: Vec<Item>,
+    /// The JSON given at creation.
     pub payload: serde_json::Value,
-    /// What the worker's success carried.
+    /// What the worker's success carried (any JSON); null before success.
     pub result: Option<serde_json::Value>,
+    /// When the job was created (RFC 3339 UTC time).
     pub created_at: String,
+    /// When the job last changed (RFC 3339 UTC time).
     pub updated_at: String,
 }
 
@@ -240,8 +293,11 @@ impl From<store::Job> for Job {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWithdrawal {
+    /// The withdrawal's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
+    /// The account paying out.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub account_id: String,
     /// Greater than zero; held (charged) at once, refunded only if the payout is definitively not made.
@@ -255,9 +311,12 @@ pub struct CreateWithdrawal {
 /// A withdrawal: its job (kind `withdrawal`, `refund_on = final_failure`) and the payout's own fields.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Withdrawal {
+    /// The withdrawal's job.
     #[serde(flatten)]
     pub job: Job,
+    /// Credits paid out (minor units), greater than zero.
     pub amount: i64,
+    /// Where the payout goes.
     pub destination: String,
     /// Made once at creation; every attempt looks up and sends with it.
     pub idempotency_key: String,
@@ -282,39 +341,54 @@ impl From<store::Withdrawal> for Withdrawal {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WithdrawalPage {
+    /// Withdrawals in creation order.
     pub withdrawals: Vec<Withdrawal>,
+    /// Pass as `after` for the next page; null at the end.
     pub next_after: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct WithdrawalsQuery {
+    /// The `next_after` of the previous page.
     pub after: Option<i64>,
+    /// Page size: 1 to 1,000, default 100.
     pub limit: Option<u32>,
+    /// Only withdrawals in this job state.
     pub state: Option<String>,
+    /// Only this account's withdrawals.
     pub account_id: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct JobPage {
+    /// Jobs in creation order.
     pub jobs: Vec<Job>,
+    /// Pass as `after` for the next page; null at the end.
     pub next_after: Option<i64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Attempt {
+    /// 1 for the first attempt, counting up.
     pub attempt_no: u32,
+    /// The worker that held the lease.
     pub worker: String,
+    /// When the claim started the attempt (RFC 3339 UTC time).
     pub started_at: String,
+    /// When the attempt ended (RFC 3339 UTC time); null while open.
     pub finished_at: Option<String>,
     /// `succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`; null while open.
     pub result: Option<String>,
+    /// The failure's code, if it failed.
     pub fail_code: Option<String>,
+    /// The failure's or unknown outcome's message, up to 2,000 bytes.
     pub message: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Attempts {
+    /// Every attempt, oldest first.
     pub attempts: Vec<Attempt>,
 }
 
@@ -323,16 +397,21 @@ pub struct Attempts {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Claim {
+    /// The worker's name, 1-128 characters of `[A-Za-z0-9_.:@/-]`: kept in the attempt log.
     #[schema(pattern = r"^[A-Za-z0-9_.:@/-]{1,128}$")]
     pub worker: String,
+    /// Claim only these kinds (each a job kind); all kinds but withdrawals when absent.
     #[serde(default)]
     pub kinds: Option<Vec<String>>,
+    /// At most this many jobs: 1 to 100, default 1.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
+    /// How long the lease lasts without a heartbeat, in seconds: 1 to 3,600 (default per kind, else 30).
     #[serde(default)]
     #[schema(minimum = 1, maximum = 3600)]
     pub lease_seconds: Option<u32>,
+    /// Long-poll: wait up to this many seconds (0 to 30, default 0) for a job to become due.
     #[serde(default)]
     #[schema(minimum = 0, maximum = 30)]
     pub wait_seconds: Option<u32>,
@@ -340,34 +419,43 @@ pub struct Claim {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ClaimedJob {
+    /// The claimed job, now `running`.
     #[serde(flatten)]
     pub job: Job,
+    /// The attempt's lease token: send it with every signal of this attempt.
     pub lease_token: String,
+    /// When the lease lapses without a heartbeat (RFC 3339 UTC time).
     pub lease_expires_at: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Claimed {
+    /// The claimed jobs; empty when nothing was due.
     pub jobs: Vec<ClaimedJob>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseOnly {
+    /// The lease token the claim answered.
     pub lease_token: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Heartbeat {
+    /// The lease's new expiry (RFC 3339 UTC time).
     pub lease_expires_at: String,
+    /// A cancel was requested: stop at the item boundary and report.
     pub cancel_requested: bool,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Succeed {
+    /// The attempt's lease token; optional, since a success is accepted from any attempt.
     #[serde(default)]
     pub lease_token: Option<String>,
+    /// Any JSON the job produced, kept with the job.
     #[serde(default)]
     pub result: Option<serde_json::Value>,
 }
@@ -375,14 +463,20 @@ pub struct Succeed {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Fail {
+    /// The lease token the claim answered.
     pub lease_token: String,
+    /// Why it failed: 1-64 characters of `A-Z0-9_` (e.g. `TIMEOUT`, `OOM`); the failures summary groups by
+    /// it.
     #[schema(pattern = r"^[A-Z0-9_]{1,64}$")]
     pub code: String,
+    /// Details for people, up to 2,000 bytes.
     #[serde(default)]
     pub message: Option<String>,
+    /// Whether another attempt may succeed (default true); false ends the job `dead` at once.
     #[serde(default)]
     pub retryable: Option<bool>,
-    /// Overrides the backoff for this retry (a 429 with Retry-After).
+    /// Overrides the backoff for this retry, in milliseconds (e.g. a 429's Retry-After), capped at
+    /// the kind's longest backoff (default 600,000).
     #[serde(default)]
     pub retry_after_ms: Option<u64>,
 }
@@ -390,7 +484,9 @@ pub struct Fail {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Unknown {
+    /// The lease token the claim answered.
     pub lease_token: String,
+    /// What is known, up to 2,000 bytes.
     #[serde(default)]
     pub message: Option<String>,
 }
@@ -398,30 +494,41 @@ pub struct Unknown {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ItemFail {
+    /// The lease token the claim answered.
     pub lease_token: String,
+    /// Why the item failed: 1-64 characters of `A-Z0-9_`.
     #[schema(pattern = r"^[A-Z0-9_]{1,64}$")]
     pub code: String,
+    /// Details for people, up to 2,000 bytes.
     #[serde(default)]
     pub message: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ItemReport {
+    /// The item as it is now.
     pub item: Item,
+    /// A cancel was requested: stop at this item boundary.
     pub cancel_requested: bool,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RegisterArtifact {
+    /// The lease token the claim answered.
     pub lease_token: String,
+    /// The artifact's key in the artifact store: a relative path of 1-512 characters of
+    /// `[A-Za-z0-9_.:/-]` without `.`, `..` or empty segments.
     pub key: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Artifact {
+    /// The job the artifact belongs to.
     pub job_id: String,
+    /// The item the artifact belongs to.
     pub item_id: String,
+    /// The artifact's key in the artifact store.
     pub key: String,
 }
 
@@ -429,14 +536,17 @@ pub struct Artifact {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct FailureCount {
+    /// The jobs' last fail code.
     pub code: String,
     /// `dead`, `unknown` or `retrying`.
     pub state: String,
+    /// How many jobs.
     pub count: i64,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct FailureSummary {
+    /// One row per fail code and state, most jobs first.
     pub by_code: Vec<FailureCount>,
 }
 
@@ -444,43 +554,61 @@ pub struct FailureSummary {
 /// same value, byte for byte, that a webhook delivery sends.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Event {
+    /// The event's position in the feed: increasing, gap-free, in commit order.
     pub seq: i64,
+    /// The event type, e.g. `job.queued`, `job.refunded`, `job.reclaimed`, `job.dead`, `account.granted`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The job it is about; null for account events.
     pub job_id: Option<String>,
+    /// The account it is about.
     pub account_id: String,
+    /// The event's details (amounts in credits, codes, states), a JSON object.
     pub data: serde_json::Value,
+    /// When the transition committed (RFC 3339 UTC time).
     pub created_at: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EventPage {
+    /// Events in `seq` order.
     #[schema(value_type = Vec<Event>)]
     pub events: Vec<store::EventEnvelope>,
+    /// Pass as `after` for the next page; null at the end.
     pub next_after: Option<i64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Violation {
-    /// `L1` … `L4`, or `SEQ`.
+    /// `L1` … `L4` (semantics.md), or `SEQ` (a gap in the ledger's numbering).
     pub invariant: String,
+    /// The account where it was found, if any.
     pub account_id: Option<String>,
+    /// The job where it was found, if any.
     pub job_id: Option<String>,
+    /// The item where it was found, if any.
     pub item_id: Option<String>,
+    /// What does not hold, with the numbers.
     pub message: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Audit {
+    /// True when no invariant is violated.
     pub ok: bool,
+    /// Accounts checked.
     pub accounts_checked: u64,
+    /// Items checked.
     pub items_checked: u64,
+    /// Ledger entries checked.
     pub entries_checked: u64,
+    /// Every violation found; empty when `ok`.
     pub violations: Vec<Violation>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
+    /// `ok`.
     pub status: String,
 }
 
@@ -490,25 +618,33 @@ pub struct Health {
 pub struct PageQuery {
     /// The `next_after` of the previous page.
     pub after: Option<i64>,
-    /// 1 to 1000, default 100.
+    /// Page size: 1 to 1,000, default 100.
     pub limit: Option<u32>,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct JobsQuery {
+    /// The `next_after` of the previous page.
     pub after: Option<i64>,
+    /// Page size: 1 to 1,000, default 100.
     pub limit: Option<u32>,
+    /// Only jobs in this state.
     pub state: Option<String>,
+    /// Only jobs of this kind.
     pub kind: Option<String>,
+    /// Only this account's jobs.
     pub account_id: Option<String>,
+    /// Only jobs whose last fail code is this.
     pub fail_code: Option<String>,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct EventsQuery {
+    /// The last `seq` seen (0 to start from the beginning).
     pub after: Option<i64>,
+    /// Page size: 1 to 1,000, default 100.
     pub limit: Option<u32>,
     /// Long-poll: wait up to this many seconds (at most 30) for an event after `after`.
     pub wait_seconds: Option<u32>,
@@ -516,15 +652,22 @@ pub struct EventsQuery {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookDelivery {
+    /// The webhook endpoint's id (from the configuration).
     pub endpoint_id: String,
+    /// The event delivered, the same envelope as the event feed.
     #[schema(value_type = Event)]
     pub event: store::EventEnvelope,
-    /// `pending`, `delivered`, `dead`.
+    /// `pending`, `delivered` or `dead`.
     pub state: String,
+    /// Sends tried so far.
     pub attempts: u32,
+    /// When the next send is due (RFC 3339 UTC time).
     pub next_attempt_at: String,
+    /// The HTTP status of the last send, if one was answered.
     pub last_status: Option<u16>,
+    /// Why the last send failed, if it did.
     pub last_error: Option<String>,
+    /// When the receiver answered 2xx (RFC 3339 UTC time).
     pub delivered_at: Option<String>,
 }
 
@@ -536,7 +679,9 @@ pub struct RequeuedDeliveries {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookDeliveryPage {
+    /// Deliveries in event order.
     pub deliveries: Vec<WebhookDelivery>,
+    /// Pass as `after` for the next page; null at the end.
     pub next_after: Option<i64>,
     /// Every endpoint's circuit breaker (all endpoints, whatever the page's filter).
     pub endpoints: Vec<WebhookBreaker>,
@@ -545,6 +690,7 @@ pub struct WebhookDeliveryPage {
 /// A webhook endpoint's circuit breaker (docs/design/webhooks.md).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WebhookBreaker {
+    /// The webhook endpoint's id.
     pub endpoint_id: String,
     /// `closed` (sending), `open` (paused until `next_probe_at`) or `half_open` (one probe in flight).
     pub breaker: String,
@@ -572,8 +718,11 @@ impl From<store::BreakerStatus> for WebhookBreaker {
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct DeliveriesQuery {
+    /// The `next_after` of the previous page.
     pub after: Option<i64>,
+    /// Page size: 1 to 1,000, default 100.
     pub limit: Option<u32>,
+    /// Only this endpoint's deliveries.
     pub endpoint: Option<String>,
     /// `pending`, `delivered` or `dead`.
     pub state: Option<String>,

@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ErrorBody {
+    /// What went wrong: a stable code to branch on and a sentence for people.
     pub error: ErrorDetail,
 }
 
@@ -16,7 +17,7 @@ pub struct ErrorBody {
 pub struct ErrorDetail {
     /// `invalid_request`, `unauthorized`, `forbidden`, `not_found`, `insufficient_credits`,
     /// `idempotency_conflict`, `job_finished`, `outcome_unknown`, `lease_lost`, `invalid_transition`,
-    /// `payload_too_large`, `unavailable`, `internal`.
+    /// `payload_too_large`, `rate_limited`, `unavailable`, `internal`.
     pub code: String,
     /// A human sentence.
     pub message: String,

@@ -121,6 +121,12 @@ fn mark(kind: &'static str, applied: bool) {
 
 // ----- accounts -------------------------------------------------------------------------------------
 
+/// Create an account
+///
+/// Creates an account with a zero balance and an optional overdraft limit (credits the balance may go
+/// below zero by charges). The id is the client's: repeating the request with the same body answers
+/// `200` with `Idempotent-Replayed: true` and the account as it is now; the same id with a different
+/// body is `409 idempotency_conflict`. Admin only; recorded in the action log.
 #[utoipa::path(post, path = "/v1/accounts", tag = "accounts", request_body = dto::CreateAccount,
     responses((status = 201, body = dto::Account), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::Account),
               (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -138,12 +144,22 @@ pub async fn create_account(
     Ok(created(c, dto::Account::from))
 }
 
+/// Read an account's balance
+///
+/// The account's balance in credits (minor units, a signed 64-bit integer), its overdraft limit and its
+/// creation time. The balance is always the sum of the account's ledger entries.
 #[utoipa::path(get, path = "/v1/accounts/{id}", tag = "accounts", params(("id" = String, Path)),
     responses((status = 200, body = dto::Account), (status = 404, body = ErrorBody)))]
 pub async fn get_account(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(account): Path<String>) -> ApiResult {
     Ok(ok(dto::Account::from(s.store.account(&id(AccountId::parse, &account)?).await?)))
 }
 
+/// Grant credits to an account
+///
+/// Adds `amount` credits (> 0) to the balance with one `grant` ledger entry, answered with that entry.
+/// The grant id makes the request idempotent: a replay answers `200` with the entry, a different body
+/// under the same id is `409 idempotency_conflict`. A grant that would take the balance past the bound
+/// is `400`. Admin only; recorded in the action log.
 #[utoipa::path(post, path = "/v1/accounts/{id}/grants", tag = "accounts", params(("id" = String, Path)),
     request_body = dto::CreateGrant,
     responses((status = 201, body = dto::LedgerEntry), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::LedgerEntry),
@@ -160,6 +176,11 @@ pub async fn create_grant(
     Ok(created(s.store.grant_by(&account, req, &auth.actor.name).await?, dto::LedgerEntry::from))
 }
 
+/// Adjust an account's balance by hand
+///
+/// Adds or takes away `amount` credits (≠ 0) with one `adjustment` ledger entry carrying the required
+/// `reason`, answered with that entry. Idempotent by its id like grants. A negative adjustment may not
+/// take the balance below what outstanding reclaims need. Admin only; recorded in the action log.
 #[utoipa::path(post, path = "/v1/accounts/{id}/adjustments", tag = "accounts", params(("id" = String, Path)),
     request_body = dto::CreateAdjustment,
     responses((status = 201, body = dto::LedgerEntry), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::LedgerEntry),
@@ -176,6 +197,12 @@ pub async fn create_adjustment(
     Ok(created(s.store.adjust_by(&account, req, &auth.actor.name).await?, dto::LedgerEntry::from))
 }
 
+/// List an account's ledger entries
+///
+/// The account's append-only ledger in `seq` order, one page at a time: pass the answer's `next_after`
+/// as `after` for the next page (`null` when there is none). Each entry carries its kind (`grant`,
+/// `adjustment`, `charge`, `refund`, `reclaim`, `payout_return`), signed amount, the balance after it,
+/// the job and item it belongs to, and its hash in the account's chain.
 #[utoipa::path(get, path = "/v1/accounts/{id}/ledger", tag = "accounts", params(("id" = String, Path), dto::PageQuery),
     responses((status = 200, body = dto::LedgerPage), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn get_ledger(
@@ -190,6 +217,14 @@ pub async fn get_ledger(
 
 // ----- jobs -----------------------------------------------------------------------------------------
 
+/// Create a job and charge it
+///
+/// Creates a job of `kind` with either one `cost` or a list of billable `items`, and charges every item
+/// in the same transaction (one `charge` ledger entry each). When the balance cannot cover it the
+/// answer is `402 insufficient_credits` and nothing is written. The job id is the client's: a replay
+/// with the same body answers `200` with `Idempotent-Replayed: true` and the job as it is now; a
+/// different body is `409 idempotency_conflict`. Optional: `payload` (JSON kept for the worker),
+/// `max_attempts`, `refund_on` (`failure` or `final_failure`), `not_before` (RFC 3339).
 #[utoipa::path(post, path = "/v1/jobs", tag = "jobs", request_body = dto::CreateJob,
     responses((status = 201, body = dto::Job), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::Job),
               (status = 400, body = ErrorBody), (status = 402, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -230,12 +265,20 @@ pub async fn create_job(
     Ok(created(s.store.create_job(req).await?, dto::Job::from))
 }
 
+/// Read a job
+///
+/// The job's state, its items with their money states, its net (the sum of its ledger entries), its
+/// attempt count, lease expiry, cancel request and last error.
 #[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody)))]
 pub async fn get_job(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
     Ok(ok(dto::Job::from(s.store.job(&id(JobId::parse, &job)?).await?)))
 }
 
+/// List jobs
+///
+/// Jobs in creation order, filtered by `state`, `kind`, `account_id` and `fail_code`, one page at a
+/// time: pass the answer's `next_after` as `after` for the next page.
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(dto::JobsQuery),
     responses((status = 200, body = dto::JobPage), (status = 400, body = ErrorBody)))]
 pub async fn list_jobs(
@@ -251,11 +294,17 @@ pub async fn list_jobs(
         kind: q.kind.as_deref().map(|k| id(JobKind::parse, k)).transpose()?,
         account_id: q.account_id.as_deref().map(|a| id(AccountId::parse, a)).transpose()?,
         fail_code: q.fail_code.as_deref().map(|c| id(FailCode::parse, c)).transpose()?,
+        id_prefix: None,
     };
     let p = s.store.jobs(&filter, page(q.after, q.limit)?).await?;
     Ok(ok(dto::JobPage { jobs: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
 }
 
+/// Read a job's attempt log
+///
+/// One row per attempt, never deleted: the worker that held the lease, when it started and ended, and
+/// how it ended (`succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`) with the
+/// fail code and message. Support answers "when and why did it fail" from it.
 #[utoipa::path(get, path = "/v1/jobs/{id}/attempts", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, body = dto::Attempts), (status = 404, body = ErrorBody)))]
 pub async fn attempts(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
@@ -276,6 +325,13 @@ pub async fn attempts(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(j
     }))
 }
 
+/// Cancel a job
+///
+/// A queued job is cancelled at once: every charged item is refunded and the answer is `200` with the
+/// job `cancelled`. A running job gets a cancel request (`202`, `cancel_requested: true`): its worker
+/// sees it at the next heartbeat or item report and stops at the item boundary; delivered items stay
+/// charged, the rest are refunded and their artifacts deleted, and the terminal state is written last.
+/// A finished job is `409 job_finished`; a job whose outcome is unknown is `409 outcome_unknown`.
 #[utoipa::path(post, path = "/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, description = "cancelled", body = dto::Job),
               (status = 202, description = "cancel requested (running) or cleanup pending (cancelling)", body = dto::Job),
@@ -289,6 +345,12 @@ pub async fn cancel(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(job
     })
 }
 
+/// Requeue a dead job
+///
+/// Moves a `dead` job back to `queued`, due now, with a fresh attempt budget. What its failure
+/// refunded stays refunded until a later success reclaims it. Only from `dead` (`409` otherwise); a
+/// dead withdrawal is not requeued (its hold was refunded: create a new one). Admin only; recorded in
+/// the action log.
 #[utoipa::path(post, path = "/v1/jobs/{id}/requeue", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn requeue(State(s): State<AppState>, auth: Auth<AdminRole>, Path(job): Path<String>) -> ApiResult {
@@ -301,6 +363,11 @@ pub async fn requeue(State(s): State<AppState>, auth: Auth<AdminRole>, Path(job)
 
 // ----- worker protocol ------------------------------------------------------------------------------
 
+/// Claim due jobs
+///
+/// Leases up to `limit` due jobs of the given `kinds` to `worker` for `lease_seconds`, each with a new
+/// lease token and an attempt row. When nothing is due the request waits up to `wait_seconds` for work
+/// (a long-poll) and then answers an empty list. Withdrawals are never handed to workers.
 #[utoipa::path(post, path = "/v1/claims", tag = "workers", request_body = dto::Claim,
     responses((status = 200, body = dto::Claimed), (status = 400, body = ErrorBody)))]
 pub async fn claim(
@@ -370,6 +437,10 @@ fn token(t: String) -> Result<store::LeaseToken, ApiError> {
     Ok(store::LeaseToken(t))
 }
 
+/// Renew a lease
+///
+/// Extends the lease of the current attempt and tells the worker whether a cancel was requested. A
+/// token that is not the current attempt's is `409 lease_lost` and changes nothing (it is logged).
 #[utoipa::path(post, path = "/v1/jobs/{id}/heartbeat", tag = "workers", params(("id" = String, Path)),
     request_body = dto::LeaseOnly,
     responses((status = 200, body = dto::Heartbeat), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -386,6 +457,11 @@ pub async fn heartbeat(
     }))
 }
 
+/// Report a job's success
+///
+/// Accepted from any attempt, current or not, with or without a token: the work exists. A success after
+/// a failure refunded the job reclaims that refund (the seed's timeout-at-30 s, result-at-32 s case).
+/// If a cancel won the race, the job goes to teardown instead. A repeat changes nothing.
 #[utoipa::path(post, path = "/v1/jobs/{id}/succeed", tag = "workers", params(("id" = String, Path)),
     request_body = dto::Succeed,
     responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody),
@@ -403,6 +479,12 @@ pub async fn succeed(
     Ok(ok(dto::Job::from(out.value)))
 }
 
+/// Report a job's failure
+///
+/// Refunds per the job's refund policy, then schedules a retry with capped exponential backoff
+/// (`queued` with a later `not_before`) or, when the code is not retryable or the attempts are used up,
+/// ends the job `dead`. A requested cancel is honoured instead. A token that is not the current
+/// attempt's changes nothing and is logged; the answer is then the job as it is.
 #[utoipa::path(post, path = "/v1/jobs/{id}/fail", tag = "workers", params(("id" = String, Path)),
     request_body = dto::Fail,
     responses((status = 200, body = dto::Job), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -425,6 +507,10 @@ pub async fn fail(
     Ok(ok(dto::Job::from(out.value)))
 }
 
+/// Report that a job's outcome is unknown
+///
+/// For an external effect whose answer was lost: the job moves to `unknown`, keeps its charge, and
+/// waits for the reconciler to ask the outside system what happened.
 #[utoipa::path(post, path = "/v1/jobs/{id}/unknown", tag = "workers", params(("id" = String, Path)),
     request_body = dto::Unknown,
     responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody),
@@ -454,6 +540,10 @@ fn item_report(r: store::ItemReport) -> dto::ItemReport {
     }
 }
 
+/// Report an item delivered
+///
+/// Marks one item delivered (it stays charged) and answers whether a cancel was requested, so the
+/// worker can stop at the item boundary. A repeat changes nothing.
 #[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/succeed", tag = "workers",
     params(("id" = String, Path), ("item" = String, Path)), request_body = dto::LeaseOnly,
     responses((status = 200, body = dto::ItemReport), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -468,6 +558,10 @@ pub async fn item_succeed(
     Ok(ok(item_report(r)))
 }
 
+/// Report an item failed
+///
+/// Refunds one item with its own `refund` ledger entry; a later job-level success will not reclaim it.
+/// Answers whether a cancel was requested.
 #[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/fail", tag = "workers",
     params(("id" = String, Path), ("item" = String, Path)), request_body = dto::ItemFail,
     responses((status = 200, body = dto::ItemReport), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -491,6 +585,10 @@ pub async fn item_fail(
     Ok(ok(item_report(r)))
 }
 
+/// Register an item's artifact
+///
+/// Records an artifact key for an item, so that cancelling the job deletes it from the artifact store
+/// if the item ends undelivered. Only the current lease holder may register.
 #[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/artifacts", tag = "workers",
     params(("id" = String, Path), ("item" = String, Path)), request_body = dto::RegisterArtifact,
     responses((status = 201, body = dto::Artifact), (status = 200, description = "already registered", body = dto::Artifact),
@@ -512,6 +610,12 @@ pub async fn register_artifact(
 
 // ----- withdrawals ----------------------------------------------------------------------------------
 
+/// Request a withdrawal
+///
+/// Creates a job of kind `withdrawal` that holds `amount` credits from the account and pays them out to
+/// `destination` through the payout provider, under an idempotency key sent with every request. A lost
+/// provider answer leaves it `unknown` until the reconciler asks the provider by that key. Idempotent
+/// by its id like jobs.
 #[utoipa::path(post, path = "/v1/withdrawals", tag = "withdrawals", request_body = dto::CreateWithdrawal,
     responses((status = 201, body = dto::Withdrawal), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::Withdrawal),
               (status = 400, body = ErrorBody), (status = 402, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -530,6 +634,10 @@ pub async fn create_withdrawal(
     Ok(created(s.store.payouts().create_withdrawal(req).await?, dto::Withdrawal::from))
 }
 
+/// Read a withdrawal
+///
+/// The withdrawal's job with its idempotency key and, once the provider confirmed it, the provider's
+/// transaction id.
 #[utoipa::path(get, path = "/v1/withdrawals/{id}", tag = "withdrawals", params(("id" = String, Path)),
     responses((status = 200, body = dto::Withdrawal), (status = 404, body = ErrorBody)))]
 pub async fn get_withdrawal(
@@ -540,6 +648,9 @@ pub async fn get_withdrawal(
     Ok(ok(dto::Withdrawal::from(s.store.payouts().withdrawal(&id(JobId::parse, &withdrawal)?).await?)))
 }
 
+/// List withdrawals
+///
+/// Withdrawals in creation order, filtered by `state` and `account_id`, one page at a time.
 #[utoipa::path(get, path = "/v1/withdrawals", tag = "withdrawals", params(dto::WithdrawalsQuery),
     responses((status = 200, body = dto::WithdrawalPage), (status = 400, body = ErrorBody)))]
 pub async fn list_withdrawals(
@@ -559,6 +670,10 @@ pub async fn list_withdrawals(
     Ok(ok(dto::WithdrawalPage { withdrawals: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
 }
 
+/// Record a returned payout
+///
+/// Records that a paid-out withdrawal was sent back by the receiving side: its amount is credited again
+/// with one `payout_return` entry and the job ends `returned`. Admin only; recorded in the action log.
 #[utoipa::path(post, path = "/v1/withdrawals/{id}/returned", tag = "withdrawals", params(("id" = String, Path)),
     responses((status = 200, description = "returned (now, or already)", body = dto::Withdrawal),
               (status = 404, body = ErrorBody), (status = 409, description = "not a succeeded withdrawal", body = ErrorBody)))]
@@ -576,6 +691,10 @@ pub async fn withdrawal_returned(
 
 // ----- failures, events, audit, operations ----------------------------------------------------------
 
+/// Count failures by code
+///
+/// How many jobs are now `dead`, `unknown` or waiting to retry, grouped by their last fail code and
+/// state: the view an operator opens first when failures climb.
 #[utoipa::path(get, path = "/v1/failures/summary", tag = "operations", responses((status = 200, body = dto::FailureSummary)))]
 pub async fn failure_summary(State(s): State<AppState>, _auth: Auth<ClientRole>) -> ApiResult {
     let rows = s.store.failure_summary().await?;
@@ -584,6 +703,12 @@ pub async fn failure_summary(State(s): State<AppState>, _auth: Auth<ClientRole>)
     }))
 }
 
+/// Read the event feed
+///
+/// Every transition's event (`job.queued`, `job.refunded`, `account.granted`, …) in commit order by
+/// `seq`, written in the same transaction as the transition. Pass the last `seq` seen as `after`; with
+/// `wait_seconds` the request waits for new events (a long-poll). Webhook bodies carry the same
+/// envelope.
 #[utoipa::path(get, path = "/v1/events", tag = "operations", params(dto::EventsQuery),
     responses((status = 200, body = dto::EventPage), (status = 400, body = ErrorBody)))]
 pub async fn events(
@@ -619,6 +744,10 @@ pub async fn events(
     Ok(ok(dto::EventPage { events: got.rows.iter().map(store::Event::envelope).collect(), next_after: got.next_after }))
 }
 
+/// List webhook deliveries
+///
+/// Deliveries of events to the configured webhook endpoints, filtered by endpoint and state (`pending`,
+/// `delivered`, `dead`), with their attempts, last status and error.
 #[utoipa::path(get, path = "/v1/webhooks/deliveries", tag = "operations", params(dto::DeliveriesQuery),
     responses((status = 200, body = dto::WebhookDeliveryPage)))]
 pub async fn webhook_deliveries(
@@ -645,8 +774,10 @@ pub async fn webhook_deliveries(
     }))
 }
 
-/// Closes a webhook endpoint's circuit breaker by hand, when its receiver is known to be back:
-/// deliveries resume at once instead of at the next probe. Recorded in the action log.
+/// Close a webhook endpoint's circuit breaker
+///
+/// Closes the breaker by hand when the receiver is known to be back: deliveries resume at once instead
+/// of at the next probe. Admin only; recorded in the action log.
 #[utoipa::path(post, path = "/v1/webhooks/endpoints/{endpoint}/breaker/close", tag = "operations",
     params(("endpoint" = String, Path)),
     responses((status = 200, body = dto::WebhookBreaker), (status = 404, body = ErrorBody)))]
@@ -660,6 +791,10 @@ pub async fn close_breaker(
     Ok(ok(dto::WebhookBreaker::from(s.store.webhook_breaker_close_by(&endpoint, &auth.actor.name).await?)))
 }
 
+/// Requeue a dead webhook delivery
+///
+/// Moves one dead delivery back to pending with a fresh attempt budget. Admin only; recorded in the
+/// action log.
 #[utoipa::path(post, path = "/v1/webhooks/deliveries/{endpoint}/{seq}/requeue", tag = "operations",
     params(("endpoint" = String, Path), ("seq" = i64, Path)),
     responses((status = 200, body = dto::WebhookDelivery), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -673,6 +808,11 @@ pub async fn requeue_delivery(
     Ok(ok(dto::WebhookDelivery::from(s.store.webhook_requeue_by(&endpoint, seq, &auth.actor.name).await?)))
 }
 
+/// Requeue an endpoint's dead deliveries
+///
+/// Moves the oldest dead deliveries of one endpoint (up to one page, 1,000) back to pending with a
+/// fresh attempt budget, and answers how many moved; repeat while it answers a full page. Admin only;
+/// recorded in the action log.
 #[utoipa::path(post, path = "/v1/webhooks/deliveries/{endpoint}/requeue", tag = "operations",
     params(("endpoint" = String, Path)),
     responses((status = 200, description = "the dead deliveries put back in line (at most 1000 a call)", body = dto::RequeuedDeliveries)))]
@@ -687,6 +827,11 @@ pub async fn requeue_dead_deliveries(
     Ok(ok(dto::RequeuedDeliveries { requeued: n }))
 }
 
+/// Audit the ledger
+///
+/// Recomputes invariants L1–L4 from the stored rows: every balance is the sum of its entries, every
+/// item's money state matches its entries, each account's hash chain is intact, and every event matches
+/// its transition. Answers `ok` and the violations found. Admin only.
 #[utoipa::path(get, path = "/v1/audit", tag = "operations", responses((status = 200, body = dto::Audit)))]
 pub async fn audit(State(s): State<AppState>, _auth: Auth<AdminRole>) -> ApiResult {
     let r = s.store.audit().await?;
@@ -709,11 +854,17 @@ pub async fn audit(State(s): State<AppState>, _auth: Auth<AdminRole>) -> ApiResu
     }))
 }
 
+/// Liveness
+///
+/// Answers `200` while the process serves requests; it does not touch the database.
 #[utoipa::path(get, path = "/healthz", tag = "operations", responses((status = 200, body = dto::Health)))]
 pub async fn healthz() -> Response {
     ok(dto::Health { status: "ok".into() })
 }
 
+/// Readiness
+///
+/// Answers `200` when the database answers a query, `503` otherwise.
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses((status = 200, body = dto::Health), (status = 503, body = ErrorBody)))]
 pub async fn readyz(State(s): State<AppState>) -> ApiResult {
@@ -721,6 +872,10 @@ pub async fn readyz(State(s): State<AppState>) -> ApiResult {
     Ok(ok(dto::Health { status: "ready".into() }))
 }
 
+/// Prometheus metrics
+///
+/// Request counts and latencies by route, long-polls waiting, rate-limited requests, retries of
+/// database transactions, in the Prometheus text format.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(s): State<AppState>) -> ApiResult {

@@ -6,14 +6,18 @@
 //! - [`error`]: `ApiError`, the spec's error body and status codes.
 //! - [`auth`]: bearer tokens and roles.
 //! - `extract`: JSON and query extractors whose rejections are the spec's errors.
+//! - [`console`]: the operator console at `/console` (server-rendered pages, sessions, CSRF).
+//! - `reference`: the API reference at `/docs` (Redoc, embedded) over `/openapi.json`.
 
 pub mod app;
 pub mod auth;
+pub mod console;
 pub mod dto;
 pub mod error;
 mod extract;
 mod handlers;
 pub mod limits;
+mod reference;
 
 pub use app::{AppState, Application, HttpLimits, StartError, openapi, router};
 pub use auth::{Role, Tokens};

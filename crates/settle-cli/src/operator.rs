@@ -88,6 +88,7 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                 kind: kind.as_deref().map(JobKind::parse).transpose()?,
                 account_id: account.as_deref().map(AccountId::parse).transpose()?,
                 fail_code: fail_code.as_deref().map(FailCode::parse).transpose()?,
+                id_prefix: None,
             };
             let mut page = Page { after: 0, limit: limit.clamp(1, 1000) };
             let mut shown = 0u32;

@@ -11,6 +11,7 @@
 
 pub mod artifacts;
 mod audit;
+mod console;
 pub use audit::AuditProgress;
 pub mod db;
 mod engine;

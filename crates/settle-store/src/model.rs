@@ -131,10 +131,73 @@ pub struct JobFilter {
     pub kind: Option<JobKind>,
     pub account_id: Option<AccountId>,
     pub fail_code: Option<FailCode>,
+    /// Jobs whose id starts with this (an id's characters, 1 to 128 of them).
+    pub id_prefix: Option<String>,
 }
 
 impl JobFilter {
-    pub const ALL: JobFilter = JobFilter { state: None, kind: None, account_id: None, fail_code: None };
+    pub const ALL: JobFilter =
+        JobFilter { state: None, kind: None, account_id: None, fail_code: None, id_prefix: None };
+}
+
+/// How many jobs a filter matches and the credits they carry: what a bulk action will touch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JobTotals {
+    pub jobs: i64,
+    /// The sum of their costs, in credits.
+    pub cost: i64,
+    /// What they cost their accounts now (the sum of their ledger entries, ≤ 0).
+    pub net: i64,
+}
+
+/// The operator's overview, read in one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Overview {
+    /// Jobs by kind and state (kind, state, count), every pair that has jobs.
+    pub jobs: Vec<(String, JobState, i64)>,
+    /// Queued jobs whose `not_before` has passed: work waiting for a worker.
+    pub due: i64,
+    /// Events per minute, oldest first, over the window asked for (at most the latest
+    /// `OVERVIEW_EVENTS_MAX` events are counted).
+    pub per_minute: Vec<(Timestamp, i64)>,
+    /// Whether the window held more events than were counted.
+    pub per_minute_truncated: bool,
+}
+
+/// How many recent events the overview's throughput chart counts at most.
+pub const OVERVIEW_EVENTS_MAX: i64 = 200_000;
+
+/// An artifact as registered by a job's worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArtifactRecord {
+    pub item_id: String,
+    pub key: String,
+    pub created_at: Timestamp,
+}
+
+/// What happened to a job and to its credits, for the console's job page.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct JobHistory {
+    /// Its ledger entries (charges, refunds, reclaims), in `seq` order.
+    pub entries: Vec<LedgerEntry>,
+    /// Its events, in `seq` order (at most 1,000).
+    pub events: Vec<Event>,
+    pub artifacts: Vec<ArtifactRecord>,
+}
+
+/// An account with what the ledger holds against it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountDetail {
+    pub account: Account,
+    /// Credits that later refunds and returns could still add back (running jobs, withdrawals).
+    pub held: i64,
+    /// Credits that a later success could still reclaim (refunds of failed attempts).
+    pub exposure: i64,
+    /// How many ledger entries the account has.
+    pub entries: i64,
+    /// The account's hash chain, recomputed from its entries: `None` when intact, else the first
+    /// entry whose hash does not follow.
+    pub chain_break: Option<i64>,
 }
 
 /// `after` is the opaque cursor of the previous page (a sequence number), `limit` ≤ `PAGE_LIMIT_MAX`.

@@ -51,22 +51,7 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
     let limit = page_limit(page.limit);
     let mut sql = format!("SELECT {} FROM jobs WHERE job_seq > $1", ops::JobCol::LIST);
     let mut a: Vec<Value> = vec![page.after.into()];
-    let mut add = |sql: &mut String, column: &str, v: Value| {
-        a.push(v);
-        sql.push_str(&format!(" AND {column} = ${}", a.len()));
-    };
-    if let Some(s) = filter.state {
-        add(&mut sql, "state", s.as_str().into());
-    }
-    if let Some(k) = &filter.kind {
-        add(&mut sql, "kind", k.as_str().into());
-    }
-    if let Some(acc) = &filter.account_id {
-        add(&mut sql, "account_id", acc.as_str().into());
-    }
-    if let Some(code) = &filter.fail_code {
-        add(&mut sql, "last_error_code", code.as_str().into());
-    }
+    sql.push_str(&crate::console::filter_sql(filter, &mut a));
     a.push(limit.into());
     sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
     let rows = db.all_built(sql, &a).await?;

@@ -179,6 +179,30 @@ pub trait Store: Send + Sync {
         after: i64,
         limit: u32,
     ) -> Result<Paged<Delivery>, StoreError>;
+
+    // ----- the operator console's reads and actions -----
+
+    /// Cancel, as an operator: as `cancel`, and recorded with `actor` in the action log when it
+    /// moved the job.
+    async fn cancel_by(&self, job: &JobId, actor: &str) -> Result<CancelOutcome, StoreError>;
+    /// Jobs by kind and state, the due count, and events per minute from `since` to now.
+    async fn overview(&self, since: settle_core::Timestamp) -> Result<Overview, StoreError>;
+    /// How many jobs `filter` matches and the credits they carry (what a bulk action touches).
+    async fn job_totals(&self, filter: &JobFilter) -> Result<JobTotals, StoreError>;
+    /// A job's ledger entries, events and artifacts.
+    async fn job_history(&self, job: &JobId) -> Result<JobHistory, StoreError>;
+    /// An account with its holds, its number of entries and its hash chain checked.
+    async fn account_detail(&self, account: &AccountId) -> Result<AccountDetail, StoreError>;
+    /// Undelivered webhook deliveries by endpoint: (endpoint, pending, dead).
+    async fn webhook_backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError>;
+    /// A page of an account's entries, optionally of one kind and from a time on.
+    async fn entries(
+        &self,
+        account: &AccountId,
+        kind: Option<settle_core::ledger::EntryKind>,
+        since: Option<settle_core::Timestamp>,
+        page: Page,
+    ) -> Result<Paged<LedgerEntry>, StoreError>;
 }
 
 /// Withdrawals (spec §4, docs/design/payouts.md). Only the payout processor and reconciler call the

@@ -446,6 +446,16 @@ async fn audit_and_operations(e: Engine) {
     }
     let r = s.get("/openapi.json").await;
     assert!(r.body["paths"]["/v1/jobs/{id}/cancel"]["post"].is_object());
+    // The API reference: a page, its scripts from this server (Redoc embedded, no CDN).
+    let page = reqwest::get(format!("{}/docs", s.base)).await.unwrap();
+    assert_eq!(page.status(), 200);
+    let policy = page.headers()["content-security-policy"].to_str().unwrap().to_owned();
+    assert!(policy.contains("script-src 'self'"), "{policy}");
+    let html = page.text().await.unwrap();
+    assert!(html.contains(r#"<script src="/docs/redoc.standalone.js">"#) && !html.contains("https://"), "{html}");
+    let bundle = reqwest::get(format!("{}/docs/redoc.standalone.js", s.base)).await.unwrap();
+    assert_eq!(bundle.headers()["content-type"], "text/javascript; charset=utf-8");
+    assert!(bundle.bytes().await.unwrap().len() > 500_000, "the Redoc bundle is served whole");
     let r = s.get("/v1/nothing-here").await;
     assert_eq!((r.status, code(&r)), (404, "not_found"));
     assert_eq!(s.send("DELETE", "/v1/jobs/j", None, None).await.status, 405);

@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod api;
+mod console;
 mod events;
 mod http_limits;
 mod kit;

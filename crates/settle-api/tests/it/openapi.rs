@@ -45,3 +45,70 @@ fn openapi_lists_every_path_of_the_spec() {
         assert!(paths.get(path).and_then(|p| p.get(method)).is_some(), "{method} {path} missing");
     }
 }
+
+#[test]
+fn every_operation_has_a_summary_and_a_description() {
+    let doc = serde_json::to_value(settle_api::openapi()).unwrap();
+    let mut bare = Vec::new();
+    let mut count = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            count += 1;
+            let text = |field: &str| op.get(field).and_then(|v| v.as_str()).map(str::trim).unwrap_or("");
+            let (summary, description) = (text("summary"), text("description"));
+            if summary.is_empty() || description.is_empty() || summary == description {
+                bare.push(format!("{method} {path}"));
+            }
+        }
+    }
+    assert!(count >= 30, "only {count} operations: the document lost its paths");
+    assert!(bare.is_empty(), "operations without both a summary and a distinct description: {bare:?}");
+}
+
+#[test]
+fn every_schema_field_has_a_description() {
+    let doc = serde_json::to_value(settle_api::openapi()).unwrap();
+    let mut bare = Vec::new();
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for (name, schema) in schemas {
+        // A flattened type (`Withdrawal`, `ClaimedJob`) is an `allOf` of its parts.
+        let parts: Vec<&serde_json::Value> = match schema.get("allOf").and_then(|a| a.as_array()) {
+            Some(all) => all.iter().collect(),
+            None => vec![schema],
+        };
+        for part in parts {
+            for (field, property) in part.get("properties").and_then(|p| p.as_object()).into_iter().flatten() {
+                let has = |v: &serde_json::Value| {
+                    v.get("description").and_then(|d| d.as_str()).is_some_and(|d| !d.trim().is_empty())
+                };
+                // An optional reference carries its description on the reference (`oneOf`).
+                let variants = property.get("oneOf").and_then(|o| o.as_array());
+                let described = has(property) || variants.is_some_and(|v| v.iter().any(has))
+                    // A list of a described schema: the list's items are that schema.
+                    || property.get("items").is_some_and(|i| i.get("$ref").is_some() && has(property));
+                if !described {
+                    bare.push(format!("{name}.{field}"));
+                }
+            }
+        }
+    }
+    assert!(schemas.len() >= 20, "only {} schemas", schemas.len());
+    assert!(bare.is_empty(), "schema fields without a description: {bare:?}");
+}
+
+#[test]
+fn every_query_parameter_has_a_description() {
+    let doc = serde_json::to_value(settle_api::openapi()).unwrap();
+    let mut bare = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            for p in op.get("parameters").and_then(|p| p.as_array()).into_iter().flatten() {
+                let described = p.get("description").and_then(|d| d.as_str()).is_some_and(|d| !d.trim().is_empty());
+                if p["in"] == "query" && !described {
+                    bare.push(format!("{method} {path} ?{}", p["name"].as_str().unwrap_or("?")));
+                }
+            }
+        }
+    }
+    assert!(bare.is_empty(), "query parameters without a description: {bare:?}");
+}

@@ -1,6 +1,6 @@
 //! Claims: due jobs leased to workers, each with a new attempt row, in one guarded UPDATE per job.
 
-use super::{Caller, Cx, JobCol, attach, emit, guard_hit, job_row, must_read_job};
+use super::{Caller, Cx, JobCol, attach, emit, guard_hit, job_row};
 use crate::db::{Db, Engine, args};
 use crate::error::StoreError;
 use crate::model::*;
@@ -104,7 +104,7 @@ pub(crate) async fn claim(
         .await?;
         let job = attach(db, cx, row).await?;
         #[cfg(debug_assertions)]
-        assert_eq!(job, must_read_job(db, cx, &job_id).await?, "a claimed job's answer must be what was stored");
+        assert_eq!(job, super::must_read_job(db, cx, &job_id).await?, "a claimed job's answer must be what was stored");
         emit(
             db,
             cx,

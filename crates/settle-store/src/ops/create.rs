@@ -1,7 +1,7 @@
 //! Creating a job: validated, fingerprinted for create-by-id replays, its items inserted and charged
 //! one ledger line each, in one transaction with its `job.queued` event.
 
-use super::{BalanceCheck, Cx, Holds, Line, attach, emit, guard_hit, lock_job, must_read_job, next_seq, post};
+use super::{BalanceCheck, Cx, Holds, Line, attach, emit, guard_hit, lock_job, next_seq, post};
 use crate::db::{Db, Engine, args};
 use crate::error::StoreError;
 use crate::model::*;
@@ -185,7 +185,7 @@ pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8;
     };
     #[cfg(debug_assertions)]
     {
-        let stored = must_read_job(db, cx, req.id.as_str()).await?;
+        let stored = super::must_read_job(db, cx, req.id.as_str()).await?;
         assert_eq!(job, stored, "a created job's answer must be what was stored");
     }
     Ok(job)

@@ -167,6 +167,7 @@ impl Store for SqlStore {
     }
 
     async fn jobs(&self, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
+        crate::console::check_filter(filter)?;
         let filter = filter.clone();
         self.read(op!([filter] | db, cx | reads::jobs(db, cx, &filter, page).await)).await
     }
@@ -288,24 +289,7 @@ impl Store for SqlStore {
     }
 
     async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError> {
-        let id = job.clone();
-        let (job, after) = self.write(op!([id] | db, cx | ops::cancel(db, cx, &id).await)).await?;
-        self.crash_point(CrashPoint::AfterCommit)?;
-        let job = match after {
-            After::Nothing => job,
-            After::Teardown => match self.finish_teardown(&job.id).await {
-                Ok(done) => done,
-                Err(StoreError::CleanupFailed { job: id, message }) => {
-                    tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");
-                    return Ok(CancelOutcome::Accepted(self.job(&JobId::parse(&id)?).await?));
-                }
-                Err(e) => return Err(e),
-            },
-        };
-        Ok(match job.state {
-            settle_core::job::JobState::Cancelled => CancelOutcome::Cancelled(job),
-            _ => CancelOutcome::Accepted(job),
-        })
+        self.cancel_as(job, None).await
     }
 
     async fn requeue_by(&self, job: &JobId, actor: &str) -> Result<Job, StoreError> {
@@ -560,5 +544,45 @@ impl Store for SqlStore {
     ) -> Result<Paged<Delivery>, StoreError> {
         let filter = filter.clone();
         self.read(op!([filter] | db, _cx | webhooks::list(db, &filter, after, limit).await)).await
+    }
+
+    async fn cancel_by(&self, job: &JobId, actor: &str) -> Result<CancelOutcome, StoreError> {
+        self.cancel_as(job, Some(actor)).await
+    }
+
+    async fn overview(&self, since: settle_core::Timestamp) -> Result<Overview, StoreError> {
+        let now = self.now();
+        self.read(op!([] | db, _cx | crate::console::overview(db, now, since).await)).await
+    }
+
+    async fn job_totals(&self, filter: &JobFilter) -> Result<JobTotals, StoreError> {
+        crate::console::check_filter(filter)?;
+        let filter = filter.clone();
+        self.read(op!([filter] | db, _cx | crate::console::job_totals(db, &filter).await)).await
+    }
+
+    async fn job_history(&self, job: &JobId) -> Result<JobHistory, StoreError> {
+        let id = job.clone();
+        self.read(op!([id] | db, cx | crate::console::job_history(db, cx, id.as_str()).await)).await
+    }
+
+    async fn account_detail(&self, account: &AccountId) -> Result<AccountDetail, StoreError> {
+        let id = account.clone();
+        self.read(op!([id] | db, _cx | crate::console::account_detail(db, id.as_str()).await)).await
+    }
+
+    async fn entries(
+        &self,
+        account: &AccountId,
+        kind: Option<EntryKind>,
+        since: Option<settle_core::Timestamp>,
+        page: Page,
+    ) -> Result<Paged<LedgerEntry>, StoreError> {
+        let id = account.clone();
+        self.read(op!([id] | db, _cx | crate::console::entries(db, id.as_str(), kind, since, page).await)).await
+    }
+
+    async fn webhook_backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
+        self.read(op!([] | db, _cx | crate::console::webhook_backlog(db).await)).await
     }
 }

@@ -56,4 +56,43 @@ impl SqlStore {
             },
         }
     }
+
+    /// Cancel, per the spec's table, then teardown steps 2–3 if step 1 left the job `cancelling`.
+    /// With an `actor`, a cancel that moved the job is recorded in the action log, in its transaction.
+    pub(super) async fn cancel_as(&self, job: &JobId, actor: Option<&str>) -> Result<CancelOutcome, StoreError> {
+        let (id, actor) = (job.clone(), actor.map(str::to_owned));
+        let (job, after) = self
+            .write(op!(
+                [id, actor] | db,
+                cx | {
+                    let before = ops::must_lock_job(db, id.as_str()).await?;
+                    let (job, after) = ops::cancel(db, cx, &id).await?;
+                    if let Some(actor) = &actor
+                        && (job.state != before.state || job.cancel_requested != before.cancel_requested)
+                    {
+                        let detail = serde_json::json!({ "from": before.state.as_str(), "to": job.state.as_str() });
+                        ops::record_action(db, cx, actor, "cancel", Some(id.as_str()), Some(&job.account_id), detail)
+                            .await?;
+                    }
+                    Ok((job, after))
+                }
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        let job = match after {
+            After::Nothing => job,
+            After::Teardown => match self.finish_teardown(&job.id).await {
+                Ok(done) => done,
+                Err(StoreError::CleanupFailed { job: id, message }) => {
+                    tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");
+                    return Ok(CancelOutcome::Accepted(self.job(&JobId::parse(&id)?).await?));
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        Ok(match job.state {
+            settle_core::job::JobState::Cancelled => CancelOutcome::Cancelled(job),
+            _ => CancelOutcome::Accepted(job),
+        })
+    }
 }

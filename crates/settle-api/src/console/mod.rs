@@ -1,0 +1,518 @@
+//! The operator console at `/console`: where did a customer's credits go, what happened to a job,
+//! and what is stuck — and, for admin tokens, the actions that unstick it.
+//!
+//! Server-rendered HTML (`pages`), sessions and CSRF (`session`); every read and action goes
+//! through the same `Store` the API uses. Every action is a POST carrying the session's CSRF token,
+//! refused (`403`) for client tokens, and recorded in the action log with the token's name.
+
+pub mod pages;
+pub mod session;
+
+use crate::app::AppState;
+use crate::auth::Role;
+use crate::error::ApiError;
+use axum::Router;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use maud::Markup;
+use serde::Deserialize;
+use session::Session;
+use settle_core::Timestamp;
+use settle_core::ids::{AccountId, FailCode, JobId, JobKind};
+use settle_core::job::JobState;
+use settle_core::ledger::EntryKind;
+use settle_store::{CancelOutcome, DeliveryFilter, JobFilter, Page, StoreError, WithdrawalFilter};
+
+pub use session::SessionKey;
+
+/// Jobs a page lists.
+const PAGE_JOBS: u32 = 100;
+/// Jobs one bulk submission acts on at most; the rest take another submission.
+pub const BULK_MAX: u32 = 5_000;
+
+const CSS: &str = include_str!("../../assets/console/console.css");
+const JS: &str = include_str!("../../assets/console/console.js");
+
+/// Pages run only this server's scripts and styles, and cannot be framed.
+const POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+     connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/console", get(overview))
+        .route("/console/", get(|| async { Redirect::permanent("/console") }))
+        .route("/console/login", get(login_form).post(login))
+        .route("/console/logout", post(logout))
+        .route("/console/find", get(find))
+        .route("/console/jobs", get(jobs))
+        .route("/console/jobs/{id}", get(job))
+        .route("/console/jobs/{id}/requeue", post(requeue))
+        .route("/console/jobs/{id}/cancel", post(cancel))
+        .route("/console/bulk", get(bulk_confirm).post(bulk))
+        .route("/console/accounts/{id}", get(account))
+        .route("/console/withdrawals", get(withdrawals))
+        .route("/console/webhooks", get(webhooks))
+        .route("/console/webhooks/{endpoint}/{seq}/requeue", post(requeue_delivery))
+        .route("/console/audit", post(audit))
+        .route("/console/assets/console.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
+        .route("/console/assets/console.js", get(|| async { asset("text/javascript; charset=utf-8", JS) }))
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+/// A page: HTML with the console's security headers.
+fn page(status: StatusCode, markup: Markup) -> Response {
+    (
+        status,
+        [
+            (header::CONTENT_SECURITY_POLICY, POLICY),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "same-origin"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Html(markup.into_string()),
+    )
+        .into_response()
+}
+
+/// An error as a page, with the status the API would answer.
+fn error_page(session: Option<&Session>, e: impl Into<ApiError>) -> Refused {
+    let e = e.into();
+    let title = match e.status {
+        StatusCode::NOT_FOUND => "Not found",
+        StatusCode::FORBIDDEN => "Not allowed",
+        StatusCode::CONFLICT => "Not possible now",
+        StatusCode::BAD_REQUEST => "Not understood",
+        _ => "Something went wrong",
+    };
+    Refused(Box::new(page(e.status, pages::message(session, title, &e.message))))
+}
+
+/// A page that answers instead of the one asked for (an error, a refusal), boxed: a response is
+/// large for an error variant.
+struct Refused(Box<Response>);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+type PageResult = Result<Response, Refused>;
+
+/// What every action checks first: the CSRF token of this session, and an admin token.
+fn may_act(session: &Session, csrf: &str) -> Result<(), Refused> {
+    if !session.csrf_ok(csrf) {
+        tracing::warn!(actor = %session.actor, "console POST without this session's CSRF token refused");
+        return Err(error_page(
+            Some(session),
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "The form is stale or did not come from this console; reload the page.",
+            ),
+        ));
+    }
+    if !session.can_act() {
+        tracing::info!(actor = %session.actor, "console action by a read-only token refused");
+        return Err(error_page(
+            Some(session),
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "This token may look, not act: actions need an admin token.",
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+// ----- signing in ------------------------------------------------------------------------------
+
+async fn login_form(State(s): State<AppState>) -> Response {
+    if s.tokens.is_empty() {
+        return Redirect::to("/console").into_response();
+    }
+    page(StatusCode::OK, pages::login(None))
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    #[serde(default)]
+    token: String,
+}
+
+async fn login(State(s): State<AppState>, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
+    if s.tokens.is_empty() {
+        return Redirect::to("/console").into_response();
+    }
+    let refused = |why: &str| page(StatusCode::UNAUTHORIZED, pages::login(Some(why)));
+    let Some(actor) = s.tokens.actor_of(&f.token) else {
+        tracing::warn!("console sign-in with an unknown token refused");
+        // Slows guessing; tokens are long random strings, so this is a courtesy, not the defence.
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        return refused("That token is not valid here.");
+    };
+    if actor.role == Role::Worker {
+        return refused("Worker tokens do not open the console: sign in with an admin or client token.");
+    }
+    tracing::info!(actor = %actor, role = actor.role.name(), "console sign-in");
+    let https = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()) == Some("https");
+    let value = s.console_key.issue(&actor, session::now_unix() + session::SESSION_SECONDS);
+    ([(header::SET_COOKIE, session::set_cookie(&value, https))], Redirect::to("/console")).into_response()
+}
+
+async fn logout(session: Session, Form(f): Form<CsrfForm>) -> Response {
+    if !session.csrf_ok(&f.csrf) {
+        return error_page(
+            Some(&session),
+            ApiError::new(StatusCode::FORBIDDEN, "forbidden", "Reload the page and sign out again."),
+        )
+        .into_response();
+    }
+    ([(header::SET_COOKIE, session::clear_cookie())], Redirect::to("/console/login")).into_response()
+}
+
+// ----- reading --------------------------------------------------------------------------------
+
+async fn overview(State(s): State<AppState>, session: Session) -> PageResult {
+    let since = s.store.now().minus_seconds(3_600);
+    let err = |e: StoreError| error_page(Some(&session), e);
+    let o = s.store.overview(since).await.map_err(err)?;
+    let failures = s.store.failure_summary().await.map_err(err)?;
+    let webhooks = webhook_summary(&s).await.map_err(err)?;
+    Ok(page(StatusCode::OK, pages::overview(&session, &o, &failures, &webhooks)))
+}
+
+async fn webhook_summary(s: &AppState) -> Result<pages::WebhookSummary, StoreError> {
+    let backlog = s.store.webhook_backlog().await?;
+    let mut endpoints: Vec<(String, String, i64, i64)> =
+        s.store.webhook_breakers().await?.into_iter().map(|b| (b.endpoint_id, b.state, 0, 0)).collect();
+    for (endpoint, pending, dead) in backlog {
+        match endpoints.iter_mut().find(|e| e.0 == endpoint) {
+            Some(e) => (e.2, e.3) = (pending, dead),
+            None => endpoints.push((endpoint, "closed".into(), pending, dead)),
+        }
+    }
+    endpoints.sort();
+    Ok(pages::WebhookSummary { endpoints })
+}
+
+#[derive(Deserialize)]
+struct FindQuery {
+    #[serde(default)]
+    q: String,
+}
+
+/// The search box: a job id, else an account id, else the jobs whose id starts with it.
+async fn find(State(s): State<AppState>, _session: Session, Query(f): Query<FindQuery>) -> Response {
+    let q = f.q.trim();
+    if let Ok(id) = JobId::parse(q)
+        && s.store.job(&id).await.is_ok()
+    {
+        return Redirect::to(&format!("/console/jobs/{q}")).into_response();
+    }
+    if let Ok(id) = AccountId::parse(q)
+        && s.store.account(&id).await.is_ok()
+    {
+        return Redirect::to(&format!("/console/accounts/{q}")).into_response();
+    }
+    Redirect::to(&format!("/console/jobs?prefix={}", urlencode(q))).into_response()
+}
+
+/// The jobs list's query: the filter, as the form sends it, and the page.
+#[derive(Debug, Default, Deserialize)]
+pub struct JobsQuery {
+    pub state: Option<String>,
+    pub kind: Option<String>,
+    pub account: Option<String>,
+    pub fail_code: Option<String>,
+    pub prefix: Option<String>,
+    pub after: Option<i64>,
+}
+
+fn urlencode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn nonempty(v: &Option<String>) -> Option<&str> {
+    v.as_deref().map(str::trim).filter(|v| !v.is_empty())
+}
+
+impl JobsQuery {
+    /// The filter's part of a query string (no paging), to carry in links and forms.
+    pub fn filter_query(&self) -> String {
+        let pairs = [
+            ("state", &self.state),
+            ("kind", &self.kind),
+            ("account", &self.account),
+            ("fail_code", &self.fail_code),
+            ("prefix", &self.prefix),
+        ];
+        pairs
+            .iter()
+            .filter_map(|(k, v)| nonempty(v).map(|v| format!("{k}={}", urlencode(v))))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+
+    fn filter(&self) -> Result<JobFilter, ApiError> {
+        let bad = |what: &str| ApiError::invalid(format!("The {what} in the filter is not valid."));
+        Ok(JobFilter {
+            state: nonempty(&self.state).map(|s| JobState::parse(s).ok_or_else(|| bad("state"))).transpose()?,
+            kind: nonempty(&self.kind).map(|k| JobKind::parse(k).map_err(|_| bad("kind"))).transpose()?,
+            account_id: nonempty(&self.account).map(|a| AccountId::parse(a).map_err(|_| bad("account"))).transpose()?,
+            fail_code: nonempty(&self.fail_code)
+                .map(|c| FailCode::parse(c).map_err(|_| bad("fail code")))
+                .transpose()?,
+            id_prefix: nonempty(&self.prefix).map(str::to_owned),
+        })
+    }
+}
+
+async fn jobs(State(s): State<AppState>, session: Session, Query(q): Query<JobsQuery>) -> PageResult {
+    let err = |e: ApiError| error_page(Some(&session), e);
+    let filter = q.filter().map_err(err)?;
+    let page = s
+        .store
+        .jobs(&filter, Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS })
+        .await
+        .map_err(|e| err(e.into()))?;
+    let totals = s.store.job_totals(&filter).await.map_err(|e| err(e.into()))?;
+    Ok(self::page(StatusCode::OK, pages::jobs(&session, &q, &page.rows, page.next_after, &totals)))
+}
+
+fn job_id(session: &Session, id: &str) -> Result<JobId, Refused> {
+    JobId::parse(id).map_err(|_| error_page(Some(session), ApiError::not_found("No job has that id.")))
+}
+
+async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>) -> PageResult {
+    let id = job_id(&session, &id)?;
+    let err = |e: StoreError| error_page(Some(&session), e);
+    let job = s.store.job(&id).await.map_err(err)?;
+    let attempts = s.store.attempts(&id).await.map_err(err)?;
+    let signals = s.store.signals(&id).await.map_err(err)?;
+    let history = s.store.job_history(&id).await.map_err(err)?;
+    let actions = s.store.actions(Some(&id), None).await.map_err(err)?;
+    let p = pages::JobPage { job: &job, attempts: &attempts, signals: &signals, history: &history, actions: &actions };
+    Ok(page(StatusCode::OK, pages::job(&session, &p)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct EntriesQuery {
+    pub kind: Option<String>,
+    /// `YYYY-MM-DDTHH:MM` (a `datetime-local` field, read as UTC) or RFC 3339.
+    pub since: Option<String>,
+    pub after: Option<i64>,
+}
+
+fn parse_since(s: &str) -> Option<Timestamp> {
+    Timestamp::parse_rfc3339(s)
+        .or_else(|| Timestamp::parse_rfc3339(&format!("{s}:00Z")))
+        .or_else(|| Timestamp::parse_rfc3339(&format!("{s}Z")))
+}
+
+async fn account(
+    State(s): State<AppState>,
+    session: Session,
+    Path(id): Path<String>,
+    Query(q): Query<EntriesQuery>,
+) -> PageResult {
+    let err = |e: ApiError| error_page(Some(&session), e);
+    let id = AccountId::parse(&id).map_err(|_| err(ApiError::not_found("No account has that id.")))?;
+    let kind = nonempty(&q.kind)
+        .map(|k| EntryKind::parse(k).ok_or_else(|| ApiError::invalid("Unknown entry kind.")))
+        .transpose()
+        .map_err(err)?;
+    let since = nonempty(&q.since)
+        .map(|t| parse_since(t).ok_or_else(|| ApiError::invalid("The time is not a time (YYYY-MM-DDTHH:MM, UTC).")))
+        .transpose()
+        .map_err(err)?;
+    let detail = s.store.account_detail(&id).await.map_err(|e| err(e.into()))?;
+    let page = Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS };
+    let entries = s.store.entries(&id, kind, since, page).await.map_err(|e| err(e.into()))?;
+    let actions = s.store.actions(None, Some(&id)).await.map_err(|e| err(e.into()))?;
+    Ok(self::page(StatusCode::OK, pages::account(&session, &detail, &q, &entries.rows, entries.next_after, &actions)))
+}
+
+#[derive(Deserialize)]
+struct AfterQuery {
+    after: Option<i64>,
+}
+
+async fn withdrawals(State(s): State<AppState>, session: Session, Query(q): Query<AfterQuery>) -> PageResult {
+    let filter = WithdrawalFilter { state: None, account_id: None, updated_since: None };
+    let page = Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS };
+    let p = s.store.payouts().withdrawals(&filter, page).await.map_err(|e| error_page(Some(&session), e))?;
+    Ok(self::page(StatusCode::OK, pages::withdrawals(&session, &p.rows, p.next_after)))
+}
+
+async fn webhooks(State(s): State<AppState>, session: Session) -> PageResult {
+    let err = |e: StoreError| error_page(Some(&session), e);
+    let summary = webhook_summary(&s).await.map_err(err)?;
+    let filter = DeliveryFilter { endpoint_id: None, state: Some("dead".into()) };
+    let dead = s.store.webhook_deliveries(&filter, 0, PAGE_JOBS).await.map_err(err)?;
+    Ok(page(StatusCode::OK, pages::webhooks(&session, &summary, &dead.rows)))
+}
+
+// ----- acting ---------------------------------------------------------------------------------
+
+async fn requeue(
+    State(s): State<AppState>,
+    session: Session,
+    Path(id): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> PageResult {
+    may_act(&session, &f.csrf)?;
+    let id = job_id(&session, &id)?;
+    s.store.requeue_by(&id, &session.actor.name).await.map_err(|e| error_page(Some(&session), e))?;
+    tracing::info!(actor = %session.actor, job = %id, "console: requeue");
+    Ok(Redirect::to(&format!("/console/jobs/{id}")).into_response())
+}
+
+async fn cancel(
+    State(s): State<AppState>,
+    session: Session,
+    Path(id): Path<String>,
+    Form(f): Form<CsrfForm>,
+) -> PageResult {
+    may_act(&session, &f.csrf)?;
+    let id = job_id(&session, &id)?;
+    s.store.cancel_by(&id, &session.actor.name).await.map_err(|e| error_page(Some(&session), e))?;
+    tracing::info!(actor = %session.actor, job = %id, "console: cancel");
+    Ok(Redirect::to(&format!("/console/jobs/{id}")).into_response())
+}
+
+async fn requeue_delivery(
+    State(s): State<AppState>,
+    session: Session,
+    Path((endpoint, seq)): Path<(String, i64)>,
+    Form(f): Form<CsrfForm>,
+) -> PageResult {
+    may_act(&session, &f.csrf)?;
+    s.store.webhook_requeue_by(&endpoint, seq, &session.actor.name).await.map_err(|e| error_page(Some(&session), e))?;
+    Ok(Redirect::to("/console/webhooks").into_response())
+}
+
+async fn audit(State(s): State<AppState>, session: Session, Form(f): Form<CsrfForm>) -> PageResult {
+    may_act(&session, &f.csrf)?;
+    let report = s.store.audit().await.map_err(|e| error_page(Some(&session), e))?;
+    tracing::info!(actor = %session.actor, ok = report.violations.is_empty(), "console: audit");
+    Ok(page(StatusCode::OK, pages::audit(&session, &report)))
+}
+
+#[derive(Deserialize)]
+struct BulkQuery {
+    action: String,
+    #[serde(flatten)]
+    jobs: JobsQuery,
+}
+
+fn bulk_action(session: &Session, action: &str) -> Result<&'static str, Refused> {
+    match action {
+        "requeue" => Ok("requeue"),
+        "cancel" => Ok("cancel"),
+        _ => Err(error_page(Some(session), ApiError::invalid("A bulk action is requeue or cancel."))),
+    }
+}
+
+/// The filter a bulk action may take: requeue only dead jobs, cancel only queued or running ones.
+fn bulk_filter(session: &Session, action: &str, q: &JobsQuery) -> Result<JobFilter, Refused> {
+    let filter = q.filter().map_err(|e| error_page(Some(session), e))?;
+    let allowed = match action {
+        "requeue" => filter.state == Some(JobState::Dead),
+        _ => matches!(filter.state, Some(JobState::Queued | JobState::Running)),
+    };
+    if !allowed {
+        let why = if action == "requeue" {
+            "Bulk requeue takes dead jobs: filter by state dead."
+        } else {
+            "Bulk cancel takes queued or running jobs: filter by one of those states."
+        };
+        return Err(error_page(Some(session), ApiError::invalid(why)));
+    }
+    Ok(filter)
+}
+
+async fn bulk_confirm(State(s): State<AppState>, session: Session, Query(q): Query<BulkQuery>) -> PageResult {
+    if !session.can_act() {
+        return Err(error_page(
+            Some(&session),
+            ApiError::new(StatusCode::FORBIDDEN, "forbidden", "Bulk actions need an admin token."),
+        ));
+    }
+    let action = bulk_action(&session, &q.action)?;
+    let filter = bulk_filter(&session, action, &q.jobs)?;
+    let totals = s.store.job_totals(&filter).await.map_err(|e| error_page(Some(&session), e))?;
+    Ok(page(StatusCode::OK, pages::bulk_confirm(&session, action, &filter, &q.jobs.filter_query(), &totals)))
+}
+
+#[derive(Deserialize)]
+struct BulkForm {
+    #[serde(default)]
+    csrf: String,
+    action: String,
+    /// The filter as a query string (`state=dead&kind=render`), as the confirmation page carried it.
+    filter: String,
+}
+
+/// Acts on every job the filter matches, up to `BULK_MAX`, each in its own transaction (each
+/// recorded in the action log), walking the matching jobs in creation order.
+async fn bulk(State(s): State<AppState>, session: Session, Form(f): Form<BulkForm>) -> PageResult {
+    may_act(&session, &f.csrf)?;
+    let action = bulk_action(&session, &f.action)?;
+    let q: JobsQuery = serde_urlencoded_query(&f.filter).map_err(|e| error_page(Some(&session), e))?;
+    let filter = bulk_filter(&session, action, &q)?;
+    let (mut done, mut skipped, mut after) = (0u64, Vec::new(), 0i64);
+    'pages: loop {
+        let page =
+            s.store.jobs(&filter, Page { after, limit: 500 }).await.map_err(|e| error_page(Some(&session), e))?;
+        for job in &page.rows {
+            if done + skipped.len() as u64 >= u64::from(BULK_MAX) {
+                break 'pages;
+            }
+            let id = JobId::parse(&job.id).map_err(|_| error_page(Some(&session), ApiError::invalid("bad job id")))?;
+            let outcome = match action {
+                "requeue" => s.store.requeue_by(&id, &session.actor.name).await.map(|_| ()),
+                _ => s.store.cancel_by(&id, &session.actor.name).await.map(|o: CancelOutcome| drop(o)),
+            };
+            match outcome {
+                Ok(()) => done += 1,
+                Err(e) => skipped.push((job.id.clone(), ApiError::from(e).message)),
+            }
+        }
+        match page.next_after {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    let remaining = s.store.job_totals(&filter).await.map(|t| t.jobs).unwrap_or(0);
+    tracing::info!(actor = %session.actor, action, filter = %f.filter, done, skipped = skipped.len(), "console: bulk action");
+    // A cancel of a running job leaves it running (cancel requested): it still matches.
+    let remaining = if filter.state == Some(JobState::Running) { 0 } else { remaining };
+    Ok(page(StatusCode::OK, pages::bulk_done(&session, action, done, &skipped, remaining)))
+}
+
+fn serde_urlencoded_query(text: &str) -> Result<JobsQuery, ApiError> {
+    let uri: axum::http::Uri =
+        format!("/?{text}").parse().map_err(|_| ApiError::invalid("The filter is not a query string."))?;
+    Query::<JobsQuery>::try_from_uri(&uri).map(|q| q.0).map_err(|_| ApiError::invalid("The filter is not valid."))
+}

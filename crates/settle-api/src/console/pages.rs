@@ -1,0 +1,761 @@
+//! The console's HTML, server-rendered with maud (every interpolation escaped). No page loads
+//! anything from another origin: the stylesheet and the one script are served by `settle serve`.
+
+use super::session::Session;
+use maud::{DOCTYPE, Markup, html};
+use settle_core::Timestamp;
+use settle_core::job::JobState;
+use settle_store::{
+    AccountDetail, Action, Attempt, Job, JobFilter, JobHistory, JobTotals, LedgerEntry, Overview, SignalRecord,
+};
+
+/// Credits with thousands separators: `-1,250`.
+pub fn credits(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 { format!("-{out}") } else { out }
+}
+
+/// A time as operators read it: `2026-12-01 04:17:20Z`.
+pub fn time(t: Timestamp) -> String {
+    let s = t.rfc3339();
+    let s = s.replacen('T', " ", 1);
+    match s.find('.') {
+        Some(dot) => format!("{}Z", &s[..dot]),
+        None => s,
+    }
+}
+
+fn state_badge(state: JobState) -> Markup {
+    html! { span class={ "badge s-" (state.as_str()) } { (state.as_str()) } }
+}
+
+fn signed(n: i64) -> Markup {
+    let class = if n < 0 {
+        "neg"
+    } else if n > 0 {
+        "pos"
+    } else {
+        ""
+    };
+    html! { span class=(class) { (if n > 0 { "+" } else { "" }) (credits(n)) } }
+}
+
+/// The page frame: navigation, who is signed in, and the page's own content.
+pub fn layout(title: &str, session: Option<&Session>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · Settle" }
+                link rel="stylesheet" href="/console/assets/console.css";
+                script src="/console/assets/console.js" defer {}
+            }
+            body {
+                header class="top" {
+                    a class="brand" href="/console" { "Settle" }
+                    @if let Some(s) = session {
+                        nav {
+                            a href="/console" { "Overview" }
+                            a href="/console/jobs" { "Jobs" }
+                            a href="/console/jobs?state=dead" { "Dead letters" }
+                            a href="/console/withdrawals" { "Withdrawals" }
+                            a href="/console/webhooks" { "Webhooks" }
+                            a href="/docs" { "API reference" }
+                        }
+                        form class="find" method="get" action="/console/find" {
+                            input type="search" name="q" placeholder="job or account id" aria-label="Find a job or account";
+                        }
+                        div class="who" {
+                            span class={ "role r-" (s.actor.role.name()) } title="who is signed in" {
+                                (s.actor.name) " · " (s.actor.role.name())
+                            }
+                            @if !s.loopback {
+                                form method="post" action="/console/logout" class="inline" {
+                                    input type="hidden" name="csrf" value=(s.csrf);
+                                    button type="submit" class="link" { "Sign out" }
+                                }
+                            }
+                        }
+                    }
+                }
+                main { (body) }
+            }
+        }
+    }
+}
+
+pub fn login(error: Option<&str>) -> Markup {
+    layout(
+        "Sign in",
+        None,
+        html! {
+            section class="card narrow" {
+                h1 { "Sign in" }
+                p class="muted" { "With an admin or client token of this server. Client tokens see; admin tokens may act." }
+                @if let Some(e) = error { p class="error" role="alert" { (e) } }
+                form method="post" action="/console/login" {
+                    label for="token" { "Token" }
+                    input id="token" type="password" name="token" autocomplete="current-password" required autofocus;
+                    button type="submit" { "Sign in" }
+                }
+            }
+        },
+    )
+}
+
+pub fn message(session: Option<&Session>, title: &str, text: &str) -> Markup {
+    layout(
+        title,
+        session,
+        html! { section class="card" { h1 { (title) } p { (text) } p { a href="/console" { "Back to the overview" } } } },
+    )
+}
+
+/// A hidden CSRF field and a button, as one POST form.
+fn action_button(session: &Session, action: &str, label: &str, confirm: Option<&str>, danger: bool) -> Markup {
+    html! {
+        form method="post" action=(action) class="inline" data-confirm=[confirm] {
+            input type="hidden" name="csrf" value=(session.csrf);
+            button type="submit" class=(if danger { "danger" } else { "" }) { (label) }
+        }
+    }
+}
+
+/// The overview's live part (replaced in place by the page's refresh).
+pub fn overview(
+    session: &Session,
+    o: &Overview,
+    failures: &[settle_store::FailureCount],
+    webhooks: &WebhookSummary,
+) -> Markup {
+    let total = |state: JobState| o.jobs.iter().filter(|(_, s, _)| *s == state).map(|(_, _, n)| n).sum::<i64>();
+    let mut kinds: Vec<&str> = o.jobs.iter().map(|(k, _, _)| k.as_str()).collect();
+    kinds.dedup();
+    let count = |kind: &str, state: JobState| {
+        o.jobs.iter().find(|(k, s, _)| k == kind && *s == state).map(|(_, _, n)| *n).unwrap_or(0)
+    };
+    let body = html! {
+        div id="live" data-refresh="5" {
+            h1 { "Overview" }
+            section class="tiles" {
+                a class="tile" href="/console/jobs?state=queued" { span class="n" { (credits(o.due)) } span { "due now" } }
+                a class="tile" href="/console/jobs?state=running" { span class="n" { (credits(total(JobState::Running))) } span { "running" } }
+                a class={ "tile" @if total(JobState::Dead) > 0 { " warn" } } href="/console/jobs?state=dead" {
+                    span class="n" { (credits(total(JobState::Dead))) } span { "dead letters" }
+                }
+                a class={ "tile" @if total(JobState::Unknown) > 0 { " warn" } } href="/console/jobs?state=unknown" {
+                    span class="n" { (credits(total(JobState::Unknown))) } span { "unknown, for the reconciler" }
+                }
+                a class="tile" href="/console/jobs?state=cancelling" { span class="n" { (credits(total(JobState::Cancelling))) } span { "cancelling" } }
+            }
+            section class="card" {
+                h2 { "Transitions per minute, last hour" }
+                (chart(&o.per_minute))
+                @if o.per_minute_truncated { p class="muted" { "Counted from the latest " (credits(settle_store::OVERVIEW_EVENTS_MAX)) " events." } }
+            }
+            section class="card" {
+                h2 { "Jobs by kind and state" }
+                div class="scroll" {
+                    table {
+                        thead { tr { th { "kind" } @for s in JobState::ALL { th class="num" { (s.as_str()) } } } }
+                        tbody {
+                            @for k in &kinds {
+                                tr {
+                                    td { a href={ "/console/jobs?kind=" (k) } { (k) } }
+                                    @for s in JobState::ALL {
+                                        td class="num" {
+                                            @let n = count(k, s);
+                                            @if n > 0 { a href={ "/console/jobs?kind=" (k) "&state=" (s.as_str()) } { (credits(n)) } } @else { span class="muted" { "·" } }
+                                        }
+                                    }
+                                }
+                            }
+                            @if kinds.is_empty() { tr { td colspan="9" class="muted" { "No jobs yet." } } }
+                        }
+                    }
+                }
+            }
+            section class="card" {
+                h2 { "Failures by code" }
+                p class="muted" { "Jobs now dead, unknown or waiting to retry, by their last fail code." }
+                table {
+                    thead { tr { th { "code" } th { "state" } th class="num" { "jobs" } } }
+                    tbody {
+                        @for f in failures {
+                            tr {
+                                td { a href={ "/console/jobs?fail_code=" (f.code) } { code { (f.code) } } }
+                                td { (f.state) }
+                                td class="num" { (credits(f.count)) }
+                            }
+                        }
+                        @if failures.is_empty() { tr { td colspan="3" class="muted" { "No failures." } } }
+                    }
+                }
+            }
+            section class="card" {
+                h2 { a href="/console/webhooks" { "Webhook endpoints" } }
+                table {
+                    thead { tr { th { "endpoint" } th { "breaker" } th class="num" { "pending" } th class="num" { "dead" } } }
+                    tbody {
+                        @for e in &webhooks.endpoints {
+                            tr { td { (e.0) } td { (e.1) } td class="num" { (credits(e.2)) } td class="num" { (credits(e.3)) } }
+                        }
+                        @if webhooks.endpoints.is_empty() { tr { td colspan="4" class="muted" { "No webhook endpoints configured." } } }
+                    }
+                }
+            }
+            @if session.can_act() {
+                section class="card" {
+                    h2 { "Audit" }
+                    p class="muted" { "Recompute L1–L4 from the stored rows (every balance, item, chain and event)." }
+                    (action_button(session, "/console/audit", "Run settle audit", None, false))
+                }
+            }
+        }
+    };
+    layout("Overview", Some(session), body)
+}
+
+/// Endpoint, breaker state, pending deliveries, dead deliveries.
+#[derive(Default)]
+pub struct WebhookSummary {
+    pub endpoints: Vec<(String, String, i64, i64)>,
+}
+
+/// Bars of events per minute, as an inline SVG (no script).
+fn chart(per_minute: &[(Timestamp, i64)]) -> Markup {
+    let max = per_minute.iter().map(|(_, n)| *n).max().unwrap_or(0).max(1);
+    let (w, h) = (600.0_f64, 120.0_f64);
+    let bar = w / per_minute.len().max(1) as f64;
+    let total: i64 = per_minute.iter().map(|(_, n)| n).sum();
+    html! {
+        svg class="chart" viewBox={ "0 0 " (w) " " (h + 16.0) } role="img" aria-label={ (credits(total)) " transitions in the last hour" } {
+            @for (i, (at, n)) in per_minute.iter().enumerate() {
+                @let bh = (*n as f64 / max as f64) * h;
+                rect x=(format!("{:.1}", i as f64 * bar)) y=(format!("{:.1}", h - bh)) width=(format!("{:.1}", (bar - 1.0).max(1.0))) height=(format!("{:.1}", bh)) {
+                    title { (time(*at)) ": " (n) }
+                }
+            }
+            text x="0" y=(h + 14.0) { "−60 min" }
+            text x=(w) y=(h + 14.0) text-anchor="end" { "now · peak " (credits(max)) "/min · " (credits(total)) " in all" }
+        }
+    }
+}
+
+/// The jobs list with its filter and, for admins, the bulk actions on everything it matches.
+pub fn jobs(session: &Session, q: &super::JobsQuery, page: &[Job], next: Option<i64>, totals: &JobTotals) -> Markup {
+    let filter_qs = q.filter_query();
+    let body = html! {
+        h1 { "Jobs" }
+        form class="filters" method="get" action="/console/jobs" {
+            label { "state " select name="state" {
+                option value="" { "any" }
+                @for s in JobState::ALL { option value=(s.as_str()) selected[q.state.as_deref() == Some(s.as_str())] { (s.as_str()) } }
+            } }
+            label { "kind " input name="kind" value=[q.kind.as_deref()] size="12"; }
+            label { "account " input name="account" value=[q.account.as_deref()] size="12"; }
+            label { "fail code " input name="fail_code" value=[q.fail_code.as_deref()] size="12"; }
+            label { "id prefix " input name="prefix" value=[q.prefix.as_deref()] size="12"; }
+            button type="submit" { "Filter" }
+        }
+        p class="muted" {
+            (credits(totals.jobs)) " jobs match, costing " (credits(totals.cost)) " credits; they hold "
+            (credits(-totals.net)) " credits of their accounts now."
+        }
+        @if session.can_act() && totals.jobs > 0 {
+            div class="bulk" {
+                @if q.state.as_deref() == Some("dead") {
+                    a class="button" href={ "/console/bulk?action=requeue&" (filter_qs) } { "Requeue all " (credits(totals.jobs)) " matching…" }
+                }
+                @if matches!(q.state.as_deref(), Some("queued") | Some("running")) {
+                    a class="button danger" href={ "/console/bulk?action=cancel&" (filter_qs) } { "Cancel all " (credits(totals.jobs)) " matching…" }
+                }
+            }
+        }
+        div class="scroll" {
+            table class="jobs" {
+                thead { tr { th { "job" } th { "state" } th { "kind" } th { "account" } th class="num" { "cost" } th class="num" { "net" } th class="num" { "attempts" } th { "last error" } th { "updated" } } }
+                tbody {
+                    @for j in page {
+                        tr {
+                            td { a href={ "/console/jobs/" (j.id) } { (j.id) } }
+                            td { (state_badge(j.state)) @if j.cancel_requested { " " span class="badge s-cancelling" { "cancel requested" } } }
+                            td { (j.kind) }
+                            td { a href={ "/console/accounts/" (j.account_id) } { (j.account_id) } }
+                            td class="num" { (credits(j.cost.get())) }
+                            td class="num" { (signed(j.net.get())) }
+                            td class="num" { (j.attempt) "/" (j.max_attempts) }
+                            td { @if let Some(e) = &j.last_error { code { (e.code) } } }
+                            td class="nowrap" { (time(j.updated_at)) }
+                        }
+                    }
+                    @if page.is_empty() { tr { td colspan="9" class="muted" { "No jobs match." } } }
+                }
+            }
+        }
+        @if let Some(after) = next {
+            p { a class="button" href={ "/console/jobs?" (filter_qs) "&after=" (after) } { "Next page →" } }
+        }
+    };
+    layout("Jobs", Some(session), body)
+}
+
+pub struct JobPage<'a> {
+    pub job: &'a Job,
+    pub attempts: &'a [Attempt],
+    pub signals: &'a [SignalRecord],
+    pub history: &'a JobHistory,
+    pub actions: &'a [Action],
+}
+
+pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
+    let j = p.job;
+    let finished = j.state.is_terminal();
+    let body = html! {
+        p class="crumbs" { a href="/console/jobs" { "Jobs" } " / " (j.kind) }
+        h1 { "Job " code { (j.id) } " " (state_badge(j.state)) }
+        section class="card facts" {
+            dl {
+                dt { "account" } dd { a href={ "/console/accounts/" (j.account_id) } { (j.account_id) } }
+                dt { "kind" } dd { (j.kind) }
+                dt { "cost" } dd { (credits(j.cost.get())) " credits" }
+                dt { "net now" } dd { (signed(j.net.get())) " credits" }
+                dt { "attempts" } dd { (j.attempt) " of " (j.max_attempts) }
+                dt { "refund on" } dd { (j.refund_on.as_str()) }
+                dt { "not before" } dd { (time(j.not_before)) }
+                @if let Some(t) = j.lease_expires_at { dt { "lease expires" } dd { (time(t)) } }
+                @if j.cancel_requested { dt { "cancel" } dd { "requested" } }
+                @if let Some(e) = &j.last_error { dt { "last error" } dd { code { (e.code) } " " (e.message.as_deref().unwrap_or("")) } }
+                dt { "created" } dd { (time(j.created_at)) }
+                dt { "updated" } dd { (time(j.updated_at)) }
+            }
+            @if session.can_act() {
+                div class="actions" {
+                    @if j.state == JobState::Dead {
+                        (action_button(session, &format!("/console/jobs/{}/requeue", j.id), "Requeue", Some("Requeue this dead job with a fresh attempt budget?"), false))
+                    }
+                    @if !finished && j.state != JobState::Unknown && !j.cancel_requested {
+                        (action_button(session, &format!("/console/jobs/{}/cancel", j.id), "Cancel", Some("Cancel this job? Undelivered items are refunded."), true))
+                    }
+                }
+            }
+        }
+        section class="card" {
+            h2 { "Timeline" }
+            (timeline(p))
+        }
+        section class="card" {
+            h2 { "Attempts" }
+            div class="scroll" { table {
+                thead { tr { th { "#" } th { "worker" } th { "started" } th { "ended" } th { "result" } th { "code" } th { "message" } } }
+                tbody {
+                    @for a in p.attempts {
+                        tr {
+                            td class="num" { (a.attempt_no) }
+                            td { (a.worker) }
+                            td class="nowrap" { (time(a.started_at)) }
+                            td class="nowrap" { @if let Some(t) = a.finished_at { (time(t)) } @else { span class="muted" { "open" } } }
+                            td { (a.result.map_or("open", |r| r.as_str())) }
+                            td { @if let Some(c) = &a.fail_code { code { (c) } } }
+                            td { (a.message.as_deref().unwrap_or("")) }
+                        }
+                    }
+                    @if p.attempts.is_empty() { tr { td colspan="7" class="muted" { "Not claimed yet." } } }
+                }
+            } }
+        }
+        section class="card" {
+            h2 { "Signals that changed nothing" }
+            p class="muted" { "Stale tokens (an earlier attempt), repeats, and late successes that recovered a failed job." }
+            div class="scroll" { table {
+                thead { tr { th { "received" } th { "signal" } th { "attempt" } th { "effect" } th { "code" } th { "message" } } }
+                tbody {
+                    @for s in p.signals {
+                        tr {
+                            td class="nowrap" { (time(s.received_at)) }
+                            td { (s.signal.as_str()) }
+                            td class="num" { @if let Some(n) = s.attempt_no { (n) } }
+                            td { (s.effect.as_str()) }
+                            td { @if let Some(c) = &s.fail_code { code { (c) } } }
+                            td { (s.message.as_deref().unwrap_or("")) }
+                        }
+                    }
+                    @if p.signals.is_empty() { tr { td colspan="6" class="muted" { "None." } } }
+                }
+            } }
+        }
+        section class="card" {
+            h2 { "Items" }
+            div class="scroll" { table {
+                thead { tr { th { "item" } th class="num" { "cost" } th { "state" } th { "refund reason" } } }
+                tbody {
+                    @for i in &j.items {
+                        tr { td { (i.id) } td class="num" { (credits(i.cost.get())) } td { (i.state.as_str()) } td { (i.refund_reason.as_deref().unwrap_or("")) } }
+                    }
+                }
+            } }
+        }
+        section class="card" {
+            h2 { "Ledger entries" }
+            (entries_table(&p.history.entries, false))
+        }
+        section class="card" {
+            h2 { "Artifacts" }
+            table {
+                thead { tr { th { "item" } th { "key" } th { "registered" } } }
+                tbody {
+                    @for a in &p.history.artifacts { tr { td { (a.item_id) } td { code { (a.key) } } td class="nowrap" { (time(a.created_at)) } } }
+                    @if p.history.artifacts.is_empty() { tr { td colspan="3" class="muted" { "None." } } }
+                }
+            }
+        }
+        section class="card" {
+            h2 { "Events" }
+            div class="scroll" { table {
+                thead { tr { th class="num" { "seq" } th { "at" } th { "type" } th { "data" } } }
+                tbody {
+                    @for e in &p.history.events {
+                        tr { td class="num" { (e.seq) } td class="nowrap" { (time(e.created_at)) } td { (e.kind.as_str()) } td { code class="wrap" { (e.data) } } }
+                    }
+                }
+            } }
+        }
+    };
+    layout(&format!("Job {}", j.id), Some(session), body)
+}
+
+/// Everything that happened to the job, by time: attempts, signals, ledger entries, operator
+/// actions (events are listed below it).
+fn timeline(p: &JobPage<'_>) -> Markup {
+    let mut rows: Vec<(i64, u8, Markup)> = Vec::new();
+    rows.push((p.job.created_at.micros(), 0, html! { "created, " (credits(p.job.cost.get())) " credits charged" }));
+    for a in p.attempts {
+        rows.push((a.started_at.micros(), 1, html! { "attempt " (a.attempt_no) " claimed by " strong { (a.worker) } }));
+        if let Some(t) = a.finished_at {
+            rows.push((
+                t.micros(),
+                2,
+                html! {
+                    "attempt " (a.attempt_no) " ended: " strong { (a.result.map_or("open", |r| r.as_str())) }
+                    @if let Some(c) = &a.fail_code { " " code { (c) } } @if let Some(m) = &a.message { " — " (m) }
+                },
+            ));
+        }
+    }
+    for s in p.signals {
+        rows.push((s.received_at.micros(), 3, html! {
+            "signal " strong { (s.signal.as_str()) } " from attempt " (s.attempt_no.map(|n| n.to_string()).unwrap_or_else(|| "?".into()))
+            ": " em { (s.effect.as_str()) } @if let Some(c) = &s.fail_code { " " code { (c) } }
+        }));
+    }
+    for e in &p.history.entries {
+        rows.push((
+            e.created_at.micros(),
+            4,
+            html! {
+                (e.kind.as_str()) " " (signed(e.amount.get())) " (item " (e.item_id.as_deref().unwrap_or("-")) ")"
+            },
+        ));
+    }
+    for a in p.actions {
+        rows.push((
+            a.at.micros(),
+            5,
+            html! { "operator " strong { (a.actor) } ": " (a.action) " " code class="wrap" { (a.detail) } },
+        ));
+    }
+    rows.sort_by_key(|(t, order, _)| (*t, *order));
+    html! {
+        ol class="timeline" {
+            @for (t, _, what) in rows { li { span class="t" { (time(Timestamp::from_micros(t))) } " " (what) } }
+        }
+    }
+}
+
+fn entries_table(entries: &[LedgerEntry], with_job: bool) -> Markup {
+    html! {
+        div class="scroll" { table {
+            thead { tr {
+                th class="num" { "seq" } th { "at" } th { "kind" } th class="num" { "amount" } th class="num" { "balance after" }
+                @if with_job { th { "job / grant" } } th { "item" } th { "reason" }
+            } }
+            tbody {
+                @for e in entries {
+                    tr id={ "e" (e.seq) } {
+                        td class="num" { a href={ "/console/accounts/" (e.account_id) "#e" (e.seq) } { (e.seq) } }
+                        td class="nowrap" { (time(e.created_at)) }
+                        td { (e.kind.as_str()) }
+                        td class="num" { (signed(e.amount.get())) }
+                        td class="num" { (credits(e.balance_after.get())) }
+                        @if with_job {
+                            td {
+                                @if let Some(j) = &e.job_id { a href={ "/console/jobs/" (j) } { (j) } }
+                                @else if let Some(r) = &e.ref_id { (r) }
+                            }
+                        }
+                        td { (e.item_id.as_deref().unwrap_or("")) }
+                        td { (e.reason.as_deref().unwrap_or("")) }
+                    }
+                }
+                @if entries.is_empty() { tr { td colspan="8" class="muted" { "No entries." } } }
+            }
+        } }
+    }
+}
+
+pub fn account(
+    session: &Session,
+    d: &AccountDetail,
+    q: &super::EntriesQuery,
+    entries: &[LedgerEntry],
+    next: Option<i64>,
+    actions: &[Action],
+) -> Markup {
+    let a = &d.account;
+    let kinds = ["grant", "adjustment", "charge", "refund", "reclaim", "payout_return"];
+    let body = html! {
+        h1 { "Account " code { (a.id.as_str()) } }
+        section class="tiles" {
+            div class="tile" { span class="n" { (credits(a.balance.get())) } span { "balance" } }
+            div class="tile" { span class="n" { (credits(a.overdraft_limit.get())) } span { "overdraft limit" } }
+            div class="tile" { span class="n" { (credits(d.held)) } span { "held by running jobs and withdrawals" } }
+            div class="tile" { span class="n" { (credits(d.exposure)) } span { "refunded, reclaimable by a late success" } }
+        }
+        section class="card" {
+            h2 { "Why the balance is what it is" }
+            p {
+                "The balance is the sum of the account's " (credits(d.entries)) " ledger entries, each with the running balance after it. "
+                "Hash chain: "
+                @match d.chain_break {
+                    None => strong class="ok" { "intact" },
+                    Some(seq) => strong class="error" { "broken at entry " (seq) },
+                }
+                "."
+            }
+            form class="filters" method="get" {
+                label { "kind " select name="kind" {
+                    option value="" { "any" }
+                    @for k in kinds { option value=(k) selected[q.kind.as_deref() == Some(k)] { (k) } }
+                } }
+                label { "from " input type="datetime-local" name="since" value=[q.since.as_deref()]; }
+                button type="submit" { "Show" }
+            }
+            (entries_table(entries, true))
+            @if let Some(after) = next {
+                p { a class="button" href={ "?after=" (after) @if let Some(k) = &q.kind { "&kind=" (k) } @if let Some(s) = &q.since { "&since=" (s) } } { "Next page →" } }
+            }
+        }
+        section class="card" {
+            h2 { "Operator actions" }
+            (actions_table(actions))
+        }
+        p { a href={ "/console/jobs?account=" (a.id.as_str()) } { "This account's jobs →" } }
+    };
+    layout(&format!("Account {}", a.id.as_str()), Some(session), body)
+}
+
+pub fn actions_table(actions: &[Action]) -> Markup {
+    html! {
+        table {
+            thead { tr { th { "at" } th { "who" } th { "action" } th { "job" } th { "detail" } } }
+            tbody {
+                @for a in actions {
+                    tr {
+                        td class="nowrap" { (time(a.at)) }
+                        td { (a.actor) }
+                        td { (a.action) }
+                        td { @if let Some(j) = &a.job_id { a href={ "/console/jobs/" (j) } { (j) } } }
+                        td { code class="wrap" { (a.detail) } }
+                    }
+                }
+                @if actions.is_empty() { tr { td colspan="5" class="muted" { "None." } } }
+            }
+        }
+    }
+}
+
+/// The confirmation of a bulk action: how many jobs and credits it will touch.
+pub fn bulk_confirm(
+    session: &Session,
+    action: &str,
+    filter: &JobFilter,
+    filter_qs: &str,
+    totals: &JobTotals,
+) -> Markup {
+    let what = if action == "requeue" { "Requeue" } else { "Cancel" };
+    let body = html! {
+        h1 { (what) " every matching job" }
+        section class="card" {
+            p {
+                "This will " strong { (action) } " " strong { (credits(totals.jobs)) " jobs" }
+                " matching " (describe(filter)) ", carrying " strong { (credits(totals.cost)) " credits" } " of cost ("
+                (credits(-totals.net)) " held from their accounts now)."
+            }
+            @if action == "cancel" { p { "Queued jobs are cancelled and refunded at once; running jobs stop at their next item boundary." } }
+            @if action == "requeue" { p { "Each goes back to queued with a fresh attempt budget; what was refunded stays refunded until a success reclaims it." } }
+            p class="muted" { "At most " (super::BULK_MAX) " jobs are acted on per submission; run it again for the rest." }
+            form method="post" action="/console/bulk" {
+                input type="hidden" name="csrf" value=(session.csrf);
+                input type="hidden" name="action" value=(action);
+                input type="hidden" name="filter" value=(filter_qs);
+                input type="hidden" name="expected" value=(totals.jobs);
+                button type="submit" class="danger" { (what) " " (credits(totals.jobs)) " jobs" }
+                " "
+                a href={ "/console/jobs?" (filter_qs) } { "Back" }
+            }
+        }
+    };
+    layout(what, Some(session), body)
+}
+
+pub fn describe(f: &JobFilter) -> String {
+    let mut parts = Vec::new();
+    if let Some(s) = f.state {
+        parts.push(format!("state {}", s.as_str()));
+    }
+    if let Some(k) = &f.kind {
+        parts.push(format!("kind {}", k.as_str()));
+    }
+    if let Some(a) = &f.account_id {
+        parts.push(format!("account {}", a.as_str()));
+    }
+    if let Some(c) = &f.fail_code {
+        parts.push(format!("fail code {}", c.as_str()));
+    }
+    if let Some(p) = &f.id_prefix {
+        parts.push(format!("id prefix {p}"));
+    }
+    if parts.is_empty() { "every job".into() } else { parts.join(", ") }
+}
+
+pub fn bulk_done(session: &Session, action: &str, done: u64, skipped: &[(String, String)], remaining: i64) -> Markup {
+    let body = html! {
+        h1 { "Done" }
+        section class="card" {
+            p { strong { (done) } " jobs " (if action == "requeue" { "requeued" } else { "cancelled or asked to cancel" }) "." }
+            @if remaining > 0 { p { (credits(remaining)) " still match: run it again." } }
+            @if !skipped.is_empty() {
+                p { (skipped.len()) " skipped:" }
+                ul { @for (id, why) in skipped.iter().take(50) { li { a href={ "/console/jobs/" (id) } { (id) } ": " (why) } } }
+            }
+            p { a href="/console/jobs" { "Back to jobs" } }
+        }
+    };
+    layout("Done", Some(session), body)
+}
+
+pub fn audit(session: &Session, report: &settle_store::AuditReport) -> Markup {
+    let body = html! {
+        h1 { "Audit" }
+        section class="card" {
+            @if report.violations.is_empty() {
+                p class="ok" { strong { "Clean." } " L1–L4 hold: " (credits(report.accounts_checked as i64)) " accounts, "
+                    (credits(report.items_checked as i64)) " items, " (credits(report.entries_checked as i64)) " ledger entries checked." }
+            } @else {
+                p class="error" { strong { (report.violations.len()) " violations." } }
+                table {
+                    thead { tr { th { "invariant" } th { "account" } th { "job" } th { "item" } th { "what" } } }
+                    tbody { @for v in &report.violations { tr {
+                        td { (v.invariant) } td { (v.account_id.as_deref().unwrap_or("")) }
+                        td { @if let Some(j) = &v.job_id { a href={ "/console/jobs/" (j) } { (j) } } }
+                        td { (v.item_id.as_deref().unwrap_or("")) } td { (v.message) }
+                    } } }
+                }
+            }
+        }
+    };
+    layout("Audit", Some(session), body)
+}
+
+pub fn withdrawals(session: &Session, rows: &[settle_store::Withdrawal], next: Option<i64>) -> Markup {
+    let body = html! {
+        h1 { "Withdrawals" }
+        div class="scroll" { table {
+            thead { tr { th { "withdrawal" } th { "state" } th { "account" } th class="num" { "amount" } th { "destination" } th { "provider txid" } th { "idempotency key" } th { "updated" } } }
+            tbody {
+                @for w in rows {
+                    tr {
+                        td { a href={ "/console/jobs/" (w.job.id) } { (w.job.id) } }
+                        td { (state_badge(w.job.state)) }
+                        td { a href={ "/console/accounts/" (w.job.account_id) } { (w.job.account_id) } }
+                        td class="num" { (credits(w.amount.get())) }
+                        td { (w.destination) }
+                        td { code { (w.provider_txid.as_deref().unwrap_or("")) } }
+                        td { code { (w.idempotency_key) } }
+                        td class="nowrap" { (time(w.job.updated_at)) }
+                    }
+                }
+                @if rows.is_empty() { tr { td colspan="8" class="muted" { "No withdrawals." } } }
+            }
+        } }
+        @if let Some(after) = next { p { a class="button" href={ "/console/withdrawals?after=" (after) } { "Next page →" } } }
+    };
+    layout("Withdrawals", Some(session), body)
+}
+
+pub fn webhooks(session: &Session, summary: &WebhookSummary, dead: &[settle_store::Delivery]) -> Markup {
+    let body = html! {
+        h1 { "Webhooks" }
+        section class="card" {
+            h2 { "Endpoints" }
+            table {
+                thead { tr { th { "endpoint" } th { "breaker" } th class="num" { "pending" } th class="num" { "dead" } } }
+                tbody { @for e in &summary.endpoints { tr { td { (e.0) } td { (e.1) } td class="num" { (credits(e.2)) } td class="num" { (credits(e.3)) } } } }
+            }
+        }
+        section class="card" {
+            h2 { "Dead deliveries" }
+            div class="scroll" { table {
+                thead { tr { th { "endpoint" } th class="num" { "event" } th { "type" } th class="num" { "attempts" } th { "last error" } @if session.can_act() { th {} } } }
+                tbody {
+                    @for d in dead {
+                        tr {
+                            td { (d.endpoint_id) } td class="num" { (d.event.seq) } td { (d.event.kind.as_str()) } td class="num" { (d.attempts) }
+                            td { (d.last_status.map(|s| s.to_string()).unwrap_or_default()) " " (d.last_error.as_deref().unwrap_or("")) }
+                            @if session.can_act() {
+                                td { (action_button(session, &format!("/console/webhooks/{}/{}/requeue", d.endpoint_id, d.event.seq), "Requeue", None, false)) }
+                            }
+                        }
+                    }
+                    @if dead.is_empty() { tr { td colspan="6" class="muted" { "No dead deliveries." } } }
+                }
+            } }
+        }
+    };
+    layout("Webhooks", Some(session), body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credits_read_with_separators() {
+        let cases = [
+            (0, "0"),
+            (999, "999"),
+            (1_000, "1,000"),
+            (-1_250, "-1,250"),
+            (1_234_567, "1,234,567"),
+            (i64::MIN, "-9,223,372,036,854,775,808"),
+        ];
+        for (n, text) in cases {
+            assert_eq!(credits(n), text);
+        }
+    }
+
+    #[test]
+    fn interpolated_text_is_escaped() {
+        let page = message(None, "x", "<script>alert(1)</script>").into_string();
+        assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;") && !page.contains("<script>alert"), "{page}");
+    }
+}

@@ -1,0 +1,255 @@
+//! The operator console over real HTTP, on both engines: sign-in, sessions, CSRF, read-only
+//! tokens, the pages, and the actions (one job and the whole filtered set) with their action log.
+//! The browser end-to-end test (`tests/console/`) drives the same pages in Chromium.
+
+use crate::kit::*;
+use serde_json::json;
+use settle_api::{Role, Tokens};
+use settle_store::Store;
+
+on_both_engines!(
+    signing_in_takes_a_known_admin_or_client_token,
+    an_admin_requeues_a_dead_job_and_the_action_is_on_the_job,
+    every_post_needs_the_sessions_csrf_token,
+    a_client_token_reads_but_cannot_act,
+    bulk_requeue_acts_on_every_job_the_filter_matches,
+    the_pages_show_where_the_credits_went,
+);
+
+const ADMIN: &str = "admin-token-for-console-tests";
+const CLIENT: &str = "client-token-for-console-tests";
+const WORKER: &str = "worker-token-for-console-tests";
+
+async fn server(e: Engine) -> Server {
+    let mut tokens = Tokens::default();
+    tokens.add_named(Role::Admin, ADMIN, "ops-ana").unwrap();
+    tokens.add_named(Role::Client, CLIENT, "support-sam").unwrap();
+    tokens.add_named(Role::Worker, WORKER, "gpu-fleet").unwrap();
+    let mut s = Server::with_tokens(e, tokens).await;
+    s.token = Some(ADMIN.to_owned());
+    s
+}
+
+/// A browser's view: cookies kept, redirects not followed (so they can be checked).
+fn browser() -> reqwest::Client {
+    reqwest::Client::builder().cookie_store(true).redirect(reqwest::redirect::Policy::none()).build().unwrap()
+}
+
+async fn sign_in(s: &Server, token: &str) -> (reqwest::Client, u16) {
+    let b = browser();
+    let r = b.post(format!("{}/console/login", s.base)).form(&[("token", token)]).send().await.unwrap();
+    (b, r.status().as_u16())
+}
+
+async fn page(b: &reqwest::Client, s: &Server, path: &str) -> (u16, String) {
+    let r = b.get(format!("{}{path}", s.base)).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+fn csrf_of(html: &str) -> String {
+    let at = html.find(r#"name="csrf" value=""#).expect("the page has a form with a CSRF token");
+    html[at + 19..].split('"').next().unwrap().to_owned()
+}
+
+async fn post(b: &reqwest::Client, s: &Server, path: &str, form: &[(&str, &str)]) -> (u16, String) {
+    let r = b.post(format!("{}{path}", s.base)).form(form).send().await.unwrap();
+    let status = r.status().as_u16();
+    let location = r.headers().get("location").map(|l| l.to_str().unwrap().to_owned());
+    (status, location.unwrap_or(r.text().await.unwrap()))
+}
+
+/// A job that ran once and died with TIMEOUT (its items refunded).
+async fn dead_job(s: &Server, id: &str, account: &str) {
+    let r = s
+        .post(
+            "/v1/jobs",
+            json!({"id": id, "account_id": account, "kind": "render", "items": [{"id": "a", "cost": 10}, {"id": "b", "cost": 20}], "max_attempts": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let claimed = s.post("/v1/claims", json!({"worker": "gpu-1", "kinds": ["render"]})).await;
+    let token = claimed.body["jobs"][0]["lease_token"].as_str().unwrap().to_owned();
+    let r = s
+        .post(&format!("/v1/jobs/{id}/fail"), json!({"lease_token": token, "code": "TIMEOUT", "retryable": false}))
+        .await;
+    assert_eq!(r.body["state"], "dead");
+}
+
+async fn signing_in_takes_a_known_admin_or_client_token(e: Engine) {
+    let s = server(e).await;
+    // Without a session every page sends you to sign in.
+    let (status, _) = page(&browser(), &s, "/console").await;
+    assert_eq!(status, 303);
+    for (token, expected) in [("wrong", 401), (WORKER, 401), ("", 401), (ADMIN, 303), (CLIENT, 303)] {
+        let (b, status) = sign_in(&s, token).await;
+        assert_eq!(status, expected, "sign in with {token:?}");
+        let (status, html) = page(&b, &s, "/console").await;
+        if expected == 303 {
+            assert_eq!(status, 200);
+            assert!(html.contains("Overview"));
+        } else {
+            assert_eq!(status, 303, "no session after a refused sign-in");
+        }
+    }
+    // The cookie is HttpOnly, SameSite=Strict, scoped to the console.
+    let r = browser().post(format!("{}/console/login", s.base)).form(&[("token", ADMIN)]).send().await.unwrap();
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/console"),
+        "{cookie}"
+    );
+    assert!(!cookie.contains(ADMIN), "the token itself is never stored in the cookie");
+    // A forged cookie (the role edited) is no session.
+    let forged = cookie.split(';').next().unwrap().replacen("|admin|", "|client|", 1);
+    let r = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{}/console", s.base))
+        .header("cookie", forged)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    // Signing out ends the session.
+    let (b, _) = sign_in(&s, ADMIN).await;
+    let (_, html) = page(&b, &s, "/console").await;
+    let (status, _) = post(&b, &s, "/console/logout", &[("csrf", &csrf_of(&html))]).await;
+    assert_eq!(status, 303);
+    assert_eq!(page(&b, &s, "/console").await.0, 303);
+}
+
+async fn an_admin_requeues_a_dead_job_and_the_action_is_on_the_job(e: Engine) {
+    let s = server(e).await;
+    s.account("acme", 100).await;
+    dead_job(&s, "j1", "acme").await;
+    let (b, _) = sign_in(&s, ADMIN).await;
+    let (status, html) = page(&b, &s, "/console/jobs/j1").await;
+    assert_eq!(status, 200);
+    assert!(html.contains(r#"action="/console/jobs/j1/requeue""#), "a dead job offers a requeue");
+    let (status, location) = post(&b, &s, "/console/jobs/j1/requeue", &[("csrf", &csrf_of(&html))]).await;
+    assert_eq!((status, location.as_str()), (303, "/console/jobs/j1"));
+    assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "queued");
+    let (_, html) = page(&b, &s, "/console/jobs/j1").await;
+    assert!(html.contains("operator <strong>ops-ana</strong>: requeue"), "the action is shown on the job");
+    // Cancel, from the console, is recorded too; the queued job's items are refunded at once.
+    let (status, _) = post(&b, &s, "/console/jobs/j1/cancel", &[("csrf", &csrf_of(&html))]).await;
+    assert_eq!(status, 303);
+    assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "cancelled");
+    assert_eq!(s.balance("acme").await, 100);
+    let (_, html) = page(&b, &s, "/console/jobs/j1").await;
+    assert!(html.contains("operator <strong>ops-ana</strong>: cancel"), "{html}");
+}
+
+async fn every_post_needs_the_sessions_csrf_token(e: Engine) {
+    let s = server(e).await;
+    s.account("acme", 100).await;
+    dead_job(&s, "j1", "acme").await;
+    let (b, _) = sign_in(&s, ADMIN).await;
+    let (_, html) = page(&b, &s, "/console/jobs/j1").await;
+    let good = csrf_of(&html);
+    // Another session's token is not this session's.
+    let (other, _) = sign_in(&s, ADMIN).await;
+    let (_, other_html) = page(&other, &s, "/console").await;
+    let theirs = csrf_of(&other_html);
+    assert_ne!(good, theirs);
+    for form in [
+        vec![],
+        vec![("csrf", "")],
+        vec![("csrf", theirs.as_str())],
+        vec![("csrf", "0123456789abcdef0123456789abcdef")],
+    ] {
+        let (status, _) = post(&b, &s, "/console/jobs/j1/requeue", &form).await;
+        assert_eq!(status, 403, "{form:?}");
+    }
+    assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "dead", "nothing was done");
+    assert!(s.store_handle().actions(None, None).await.unwrap().iter().all(|a| a.action != "requeue"));
+    let (status, _) = post(&b, &s, "/console/jobs/j1/requeue", &[("csrf", &good)]).await;
+    assert_eq!(status, 303);
+}
+
+async fn a_client_token_reads_but_cannot_act(e: Engine) {
+    let s = server(e).await;
+    s.account("acme", 100).await;
+    dead_job(&s, "j1", "acme").await;
+    let (b, status) = sign_in(&s, CLIENT).await;
+    assert_eq!(status, 303);
+    for path in ["/console", "/console/jobs?state=dead", "/console/jobs/j1", "/console/accounts/acme"] {
+        let (status, html) = page(&b, &s, path).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(
+            !html.contains("/requeue\"") && !html.contains("/cancel\"") && !html.contains("/console/bulk"),
+            "{path} offers no action"
+        );
+        assert!(!html.contains("/console/audit"), "{path}");
+    }
+    // A forged POST with the client's own valid CSRF token is still refused.
+    let (_, html) = page(&b, &s, "/console").await;
+    let csrf = csrf_of(&html);
+    for path in ["/console/jobs/j1/requeue", "/console/jobs/j1/cancel", "/console/audit"] {
+        assert_eq!(post(&b, &s, path, &[("csrf", &csrf)]).await.0, 403, "{path}");
+    }
+    let bulk = [("csrf", csrf.as_str()), ("action", "requeue"), ("filter", "state=dead")];
+    assert_eq!(post(&b, &s, "/console/bulk", &bulk).await.0, 403);
+    assert_eq!(page(&b, &s, "/console/bulk?action=requeue&state=dead").await.0, 403);
+    assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "dead");
+}
+
+async fn bulk_requeue_acts_on_every_job_the_filter_matches(e: Engine) {
+    let s = server(e).await;
+    s.account("acme", 1_000).await;
+    s.account("other", 1_000).await;
+    // More dead jobs than one page of the list shows.
+    for i in 0..3 {
+        dead_job(&s, &format!("acme-{i}"), "acme").await;
+    }
+    dead_job(&s, "other-0", "other").await;
+    let (b, _) = sign_in(&s, ADMIN).await;
+    // The confirmation says how many jobs and credits.
+    let (status, html) = page(&b, &s, "/console/bulk?action=requeue&state=dead&account=acme").await;
+    assert_eq!(status, 200);
+    assert!(html.contains("<strong>3 jobs</strong>") && html.contains("<strong>90 credits</strong>"), "{html}");
+    let csrf = csrf_of(&html);
+    // Requeue needs dead jobs: a filter without the state is refused.
+    let refused = [("csrf", csrf.as_str()), ("action", "requeue"), ("filter", "account=acme")];
+    assert_eq!(post(&b, &s, "/console/bulk", &refused).await.0, 400);
+    let form = [("csrf", csrf.as_str()), ("action", "requeue"), ("filter", "state=dead&account=acme")];
+    let (status, html) = post(&b, &s, "/console/bulk", &form).await;
+    assert_eq!(status, 200);
+    assert!(html.contains("<strong>3</strong> jobs requeued"), "{html}");
+    for i in 0..3 {
+        assert_eq!(s.get(&format!("/v1/jobs/acme-{i}")).await.body["state"], "queued");
+    }
+    assert_eq!(s.get("/v1/jobs/other-0").await.body["state"], "dead", "outside the filter: untouched");
+    let actions = s.store_handle().actions(None, None).await.unwrap();
+    assert_eq!(actions.iter().filter(|a| a.action == "requeue" && a.actor == "ops-ana").count(), 3);
+}
+
+async fn the_pages_show_where_the_credits_went(e: Engine) {
+    let s = server(e).await;
+    s.account("acme", 100).await;
+    dead_job(&s, "j1", "acme").await;
+    let (b, _) = sign_in(&s, CLIENT).await;
+    let (_, html) = page(&b, &s, "/console").await;
+    assert!(html.contains("dead letters") && html.contains("TIMEOUT"), "overview: dead letters and failures by code");
+    let (_, html) = page(&b, &s, "/console/jobs/j1").await;
+    for what in ["attempt 1 claimed by <strong>gpu-1</strong>", "job.refunded", "job_failed", "<code>TIMEOUT</code>"] {
+        assert!(html.contains(what), "job page shows {what}");
+    }
+    let (_, html) = page(&b, &s, "/console/accounts/acme").await;
+    assert!(html.contains("<strong class=\"ok\">intact</strong>"), "the chain is checked");
+    assert!(html.contains(r#"<a href="/console/jobs/j1">j1</a>"#), "entries link to their job");
+    let (_, html) = page(&b, &s, "/console/accounts/acme?kind=refund").await;
+    assert!(html.contains("<td>refund</td>") && !html.contains("<td>charge</td>"), "filtered by kind");
+    let (status, _) = page(&b, &s, "/console/accounts/nobody").await;
+    assert_eq!(status, 404);
+    let (status, _) = page(&b, &s, "/console/jobs?state=nonsense").await;
+    assert_eq!(status, 400);
+    let (_, html) = page(&b, &s, "/console/jobs?prefix=j").await;
+    assert!(html.contains("1 jobs match"), "{html}");
+    // No page asks another origin for anything.
+    for path in ["/console", "/console/jobs/j1", "/console/accounts/acme", "/docs"] {
+        let (_, html) = page(&b, &s, path).await;
+        assert!(!html.contains("src=\"http") && !html.contains("href=\"http"), "{path} loads from elsewhere");
+    }
+}
