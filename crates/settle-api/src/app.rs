@@ -255,7 +255,7 @@ fn router_with(state: AppState, limits: HttpLimits) -> Router {
         .with_state(doc)
         .merge(crate::reference::router());
     let limited = middleware::from_fn_with_state(state.clone(), rate_limit);
-    let console = crate::console::router().with_state(state.clone());
+    let console = crate::console::router(state.clone());
     api.layer(limited)
         .with_state(state)
         .merge(docs)
@@ -286,6 +286,8 @@ pub struct Application {
 pub enum StartError {
     #[error("refusing to listen on {0} without tokens: configure tokens, or listen on a loopback address")]
     OpenWithoutTokens(SocketAddr),
+    #[error("{0}")]
+    ConsoleSecret(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: String, source: std::io::Error },
 }
@@ -301,6 +303,22 @@ impl Application {
         tokens: Tokens,
         limits: HttpLimits,
     ) -> Result<Application, StartError> {
+        Application::build_full(listen, store, tokens, limits, None).await
+    }
+
+    /// As `build_with`; `console_secret` (at least 32 characters) signs console sessions so that
+    /// every process configured with it accepts the others' (else each process has its own key).
+    pub async fn build_full(
+        listen: &str,
+        store: Arc<dyn Store>,
+        tokens: Tokens,
+        limits: HttpLimits,
+        console_secret: Option<&str>,
+    ) -> Result<Application, StartError> {
+        let console_key = match console_secret {
+            Some(secret) => crate::console::SessionKey::from_secret(secret).map_err(StartError::ConsoleSecret)?,
+            None => crate::console::SessionKey::random(),
+        };
         let listener =
             TcpListener::bind(listen).await.map_err(|source| StartError::Bind { addr: listen.to_owned(), source })?;
         let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: listen.to_owned(), source })?;
@@ -317,7 +335,7 @@ impl Application {
             metrics: metrics_handle(),
             limiter,
             long_poll_recheck: limits.long_poll_recheck.max(Duration::from_millis(1)),
-            console_key: crate::console::SessionKey::random(),
+            console_key,
         };
         Ok(Application { listener, router: router_with(state, limits), limits })
     }

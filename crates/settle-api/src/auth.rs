@@ -188,10 +188,15 @@ impl Tokens {
         found
     }
 
-    /// The role of the token named `name`, while it is configured (a console session ends when
-    /// its token is removed or given another role).
-    pub fn role_of(&self, name: &str) -> Option<Role> {
-        self.entries.iter().find(|(_, _, n)| n == name).map(|(_, r, _)| *r)
+    /// The role and digest of the token named `name`, while it is configured (a console session
+    /// ends when its token is removed, rotated or given another role).
+    pub fn entry_of(&self, name: &str) -> Option<(Role, [u8; 32])> {
+        self.entries.iter().find(|(_, _, n)| n == name).map(|(d, r, _)| (*r, *d))
+    }
+
+    /// The digest of a presented token (what a console session is bound to).
+    pub fn digest_of(presented: &str) -> [u8; 32] {
+        digest(presented.trim())
     }
 
     /// Checks the `Authorization: Bearer …` header for `needed`: 401 without a known token,

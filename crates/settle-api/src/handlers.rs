@@ -295,6 +295,7 @@ pub async fn list_jobs(
         account_id: q.account_id.as_deref().map(|a| id(AccountId::parse, a)).transpose()?,
         fail_code: q.fail_code.as_deref().map(|c| id(FailCode::parse, c)).transpose()?,
         id_prefix: None,
+        until_seq: None,
     };
     let p = s.store.jobs(&filter, page(q.after, q.limit)?).await?;
     Ok(ok(dto::JobPage { jobs: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))

@@ -44,6 +44,11 @@ pub struct BenchArgs {
     /// transitions/s (--concurrency's last value, --jobs jobs) and a full audit at each.
     #[arg(long, value_delimiter = ',')]
     scale: Vec<u64>,
+    /// Measure the operator console's pages instead: fill a SQLite store (FULL) with this many jobs
+    /// of 10 items (a tenth of them dead, the rest queued for later) and time each page, served by
+    /// `settle serve`'s own router over loopback HTTP.
+    #[arg(long)]
+    console: Option<u64>,
     /// Where --raw-commits puts its SQLite file (a real disk, not tmpfs, or fsync costs nothing).
     #[arg(long, default_value = ".")]
     dir: std::path::PathBuf,
@@ -55,6 +60,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if !args.scale.is_empty() {
         return run_scale(&args).await;
+    }
+    if let Some(jobs) = args.console {
+        return run_console(&args, jobs).await;
     }
     if args.raw_commits {
         let rate = match &args.postgres {
@@ -407,6 +415,109 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
             entries as f64 / secs
         );
     }
+    Ok(())
+}
+
+/// `settle bench --console N`: how long the console's pages take with N jobs in the store.
+async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir_in(&args.dir)?;
+    let url = format!("sqlite://{}", dir.path().join("console.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await?);
+    let fill = AccountId::parse("fill")?;
+    store.create_account(NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) }).await?;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    let per_task = jobs.div_ceil(32);
+    for t in 0..32u64 {
+        let (store, fill) = (store.clone(), fill.clone());
+        let count = per_task.min(jobs.saturating_sub(t * per_task));
+        tasks.push(tokio::spawn(async move {
+            let later = store.now().plus_seconds(10 * 365 * 24 * 3600);
+            for n in 0..count {
+                // A tenth of them fail and die: the dead-letter page has work to show.
+                let dead = n % 10 == 0;
+                let kind = JobKind::parse(if dead { "render" } else { "fill" }).expect("valid kind");
+                let items = (0..10)
+                    .map(|i| NewItem { id: ItemId::parse(&format!("i{i}")).expect("valid"), cost: Credits::new(1) })
+                    .collect();
+                let id = JobId::parse(&format!("job-{t}-{n}")).expect("valid id");
+                let req = NewJob {
+                    id: id.clone(),
+                    account_id: fill.clone(),
+                    kind: kind.clone(),
+                    items,
+                    payload: "null".into(),
+                    max_attempts: Some(1),
+                    refund_on: None,
+                    not_before: if dead { None } else { Some(later) },
+                };
+                store.create_job(req).await?;
+                if dead {
+                    let worker = WorkerName::parse("bench")?;
+                    let claimed =
+                        store.claim(ClaimRequest { worker, kinds: vec![kind], limit: 1, lease_seconds: None }).await?;
+                    for c in claimed {
+                        let signal = FailSignal {
+                            lease_token: c.lease_token,
+                            code: FailCode::parse("TIMEOUT")?,
+                            message: None,
+                            retryable: Some(false),
+                            retry_after_ms: None,
+                        };
+                        store.fail(&JobId::parse(&c.job.id)?, signal).await?;
+                    }
+                }
+            }
+            Ok::<(), anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.context("fill task")??;
+    }
+    let stats = store.stats().await?;
+    let entries: i64 = stats.entries_by_kind.iter().map(|(_, n)| *n).sum();
+    println!(
+        "settle bench --console: SQLite (WAL, FULL) in {}: {jobs} jobs of 10 items ({entries} ledger entries), filled in {:.0} s; \
+         each page fetched 30 times over loopback HTTP from the server's own router, no tokens (loopback)",
+        args.dir.display(),
+        started.elapsed().as_secs_f64()
+    );
+    let app =
+        settle_api::Application::build("127.0.0.1:0", store.clone() as Arc<dyn Store>, settle_api::Tokens::default())
+            .await?;
+    let base = format!("http://{}", app.local_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async move {
+        let _ = stopped.await;
+    }));
+    let http = reqwest::Client::new();
+    println!("{:<44} {:>8} {:>8} {:>8} {:>10}", "page", "p50 ms", "p99 ms", "max ms", "bytes");
+    let pages = [
+        "/console",
+        "/console/jobs",
+        "/console/jobs?state=dead",
+        "/console/jobs?kind=render&state=dead&after=5000",
+        "/console/jobs?prefix=job-7-",
+        "/console/jobs/job-3-10",
+        "/console/accounts/fill",
+        "/console/bulk?action=requeue&state=dead",
+    ];
+    for path in pages {
+        let mut times = Vec::new();
+        let mut bytes = 0;
+        for _ in 0..30 {
+            let t = Instant::now();
+            let r = http.get(format!("{base}{path}")).send().await?;
+            anyhow::ensure!(r.status().is_success(), "{path}: {}", r.status());
+            bytes = r.bytes().await?.len();
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        let pct = |p: f64| times[((times.len() - 1) as f64 * p).round() as usize];
+        println!("{path:<44} {:>8.1} {:>8.1} {:>8.1} {bytes:>10}", pct(0.5), pct(0.99), times[times.len() - 1]);
+    }
+    let _ = stop.send(());
+    server.await??;
     Ok(())
 }
 

@@ -89,6 +89,7 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                 account_id: account.as_deref().map(AccountId::parse).transpose()?,
                 fail_code: fail_code.as_deref().map(FailCode::parse).transpose()?,
                 id_prefix: None,
+                until_seq: None,
             };
             let mut page = Page { after: 0, limit: limit.clamp(1, 1000) };
             let mut shown = 0u32;

@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// Retry policy per job kind and the pace of the background loops (TOML; see `settle config`).
     #[arg(long, env = "SETTLE_CONFIG")]
     config: Option<std::path::PathBuf>,
+    /// Signs the console's sessions (32 characters or more), so that every process serving one
+    /// address accepts the others'; without it each process signs with a key of its own.
+    #[arg(long, env = "SETTLE_CONSOLE_SECRET", hide_env_values = true)]
+    console_secret: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -186,8 +190,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let tokens = load_tokens(&args)?;
     let config = Config::from_process_env(args.config.as_deref())?;
     let store = open(&args.db, &args.artifacts, &config).await?;
-    let app =
-        Application::build_with(&args.listen, store.clone() as Arc<dyn Store>, tokens, config.http.limits()).await?;
+    let app = Application::build_full(
+        &args.listen,
+        store.clone() as Arc<dyn Store>,
+        tokens,
+        config.http.limits(),
+        args.console_secret.as_deref(),
+    )
+    .await?;
     tracing::info!(addr = %app.local_addr(), db = %args.db, engine = store.engine_name(), "settle serving API v1");
     eprintln!("settle: serving on http://{} ({})", app.local_addr(), args.db);
     match &config.provider {

@@ -29,6 +29,10 @@ pub(crate) fn filter_sql(filter: &JobFilter, a: &mut Vec<Value>) -> String {
     if let Some(code) = &filter.fail_code {
         add(&mut sql, "last_error_code", code.as_str().into());
     }
+    if let Some(until) = filter.until_seq {
+        a.push(Value::I64(until));
+        sql.push_str(&format!(" AND job_seq <= ${}", a.len()));
+    }
     if let Some(prefix) = &filter.id_prefix {
         // `substr`, not LIKE: `_` is both an id character and a LIKE wildcard.
         a.push(Value::I64(prefix.chars().count() as i64));
@@ -51,16 +55,24 @@ pub(crate) fn check_filter(filter: &JobFilter) -> Result<(), StoreError> {
     Ok(())
 }
 
-pub(crate) async fn job_totals(db: &mut Db<'_>, filter: &JobFilter) -> Result<JobTotals, StoreError> {
+pub(crate) async fn job_totals(db: &mut Db<'_>, filter: &JobFilter, net: bool) -> Result<JobTotals, StoreError> {
     let mut a = Vec::new();
+    let net_sql = if net {
+        "CAST(COALESCE(SUM((SELECT COALESCE(SUM(amount), 0) FROM ledger_entries e WHERE e.job_id = jobs.id)), 0) AS bigint)"
+    } else {
+        "0"
+    };
     let sql = format!(
-        "SELECT COUNT(*), CAST(COALESCE(SUM(cost), 0) AS bigint), \
-         CAST(COALESCE(SUM((SELECT COALESCE(SUM(amount), 0) FROM ledger_entries e WHERE e.job_id = jobs.id)), 0) AS bigint) \
-         FROM jobs WHERE 1 = 1{}",
+        "SELECT COUNT(*), CAST(COALESCE(SUM(cost), 0) AS bigint), {net_sql}, COALESCE(MAX(job_seq), 0) FROM jobs WHERE 1 = 1{}",
         filter_sql(filter, &mut a)
     );
     let row = db.opt_built(sql, &a).await?.ok_or_else(|| StoreError::internal("no totals row"))?;
-    Ok(JobTotals { jobs: row.i64(0)?, cost: row.i64(1)?, net: row.i64(2)? })
+    Ok(JobTotals {
+        jobs: row.i64(0)?,
+        cost: row.i64(1)?,
+        net: if net { Some(row.i64(2)?) } else { None },
+        last_seq: row.i64(3)?,
+    })
 }
 
 pub(crate) async fn overview(db: &mut Db<'_>, now: Timestamp, since: Timestamp) -> Result<Overview, StoreError> {
@@ -141,13 +153,21 @@ pub(crate) async fn account_detail(db: &mut Db<'_>, id: &str) -> Result<AccountD
     let row = db.opt(&ops::SELECT_ACCOUNT, args![id]).await?.ok_or_else(|| StoreError::not_found("account", id))?;
     let account = ops::account_from_row(&row)?;
     let holds = db.one("SELECT held, exposure FROM accounts WHERE id = $1", args![id]).await?;
-    let (mut prev, mut entries, mut chain_break): (Hash32, i64, Option<i64>) = (GENESIS_HASH, 0, None);
+    let entries = db.one("SELECT COUNT(*) FROM ledger_entries WHERE account_id = $1", args![id]).await?.i64(0)?;
+    Ok(AccountDetail { account, held: holds.i64(0)?, exposure: holds.i64(1)?, entries })
+}
+
+/// The account's chain recomputed from genesis, as the audit does for every account.
+pub(crate) async fn verify_chain(db: &mut Db<'_>, id: &str) -> Result<Option<i64>, StoreError> {
+    db.opt("SELECT id FROM accounts WHERE id = $1", args![id])
+        .await?
+        .ok_or_else(|| StoreError::not_found("account", id))?;
+    let (mut prev, mut chain_break): (Hash32, Option<i64>) = (GENESIS_HASH, None);
     db.each(
         "SELECT seq, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, prev_hash, hash \
          FROM ledger_entries WHERE account_id = $1 ORDER BY seq",
         args![id],
         |r| {
-            entries += 1;
             let seq = r.i64(0)?;
             let kind = name(EntryKind::parse, "entry kind", r.text(1)?)?;
             let (job_id, item_id, ref_id, reason) = (r.opt_text(4)?, r.opt_text(5)?, r.opt_text(6)?, r.opt_text(7)?);
@@ -175,7 +195,7 @@ pub(crate) async fn account_detail(db: &mut Db<'_>, id: &str) -> Result<AccountD
         },
     )
     .await?;
-    Ok(AccountDetail { account, held: holds.i64(0)?, exposure: holds.i64(1)?, entries, chain_break })
+    Ok(chain_break)
 }
 
 /// One page of an account's entries, optionally of one kind and from a time on, in `seq` order.

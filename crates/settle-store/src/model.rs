@@ -133,11 +133,14 @@ pub struct JobFilter {
     pub fail_code: Option<FailCode>,
     /// Jobs whose id starts with this (an id's characters, 1 to 128 of them).
     pub id_prefix: Option<String>,
+    /// Jobs created no later than the one numbered this (`JobTotals::last_seq`): what a bulk
+    /// action was confirmed on, not what arrived since.
+    pub until_seq: Option<i64>,
 }
 
 impl JobFilter {
     pub const ALL: JobFilter =
-        JobFilter { state: None, kind: None, account_id: None, fail_code: None, id_prefix: None };
+        JobFilter { state: None, kind: None, account_id: None, fail_code: None, id_prefix: None, until_seq: None };
 }
 
 /// How many jobs a filter matches and the credits they carry: what a bulk action will touch.
@@ -146,8 +149,11 @@ pub struct JobTotals {
     pub jobs: i64,
     /// The sum of their costs, in credits.
     pub cost: i64,
-    /// What they cost their accounts now (the sum of their ledger entries, ≤ 0).
-    pub net: i64,
+    /// What they cost their accounts now (the sum of their ledger entries, ≤ 0), when asked for:
+    /// it reads every entry of every matching job.
+    pub net: Option<i64>,
+    /// The newest matching job's sequence number (0 when none): bounds a confirmed bulk action.
+    pub last_seq: i64,
 }
 
 /// The operator's overview, read in one snapshot.
@@ -195,9 +201,6 @@ pub struct AccountDetail {
     pub exposure: i64,
     /// How many ledger entries the account has.
     pub entries: i64,
-    /// The account's hash chain, recomputed from its entries: `None` when intact, else the first
-    /// entry whose hash does not follow.
-    pub chain_break: Option<i64>,
 }
 
 /// `after` is the opaque cursor of the previous page (a sequence number), `limit` ≤ `PAGE_LIMIT_MAX`.

@@ -187,12 +187,16 @@ pub trait Store: Send + Sync {
     async fn cancel_by(&self, job: &JobId, actor: &str) -> Result<CancelOutcome, StoreError>;
     /// Jobs by kind and state, the due count, and events per minute from `since` to now.
     async fn overview(&self, since: settle_core::Timestamp) -> Result<Overview, StoreError>;
-    /// How many jobs `filter` matches and the credits they carry (what a bulk action touches).
-    async fn job_totals(&self, filter: &JobFilter) -> Result<JobTotals, StoreError>;
+    /// How many jobs `filter` matches and the credits they carry (what a bulk action touches);
+    /// with `net`, also what they cost their accounts now (reads all their entries).
+    async fn job_totals(&self, filter: &JobFilter, net: bool) -> Result<JobTotals, StoreError>;
     /// A job's ledger entries, events and artifacts.
     async fn job_history(&self, job: &JobId) -> Result<JobHistory, StoreError>;
-    /// An account with its holds, its number of entries and its hash chain checked.
+    /// An account with its holds and its number of entries.
     async fn account_detail(&self, account: &AccountId) -> Result<AccountDetail, StoreError>;
+    /// Recomputes an account's hash chain from its entries (reads them all): `None` when intact,
+    /// else the first entry whose hash does not follow.
+    async fn verify_chain(&self, account: &AccountId) -> Result<Option<i64>, StoreError>;
     /// Undelivered webhook deliveries by endpoint: (endpoint, pending, dead).
     async fn webhook_backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError>;
     /// A page of an account's entries, optionally of one kind and from a time on.

@@ -8,18 +8,30 @@ document.addEventListener("submit", (event) => {
   if (question && !window.confirm(question)) event.preventDefault();
 });
 
-// A part marked data-refresh="N" is fetched again every N seconds while the tab is visible and
-// replaced in place; a failed fetch keeps what is shown.
+// A part marked data-refresh="N" is fetched again N seconds after the previous fetch finished
+// (never two at once), while the tab is visible, and replaced in place. A failed fetch keeps what
+// is shown and waits longer; a session that ended sends the page to sign in.
 for (const live of document.querySelectorAll("[data-refresh]")) {
-  const seconds = Math.max(2, Number(live.getAttribute("data-refresh")) || 5);
-  setInterval(async () => {
-    if (document.hidden) return;
-    try {
-      const response = await fetch(window.location.href, { credentials: "same-origin", headers: { "Accept": "text/html" } });
-      if (!response.ok) return;
-      const next = new DOMParser().parseFromString(await response.text(), "text/html").getElementById(live.id);
-      const current = document.getElementById(live.id);
-      if (next && current) current.replaceWith(next);
-    } catch (_) { /* offline for a moment: keep the page */ }
-  }, seconds * 1000);
+  const every = Math.max(5, Number(live.getAttribute("data-refresh")) || 10) * 1000;
+  let wait = every;
+  const refresh = async () => {
+    if (!document.hidden) {
+      try {
+        const response = await fetch(window.location.href, { credentials: "same-origin", headers: { "Accept": "text/html" } });
+        if (response.redirected && new URL(response.url).pathname === "/console/login") {
+          window.location.assign("/console/login");
+          return;
+        }
+        if (!response.ok) throw new Error(String(response.status));
+        const next = new DOMParser().parseFromString(await response.text(), "text/html").getElementById(live.id);
+        const current = document.getElementById(live.id);
+        if (next && current) current.replaceWith(next);
+        wait = every;
+      } catch (_) {
+        wait = Math.min(wait * 2, 5 * 60 * 1000);
+      }
+    }
+    setTimeout(refresh, wait);
+  };
+  setTimeout(refresh, wait);
 }

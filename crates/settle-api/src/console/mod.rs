@@ -30,7 +30,7 @@ pub use session::SessionKey;
 /// Jobs a page lists.
 const PAGE_JOBS: u32 = 100;
 /// Jobs one bulk submission acts on at most; the rest take another submission.
-pub const BULK_MAX: u32 = 5_000;
+pub const BULK_MAX: u32 = 1_000;
 
 const CSS: &str = include_str!("../../assets/console/console.css");
 const JS: &str = include_str!("../../assets/console/console.js");
@@ -39,7 +39,7 @@ const JS: &str = include_str!("../../assets/console/console.js");
 const POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
      connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
-pub fn router() -> Router<AppState> {
+pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/console", get(overview))
         .route("/console/", get(|| async { Redirect::permanent("/console") }))
@@ -58,6 +58,73 @@ pub fn router() -> Router<AppState> {
         .route("/console/audit", post(audit))
         .route("/console/assets/console.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
         .route("/console/assets/console.js", get(|| async { asset("text/javascript; charset=utf-8", JS) }))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state)
+}
+
+/// Before any console page: in loopback mode (no tokens) only a loopback `Host` (a DNS-rebinding
+/// page cannot reach the open console); every POST only from this console's own pages (`Origin`,
+/// `Sec-Fetch-Site`: no cross-site sign-in or action even with a cookie); and the per-token request
+/// rate of the API, keyed by the session cookie (anonymous for sign-in attempts).
+async fn guard(State(s): State<AppState>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let headers = req.headers();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    if s.tokens.is_empty() && !is_loopback_host(host) {
+        tracing::warn!(%host, "console request for a non-loopback host refused in loopback mode");
+        return error_page(
+            None,
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "Without tokens the console answers on a loopback address only.",
+            ),
+        )
+        .into_response();
+    }
+    if req.method() == axum::http::Method::POST && !same_origin(headers, host) {
+        tracing::warn!(%host, "cross-site console POST refused");
+        return error_page(
+            None,
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "Console forms are accepted from this console's own pages only.",
+            ),
+        )
+        .into_response();
+    }
+    if !s.tokens.is_empty() {
+        // A bucket per open session (its CSRF token names it); sign-in attempts and stray
+        // cookies share the anonymous one, so made-up cookies cannot mint buckets.
+        let key = session::session_of(&s, headers).map(|open| crate::auth::Tokens::digest_of(&open.csrf));
+        if let Err(wait) = s.limiter.admit(key) {
+            metrics::counter!("settle_http_rate_limited_total").increment(1);
+            return ApiError::rate_limited(wait).into_response();
+        }
+    }
+    next.run(req).await
+}
+
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    };
+    matches!(name, "localhost" | "127.0.0.1" | "::1") || name.starts_with("127.")
+}
+
+/// A POST a browser says is same-origin: `Sec-Fetch-Site` (sent by every current browser) is
+/// `same-origin` when present, and `Origin`, when present, names this host. Clients that send
+/// neither (curl, tests) are not browsers a cross-site page could drive.
+fn same_origin(headers: &HeaderMap, host: &str) -> bool {
+    let site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+    if site.is_some_and(|s| s != "same-origin" && s != "none") {
+        return false;
+    }
+    match headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
+        None => true,
+        Some(origin) => origin.split_once("://").is_some_and(|(_, rest)| rest == host),
+    }
 }
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
@@ -168,11 +235,12 @@ async fn login(State(s): State<AppState>, headers: HeaderMap, Form(f): Form<Logi
     }
     tracing::info!(actor = %actor, role = actor.role.name(), "console sign-in");
     let https = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()) == Some("https");
-    let value = s.console_key.issue(&actor, session::now_unix() + session::SESSION_SECONDS);
+    let digest = crate::auth::Tokens::digest_of(&f.token);
+    let value = s.console_key.issue(&actor, &digest, session::now_unix() + session::SESSION_SECONDS);
     ([(header::SET_COOKIE, session::set_cookie(&value, https))], Redirect::to("/console")).into_response()
 }
 
-async fn logout(session: Session, Form(f): Form<CsrfForm>) -> Response {
+async fn logout(State(s): State<AppState>, session: Session, Form(f): Form<CsrfForm>) -> Response {
     if !session.csrf_ok(&f.csrf) {
         return error_page(
             Some(&session),
@@ -180,6 +248,8 @@ async fn logout(session: Session, Form(f): Form<CsrfForm>) -> Response {
         )
         .into_response();
     }
+    s.console_key.revoke(&session, session::now_unix());
+    tracing::info!(actor = %session.actor, "console sign-out");
     ([(header::SET_COOKIE, session::clear_cookie())], Redirect::to("/console/login")).into_response()
 }
 
@@ -241,7 +311,7 @@ pub struct JobsQuery {
     pub after: Option<i64>,
 }
 
-fn urlencode(s: &str) -> String {
+pub(crate) fn urlencode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'~') {
@@ -284,6 +354,7 @@ impl JobsQuery {
                 .map(|c| FailCode::parse(c).map_err(|_| bad("fail code")))
                 .transpose()?,
             id_prefix: nonempty(&self.prefix).map(str::to_owned),
+            until_seq: None,
         })
     }
 }
@@ -296,7 +367,7 @@ async fn jobs(State(s): State<AppState>, session: Session, Query(q): Query<JobsQ
         .jobs(&filter, Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS })
         .await
         .map_err(|e| err(e.into()))?;
-    let totals = s.store.job_totals(&filter).await.map_err(|e| err(e.into()))?;
+    let totals = s.store.job_totals(&filter, false).await.map_err(|e| err(e.into()))?;
     Ok(self::page(StatusCode::OK, pages::jobs(&session, &q, &page.rows, page.next_after, &totals)))
 }
 
@@ -322,6 +393,8 @@ pub struct EntriesQuery {
     /// `YYYY-MM-DDTHH:MM` (a `datetime-local` field, read as UTC) or RFC 3339.
     pub since: Option<String>,
     pub after: Option<i64>,
+    /// Recompute the account's hash chain (`chain=true`).
+    pub chain: Option<bool>,
 }
 
 fn parse_since(s: &str) -> Option<Timestamp> {
@@ -347,10 +420,18 @@ async fn account(
         .transpose()
         .map_err(err)?;
     let detail = s.store.account_detail(&id).await.map_err(|e| err(e.into()))?;
+    // Recomputing the chain reads every entry of the account: only when asked.
+    let chain = match q.chain {
+        Some(true) => Some(s.store.verify_chain(&id).await.map_err(|e| err(e.into()))?),
+        _ => None,
+    };
     let page = Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS };
     let entries = s.store.entries(&id, kind, since, page).await.map_err(|e| err(e.into()))?;
     let actions = s.store.actions(None, Some(&id)).await.map_err(|e| err(e.into()))?;
-    Ok(self::page(StatusCode::OK, pages::account(&session, &detail, &q, &entries.rows, entries.next_after, &actions)))
+    Ok(self::page(
+        StatusCode::OK,
+        pages::account(&session, &detail, chain, &q, &entries.rows, entries.next_after, &actions),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -461,7 +542,7 @@ async fn bulk_confirm(State(s): State<AppState>, session: Session, Query(q): Que
     }
     let action = bulk_action(&session, &q.action)?;
     let filter = bulk_filter(&session, action, &q.jobs)?;
-    let totals = s.store.job_totals(&filter).await.map_err(|e| error_page(Some(&session), e))?;
+    let totals = s.store.job_totals(&filter, true).await.map_err(|e| error_page(Some(&session), e))?;
     Ok(page(StatusCode::OK, pages::bulk_confirm(&session, action, &filter, &q.jobs.filter_query(), &totals)))
 }
 
@@ -472,22 +553,56 @@ struct BulkForm {
     action: String,
     /// The filter as a query string (`state=dead&kind=render`), as the confirmation page carried it.
     filter: String,
+    /// How many jobs the confirmation said, and the newest of them: the action takes no job
+    /// created since, and is refused if more match now than were confirmed.
+    expected: i64,
+    until: i64,
 }
 
-/// Acts on every job the filter matches, up to `BULK_MAX`, each in its own transaction (each
-/// recorded in the action log), walking the matching jobs in creation order.
+/// Acts on the jobs the confirmation counted (the filter, up to the newest job it saw), at most
+/// `BULK_MAX` per submission, each in its own transaction recorded in the action log, walking
+/// them in creation order. Jobs the action cannot move (a withdrawal, a running job already asked
+/// to cancel) are passed over and listed.
 async fn bulk(State(s): State<AppState>, session: Session, Form(f): Form<BulkForm>) -> PageResult {
     may_act(&session, &f.csrf)?;
     let action = bulk_action(&session, &f.action)?;
     let q: JobsQuery = serde_urlencoded_query(&f.filter).map_err(|e| error_page(Some(&session), e))?;
-    let filter = bulk_filter(&session, action, &q)?;
-    let (mut done, mut skipped, mut after) = (0u64, Vec::new(), 0i64);
+    let mut filter = bulk_filter(&session, action, &q)?;
+    filter.until_seq = Some(f.until);
+    let err = |e: StoreError| error_page(Some(&session), e);
+    let now = s.store.job_totals(&filter, false).await.map_err(err)?;
+    if now.jobs > f.expected {
+        return Err(error_page(
+            Some(&session),
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                format!(
+                    "{} jobs match now, not the {} you confirmed: nothing was done. Look at the list again and confirm anew.",
+                    now.jobs, f.expected
+                ),
+            ),
+        ));
+    }
+    let names_withdrawals = filter.kind.as_ref().is_some_and(|k| k.as_str() == settle_core::job::WITHDRAWAL_KIND);
+    let (mut done, mut skipped, mut after, mut more) = (0u64, Vec::new(), 0i64, false);
     'pages: loop {
-        let page =
-            s.store.jobs(&filter, Page { after, limit: 500 }).await.map_err(|e| error_page(Some(&session), e))?;
+        let page = s.store.jobs(&filter, Page { after, limit: 200 }).await.map_err(err)?;
         for job in &page.rows {
-            if done + skipped.len() as u64 >= u64::from(BULK_MAX) {
+            if done >= u64::from(BULK_MAX) {
+                more = true;
                 break 'pages;
+            }
+            let passed_over = if job.kind == settle_core::job::WITHDRAWAL_KIND && !names_withdrawals {
+                Some("a withdrawal: act on withdrawals with a filter of kind withdrawal")
+            } else if action == "cancel" && job.cancel_requested {
+                Some("already asked to cancel; it stops at its next item boundary")
+            } else {
+                None
+            };
+            if let Some(why) = passed_over {
+                skipped.push((job.id.clone(), why.to_owned()));
+                continue;
             }
             let id = JobId::parse(&job.id).map_err(|_| error_page(Some(&session), ApiError::invalid("bad job id")))?;
             let outcome = match action {
@@ -504,11 +619,8 @@ async fn bulk(State(s): State<AppState>, session: Session, Form(f): Form<BulkFor
             None => break,
         }
     }
-    let remaining = s.store.job_totals(&filter).await.map(|t| t.jobs).unwrap_or(0);
-    tracing::info!(actor = %session.actor, action, filter = %f.filter, done, skipped = skipped.len(), "console: bulk action");
-    // A cancel of a running job leaves it running (cancel requested): it still matches.
-    let remaining = if filter.state == Some(JobState::Running) { 0 } else { remaining };
-    Ok(page(StatusCode::OK, pages::bulk_done(&session, action, done, &skipped, remaining)))
+    tracing::info!(actor = %session.actor, action, filter = %f.filter, done, skipped = skipped.len(), more, "console: bulk action");
+    Ok(page(StatusCode::OK, pages::bulk_done(&session, action, done, &skipped, more)))
 }
 
 fn serde_urlencoded_query(text: &str) -> Result<JobsQuery, ApiError> {

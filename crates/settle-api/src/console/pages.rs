@@ -144,7 +144,7 @@ pub fn overview(
         o.jobs.iter().find(|(k, s, _)| k == kind && *s == state).map(|(_, _, n)| *n).unwrap_or(0)
     };
     let body = html! {
-        div id="live" data-refresh="5" {
+        div id="live" data-refresh="10" {
             h1 { "Overview" }
             section class="tiles" {
                 a class="tile" href="/console/jobs?state=queued" { span class="n" { (credits(o.due)) } span { "due now" } }
@@ -267,10 +267,7 @@ pub fn jobs(session: &Session, q: &super::JobsQuery, page: &[Job], next: Option<
             label { "id prefix " input name="prefix" value=[q.prefix.as_deref()] size="12"; }
             button type="submit" { "Filter" }
         }
-        p class="muted" {
-            (credits(totals.jobs)) " jobs match, costing " (credits(totals.cost)) " credits; they hold "
-            (credits(-totals.net)) " credits of their accounts now."
-        }
+        p class="muted" { (credits(totals.jobs)) " jobs match, costing " (credits(totals.cost)) " credits." }
         @if session.can_act() && totals.jobs > 0 {
             div class="bulk" {
                 @if q.state.as_deref() == Some("dead") {
@@ -515,6 +512,7 @@ fn entries_table(entries: &[LedgerEntry], with_job: bool) -> Markup {
 pub fn account(
     session: &Session,
     d: &AccountDetail,
+    chain: Option<Option<i64>>,
     q: &super::EntriesQuery,
     entries: &[LedgerEntry],
     next: Option<i64>,
@@ -535,9 +533,10 @@ pub fn account(
             p {
                 "The balance is the sum of the account's " (credits(d.entries)) " ledger entries, each with the running balance after it. "
                 "Hash chain: "
-                @match d.chain_break {
-                    None => strong class="ok" { "intact" },
-                    Some(seq) => strong class="error" { "broken at entry " (seq) },
+                @match chain {
+                    None => a href={ "/console/accounts/" (a.id.as_str()) "?chain=true" } { "check it" },
+                    Some(None) => strong class="ok" { "intact" },
+                    Some(Some(seq)) => strong class="error" { "broken at entry " (seq) },
                 }
                 "."
             }
@@ -551,7 +550,7 @@ pub fn account(
             }
             (entries_table(entries, true))
             @if let Some(after) = next {
-                p { a class="button" href={ "?after=" (after) @if let Some(k) = &q.kind { "&kind=" (k) } @if let Some(s) = &q.since { "&since=" (s) } } { "Next page →" } }
+                p { a class="button" href={ "?after=" (after) @if let Some(k) = &q.kind { "&kind=" (super::urlencode(k)) } @if let Some(s) = &q.since { "&since=" (super::urlencode(s)) } } { "Next page →" } }
             }
         }
         section class="card" {
@@ -597,8 +596,8 @@ pub fn bulk_confirm(
         section class="card" {
             p {
                 "This will " strong { (action) } " " strong { (credits(totals.jobs)) " jobs" }
-                " matching " (describe(filter)) ", carrying " strong { (credits(totals.cost)) " credits" } " of cost ("
-                (credits(-totals.net)) " held from their accounts now)."
+                " matching " (describe(filter)) ", carrying " strong { (credits(totals.cost)) " credits" } " of cost"
+                @if let Some(net) = totals.net { " (" (credits(-net)) " held from their accounts now)" } "."
             }
             @if action == "cancel" { p { "Queued jobs are cancelled and refunded at once; running jobs stop at their next item boundary." } }
             @if action == "requeue" { p { "Each goes back to queued with a fresh attempt budget; what was refunded stays refunded until a success reclaims it." } }
@@ -608,6 +607,7 @@ pub fn bulk_confirm(
                 input type="hidden" name="action" value=(action);
                 input type="hidden" name="filter" value=(filter_qs);
                 input type="hidden" name="expected" value=(totals.jobs);
+                input type="hidden" name="until" value=(totals.last_seq);
                 button type="submit" class="danger" { (what) " " (credits(totals.jobs)) " jobs" }
                 " "
                 a href={ "/console/jobs?" (filter_qs) } { "Back" }
@@ -637,12 +637,12 @@ pub fn describe(f: &JobFilter) -> String {
     if parts.is_empty() { "every job".into() } else { parts.join(", ") }
 }
 
-pub fn bulk_done(session: &Session, action: &str, done: u64, skipped: &[(String, String)], remaining: i64) -> Markup {
+pub fn bulk_done(session: &Session, action: &str, done: u64, skipped: &[(String, String)], more: bool) -> Markup {
     let body = html! {
         h1 { "Done" }
         section class="card" {
             p { strong { (done) } " jobs " (if action == "requeue" { "requeued" } else { "cancelled or asked to cancel" }) "." }
-            @if remaining > 0 { p { (credits(remaining)) " still match: run it again." } }
+            @if more { p { strong { "More jobs match than one submission takes (" (super::BULK_MAX) "): run it again." } } }
             @if !skipped.is_empty() {
                 p { (skipped.len()) " skipped:" }
                 ul { @for (id, why) in skipped.iter().take(50) { li { a href={ "/console/jobs/" (id) } { (id) } ": " (why) } } }
@@ -722,7 +722,7 @@ pub fn webhooks(session: &Session, summary: &WebhookSummary, dead: &[settle_stor
                             td { (d.endpoint_id) } td class="num" { (d.event.seq) } td { (d.event.kind.as_str()) } td class="num" { (d.attempts) }
                             td { (d.last_status.map(|s| s.to_string()).unwrap_or_default()) " " (d.last_error.as_deref().unwrap_or("")) }
                             @if session.can_act() {
-                                td { (action_button(session, &format!("/console/webhooks/{}/{}/requeue", d.endpoint_id, d.event.seq), "Requeue", None, false)) }
+                                td { (action_button(session, &format!("/console/webhooks/{}/{}/requeue", super::urlencode(&d.endpoint_id), d.event.seq), "Requeue", None, false)) }
                             }
                         }
                     }

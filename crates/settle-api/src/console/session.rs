@@ -1,9 +1,12 @@
 //! Console sessions: sign in with a bearer token once, then a signed cookie.
 //!
-//! The cookie is `v1|NAME|ROLE|EXPIRES|NONCE.SIG`, `SIG` the hex HMAC-SHA256 of the rest under a
-//! key made at startup (a restart signs everyone out). It carries no secret: the token itself is
-//! never stored. Every request re-checks that the token named in it is still configured with the
-//! same role, so removing a token ends its sessions. Each session has a CSRF token, the HMAC of the
+//! The cookie is `v1|NAME|ROLE|BINDING|EXPIRES|NONCE.SIG`, `SIG` the hex HMAC-SHA256 of the rest
+//! under the console key: made at startup (a restart signs everyone out), or derived from
+//! `SETTLE_CONSOLE_SECRET` so that every process behind one address accepts the others' sessions.
+//! It carries no secret: `BINDING` is an HMAC of the token's digest, so every request re-checks
+//! that the very token signed in with is still configured with the same role — a token rotated or
+//! removed ends its sessions, even under the same name. Signing out revokes the session's nonce in
+//! this process until it would have expired. Each session has a CSRF token, the HMAC of the
 //! session under another label, which every form carries and every POST must present.
 
 use crate::app::AppState;
@@ -13,50 +16,100 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use settle_core::signature::hmac_sha256;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use subtle::ConstantTimeEq;
 
 pub const COOKIE: &str = "settle_console";
 /// How long a session lasts after sign-in.
 pub const SESSION_SECONDS: i64 = 8 * 3600;
 
-/// The key that signs sessions, made once per process.
+/// The key that signs sessions, and the nonces signed out before they expired.
 #[derive(Clone)]
-pub struct SessionKey([u8; 32]);
+pub struct SessionKey {
+    key: [u8; 32],
+    revoked: Arc<Mutex<HashMap<String, i64>>>,
+}
 
 impl SessionKey {
+    /// A key of this process alone.
     pub fn random() -> SessionKey {
         let mut key = [0u8; 32];
         getrandom::fill(&mut key).expect("the operating system's random source works");
-        SessionKey(key)
+        SessionKey { key, revoked: Arc::default() }
+    }
+
+    /// A key every process configured with the same secret shares (at least 32 characters).
+    pub fn from_secret(secret: &str) -> Result<SessionKey, String> {
+        if secret.len() < 32 {
+            return Err("SETTLE_CONSOLE_SECRET must be at least 32 characters".into());
+        }
+        Ok(SessionKey { key: hmac_sha256(secret.as_bytes(), b"settle.console.v1"), revoked: Arc::default() })
+    }
+
+    /// Ties a session to the token that opened it (its digest, never the token).
+    pub fn binding(&self, token_digest: &[u8; 32]) -> String {
+        self.sign("binding", &hex::encode(token_digest))[..32].to_owned()
+    }
+
+    /// Signs a session out in this process until it would have expired.
+    pub fn revoke(&self, session: &Session, now: i64) {
+        let mut revoked = self.revoked.lock().unwrap_or_else(|p| p.into_inner());
+        revoked.retain(|_, expires| *expires > now);
+        revoked.insert(session.nonce.clone(), session.expires);
+    }
+
+    fn is_revoked(&self, nonce: &str) -> bool {
+        self.revoked.lock().unwrap_or_else(|p| p.into_inner()).contains_key(nonce)
     }
 
     fn sign(&self, label: &str, payload: &str) -> String {
-        hex::encode(hmac_sha256(&self.0, format!("{label}|{payload}").as_bytes()))
+        hex::encode(hmac_sha256(&self.key, format!("{label}|{payload}").as_bytes()))
     }
 
-    /// A new session's cookie value for `actor`, valid until `expires` (unix seconds).
-    pub fn issue(&self, actor: &Actor, expires: i64) -> String {
+    /// A new session's cookie value for `actor` (signed in with the token of `token_digest`),
+    /// valid until `expires` (unix seconds).
+    pub fn issue(&self, actor: &Actor, token_digest: &[u8; 32], expires: i64) -> String {
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).expect("the operating system's random source works");
-        let payload = format!("v1|{}|{}|{}|{}", actor.name, actor.role.name(), expires, hex::encode(nonce));
+        let binding = self.binding(token_digest);
+        let payload = format!("v1|{}|{}|{binding}|{expires}|{}", actor.name, actor.role.name(), hex::encode(nonce));
         let sig = self.sign("session", &payload);
         format!("{payload}.{sig}")
     }
 
-    /// The session a cookie value names, if its signature holds and it has not expired.
-    fn open(&self, value: &str, now: i64) -> Option<(String, Role, String)> {
+    /// The session a cookie value names, if its signature holds, it has not expired and it was
+    /// not signed out.
+    fn open(&self, value: &str, now: i64) -> Option<Opened> {
         let (payload, sig) = value.rsplit_once('.')?;
         let expected = self.sign("session", payload);
         if !bool::from(expected.as_bytes().ct_eq(sig.as_bytes())) {
             return None;
         }
-        let mut parts = payload.split('|');
-        let (version, name, role, expires) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-        if version != "v1" || expires.parse::<i64>().ok()? <= now {
+        let parts: Vec<&str> = payload.split('|').collect();
+        let [version, name, role, binding, expires, nonce] = parts.as_slice() else { return None };
+        let expires = expires.parse::<i64>().ok()?;
+        if *version != "v1" || expires <= now || self.is_revoked(nonce) {
             return None;
         }
-        Some((name.to_owned(), Role::parse(role)?, payload.to_owned()))
+        Some(Opened {
+            name: (*name).to_owned(),
+            role: Role::parse(role)?,
+            binding: (*binding).to_owned(),
+            expires,
+            nonce: (*nonce).to_owned(),
+            payload: payload.to_owned(),
+        })
     }
+}
+
+struct Opened {
+    name: String,
+    role: Role,
+    binding: String,
+    expires: i64,
+    nonce: String,
+    payload: String,
 }
 
 /// A signed-in operator (or, with no tokens configured, the loopback operator).
@@ -67,6 +120,8 @@ pub struct Session {
     pub csrf: String,
     /// No tokens are configured: nobody signs in or out.
     pub loopback: bool,
+    nonce: String,
+    expires: i64,
 }
 
 impl Session {
@@ -80,11 +135,14 @@ impl Session {
     }
 }
 
-fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
-    headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|c| {
-        let (k, v) = c.trim().split_once('=')?;
-        (k == name).then(|| v.to_owned())
-    })
+/// Every value of the cookie `name` (a browser may send several: another path's, another port's).
+fn cookies<'h>(headers: &'h HeaderMap, name: &'h str) -> impl Iterator<Item = &'h str> + 'h {
+    headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).filter_map(
+        move |c| {
+            let (k, v) = c.trim().split_once('=')?;
+            (k == name).then_some(v)
+        },
+    )
 }
 
 pub fn now_unix() -> i64 {
@@ -96,15 +154,26 @@ pub fn session_of(state: &AppState, headers: &HeaderMap) -> Option<Session> {
     let key = &state.console_key;
     if state.tokens.is_empty() {
         let csrf = key.sign("csrf", "loopback")[..32].to_owned();
-        return Some(Session { actor: Actor { name: "loopback".into(), role: Role::Admin }, csrf, loopback: true });
+        let actor = Actor { name: "loopback".into(), role: Role::Admin };
+        return Some(Session { actor, csrf, loopback: true, nonce: String::new(), expires: i64::MAX });
     }
-    let (name, role, payload) = key.open(&cookie(headers, COOKIE)?, now_unix())?;
-    // Signed out everywhere when the token is removed or its role changes.
-    if state.tokens.role_of(&name) != Some(role) {
+    let now = now_unix();
+    // The first value that opens: a stray cookie of the same name (another path) cannot shadow it.
+    let opened = cookies(headers, COOKIE).find_map(|v| key.open(v, now))?;
+    // Ended when its token is removed, rotated or given another role.
+    let (role, digest) = state.tokens.entry_of(&opened.name)?;
+    let binding = key.binding(&digest);
+    if role != opened.role || !bool::from(binding.as_bytes().ct_eq(opened.binding.as_bytes())) {
         return None;
     }
-    let csrf = key.sign("csrf", &payload)[..32].to_owned();
-    Some(Session { actor: Actor { name, role }, csrf, loopback: false })
+    let csrf = key.sign("csrf", &opened.payload)[..32].to_owned();
+    Some(Session {
+        actor: Actor { name: opened.name, role },
+        csrf,
+        loopback: false,
+        nonce: opened.nonce,
+        expires: opened.expires,
+    })
 }
 
 impl FromRequestParts<AppState> for Session {
@@ -135,11 +204,14 @@ mod tests {
     }
 
     #[test]
-    fn a_session_opens_only_with_its_signature_and_before_it_expires() {
+    fn a_session_opens_only_with_its_signature_before_it_expires_and_until_signed_out() {
         let key = SessionKey::random();
-        let value = key.issue(&actor(Role::Client), 1_000);
-        let (name, role, _) = key.open(&value, 999).expect("valid");
-        assert_eq!((name.as_str(), role), ("ops-1", Role::Client));
+        let digest = [7u8; 32];
+        let value = key.issue(&actor(Role::Client), &digest, 1_000);
+        let opened = key.open(&value, 999).expect("valid");
+        assert_eq!((opened.name.as_str(), opened.role), ("ops-1", Role::Client));
+        assert_eq!(opened.binding, key.binding(&digest));
+        assert_ne!(opened.binding, key.binding(&[8u8; 32]), "another token, another binding");
         assert!(key.open(&value, 1_000).is_none(), "expired");
         assert!(SessionKey::random().open(&value, 999).is_none(), "another process's key");
         let forged = value.replacen("|client|", "|admin|", 1);
@@ -148,5 +220,23 @@ mod tests {
         let mut bad = sig.to_owned();
         bad.replace_range(0..1, if &sig[0..1] == "0" { "1" } else { "0" });
         assert!(key.open(&format!("{payload}.{bad}"), 999).is_none());
+        let session = Session {
+            actor: actor(Role::Client),
+            csrf: String::new(),
+            loopback: false,
+            nonce: opened.nonce.clone(),
+            expires: opened.expires,
+        };
+        key.revoke(&session, 999);
+        assert!(key.open(&value, 999).is_none(), "signed out");
+    }
+
+    #[test]
+    fn processes_sharing_a_secret_share_sessions() {
+        let secret = "a-shared-console-secret-of-32-chars!";
+        let (a, b) = (SessionKey::from_secret(secret).unwrap(), SessionKey::from_secret(secret).unwrap());
+        let value = a.issue(&actor(Role::Admin), &[1u8; 32], 1_000);
+        assert!(b.open(&value, 999).is_some());
+        assert!(SessionKey::from_secret("short").is_err());
     }
 }

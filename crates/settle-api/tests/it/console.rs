@@ -14,6 +14,8 @@ on_both_engines!(
     a_client_token_reads_but_cannot_act,
     bulk_requeue_acts_on_every_job_the_filter_matches,
     the_pages_show_where_the_credits_went,
+    a_signed_out_or_rotated_session_is_no_session,
+    cross_site_posts_and_foreign_hosts_are_refused,
 );
 
 const ADMIN: &str = "admin-token-for-console-tests";
@@ -47,8 +49,14 @@ async fn page(b: &reqwest::Client, s: &Server, path: &str) -> (u16, String) {
 }
 
 fn csrf_of(html: &str) -> String {
-    let at = html.find(r#"name="csrf" value=""#).expect("the page has a form with a CSRF token");
-    html[at + 19..].split('"').next().unwrap().to_owned()
+    hidden(html, "csrf")
+}
+
+/// The value of the page's first hidden field `name`.
+fn hidden(html: &str, name: &str) -> String {
+    let marker = format!(r#"name="{name}" value=""#);
+    let at = html.find(&marker).unwrap_or_else(|| panic!("the page has no field {name}"));
+    html[at + marker.len()..].split('"').next().unwrap().to_owned()
 }
 
 async fn post(b: &reqwest::Client, s: &Server, path: &str, form: &[(&str, &str)]) -> (u16, String) {
@@ -189,7 +197,8 @@ async fn a_client_token_reads_but_cannot_act(e: Engine) {
     for path in ["/console/jobs/j1/requeue", "/console/jobs/j1/cancel", "/console/audit"] {
         assert_eq!(post(&b, &s, path, &[("csrf", &csrf)]).await.0, 403, "{path}");
     }
-    let bulk = [("csrf", csrf.as_str()), ("action", "requeue"), ("filter", "state=dead")];
+    let bulk =
+        [("csrf", csrf.as_str()), ("action", "requeue"), ("filter", "state=dead"), ("expected", "1"), ("until", "999")];
     assert_eq!(post(&b, &s, "/console/bulk", &bulk).await.0, 403);
     assert_eq!(page(&b, &s, "/console/bulk?action=requeue&state=dead").await.0, 403);
     assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "dead");
@@ -209,11 +218,36 @@ async fn bulk_requeue_acts_on_every_job_the_filter_matches(e: Engine) {
     let (status, html) = page(&b, &s, "/console/bulk?action=requeue&state=dead&account=acme").await;
     assert_eq!(status, 200);
     assert!(html.contains("<strong>3 jobs</strong>") && html.contains("<strong>90 credits</strong>"), "{html}");
-    let csrf = csrf_of(&html);
+    let (csrf, expected, until) = (csrf_of(&html), hidden(&html, "expected"), hidden(&html, "until"));
+    assert_eq!(expected, "3");
     // Requeue needs dead jobs: a filter without the state is refused.
-    let refused = [("csrf", csrf.as_str()), ("action", "requeue"), ("filter", "account=acme")];
+    let refused = [
+        ("csrf", csrf.as_str()),
+        ("action", "requeue"),
+        ("filter", "account=acme"),
+        ("expected", "3"),
+        ("until", &until),
+    ];
     assert_eq!(post(&b, &s, "/console/bulk", &refused).await.0, 400);
-    let form = [("csrf", csrf.as_str()), ("action", "requeue"), ("filter", "state=dead&account=acme")];
+    // A job that dies after the confirmation is not in what was confirmed.
+    dead_job(&s, "acme-late", "acme").await;
+    // More than confirmed now match (a wider filter than the confirmation's): refused, nothing done.
+    let wider = [
+        ("csrf", csrf.as_str()),
+        ("action", "requeue"),
+        ("filter", "state=dead"),
+        ("expected", "3"),
+        ("until", "999999999999"),
+    ];
+    assert_eq!(post(&b, &s, "/console/bulk", &wider).await.0, 409);
+    assert_eq!(s.get("/v1/jobs/acme-0").await.body["state"], "dead");
+    let form = [
+        ("csrf", csrf.as_str()),
+        ("action", "requeue"),
+        ("filter", "state=dead&account=acme"),
+        ("expected", &expected),
+        ("until", &until),
+    ];
     let (status, html) = post(&b, &s, "/console/bulk", &form).await;
     assert_eq!(status, 200);
     assert!(html.contains("<strong>3</strong> jobs requeued"), "{html}");
@@ -221,6 +255,7 @@ async fn bulk_requeue_acts_on_every_job_the_filter_matches(e: Engine) {
         assert_eq!(s.get(&format!("/v1/jobs/acme-{i}")).await.body["state"], "queued");
     }
     assert_eq!(s.get("/v1/jobs/other-0").await.body["state"], "dead", "outside the filter: untouched");
+    assert_eq!(s.get("/v1/jobs/acme-late").await.body["state"], "dead", "created after the confirmation: untouched");
     let actions = s.store_handle().actions(None, None).await.unwrap();
     assert_eq!(actions.iter().filter(|a| a.action == "requeue" && a.actor == "ops-ana").count(), 3);
 }
@@ -237,7 +272,9 @@ async fn the_pages_show_where_the_credits_went(e: Engine) {
         assert!(html.contains(what), "job page shows {what}");
     }
     let (_, html) = page(&b, &s, "/console/accounts/acme").await;
-    assert!(html.contains("<strong class=\"ok\">intact</strong>"), "the chain is checked");
+    assert!(html.contains("?chain=true\">check it</a>"), "the chain is checked on demand");
+    let (_, checked) = page(&b, &s, "/console/accounts/acme?chain=true").await;
+    assert!(checked.contains("<strong class=\"ok\">intact</strong>"), "the chain is checked");
     assert!(html.contains(r#"<a href="/console/jobs/j1">j1</a>"#), "entries link to their job");
     let (_, html) = page(&b, &s, "/console/accounts/acme?kind=refund").await;
     assert!(html.contains("<td>refund</td>") && !html.contains("<td>charge</td>"), "filtered by kind");
@@ -252,4 +289,81 @@ async fn the_pages_show_where_the_credits_went(e: Engine) {
         let (_, html) = page(&b, &s, path).await;
         assert!(!html.contains("src=\"http") && !html.contains("href=\"http"), "{path} loads from elsewhere");
     }
+}
+
+async fn a_signed_out_or_rotated_session_is_no_session(e: Engine) {
+    let s = server(e).await;
+    let (b, _) = sign_in(&s, ADMIN).await;
+    let r = browser().post(format!("{}/console/login", s.base)).form(&[("token", ADMIN)]).send().await.unwrap();
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
+    let with_cookie = |c: &str| {
+        let c = c.to_owned();
+        let base = s.base.clone();
+        async move {
+            let plain = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+            plain.get(format!("{base}/console")).header("cookie", c).send().await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(with_cookie(&cookie).await, 200);
+    // A stray cookie of the same name sent first does not shadow the valid one.
+    assert_eq!(with_cookie(&format!("settle_console=junk; {cookie}")).await, 200);
+    // Signing out in one browser ends that session, and a copy of its cookie with it.
+    let copied = with_cookie(&cookie);
+    let plain = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let html =
+        plain.get(format!("{}/console", s.base)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
+    let out = plain
+        .post(format!("{}/console/logout", s.base))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf_of(&html))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert_eq!(copied.await, 303, "the signed-out session's cookie no longer opens the console");
+    // The other browser's session is its own.
+    assert_eq!(page(&b, &s, "/console").await.0, 200);
+}
+
+async fn cross_site_posts_and_foreign_hosts_are_refused(e: Engine) {
+    let s = server(e).await;
+    s.account("acme", 100).await;
+    dead_job(&s, "j1", "acme").await;
+    let (b, _) = sign_in(&s, ADMIN).await;
+    let (_, html) = page(&b, &s, "/console/jobs/j1").await;
+    let csrf = csrf_of(&html);
+    let url = format!("{}/console/jobs/j1/requeue", s.base);
+    for (header, value) in
+        [("origin", "https://evil.example"), ("sec-fetch-site", "cross-site"), ("sec-fetch-site", "same-site")]
+    {
+        let r = b.post(&url).header(header, value).form(&[("csrf", csrf.as_str())]).send().await.unwrap();
+        assert_eq!(r.status(), 403, "{header}: {value}");
+    }
+    // Sign-in from another site is refused too (no login CSRF).
+    let r = browser()
+        .post(format!("{}/console/login", s.base))
+        .header("origin", "https://evil.example")
+        .form(&[("token", ADMIN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "dead");
+    let origin = s.base.clone();
+    let r = b
+        .post(&url)
+        .header("origin", origin)
+        .header("sec-fetch-site", "same-origin")
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303, "this console's own page may post");
+    // Without tokens (loopback mode) the console answers a loopback Host only.
+    let open = Server::start(e).await;
+    let plain = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let r = plain.get(format!("{}/console", open.base)).send().await.unwrap();
+    assert_eq!(r.status(), 200, "loopback mode: the console is open on loopback");
+    let r = plain.get(format!("{}/console", open.base)).header("host", "rebound.evil.example").send().await.unwrap();
+    assert_eq!(r.status(), 403, "a DNS-rebound name is not served the open console");
 }

@@ -555,10 +555,10 @@ impl Store for SqlStore {
         self.read(op!([] | db, _cx | crate::console::overview(db, now, since).await)).await
     }
 
-    async fn job_totals(&self, filter: &JobFilter) -> Result<JobTotals, StoreError> {
+    async fn job_totals(&self, filter: &JobFilter, net: bool) -> Result<JobTotals, StoreError> {
         crate::console::check_filter(filter)?;
         let filter = filter.clone();
-        self.read(op!([filter] | db, _cx | crate::console::job_totals(db, &filter).await)).await
+        self.read(op!([filter] | db, _cx | crate::console::job_totals(db, &filter, net).await)).await
     }
 
     async fn job_history(&self, job: &JobId) -> Result<JobHistory, StoreError> {
@@ -569,6 +569,11 @@ impl Store for SqlStore {
     async fn account_detail(&self, account: &AccountId) -> Result<AccountDetail, StoreError> {
         let id = account.clone();
         self.read(op!([id] | db, _cx | crate::console::account_detail(db, id.as_str()).await)).await
+    }
+
+    async fn verify_chain(&self, account: &AccountId) -> Result<Option<i64>, StoreError> {
+        let id = account.clone();
+        self.read(op!([id] | db, _cx | crate::console::verify_chain(db, id.as_str()).await)).await
     }
 
     async fn entries(

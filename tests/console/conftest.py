@@ -1,0 +1,135 @@
+"""A real `settle serve` (SQLite, a temp dir, tokens) and a real headless Chromium for the console's
+end-to-end tests. Started once per test session; every test seeds what it needs over the HTTP API."""
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN = "console-e2e-admin-token"
+CLIENT = "console-e2e-client-token"
+CHROMIUM = os.environ.get("SETTLE_CHROMIUM", "/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Api:
+    """The HTTP API, to seed data as a platform would."""
+
+    def __init__(self, base: str):
+        self.base = base
+
+    def call(self, method: str, path: str, body=None, token: str = ADMIN):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+    def account(self, account_id: str, credits: int):
+        assert self.call("POST", "/v1/accounts", {"id": account_id})[0] in (200, 201)
+        status, _ = self.call("POST", f"/v1/accounts/{account_id}/grants", {"id": f"g-{account_id}", "amount": credits})
+        assert status in (200, 201)
+
+    def dead_job(self, job_id: str, account_id: str, kind: str = "render"):
+        """A job that was charged, ran once, failed TIMEOUT and died (its items refunded). The claim
+        takes the oldest due job of `kind`: give each test a kind of its own."""
+        items = [{"id": "frame-1", "cost": 10}, {"id": "frame-2", "cost": 20}]
+        status, job = self.call(
+            "POST", "/v1/jobs", {"id": job_id, "account_id": account_id, "kind": kind, "items": items, "max_attempts": 1}
+        )
+        assert status == 201, job
+        status, claimed = self.call("POST", "/v1/claims", {"worker": "gpu-7", "kinds": [kind]})
+        assert status == 200 and claimed["jobs"], claimed
+        token = claimed["jobs"][0]["lease_token"]
+        status, job = self.call(
+            "POST",
+            f"/v1/jobs/{job_id}/fail",
+            {"lease_token": token, "code": "TIMEOUT", "message": "no answer in 30 s", "retryable": False},
+        )
+        assert status == 200 and job["state"] == "dead", job
+
+    def job(self, job_id: str):
+        return self.call("GET", f"/v1/jobs/{job_id}")[1]
+
+
+@pytest.fixture(scope="session")
+def server():
+    binary = Path(os.environ.get("SETTLE_BIN", ROOT / "target" / "debug" / "settle"))
+    assert binary.exists(), f"{binary} is missing: build it first (cargo build)"
+    workdir = tempfile.TemporaryDirectory(prefix="settle-console-e2e-")
+    port = free_port()
+    env = dict(os.environ, SETTLE_TOKENS=f"admin:ops-ana={ADMIN},client:support-sam={CLIENT}")
+    log = open(Path(workdir.name) / "serve.log", "w")
+    proc = subprocess.Popen(
+        [str(binary), "serve", "--listen", f"127.0.0.1:{port}"], cwd=workdir.name, env=env, stdout=log, stderr=log
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(base + "/healthz", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        raise RuntimeError("settle serve did not start: " + (Path(workdir.name) / "serve.log").read_text())
+    yield base, Api(base)
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+    workdir.cleanup()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def context(browser, server):
+    """A fresh browser profile that refuses, and records, every request to another origin."""
+    base, _ = server
+    ctx = browser.new_context(viewport={"width": 1280, "height": 800})
+    outside = []
+
+    def guard(route):
+        if route.request.url.startswith(base) or route.request.url.startswith(("data:", "blob:")):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    ctx.route("**/*", guard)
+    ctx.outside_requests = outside
+    yield ctx
+    ctx.close()
+    assert not outside, f"pages asked another origin for: {outside}"
