@@ -197,6 +197,14 @@ pub trait Store: Send + Sync {
     /// Recomputes an account's hash chain from its entries (reads them all): `None` when intact,
     /// else the first entry whose hash does not follow.
     async fn verify_chain(&self, account: &AccountId) -> Result<Option<i64>, StoreError>;
+    /// Records an operator action that moves nothing (an audit run from the console) in the
+    /// action log: who, what, when, and what it found.
+    async fn record_action_by(
+        &self,
+        actor: &str,
+        action: &'static str,
+        detail: serde_json::Value,
+    ) -> Result<(), StoreError>;
     /// Undelivered webhook deliveries by endpoint: (endpoint, pending, dead).
     async fn webhook_backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError>;
     /// A page of an account's entries, optionally of one kind and from a time on.

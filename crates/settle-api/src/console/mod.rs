@@ -23,7 +23,7 @@ use settle_core::Timestamp;
 use settle_core::ids::{AccountId, FailCode, JobId, JobKind};
 use settle_core::job::JobState;
 use settle_core::ledger::EntryKind;
-use settle_store::{CancelOutcome, DeliveryFilter, JobFilter, Page, StoreError, WithdrawalFilter};
+use settle_store::{DeliveryFilter, JobFilter, Page, StoreError, WithdrawalFilter};
 
 pub use session::SessionKey;
 
@@ -48,8 +48,7 @@ pub fn router(state: AppState) -> Router {
         .route("/console/find", get(find))
         .route("/console/jobs", get(jobs))
         .route("/console/jobs/{id}", get(job))
-        .route("/console/jobs/{id}/requeue", post(requeue))
-        .route("/console/jobs/{id}/cancel", post(cancel))
+        .route("/console/jobs/{id}/{action}", post(job_action))
         .route("/console/bulk", get(bulk_confirm).post(bulk))
         .route("/console/accounts/{id}", get(account))
         .route("/console/withdrawals", get(withdrawals))
@@ -456,29 +455,23 @@ async fn webhooks(State(s): State<AppState>, session: Session) -> PageResult {
 
 // ----- acting ---------------------------------------------------------------------------------
 
-async fn requeue(
+/// Requeue or cancel one job, as the job page's buttons ask.
+async fn job_action(
     State(s): State<AppState>,
     session: Session,
-    Path(id): Path<String>,
+    Path((id, action)): Path<(String, String)>,
     Form(f): Form<CsrfForm>,
 ) -> PageResult {
     may_act(&session, &f.csrf)?;
     let id = job_id(&session, &id)?;
-    s.store.requeue_by(&id, &session.actor.name).await.map_err(|e| error_page(Some(&session), e))?;
-    tracing::info!(actor = %session.actor, job = %id, "console: requeue");
-    Ok(Redirect::to(&format!("/console/jobs/{id}")).into_response())
-}
-
-async fn cancel(
-    State(s): State<AppState>,
-    session: Session,
-    Path(id): Path<String>,
-    Form(f): Form<CsrfForm>,
-) -> PageResult {
-    may_act(&session, &f.csrf)?;
-    let id = job_id(&session, &id)?;
-    s.store.cancel_by(&id, &session.actor.name).await.map_err(|e| error_page(Some(&session), e))?;
-    tracing::info!(actor = %session.actor, job = %id, "console: cancel");
+    let actor = session.actor.name.as_str();
+    let done = match action.as_str() {
+        "requeue" => s.store.requeue_by(&id, actor).await.map(drop),
+        "cancel" => s.store.cancel_by(&id, actor).await.map(drop),
+        _ => return Err(error_page(Some(&session), ApiError::not_found("No such action."))),
+    };
+    done.map_err(|e| error_page(Some(&session), e))?;
+    tracing::info!(actor = %session.actor, job = %id, action, "console: job action");
     Ok(Redirect::to(&format!("/console/jobs/{id}")).into_response())
 }
 
@@ -496,6 +489,13 @@ async fn requeue_delivery(
 async fn audit(State(s): State<AppState>, session: Session, Form(f): Form<CsrfForm>) -> PageResult {
     may_act(&session, &f.csrf)?;
     let report = s.store.audit().await.map_err(|e| error_page(Some(&session), e))?;
+    let detail = serde_json::json!({
+        "ok": report.violations.is_empty(),
+        "violations": report.violations.len(),
+        "accounts_checked": report.accounts_checked,
+        "entries_checked": report.entries_checked,
+    });
+    s.store.record_action_by(&session.actor.name, "audit", detail).await.map_err(|e| error_page(Some(&session), e))?;
     tracing::info!(actor = %session.actor, ok = report.violations.is_empty(), "console: audit");
     Ok(page(StatusCode::OK, pages::audit(&session, &report)))
 }
@@ -606,8 +606,8 @@ async fn bulk(State(s): State<AppState>, session: Session, Form(f): Form<BulkFor
             }
             let id = JobId::parse(&job.id).map_err(|_| error_page(Some(&session), ApiError::invalid("bad job id")))?;
             let outcome = match action {
-                "requeue" => s.store.requeue_by(&id, &session.actor.name).await.map(|_| ()),
-                _ => s.store.cancel_by(&id, &session.actor.name).await.map(|o: CancelOutcome| drop(o)),
+                "requeue" => s.store.requeue_by(&id, &session.actor.name).await.map(drop),
+                _ => s.store.cancel_by(&id, &session.actor.name).await.map(drop),
             };
             match outcome {
                 Ok(()) => done += 1,

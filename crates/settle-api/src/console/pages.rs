@@ -679,8 +679,9 @@ pub fn audit(session: &Session, report: &settle_store::AuditReport) -> Markup {
 pub fn withdrawals(session: &Session, rows: &[settle_store::Withdrawal], next: Option<i64>) -> Markup {
     let body = html! {
         h1 { "Withdrawals" }
+        p class="muted" { "Each withdrawal's job page has its attempts and what the provider answered at each; the payout processor and the reconciler write their findings there." }
         div class="scroll" { table {
-            thead { tr { th { "withdrawal" } th { "state" } th { "account" } th class="num" { "amount" } th { "destination" } th { "provider txid" } th { "idempotency key" } th { "updated" } } }
+            thead { tr { th { "withdrawal" } th { "state" } th { "account" } th class="num" { "amount" } th { "destination" } th { "provider txid" } th { "idempotency key" } th { "last finding" } th { "updated" } } }
             tbody {
                 @for w in rows {
                     tr {
@@ -691,10 +692,14 @@ pub fn withdrawals(session: &Session, rows: &[settle_store::Withdrawal], next: O
                         td { (w.destination) }
                         td { code { (w.provider_txid.as_deref().unwrap_or("")) } }
                         td { code { (w.idempotency_key) } }
+                        td {
+                            @if let Some(e) = &w.job.last_error { code { (e.code) } " " (e.message.as_deref().unwrap_or("")) }
+                            @if let Some(t) = w.returned_at { "returned " (time(t)) }
+                        }
                         td class="nowrap" { (time(w.job.updated_at)) }
                     }
                 }
-                @if rows.is_empty() { tr { td colspan="8" class="muted" { "No withdrawals." } } }
+                @if rows.is_empty() { tr { td colspan="9" class="muted" { "No withdrawals." } } }
             }
         } }
         @if let Some(after) = next { p { a class="button" href={ "/console/withdrawals?after=" (after) } { "Next page →" } } }

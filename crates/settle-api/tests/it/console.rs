@@ -37,6 +37,11 @@ fn browser() -> reqwest::Client {
     reqwest::Client::builder().cookie_store(true).redirect(reqwest::redirect::Policy::none()).build().unwrap()
 }
 
+/// A client that keeps no cookies (they are set by hand) and follows no redirects.
+fn plain() -> reqwest::Client {
+    reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap()
+}
+
 async fn sign_in(s: &Server, token: &str) -> (reqwest::Client, u16) {
     let b = browser();
     let r = b.post(format!("{}/console/login", s.base)).form(&[("token", token)]).send().await.unwrap();
@@ -109,15 +114,7 @@ async fn signing_in_takes_a_known_admin_or_client_token(e: Engine) {
     assert!(!cookie.contains(ADMIN), "the token itself is never stored in the cookie");
     // A forged cookie (the role edited) is no session.
     let forged = cookie.split(';').next().unwrap().replacen("|admin|", "|client|", 1);
-    let r = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .get(format!("{}/console", s.base))
-        .header("cookie", forged)
-        .send()
-        .await
-        .unwrap();
+    let r = plain().get(format!("{}/console", s.base)).header("cookie", forged).send().await.unwrap();
     assert_eq!(r.status(), 303);
     // Signing out ends the session.
     let (b, _) = sign_in(&s, ADMIN).await;
@@ -147,6 +144,12 @@ async fn an_admin_requeues_a_dead_job_and_the_action_is_on_the_job(e: Engine) {
     assert_eq!(s.balance("acme").await, 100);
     let (_, html) = page(&b, &s, "/console/jobs/j1").await;
     assert!(html.contains("operator <strong>ops-ana</strong>: cancel"), "{html}");
+    // The audit, run from the console, shows its result and is recorded too.
+    let (status, html) = post(&b, &s, "/console/audit", &[("csrf", &csrf_of(&html))]).await;
+    assert_eq!(status, 200);
+    assert!(html.contains("Clean."), "{html}");
+    let actions = s.store_handle().actions(None, None).await.unwrap();
+    assert!(actions.iter().any(|a| a.action == "audit" && a.actor == "ops-ana" && a.detail.contains(r#""ok":true"#)));
 }
 
 async fn every_post_needs_the_sessions_csrf_token(e: Engine) {
@@ -267,6 +270,11 @@ async fn the_pages_show_where_the_credits_went(e: Engine) {
     let (b, _) = sign_in(&s, CLIENT).await;
     let (_, html) = page(&b, &s, "/console").await;
     assert!(html.contains("dead letters") && html.contains("TIMEOUT"), "overview: dead letters and failures by code");
+    // Six events so far (account created and granted; job queued, claimed, refunded, dead).
+    assert!(
+        html.contains(r#"aria-label="6 transitions in the last hour""#),
+        "overview: the per-minute chart counts them"
+    );
     let (_, html) = page(&b, &s, "/console/jobs/j1").await;
     for what in ["attempt 1 claimed by <strong>gpu-1</strong>", "job.refunded", "job_failed", "<code>TIMEOUT</code>"] {
         assert!(html.contains(what), "job page shows {what}");
@@ -299,20 +307,17 @@ async fn a_signed_out_or_rotated_session_is_no_session(e: Engine) {
     let with_cookie = |c: &str| {
         let c = c.to_owned();
         let base = s.base.clone();
-        async move {
-            let plain = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-            plain.get(format!("{base}/console")).header("cookie", c).send().await.unwrap().status().as_u16()
-        }
+        async move { plain().get(format!("{base}/console")).header("cookie", c).send().await.unwrap().status().as_u16() }
     };
     assert_eq!(with_cookie(&cookie).await, 200);
     // A stray cookie of the same name sent first does not shadow the valid one.
     assert_eq!(with_cookie(&format!("settle_console=junk; {cookie}")).await, 200);
     // Signing out in one browser ends that session, and a copy of its cookie with it.
     let copied = with_cookie(&cookie);
-    let plain = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let client = plain();
     let html =
-        plain.get(format!("{}/console", s.base)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
-    let out = plain
+        client.get(format!("{}/console", s.base)).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
+    let out = client
         .post(format!("{}/console/logout", s.base))
         .header("cookie", &cookie)
         .form(&[("csrf", csrf_of(&html))])
@@ -361,9 +366,9 @@ async fn cross_site_posts_and_foreign_hosts_are_refused(e: Engine) {
     assert_eq!(r.status(), 303, "this console's own page may post");
     // Without tokens (loopback mode) the console answers a loopback Host only.
     let open = Server::start(e).await;
-    let plain = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
-    let r = plain.get(format!("{}/console", open.base)).send().await.unwrap();
+    let client = plain();
+    let r = client.get(format!("{}/console", open.base)).send().await.unwrap();
     assert_eq!(r.status(), 200, "loopback mode: the console is open on loopback");
-    let r = plain.get(format!("{}/console", open.base)).header("host", "rebound.evil.example").send().await.unwrap();
+    let r = client.get(format!("{}/console", open.base)).header("host", "rebound.evil.example").send().await.unwrap();
     assert_eq!(r.status(), 403, "a DNS-rebound name is not served the open console");
 }

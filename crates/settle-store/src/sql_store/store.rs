@@ -590,4 +590,15 @@ impl Store for SqlStore {
     async fn webhook_backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
         self.read(op!([] | db, _cx | crate::console::webhook_backlog(db).await)).await
     }
+
+    async fn record_action_by(
+        &self,
+        actor: &str,
+        action: &'static str,
+        detail: serde_json::Value,
+    ) -> Result<(), StoreError> {
+        let actor = actor.to_owned();
+        self.write(op!([actor, detail] | db, cx | ops::record_action(db, cx, &actor, action, None, None, detail).await))
+            .await
+    }
 }
