@@ -528,8 +528,11 @@ pub struct Artifact {
     pub job_id: String,
     /// The item the artifact belongs to.
     pub item_id: String,
-    /// The artifact's key in the artifact store.
+    /// The artifact's key, as the worker named it.
     pub key: String,
+    /// Where the worker stores the object in the artifact store: its job's and item's own prefix,
+    /// `{job_id}/{item_id}/{key}` (an id `.` or `..` written `%2E`). Teardown deletes exactly this.
+    pub path: String,
 }
 
 // ----- failures, events, audit ------------------------------------------------------------------------

@@ -588,8 +588,11 @@ pub async fn item_fail(
 
 /// Register an item's artifact
 ///
-/// Records an artifact key for an item, so that cancelling the job deletes it from the artifact store
-/// if the item ends undelivered. Only the current lease holder may register.
+/// Records an artifact key for an item and answers its `path`: where the worker stores the object,
+/// under the job's and item's own prefix (`{job_id}/{item_id}/{key}`), so no worker can reach another
+/// job's artifacts. Cancelling the job deletes that path if the item ends undelivered. Keys are
+/// relative paths: `..`, `.`, absolute paths and empty segments are `400`. Only the current lease
+/// holder may register.
 #[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/artifacts", tag = "workers",
     params(("id" = String, Path), ("item" = String, Path)), request_body = dto::RegisterArtifact,
     responses((status = 201, body = dto::Artifact), (status = 200, description = "already registered", body = dto::Artifact),
@@ -604,8 +607,12 @@ pub async fn register_artifact(
     let key = id(ArtifactKey::parse, &b.key)?;
     let new =
         s.store.register_artifact(&job, &item, &token(b.lease_token)?, store::NewArtifact { key: key.clone() }).await?;
-    let body =
-        axum::Json(dto::Artifact { job_id: job.to_string(), item_id: item.to_string(), key: key.as_str().to_owned() });
+    let body = axum::Json(dto::Artifact {
+        job_id: job.to_string(),
+        item_id: item.to_string(),
+        key: key.as_str().to_owned(),
+        path: key.path_in(job.as_str(), item.as_str()),
+    });
     Ok((if new { StatusCode::CREATED } else { StatusCode::OK }, body).into_response())
 }
 

@@ -365,9 +365,10 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
         // Fill: 32 tasks creating jobs of 10 one-credit items (10 charge entries each).
         let needed = target.saturating_sub(filled) / 10;
         let per_task = needed.div_ceil(32);
+        let progress = Arc::new(crate::progress::Progress::new(&format!("fill to {target}"), needed));
         let mut tasks = Vec::new();
         for t in 0..32u64 {
-            let (store, fill) = (store.clone(), fill.clone());
+            let (store, fill, progress) = (store.clone(), fill.clone(), progress.clone());
             let count = per_task.min(needed.saturating_sub(t * per_task));
             tasks.push(tokio::spawn(async move {
                 let kind = JobKind::parse("fill").expect("valid kind");
@@ -388,6 +389,7 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
                         not_before: Some(later),
                     };
                     store.create_job(req).await?;
+                    progress.inc(1);
                 }
                 Ok::<u64, StoreError>(count * 10)
             }));
@@ -395,6 +397,7 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
         for t in tasks {
             filled += t.await.context("fill task")??;
         }
+        progress.finish();
         // The fill's WAL copied back into the database first, so the measurement does not share
         // the disk with that checkpoint.
         let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?.connect().await?;
@@ -428,8 +431,9 @@ async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     let per_task = jobs.div_ceil(32);
+    let progress = Arc::new(crate::progress::Progress::new("fill jobs", jobs));
     for t in 0..32u64 {
-        let (store, fill) = (store.clone(), fill.clone());
+        let (store, fill, progress) = (store.clone(), fill.clone(), progress.clone());
         let count = per_task.min(jobs.saturating_sub(t * per_task));
         tasks.push(tokio::spawn(async move {
             let later = store.now().plus_seconds(10 * 365 * 24 * 3600);
@@ -452,6 +456,7 @@ async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
                     not_before: if dead { None } else { Some(later) },
                 };
                 store.create_job(req).await?;
+                progress.inc(1);
                 if dead {
                     let worker = WorkerName::parse("bench")?;
                     let claimed =
@@ -474,6 +479,7 @@ async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
     for t in tasks {
         t.await.context("fill task")??;
     }
+    progress.finish();
     let stats = store.stats().await?;
     let entries: i64 = stats.entries_by_kind.iter().map(|(_, n)| *n).sum();
     println!(

@@ -67,20 +67,3 @@ pub fn audit(report: &AuditReport) {
         println!("  {} [{}] {}", v.invariant, at.join(", "), v.message);
     }
 }
-
-/// Progress of `settle audit` on stderr, at most once a second: rows checked of about how many,
-/// and the rate. Silent for audits that take less than a second.
-pub fn audit_progress() -> std::sync::Arc<dyn Fn(settle_store::AuditProgress) + Send + Sync> {
-    let started = std::time::Instant::now();
-    let last = std::sync::Mutex::new(std::time::Duration::ZERO);
-    std::sync::Arc::new(move |p: settle_store::AuditProgress| {
-        let elapsed = started.elapsed();
-        let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
-        if elapsed < std::time::Duration::from_secs(1) || elapsed - *last < std::time::Duration::from_secs(1) {
-            return;
-        }
-        *last = elapsed;
-        let rate = p.done as f64 / elapsed.as_secs_f64();
-        eprintln!("audit: {}: {} of about {} rows checked ({rate:.0} rows/s overall)", p.phase, p.done, p.total);
-    })
-}

@@ -139,6 +139,17 @@ impl ArtifactKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Where the artifact lives in the artifact store: under its job's and item's own prefix,
+    /// `{job_id}/{item_id}/{key}`, so no worker can name (and no teardown delete) another job's
+    /// object. An id may be `.` or `..` (valid id characters), which a path must not: those two
+    /// are written with their dots as `%2E` (`%` is no id character, so nothing else reads alike).
+    pub fn path_in(&self, job_id: &str, item_id: &str) -> String {
+        fn segment(id: &str) -> std::borrow::Cow<'_, str> {
+            if id == "." || id == ".." { id.replace('.', "%2E").into() } else { id.into() }
+        }
+        format!("{}/{}/{}", segment(job_id), segment(item_id), self.0)
+    }
 }
 
 /// Where a withdrawal pays out (an account number, an address): 1-256 printable ASCII characters,
@@ -222,5 +233,18 @@ mod tests {
         assert!(ArtifactKey::parse("a//b").is_err() && ArtifactKey::parse("a/../b").is_err());
         let to = Destination::parse("DE00 1234").unwrap();
         assert_eq!(to.as_str(), "DE00 1234");
+    }
+
+    #[test]
+    fn an_artifact_lives_under_its_own_job_and_item() {
+        let key = ArtifactKey::parse("out/frame.png").unwrap();
+        assert_eq!(key.path_in("render-1", "f1"), "render-1/f1/out/frame.png");
+        // Two jobs with the same key never share an object.
+        assert_ne!(key.path_in("a", "i"), key.path_in("b", "i"));
+        // Ids that a path would read as "here" or "up" stay one segment of their own.
+        assert_eq!(key.path_in("..", "."), "%2E%2E/%2E/out/frame.png");
+        for bad in ["../x", "/abs", "a//b", "a/./b", "", "a/"] {
+            assert!(ArtifactKey::parse(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -141,13 +141,19 @@ pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Resu
         .collect::<Result<Vec<_>, _>>()?;
     let artifacts = db
         .all(
-            "SELECT item_id, key, created_at FROM artifacts WHERE job_id = $1 ORDER BY created_at, item_id, key",
+            "SELECT item_id, key, COALESCE(path, key), created_at FROM artifacts WHERE job_id = $1 \
+             ORDER BY created_at, item_id, key",
             args![id],
         )
         .await?
         .iter()
         .map(|r| {
-            Ok(ArtifactRecord { item_id: r.text(0)?, key: r.text(1)?, created_at: Timestamp::from_micros(r.i64(2)?) })
+            Ok(ArtifactRecord {
+                item_id: r.text(0)?,
+                key: r.text(1)?,
+                path: r.text(2)?,
+                created_at: Timestamp::from_micros(r.i64(3)?),
+            })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     Ok(JobHistory { entries, events, artifacts })

@@ -178,6 +178,8 @@ pub const OVERVIEW_EVENTS_MAX: i64 = 200_000;
 pub struct ArtifactRecord {
     pub item_id: String,
     pub key: String,
+    /// Where the object is in the artifact store (`{job_id}/{item_id}/{key}`).
+    pub path: String,
     pub created_at: Timestamp,
 }
 

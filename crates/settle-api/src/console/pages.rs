@@ -408,10 +408,10 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
         section class="card" {
             h2 { "Artifacts" }
             table {
-                thead { tr { th { "item" } th { "key" } th { "registered" } } }
+                thead { tr { th { "item" } th { "key" } th { "stored at" } th { "registered" } } }
                 tbody {
-                    @for a in &p.history.artifacts { tr { td { (a.item_id) } td { code { (a.key) } } td class="nowrap" { (time(a.created_at)) } } }
-                    @if p.history.artifacts.is_empty() { tr { td colspan="3" class="muted" { "None." } } }
+                    @for a in &p.history.artifacts { tr { td { (a.item_id) } td { code { (a.key) } } td { code { (a.path) } } td class="nowrap" { (time(a.created_at)) } } }
+                    @if p.history.artifacts.is_empty() { tr { td colspan="4" class="muted" { "None." } } }
                 }
             }
         }

@@ -291,12 +291,15 @@ async fn item_reports_and_artifacts(e: Engine) {
     assert_eq!(r.status, 404);
     let r = s.post("/v1/jobs/b/items/f2/artifacts", json!({"lease_token": token, "key": "b/f2.png"})).await;
     assert_eq!((r.status, r.body["key"].as_str()), (201, Some("b/f2.png")));
+    assert_eq!(r.body["path"], "b/f2/b/f2.png", "stored under the job's and item's own prefix");
     assert_eq!(
         s.post("/v1/jobs/b/items/f2/artifacts", json!({"lease_token": token, "key": "b/f2.png"})).await.status,
         200
     );
-    let r = s.post("/v1/jobs/b/items/f2/artifacts", json!({"lease_token": token, "key": "../etc/passwd"})).await;
-    assert_eq!((r.status, code(&r)), (400, "invalid_request"));
+    for bad in ["../etc/passwd", "/etc/passwd", "a//b", "a/../b", "./a", ""] {
+        let r = s.post("/v1/jobs/b/items/f2/artifacts", json!({"lease_token": token, "key": bad})).await;
+        assert_eq!((r.status, code(&r)), (400, "invalid_request"), "{bad:?}");
+    }
     let r = s.post("/v1/jobs/b/items/f2/artifacts", json!({"lease_token": "old", "key": "x"})).await;
     assert_eq!((r.status, code(&r)), (409, "lease_lost"));
     assert_eq!(s.balance("a").await, 90);

@@ -170,8 +170,15 @@ pub(crate) async fn register_artifact(
     }
     let rows = db
         .exec(
-            "INSERT INTO artifacts (job_id, item_id, key, created_at) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-            args![&job.id, item_id.as_str(), artifact.key.as_str(), cx.now.micros()],
+            "INSERT INTO artifacts (job_id, item_id, key, path, created_at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT DO NOTHING",
+            args![
+                &job.id,
+                item_id.as_str(),
+                artifact.key.as_str(),
+                artifact.key.path_in(&job.id, item_id.as_str()),
+                cx.now.micros()
+            ],
         )
         .await?;
     cx.point(CrashPoint::AfterGuard)?;

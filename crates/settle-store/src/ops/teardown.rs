@@ -201,13 +201,13 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job,
     Ok(job)
 }
 
-/// Artifact keys to delete for a job being torn down: every item that ends undelivered (net 0),
+/// Artifact paths to delete for a job being torn down: every item that ends undelivered (net 0),
 /// rescanned in full each time (seed 003: the marker, not "undecided").
 pub(crate) async fn cleanup_keys(db: &mut Db<'_>, id: &str) -> Result<Vec<String>, StoreError> {
     let rows = db
         .all(
-            "SELECT a.key FROM artifacts a JOIN items i ON i.job_id = a.job_id AND i.item_id = a.item_id \
-             WHERE a.job_id = $1 AND i.state IN ('cancelled', 'refunded') ORDER BY a.key",
+            "SELECT COALESCE(a.path, a.key) FROM artifacts a JOIN items i ON i.job_id = a.job_id AND i.item_id = a.item_id \
+             WHERE a.job_id = $1 AND i.state IN ('cancelled', 'refunded') ORDER BY 1",
             args![id],
         )
         .await?;

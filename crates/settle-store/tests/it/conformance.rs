@@ -65,6 +65,7 @@ conformance!(
     cancel_requested_then_lease_expiry_tears_down,
     unknown_is_not_refunded_and_reconciles,
     cancel_queued_refunds_and_cleans_artifacts,
+    cancelling_one_job_leaves_another_jobs_artifact_of_the_same_key,
     cancel_with_failing_cleanup_stays_cancelling,
     cancel_running_only_sets_the_flag,
     cancel_table_for_finished_states,
@@ -720,9 +721,11 @@ async fn cancel_queued_refunds_and_cleans_artifacts(k: &Kit) {
     // cleaned by a later cancel too (the marker is "undelivered", not "still charged").
     let t = k.claim_one("j").await;
     let root = k.dir.path().join("artifacts");
-    std::fs::create_dir_all(root.join("j")).unwrap();
     for (item, key) in [("i0", "j/a0"), ("i1", "j/a1")] {
-        std::fs::write(root.join(key), b"x").unwrap();
+        // The worker stores it under the job's and item's own prefix.
+        let path = root.join(ArtifactKey::parse(key).unwrap().path_in("j", item));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, b"x").unwrap();
         assert!(
             k.store
                 .register_artifact(&jid("j"), &iid(item), &t, NewArtifact { key: ArtifactKey::parse(key).unwrap() })
@@ -741,8 +744,8 @@ async fn cancel_queued_refunds_and_cleans_artifacts(k: &Kit) {
     let out = k.store.cancel(&jid("j")).await.unwrap();
     let CancelOutcome::Cancelled(j) = out else { panic!("{out:?}") };
     assert_eq!(states(&j), ["succeeded", "refunded"]);
-    assert!(root.join("j/a0").exists(), "delivered item keeps its artifact");
-    assert!(!root.join("j/a1").exists(), "undelivered item's artifact is deleted");
+    assert!(root.join("j/i0/j/a0").exists(), "delivered item keeps its artifact");
+    assert!(!root.join("j/i1/j/a1").exists(), "undelivered item's artifact is deleted");
     assert_eq!(k.balance(&a).await, 90);
     let last = k.store.events(0, 1000).await.unwrap().rows.pop().unwrap();
     assert_eq!(last.kind, EventKind::JobCancelled, "the terminal event is written last");
@@ -751,6 +754,34 @@ async fn cancel_queued_refunds_and_cleans_artifacts(k: &Kit) {
     let CancelOutcome::Cancelled(q) = k.store.cancel(&jid("q")).await.unwrap() else { panic!() };
     assert_eq!(states(&q), ["cancelled", "cancelled"]);
     assert_eq!(k.balance(&a).await, 90);
+}
+
+async fn cancelling_one_job_leaves_another_jobs_artifact_of_the_same_key(k: &Kit) {
+    let a = k.account("a", 100).await;
+    let root = k.dir.path().join("artifacts");
+    let key = ArtifactKey::parse("out/result.bin").unwrap();
+    let mut tokens = Vec::new();
+    for job in ["x", "y"] {
+        k.items_job(job, &a, &[10]).await;
+        let t = k.claim_one(job).await;
+        let path = root.join(key.path_in(job, "i0"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, job.as_bytes()).unwrap();
+        assert!(k.store.register_artifact(&jid(job), &iid("i0"), &t, NewArtifact { key: key.clone() }).await.unwrap());
+        tokens.push(t);
+    }
+    // x fails (refunded, queued for a retry) and is cancelled: its artifact goes, y's stays.
+    k.fail("x", &tokens[0], "NODE_DOWN").await;
+    let CancelOutcome::Cancelled(x) = k.store.cancel(&jid("x")).await.unwrap() else { panic!() };
+    assert_eq!(states(&x), ["refunded"]);
+    assert!(!root.join("x/i0/out/result.bin").exists(), "the cancelled job's artifact is deleted");
+    assert_eq!(
+        std::fs::read(root.join("y/i0/out/result.bin")).unwrap(),
+        b"y",
+        "another job's artifact of the same key is untouched"
+    );
+    let history = k.store.job_history(&jid("y")).await.unwrap();
+    assert_eq!(history.artifacts[0].path, "y/i0/out/result.bin");
 }
 
 async fn cancel_with_failing_cleanup_stays_cancelling(k: &Kit) {
@@ -1179,7 +1210,8 @@ async fn sweep_passes_never_starve_behind_failing_jobs(k: &Kit) {
         k.fail(&id, &t, "CANCELLED").await;
         assert_state(&k.get(&id).await, JobState::Cancelling);
     }
-    *k.artifacts.fail_prefix.lock().unwrap() = Some("bad/".into());
+    // Paths are {job}/{item}/{key}: the eight bad jobs are b0..b7, the good one g.
+    *k.artifacts.fail_prefix.lock().unwrap() = Some("b".into());
     let mut finished = Vec::new();
     for _ in 0..3 {
         finished.extend(k.store.resume_teardowns(5).await.unwrap());

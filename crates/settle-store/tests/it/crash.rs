@@ -121,7 +121,8 @@ impl Runner<'_> {
                 s.item_fail(&jid(j), &iid(i), &self.tokens[*j], &code("BAD_INPUT"), None).await.map(drop)
             }
             Step::Artifact(j, i, key) => {
-                let path = self.k.dir.path().join("artifacts").join(key);
+                // Where the worker stores it: the job's and item's own prefix.
+                let path = self.k.dir.path().join("artifacts").join(ArtifactKey::parse(key).unwrap().path_in(j, i));
                 std::fs::create_dir_all(path.parent().unwrap()).unwrap();
                 std::fs::write(&path, b"artifact").unwrap();
                 s.register_artifact(

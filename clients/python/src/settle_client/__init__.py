@@ -1,0 +1,55 @@
+"""Settle from Python: the HTTP API v1 client and workers.
+
+- `Client` / `AsyncClient`: accounts, grants, jobs, withdrawals, events, and the worker protocol.
+- `Worker` / `AsyncWorker`: claim, heartbeat, report items one by one, stop at the item boundary
+  on cancel, report the outcome.
+- `verify_webhook`: check a webhook delivery's `Settle-Signature`.
+- Errors carry the API's error `code` (`SettleError` and its subclasses).
+"""
+
+from .client import AsyncClient, Client
+from .errors import (
+    IdempotencyConflict,
+    InsufficientCredits,
+    JobFinished,
+    LeaseLost,
+    NotFound,
+    SettleError,
+    Unavailable,
+)
+from .webhooks import SignatureError, sign, verify_webhook
+from .worker import (
+    AsyncJobContext,
+    AsyncWorker,
+    Cancelled,
+    Failed,
+    Flow,
+    JobContext,
+    Succeeded,
+    Unknown,
+    Worker,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AsyncJobContext",
+    "AsyncWorker",
+    "Cancelled",
+    "Client",
+    "Failed",
+    "Flow",
+    "IdempotencyConflict",
+    "InsufficientCredits",
+    "JobContext",
+    "JobFinished",
+    "LeaseLost",
+    "NotFound",
+    "SettleError",
+    "SignatureError",
+    "Succeeded",
+    "Unavailable",
+    "Unknown",
+    "Worker",
+    "sign",
+    "verify_webhook",
+]

@@ -1,0 +1,65 @@
+"""Errors that carry the API's error code (api-v1: `{"error": {"code", "message"}}`)."""
+
+from __future__ import annotations
+
+
+class SettleError(Exception):
+    """An answer of the API that is not a success: `status`, the error `code` and its message."""
+
+    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None):
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        #: Seconds the server asked to wait (`Retry-After`), on 429 and 503.
+        self.retry_after = retry_after
+
+
+class InsufficientCredits(SettleError):
+    """402: the balance (with its overdraft) cannot cover the charge; nothing was written."""
+
+
+class IdempotencyConflict(SettleError):
+    """409: the id was used before with another body."""
+
+
+class LeaseLost(SettleError):
+    """409: the lease token is not the current attempt's; the signal changed nothing."""
+
+
+class JobFinished(SettleError):
+    """409: the job already ended."""
+
+
+class NotFound(SettleError):
+    """404."""
+
+
+class Unavailable(SettleError):
+    """503 or 429: retry after `retry_after` seconds."""
+
+
+_BY_CODE: dict[str, type[SettleError]] = {
+    "insufficient_credits": InsufficientCredits,
+    "idempotency_conflict": IdempotencyConflict,
+    "lease_lost": LeaseLost,
+    "job_finished": JobFinished,
+    "not_found": NotFound,
+    "unavailable": Unavailable,
+    "rate_limited": Unavailable,
+}
+
+
+def error_for(status: int, body: object, retry_after: str | None) -> SettleError:
+    """The typed error for an answer's status and body."""
+    code, message = "internal", f"HTTP {status}"
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        code = str(body["error"].get("code", code))
+        message = str(body["error"].get("message", message))
+    wait = None
+    if retry_after is not None:
+        try:
+            wait = float(retry_after)
+        except ValueError:
+            wait = None
+    return _BY_CODE.get(code, SettleError)(status, code, message, wait)

@@ -1,0 +1,179 @@
+"""The client and workers against a real `settle serve` (issue 13)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+from conftest import HOOK_SECRET, WORKER
+
+from settle_client import (
+    AsyncClient,
+    AsyncWorker,
+    Cancelled,
+    Client,
+    Failed,
+    Flow,
+    IdempotencyConflict,
+    InsufficientCredits,
+    SignatureError,
+    Succeeded,
+    Worker,
+    verify_webhook,
+)
+
+
+def account(admin: Client, id: str, credits: int) -> None:
+    admin.create_account(id)
+    admin.grant(id, f"g-{id}", credits)
+
+
+def test_errors_carry_the_api_code_and_replays_are_surfaced(admin):
+    account(admin, "errs", 100)
+    first = admin.create_job("errs-1", "errs", "render", cost=40)
+    assert first["state"] == "queued" and "replayed" not in first
+    again = admin.create_job("errs-1", "errs", "render", cost=40)
+    assert again["replayed"] is True and again["id"] == "errs-1"
+    with pytest.raises(IdempotencyConflict) as e:
+        admin.create_job("errs-1", "errs", "render", cost=41)
+    assert (e.value.status, e.value.code) == (409, "idempotency_conflict")
+    with pytest.raises(InsufficientCredits) as e:
+        admin.create_job("errs-2", "errs", "render", cost=1_000)
+    assert e.value.code == "insufficient_credits"
+    assert admin.account("errs")["balance"] == 60, "nothing was written for the refused job"
+    with pytest.raises(ValueError):
+        admin.create_job("errs-3", "errs", "render")
+
+
+def test_a_worker_stops_at_the_item_boundary_when_a_cancel_arrives(admin, worker_client):
+    """Seed 003: a batch cancelled mid-way; delivered items stay charged, the rest are refunded."""
+    account(admin, "batch", 1_000)
+    items = [(f"f{i}", 10) for i in range(6)]
+    admin.create_job("batch-1", "batch", "batch", items=items)
+    two_done, go_on = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def handler(job):
+        for item in job.items_to_do():
+            seen.append(item["id"])
+            flow = job.item_done(item["id"])
+            if len(seen) == 2:
+                two_done.set()
+                go_on.wait(10)
+            if flow is Flow.STOP:
+                return Cancelled()
+        return Succeeded()
+
+    w = Worker(worker_client, kind="batch", handler=handler, name="py-batch", wait_seconds=1)
+    t = threading.Thread(target=w.run, kwargs={"max_jobs": 1})
+    t.start()
+    assert two_done.wait(20)
+    assert admin.cancel("batch-1")["cancel_requested"] is True
+    go_on.set()
+    t.join(30)
+    assert not t.is_alive()
+    job = admin.job("batch-1")
+    deadline = time.time() + 10
+    while job["state"] != "cancelled" and time.time() < deadline:
+        time.sleep(0.1)
+        job = admin.job("batch-1")
+    assert job["state"] == "cancelled"
+    assert seen == ["f0", "f1", "f2"], "the third item's report saw the cancel: it stopped there"
+    states = [i["state"] for i in job["items"]]
+    assert states[:3] == ["succeeded"] * 3 and set(states[3:]) == {"cancelled"}, states
+    assert admin.account("batch")["balance"] == 1_000 - 30, "three delivered items stay charged"
+
+
+def test_a_worker_killed_mid_job_loses_its_lease_and_the_job_is_retried_exactly(server, admin, worker_client):
+    base, _ = server
+    account(admin, "killed", 100)
+    admin.create_job("killed-1", "killed", "gpu", cost=25, max_attempts=3)
+    script = textwrap.dedent(
+        f"""
+        import time
+        from settle_client import Client, Worker
+        def handler(job):
+            print("started", flush=True)
+            time.sleep(60)
+        Worker(Client({base!r}, token={WORKER!r}), kind="gpu", handler=handler, name="doomed", lease_seconds=2).run(max_jobs=1)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    # The lease lapses, the rescuer puts the job back; a second worker finishes it.
+    ran = Worker(worker_client, kind="gpu", handler=lambda job: Succeeded({"by": "second"}), name="second", wait_seconds=1)
+    assert ran.run(max_jobs=1) == 1
+    job = admin.job("killed-1")
+    assert (job["state"], job["attempt"], job["result"]) == ("succeeded", 2, {"by": "second"})
+    attempts = admin.attempts("killed-1")
+    assert [a["result"] for a in attempts] == ["lease_expired", "succeeded"]
+    assert admin.account("killed")["balance"] == 75, "charged once, whatever the retries"
+
+
+def test_a_failure_is_retried_and_an_exception_is_a_retryable_failure(admin, worker_client):
+    account(admin, "flaky", 100)
+    admin.create_job("flaky-1", "flaky", "flaky", cost=10, max_attempts=3)
+    calls = []
+
+    def handler(job):
+        calls.append(job.id)
+        if len(calls) == 1:
+            raise RuntimeError("GPU fell over")
+        if len(calls) == 2:
+            return Failed("NODE_DOWN", "node went away")
+        return Succeeded()
+
+    Worker(worker_client, kind="flaky", handler=handler, name="py-flaky", wait_seconds=2).run(max_jobs=3)
+    attempts = admin.attempts("flaky-1")
+    assert [(a["result"], a["fail_code"]) for a in attempts] == [("failed", "WORKER_ERROR"), ("failed", "NODE_DOWN"), ("succeeded", None)]
+    assert admin.account("flaky")["balance"] == 90
+
+
+def test_a_real_webhook_delivery_verifies(admin, hooks):
+    account(admin, "hooked", 100)
+    headers, body = hooks.wait_for(lambda e: e["type"] == "account.granted" and e["account_id"] == "hooked")
+    verify_webhook(HOOK_SECRET, headers, body)
+    with pytest.raises(SignatureError):
+        verify_webhook(HOOK_SECRET, headers, body + b" ")
+    with pytest.raises(SignatureError):
+        verify_webhook("another-secret-of-16+", headers, body)
+    with pytest.raises(SignatureError):
+        verify_webhook(HOOK_SECRET, headers, body, now=time.time() + 3_600)
+    with pytest.raises(SignatureError):
+        verify_webhook(HOOK_SECRET, {}, body)
+
+
+def test_events_iterate_in_order(admin):
+    account(admin, "evts", 100)
+    seqs = []
+    for event in admin.iter_events(after=0, wait_seconds=1):
+        seqs.append(event["seq"])
+        if event["type"] == "account.granted" and event["account_id"] == "evts":
+            break
+    assert seqs == sorted(seqs) and len(seqs) == len(set(seqs))
+
+
+async def test_the_asyncio_worker(server, admin):
+    base, _ = server
+    account(admin, "aio", 100)
+    admin.create_job("aio-1", "aio", "aio", items=[("a", 5), ("b", 5)])
+
+    async def handler(job):
+        for item in job.items_to_do():
+            if await job.item_done(item["id"]) is Flow.STOP:
+                return Cancelled()
+        return Succeeded({"async": True})
+
+    async with AsyncClient(base, token=WORKER) as c:
+        assert await AsyncWorker(c, kind="aio", handler=handler, name="py-aio", wait_seconds=1).run(max_jobs=1) == 1
+    job = admin.job("aio-1")
+    assert (job["state"], job["result"]) == ("succeeded", {"async": True})
+    assert admin.account("aio")["balance"] == 90
