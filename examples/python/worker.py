@@ -1,110 +1,74 @@
 #!/usr/bin/env python3
-"""A Settle worker in plain Python (standard library only), speaking the HTTP API v1.
+"""A Settle worker in Python, on the `settle-client` package (`pip install ./clients/python`).
 
-It claims jobs with a long-poll, reports each item, stops at the next item boundary when a cancel is
-requested (acknowledging with fail/CANCELLED), heartbeats between items, and reports the job's
-success. The protocol is language-neutral: this is all a worker needs.
+It renders the frames of `render` jobs one item at a time: the package claims with a long-poll,
+heartbeats on a thread within the lease, stops at the item boundary when a cancel arrives and
+reports the outcome. A job's payload can ask it to misbehave, as the Rust example worker's can:
+
+    {"sleep_ms": 20, "fail": "NODE_DOWN", "fail_attempts": 1, "fail_item": "frame-2", "unknown": true}
 
 Usage: worker.py URL NAME [--token TOKEN] [--exit-when-idle]
 """
 
-import json
+from __future__ import annotations
+
 import sys
+import threading
 import time
-import urllib.error
-import urllib.request
+
+from settle_client import Cancelled, Client, Failed, Flow, JobContext, Succeeded, Unknown, Worker
 
 
-class Settle:
-    def __init__(self, base, token=None):
-        self.base = base.rstrip("/")
-        self.token = token
-
-    def call(self, method, path, body=None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method)
-        req.add_header("content-type", "application/json")
-        if self.token:
-            req.add_header("authorization", "Bearer " + self.token)
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                return resp.status, json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
-
-    def post(self, path, body):
-        return self.call("POST", path, body)
-
-
-class LeaseLost(Exception):
-    pass
-
-
-def work(settle, job):
-    """Render the job's frames; returns what to report."""
-    token = job["lease_token"]
-    jid = job["id"]
-    sleep = (job.get("payload") or {}).get("sleep_ms", 10) / 1000.0
-    done = 0
-    for item in job["items"]:
-        # Do what is still charged, and what an earlier failed attempt of the job got refunded:
-        # the job's success will reclaim it, so the work must be done.
-        redo = item["state"] == "refunded" and item.get("refund_reason") == "job_failed"
-        if item["state"] != "charged" and not redo:
-            continue
+def render(job: JobContext):
+    p = job.payload or {}
+    sleep = p.get("sleep_ms", 10) / 1000.0
+    if p.get("fail") and job.attempt <= p.get("fail_attempts", sys.maxsize):
         time.sleep(sleep)
-        status, body = settle.post(f"/v1/jobs/{jid}/items/{item['id']}/succeed", {"lease_token": token})
-        if status == 409:
-            raise LeaseLost(jid)
-        done += 1
-        if body.get("cancel_requested"):
-            return ("fail", {"lease_token": token, "code": "CANCELLED", "message": "stopped at an item boundary"})
-        status, hb = settle.post(f"/v1/jobs/{jid}/heartbeat", {"lease_token": token})
-        if status == 409:
-            raise LeaseLost(jid)
-        if hb.get("cancel_requested"):
-            return ("fail", {"lease_token": token, "code": "CANCELLED", "message": "stopped at an item boundary"})
-    return ("succeed", {"lease_token": token, "result": {"frames": done, "worker": "python"}})
+        return Failed(p["fail"], "asked to fail", retry_after_ms=50)
+    if p.get("unknown") and job.attempt == 1:
+        return Unknown("the render farm did not answer")
+    done = 0
+    for item in job.items_to_do():
+        if job.cancel_requested:
+            return Cancelled()
+        time.sleep(sleep)
+        if p.get("fail_item") == item["id"]:
+            flow = job.item_failed(item["id"], "BAD_FRAME", "the frame could not be rendered")
+        else:
+            flow = job.item_done(item["id"])
+            done += 1
+        if flow is Flow.STOP:
+            return Cancelled()
+    return Succeeded({"frames": done, "worker": "python"})
 
 
-def idle(settle):
-    for state in ("queued", "running", "cancelling"):
-        status, body = settle.call("GET", f"/v1/jobs?state={state}&limit=1")
-        if status != 200 or body["jobs"]:
-            return False
-    return True
+def idle(client: Client) -> bool:
+    """No job is queued, running or cancelling."""
+    return not any(next(client.jobs(state=state, limit=1), None) for state in ("queued", "running", "cancelling"))
 
 
-def main(argv):
+def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     url, name = argv[0], argv[1]
     token = argv[argv.index("--token") + 1] if "--token" in argv else None
-    exit_when_idle = "--exit-when-idle" in argv
-    settle = Settle(url, token)
+    client = Client(url, token)
+    worker = Worker(client, kind="render", handler=render, name=name, wait_seconds=1)
+    if "--exit-when-idle" not in argv:
+        worker.run(handle_signals=True)
+        return 0
+    ran: list[int] = []
+    runner = threading.Thread(target=lambda: ran.append(worker.run()), name="worker")
+    runner.start()
     quiet = 0
-    handled = 0
-    while True:
-        status, body = settle.post("/v1/claims", {"worker": name, "limit": 2, "wait_seconds": 1})
-        if status != 200:
-            print(f"claim failed: {status} {body}", file=sys.stderr)
-            time.sleep(0.5)
-            continue
-        for job in body["jobs"]:
-            try:
-                verb, report = work(settle, job)
-            except LeaseLost:
-                continue
-            settle.post(f"/v1/jobs/{job['id']}/{verb}", report)
-            handled += 1
-        if body["jobs"]:
-            quiet = 0
-        elif exit_when_idle:
-            quiet = quiet + 1 if idle(settle) else 0
-            if quiet >= 3:
-                print(f"{name}: done, {handled} jobs")
-                return 0
+    while quiet < 3:
+        time.sleep(0.3)
+        quiet = quiet + 1 if idle(client) else 0
+    worker.stop()
+    runner.join()
+    print(f"{name}: done, {ran[0]} jobs")
+    return 0
 
 
 if __name__ == "__main__":

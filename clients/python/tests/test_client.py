@@ -137,6 +137,32 @@ def test_a_failure_is_retried_and_an_exception_is_a_retryable_failure(admin, wor
     assert admin.account("flaky")["balance"] == 90
 
 
+def test_a_retry_redoes_the_items_a_failed_attempt_refunded(admin, worker_client):
+    """The job's failure refunds its undelivered items (`job_failed`); the next attempt's success
+    charges them again, so `items_to_do` hands them to the handler once more."""
+    account(admin, "redo", 100)
+    admin.create_job("redo-1", "redo", "redo", items=[("r0", 10), ("r1", 10), ("r2", 10)], max_attempts=2)
+    seen: list[tuple[int, list[str]]] = []
+
+    def handler(job):
+        todo = [i["id"] for i in job.items_to_do()]
+        seen.append((job.attempt, todo))
+        if job.attempt == 1:
+            assert job.item_done(todo[0]) is Flow.CONTINUE
+            return Failed("NODE_DOWN", "node went away", retry_after_ms=10)
+        for item in todo:
+            assert job.item_done(item) is Flow.CONTINUE
+        return Succeeded({"frames": len(todo)})
+
+    Worker(worker_client, kind="redo", handler=handler, name="py-redo", wait_seconds=2).run(max_jobs=2)
+    assert seen[0] == (1, ["r0", "r1", "r2"])
+    job = admin.job("redo-1")
+    assert job["state"] == "succeeded", job
+    assert seen[1][0] == 2 and seen[1][1] == ["r1", "r2"], f"the refunded items are worked again: {seen}"
+    assert [i["state"] for i in job["items"]] == ["succeeded", "reclaimed", "reclaimed"], job["items"]
+    assert admin.account("redo")["balance"] == 70, "each item charged once in the end"
+
+
 def test_a_real_webhook_delivery_verifies(admin, hooks):
     account(admin, "hooked", 100)
     headers, body = hooks.wait_for(lambda e: e["type"] == "account.granted" and e["account_id"] == "hooked")

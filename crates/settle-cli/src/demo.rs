@@ -80,7 +80,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         clock: clock.clone(),
         policy: Policies { default: policy, kinds: [(WITHDRAWAL_KIND.to_owned(), withdrawal)].into() },
         jitter_seed: 1,
-        artifacts: Some(Arc::new(FsArtifactStore::new(dir.path().join("artifacts")))),
+        artifacts: Some(Arc::new(ObjectArtifactStore::local(dir.path().join("artifacts")).unwrap())),
         ..StoreOptions::default()
     };
     let store = Arc::new(SqlStore::open(&url, options).await.with_context(|| format!("open {url}"))?);

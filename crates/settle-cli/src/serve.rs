@@ -4,7 +4,7 @@
 use crate::config::Config;
 use anyhow::Context;
 use settle_api::{Application, Tokens};
-use settle_store::{FsArtifactStore, SqlStore, Store, StoreOptions};
+use settle_store::{ObjectArtifactStore, SqlStore, Store, StoreCheck, StoreOptions};
 use settle_worker::payouts::{HttpProvider, HttpProviderConfig, PayoutProcessor, PayoutSettings};
 use settle_worker::webhooks::Deliverer;
 use settle_worker::{LoopSettings, Maintenance};
@@ -21,9 +21,11 @@ pub struct ServeArgs {
     /// Bearer tokens: a file of `ROLE TOKEN` lines (roles admin, client, worker).
     #[arg(long, env = "SETTLE_TOKENS_FILE")]
     tokens: Option<std::path::PathBuf>,
-    /// Where workers' artifacts live; teardown deletes those of undelivered items.
+    /// Where workers' artifacts live; teardown deletes those of undelivered items: a directory
+    /// (`file:///srv/artifacts` or a path), `s3://bucket/prefix` (credentials, region and
+    /// `AWS_ENDPOINT_URL` from the standard AWS environment variables) or `memory://`.
     #[arg(long, env = "SETTLE_ARTIFACTS", default_value = "settle-artifacts")]
-    artifacts: std::path::PathBuf,
+    artifacts: String,
     /// Retry policy per job kind and the pace of the background loops (TOML; see `settle config`).
     #[arg(long, env = "SETTLE_CONFIG")]
     config: Option<std::path::PathBuf>,
@@ -38,7 +40,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
     db: String,
     #[arg(long, env = "SETTLE_ARTIFACTS", default_value = "settle-artifacts")]
-    artifacts: std::path::PathBuf,
+    artifacts: String,
     #[arg(long, env = "SETTLE_CONFIG")]
     config: Option<std::path::PathBuf>,
 }
@@ -52,10 +54,16 @@ pub fn loop_settings(config: &Config) -> LoopSettings {
     }
 }
 
-async fn open(db: &str, artifacts: &std::path::Path, config: &Config) -> anyhow::Result<Arc<SqlStore>> {
+async fn open(db: &str, artifacts: &str, config: &Config) -> anyhow::Result<Arc<SqlStore>> {
+    let artifacts = ObjectArtifactStore::open(artifacts)?;
+    match artifacts.check().await {
+        Ok(()) => tracing::info!(artifacts = artifacts.location(), "artifact store"),
+        Err(e @ StoreCheck::Misconfigured(_)) => return Err(e.into()),
+        Err(e) => tracing::warn!("{e}; teardowns stay cancelling until it answers"),
+    }
     let options = StoreOptions {
         policy: config.policies.clone(),
-        artifacts: Some(Arc::new(FsArtifactStore::new(artifacts))),
+        artifacts: Some(Arc::new(artifacts)),
         ..StoreOptions::default()
     };
     Ok(Arc::new(SqlStore::open(db, options).await.with_context(|| format!("open {db}"))?))

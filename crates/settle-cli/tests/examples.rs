@@ -67,10 +67,13 @@ async fn rust_and_python_example_workers_complete_a_batch() {
     assert!(done.iter().all(|(_, st, r)| st == "succeeded" && r["frames"] == 3), "{done:?}");
 
     batch(&http, &s.base, "py", 8).await;
+    let items: Vec<Value> = (0..3).map(|f| json!({"id": format!("frame-{f}"), "cost": 2})).collect();
+    let retry = json!({"id": "py-retry", "account_id": "a", "kind": "render", "items": items, "payload": {"sleep_ms": 5, "fail": "NODE_DOWN", "fail_attempts": 1}});
+    assert_eq!(call(&http, "POST", &format!("{}/v1/jobs", s.base), Some(retry)).await.0, 201);
     let out = tokio::task::spawn_blocking({
         let base = s.base.clone();
         move || {
-            Command::new("python3")
+            Command::new(settle_testkit::python::with_client())
                 .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/python/worker.py"))
                 .args([&base, "py-worker", "--exit-when-idle"])
                 .output()
@@ -81,16 +84,18 @@ async fn rust_and_python_example_workers_complete_a_batch() {
     .unwrap();
     assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let done = states(&http, &s.base, "py").await;
-    assert_eq!(done.len(), 8);
-    assert!(done.iter().all(|(_, st, r)| st == "succeeded" && r["worker"] == "python"), "{done:?}");
+    assert_eq!(done.len(), 9);
+    assert!(done.iter().all(|(_, st, r)| st == "succeeded" && r["worker"] == "python" && r["frames"] == 3), "{done:?}");
 
     let (_, audit) = call(&http, "GET", &format!("{}/v1/audit", s.base), None).await;
     assert_eq!(audit["ok"], true, "{audit}");
     let (_, acc) = call(&http, "GET", &format!("{}/v1/accounts/a", s.base), None).await;
-    assert_eq!(acc["balance"], 1000 - 21 * 6);
-    let (_, retried) = call(&http, "GET", &format!("{}/v1/jobs/rust-retry", s.base), None).await;
-    assert_eq!(retried["attempt"], 2);
-    assert!(retried["items"].as_array().unwrap().iter().all(|i| i["state"] == "reclaimed"), "{retried}");
+    assert_eq!(acc["balance"], 1000 - 22 * 6);
+    for id in ["rust-retry", "py-retry"] {
+        let (_, retried) = call(&http, "GET", &format!("{}/v1/jobs/{id}", s.base), None).await;
+        assert_eq!(retried["attempt"], 2);
+        assert!(retried["items"].as_array().unwrap().iter().all(|i| i["state"] == "reclaimed"), "{retried}");
+    }
 }
 
 fn spawn(bin: &str, args: &[&str]) -> Child {

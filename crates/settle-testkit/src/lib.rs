@@ -8,6 +8,12 @@
 //!   while it runs. `scripts/test` stops it and deletes it at the end of the run; a cluster found
 //!   stopped is begun afresh, so the tests' databases never pile up in the temp dir.
 //! - A PostgreSQL that cannot be reached or started fails the test: no test skips for lack of one.
+//!
+//! And an S3 API for the artifact tests (`s3`): moto's standalone server, installed and started
+//! the same way; and the tests' Python venv (`python`).
+
+pub mod python;
+pub mod s3;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -49,6 +55,32 @@ fn pg_tool(bin: &Path, args: &[&str]) -> std::process::Output {
     cmd.args(args).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
 }
 
+/// This checkout's target dir (absolute).
+fn target_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    std::fs::create_dir_all(target.join("tmp")).unwrap();
+    target.canonicalize().unwrap_or(target)
+}
+
+/// The folder of a server the test processes of one run share (`settle-test-{what}-{key}` in the
+/// temp dir, the key named after the checkout's target dir), locked while the caller holds the
+/// returned file; `target/tmp/settle-{what}.path` points at it so scripts/test can stop the server.
+fn shared_dir(what: &str) -> (PathBuf, std::fs::File) {
+    let target = target_dir();
+    let key = target
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let root = std::env::temp_dir().join(format!("settle-test-{what}-{key:016x}"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(target.join("tmp").join(format!("settle-{what}.path")), root.to_string_lossy().as_bytes()).unwrap();
+    let lock = std::fs::File::create(root.join("lock")).unwrap();
+    lock.lock().unwrap();
+    (root, lock)
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
@@ -64,20 +96,10 @@ pub fn server_url() -> &'static str {
         if let Ok(url) = std::env::var("SETTLE_TEST_DATABASE_URL") {
             return url;
         }
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
         // The cluster lives under the system temp dir (world-traversable, so the `postgres` user can
         // reach it wherever the checkout is), named after this checkout's target dir; a pointer file
         // in the target dir tells scripts/test where to stop it.
-        std::fs::create_dir_all(target.join("tmp")).unwrap();
-        let target = target.canonicalize().unwrap_or(target);
-        let key = target.to_string_lossy().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-        let root = std::env::temp_dir().join(format!("settle-test-pg-{key:016x}"));
-        std::fs::create_dir_all(&root).unwrap();
-        std::fs::write(target.join("tmp").join("settle-pg.path"), root.to_string_lossy().as_bytes()).unwrap();
-        let lock = std::fs::File::create(root.join("lock")).unwrap();
-        lock.lock().unwrap();
+        let (root, _lock) = shared_dir("pg");
         let port_file = root.join("port");
         if let Ok(p) = std::fs::read_to_string(&port_file)
             && let Ok(port) = p.trim().parse::<u16>()

@@ -70,14 +70,16 @@ class Cancelled:
 Outcome = Succeeded | Failed | Unknown | Cancelled
 
 
-@dataclass
-class JobContext:
-    """What a handler sees of its job, and how it reports items."""
+def _to_do(item: Json) -> bool:
+    """Whether an item's work is still to do: it is charged, or an earlier attempt's failure
+    refunded it (`job_failed`) — this attempt's success reclaims it, so its work must be done."""
+    return item["state"] == "charged" or (item["state"] == "refunded" and item.get("refund_reason") == "job_failed")
 
-    client: Client
+
+class _JobView:
+    """The claimed job as a handler reads it (shared by the sync and asyncio contexts)."""
+
     job: Json
-    _cancel: threading.Event = field(default_factory=threading.Event)
-    _lost: threading.Event = field(default_factory=threading.Event)
 
     @property
     def id(self) -> str:
@@ -88,6 +90,10 @@ class JobContext:
         return self.job["lease_token"]
 
     @property
+    def attempt(self) -> int:
+        return self.job["attempt"]
+
+    @property
     def payload(self) -> Any:
         return self.job.get("payload")
 
@@ -96,8 +102,19 @@ class JobContext:
         return self.job["items"]
 
     def items_to_do(self) -> list[Json]:
-        """The items still charged (not yet delivered or failed)."""
-        return [i for i in self.items if i["state"] == "charged"]
+        """The items whose work is still to do: charged ones, and those an earlier failed attempt
+        refunded (this attempt's success charges them again)."""
+        return [i for i in self.items if _to_do(i)]
+
+
+@dataclass
+class JobContext(_JobView):
+    """What a handler sees of its job, and how it reports items."""
+
+    client: Client
+    job: Json
+    _cancel: threading.Event = field(default_factory=threading.Event)
+    _lost: threading.Event = field(default_factory=threading.Event)
 
     @property
     def cancel_requested(self) -> bool:
@@ -237,28 +254,13 @@ def _lease_seconds(job: Json) -> float:
 
 
 @dataclass
-class AsyncJobContext:
+class AsyncJobContext(_JobView):
     """`JobContext` for asyncio handlers."""
 
     client: AsyncClient
     job: Json
     _cancel: bool = False
     _lost: bool = False
-
-    @property
-    def id(self) -> str:
-        return self.job["id"]
-
-    @property
-    def lease_token(self) -> str:
-        return self.job["lease_token"]
-
-    @property
-    def payload(self) -> Any:
-        return self.job.get("payload")
-
-    def items_to_do(self) -> list[Json]:
-        return [i for i in self.job["items"] if i["state"] == "charged"]
 
     @property
     def cancel_requested(self) -> bool:

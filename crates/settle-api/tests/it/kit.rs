@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 use settle_api::{Application, Tokens};
-use settle_store::{FsArtifactStore, SqlStore, Store, StoreOptions};
+use settle_store::{ObjectArtifactStore, SqlStore, Store, StoreOptions};
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug)]
@@ -53,7 +53,7 @@ impl Server {
             Engine::Postgres => settle_testkit::fresh_database().await,
         };
         let mut options = StoreOptions {
-            artifacts: Some(Arc::new(FsArtifactStore::new(dir.path().join("artifacts")))),
+            artifacts: Some(Arc::new(ObjectArtifactStore::local(dir.path().join("artifacts")).unwrap())),
             ..StoreOptions::default()
         };
         adjust(&mut options);

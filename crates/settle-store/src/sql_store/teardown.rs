@@ -27,12 +27,10 @@ impl SqlStore {
                     message: "no artifact store is configured".into(),
                 });
             };
-            for key in &keys {
-                artifacts
-                    .delete(key)
-                    .await
-                    .map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
-            }
+            artifacts
+                .delete_all(&keys)
+                .await
+                .map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
         }
         self.crash_point(CrashPoint::TeardownAfterCleanup)?;
         let owned = id.to_owned();

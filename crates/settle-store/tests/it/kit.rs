@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 /// Real files under a temp dir; `fail` makes every delete fail (a storage outage), `fail_prefix`
 /// the deletes of keys starting with it (objects the store refuses to delete).
 pub struct TestArtifacts {
-    pub fs: FsArtifactStore,
+    pub fs: ObjectArtifactStore,
     pub fail: AtomicBool,
     pub fail_prefix: Mutex<Option<String>>,
     pub deletes: AtomicUsize,
@@ -99,7 +99,7 @@ impl Kit {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(FakeClock::new(Timestamp::from_micros(T0)));
         let artifacts = Arc::new(TestArtifacts {
-            fs: FsArtifactStore::new(dir.path().join("artifacts")),
+            fs: ObjectArtifactStore::local(dir.path().join("artifacts")).unwrap(),
             fail: AtomicBool::new(false),
             fail_prefix: Mutex::new(None),
             deletes: AtomicUsize::new(0),

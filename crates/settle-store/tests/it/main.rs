@@ -1,6 +1,7 @@
 //! One integration-test binary for the store: the conformance suite (written once against the
 //! `Store` trait and instantiated per engine), race tests and crash convergence.
 
+mod artifacts;
 #[macro_use]
 mod conformance;
 mod crash;

@@ -1,0 +1,114 @@
+//! The artifact stores Settle deletes from: a directory, memory, and a real S3 API (moto's
+//! server, started by the test kit). Deleting what is gone is a success; a path never leaves
+//! the store's root; a location Settle cannot open is refused with its reason.
+
+use settle_store::{ArtifactStore, ObjectArtifactStore, StoreCheck};
+use settle_testkit::s3;
+
+async fn deletes_are_idempotent(store: &ObjectArtifactStore) {
+    let paths = ["j1/i1/out.png", "j1/i1/deep/er/log.txt", "%2E%2E/i1/x", "j2/%2E/x"];
+    for p in paths {
+        store.put(p, p.as_bytes().to_vec()).await.unwrap();
+        assert!(store.exists(p).await.unwrap(), "{p} written");
+    }
+    store.delete("j1/i1/out.png").await.unwrap();
+    assert!(!store.exists("j1/i1/out.png").await.unwrap());
+    assert!(store.exists("j1/i1/deep/er/log.txt").await.unwrap(), "only what was named");
+    store.delete("j1/i1/out.png").await.unwrap_or_else(|e| panic!("a missing object is deleted: {e}"));
+    store.delete("never/was/there").await.unwrap();
+    let rest: Vec<String> = paths.iter().map(|p| (*p).to_owned()).chain(["gone/too/x".to_owned()]).collect();
+    store.delete_all(&rest).await.unwrap();
+    for p in paths {
+        assert!(!store.exists(p).await.unwrap(), "{p} deleted");
+    }
+    for bad in ["", "a//b", "../x", "a/./b"] {
+        assert!(store.put(bad, vec![1]).await.is_err(), "{bad:?} is no path");
+        assert!(store.delete(bad).await.is_err(), "{bad:?} is no path");
+    }
+}
+
+#[tokio::test]
+async fn a_directory_store_deletes_files_and_treats_missing_ones_as_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("artifacts");
+    let store = ObjectArtifactStore::open(&format!("file://{}", root.display())).unwrap();
+    deletes_are_idempotent(&store).await;
+    // The same files a worker writes with plain file I/O at root/path, `%2E` as written.
+    std::fs::create_dir_all(root.join("%2E/i")).unwrap();
+    std::fs::write(root.join("%2E/i/k"), b"x").unwrap();
+    assert!(store.exists("%2E/i/k").await.unwrap());
+    store.delete("%2E/i/k").await.unwrap();
+    assert!(!root.join("%2E/i/k").exists());
+    // A plain path is a directory too, created if missing.
+    let plain = dir.path().join("plain/dir");
+    let store = ObjectArtifactStore::open(plain.to_str().unwrap()).unwrap();
+    assert!(plain.is_dir());
+    assert_eq!(store.location(), format!("file://{}", plain.canonicalize().unwrap().display()));
+}
+
+#[tokio::test]
+async fn a_memory_store_behaves_like_the_others() {
+    deletes_are_idempotent(&ObjectArtifactStore::open("memory://").unwrap()).await;
+}
+
+#[tokio::test]
+async fn an_s3_store_deletes_under_its_prefix_and_in_bulk() {
+    let bucket = s3::fresh_bucket();
+    let store = ObjectArtifactStore::open_with(&bucket.url("renders/eu"), bucket.settings()).unwrap();
+    assert_eq!(store.location(), format!("s3://{}/renders/eu", bucket.name));
+    deletes_are_idempotent(&store).await;
+    // The objects are at prefix/path in the bucket: seen through a store with no prefix.
+    let whole = ObjectArtifactStore::open_with(&bucket.url(""), bucket.settings()).unwrap();
+    store.put("j/i/k", b"x".to_vec()).await.unwrap();
+    assert!(whole.exists("renders/eu/j/i/k").await.unwrap());
+    assert!(!whole.exists("j/i/k").await.unwrap());
+    // More keys than one bulk delete request carries (1,000).
+    let keys: Vec<String> = (0..1_203).map(|i| format!("big/i{i}/out")).collect();
+    for k in keys.iter().step_by(100) {
+        store.put(k, vec![0]).await.unwrap();
+    }
+    store.put("big/i1202/out", vec![0]).await.unwrap();
+    store.delete_all(&keys).await.unwrap();
+    for k in keys.iter().step_by(100).chain([&"big/i1202/out".to_owned()]) {
+        assert!(!store.exists(k).await.unwrap(), "{k} deleted");
+    }
+    assert!(store.exists("j/i/k").await.unwrap(), "what was not named stays");
+}
+
+#[tokio::test]
+async fn an_unreachable_s3_store_fails_the_delete_with_its_reason() {
+    let bucket = s3::fresh_bucket();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let dead = format!("http://127.0.0.1:{port}");
+    let store = ObjectArtifactStore::open_with(&bucket.url("p"), bucket.settings_via(&dead)).unwrap();
+    let err = store.delete("j/i/k").await.unwrap_err();
+    assert!(err.contains(&format!("s3://{}/p", bucket.name)), "{err}");
+    assert!(matches!(store.check().await, Err(StoreCheck::Unreachable(_))));
+    // A misnamed bucket: its "not found" is no deleted artifact.
+    let missing = ObjectArtifactStore::open_with("s3://no-such-bucket-here/p", bucket.settings()).unwrap();
+    let err = missing.delete_all(&["j/i/k".to_owned()]).await.unwrap_err();
+    assert!(err.contains("no-such-bucket-here"), "{err}");
+    let check = missing.check().await;
+    assert!(matches!(check, Err(StoreCheck::Misconfigured(ref m)) if m.contains("no-such-bucket-here")), "{check:?}");
+    let good = ObjectArtifactStore::open_with(&bucket.url("p"), bucket.settings()).unwrap();
+    good.check().await.unwrap();
+}
+
+#[test]
+fn locations_settle_cannot_open_are_refused_with_the_reason() {
+    for (bad, reason) in [
+        ("ftp://host/dir", "unknown scheme ftp://"),
+        ("gs://bucket/p", "unknown scheme gs://"),
+        ("s3://", "name the bucket"),
+        ("s3:///prefix", "name the bucket"),
+        ("s3://b/a//b", "prefix"),
+        ("file://relative/dir", "absolute path"),
+        ("memory://something", "takes no path"),
+    ] {
+        let err = ObjectArtifactStore::open(bad).unwrap_err().to_string();
+        assert!(err.contains(reason) && err.contains(bad), "{bad}: {err}");
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let err = ObjectArtifactStore::open(file.path().to_str().unwrap()).unwrap_err().to_string();
+    assert!(err.contains("create the directory"), "a file is no directory: {err}");
+}
