@@ -76,11 +76,12 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         ..RetryPolicy::default()
     };
     let withdrawal = RetryPolicy { refund_on: RefundPolicy::FinalFailure, ..policy.clone() };
+    let artifacts = Arc::new(ObjectArtifactStore::local(dir.path().join("artifacts"))?);
     let options = StoreOptions {
         clock: clock.clone(),
         policy: Policies { default: policy, kinds: [(WITHDRAWAL_KIND.to_owned(), withdrawal)].into() },
         jitter_seed: 1,
-        artifacts: Some(Arc::new(ObjectArtifactStore::local(dir.path().join("artifacts")).unwrap())),
+        artifacts: Some(artifacts.clone()),
         ..StoreOptions::default()
     };
     let store = Arc::new(SqlStore::open(&url, options).await.with_context(|| format!("open {url}"))?);
@@ -189,7 +190,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         ));
     }
 
-    println!("\n5. A batch cancelled while queued: every item refunded");
+    println!("\n5. A batch cancelled while queued: every item refunded at once");
     d.job("batch-1", &alice, &[("frame-1", 5), ("frame-2", 5), ("frame-3", 5), ("frame-4", 5)]).await?;
     let out = d.store.cancel(&JobId::parse("batch-1")?).await?;
     let j = out.job();
@@ -201,6 +202,8 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         d.balance(&alice).await?
     ));
 
+    running_batch(&d, &alice, artifacts).await?;
+
     payouts(&d).await?;
 
     println!("\nThe ledger (append-only; the balance is the sum of its rows):");
@@ -211,13 +214,174 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
+/// Seed 003: a running batch cancelled mid-way. The worker is the Rust SDK's, in this process,
+/// talking to Settle over HTTP (the API served on a loopback port over the demo's store); it
+/// writes each frame to the artifact store before reporting it.
+async fn running_batch(d: &Demo, alice: &AccountId, artifacts: Arc<ObjectArtifactStore>) -> anyhow::Result<()> {
+    use settle_client::{Client, Worker};
+    use std::time::Duration;
+    use tokio::sync::oneshot;
+    println!("\n6. A running batch cancelled mid-way (seed 003): the worker stops at the item boundary");
+    let app = settle_api::Application::build_with(
+        "127.0.0.1:0",
+        d.store.clone() as Arc<dyn Store>,
+        settle_api::Tokens::default(),
+        settle_api::HttpLimits::default(),
+    )
+    .await?;
+    let base = format!("http://{}", app.local_addr());
+    let (stop_serving, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async move {
+        let _ = stopped.await;
+    }));
+    let frames: Vec<(String, i64)> = (1..=8).map(|i| (format!("frame-{i}"), 5)).collect();
+    let frames: Vec<(&str, i64)> = frames.iter().map(|(id, c)| (id.as_str(), *c)).collect();
+    d.job("batch-2", alice, &frames).await?;
+    let before = d.balance(alice).await?;
+
+    let (rendering, rendering_seen) = oneshot::channel();
+    let (cancel_sent, cancel_seen) = oneshot::channel();
+    let handler = Arc::new(FrameRenderer {
+        artifacts: artifacts.clone(),
+        slow: "frame-4",
+        rendering: std::sync::Mutex::new(Some(rendering)),
+        cancel_sent: tokio::sync::Mutex::new(Some(cancel_seen)),
+        written: std::sync::Mutex::new(Vec::new()),
+    });
+    let mut worker = Worker::new(Client::new(&base, None), "gpu-worker-3");
+    (worker.concurrency, worker.wait_seconds, worker.lease_seconds) = (1, 1, Some(30));
+    worker.heartbeat_every = Duration::from_millis(50);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(worker.run(handler.clone(), stop.clone()));
+    d.say(format!("gpu-worker-3 (the Rust SDK, over HTTP at {base}) claims batch-2 and renders frame by frame"));
+
+    rendering_seen.await.context("the worker never reached frame-4")?;
+    d.say("frames 1-3 written to the artifact store and reported delivered; frame-4 is rendering");
+    let id = JobId::parse("batch-2")?;
+    let out = d.store.cancel(&id).await?;
+    ensure!(
+        matches!(out, CancelOutcome::Accepted(ref j) if j.state == JobState::Running),
+        "a running job's cancel is accepted"
+    );
+    d.say(format!(
+        "the customer cancels batch-2: 202 accepted — still running, cancel requested, nothing refunded yet (balance {})",
+        d.balance(alice).await?
+    ));
+    let _ = cancel_sent.send(());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let job = loop {
+        let job = d.store.job(&id).await?;
+        if job.state.is_terminal() {
+            break job;
+        }
+        ensure!(std::time::Instant::now() < deadline, "batch-2 did not end: {}", job.state.as_str());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    stop.cancel();
+    running.await?;
+    let _ = stop_serving.send(());
+    server.await??;
+    d.say("the heartbeat brought the cancel; at the item boundary the worker did not deliver frame-4 and reported CANCELLED");
+    d.say(format!(
+        "teardown: refunds with their markers in one transaction, undelivered frames' artifacts deleted, then {} — last",
+        job.state.as_str()
+    ));
+
+    let delivered: Vec<_> = job.items.iter().filter(|i| i.state == settle_core::item::ItemState::Succeeded).collect();
+    let refunded: Vec<_> = job.items.iter().filter(|i| i.refund_reason.is_some()).collect();
+    let written = handler.written.lock().expect("not poisoned").clone();
+    let (mut kept, mut deleted) = (0, 0);
+    for path in &written {
+        if artifacts.exists(path).await.map_err(|e| anyhow::anyhow!(e))? { kept += 1 } else { deleted += 1 }
+    }
+    let charged: i64 = delivered.iter().map(|i| i.cost.get()).sum();
+    let back: i64 = refunded.iter().map(|i| i.cost.get()).sum();
+    println!("\n   batch-2's final totals:");
+    println!(
+        "     items delivered and kept charged  {} ({charged} credits), their artifacts kept: {kept}",
+        delivered.len()
+    );
+    println!("     items refunded                    {} ({back} credits)", refunded.len());
+    println!("     artifacts deleted                 {deleted} (frame-4's output, rendered but never delivered)");
+    println!("     alice's balance                   {before} -> {}", d.balance(alice).await?);
+    ensure!(
+        job.state == JobState::Cancelled && delivered.len() == 3 && refunded.len() == 5 && kept == 3 && deleted == 1,
+        "seed 003's totals: 3 delivered and kept, 5 refunded, frame-4's artifact deleted"
+    );
+    ensure!(job.net.get() == -charged, "batch-2 nets the delivered frames only");
+    Ok(())
+}
+
+/// The demo's render worker: for each frame, register its artifact (before writing it, so a
+/// teardown knows it), write it, then report the frame at the item boundary — unless a cancel
+/// came first. `slow` is the frame during which the customer cancels.
+struct FrameRenderer {
+    artifacts: Arc<ObjectArtifactStore>,
+    slow: &'static str,
+    rendering: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    cancel_sent: tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    written: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl settle_client::Handler for FrameRenderer {
+    async fn run(&self, ctx: &settle_client::JobContext) -> settle_client::Outcome {
+        use settle_client::{Failure, Flow, Outcome};
+        let failed = |e: String| {
+            Outcome::Failed(Failure {
+                code: "UNAVAILABLE".into(),
+                message: e,
+                retryable: Some(true),
+                retry_after_ms: None,
+            })
+        };
+        for item in ctx.job.items.iter().filter(|i| i.to_do()) {
+            if ctx.cancel_requested() {
+                return Outcome::Cancelled;
+            }
+            let path = match ctx.register_artifact(&item.id, "frame.png").await {
+                Ok(path) => path,
+                Err(e) => return failed(e.to_string()),
+            };
+            if let Err(e) = self.artifacts.put(&path, format!("pixels of {}", item.id).into_bytes()).await {
+                return failed(e);
+            }
+            self.written.lock().expect("not poisoned").push(path);
+            if item.id == self.slow {
+                // This frame renders long: the customer cancels meanwhile, and a heartbeat
+                // brings the cancel before the frame is done.
+                if let Some(tx) = self.rendering.lock().expect("not poisoned").take() {
+                    let _ = tx.send(());
+                }
+                if let Some(rx) = self.cancel_sent.lock().await.take() {
+                    let _ = rx.await;
+                }
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+                while !ctx.cancel_requested() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            }
+            // The item boundary: deliver the frame, unless a cancel came first.
+            if ctx.cancel_requested() {
+                return Outcome::Cancelled;
+            }
+            match ctx.item_done(&item.id).await {
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Stop) => return Outcome::Cancelled,
+                Err(e) => return failed(e.to_string()),
+            }
+        }
+        Outcome::Succeeded(None)
+    }
+}
+
 /// Seed 001: payouts through a provider (the simulator, in process) that loses an answer, refuses an
 /// address, goes down and sends a paid payout back.
 async fn payouts(d: &Demo) -> anyhow::Result<()> {
     use settle_sim::{Forced, SimConfig};
     use settle_worker::payouts::{AttemptEnd, HttpProvider, HttpProviderConfig, PayoutProcessor, PayoutSettings};
     println!(
-        "\n6. Payouts (seed 001): one idempotency key per request, a lookup before every send, UNKNOWN for a lost answer"
+        "\n7. Payouts (seed 001): one idempotency key per request, a lookup before every send, UNKNOWN for a lost answer"
     );
     let sim = settle_sim::start("127.0.0.1:0", SimConfig::default()).await.context("start the provider simulator")?;
     let provider = HttpProvider::new(&HttpProviderConfig {

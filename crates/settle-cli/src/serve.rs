@@ -56,6 +56,10 @@ pub fn loop_settings(config: &Config) -> LoopSettings {
 
 async fn open(db: &str, artifacts: &str, config: &Config) -> anyhow::Result<Arc<SqlStore>> {
     let artifacts = ObjectArtifactStore::open(artifacts)?;
+    anyhow::ensure!(
+        !artifacts.is_memory(),
+        "--artifacts memory:// is for tests in one process: workers elsewhere cannot write there"
+    );
     match artifacts.check().await {
         Ok(()) => tracing::info!(artifacts = artifacts.location(), "artifact store"),
         Err(e @ StoreCheck::Misconfigured(_)) => return Err(e.into()),

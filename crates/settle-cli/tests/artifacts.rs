@@ -1,8 +1,9 @@
 //! Artifacts in S3, as an operator runs it: `settle serve --artifacts s3://bucket/prefix` against a
 //! real S3 API (moto's server, started by the test kit) configured by the standard AWS variables,
-//! with a proxy in front that refuses deletes for a while. The cancelled batch stays `cancelling`
-//! while the store refuses, then the sweeper ends it `cancelled` with every undelivered item's
-//! artifact gone and the delivered item's kept.
+//! with a proxy in front that refuses deletes for a while — every delete, then one key of each bulk
+//! delete. The cancelled batch stays `cancelling` while the store refuses, then the sweeper ends it
+//! `cancelled` with every undelivered item's artifact gone and the delivered item's kept. The worker
+//! writes with plain S3 requests, nothing of Settle's on its way.
 
 mod common;
 
@@ -11,29 +12,58 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use common::{Process, call, free_port, wait_for};
 use serde_json::json;
-use settle_store::ObjectArtifactStore;
 use settle_testkit::s3;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// An HTTP proxy in front of the S3 server that answers deletes (DELETE, and the bulk
-/// `POST ?delete`) with S3's AccessDenied while `refuse` is set, and forwards everything else.
+/// An HTTP proxy in front of the S3 server. In `REFUSE` mode it answers deletes (DELETE, and the
+/// bulk `POST ?delete`) with S3's AccessDenied; in `ONE_KEY` mode it answers a bulk delete with
+/// S3's partial answer — the first key refused, the others reported deleted (and left as they are);
+/// `FORWARD` passes everything on.
 struct Proxy {
     upstream: String,
-    refuse: AtomicBool,
+    mode: AtomicU8,
     refused: AtomicUsize,
     http: reqwest::Client,
+}
+
+const FORWARD: u8 = 0;
+const REFUSE: u8 = 1;
+const ONE_KEY: u8 = 2;
+
+/// The `<Key>`s of a bulk delete's body.
+fn keys_of(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(body);
+    text.split("<Key>").skip(1).filter_map(|k| k.split_once("</Key>").map(|(k, _)| k.to_owned())).collect()
 }
 
 async fn forward(proxy: Arc<Proxy>, method: Method, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     let bulk_delete =
         method == Method::POST && uri.query().is_some_and(|q| q.split('&').any(|p| p == "delete" || p == "delete="));
-    if (method == Method::DELETE || bulk_delete) && proxy.refuse.load(Ordering::SeqCst) {
+    let mode = proxy.mode.load(Ordering::SeqCst);
+    if (method == Method::DELETE || bulk_delete) && mode == REFUSE {
         proxy.refused.fetch_add(1, Ordering::SeqCst);
         let xml = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>";
         return (StatusCode::FORBIDDEN, [("content-type", "application/xml")], xml).into_response();
+    }
+    if bulk_delete && mode == ONE_KEY {
+        proxy.refused.fetch_add(1, Ordering::SeqCst);
+        let mut xml = String::from(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DeleteResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">",
+        );
+        for (i, key) in keys_of(&body).iter().enumerate() {
+            if i == 0 {
+                xml += &format!(
+                    "<Error><Key>{key}</Key><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+                );
+            } else {
+                xml += &format!("<Deleted><Key>{key}</Key></Deleted>");
+            }
+        }
+        xml += "</DeleteResult>";
+        return (StatusCode::OK, [("content-type", "application/xml")], xml).into_response();
     }
     let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let mut req = proxy.http.request(method, format!("{}{path}", proxy.upstream)).body(body);
@@ -56,7 +86,7 @@ async fn forward(proxy: Arc<Proxy>, method: Method, uri: Uri, headers: HeaderMap
 async fn start_proxy(upstream: &str) -> (Arc<Proxy>, String) {
     let proxy = Arc::new(Proxy {
         upstream: upstream.to_owned(),
-        refuse: AtomicBool::new(false),
+        mode: AtomicU8::new(FORWARD),
         refused: AtomicUsize::new(0),
         http: reqwest::Client::new(),
     });
@@ -109,8 +139,6 @@ async fn a_cancelled_batch_deletes_its_s3_artifacts_once_the_store_accepts_delet
     );
     wait_for(port);
     let (s, http) = (format!("http://127.0.0.1:{port}"), reqwest::Client::new());
-    // What the worker writes with: the same bucket and prefix, straight to the S3 server.
-    let worker_view = ObjectArtifactStore::open_with(&bucket.url("renders"), bucket.settings()).unwrap();
 
     assert_eq!(call(&http, "POST", &format!("{s}/v1/accounts"), Some(json!({"id": "a"}))).await.0, 201);
     let grant = json!({"id": "g", "amount": 100});
@@ -128,16 +156,17 @@ async fn a_cancelled_batch_deletes_its_s3_artifacts_once_the_store_accepts_delet
         let body = json!({"lease_token": token, "key": key});
         let (status, a) = call(&http, "POST", &format!("{s}/v1/jobs/b/items/{item}/artifacts"), Some(body)).await;
         assert_eq!(status, 201, "{a}");
-        let path = a["path"].as_str().unwrap().to_owned();
-        worker_view.put(&path, format!("{item}/{key}").into_bytes()).await.unwrap();
-        paths.push(path);
+        // The worker's own S3 client writes under the configured prefix, at the answer's path.
+        let object = format!("renders/{}", a["path"].as_str().unwrap());
+        bucket.put(&object, format!("{item}/{key}").as_bytes());
+        paths.push(object);
     }
     let (status, r) =
         call(&http, "POST", &format!("{s}/v1/jobs/b/items/f1/succeed"), Some(json!({"lease_token": token}))).await;
     assert_eq!(status, 200, "{r}");
 
     // The store refuses deletes; the cancel arrives and the worker stops at the item boundary.
-    proxy.refuse.store(true, Ordering::SeqCst);
+    proxy.mode.store(REFUSE, Ordering::SeqCst);
     let (status, r) = call(&http, "POST", &format!("{s}/v1/jobs/b/cancel"), None).await;
     assert_eq!((status, r["cancel_requested"].as_bool()), (202, Some(true)), "{r}");
     let body = json!({"lease_token": token, "code": "CANCELLED"});
@@ -156,19 +185,30 @@ async fn a_cancelled_batch_deletes_its_s3_artifacts_once_the_store_accepts_delet
     }
     assert_eq!(state(&http, &s, "b").await, "cancelling");
     for p in &paths {
-        assert!(worker_view.exists(p).await.unwrap(), "{p} still there while deletes are refused");
+        assert!(bucket.exists(p), "{p} still there while deletes are refused");
     }
 
+    // The store refuses one key of each bulk delete (answering 200 with the others deleted): a
+    // partial delete is no delete, and the job still waits.
+    proxy.mode.store(ONE_KEY, Ordering::SeqCst);
+    let seen = proxy.refused.load(Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while proxy.refused.load(Ordering::SeqCst) < seen + 2 {
+        assert!(Instant::now() < deadline, "the sweeper did not retry the teardown");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state(&http, &s, "b").await, "cancelling", "one key refused: not done");
+
     // The store accepts deletes again: the next pass finishes the teardown, terminal state last.
-    proxy.refuse.store(false, Ordering::SeqCst);
+    proxy.mode.store(FORWARD, Ordering::SeqCst);
     let deadline = Instant::now() + Duration::from_secs(20);
     while state(&http, &s, "b").await != "cancelled" {
         assert!(Instant::now() < deadline, "the job never ended cancelled");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(worker_view.exists(&paths[0]).await.unwrap(), "the delivered item's artifact is kept");
+    assert!(bucket.exists(&paths[0]), "the delivered item's artifact is kept");
     for p in &paths[1..] {
-        assert!(!worker_view.exists(p).await.unwrap(), "{p} deleted");
+        assert!(!bucket.exists(p), "{p} deleted");
     }
     let (_, account) = call(&http, "GET", &format!("{s}/v1/accounts/a"), None).await;
     assert_eq!(account["balance"], 90);
@@ -177,21 +217,30 @@ async fn a_cancelled_batch_deletes_its_s3_artifacts_once_the_store_accepts_delet
     assert_eq!(cancelled, 1, "{events}");
 }
 
-#[test]
-fn serve_refuses_a_bucket_that_does_not_exist() {
-    let bucket = s3::fresh_bucket();
+/// `settle serve` on `artifacts` with the S3 server at `endpoint`: its exit and stderr (it must
+/// refuse to start).
+async fn refused_start(artifacts: &str, endpoint: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
-    let out = serve_with_s3(dir.path(), "s3://no-such-bucket-for-settle/renders", &bucket.endpoint)
-        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "started without its bucket: {stderr}");
-    assert!(stderr.contains("misconfigured") && stderr.contains("NoSuchBucket"), "{stderr}");
-    let out = serve_with_s3(dir.path(), "ftp://elsewhere/x", &bucket.endpoint)
-        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("unknown scheme ftp://"), "{stderr}");
+    let mut cmd = serve_with_s3(dir.path(), artifacts, endpoint);
+    cmd.args(["--listen", &format!("127.0.0.1:{}", free_port())]);
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap()).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "started on {artifacts}: {stderr}");
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_refuses_a_store_it_cannot_delete_from() {
+    let bucket = s3::fresh_bucket();
+    let err = refused_start("s3://no-such-bucket-for-settle/renders", &bucket.endpoint).await;
+    assert!(err.contains("misconfigured") && err.contains("NoSuchBucket"), "{err}");
+    // The bucket is there but refuses Settle's deletes (a policy, wrong credentials).
+    let (proxy, via) = start_proxy(&bucket.endpoint).await;
+    proxy.mode.store(REFUSE, Ordering::SeqCst);
+    let err = refused_start(&bucket.url("renders"), &via).await;
+    assert!(err.contains("misconfigured") && err.contains("AccessDenied"), "{err}");
+    let err = refused_start("ftp://elsewhere/x", &bucket.endpoint).await;
+    assert!(err.contains("unknown scheme ftp://"), "{err}");
+    let err = refused_start("memory://", &bucket.endpoint).await;
+    assert!(err.contains("memory:// is for tests"), "{err}");
 }

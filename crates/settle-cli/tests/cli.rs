@@ -28,12 +28,34 @@ fn demo_plays_the_stories_and_ends_clean() {
     let kinds: Vec<&str> = render.iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
     assert_eq!(kinds, ["charge", "refund", "reclaim"], "{render:#?}");
     assert!(render[0].contains("-40") && render[1].contains("+40") && render[2].contains("-40"));
+    // Seed 003: the running batch cancelled mid-way by the Rust SDK worker over HTTP.
+    for line in [
+        "items delivered and kept charged  3 (15 credits), their artifacts kept: 3",
+        "items refunded                    5 (25 credits)",
+        "artifacts deleted                 1",
+        "alice's balance                   380 -> 405",
+    ] {
+        assert!(out.contains(line), "{line:?} missing from:\n{out}");
+    }
     // The audit and ledger commands work on what the demo left behind.
     let (code, out, _) = settle(&["audit", "--db", &url]);
     assert_eq!(code, 0, "{out}");
     let (code, out, _) = settle(&["ledger", "alice", "--db", &url]);
     assert_eq!(code, 0);
-    assert!(out.contains("balance 420"), "{out}");
+    assert!(out.contains("balance 405"), "{out}");
+    // batch-2: a charge per frame, then a refund for each of the five frames never delivered.
+    let batch: Vec<(String, String, String)> = out
+        .lines()
+        .filter(|l| l.contains(" batch-2 "))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[1].to_owned(), f[2].to_owned(), f[5].to_owned())
+        })
+        .collect();
+    let mut expected: Vec<(String, String, String)> =
+        (1..=8).map(|i| ("charge".to_owned(), "-5".to_owned(), format!("frame-{i}"))).collect();
+    expected.extend((4..=8).map(|i| ("refund".to_owned(), "+5".to_owned(), format!("frame-{i}"))));
+    assert_eq!(batch, expected, "{out}");
     // Seed 001: the payouts, each found in one state, the returned one credited back once.
     let (code, out, _) = settle(&["withdrawals", "list", "--db", &url]);
     assert_eq!(code, 0, "{out}");

@@ -237,5 +237,5 @@ fn demo_audit_and_ledger_run_on_postgres() {
     assert!(out.contains("audit: clean"));
     assert!(settle(&["audit", "--db", &url]).status.success());
     let ledger = settle(&["ledger", "alice", "--db", &url]);
-    assert!(String::from_utf8_lossy(&ledger.stdout).contains("balance 420"));
+    assert!(String::from_utf8_lossy(&ledger.stdout).contains("balance 405"));
 }

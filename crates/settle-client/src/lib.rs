@@ -158,6 +158,21 @@ impl Client {
         Ok(serde_json::from_value::<ItemReport>(v).map(|r| r.cancel_requested).unwrap_or(false))
     }
 
+    /// Registers an artifact of an item (an output teardown deletes if the item is not delivered);
+    /// returns the path to write it at in the artifact store, `{job}/{item}/{key}`.
+    pub async fn register_artifact(
+        &self,
+        job: &str,
+        item: &str,
+        token: &str,
+        key: &str,
+    ) -> Result<String, ClientError> {
+        let v = self
+            .post(&format!("/v1/jobs/{job}/items/{item}/artifacts"), json!({"lease_token": token, "key": key}))
+            .await?;
+        v["path"].as_str().map(str::to_owned).ok_or_else(|| ClientError::Transport(format!("no path in {v}")))
+    }
+
     /// Returns whether a cancel has been requested.
     pub async fn item_fail(
         &self,
@@ -231,6 +246,15 @@ impl JobContext {
             .await
             .inspect_err(|e| self.note(e))?;
         Ok(self.flow(cancel))
+    }
+
+    /// Registers an artifact of `item` before writing it, so a teardown knows to delete it;
+    /// returns the path to write it at (`{job}/{item}/{key}` under the artifact store's root).
+    pub async fn register_artifact(&self, item: &str, key: &str) -> Result<String, ClientError> {
+        self.client
+            .register_artifact(&self.job.id, item, &self.job.lease_token, key)
+            .await
+            .inspect_err(|e| self.note(e))
     }
 
     fn note(&self, e: &ClientError) {

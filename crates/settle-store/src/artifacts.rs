@@ -7,14 +7,18 @@
 //! `object_store` crate.
 
 use async_trait::async_trait;
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 #[async_trait]
 pub trait ArtifactStore: Send + Sync {
+    /// Where the store is (`file:///srv/artifacts`, `s3://bucket/prefix`), without credentials:
+    /// recorded with each artifact, so a teardown run against another store refuses.
+    fn location(&self) -> String;
+
     /// Deletes `key`. A key that is already gone is a success: teardown re-runs cleanup in full.
     async fn delete(&self, key: &str) -> Result<(), String>;
 
@@ -47,11 +51,22 @@ pub enum StoreCheck {
 
 /// How long one request to a remote store may take, and how long its retries may go on: a
 /// teardown that cannot delete now leaves the job `cancelling`, and the sweeper's next pass
-/// deletes again — a slow store must not hold the sweeper for minutes.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-const RETRY_FOR: Duration = Duration::from_secs(15);
-const RETRIES: usize = 3;
+/// deletes again — a slow store must not hold the sweeper (or a cancel request) for minutes.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const RETRY_FOR: Duration = Duration::from_secs(8);
+const RETRIES: usize = 2;
+/// A whole `delete_all` (or `check`) ends by then, whatever the settings say.
+const DEADLINE: Duration = Duration::from_secs(10);
+/// After the store failed to answer, deletes fail at once for this long: one pass of the sweeper
+/// over a hundred cancelling jobs waits for the store once, not a hundred times.
+const UNREACHABLE_FOR: Duration = Duration::from_secs(5);
+/// The file that marks a directory as the artifact store: a delete in a directory without it (a
+/// volume not mounted) is refused rather than taken for "already gone".
+pub const DIRECTORY_MARKER: &str = ".settle-artifacts";
+/// What `check` deletes to learn whether the bucket exists and lets Settle delete (S3 answers the
+/// delete of a missing key with success).
+const PROBE: &str = ".settle-probe";
 
 /// Artifacts in an object store, under a root prefix.
 #[derive(Debug, Clone)]
@@ -59,10 +74,19 @@ pub struct ObjectArtifactStore {
     store: Arc<dyn ObjectStore>,
     root: ObjectPath,
     location: String,
-    /// Whether "not found" from a delete means the object is gone (a directory). S3 answers a
-    /// delete of a missing key with success; its "not found" is the bucket's, and a teardown that
-    /// took a misnamed bucket for deleted artifacts would leave the real ones behind.
-    not_found_is_gone: bool,
+    kind: Kind,
+    /// Since when the store has not answered (see `UNREACHABLE_FOR`).
+    unreachable_since: Arc<Mutex<Option<Instant>>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    /// "Not found" from a delete means the file is gone; the root must hold the marker.
+    Directory(std::path::PathBuf),
+    Memory,
+    /// S3 answers a delete of a missing key with success: its "not found" is the bucket's, and a
+    /// teardown that took a misnamed bucket for deleted artifacts would leave the real ones behind.
+    S3,
 }
 
 impl ObjectArtifactStore {
@@ -80,7 +104,7 @@ impl ObjectArtifactStore {
         location: &str,
         settings: impl IntoIterator<Item = (impl AsRef<str>, impl Into<String>)>,
     ) -> Result<ObjectArtifactStore, ArtifactsError> {
-        let fail = |message: String| ArtifactsError { location: location.to_owned(), message };
+        let fail = |message: String| ArtifactsError { location: redacted(location), message };
         let Some((scheme, rest)) = location.split_once("://") else {
             return ObjectArtifactStore::local(location);
         };
@@ -102,43 +126,56 @@ impl ObjectArtifactStore {
                 if bucket.is_empty() {
                     return Err(fail("name the bucket: s3://bucket/prefix".into()));
                 }
+                if !valid_bucket(bucket) {
+                    return Err(fail(
+                        "a bucket name is 3-63 characters of a-z, 0-9, '.' and '-', beginning and ending with a letter or digit"
+                            .into(),
+                    ));
+                }
                 let root = ObjectPath::parse(prefix).map_err(|e| fail(format!("prefix: {e}")))?;
                 let store = s3(bucket, settings).map_err(|e| fail(e.to_string()))?;
                 let location = format!("s3://{bucket}/{root}");
-                Ok(ObjectArtifactStore { store, root, location, not_found_is_gone: false })
+                Ok(ObjectArtifactStore::new(store, root, location, Kind::S3))
             }
             other => Err(fail(format!("unknown scheme {other}:// (file://, s3:// or memory://)"))),
         }
     }
 
-    /// Artifacts as files under `dir` (created if missing).
+    /// Artifacts as files under `dir`, created if missing, and marked as the artifact store with
+    /// `DIRECTORY_MARKER` if not yet: deletes refuse once the marker is gone (an unmounted volume).
     pub fn local(dir: impl AsRef<std::path::Path>) -> Result<ObjectArtifactStore, ArtifactsError> {
         let dir = dir.as_ref();
         let fail = |message: String| ArtifactsError { location: dir.display().to_string(), message };
         std::fs::create_dir_all(dir).map_err(|e| fail(format!("create the directory: {e}")))?;
-        let store = object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(|e| fail(e.to_string()))?;
-        let location = format!("file://{}", dir.canonicalize().map_err(|e| fail(e.to_string()))?.display());
-        Ok(ObjectArtifactStore {
-            store: Arc::new(store),
-            root: ObjectPath::default(),
-            location,
-            not_found_is_gone: true,
-        })
+        let dir = dir.canonicalize().map_err(|e| fail(e.to_string()))?;
+        let marker = dir.join(DIRECTORY_MARKER);
+        if !marker.exists() {
+            let note = "Settle's artifact store: teardown deletes undelivered items' artifacts here.\n";
+            std::fs::write(&marker, note).map_err(|e| fail(format!("write {}: {e}", marker.display())))?;
+        }
+        let store = object_store::local::LocalFileSystem::new_with_prefix(&dir).map_err(|e| fail(e.to_string()))?;
+        let location = format!("file://{}", dir.display());
+        Ok(ObjectArtifactStore::new(Arc::new(store), ObjectPath::default(), location, Kind::Directory(dir)))
     }
 
     /// Artifacts in this process's memory (tests; a worker in another process cannot write there).
     pub fn memory() -> ObjectArtifactStore {
-        ObjectArtifactStore {
-            store: Arc::new(object_store::memory::InMemory::new()),
-            root: ObjectPath::default(),
-            location: "memory://".into(),
-            not_found_is_gone: true,
-        }
+        let store = Arc::new(object_store::memory::InMemory::new());
+        ObjectArtifactStore::new(store, ObjectPath::default(), "memory://".into(), Kind::Memory)
+    }
+
+    fn new(store: Arc<dyn ObjectStore>, root: ObjectPath, location: String, kind: Kind) -> ObjectArtifactStore {
+        ObjectArtifactStore { store, root, location, kind, unreachable_since: Arc::default() }
     }
 
     /// The location, without credentials (they never appear in one).
     pub fn location(&self) -> &str {
         &self.location
+    }
+
+    /// Whether this is `memory://` (no other process can write there).
+    pub fn is_memory(&self) -> bool {
+        self.kind == Kind::Memory
     }
 
     /// Where an artifact's path (the register answer's `path`) is in the object store.
@@ -150,25 +187,39 @@ impl ObjectArtifactStore {
         Ok(if self.root.as_ref().is_empty() { rel } else { self.root.parts().chain(rel.parts()).collect() })
     }
 
-    /// Asks the store whether it is there: a bucket that does not exist or refuses Settle's
-    /// credentials is `Misconfigured` (`settle serve` refuses to start); one that does not answer
-    /// now is `Unreachable` (a warning: teardowns wait for it).
+    /// Asks the store whether Settle can delete there, by deleting a key that is not there
+    /// (`.settle-probe` under the root; a directory: its marker is checked). A bucket that does not
+    /// exist, refuses Settle's credentials or its deletes, or lives in another region is
+    /// `Misconfigured` (`settle serve` refuses to start); one that does not answer now is
+    /// `Unreachable` (a warning: teardowns wait for it).
     pub async fn check(&self) -> Result<(), StoreCheck> {
-        let root = (!self.root.as_ref().is_empty()).then_some(&self.root);
-        let e = match self.store.list_with_delimiter(root).await {
-            Ok(_) => return Ok(()),
-            Err(e) => e,
+        if let Kind::Directory(dir) = &self.kind {
+            return self.marked(dir).map_err(StoreCheck::Misconfigured);
+        }
+        let probe = self.object_path(PROBE).map_err(StoreCheck::Misconfigured)?;
+        let store = self.store.clone();
+        let asked = tokio::time::timeout(DEADLINE, async move { store.delete(&probe).await }).await;
+        let e = match asked {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e,
+            Err(_) => return Err(StoreCheck::Unreachable(format!("{}: no answer within {DEADLINE:?}", self.location))),
         };
         let message = format!("{}: {e}", self.location);
-        // The store answered and refused (no such bucket, access denied, bad credentials): a 4xx.
-        // object_store keeps the status in an error type it does not export, so its message is read.
-        let refused = matches!(
-            e,
-            object_store::Error::NotFound { .. }
-                | object_store::Error::PermissionDenied { .. }
-                | object_store::Error::Unauthenticated { .. }
-        ) || message.contains("status code: 4");
-        Err(if refused { StoreCheck::Misconfigured(message) } else { StoreCheck::Unreachable(message) })
+        Err(if refused(&e) { StoreCheck::Misconfigured(message) } else { StoreCheck::Unreachable(message) })
+    }
+
+    /// A directory store's root still holds its marker (else it is not the store: unmounted, moved).
+    fn marked(&self, dir: &std::path::Path) -> Result<(), String> {
+        let marker = dir.join(DIRECTORY_MARKER);
+        match marker.try_exists() {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!(
+                "{}: {} is missing — is the volume mounted? (deletes there would find nothing and count as done)",
+                self.location,
+                marker.display()
+            )),
+            Err(e) => Err(format!("{}: {}: {e}", self.location, marker.display())),
+        }
     }
 
     /// Writes an artifact (what a worker in this process does: the demo, tests).
@@ -186,6 +237,49 @@ impl ObjectArtifactStore {
             Err(e) => Err(format!("head {path}: {e}")),
         }
     }
+}
+
+/// Whether an error is the store's refusal (no such bucket, access denied, bad credentials, another
+/// region) rather than no answer. object_store keeps the HTTP status in an error type it does not
+/// export, so the message is read for the statuses and S3's codes.
+fn refused(e: &object_store::Error) -> bool {
+    if matches!(
+        e,
+        object_store::Error::NotFound { .. }
+            | object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. }
+    ) {
+        return true;
+    }
+    let text = e.to_string();
+    ["status code: 400", "status code: 401", "status code: 403", "status code: 404", "status code: 301"]
+        .iter()
+        .chain(&["NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "redirect"])
+        .any(|needle| text.contains(needle))
+}
+
+/// A location as it may be shown: credentials someone put in it (`s3://key:secret@bucket`) are not.
+fn redacted(location: &str) -> String {
+    match location.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority = rest.split('/').next().unwrap_or("");
+            match authority.rsplit_once('@') {
+                Some((_, host)) => format!("{scheme}://***@{host}{}", &rest[authority.len()..]),
+                None => location.to_owned(),
+            }
+        }
+        None => location.to_owned(),
+    }
+}
+
+/// S3's bucket naming rules (3-63 of `a-z0-9.-`, a letter or digit at each end): a location with
+/// anything else (credentials, `user@`) is refused before it can be echoed in logs.
+fn valid_bucket(b: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    (3..=63).contains(&b.len())
+        && b.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-')
+        && edge(b.chars().next())
+        && edge(b.chars().last())
 }
 
 /// An S3 client whose requests give up soon (see `REQUEST_TIMEOUT`); `http://` endpoints allowed,
@@ -218,8 +312,18 @@ fn s3(
         let key: AmazonS3ConfigKey = key.as_ref().parse()?;
         builder = builder.with_config(key, value);
     }
-    if builder.get_config_value(&AmazonS3ConfigKey::Endpoint).is_some_and(|e| e.starts_with("http://")) {
-        builder = builder.with_allow_http(true);
+    if let Some(endpoint) = builder.get_config_value(&AmazonS3ConfigKey::Endpoint) {
+        let authority = endpoint.split("://").nth(1).unwrap_or(&endpoint).split('/').next().unwrap_or("");
+        if authority.contains('@') {
+            return Err(object_store::Error::Generic {
+                store: "S3",
+                source: "the endpoint carries credentials (user@host): give them in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                    .into(),
+            });
+        }
+        if endpoint.starts_with("http://") {
+            builder = builder.with_allow_http(true);
+        }
     }
     let store = builder
         .with_bucket_name(bucket)
@@ -230,29 +334,52 @@ fn s3(
 
 #[async_trait]
 impl ArtifactStore for ObjectArtifactStore {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
     async fn delete(&self, key: &str) -> Result<(), String> {
         self.delete_all(&[key.to_owned()]).await
     }
 
-    /// One stream of deletes (S3 sends them 1,000 to a request); a missing object is deleted, a
-    /// missing bucket is an error.
+    /// One stream of deletes (S3 sends them 1,000 to a request); every key must come back deleted.
+    /// A missing file is deleted; a missing bucket, a directory without its marker, a refusal, no
+    /// answer within `DEADLINE` are errors. Run on a task of its own, so a panic in the client
+    /// fails this teardown, not the loop that runs it.
     async fn delete_all(&self, keys: &[String]) -> Result<(), String> {
-        let paths: Vec<object_store::Result<ObjectPath>> = keys
-            .iter()
-            .map(|k| {
-                self.object_path(k).map_err(|e| object_store::Error::Generic { store: "settle", source: e.into() })
-            })
-            .collect();
-        let results = self.store.delete_stream(futures_util::stream::iter(paths).boxed());
-        let not_found_is_gone = self.not_found_is_gone;
-        results
-            .map(|r| match r {
-                Err(object_store::Error::NotFound { .. }) if not_found_is_gone => Ok(()),
-                other => other.map(|_| ()),
-            })
-            .try_collect::<Vec<()>>()
-            .await
-            .map(|_| ())
-            .map_err(|e| format!("delete from {}: {e}", self.location))
+        let fail = |message: String| format!("delete from {}: {message}", self.location);
+        if let Some(since) = *self.unreachable_since.lock().expect("not poisoned")
+            && since.elapsed() < UNREACHABLE_FOR
+        {
+            let ago = since.elapsed().as_secs_f64();
+            return Err(fail(format!("the store did not answer {ago:.1} s ago; trying again soon")));
+        }
+        if let Kind::Directory(dir) = &self.kind {
+            self.marked(dir)?;
+        }
+        let paths = keys.iter().map(|k| self.object_path(k)).collect::<Result<Vec<_>, String>>().map_err(fail)?;
+        let (store, gone_if_missing, expected) = (self.store.clone(), self.kind != Kind::S3, keys.len());
+        let work = tokio::spawn(tokio::time::timeout(DEADLINE, async move {
+            let mut deleted = 0;
+            let mut results = store.delete_stream(futures_util::stream::iter(paths.into_iter().map(Ok)).boxed());
+            while let Some(r) = results.next().await {
+                match r {
+                    Ok(_) => deleted += 1,
+                    Err(object_store::Error::NotFound { .. }) if gone_if_missing => deleted += 1,
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(deleted)
+        }));
+        let no_answer = match work.await {
+            Ok(Ok(Ok(deleted))) if deleted == expected => return Ok(()),
+            Ok(Ok(Ok(deleted))) => return Err(fail(format!("{deleted} of {expected} keys answered deleted"))),
+            Ok(Ok(Err(e))) if refused(&e) => return Err(fail(e.to_string())),
+            Ok(Ok(Err(e))) => e.to_string(),
+            Ok(Err(_)) => format!("no answer within {DEADLINE:?}"),
+            Err(e) => return Err(fail(format!("the delete failed: {e}"))),
+        };
+        *self.unreachable_since.lock().expect("not poisoned") = Some(Instant::now());
+        Err(fail(no_answer))
     }
 }

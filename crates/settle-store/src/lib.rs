@@ -25,7 +25,7 @@ pub mod sql_store;
 pub mod store;
 mod webhooks;
 
-pub use artifacts::{ArtifactStore, ArtifactsError, ObjectArtifactStore, StoreCheck};
+pub use artifacts::{ArtifactStore, ArtifactsError, DIRECTORY_MARKER, ObjectArtifactStore, StoreCheck};
 pub use db::Engine;
 pub use error::StoreError;
 pub use model::*;

@@ -48,6 +48,24 @@ impl Bucket {
     }
 }
 
+impl Bucket {
+    /// Writes an object at `key` with a plain unsigned PUT (as a worker's own S3 client would,
+    /// nothing of Settle's on the way).
+    pub fn put(&self, key: &str, body: &[u8]) {
+        let status = send(&self.endpoint, "PUT", &format!("/{}/{key}", self.name), body);
+        assert_eq!(status, 200, "PUT {key}");
+    }
+
+    /// Whether an object is at `key` (a plain HEAD).
+    pub fn exists(&self, key: &str) -> bool {
+        match send(&self.endpoint, "HEAD", &format!("/{}/{key}", self.name), b"") {
+            200 => true,
+            404 => false,
+            other => panic!("HEAD {key} answered {other}"),
+        }
+    }
+}
+
 /// A fresh, empty bucket on the test S3 server.
 pub fn fresh_bucket() -> Bucket {
     let endpoint = endpoint().to_owned();
@@ -73,31 +91,52 @@ pub fn endpoint() -> &'static str {
             return format!("http://127.0.0.1:{port}");
         }
         let bin = moto_server();
-        let port = super::free_port();
-        let log = std::fs::File::create(root.join("log")).unwrap();
-        // Its own process group and no handle on the test's output: it outlives this test process
-        // (the next ones reuse it) and nextest does not wait for it.
-        let child = {
-            use std::os::unix::process::CommandExt;
-            Command::new(&bin)
-                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().unwrap())
-                .stderr(log)
-                .process_group(0)
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
+        // A port taken between choosing it and moto binding it makes moto exit: try another.
+        let mut tries = 0;
+        let port = loop {
+            tries += 1;
+            let port = super::free_port();
+            let log = std::fs::File::create(root.join("log")).unwrap();
+            // Its own process group and no handle on the test's output: it outlives this test
+            // process (the next ones reuse it) and nextest does not wait for it.
+            let mut child = {
+                use std::os::unix::process::CommandExt;
+                Command::new(&bin)
+                    .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                    .stdin(Stdio::null())
+                    .stdout(log.try_clone().unwrap())
+                    .stderr(log)
+                    .process_group(0)
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
+            };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let exited = loop {
+                if answers(port) {
+                    break None;
+                }
+                if let Some(status) = child.try_wait().unwrap() {
+                    break Some(status);
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    break Some(child.wait().unwrap());
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            match exited {
+                None => {
+                    // Pid and port together, once it answers: scripts/test stops what is named here.
+                    std::fs::write(root.join("pid"), child.id().to_string()).unwrap();
+                    break port;
+                }
+                Some(status) => assert!(
+                    tries < 3,
+                    "moto_server did not answer on port {port} ({status}):\n{}",
+                    std::fs::read_to_string(root.join("log")).unwrap_or_default()
+                ),
+            }
         };
-        std::fs::write(root.join("pid"), child.id().to_string()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !answers(port) {
-            assert!(
-                Instant::now() < deadline,
-                "moto_server did not answer on port {port} within 60 s:\n{}",
-                std::fs::read_to_string(root.join("log")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
         std::fs::write(&port_file, port.to_string()).unwrap();
         format!("http://127.0.0.1:{port}")
     })
@@ -120,14 +159,26 @@ fn answers(port: u16) -> bool {
 
 /// One unsigned HTTP/1.1 request; returns the status (0 when there is no answer).
 fn request(endpoint: &str, method: &str, path: &str) -> u16 {
+    send(endpoint, method, path, b"")
+}
+
+fn send(endpoint: &str, method: &str, path: &str, body: &[u8]) -> u16 {
     let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
     let Ok(mut stream) = std::net::TcpStream::connect(host) else { return 0 };
     stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    if stream.write_all(req.as_bytes()).is_err() {
+    // Moto checks no signature, but answers an anonymous read of a private object with 403: the
+    // request names the test credentials in an Authorization header it does not verify.
+    let auth =
+        "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=00";
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if stream.write_all(head.as_bytes()).and_then(|()| stream.write_all(body)).is_err() {
         return 0;
     }
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
     answer.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
 }

@@ -12,7 +12,7 @@ use crate::app::AppState;
 use crate::auth::Role;
 use crate::error::ApiError;
 use axum::Router;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Form, FromRequest, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -170,6 +170,28 @@ impl IntoResponse for Refused {
 
 type PageResult = Result<Response, Refused>;
 
+/// A console form. One that cannot be read (a field missing, a number that is none) is answered
+/// with a console page saying so (400), not the extractor's plain text.
+struct ConsoleForm<T>(T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequest<S> for ConsoleForm<T> {
+    type Rejection = Refused;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Refused> {
+        match Form::<T>::from_request(req, state).await {
+            Ok(Form(value)) => Ok(ConsoleForm(value)),
+            Err(e) => Err(error_page(
+                None,
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    format!("The form could not be read ({}); go back and submit it again.", e.body_text()),
+                ),
+            )),
+        }
+    }
+}
+
 /// What every action checks first: the CSRF token of this session, and an admin token.
 fn may_act(session: &Session, csrf: &str) -> Result<(), Refused> {
     if !session.csrf_ok(csrf) {
@@ -218,7 +240,7 @@ struct LoginForm {
     token: String,
 }
 
-async fn login(State(s): State<AppState>, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
+async fn login(State(s): State<AppState>, headers: HeaderMap, ConsoleForm(f): ConsoleForm<LoginForm>) -> Response {
     if s.tokens.is_empty() {
         return Redirect::to("/console").into_response();
     }
@@ -239,7 +261,7 @@ async fn login(State(s): State<AppState>, headers: HeaderMap, Form(f): Form<Logi
     ([(header::SET_COOKIE, session::set_cookie(&value, https))], Redirect::to("/console")).into_response()
 }
 
-async fn logout(State(s): State<AppState>, session: Session, Form(f): Form<CsrfForm>) -> Response {
+async fn logout(State(s): State<AppState>, session: Session, ConsoleForm(f): ConsoleForm<CsrfForm>) -> Response {
     if !session.csrf_ok(&f.csrf) {
         return error_page(
             Some(&session),
@@ -460,7 +482,7 @@ async fn job_action(
     State(s): State<AppState>,
     session: Session,
     Path((id, action)): Path<(String, String)>,
-    Form(f): Form<CsrfForm>,
+    ConsoleForm(f): ConsoleForm<CsrfForm>,
 ) -> PageResult {
     may_act(&session, &f.csrf)?;
     let id = job_id(&session, &id)?;
@@ -479,14 +501,14 @@ async fn requeue_delivery(
     State(s): State<AppState>,
     session: Session,
     Path((endpoint, seq)): Path<(String, i64)>,
-    Form(f): Form<CsrfForm>,
+    ConsoleForm(f): ConsoleForm<CsrfForm>,
 ) -> PageResult {
     may_act(&session, &f.csrf)?;
     s.store.webhook_requeue_by(&endpoint, seq, &session.actor.name).await.map_err(|e| error_page(Some(&session), e))?;
     Ok(Redirect::to("/console/webhooks").into_response())
 }
 
-async fn audit(State(s): State<AppState>, session: Session, Form(f): Form<CsrfForm>) -> PageResult {
+async fn audit(State(s): State<AppState>, session: Session, ConsoleForm(f): ConsoleForm<CsrfForm>) -> PageResult {
     may_act(&session, &f.csrf)?;
     let report = s.store.audit().await.map_err(|e| error_page(Some(&session), e))?;
     let detail = serde_json::json!({
@@ -563,7 +585,7 @@ struct BulkForm {
 /// `BULK_MAX` per submission, each in its own transaction recorded in the action log, walking
 /// them in creation order. Jobs the action cannot move (a withdrawal, a running job already asked
 /// to cancel) are passed over and listed.
-async fn bulk(State(s): State<AppState>, session: Session, Form(f): Form<BulkForm>) -> PageResult {
+async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): ConsoleForm<BulkForm>) -> PageResult {
     may_act(&session, &f.csrf)?;
     let action = bulk_action(&session, &f.action)?;
     let q: JobsQuery = serde_urlencoded_query(&f.filter).map_err(|e| error_page(Some(&session), e))?;

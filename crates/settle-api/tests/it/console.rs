@@ -232,6 +232,17 @@ async fn bulk_requeue_acts_on_every_job_the_filter_matches(e: Engine) {
         ("until", &until),
     ];
     assert_eq!(post(&b, &s, "/console/bulk", &refused).await.0, 400);
+    // A form with a field missing is answered with a console page, not plain text.
+    let torn = [("csrf", csrf.as_str()), ("action", "requeue"), ("filter", "state=dead")];
+    let (status, html) = post(&b, &s, "/console/bulk", &torn).await;
+    assert_eq!(status, 400);
+    assert!(
+        html.contains("<html") && html.contains("The form could not be read") && html.contains("expected"),
+        "{html}"
+    );
+    let torn =
+        [("csrf", csrf.as_str()), ("action", "requeue"), ("filter", "state=dead"), ("expected", "x"), ("until", "1")];
+    assert_eq!(post(&b, &s, "/console/bulk", &torn).await.0, 400);
     // A job that dies after the confirmation is not in what was confirmed.
     dead_job(&s, "acme-late", "acme").await;
     // More than confirmed now match (a wider filter than the confirmation's): refused, nothing done.

@@ -146,6 +146,7 @@ pub(crate) async fn register_artifact(
     item_id: &ItemId,
     token: &LeaseToken,
     artifact: &NewArtifact,
+    store: Option<&str>,
 ) -> Result<Result<bool, Stale>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, Caller::Worker)?;
@@ -170,13 +171,14 @@ pub(crate) async fn register_artifact(
     }
     let rows = db
         .exec(
-            "INSERT INTO artifacts (job_id, item_id, key, path, created_at) VALUES ($1, $2, $3, $4, $5) \
+            "INSERT INTO artifacts (job_id, item_id, key, path, store, created_at) VALUES ($1, $2, $3, $4, $5, $6) \
              ON CONFLICT DO NOTHING",
             args![
                 &job.id,
                 item_id.as_str(),
                 artifact.key.as_str(),
                 artifact.key.path_in(&job.id, item_id.as_str()),
+                store,
                 cx.now.micros()
             ],
         )

@@ -201,15 +201,17 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job,
     Ok(job)
 }
 
-/// Artifact paths to delete for a job being torn down: every item that ends undelivered (net 0),
-/// rescanned in full each time (seed 003: the marker, not "undecided").
-pub(crate) async fn cleanup_keys(db: &mut Db<'_>, id: &str) -> Result<Vec<String>, StoreError> {
+/// Artifacts to delete for a job being torn down, each as (path, the store it was registered in):
+/// every item that ends undelivered (net 0), rescanned in full each time (seed 003: the marker, not
+/// "undecided").
+pub(crate) async fn cleanup_keys(db: &mut Db<'_>, id: &str) -> Result<Vec<(String, Option<String>)>, StoreError> {
     let rows = db
         .all(
-            "SELECT COALESCE(a.path, a.key) FROM artifacts a JOIN items i ON i.job_id = a.job_id AND i.item_id = a.item_id \
+            "SELECT COALESCE(a.path, a.key), a.store FROM artifacts a \
+             JOIN items i ON i.job_id = a.job_id AND i.item_id = a.item_id \
              WHERE a.job_id = $1 AND i.state IN ('cancelled', 'refunded') ORDER BY 1",
             args![id],
         )
         .await?;
-    rows.iter().map(|r| r.text(0)).collect()
+    rows.iter().map(|r| Ok((r.text(0)?, r.opt_text(1)?))).collect()
 }

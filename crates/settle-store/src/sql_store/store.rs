@@ -236,10 +236,11 @@ impl Store for SqlStore {
         artifact: NewArtifact,
     ) -> Result<bool, StoreError> {
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
+        let store = self.artifacts.as_ref().map(|a| a.location());
         let out = self
             .write_quiet(op!(
-                [job, item, token, artifact] | db,
-                cx | ops::register_artifact(db, cx, &job, &item, &token, &artifact).await
+                [job, item, token, artifact, store] | db,
+                cx | ops::register_artifact(db, cx, &job, &item, &token, &artifact, store.as_deref()).await
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;

@@ -27,8 +27,23 @@ impl SqlStore {
                     message: "no artifact store is configured".into(),
                 });
             };
+            // An artifact registered in another store than this process's is not deleted here:
+            // "deleting" it would find nothing and end the job with the object left behind.
+            let here = artifacts.location();
+            if let Some((path, there)) =
+                keys.iter().find_map(|(p, s)| s.as_ref().filter(|s| **s != here).map(|s| (p, s)))
+            {
+                return Err(StoreError::CleanupFailed {
+                    job: id.to_owned(),
+                    message: format!(
+                        "artifact {path} was registered in {there}, but this process's artifact store is {here}: \
+                         run it with --artifacts {there}"
+                    ),
+                });
+            }
+            let paths: Vec<String> = keys.into_iter().map(|(p, _)| p).collect();
             artifacts
-                .delete_all(&keys)
+                .delete_all(&paths)
                 .await
                 .map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
         }

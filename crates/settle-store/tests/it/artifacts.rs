@@ -2,8 +2,9 @@
 //! server, started by the test kit). Deleting what is gone is a success; a path never leaves
 //! the store's root; a location Settle cannot open is refused with its reason.
 
-use settle_store::{ArtifactStore, ObjectArtifactStore, StoreCheck};
+use settle_store::{ArtifactStore, DIRECTORY_MARKER, ObjectArtifactStore, StoreCheck};
 use settle_testkit::s3;
+use std::sync::Arc;
 
 async fn deletes_are_idempotent(store: &ObjectArtifactStore) {
     let paths = ["j1/i1/out.png", "j1/i1/deep/er/log.txt", "%2E%2E/i1/x", "j2/%2E/x"];
@@ -101,14 +102,126 @@ fn locations_settle_cannot_open_are_refused_with_the_reason() {
         ("gs://bucket/p", "unknown scheme gs://"),
         ("s3://", "name the bucket"),
         ("s3:///prefix", "name the bucket"),
-        ("s3://b/a//b", "prefix"),
+        ("s3://bucket/a//b", "prefix"),
         ("file://relative/dir", "absolute path"),
         ("memory://something", "takes no path"),
+        ("s3://Render_Outputs/p", "bucket name"),
+        ("s3://key:hunter2@bucket/p", "bucket name"),
+        ("s3://ab/p", "bucket name"),
+        ("s3://-bucket/p", "bucket name"),
     ] {
         let err = ObjectArtifactStore::open(bad).unwrap_err().to_string();
-        assert!(err.contains(reason) && err.contains(bad), "{bad}: {err}");
+        let shown = bad.replace("key:hunter2@", "***@");
+        assert!(err.contains(reason) && err.contains(&shown) && !err.contains("hunter2"), "{bad}: {err}");
     }
+    let with_userinfo = [("aws_endpoint", "http://user:secret@127.0.0.1:9000")];
+    let err = ObjectArtifactStore::open_with("s3://bucket/p", with_userinfo).unwrap_err().to_string();
+    assert!(err.contains("carries credentials") && !err.contains("secret@"), "{err}");
     let file = tempfile::NamedTempFile::new().unwrap();
     let err = ObjectArtifactStore::open(file.path().to_str().unwrap()).unwrap_err().to_string();
     assert!(err.contains("create the directory"), "a file is no directory: {err}");
+}
+
+#[tokio::test]
+async fn a_directory_without_its_marker_is_no_store_deletes_can_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("artifacts");
+    let store = ObjectArtifactStore::local(&root).unwrap();
+    assert!(root.join(DIRECTORY_MARKER).exists(), "marked when opened");
+    store.check().await.unwrap();
+    store.put("j/i/k", b"x".to_vec()).await.unwrap();
+    // The volume is unmounted (or the folder replaced): what is there now is not the store.
+    std::fs::remove_file(root.join(DIRECTORY_MARKER)).unwrap();
+    let err = store.delete("j/i/k").await.unwrap_err();
+    assert!(err.contains("is the volume mounted"), "{err}");
+    assert!(root.join("j/i/k").exists(), "nothing deleted");
+    assert!(matches!(store.check().await, Err(StoreCheck::Misconfigured(_))));
+    // Opening it again marks it again (a store of files from before markers existed is a store).
+    ObjectArtifactStore::local(&root).unwrap().delete("j/i/k").await.unwrap();
+    assert!(!root.join("j/i/k").exists());
+}
+
+#[tokio::test]
+async fn a_store_that_never_answers_fails_the_delete_in_bounded_time_then_fails_fast() {
+    // Accepts connections and never answers a byte.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    let keep = std::thread::spawn(move || {
+        let held: Vec<_> = silent.incoming().take(16).collect();
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        drop(held);
+    });
+    let bucket = s3::fresh_bucket();
+    let store = ObjectArtifactStore::open_with(&bucket.url("p"), bucket.settings_via(&endpoint)).unwrap();
+    let started = std::time::Instant::now();
+    let err = store.delete_all(&["j/i/k".to_owned()]).await.unwrap_err();
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "held for {:?}", started.elapsed());
+    assert!(err.contains(&format!("s3://{}/p", bucket.name)), "{err}");
+    // The next teardown in the same pass does not wait for the store again.
+    let again = std::time::Instant::now();
+    let err = store.delete("j/i/k2").await.unwrap_err();
+    assert!(err.contains("did not answer"), "{err}");
+    assert!(again.elapsed() < std::time::Duration::from_secs(1), "{:?}", again.elapsed());
+    drop(keep);
+}
+
+#[tokio::test]
+async fn a_teardown_refuses_artifacts_registered_in_another_store() {
+    use settle_core::Credits;
+    use settle_core::ids::*;
+    use settle_core::job::JobState;
+    use settle_store::*;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("settle.db").display());
+    let open = |artifacts: &str| {
+        let store = ObjectArtifactStore::local(dir.path().join(artifacts)).unwrap();
+        let options = StoreOptions { artifacts: Some(Arc::new(store)), ..StoreOptions::default() };
+        SqlStore::open(&url, options)
+    };
+    let first = open("a").await.unwrap();
+    let a = AccountId::parse("a").unwrap();
+    first.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+    let grant = NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(10), reason: None };
+    first.grant(&a, grant).await.unwrap();
+    let job = NewJob {
+        id: JobId::parse("j").unwrap(),
+        account_id: a.clone(),
+        kind: JobKind::parse("render").unwrap(),
+        items: vec![NewItem { id: ItemId::main(), cost: Credits::new(10) }],
+        payload: "null".into(),
+        max_attempts: None,
+        refund_on: None,
+        not_before: None,
+    };
+    first.create_job(job).await.unwrap();
+    let req = ClaimRequest { worker: WorkerName::parse("w").unwrap(), kinds: vec![], limit: 1, lease_seconds: None };
+    let token = first.claim(req).await.unwrap().remove(0).lease_token;
+    let jid = JobId::parse("j").unwrap();
+    let artifact = NewArtifact { key: ArtifactKey::parse("out.png").unwrap() };
+    first.register_artifact(&jid, &ItemId::main(), &token, artifact).await.unwrap();
+    let written = dir.path().join("a").join("j").join("main").join("out.png");
+    std::fs::create_dir_all(written.parent().unwrap()).unwrap();
+    std::fs::write(&written, b"x").unwrap();
+    first.cancel(&jid).await.unwrap();
+    drop(first);
+
+    // The teardown runs in a process configured with another directory (another working dir).
+    let elsewhere = open("b").await.unwrap();
+    let signal = FailSignal {
+        lease_token: token,
+        code: FailCode::parse("CANCELLED").unwrap(),
+        message: None,
+        retryable: None,
+        retry_after_ms: None,
+    };
+    let j = elsewhere.fail(&jid, signal).await.unwrap().value;
+    assert_eq!(j.state, JobState::Cancelling, "not ended with its artifact left behind");
+    assert!(elsewhere.resume_teardowns(10).await.unwrap().is_empty());
+    assert!(written.exists());
+    drop(elsewhere);
+    // Where the artifact was registered, the teardown ends.
+    let home = open("a").await.unwrap();
+    assert_eq!(home.resume_teardowns(10).await.unwrap(), ["j"]);
+    assert_eq!(home.job(&jid).await.unwrap().state, JobState::Cancelled);
+    assert!(!written.exists(), "deleted where it was");
 }

@@ -21,15 +21,27 @@ pub struct TestArtifacts {
 
 #[async_trait]
 impl ArtifactStore for TestArtifacts {
+    fn location(&self) -> String {
+        ArtifactStore::location(&self.fs)
+    }
+
     async fn delete(&self, key: &str) -> Result<(), String> {
+        self.delete_all(&[key.to_owned()]).await
+    }
+
+    /// The real store's bulk delete, after the faults asked for.
+    async fn delete_all(&self, keys: &[String]) -> Result<(), String> {
         if self.fail.load(Ordering::SeqCst) {
             return Err("artifact store unavailable".into());
         }
-        if self.fail_prefix.lock().unwrap().as_deref().is_some_and(|p| key.starts_with(p)) {
+        let refused = self.fail_prefix.lock().unwrap().clone();
+        if let Some(p) = refused
+            && keys.iter().any(|k| k.starts_with(&p))
+        {
             return Err("delete refused".into());
         }
-        self.deletes.fetch_add(1, Ordering::SeqCst);
-        self.fs.delete(key).await
+        self.deletes.fetch_add(keys.len(), Ordering::SeqCst);
+        self.fs.delete_all(keys).await
     }
 }
 
@@ -303,4 +315,47 @@ pub fn states(job: &Job) -> Vec<&'static str> {
 
 pub fn assert_state(job: &Job, state: JobState) {
     assert_eq!(job.state, state, "job {} is {:?}", job.id, job.state);
+}
+
+/// A watchdog for tests that must not hang: past `limit` it prints every thread of this process
+/// (name, state, the kernel function it waits in) and ends the process, so a hang shows where it
+/// waits instead of running into nextest's timeout silently. It is an OS thread, so it fires even
+/// when every runtime worker is stuck. Dropping it disarms it.
+pub struct Watchdog {
+    disarm: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Watchdog {
+    pub fn arm(limit: std::time::Duration, what: &'static str) -> Watchdog {
+        let (disarm, armed) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = armed.recv_timeout(limit) {
+                let mut dump = format!("{what}: still running after {limit:?}; threads:\n");
+                if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+                    for t in tasks.flatten() {
+                        let read = |f: &str| std::fs::read_to_string(t.path().join(f)).unwrap_or_default();
+                        let state =
+                            read("stat").split(") ").nth(1).and_then(|r| r.split(' ').next()).unwrap_or("?").to_owned();
+                        dump += &format!(
+                            "  {:>7} {:<16} {state} {}\n",
+                            t.file_name().to_string_lossy(),
+                            read("comm").trim(),
+                            read("wchan")
+                        );
+                    }
+                }
+                eprintln!("{dump}");
+                std::process::exit(101);
+            }
+        });
+        Watchdog { disarm: Some(disarm) }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some(d) = self.disarm.take() {
+            let _ = d.send(());
+        }
+    }
 }
