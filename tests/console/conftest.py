@@ -3,10 +3,8 @@ end-to-end tests. Started once per test session; every test seeds what it needs 
 
 import json
 import os
-import socket
-import subprocess
+import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -14,6 +12,8 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from settle_serve import settle_serve  # noqa: E402 (the shared helper, beside this suite)
 ADMIN = "console-e2e-admin-token"
 CLIENT = "console-e2e-client-token"
 CHROMIUM = os.environ.get("SETTLE_CHROMIUM", "/usr/bin/chromium")
@@ -25,12 +25,6 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Api:
@@ -80,30 +74,9 @@ class Api:
 
 @pytest.fixture(scope="session")
 def server():
-    binary = Path(os.environ.get("SETTLE_BIN", ROOT / "target" / "debug" / "settle"))
-    assert binary.exists(), f"{binary} is missing: build it first (cargo build)"
-    workdir = tempfile.TemporaryDirectory(prefix="settle-console-e2e-")
-    port = free_port()
-    env = dict(os.environ, SETTLE_TOKENS=f"admin:ops-ana={ADMIN},client:support-sam={CLIENT}")
-    log = open(Path(workdir.name) / "serve.log", "w")
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--listen", f"127.0.0.1:{port}"], cwd=workdir.name, env=env, stdout=log, stderr=log
-    )
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(base + "/healthz", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        raise RuntimeError("settle serve did not start: " + (Path(workdir.name) / "serve.log").read_text())
-    yield base, Api(base)
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
-    workdir.cleanup()
+    env = {"SETTLE_TOKENS": f"admin:ops-ana={ADMIN},client:support-sam={CLIENT}"}
+    with tempfile.TemporaryDirectory(prefix="settle-console-e2e-") as work, settle_serve(Path(work), [], env) as base:
+        yield base, Api(base)
 
 
 @pytest.fixture(scope="session")

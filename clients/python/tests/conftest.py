@@ -6,27 +6,22 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import subprocess
+import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from settle_serve import settle_serve  # noqa: E402 (the helper the repository's Python suites share)
+
 ADMIN = "python-tests-admin-token"
 WORKER = "python-tests-worker-token"
 HOOK_SECRET = "python-tests-webhook-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Hooks:
@@ -98,8 +93,6 @@ def readme_hooks():
 
 @pytest.fixture(scope="session")
 def server(hooks, readme_hooks):
-    binary = Path(os.environ.get("SETTLE_BIN", ROOT / "target" / "debug" / "settle"))
-    assert binary.exists(), f"{binary} is missing: build it first (cargo build)"
     work = tempfile.TemporaryDirectory(prefix="settle-python-tests-")
     config = Path(work.name) / "settle.toml"
     config.write_text(
@@ -126,34 +119,13 @@ secret = "{HOOK_SECRET}"
 start_from = "beginning"
 """
     )
-    port = free_port()
-    env = dict(
-        os.environ,
-        SETTLE_TOKENS=f"admin:py-admin={ADMIN},worker:py-worker={WORKER}",
-        SETTLE_DATABASE_URL=os.environ.get("SETTLE_PYTHON_TESTS_DB", "sqlite://" + str(Path(work.name) / "settle.db")),
-    )
-    log = open(Path(work.name) / "serve.log", "w")
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--config", str(config), "--artifacts", str(Path(work.name) / "artifacts")],
-        cwd=work.name,
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(base + "/healthz", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        raise RuntimeError((Path(work.name) / "serve.log").read_text())
-    yield base, Path(work.name)
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
+    env = {
+        "SETTLE_TOKENS": f"admin:py-admin={ADMIN},worker:py-worker={WORKER}",
+        "SETTLE_DATABASE_URL": os.environ.get("SETTLE_PYTHON_TESTS_DB", "sqlite://" + str(Path(work.name) / "settle.db")),
+    }
+    args = ["--config", str(config), "--artifacts", str(Path(work.name) / "artifacts")]
+    with settle_serve(Path(work.name), args, env) as base:
+        yield base, Path(work.name)
     work.cleanup()
 
 

@@ -255,7 +255,12 @@ async fn running_batch(d: &Demo, alice: &AccountId, artifacts: Arc<ObjectArtifac
     let running = tokio::spawn(worker.run(handler.clone(), stop.clone()));
     d.say(format!("gpu-worker-3 (the Rust SDK, over HTTP at {base}) claims batch-2 and renders frame by frame"));
 
-    rendering_seen.await.context("the worker never reached frame-4")?;
+    // Bounded: a worker that never reaches frame-4 (a failed write, a refused claim) ends the demo
+    // with an error instead of a wait.
+    tokio::time::timeout(Duration::from_secs(30), rendering_seen)
+        .await
+        .context("the worker did not reach frame-4 within 30 s")?
+        .context("the worker stopped before frame-4")?;
     d.say("frames 1-3 written to the artifact store and reported delivered; frame-4 is rendering");
     let id = JobId::parse("batch-2")?;
     let out = d.store.cancel(&id).await?;

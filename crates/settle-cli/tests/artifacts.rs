@@ -110,6 +110,12 @@ fn serve_with_s3(dir: &std::path::Path, artifacts: &str, endpoint: &str) -> Comm
         .env_remove("SETTLE_DATABASE_URL")
         .env_remove("SETTLE_TOKENS")
         .env_remove("SETTLE_ARTIFACTS")
+        // Only the test's S3 settings: none of the machine's own.
+        .env_remove("AWS_SESSION_TOKEN")
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_DEFAULT_REGION")
+        .env_remove("AWS_ENDPOINT")
+        .env_remove("AWS_ENDPOINT_URL_S3")
         .env("AWS_ENDPOINT_URL", endpoint)
         .env("AWS_ACCESS_KEY_ID", "testing")
         .env("AWS_SECRET_ACCESS_KEY", "testing")

@@ -2,8 +2,17 @@
 
 use std::process::Command;
 
+/// Runs `settle ARGS` in a folder of its own (what it makes by default, such as `settle serve`'s
+/// artifact directory, lands there and goes with it).
 fn settle(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_settle")).args(args).env_remove("SETTLE_DATABASE_URL").output().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_settle"))
+        .args(args)
+        .current_dir(cwd.path())
+        .env_remove("SETTLE_DATABASE_URL")
+        .env_remove("SETTLE_ARTIFACTS")
+        .output()
+        .unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

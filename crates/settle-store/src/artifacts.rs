@@ -133,25 +133,66 @@ impl ObjectArtifactStore {
                     ));
                 }
                 let root = ObjectPath::parse(prefix).map_err(|e| fail(format!("prefix: {e}")))?;
-                let store = s3(bucket, settings).map_err(|e| fail(e.to_string()))?;
-                let location = format!("s3://{bucket}/{root}");
+                let (store, endpoint) = s3(bucket, settings).map_err(|e| fail(e.to_string()))?;
+                // The endpoint is part of where the objects are: the same bucket name at another
+                // S3-compatible store is another store.
+                let location = match endpoint {
+                    Some(e) => format!("s3://{bucket}/{root}?endpoint={}", e.trim_end_matches('/')),
+                    None => format!("s3://{bucket}/{root}"),
+                };
                 Ok(ObjectArtifactStore::new(store, root, location, Kind::S3))
             }
             other => Err(fail(format!("unknown scheme {other}:// (file://, s3:// or memory://)"))),
         }
     }
 
-    /// Artifacts as files under `dir`, created if missing, and marked as the artifact store with
-    /// `DIRECTORY_MARKER` if not yet: deletes refuse once the marker is gone (an unmounted volume).
+    /// Opens a store as an artifact row recorded it (`location()` of the store it was registered
+    /// in), for its teardown: a directory must exist with its marker (it is never created here);
+    /// an S3 location's endpoint is taken from it, credentials from the environment.
+    pub fn open_recorded(location: &str) -> Result<ObjectArtifactStore, ArtifactsError> {
+        let fail = |message: &str| ArtifactsError { location: redacted(location), message: message.to_owned() };
+        if let Some(dir) = location.strip_prefix("file://") {
+            if !std::path::Path::new(dir).join(DIRECTORY_MARKER).is_file() {
+                return Err(fail(
+                    "the directory it was registered in is not there (or not marked): is it mounted here?",
+                ));
+            }
+            return ObjectArtifactStore::local(dir);
+        }
+        if location.starts_with("s3://") {
+            return match location.split_once("?endpoint=") {
+                Some((at, endpoint)) => ObjectArtifactStore::open_with(at, [("aws_endpoint", endpoint)]),
+                None => ObjectArtifactStore::open(location),
+            };
+        }
+        Err(fail("a store of another process (memory://) or of an unknown kind: its artifacts cannot be reached"))
+    }
+
+    /// Artifacts as files under `dir`. A directory that does not exist is created and marked as
+    /// the artifact store (`DIRECTORY_MARKER`); one that exists must carry the marker — an empty
+    /// mount point (a volume not mounted) is not taken for a store whose files are all gone, at
+    /// start or later (deletes check it too). A directory of artifacts from before markers is
+    /// marked by hand: `touch DIR/.settle-artifacts`.
     pub fn local(dir: impl AsRef<std::path::Path>) -> Result<ObjectArtifactStore, ArtifactsError> {
         let dir = dir.as_ref();
         let fail = |message: String| ArtifactsError { location: dir.display().to_string(), message };
-        std::fs::create_dir_all(dir).map_err(|e| fail(format!("create the directory: {e}")))?;
+        let created = !dir.exists();
+        if created {
+            std::fs::create_dir_all(dir).map_err(|e| fail(format!("create the directory: {e}")))?;
+        } else if !dir.is_dir() {
+            return Err(fail("not a directory".into()));
+        }
         let dir = dir.canonicalize().map_err(|e| fail(e.to_string()))?;
         let marker = dir.join(DIRECTORY_MARKER);
-        if !marker.exists() {
+        if created {
             let note = "Settle's artifact store: teardown deletes undelivered items' artifacts here.\n";
             std::fs::write(&marker, note).map_err(|e| fail(format!("write {}: {e}", marker.display())))?;
+        } else if !marker.exists() {
+            return Err(fail(format!(
+                "the directory exists but is not marked as Settle's artifact store ({DIRECTORY_MARKER} is missing): \
+                 if the volume is not mounted, mount it; if this is the store, `touch {}`",
+                marker.display()
+            )));
         }
         let store = object_store::local::LocalFileSystem::new_with_prefix(&dir).map_err(|e| fail(e.to_string()))?;
         let location = format!("file://{}", dir.display());
@@ -198,7 +239,12 @@ impl ObjectArtifactStore {
         }
         let probe = self.object_path(PROBE).map_err(StoreCheck::Misconfigured)?;
         let store = self.store.clone();
-        let asked = tokio::time::timeout(DEADLINE, async move { store.delete(&probe).await }).await;
+        // Through the same bulk delete teardown uses (a store without it fails here, not later).
+        let asked = tokio::time::timeout(DEADLINE, async move {
+            let mut answers = store.delete_stream(futures_util::stream::iter([Ok(probe)]).boxed());
+            answers.next().await.unwrap_or(Ok(ObjectPath::default())).map(drop)
+        })
+        .await;
         let e = match asked {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) => e,
@@ -272,6 +318,18 @@ fn redacted(location: &str) -> String {
     }
 }
 
+/// Whether an error is the store not answering (no connection, a timeout, a 5xx after the
+/// retries) rather than an answer about these keys.
+fn unanswered(e: &object_store::Error) -> bool {
+    if refused(e) {
+        return false;
+    }
+    let text = e.to_string().to_ascii_lowercase();
+    ["error sending request", "connect", "timed out", "timeout", "dns", "status code: 5", "connection"]
+        .iter()
+        .any(|needle| text.contains(needle))
+}
+
 /// S3's bucket naming rules (3-63 of `a-z0-9.-`, a letter or digit at each end): a location with
 /// anything else (credentials, `user@`) is refused before it can be echoed in logs.
 fn valid_bucket(b: &str) -> bool {
@@ -284,10 +342,11 @@ fn valid_bucket(b: &str) -> bool {
 
 /// An S3 client whose requests give up soon (see `REQUEST_TIMEOUT`); `http://` endpoints allowed,
 /// since an operator who names one means it (a store on the same network, MinIO, moto).
+/// Returns the client and the endpoint it was given, if any.
 fn s3(
     bucket: &str,
     settings: impl IntoIterator<Item = (impl AsRef<str>, impl Into<String>)>,
-) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
+) -> Result<(Arc<dyn ObjectStore>, Option<String>), object_store::Error> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
     // reqwest is built without a TLS provider of its own: Settle's is rustls on ring. Installing
@@ -312,8 +371,9 @@ fn s3(
         let key: AmazonS3ConfigKey = key.as_ref().parse()?;
         builder = builder.with_config(key, value);
     }
-    if let Some(endpoint) = builder.get_config_value(&AmazonS3ConfigKey::Endpoint) {
-        let authority = endpoint.split("://").nth(1).unwrap_or(&endpoint).split('/').next().unwrap_or("");
+    let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
+    if let Some(endpoint) = &endpoint {
+        let authority = endpoint.split("://").nth(1).unwrap_or(endpoint).split('/').next().unwrap_or("");
         if authority.contains('@') {
             return Err(object_store::Error::Generic {
                 store: "S3",
@@ -329,7 +389,7 @@ fn s3(
         .with_bucket_name(bucket)
         .with_retry(RetryConfig { backoff: BackoffConfig::default(), max_retries: RETRIES, retry_timeout: RETRY_FOR })
         .build()?;
-    Ok(Arc::new(store))
+    Ok((Arc::new(store), endpoint))
 }
 
 #[async_trait]
@@ -374,7 +434,9 @@ impl ArtifactStore for ObjectArtifactStore {
         let no_answer = match work.await {
             Ok(Ok(Ok(deleted))) if deleted == expected => return Ok(()),
             Ok(Ok(Ok(deleted))) => return Err(fail(format!("{deleted} of {expected} keys answered deleted"))),
-            Ok(Ok(Err(e))) if refused(&e) => return Err(fail(e.to_string())),
+            // Only a store that did not answer holds the others back: an error of this job's own
+            // (a key refused, a file that will not go) fails this job alone, every pass.
+            Ok(Ok(Err(e))) if !unanswered(&e) => return Err(fail(e.to_string())),
             Ok(Ok(Err(e))) => e.to_string(),
             Ok(Err(_)) => format!("no answer within {DEADLINE:?}"),
             Err(e) => return Err(fail(format!("the delete failed: {e}"))),

@@ -124,6 +124,9 @@ pub struct SqlStore {
     /// Woken when this process appended outbox events.
     events_wake: Arc<tokio::sync::Notify>,
     artifacts: Option<Arc<dyn ArtifactStore>>,
+    /// The other stores artifacts were registered in (by location), opened when a teardown needs
+    /// them: a job's artifacts are deleted where they are, whatever this process is configured with.
+    recorded: std::sync::Mutex<std::collections::HashMap<String, Arc<crate::artifacts::ObjectArtifactStore>>>,
     /// Where the next rescue and sweep passes start (job sequence numbers). Each pass takes the next
     /// page and wraps around at the end, so jobs whose step keeps failing never hide the ones behind
     /// them (a failing step writes nothing, so "oldest first" would return them every time).
@@ -203,6 +206,7 @@ impl SqlStore {
             wake: Arc::new(tokio::sync::Notify::new()),
             events_wake: Arc::new(tokio::sync::Notify::new()),
             artifacts: options.artifacts,
+            recorded: std::sync::Mutex::default(),
             rescue_after: Mutex::new(0),
             sweep_after: Mutex::new(0),
         })
@@ -249,6 +253,7 @@ impl SqlStore {
             wake,
             events_wake: Arc::new(tokio::sync::Notify::new()),
             artifacts: options.artifacts,
+            recorded: std::sync::Mutex::default(),
             rescue_after: Mutex::new(0),
             sweep_after: Mutex::new(0),
         })

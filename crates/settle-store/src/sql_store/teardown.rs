@@ -2,6 +2,7 @@
 //! artifacts deleted outside any transaction, then the terminal state written last.
 
 use super::SqlStore;
+use crate::artifacts::ArtifactStore;
 use crate::db::Db;
 use crate::error::StoreError;
 use crate::model::*;
@@ -27,31 +28,43 @@ impl SqlStore {
                     message: "no artifact store is configured".into(),
                 });
             };
-            // An artifact registered in another store than this process's is not deleted here:
-            // "deleting" it would find nothing and end the job with the object left behind.
+            // Each artifact is deleted in the store it was registered in: this process's, or one
+            // it opens as recorded (another working directory, an --artifacts changed while the job
+            // ran). Rows from before stores were recorded have none: this process's store.
             let here = artifacts.location();
-            if let Some((path, there)) =
-                keys.iter().find_map(|(p, s)| s.as_ref().filter(|s| **s != here).map(|s| (p, s)))
-            {
-                return Err(StoreError::CleanupFailed {
-                    job: id.to_owned(),
-                    message: format!(
-                        "artifact {path} was registered in {there}, but this process's artifact store is {here}: \
-                         run it with --artifacts {there}"
-                    ),
-                });
+            let mut by_store: std::collections::BTreeMap<Option<String>, Vec<String>> = Default::default();
+            for (path, store) in keys {
+                by_store.entry(store.filter(|s| *s != here)).or_default().push(path);
             }
-            let paths: Vec<String> = keys.into_iter().map(|(p, _)| p).collect();
-            artifacts
-                .delete_all(&paths)
-                .await
-                .map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
+            for (store, paths) in by_store {
+                let result = match &store {
+                    None => artifacts.delete_all(&paths).await,
+                    Some(there) => match self.recorded_store(there) {
+                        Ok(other) => other.delete_all(&paths).await,
+                        Err(e) => Err(e),
+                    },
+                };
+                result.map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
+            }
         }
         self.crash_point(CrashPoint::TeardownAfterCleanup)?;
         let owned = id.to_owned();
         let job = self.write(op!([owned] | db, cx | ops::finish_teardown(db, cx, &owned).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(job)
+    }
+
+    /// The artifact store an artifact was registered in, when it is not this process's: opened as
+    /// recorded (a directory must exist with its marker; never created) and kept for later passes.
+    fn recorded_store(&self, location: &str) -> Result<Arc<crate::artifacts::ObjectArtifactStore>, String> {
+        let mut open = self.recorded.lock().expect("not poisoned");
+        if let Some(store) = open.get(location) {
+            return Ok(store.clone());
+        }
+        let store =
+            Arc::new(crate::artifacts::ObjectArtifactStore::open_recorded(location).map_err(|e| e.to_string())?);
+        open.insert(location.to_owned(), store.clone());
+        Ok(store)
     }
 
     /// Continues a transition that left teardown to do; a cleanup failure is not an error for the

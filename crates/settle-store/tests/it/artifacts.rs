@@ -56,7 +56,8 @@ async fn a_memory_store_behaves_like_the_others() {
 async fn an_s3_store_deletes_under_its_prefix_and_in_bulk() {
     let bucket = s3::fresh_bucket();
     let store = ObjectArtifactStore::open_with(&bucket.url("renders/eu"), bucket.settings()).unwrap();
-    assert_eq!(store.location(), format!("s3://{}/renders/eu", bucket.name));
+    let endpoint = format!("?endpoint={}", bucket.endpoint);
+    assert_eq!(store.location(), format!("s3://{}/renders/eu{endpoint}", bucket.name), "the endpoint is part of it");
     deletes_are_idempotent(&store).await;
     // The objects are at prefix/path in the bucket: seen through a store with no prefix.
     let whole = ObjectArtifactStore::open_with(&bucket.url(""), bucket.settings()).unwrap();
@@ -119,7 +120,7 @@ fn locations_settle_cannot_open_are_refused_with_the_reason() {
     assert!(err.contains("carries credentials") && !err.contains("secret@"), "{err}");
     let file = tempfile::NamedTempFile::new().unwrap();
     let err = ObjectArtifactStore::open(file.path().to_str().unwrap()).unwrap_err().to_string();
-    assert!(err.contains("create the directory"), "a file is no directory: {err}");
+    assert!(err.contains("not a directory"), "a file is no directory: {err}");
 }
 
 #[tokio::test]
@@ -136,9 +137,18 @@ async fn a_directory_without_its_marker_is_no_store_deletes_can_trust() {
     assert!(err.contains("is the volume mounted"), "{err}");
     assert!(root.join("j/i/k").exists(), "nothing deleted");
     assert!(matches!(store.check().await, Err(StoreCheck::Misconfigured(_))));
-    // Opening it again marks it again (a store of files from before markers existed is a store).
+    // Nor is it opened again: an existing directory must carry the marker (an empty mount point
+    // does not). Marked by hand, it is the store again.
+    let err = ObjectArtifactStore::local(&root).unwrap_err().to_string();
+    assert!(err.contains("not marked as Settle's artifact store") && err.contains("touch"), "{err}");
+    std::fs::write(root.join(DIRECTORY_MARKER), b"").unwrap();
     ObjectArtifactStore::local(&root).unwrap().delete("j/i/k").await.unwrap();
     assert!(!root.join("j/i/k").exists());
+    // A directory that exists without the marker (a mount point) is refused at once.
+    let mount = dir.path().join("mnt");
+    std::fs::create_dir(&mount).unwrap();
+    assert!(ObjectArtifactStore::open(mount.to_str().unwrap()).is_err());
+    assert!(!mount.join(DIRECTORY_MARKER).exists(), "and left unmarked");
 }
 
 #[tokio::test]
@@ -166,7 +176,8 @@ async fn a_store_that_never_answers_fails_the_delete_in_bounded_time_then_fails_
 }
 
 #[tokio::test]
-async fn a_teardown_refuses_artifacts_registered_in_another_store() {
+async fn a_teardown_deletes_artifacts_in_the_store_they_were_registered_in() {
+    use crate::kit::{acc, claim_req, fail_sig, jid, new_job};
     use settle_core::Credits;
     use settle_core::ids::*;
     use settle_core::job::JobState;
@@ -179,49 +190,39 @@ async fn a_teardown_refuses_artifacts_registered_in_another_store() {
         SqlStore::open(&url, options)
     };
     let first = open("a").await.unwrap();
-    let a = AccountId::parse("a").unwrap();
+    let a = acc("a");
     first.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
-    let grant = NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(10), reason: None };
+    let grant = NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(20), reason: None };
     first.grant(&a, grant).await.unwrap();
-    let job = NewJob {
-        id: JobId::parse("j").unwrap(),
-        account_id: a.clone(),
-        kind: JobKind::parse("render").unwrap(),
-        items: vec![NewItem { id: ItemId::main(), cost: Credits::new(10) }],
-        payload: "null".into(),
-        max_attempts: None,
-        refund_on: None,
-        not_before: None,
-    };
-    first.create_job(job).await.unwrap();
-    let req = ClaimRequest { worker: WorkerName::parse("w").unwrap(), kinds: vec![], limit: 1, lease_seconds: None };
-    let token = first.claim(req).await.unwrap().remove(0).lease_token;
-    let jid = JobId::parse("j").unwrap();
-    let artifact = NewArtifact { key: ArtifactKey::parse("out.png").unwrap() };
-    first.register_artifact(&jid, &ItemId::main(), &token, artifact).await.unwrap();
-    let written = dir.path().join("a").join("j").join("main").join("out.png");
-    std::fs::create_dir_all(written.parent().unwrap()).unwrap();
-    std::fs::write(&written, b"x").unwrap();
-    first.cancel(&jid).await.unwrap();
+    let mut tokens = Vec::new();
+    for j in ["j1", "j2"] {
+        first.create_job(new_job(j, &a, 10)).await.unwrap();
+        let token = first.claim(claim_req("w", 1)).await.unwrap().remove(0).lease_token;
+        let artifact = NewArtifact { key: ArtifactKey::parse("out.png").unwrap() };
+        first.register_artifact(&jid(j), &ItemId::main(), &token, artifact).await.unwrap();
+        let written = dir.path().join("a").join(j).join("main").join("out.png");
+        std::fs::create_dir_all(written.parent().unwrap()).unwrap();
+        std::fs::write(&written, b"x").unwrap();
+        first.cancel(&jid(j)).await.unwrap();
+        tokens.push(token);
+    }
     drop(first);
 
-    // The teardown runs in a process configured with another directory (another working dir).
+    // The teardowns run in a process configured with another directory (another working dir):
+    // each artifact is deleted where it was registered, not looked for here and "found gone".
     let elsewhere = open("b").await.unwrap();
-    let signal = FailSignal {
-        lease_token: token,
-        code: FailCode::parse("CANCELLED").unwrap(),
-        message: None,
-        retryable: None,
-        retry_after_ms: None,
-    };
-    let j = elsewhere.fail(&jid, signal).await.unwrap().value;
-    assert_eq!(j.state, JobState::Cancelling, "not ended with its artifact left behind");
+    let j1 = elsewhere.fail(&jid("j1"), fail_sig(&tokens[0], "CANCELLED")).await.unwrap().value;
+    assert_eq!(j1.state, JobState::Cancelled);
+    assert!(!dir.path().join("a/j1/main/out.png").exists(), "deleted where it was registered");
+    // The store it was registered in is gone from here (unmounted): the teardown waits for it.
+    std::fs::remove_file(dir.path().join("a").join(DIRECTORY_MARKER)).unwrap();
+    let elsewhere = open("c").await.unwrap();
+    let j2 = elsewhere.fail(&jid("j2"), fail_sig(&tokens[1], "CANCELLED")).await.unwrap().value;
+    assert_eq!(j2.state, JobState::Cancelling, "not ended with its artifact left behind");
     assert!(elsewhere.resume_teardowns(10).await.unwrap().is_empty());
-    assert!(written.exists());
-    drop(elsewhere);
-    // Where the artifact was registered, the teardown ends.
-    let home = open("a").await.unwrap();
-    assert_eq!(home.resume_teardowns(10).await.unwrap(), ["j"]);
-    assert_eq!(home.job(&jid).await.unwrap().state, JobState::Cancelled);
-    assert!(!written.exists(), "deleted where it was");
+    assert!(dir.path().join("a/j2/main/out.png").exists());
+    std::fs::write(dir.path().join("a").join(DIRECTORY_MARKER), b"").unwrap();
+    assert_eq!(elsewhere.resume_teardowns(10).await.unwrap(), ["j2"]);
+    assert!(!dir.path().join("a/j2/main/out.png").exists());
+    assert!(!dir.path().join("b").join("j2").exists() && !dir.path().join("c").join("j2").exists());
 }
