@@ -49,6 +49,15 @@ pub struct BenchArgs {
     /// `settle serve`'s own router over loopback HTTP.
     #[arg(long)]
     console: Option<u64>,
+    /// Measure teardown instead: for each number N, a batch of N items with one 1 KiB artifact each
+    /// is cancelled while running and the worker's CANCELLED report runs the teardown (refunds,
+    /// the artifacts deleted, the terminal state); beside it, the store's own delete of N fresh keys.
+    #[arg(long, value_delimiter = ',')]
+    teardown: Vec<usize>,
+    /// The artifact store of --teardown, as `settle serve --artifacts` names it (`s3://…` with the
+    /// AWS environment); a directory under --dir if not given.
+    #[arg(long)]
+    artifacts: Option<String>,
     /// Where --raw-commits puts its SQLite file (a real disk, not tmpfs, or fsync costs nothing).
     #[arg(long, default_value = ".")]
     dir: std::path::PathBuf,
@@ -63,6 +72,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if let Some(jobs) = args.console {
         return run_console(&args, jobs).await;
+    }
+    if !args.teardown.is_empty() {
+        return run_teardown(&args).await;
     }
     if args.raw_commits {
         let rate = match &args.postgres {
@@ -422,6 +434,76 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// `settle bench --console N`: how long the console's pages take with N jobs in the store.
+/// `--teardown`: the cost of a cancelled batch's teardown as its artifacts grow, on one store
+/// (SQLite FULL under --dir), beside the artifact store's own bulk delete of as many keys.
+async fn run_teardown(args: &BenchArgs) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir_in(&args.dir)?;
+    let artifacts = Arc::new(match &args.artifacts {
+        Some(location) => ObjectArtifactStore::open(location)?,
+        None => ObjectArtifactStore::local(dir.path().join("artifacts"))?,
+    });
+    artifacts.check().await?;
+    let url = format!("sqlite://{}", dir.path().join("teardown.db").display());
+    let options = StoreOptions { artifacts: Some(artifacts.clone()), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await?;
+    let a = AccountId::parse("bench")?;
+    store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(1 << 40) }).await?;
+    println!("settle bench --teardown: SQLite (FULL), artifact store {}", artifacts.location());
+    println!("  one artifact of 1 KiB per item; teardown = the CANCELLED report through the terminal state");
+    println!("{:>7} {:>13} {:>13} {:>15} {:>9}", "items", "teardown ms", "raw del ms", "teardown keys/s", "vs raw");
+    let worker = WorkerName::parse("bench")?;
+    for (round, &n) in args.teardown.iter().enumerate() {
+        let id = JobId::parse(&format!("teardown-{round}"))?;
+        let items = (0..n).map(|i| Ok(NewItem { id: ItemId::parse(&format!("i{i}"))?, cost: Credits::new(1) }));
+        let req = NewJob {
+            id: id.clone(),
+            account_id: a.clone(),
+            kind: JobKind::parse("render")?,
+            items: items.collect::<anyhow::Result<_>>()?,
+            payload: "null".into(),
+            max_attempts: None,
+            refund_on: None,
+            not_before: None,
+        };
+        store.create_job(req).await?;
+        let claim = ClaimRequest { worker: worker.clone(), kinds: vec![], limit: 1, lease_seconds: Some(600) };
+        let token = store.claim(claim).await?.pop().context("the job is due")?.lease_token;
+        let key = ArtifactKey::parse("out.bin")?;
+        for i in 0..n {
+            let item = ItemId::parse(&format!("i{i}"))?;
+            store.register_artifact(&id, &item, &token, NewArtifact { key: key.clone() }).await?;
+            artifacts.put(&key.path_in(id.as_str(), item.as_str()), vec![7; 1024]).await.map_err(anyhow::Error::msg)?;
+        }
+        store.cancel(&id).await?;
+        let signal = FailSignal {
+            lease_token: token,
+            code: FailCode::parse("CANCELLED")?,
+            message: None,
+            retryable: None,
+            retry_after_ms: None,
+        };
+        let started = Instant::now();
+        let job = store.fail(&id, signal).await?.value;
+        let teardown = started.elapsed();
+        anyhow::ensure!(job.state == settle_core::job::JobState::Cancelled, "the teardown did not finish: {job:?}");
+        let raw: Vec<String> = (0..n).map(|i| format!("raw-{round}/{i}/out.bin")).collect();
+        for k in &raw {
+            artifacts.put(k, vec![7; 1024]).await.map_err(anyhow::Error::msg)?;
+        }
+        let started = Instant::now();
+        artifacts.delete_all(&raw).await.map_err(anyhow::Error::msg)?;
+        let raw_delete = started.elapsed();
+        println!(
+            "{n:>7} {:>13.1} {:>13.1} {:>15.0} {:>8.2}×",
+            teardown.as_secs_f64() * 1e3,
+            raw_delete.as_secs_f64() * 1e3,
+            n as f64 / teardown.as_secs_f64(),
+            raw_delete.as_secs_f64() / teardown.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
     let dir = tempfile::tempdir_in(&args.dir)?;
     let url = format!("sqlite://{}", dir.path().join("console.db").display());
