@@ -29,12 +29,16 @@ pub const REQUEST_SECONDS_MAX: u64 = 60;
 /// What one slow or idle client may hold: a connection that does not finish its request head in
 /// `header_read_timeout` (also the idle time allowed between requests on a kept-alive connection)
 /// is closed; a body not read within `body_read_timeout` ends the request; past `max_connections`
-/// open connections a new one is closed at once.
+/// open connections, or `max_connections_per_peer` from one IP address, a new one is closed at
+/// once — so one peer holding half-sent heads cannot lock everyone else out. Behind a reverse
+/// proxy every connection comes from the proxy's address: there the proxy must bound each client
+/// itself, and `max_connections_per_peer` is set to `max_connections` (docs/design/http.md).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HttpLimits {
     pub header_read_timeout: Duration,
     pub body_read_timeout: Duration,
     pub max_connections: usize,
+    pub max_connections_per_peer: usize,
     /// Per-token request rate and long-polls.
     pub abuse: crate::limits::AbuseLimits,
     /// How often a waiting long-poll looks again when nothing wakes it. Wake-ups (a commit in this
@@ -48,6 +52,7 @@ impl Default for HttpLimits {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
             max_connections: 1_024,
+            max_connections_per_peer: 256,
             abuse: crate::limits::AbuseLimits::default(),
             long_poll_recheck: Duration::from_millis(settle_core::limits::POLL_INTERVAL_MS),
         }
@@ -63,7 +68,14 @@ pub struct AppState {
     pub long_poll_recheck: Duration,
     /// Signs the console's sessions (made at startup).
     pub console_key: crate::console::SessionKey,
+    /// When `/metrics` last read the store's aggregates: they are read at most once per
+    /// `METRICS_REFRESH`, by one request at a time, however often `/metrics` is asked.
+    pub gauges_read_at: Arc<tokio::sync::Mutex<Option<Instant>>>,
 }
+
+/// How old the store's aggregates in `/metrics` may be: `/metrics` needs no token, and the
+/// aggregates scan whole tables, so they are not read again for every request.
+pub const METRICS_REFRESH: Duration = Duration::from_secs(5);
 
 #[derive(OpenApi)]
 #[openapi(
@@ -255,12 +267,14 @@ fn router_with(state: AppState, limits: HttpLimits) -> Router {
         .with_state(doc)
         .merge(crate::reference::router());
     let limited = middleware::from_fn_with_state(state.clone(), rate_limit);
+    let loopback_only = middleware::from_fn_with_state(state.clone(), crate::host::loopback_only);
     let console = crate::console::router(state.clone());
     api.layer(limited)
         .with_state(state)
         .merge(docs)
         .merge(console)
         .fallback(fallback)
+        .layer(loopback_only)
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(limits.body_read_timeout))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
@@ -336,6 +350,7 @@ impl Application {
             limiter,
             long_poll_recheck: limits.long_poll_recheck.max(Duration::from_millis(1)),
             console_key,
+            gauges_read_at: Arc::default(),
         };
         Ok(Application { listener, router: router_with(state, limits), limits })
     }
@@ -354,20 +369,26 @@ impl Application {
         builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(limits.header_read_timeout));
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let open = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+        let peers = Arc::new(PeerCounts::new(limits.max_connections_per_peer.max(1)));
         tokio::pin!(shutdown);
         loop {
             let accepted = tokio::select! {
                 _ = &mut shutdown => break,
                 accepted = listener.accept() => accepted,
             };
-            let stream = match accepted {
-                Ok((stream, _)) => stream,
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors, or a connection reset before accept: wait a little.
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
+            };
+            let Some(peer_slot) = peers.clone().enter(peer.ip()) else {
+                tracing::warn!(peer = %peer.ip(), max = limits.max_connections_per_peer, "too many open connections from one peer; closing a new one");
+                drop(stream);
+                continue;
             };
             let Ok(permit) = open.clone().try_acquire_owned() else {
                 tracing::warn!(max = limits.max_connections, "too many open connections; closing a new one");
@@ -380,10 +401,53 @@ impl Application {
             tokio::spawn(async move {
                 let _ = connection.await;
                 drop(permit);
+                drop(peer_slot);
             });
         }
         drop(listener);
         graceful.shutdown().await;
         Ok(())
+    }
+}
+
+/// Open connections per peer address. An entry lives only while its peer has a connection open,
+/// so the map holds at most `max_connections` entries.
+struct PeerCounts {
+    max: usize,
+    open: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One open connection of a peer; dropping it gives the place back.
+struct PeerSlot {
+    peers: Arc<PeerCounts>,
+    ip: std::net::IpAddr,
+}
+
+impl PeerCounts {
+    fn new(max: usize) -> PeerCounts {
+        PeerCounts { max, open: std::sync::Mutex::new(std::collections::HashMap::new()) }
+    }
+
+    fn enter(self: Arc<PeerCounts>, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        drop(open);
+        Some(PeerSlot { peers: self, ip })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
     }
 }

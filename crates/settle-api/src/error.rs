@@ -90,7 +90,7 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Invalid(m) => ApiError::invalid(sentence(m)),
             StoreError::NotFound { .. } => ApiError::not_found(sentence(e.to_string())),
-            StoreError::InsufficientCredits { .. } => {
+            StoreError::InsufficientCredits { .. } | StoreError::InsufficientBalance { .. } => {
                 ApiError::new(S::PAYMENT_REQUIRED, "insufficient_credits", sentence(e.to_string()))
             }
             StoreError::IdempotencyConflict { .. } => {

@@ -887,6 +887,25 @@ pub async fn readyz(State(s): State<AppState>) -> ApiResult {
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(s): State<AppState>) -> ApiResult {
+    // One reader at a time, at most once per METRICS_REFRESH; the others render what is there.
+    if let Ok(mut read_at) = s.gauges_read_at.try_lock()
+        && read_at.is_none_or(|t| t.elapsed() >= crate::app::METRICS_REFRESH)
+    {
+        read_store_gauges(&s).await?;
+        *read_at = Some(std::time::Instant::now());
+    }
+    // One row per configured endpoint: cheap enough to be current on every scrape.
+    for b in s.store.webhook_breakers().await? {
+        let open = if b.state == "closed" { 0.0 } else { 1.0 };
+        metrics::gauge!("settle_webhook_breaker_open", "endpoint" => b.endpoint_id).set(open);
+    }
+    let text = s.metrics.render();
+    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// The gauges that come from the store's whole-table aggregates (jobs by state, entries by kind).
+async fn read_store_gauges(s: &AppState) -> Result<(), ApiError> {
+    metrics::counter!("settle_metrics_store_reads_total").increment(1);
     let stats = s.store.stats().await?;
     for (state, n) in &stats.jobs_by_state {
         metrics::gauge!("settle_jobs", "state" => state.clone()).set(*n as f64);
@@ -898,12 +917,7 @@ pub async fn metrics(State(s): State<AppState>) -> ApiResult {
     metrics::gauge!("settle_queue_depth").set(count("queued") as f64);
     metrics::gauge!("settle_dead_letters").set(count("dead") as f64);
     metrics::gauge!("settle_store_tx_retries_total", "engine" => s.store.engine_name()).set(stats.tx_retries as f64);
-    for b in s.store.webhook_breakers().await? {
-        let open = if b.state == "closed" { 0.0 } else { 1.0 };
-        metrics::gauge!("settle_webhook_breaker_open", "endpoint" => b.endpoint_id).set(open);
-    }
-    let text = s.metrics.render();
-    Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+    Ok(())
 }
 
 #[cfg(test)]

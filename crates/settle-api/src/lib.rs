@@ -7,6 +7,7 @@
 //! - [`auth`]: bearer tokens and roles.
 //! - `extract`: JSON and query extractors whose rejections are the spec's errors.
 //! - [`console`]: the operator console at `/console` (server-rendered pages, sessions, CSRF).
+//! - [`host`]: the loopback-mode `Host` rule (no DNS rebinding), for every route.
 //! - `reference`: the API reference at `/docs` (Redoc, embedded) over `/openapi.json`.
 
 pub mod app;
@@ -16,6 +17,7 @@ pub mod dto;
 pub mod error;
 mod extract;
 mod handlers;
+pub mod host;
 pub mod limits;
 mod reference;
 

@@ -29,6 +29,7 @@
 //! attempts_max = 12              # optional; also backoff_ms_base, backoff_ms_max, timeout_ms
 //! start_from = "now"             # a new endpoint gets events from now on, or "beginning": all
 //! retention_hours = 168          # delivered rows are pruned after this
+//! allow_link_local = false       # true lets this endpoint reach 169.254.0.0/16, fe80::/10, metadata hosts
 //! breaker_failures = 5           # consecutive failed sends that pause the endpoint (0 = never)
 //! breaker_open_ms = 30000        # the first pause; doubled per failed probe up to breaker_open_ms_max
 //! breaker_open_ms_max = 600000
@@ -37,6 +38,7 @@
 //! header_read_timeout_ms = 10000 # a request head (and the idle time between kept-alive requests)
 //! body_read_timeout_ms = 30000
 //! max_connections = 1024         # more are closed at once
+//! max_connections_per_peer = 256 # from one IP address; behind a proxy set it to max_connections
 //! requests_per_second_per_token = 1000.0   # then 429 rate_limited (0: off); not in loopback mode
 //! burst_per_token = 2000.0
 //! long_polls_per_token = 64      # more waiting long-polls answer at once
@@ -105,6 +107,7 @@ pub struct Http {
     pub header_read_timeout_ms: u64,
     pub body_read_timeout_ms: u64,
     pub max_connections: usize,
+    pub max_connections_per_peer: usize,
     pub requests_per_second_per_token: f64,
     pub burst_per_token: f64,
     pub long_polls_per_token: usize,
@@ -117,6 +120,7 @@ impl Default for Http {
             header_read_timeout_ms: d.header_read_timeout.as_millis() as u64,
             body_read_timeout_ms: d.body_read_timeout.as_millis() as u64,
             max_connections: d.max_connections,
+            max_connections_per_peer: d.max_connections_per_peer,
             requests_per_second_per_token: d.abuse.requests_per_second,
             burst_per_token: d.abuse.burst,
             long_polls_per_token: d.abuse.long_polls,
@@ -130,6 +134,7 @@ impl Http {
             header_read_timeout: std::time::Duration::from_millis(self.header_read_timeout_ms),
             body_read_timeout: std::time::Duration::from_millis(self.body_read_timeout_ms),
             max_connections: self.max_connections,
+            max_connections_per_peer: self.max_connections_per_peer,
             abuse: settle_api::AbuseLimits {
                 requests_per_second: self.requests_per_second_per_token,
                 burst: self.burst_per_token,
@@ -178,6 +183,9 @@ pub struct WebhookFile {
     /// How long delivered rows are kept before they are pruned (default 168 hours).
     #[serde(default)]
     pub retention_hours: Option<u64>,
+    /// This endpoint may reach a link-local or cloud-metadata address (refused otherwise).
+    #[serde(default)]
+    pub allow_link_local: bool,
     /// Consecutive failed sends that open the endpoint's circuit breaker (default 5; 0 = none).
     #[serde(default)]
     pub breaker_failures: Option<u32>,
@@ -256,7 +264,9 @@ fn endpoint(w: &WebhookFile) -> anyhow::Result<settle_worker::webhooks::Endpoint
     if w.secret.len() < 16 {
         bail!("[[webhooks]] {}: the secret must be at least 16 characters", w.id);
     }
+    settle_worker::webhooks::check_target(&w.url, w.allow_link_local).map_err(|e| anyhow::anyhow!("[[webhooks]] {}: {e}", w.id))?;
     let mut e = settle_worker::webhooks::Endpoint::new(&w.id, &w.url, &w.secret);
+    e.allow_link_local = w.allow_link_local;
     if let Some(n) = w.attempts_max {
         if n == 0 {
             bail!("[[webhooks]] {}: attempts_max must be at least 1", w.id);
@@ -443,6 +453,9 @@ impl Config {
         if let Some(v) = http_num("MAX_CONNECTIONS")? {
             file.http.max_connections = usize::try_from(v)?;
         }
+        if let Some(v) = http_num("MAX_CONNECTIONS_PER_PEER")? {
+            file.http.max_connections_per_peer = usize::try_from(v)?;
+        }
         if let Some(v) = http_num("LONG_POLLS_PER_TOKEN")? {
             file.http.long_polls_per_token = usize::try_from(v)?;
         }
@@ -461,6 +474,7 @@ impl Config {
         let http_ok = (100..=600_000).contains(&h.header_read_timeout_ms)
             && (100..=600_000).contains(&h.body_read_timeout_ms)
             && (1..=1_000_000).contains(&h.max_connections)
+            && (1..=h.max_connections).contains(&h.max_connections_per_peer)
             && h.requests_per_second_per_token.is_finite()
             && h.requests_per_second_per_token >= 0.0
             && h.burst_per_token.is_finite()
@@ -468,7 +482,8 @@ impl Config {
             && (1..=100_000).contains(&h.long_polls_per_token);
         if !http_ok {
             bail!(
-                "[http]: timeouts are between 100 ms and 10 min, max_connections between 1 and 1000000, the rate \
+                "[http]: timeouts are between 100 ms and 10 min, max_connections between 1 and 1000000, \
+                 max_connections_per_peer between 1 and max_connections, the rate \
                  zero (off) or more, the burst at least 1, long_polls_per_token between 1 and 100000"
             );
         }
@@ -569,8 +584,9 @@ impl Config {
                 .iter()
                 .map(|w| WebhookFile {
                     id: w.id.clone(),
-                    url: w.url.clone(),
+                    url: settle_store::redacted_url(&w.url),
                     secret: "<redacted>".into(),
+                    allow_link_local: w.allow_link_local,
                     attempts_max: Some(w.attempts_max),
                     backoff_ms_base: Some(w.backoff.backoff_ms_base),
                     backoff_ms_max: Some(w.backoff.backoff_ms_max),

@@ -42,48 +42,48 @@ enum Command {
     },
     /// Checks the ledger invariants L1–L4; prints violations and exits 1 if there are any.
     Audit {
-        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,
     },
     /// Prints an account's ledger with running balances.
     Ledger {
         account: String,
-        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,
     },
     /// Lists or shows jobs.
     Jobs {
         #[command(subcommand)]
         cmd: operator::Jobs,
-        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db", global = true)]
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db", global = true)]
         db: String,
     },
     /// Lists or requeues dead letters.
     DeadLetters {
         #[command(subcommand)]
         cmd: operator::DeadLetters,
-        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db", global = true)]
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db", global = true)]
         db: String,
     },
     /// Lists or shows withdrawals (payouts), with their provider txids and attempts.
     Withdrawals {
         #[command(subcommand)]
         cmd: operator::Withdrawals,
-        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db", global = true)]
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db", global = true)]
         db: String,
     },
     /// Runs the payout provider simulator (provider-v1), the counterparty of demos and tests.
     ProviderSim(sim::SimArgs),
     /// Counts jobs now dead, unknown or waiting to retry, by fail code.
     Failures {
-        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,
     },
     /// Prints the event outbox.
     Events {
         #[command(subcommand)]
         cmd: operator::Events,
-        #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db", global = true)]
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db", global = true)]
         db: String,
     },
     /// Measures guarded transitions per second on a throwaway store (see docs/performance.md).
@@ -175,5 +175,5 @@ async fn open_existing(url: &str) -> anyhow::Result<SqlStore> {
         let path = path.split('?').next().unwrap_or(path);
         anyhow::ensure!(std::path::Path::new(path).exists(), "no database at {path}");
     }
-    SqlStore::open(url, StoreOptions::default()).await.with_context(|| format!("open {url}"))
+    SqlStore::open(url, StoreOptions::default()).await.with_context(|| format!("open {}", settle_store::redacted_url(url)))
 }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+    #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
     db: String,
     #[arg(long, env = "SETTLE_LISTEN", default_value = "127.0.0.1:7070")]
     listen: String,
@@ -37,7 +37,7 @@ pub struct ServeArgs {
 
 #[derive(clap::Args)]
 pub struct WorkerArgs {
-    #[arg(long, env = "SETTLE_DATABASE_URL", default_value = "sqlite://settle.db")]
+    #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
     db: String,
     #[arg(long, env = "SETTLE_ARTIFACTS", default_value = "settle-artifacts")]
     artifacts: String,
@@ -70,7 +70,7 @@ async fn open(db: &str, artifacts: &str, config: &Config) -> anyhow::Result<Arc<
         artifacts: Some(Arc::new(artifacts)),
         ..StoreOptions::default()
     };
-    Ok(Arc::new(SqlStore::open(db, options).await.with_context(|| format!("open {db}"))?))
+    Ok(Arc::new(SqlStore::open(db, options).await.with_context(|| format!("open {}", settle_store::redacted_url(db)))?))
 }
 
 /// How long shutdown waits for the loops to finish the send or pass they are in.
@@ -137,7 +137,7 @@ fn spawn_loops(
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let config = Config::from_process_env(args.config.as_deref())?;
     let store = open(&args.db, &args.artifacts, &config).await?;
-    tracing::info!(db = %args.db, engine = store.engine_name(), "settle worker running the background loops");
+    tracing::info!(db = %settle_store::redacted_url(&args.db), engine = store.engine_name(), "settle worker running the background loops");
     let cancel = CancellationToken::new();
     let loops = spawn_loops(&store, &config, &cancel)?;
     shutdown_signal(cancel.clone()).await;
@@ -159,12 +159,23 @@ fn load_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
                 mode & 0o777
             );
             let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-            Tokens::parse_file(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+            let tokens = Tokens::parse_file(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            // An empty file must not turn authentication off: that is what leaving out --tokens does.
+            anyhow::ensure!(
+                !tokens.is_empty(),
+                "{} holds no token: add `ROLE TOKEN [NAME]` lines, or leave out --tokens to serve on loopback without authentication",
+                path.display()
+            );
+            tokens
         }
         None => Tokens::default(),
     };
     if let Ok(env) = std::env::var("SETTLE_TOKENS") {
         let more = Tokens::parse_env(&env).map_err(|e| anyhow::anyhow!("SETTLE_TOKENS: {e}"))?;
+        anyhow::ensure!(
+            !more.is_empty(),
+            "SETTLE_TOKENS is set but names no token: set role=token pairs, or unset it to serve on loopback without authentication"
+        );
         anyhow::ensure!(tokens.is_empty() || more.is_empty(), "tokens come from a file or SETTLE_TOKENS, not both");
         if !more.is_empty() {
             tokens = more;
@@ -210,8 +221,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.console_secret.as_deref(),
     )
     .await?;
-    tracing::info!(addr = %app.local_addr(), db = %args.db, engine = store.engine_name(), "settle serving API v1");
-    eprintln!("settle: serving on http://{} ({})", app.local_addr(), args.db);
+    let db = settle_store::redacted_url(&args.db);
+    tracing::info!(addr = %app.local_addr(), %db, engine = store.engine_name(), "settle serving API v1");
+    eprintln!("settle: serving on http://{} ({db})", app.local_addr());
     match &config.provider {
         Some(p) => eprintln!("settle: paying out withdrawals through {}", p.url),
         None => eprintln!(

@@ -15,9 +15,12 @@ fn is_id_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '-')
 }
 
+/// The spec's id rule. `.` and `..` are refused although their characters are allowed: every URL
+/// client (browsers, Node, curl, Rust's `url`) removes such path segments, `%2e%2e` too, so
+/// `/v1/jobs/J/items/../succeed` would arrive as `/v1/jobs/J/succeed` (decision 0017).
 fn check_id(what: &'static str, s: &str) -> Result<(), IdError> {
-    if s.is_empty() || s.len() > ID_LEN_MAX || !s.chars().all(is_id_char) {
-        return Err(IdError { what, rule: "1-128 characters of [A-Za-z0-9_.:-]" });
+    if s.is_empty() || s.len() > ID_LEN_MAX || !s.chars().all(is_id_char) || s == "." || s == ".." {
+        return Err(IdError { what, rule: "1-128 characters of [A-Za-z0-9_.:-], and not '.' or '..'" });
     }
     Ok(())
 }
@@ -142,8 +145,9 @@ impl ArtifactKey {
 
     /// Where the artifact lives in the artifact store: under its job's and item's own prefix,
     /// `{job_id}/{item_id}/{key}`, so no worker can name (and no teardown delete) another job's
-    /// object. An id may be `.` or `..` (valid id characters), which a path must not: those two
-    /// are written with their dots as `%2E` (`%` is no id character, so nothing else reads alike).
+    /// object. An id made before ids `.` and `..` were refused (decision 0017) may still be one of
+    /// them, which a path must not: those two are written with their dots as `%2E` (`%` is no id
+    /// character, so nothing else reads alike).
     pub fn path_in(&self, job_id: &str, item_id: &str) -> String {
         fn segment(id: &str) -> std::borrow::Cow<'_, str> {
             if id == "." || id == ".." { id.replace('.', "%2E").into() } else { id.into() }
@@ -190,6 +194,14 @@ mod tests {
         assert!(JobId::parse("a b").is_err());
         assert!(JobId::parse("é").is_err());
         assert!(JobId::parse("a/b").is_err());
+        // URL clients remove these two path segments, so they would address another route.
+        for dots in [".", ".."] {
+            assert!(JobId::parse(dots).is_err() && ItemId::parse(dots).is_err(), "{dots}");
+            assert!(AccountId::parse(dots).is_err() && RefId::parse(dots).is_err() && JobKind::parse(dots).is_err());
+        }
+        for fine in ["...", ".a", "a.", "..a", "a..b"] {
+            assert!(JobId::parse(fine).is_ok(), "{fine}");
+        }
     }
 
     #[test]

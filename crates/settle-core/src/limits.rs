@@ -10,6 +10,10 @@ pub const FAIL_CODE_LEN_MAX: usize = 64;
 pub const ARTIFACT_KEY_LEN_MAX: usize = 512;
 /// Longest free-text message or reason stored; longer → `invalid_request`.
 pub const MESSAGE_LEN_MAX: usize = 2_000;
+/// Signals that changed nothing (stale tokens, duplicates) kept in a job's signal log; past this
+/// they are only counted (`signals_unlogged`), so a worker looping on a stale token cannot grow
+/// the log, or the console's job page, without bound.
+pub const SIGNALS_LOGGED_MAX: usize = 100;
 /// Largest job payload (canonical JSON bytes).
 pub const PAYLOAD_BYTES_MAX: usize = 256 * 1024;
 /// Most attempts a job kind may ask for.
@@ -23,6 +27,15 @@ pub const CLAIM_LIMIT_MAX: u32 = 100;
 /// List pages (ledger, jobs, events): default and maximum page size.
 pub const PAGE_LIMIT_DEFAULT: u32 = 100;
 pub const PAGE_LIMIT_MAX: u32 = 1_000;
+/// The stored bytes of jobs one list page may carry (payloads, results, items): past it the page
+/// ends early with `next_after` where it stopped, so a page of 1,000 fat jobs is never read,
+/// held or sent whole. A page always holds one job, so an answer is at most this plus one job.
+pub const PAGE_BYTES_MAX: i64 = 2 << 20;
+/// What one item adds to a job's answer, for the page budget (an id of up to 128 characters and
+/// its fields).
+pub const ITEM_BYTES_ESTIMATE: i64 = 200;
+/// What a job adds to its answer besides payload, result and items, for the page budget.
+pub const JOB_BYTES_OVERHEAD: i64 = 1_024;
 /// Most guarded operations the SQLite writer commits in one transaction.
 pub const WRITE_BATCH_MAX: usize = 256;
 /// Operations waiting for the writer before callers wait for room.

@@ -60,7 +60,9 @@ pub fn verify(
         }
     }
     let (Some(t), Some(given)) = (t, v1) else { return Err(SignatureError::Malformed) };
-    if (now_unix_seconds - t).abs() > tolerance_seconds {
+    // The timestamp is the sender's (an attacker's) number: any i64 at all. `abs_diff` cannot
+    // overflow, where `(now - t).abs()` panics in a debug build at `t = i64::MIN`.
+    if now_unix_seconds.abs_diff(t) > tolerance_seconds.unsigned_abs() {
         return Err(SignatureError::Stale);
     }
     let mut msg = format!("{t}.").into_bytes();
@@ -76,6 +78,21 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extreme_timestamps_are_stale_not_a_panic() {
+        let body = b"{}";
+        for t in [i64::MIN, i64::MIN + 1, -1, i64::MAX] {
+            let header = format!("t={t},v1={}", hex::encode(hmac_sha256(b"s", format!("{t}.{{}}").as_bytes())));
+            for now in [0, 1_700_000_000, i64::MAX, i64::MIN] {
+                let fresh = (i128::from(now) - i128::from(t)).abs() <= 300;
+                let expected = if fresh { Ok(()) } else { Err(SignatureError::Stale) };
+                assert_eq!(verify("s", &header, body, now, 300), expected, "t={t} now={now}");
+            }
+        }
+        let header = format!("t=5,v1={}", hex::encode(hmac_sha256(b"s", b"5.{}")));
+        assert_eq!(verify("s", &header, body, 5, i64::MIN), Ok(()), "a negative tolerance reads as its size");
+    }
 
     #[test]
     fn rfc_4231_test_case_2() {

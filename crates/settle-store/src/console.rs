@@ -156,7 +156,8 @@ pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Resu
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(JobHistory { entries, events, artifacts })
+    let signals_unlogged = db.one("SELECT signals_unlogged FROM jobs WHERE id = $1", args![id]).await?.i64(0)?;
+    Ok(JobHistory { entries, events, artifacts, signals_unlogged })
 }
 
 pub(crate) async fn account_detail(db: &mut Db<'_>, id: &str) -> Result<AccountDetail, StoreError> {

@@ -419,3 +419,55 @@ fn lite_query(c: &rusqlite::Connection, sql: &str, args: &[Value], max: usize) -
     }
     Ok(out)
 }
+
+/// A database URL fit for a log line or an error message: a password — in the authority
+/// (`user:secret@host`) or a `password=` parameter — replaced by `***`.
+pub fn redacted_url(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((head, query)) => (head, Some(query)),
+        None => (url, None),
+    };
+    let mut out = match head.split_once("://") {
+        // The last `@` ends the user info, so a raw `@` or `/` in the password hides with it.
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => format!("{scheme}://{userinfo}@{host}"),
+            },
+            None => head.to_owned(),
+        },
+        None => head.to_owned(),
+    };
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::redacted_url;
+
+    #[test]
+    fn passwords_never_reach_a_log_line() {
+        for (url, shown) in [
+            ("postgres://settle:s3cret@db:5432/settle", "postgres://settle:***@db:5432/settle"),
+            ("postgres://settle:p@ss/w0rd@db/settle?sslmode=require", "postgres://settle:***@db/settle?sslmode=require"),
+            ("postgres://db/settle?user=u&password=s3cret&x=1", "postgres://db/settle?user=u&password=***&x=1"),
+            ("postgres://settle@db/settle", "postgres://settle@db/settle"),
+            ("sqlite://settle.db", "sqlite://settle.db"),
+            ("sqlite:///var/lib/settle/settle.db", "sqlite:///var/lib/settle/settle.db"),
+        ] {
+            assert_eq!(redacted_url(url), shown, "{url}");
+            assert!(!redacted_url(url).contains("s3cret") && !redacted_url(url).contains("w0rd"));
+        }
+    }
+}

@@ -26,7 +26,7 @@ pub mod store;
 mod webhooks;
 
 pub use artifacts::{ArtifactStore, ArtifactsError, DIRECTORY_MARKER, ObjectArtifactStore, StoreCheck};
-pub use db::Engine;
+pub use db::{Engine, redacted_url};
 pub use error::StoreError;
 pub use model::*;
 pub use ops::CrashHook;

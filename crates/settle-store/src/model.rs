@@ -191,6 +191,8 @@ pub struct JobHistory {
     /// Its events, in `seq` order (at most 1,000).
     pub events: Vec<Event>,
     pub artifacts: Vec<ArtifactRecord>,
+    /// Signals past the signal log's bound (`SIGNALS_LOGGED_MAX`), counted and not kept.
+    pub signals_unlogged: i64,
 }
 
 /// An account with what the ledger holds against it.

@@ -35,7 +35,7 @@ pub(crate) fn validate_withdrawal(req: &NewWithdrawal) -> Result<(), StoreError>
     Ok(())
 }
 
-/// Creates the withdrawal: the job holding the amount (a charge under the overdraft guard), the
+/// Creates the withdrawal: the job holding the amount (a charge the balance alone must cover), the
 /// withdrawal row with a fresh idempotency key, `job.queued` — or answers the replay.
 pub(crate) async fn create_withdrawal(
     db: &mut Db<'_>,
@@ -64,7 +64,8 @@ pub(crate) async fn create_withdrawal(
         refund_on: Some(RefundPolicy::FinalFailure),
         not_before: None,
     };
-    ops::insert_job(db, cx, &new_job, &fp).await?;
+    // Cash leaves: drawn on the balance alone, never the overdraft (spec §1).
+    ops::insert_job(db, cx, &new_job, &fp, ops::BalanceCheck::Cash).await?;
     // Made once, here; every attempt of this withdrawal sends and looks up with it.
     let key = format!("wd_{}", uuid::Uuid::new_v4().simple());
     db.exec(

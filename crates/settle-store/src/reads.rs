@@ -7,7 +7,7 @@ use crate::ops::{self, Cx, entry_from_row, job_row};
 use settle_core::Timestamp;
 use settle_core::history::{AttemptResult, Signal, SignalEffect};
 use settle_core::ids::AccountId;
-use settle_core::limits::PAGE_LIMIT_MAX;
+use settle_core::limits::{self, PAGE_LIMIT_MAX};
 use std::sync::LazyLock;
 
 fn page_limit(limit: u32) -> i64 {
@@ -47,11 +47,37 @@ pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Resul
     Ok(Paged { rows: entries, next_after: next })
 }
 
+/// A page of jobs: at most `page.limit`, and no more than `PAGE_BYTES_MAX` of stored job text
+/// (payloads, results and items, estimated from their stored lengths) — a page ends early at the
+/// budget, with `next_after` where it stopped, and always holds at least one job. The sizes are
+/// read first, without the texts, so a page of fat jobs is never loaded whole to be cut.
 pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
     let limit = page_limit(page.limit);
-    let mut sql = format!("SELECT {} FROM jobs WHERE job_seq > $1", ops::JobCol::LIST);
     let mut a: Vec<Value> = vec![page.after.into()];
-    sql.push_str(&crate::console::filter_sql(filter, &mut a));
+    let mut sizes = format!(
+        "SELECT job_seq, length(payload) + COALESCE(length(result), 0) + {} * \
+         (SELECT count(*) FROM items WHERE items.job_id = jobs.id) FROM jobs WHERE job_seq > $1",
+        limits::ITEM_BYTES_ESTIMATE
+    );
+    sizes.push_str(&crate::console::filter_sql(filter, &mut a));
+    a.push(limit.into());
+    sizes.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
+    let sized = db.all_built(sizes, &a).await?;
+    let (mut taken, mut bytes, mut last) = (0i64, 0i64, None);
+    for r in &sized {
+        let size = r.i64(1)?.saturating_add(limits::JOB_BYTES_OVERHEAD);
+        if taken > 0 && bytes.saturating_add(size) > limits::PAGE_BYTES_MAX {
+            break;
+        }
+        (taken, bytes, last) = (taken + 1, bytes.saturating_add(size), Some(r.i64(0)?));
+    }
+    let Some(last) = last else { return Ok(Paged { rows: vec![], next_after: None }) };
+    let cut_short = taken < sized.len() as i64;
+    let mut within = filter.clone();
+    within.until_seq = Some(within.until_seq.map_or(last, |u| u.min(last)));
+    let mut a: Vec<Value> = vec![page.after.into()];
+    let mut sql = format!("SELECT {} FROM jobs WHERE job_seq > $1", ops::JobCol::LIST);
+    sql.push_str(&crate::console::filter_sql(&within, &mut a));
     a.push(limit.into());
     sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
     let rows = db.all_built(sql, &a).await?;
@@ -62,7 +88,7 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
         seqs.push(row.job_seq);
         jobs.push(ops::attach(db, cx, row).await?);
     }
-    let next = next_after(&seqs, limit, |s| *s);
+    let next = if cut_short { seqs.last().copied() } else { next_after(&seqs, limit, |s| *s) };
     Ok(Paged { rows: jobs, next_after: next })
 }
 

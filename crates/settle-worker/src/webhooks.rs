@@ -23,6 +23,10 @@ pub struct Endpoint {
     pub retention: Duration,
     /// The endpoint's circuit breaker (shared by every process through the store).
     pub breaker: BreakerPolicy,
+    /// Whether this endpoint may reach a link-local or cloud-metadata address (`169.254.0.0/16`,
+    /// `fe80::/10`, `metadata.google.internal`, …). Off unless the operator opts this endpoint in:
+    /// from there a signed POST could reach the machine's instance credentials.
+    pub allow_link_local: bool,
 }
 
 impl Endpoint {
@@ -37,8 +41,88 @@ impl Endpoint {
             start_from: StartFrom::Now,
             retention: Duration::from_secs(7 * 24 * 3_600),
             breaker: BreakerPolicy::default(),
+            allow_link_local: false,
         }
     }
+}
+
+/// Addresses a webhook must not reach unless its endpoint opts in: link-local (where cloud
+/// instance metadata and its credentials answer) and the metadata services' other addresses.
+pub fn is_metadata_or_link_local(ip: std::net::IpAddr) -> bool {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let v4 = |ip: Ipv4Addr| ip.is_link_local() || ip == Ipv4Addr::new(100, 100, 100, 200);
+    match ip {
+        IpAddr::V4(ip) => v4(ip),
+        IpAddr::V6(ip) => {
+            let aws = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
+            (ip.segments()[0] & 0xffc0) == 0xfe80 || ip == aws || ip.to_ipv4_mapped().is_some_and(v4)
+        }
+    }
+}
+
+/// Host names that are a cloud's metadata service.
+const METADATA_NAMES: &[&str] = &["metadata", "metadata.google.internal", "metadata.goog", "instance-data"];
+
+/// Refuses a webhook URL that names a link-local or metadata host outright (an address in the
+/// URL is never looked up, so it is checked here; names are checked again when they resolve).
+pub fn check_target(url: &str, allow_link_local: bool) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("the url cannot be read: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err("the url must be http:// or https://".into());
+    }
+    if allow_link_local {
+        return Ok(());
+    }
+    let forbidden = match parsed.host() {
+        Some(url::Host::Ipv4(ip)) => is_metadata_or_link_local(ip.into()),
+        Some(url::Host::Ipv6(ip)) => is_metadata_or_link_local(ip.into()),
+        Some(url::Host::Domain(name)) => {
+            let name = name.trim_end_matches('.').to_ascii_lowercase();
+            METADATA_NAMES.contains(&name.as_str())
+        }
+        None => return Err("the url names no host".into()),
+    };
+    if forbidden {
+        return Err("the url names a link-local or cloud-metadata host; set allow_link_local = true on this \
+                    endpoint if that is really where its receiver is"
+            .into());
+    }
+    Ok(())
+}
+
+/// Name resolution for webhook sends that drops link-local and metadata addresses, so a receiver's
+/// name pointed at `169.254.169.254` (by its owner, or by DNS rebinding) is not followed there.
+struct PublicResolver;
+
+impl reqwest::dns::Resolve for PublicResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let found: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let kept: Vec<std::net::SocketAddr> =
+                found.iter().copied().filter(|a| !is_metadata_or_link_local(a.ip())).collect();
+            if kept.is_empty() && !found.is_empty() {
+                return Err(format!("{host} resolves only to link-local or metadata addresses").into());
+            }
+            let addrs: reqwest::dns::Addrs = Box::new(kept.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// What a failed send says, without the URL (reqwest's errors name it, credentials and all): the
+/// error's own kind and its causes.
+fn send_error(e: reqwest::Error) -> String {
+    use std::error::Error as _;
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// The body sent for an event: the envelope `GET /v1/events` lists, the same bytes.
@@ -66,8 +150,14 @@ impl Deliverer {
         if !bounds.contains(&endpoint.timeout) {
             return Err(format!("webhook endpoint {}: the timeout must be between 100 ms and 60 s", endpoint.id));
         }
-        // No redirects: a 3xx is a failure, never a re-sent request without its signature.
-        let http = reqwest::Client::builder()
+        check_target(&endpoint.url, endpoint.allow_link_local)
+            .map_err(|e| format!("webhook endpoint {}: {e}", endpoint.id))?;
+        // No redirects: a 3xx is a failure, never a re-sent request without its signature (nor
+        // one to a host the target check would refuse).
+        let builder = reqwest::Client::builder();
+        let builder =
+            if endpoint.allow_link_local { builder } else { builder.dns_resolver(Arc::new(PublicResolver)) };
+        let http = builder
             .timeout(endpoint.timeout)
             .connect_timeout(endpoint.timeout)
             .redirect(reqwest::redirect::Policy::none())
@@ -149,7 +239,7 @@ impl Deliverer {
                 let ms = self.endpoint.timeout.as_millis();
                 self.failed(d, None, format!("send failed: the receiver did not answer; timed out after {ms} ms"))
             }
-            Err(e) => self.failed(d, None, format!("send failed: {e}")),
+            Err(e) => self.failed(d, None, format!("send failed: {}", send_error(e))),
         };
         let ok = matches!(report, DeliveryReport::Delivered { .. });
         if !self.store.webhook_report(&self.endpoint.id, d.event.seq, &token, report, self.endpoint.breaker).await? {

@@ -61,25 +61,15 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Before any console page: in loopback mode (no tokens) only a loopback `Host` (a DNS-rebinding
-/// page cannot reach the open console); every POST only from this console's own pages (`Origin`,
-/// `Sec-Fetch-Site`: no cross-site sign-in or action even with a cookie); and the per-token request
-/// rate of the API, keyed by the session cookie (anonymous for sign-in attempts).
+/// Before any console page (the loopback-mode `Host` rule is the whole router's, `host.rs`): every
+/// POST only from this console's own pages (`Origin`, `Sec-Fetch-Site`: no cross-site sign-in or
+/// action even with a cookie); and the request rate of the API, in the bucket of the session's
+/// token — one bucket per token however many sessions it opens. Requests without a session share
+/// the anonymous bucket; a sign-in is charged to the token it presents when that token is valid
+/// (`login`), so a flood of bad sign-ins or 401s cannot lock an operator out.
 async fn guard(State(s): State<AppState>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let headers = req.headers();
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-    if s.tokens.is_empty() && !is_loopback_host(host) {
-        tracing::warn!(%host, "console request for a non-loopback host refused in loopback mode");
-        return error_page(
-            None,
-            ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "Without tokens the console answers on a loopback address only.",
-            ),
-        )
-        .into_response();
-    }
+    let host = crate::host::request_host(&req).unwrap_or("");
     if req.method() == axum::http::Method::POST && !same_origin(headers, host) {
         tracing::warn!(%host, "cross-site console POST refused");
         return error_page(
@@ -92,10 +82,9 @@ async fn guard(State(s): State<AppState>, req: axum::extract::Request, next: axu
         )
         .into_response();
     }
-    if !s.tokens.is_empty() {
-        // A bucket per open session (its CSRF token names it); sign-in attempts and stray
-        // cookies share the anonymous one, so made-up cookies cannot mint buckets.
-        let key = session::session_of(&s, headers).map(|open| crate::auth::Tokens::digest_of(&open.csrf));
+    let signing_in = req.method() == axum::http::Method::POST && req.uri().path() == "/console/login";
+    if !s.tokens.is_empty() && !signing_in {
+        let key = session::session_of(&s, headers).and_then(|open| open.token);
         if let Err(wait) = s.limiter.admit(key) {
             metrics::counter!("settle_http_rate_limited_total").increment(1);
             return ApiError::rate_limited(wait).into_response();
@@ -104,17 +93,14 @@ async fn guard(State(s): State<AppState>, req: axum::extract::Request, next: axu
     next.run(req).await
 }
 
-fn is_loopback_host(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => host.split(':').next().unwrap_or(""),
-    };
-    matches!(name, "localhost" | "127.0.0.1" | "::1") || name.starts_with("127.")
+/// The scheme the browser used: `https` behind a proxy that says so, else this server's `http`.
+fn scheme(headers: &HeaderMap) -> &'static str {
+    if headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()) == Some("https") { "https" } else { "http" }
 }
 
 /// A POST a browser says is same-origin: `Sec-Fetch-Site` (sent by every current browser) is
-/// `same-origin` when present, and `Origin`, when present, names this host. Clients that send
-/// neither (curl, tests) are not browsers a cross-site page could drive.
+/// `same-origin` when present, and `Origin`, when present, is exactly this scheme and host.
+/// Clients that send neither (curl, tests) are not browsers a cross-site page could drive.
 fn same_origin(headers: &HeaderMap, host: &str) -> bool {
     let site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
     if site.is_some_and(|s| s != "same-origin" && s != "none") {
@@ -122,7 +108,9 @@ fn same_origin(headers: &HeaderMap, host: &str) -> bool {
     }
     match headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
         None => true,
-        Some(origin) => origin.split_once("://").is_some_and(|(_, rest)| rest == host),
+        Some(origin) => {
+            origin.split_once("://").is_some_and(|(sch, rest)| sch == scheme(headers) && !host.is_empty() && rest == host)
+        }
     }
 }
 
@@ -139,6 +127,8 @@ fn page(status: StatusCode, markup: Markup) -> Response {
             (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
             (header::REFERRER_POLICY, "same-origin"),
             (header::CACHE_CONTROL, "no-store"),
+            // For browsers that predate `frame-ancestors`.
+            (header::X_FRAME_OPTIONS, "DENY"),
         ],
         Html(markup.into_string()),
     )
@@ -245,7 +235,14 @@ async fn login(State(s): State<AppState>, headers: HeaderMap, ConsoleForm(f): Co
         return Redirect::to("/console").into_response();
     }
     let refused = |why: &str| page(StatusCode::UNAUTHORIZED, pages::login(Some(why)));
-    let Some(actor) = s.tokens.actor_of(&f.token) else {
+    let actor = s.tokens.actor_of(&f.token);
+    // A valid token signs in on its own bucket; a guess takes from the anonymous one.
+    let key = actor.as_ref().map(|_| crate::auth::Tokens::digest_of(&f.token));
+    if let Err(wait) = s.limiter.admit(key) {
+        metrics::counter!("settle_http_rate_limited_total").increment(1);
+        return ApiError::rate_limited(wait).into_response();
+    }
+    let Some(actor) = actor else {
         tracing::warn!("console sign-in with an unknown token refused");
         // Slows guessing; tokens are long random strings, so this is a courtesy, not the defence.
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
@@ -255,7 +252,7 @@ async fn login(State(s): State<AppState>, headers: HeaderMap, ConsoleForm(f): Co
         return refused("Worker tokens do not open the console: sign in with an admin or client token.");
     }
     tracing::info!(actor = %actor, role = actor.role.name(), "console sign-in");
-    let https = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()) == Some("https");
+    let https = scheme(&headers) == "https";
     let digest = crate::auth::Tokens::digest_of(&f.token);
     let value = s.console_key.issue(&actor, &digest, session::now_unix() + session::SESSION_SECONDS);
     ([(header::SET_COOKIE, session::set_cookie(&value, https))], Redirect::to("/console")).into_response()

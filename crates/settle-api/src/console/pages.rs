@@ -389,6 +389,12 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
                     @if p.signals.is_empty() { tr { td colspan="6" class="muted" { "None." } } }
                 }
             } }
+            @if p.history.signals_unlogged > 0 {
+                p class="muted" {
+                    "…and " (p.history.signals_unlogged) " more after the first "
+                    (settle_core::limits::SIGNALS_LOGGED_MAX) ", counted but not kept."
+                }
+            }
         }
         section class="card" {
             h2 { "Items" }

@@ -120,6 +120,9 @@ pub struct Session {
     pub csrf: String,
     /// No tokens are configured: nobody signs in or out.
     pub loopback: bool,
+    /// The digest of the token signed in with: the session's requests take from that token's
+    /// request-rate bucket (`None` in loopback mode, which has no rate limit).
+    pub token: Option<[u8; 32]>,
     nonce: String,
     expires: i64,
 }
@@ -155,11 +158,19 @@ pub fn session_of(state: &AppState, headers: &HeaderMap) -> Option<Session> {
     if state.tokens.is_empty() {
         let csrf = key.sign("csrf", "loopback")[..32].to_owned();
         let actor = Actor { name: "loopback".into(), role: Role::Admin };
-        return Some(Session { actor, csrf, loopback: true, nonce: String::new(), expires: i64::MAX });
+        return Some(Session { actor, csrf, loopback: true, token: None, nonce: String::new(), expires: i64::MAX });
     }
     let now = now_unix();
-    // The first value that opens: a stray cookie of the same name (another path) cannot shadow it.
-    let opened = cookies(headers, COOKIE).find_map(|v| key.open(v, now))?;
+    // Exactly one session may open. A browser sends a cookie set on a more specific path (or by a
+    // sibling host) before the console's own, so "the first that opens" could be one planted by
+    // someone holding another token; with two different live sessions in one request, neither is
+    // trusted and the operator signs in again.
+    let mut open = cookies(headers, COOKIE).filter_map(|v| key.open(v, now).map(|o| (v, o)));
+    let (value, opened) = open.next()?;
+    if open.any(|(other, _)| other != value) {
+        tracing::warn!("two different console sessions in one request: neither is used");
+        return None;
+    }
     // Ended when its token is removed, rotated or given another role.
     let (role, digest) = state.tokens.entry_of(&opened.name)?;
     let binding = key.binding(&digest);
@@ -171,6 +182,7 @@ pub fn session_of(state: &AppState, headers: &HeaderMap) -> Option<Session> {
         actor: Actor { name: opened.name, role },
         csrf,
         loopback: false,
+        token: Some(digest),
         nonce: opened.nonce,
         expires: opened.expires,
     })
@@ -224,6 +236,7 @@ mod tests {
             actor: actor(Role::Client),
             csrf: String::new(),
             loopback: false,
+            token: None,
             nonce: opened.nonce.clone(),
             expires: opened.expires,
         };

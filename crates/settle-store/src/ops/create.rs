@@ -76,15 +76,23 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
         }
         return Ok(Created { value: attach(db, cx, existing).await?, replayed: true });
     }
-    let job = insert_job(db, cx, req, &fp).await?;
+    let job = insert_job(db, cx, req, &fp, BalanceCheck::Overdraft).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: job, replayed: false })
 }
 
 /// Inserts a new job (its id known to be free): the job row, its items `charged`, one charge per
-/// item under the overdraft guard (`insufficient_credits` aborts the whole transaction), `job.queued`.
-/// Returns the job as written, built from the request (debug builds check it against a re-read).
-pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8; 32]) -> Result<Job, StoreError> {
+/// item under `check` — the overdraft guard for work, the non-negative guard for a withdrawal
+/// (`insufficient_credits` aborts the whole transaction) — and `job.queued`. Returns the job as
+/// written, built from the request (debug builds check it against a re-read).
+pub(crate) async fn insert_job(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    req: &NewJob,
+    fp: &[u8; 32],
+    check: BalanceCheck,
+) -> Result<Job, StoreError> {
+    debug_assert!(matches!(check, BalanceCheck::Overdraft | BalanceCheck::Cash), "a job's charges are debits");
     let total = validate_job(req)?;
     let job_seq = match db.engine() {
         Engine::Sqlite => next_seq(db, "job", 1).await?,
@@ -141,7 +149,7 @@ pub(crate) async fn insert_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob, fp: &[u8;
         .collect::<Result<_, StoreError>>()?;
     // Every charged item may still be refunded: it is held until it is decided.
     let holds = Holds { held: total.get(), exposure: 0 };
-    post(db, cx, req.account_id.as_str(), BalanceCheck::Overdraft, &lines, holds).await?;
+    post(db, cx, req.account_id.as_str(), check, &lines, holds).await?;
     cx.point(CrashPoint::AfterLedger)?;
     emit(
         db,

@@ -31,6 +31,21 @@ pub(crate) async fn log_signal(
             .transpose()?,
         None => None,
     };
+    // The log is bounded per job: the first signals are kept whole, the rest only counted. The
+    // job row is locked by the caller, so the count and the insert cannot race.
+    let kept = db
+        .one(
+            "SELECT count(*) FROM (SELECT 1 FROM signals WHERE job_id = $1 LIMIT $2) AS kept",
+            args![&job.id, limits::SIGNALS_LOGGED_MAX as i64],
+        )
+        .await?
+        .i64(0)?;
+    if kept >= limits::SIGNALS_LOGGED_MAX as i64 {
+        let counted =
+            db.exec("UPDATE jobs SET signals_unlogged = signals_unlogged + 1 WHERE id = $1", args![&job.id]).await?;
+        super::guard_hit(counted, "signal count")?;
+        return Ok(());
+    }
     db.exec(
         "INSERT INTO signals (job_id, attempt_no, signal, fail_code, message, effect, received_at) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
