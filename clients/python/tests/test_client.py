@@ -22,6 +22,8 @@ from settle_client import (
     Flow,
     IdempotencyConflict,
     InsufficientCredits,
+    InvalidId,
+    SettleError,
     SignatureError,
     Succeeded,
     Worker,
@@ -49,6 +51,30 @@ def test_errors_carry_the_api_code_and_replays_are_surfaced(admin):
     assert admin.account("errs")["balance"] == 60, "nothing was written for the refused job"
     with pytest.raises(ValueError):
         admin.create_job("errs-3", "errs", "render")
+
+
+def test_dot_ids_are_refused_by_the_server_and_never_sent_by_the_client(admin, worker_client):
+    """Issue 19, item 1: httpx (like every URL client) removes `..` segments, so an item `..` would
+    have addressed the job's own `succeed`. The server refuses such ids; the client never sends one."""
+    account(admin, "dots", 100)
+    for bad in ([("..", 10), ("b", 10)], [(".", 10)]):
+        with pytest.raises(SettleError) as e:
+            admin.create_job("dots-1", "dots", "render", items=bad)
+        assert (e.value.status, e.value.code) == (400, "invalid_request")
+    for bad_id in ("..", "."):
+        with pytest.raises(SettleError) as e:
+            admin.create_job(bad_id, "dots", "render", cost=10)
+        assert (e.value.status, e.value.code) == (400, "invalid_request")
+    assert admin.account("dots")["balance"] == 100, "nothing was written"
+    admin.create_job("dots-2", "dots", "dots", items=[("a", 10), ("b", 10)])
+    claimed = worker_client.claim("py-dots", kinds=["dots"])
+    assert [j["id"] for j in claimed] == ["dots-2"]
+    token = claimed[0]["lease_token"]
+    for item in ("..", ".", "a/b", ""):
+        with pytest.raises(InvalidId):
+            worker_client.item_succeed("dots-2", item, token)
+    job = admin.job("dots-2")
+    assert job["state"] == "running" and [i["state"] for i in job["items"]] == ["charged", "charged"], job
 
 
 def test_a_worker_stops_at_the_item_boundary_when_a_cancel_arrives(admin, worker_client):

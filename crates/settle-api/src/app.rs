@@ -71,6 +71,9 @@ pub struct AppState {
     /// When `/metrics` last read the store's aggregates: they are read at most once per
     /// `METRICS_REFRESH`, by one request at a time, however often `/metrics` is asked.
     pub gauges_read_at: Arc<tokio::sync::Mutex<Option<Instant>>>,
+    /// Whether this server pays out through a provider: then only the reconciler, which asks it,
+    /// resolves `unknown` withdrawals, and an operator's resolution is refused.
+    pub payout_provider: bool,
 }
 
 /// How old the store's aggregates in `/metrics` may be: `/metrics` needs no token, and the
@@ -141,6 +144,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(h::create_withdrawal, h::list_withdrawals))
         .routes(routes!(h::get_withdrawal))
         .routes(routes!(h::withdrawal_returned))
+        .routes(routes!(h::resolve_withdrawal))
         .routes(routes!(h::failure_summary))
         .routes(routes!(h::events))
         .routes(routes!(h::audit))
@@ -317,17 +321,19 @@ impl Application {
         tokens: Tokens,
         limits: HttpLimits,
     ) -> Result<Application, StartError> {
-        Application::build_full(listen, store, tokens, limits, None).await
+        Application::build_full(listen, store, tokens, limits, None, false).await
     }
 
     /// As `build_with`; `console_secret` (at least 32 characters) signs console sessions so that
-    /// every process configured with it accepts the others' (else each process has its own key).
+    /// every process configured with it accepts the others' (else each process has its own key);
+    /// `payout_provider` says whether this process pays out through a provider.
     pub async fn build_full(
         listen: &str,
         store: Arc<dyn Store>,
         tokens: Tokens,
         limits: HttpLimits,
         console_secret: Option<&str>,
+        payout_provider: bool,
     ) -> Result<Application, StartError> {
         let console_key = match console_secret {
             Some(secret) => crate::console::SessionKey::from_secret(secret).map_err(StartError::ConsoleSecret)?,
@@ -351,6 +357,7 @@ impl Application {
             long_poll_recheck: limits.long_poll_recheck.max(Duration::from_millis(1)),
             console_key,
             gauges_read_at: Arc::default(),
+            payout_provider,
         };
         Ok(Application { listener, router: router_with(state, limits), limits })
     }

@@ -19,7 +19,7 @@ pub fn parse_rfc3339(s: &str) -> Option<Timestamp> {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAccount {
-    /// The account's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// The account's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
     /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
@@ -55,7 +55,7 @@ impl From<store::Account> for Account {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateGrant {
-    /// The grant's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// The grant's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
     /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
@@ -70,7 +70,7 @@ pub struct CreateGrant {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAdjustment {
-    /// The adjustment's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// The adjustment's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
     /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
@@ -139,7 +139,7 @@ pub struct LedgerPage {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewItem {
-    /// The item's id, unique within the job: 1-128 characters of `[A-Za-z0-9_.:-]`.
+    /// The item's id, unique within the job: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
     /// The item's price in credits (minor units), 0 or more; charged when the job is created.
@@ -150,14 +150,14 @@ pub struct NewItem {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateJob {
-    /// The job's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// The job's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
     /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
     /// The account to charge.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub account_id: String,
-    /// What kind of work (1-128 characters of `[A-Za-z0-9_.:-]`); workers claim by kind.
+    /// What kind of work (1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`); workers claim by kind.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub kind: String,
     /// A single-item job (item `main`) of this price in credits, 0 or more. Exactly one of `cost` and
@@ -290,10 +290,25 @@ impl From<store::Job> for Job {
 
 // ----- withdrawals -----------------------------------------------------------------------------------
 
+/// An operator's resolution of an `unknown` withdrawal, confirmed by means outside Settle.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveWithdrawal {
+    /// `sent`: the transfer left (the withdrawal succeeds with `provider_txid`); `not_sent`: it did
+    /// not (the withdrawal ends `dead` with code `CONFIRMED_NOT_SENT` and its hold refunded).
+    #[schema(example = "sent")]
+    pub outcome: String,
+    /// The provider's transaction id; required with `sent`, refused with `not_sent`.
+    #[serde(default)]
+    pub provider_txid: Option<String>,
+    /// How the outcome was confirmed (a statement, a ticket): kept in the action log.
+    pub reason: String,
+}
+
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWithdrawal {
-    /// The withdrawal's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`. Makes the request
+    /// The withdrawal's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
     /// idempotent.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,

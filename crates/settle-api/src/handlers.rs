@@ -697,6 +697,50 @@ pub async fn withdrawal_returned(
     Ok(ok(dto::Withdrawal::from(out.value)))
 }
 
+/// Resolve an unknown withdrawal by hand
+///
+/// For a withdrawal `unknown` (its send got no answer) whose provider can no longer be asked: an
+/// operator records what was confirmed by other means — `sent` with the provider's txid (the
+/// withdrawal succeeds), or `not_sent` (it ends `dead`, `CONFIRMED_NOT_SENT`, its hold refunded; a
+/// person may requeue it). One guarded transition from `unknown`, recorded in the action log.
+/// Refused (`409 invalid_transition`) while this server has a payout provider configured — the
+/// reconciler asks it — and for a withdrawal in any other state. Admin only.
+#[utoipa::path(post, path = "/v1/withdrawals/{id}/resolve", tag = "withdrawals", params(("id" = String, Path)),
+    request_body = dto::ResolveWithdrawal,
+    responses((status = 200, description = "resolved", body = dto::Withdrawal),
+              (status = 404, body = ErrorBody),
+              (status = 409, description = "not unknown, or a provider can still be asked", body = ErrorBody)))]
+pub async fn resolve_withdrawal(
+    State(s): State<AppState>,
+    auth: Auth<AdminRole>,
+    Path(withdrawal): Path<String>,
+    Json(b): Json<dto::ResolveWithdrawal>,
+) -> ApiResult {
+    let withdrawal = id(JobId::parse, &withdrawal)?;
+    let outcome = match (b.outcome.as_str(), b.provider_txid) {
+        ("sent", Some(provider_txid)) => store::ResolvedOutcome::Sent { provider_txid },
+        ("sent", None) => return Err(ApiError::invalid("A withdrawal confirmed sent needs its provider_txid.")),
+        ("not_sent", None) => store::ResolvedOutcome::NotSent,
+        ("not_sent", Some(_)) => {
+            return Err(ApiError::invalid("A withdrawal confirmed not sent has no provider_txid."));
+        }
+        _ => return Err(ApiError::invalid("outcome is sent or not_sent.")),
+    };
+    if s.payout_provider {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "invalid_transition",
+            "A payout provider is configured: the reconciler resolves unknown withdrawals by asking it. \
+             Resolve by hand only once no provider can answer (remove it from the configuration).",
+        ));
+    }
+    tracing::info!(actor = %auth.actor, %withdrawal, outcome = b.outcome, "withdrawal resolved by an operator");
+    let resolution = store::Resolution { outcome, reason: b.reason };
+    let out = s.store.payouts().payout_resolve_by(&withdrawal, resolution, &auth.actor.name).await?;
+    mark("withdrawal_resolved", out.applied);
+    Ok(ok(dto::Withdrawal::from(out.value)))
+}
+
 // ----- failures, events, audit, operations ----------------------------------------------------------
 
 /// Count failures by code

@@ -71,15 +71,8 @@ mod tests {
 
     #[test]
     fn only_loopback_names_and_addresses_count() {
-        for ok in [
-            "localhost",
-            "LOCALHOST:7070",
-            "127.0.0.1",
-            "127.0.0.1:7070",
-            "127.1.2.3:80",
-            "[::1]",
-            "[::1]:7070",
-        ] {
+        for ok in ["localhost", "LOCALHOST:7070", "127.0.0.1", "127.0.0.1:7070", "127.1.2.3:80", "[::1]", "[::1]:7070"]
+        {
             assert!(is_loopback_host(ok), "{ok}");
         }
         for bad in [

@@ -1,7 +1,8 @@
 //! Limits on abuse, per bearer token: a request rate (a token bucket: `429 rate_limited` with
 //! `Retry-After` past it) and a number of concurrent long-polls (past it a long-poll answers at once
 //! instead of waiting). Requests without a known token share one bucket, so guessing tokens is
-//! limited too. Memory is bounded: one bucket per configured token, plus that one.
+//! limited too. Memory is bounded: one bucket per configured token, plus that one — console
+//! sessions take from their token's bucket, never one of their own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -47,6 +48,10 @@ impl Limiter {
         let burst = self.limits.burst.max(1.0);
         let now = Instant::now();
         let mut buckets = self.buckets.lock().expect("limiter lock");
+        if !buckets.contains_key(&key) {
+            // Keys are configured tokens' digests and the anonymous `None`: this stays small.
+            metrics::gauge!("settle_http_rate_buckets").set((buckets.len() + 1) as f64);
+        }
         let (tokens, last) = buckets.entry(key).or_insert((burst, now));
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(burst);
         *last = now;

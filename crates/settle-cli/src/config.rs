@@ -264,7 +264,8 @@ fn endpoint(w: &WebhookFile) -> anyhow::Result<settle_worker::webhooks::Endpoint
     if w.secret.len() < 16 {
         bail!("[[webhooks]] {}: the secret must be at least 16 characters", w.id);
     }
-    settle_worker::webhooks::check_target(&w.url, w.allow_link_local).map_err(|e| anyhow::anyhow!("[[webhooks]] {}: {e}", w.id))?;
+    settle_worker::webhooks::check_target(&w.url, w.allow_link_local)
+        .map_err(|e| anyhow::anyhow!("[[webhooks]] {}: {e}", w.id))?;
     let mut e = settle_worker::webhooks::Endpoint::new(&w.id, &w.url, &w.secret);
     e.allow_link_local = w.allow_link_local;
     if let Some(n) = w.attempts_max {

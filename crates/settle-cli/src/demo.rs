@@ -84,7 +84,9 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         artifacts: Some(artifacts.clone()),
         ..StoreOptions::default()
     };
-    let store = Arc::new(SqlStore::open(&url, options).await.with_context(|| format!("open {}", settle_store::redacted_url(&url)))?);
+    let store = Arc::new(
+        SqlStore::open(&url, options).await.with_context(|| format!("open {}", settle_store::redacted_url(&url)))?,
+    );
     println!("Settle demo on {url} (virtual clock; refunds on failure, backoff 1 s doubling, 5 attempts)\n");
     let d = Demo { store, clock, start };
     let alice = AccountId::parse("alice")?;

@@ -55,21 +55,39 @@ enum Command {
     Jobs {
         #[command(subcommand)]
         cmd: operator::Jobs,
-        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db", global = true)]
+        #[arg(
+            long,
+            env = "SETTLE_DATABASE_URL",
+            hide_env_values = true,
+            default_value = "sqlite://settle.db",
+            global = true
+        )]
         db: String,
     },
     /// Lists or requeues dead letters.
     DeadLetters {
         #[command(subcommand)]
         cmd: operator::DeadLetters,
-        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db", global = true)]
+        #[arg(
+            long,
+            env = "SETTLE_DATABASE_URL",
+            hide_env_values = true,
+            default_value = "sqlite://settle.db",
+            global = true
+        )]
         db: String,
     },
     /// Lists or shows withdrawals (payouts), with their provider txids and attempts.
     Withdrawals {
         #[command(subcommand)]
         cmd: operator::Withdrawals,
-        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db", global = true)]
+        #[arg(
+            long,
+            env = "SETTLE_DATABASE_URL",
+            hide_env_values = true,
+            default_value = "sqlite://settle.db",
+            global = true
+        )]
         db: String,
     },
     /// Runs the payout provider simulator (provider-v1), the counterparty of demos and tests.
@@ -83,7 +101,13 @@ enum Command {
     Events {
         #[command(subcommand)]
         cmd: operator::Events,
-        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db", global = true)]
+        #[arg(
+            long,
+            env = "SETTLE_DATABASE_URL",
+            hide_env_values = true,
+            default_value = "sqlite://settle.db",
+            global = true
+        )]
         db: String,
     },
     /// Measures guarded transitions per second on a throwaway store (see docs/performance.md).
@@ -175,5 +199,7 @@ async fn open_existing(url: &str) -> anyhow::Result<SqlStore> {
         let path = path.split('?').next().unwrap_or(path);
         anyhow::ensure!(std::path::Path::new(path).exists(), "no database at {path}");
     }
-    SqlStore::open(url, StoreOptions::default()).await.with_context(|| format!("open {}", settle_store::redacted_url(url)))
+    SqlStore::open(url, StoreOptions::default())
+        .await
+        .with_context(|| format!("open {}", settle_store::redacted_url(url)))
 }

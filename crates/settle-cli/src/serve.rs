@@ -219,6 +219,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokens,
         config.http.limits(),
         args.console_secret.as_deref(),
+        config.provider.is_some(),
     )
     .await?;
     let db = settle_store::redacted_url(&args.db);
@@ -226,9 +227,26 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     eprintln!("settle: serving on http://{} ({db})", app.local_addr());
     match &config.provider {
         Some(p) => eprintln!("settle: paying out withdrawals through {}", p.url),
-        None => eprintln!(
-            "settle: no payout provider configured (SETTLE_PROVIDER_URL): withdrawals are accepted and wait queued"
-        ),
+        None => {
+            eprintln!(
+                "settle: no payout provider configured (SETTLE_PROVIDER_URL): withdrawals are accepted and wait queued"
+            );
+            // Nothing will ever ask a provider about these: say so, and how to end them.
+            let unknown = settle_store::WithdrawalFilter {
+                state: Some(settle_core::job::JobState::Unknown),
+                ..Default::default()
+            };
+            let page = store.payouts().withdrawals(&unknown, settle_store::Page { after: 0, limit: 1_000 }).await?;
+            if !page.rows.is_empty() {
+                let more = if page.next_after.is_some() { " or more" } else { "" };
+                eprintln!(
+                    "settle: {}{more} withdrawals are unknown with no provider to ask: once their outcome is confirmed \
+                     elsewhere, resolve each with POST /v1/withdrawals/{{id}}/resolve (admin)",
+                    page.rows.len()
+                );
+                tracing::warn!(unknown = page.rows.len(), "unknown withdrawals with no payout provider to ask");
+            }
+        }
     }
     let cancel = CancellationToken::new();
     let loops = spawn_loops(&store, &config, &cancel)?;

@@ -288,3 +288,84 @@ fn serve_refuses_an_open_token_file_and_short_tokens() {
     assert_ne!(code, 0);
     assert!(err.contains("at least 16 characters"), "{err}");
 }
+
+/// Issue 19, item 12: a token file that names no token does not turn authentication off; nor
+/// does a SETTLE_TOKENS that is set but empty.
+#[test]
+fn serve_refuses_a_token_file_without_tokens() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens");
+    std::fs::write(&file, "# every token was removed during a rotation\n\n").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let db = format!("sqlite://{}", dir.path().join("t.db").display());
+    let path = file.display().to_string();
+    let (code, _, err) = settle(&["serve", "--listen", "0.0.0.0:0", "--db", &db, "--tokens", &path]);
+    assert_ne!(code, 0);
+    assert!(err.contains("holds no token"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_settle"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--db", &db])
+        .current_dir(dir.path())
+        .env("SETTLE_TOKENS", " , ")
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("names no token"), "{out:?}");
+}
+
+/// Issue 19, item 10: the database password never reaches the start line, the logs, an error
+/// or `--help` (which shows environment values unless told not to).
+#[test]
+fn the_database_password_is_never_printed() {
+    const SECRET: &str = "pg-s3cret-pw";
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // Nothing listens there: `open …` fails, naming the database without its password.
+    let unreachable = format!("postgres://settle:{SECRET}@127.0.0.1:{port}/settle?connect_timeout=2");
+    let (code, out, err) = settle(&["serve", "--listen", "127.0.0.1:0", "--db", &unreachable]);
+    assert_ne!(code, 0);
+    assert!(err.contains("postgres://settle:***@127.0.0.1"), "{err}");
+    assert!(!out.contains(SECRET) && !err.contains(SECRET), "{out}\n{err}");
+    let help = Command::new(env!("CARGO_BIN_EXE_settle"))
+        .args(["serve", "--help"])
+        .env("SETTLE_DATABASE_URL", &unreachable)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&help.stdout).contains(SECRET), "--help shows the password");
+    // A real server, reached with a password it does not check (the test cluster trusts loopback):
+    // the start line and the JSON log name the database without it.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = rt.block_on(settle_testkit::fresh_database());
+    let with_password = url.replacen("://postgres@", &format!("://postgres:{SECRET}@"), 1);
+    assert_ne!(with_password, url, "the test database's URL has a user: {url}");
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_settle"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--db", &with_password])
+        .current_dir(dir.path())
+        .env_remove("SETTLE_TOKENS")
+        // stderr is a pipe, so the log is JSON.
+        .env("SETTLE_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Answering /healthz: past the start line, which is printed before serving begins.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !Command::new("curl")
+        .args(["-fs", &format!("http://127.0.0.1:{port}/healthz")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        assert!(std::time::Instant::now() < deadline, "settle serve did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = child.wait();
+    let mut out = String::new();
+    let mut err = String::new();
+    use std::io::Read;
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(err.contains("settle: serving on") && err.contains(":***@"), "{err}");
+    assert!(!out.contains(SECRET) && !err.contains(SECRET), "{out}\n{err}");
+}

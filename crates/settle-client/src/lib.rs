@@ -23,6 +23,23 @@ pub enum ClientError {
     Api { status: u16, code: String, message: String },
     #[error("transport: {0}")]
     Transport(String),
+    /// An id that cannot be a path segment: nothing was sent.
+    #[error("{0}")]
+    InvalidId(String),
+}
+
+/// An id as one path segment, refused unless it follows the spec's id rule. URL clients (reqwest
+/// among them) remove `.` and `..` segments, so `items/../succeed` would be sent as the job's own
+/// `succeed`; anything else outside the alphabet would need encoding the server never decodes to
+/// an id. Settle refuses such ids at creation, so meeting one here is a caller's mistake.
+fn segment<'a>(what: &str, id: &'a str) -> Result<&'a str, ClientError> {
+    let alphabet = id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+    if id.is_empty() || id.len() > 128 || !alphabet || id == "." || id == ".." {
+        return Err(ClientError::InvalidId(format!(
+            "the {what} {id:?} is not an id: 1-128 characters of [A-Za-z0-9_.:-], and not '.' or '..'"
+        )));
+    }
+    Ok(id)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -125,6 +142,7 @@ impl Client {
     }
 
     pub async fn heartbeat(&self, job: &str, token: &str) -> Result<Heartbeat, ClientError> {
+        let job = segment("job id", job)?;
         let v = self.post(&format!("/v1/jobs/{job}/heartbeat"), json!({"lease_token": token})).await?;
         serde_json::from_value(v).map_err(|e| ClientError::Transport(e.to_string()))
     }
@@ -134,7 +152,7 @@ impl Client {
         if let Some(r) = result {
             body["result"] = r;
         }
-        self.post(&format!("/v1/jobs/{job}/succeed"), body).await
+        self.post(&format!("/v1/jobs/{}/succeed", segment("job id", job)?), body).await
     }
 
     pub async fn fail(&self, job: &str, token: &str, failure: &Failure) -> Result<Value, ClientError> {
@@ -145,15 +163,17 @@ impl Client {
         if let Some(ms) = failure.retry_after_ms {
             body["retry_after_ms"] = json!(ms);
         }
-        self.post(&format!("/v1/jobs/{job}/fail"), body).await
+        self.post(&format!("/v1/jobs/{}/fail", segment("job id", job)?), body).await
     }
 
     pub async fn unknown(&self, job: &str, token: &str, message: &str) -> Result<Value, ClientError> {
+        let job = segment("job id", job)?;
         self.post(&format!("/v1/jobs/{job}/unknown"), json!({"lease_token": token, "message": message})).await
     }
 
     /// Returns whether a cancel has been requested.
     pub async fn item_succeed(&self, job: &str, item: &str, token: &str) -> Result<bool, ClientError> {
+        let (job, item) = (segment("job id", job)?, segment("item id", item)?);
         let v = self.post(&format!("/v1/jobs/{job}/items/{item}/succeed"), json!({"lease_token": token})).await?;
         Ok(serde_json::from_value::<ItemReport>(v).map(|r| r.cancel_requested).unwrap_or(false))
     }
@@ -167,6 +187,7 @@ impl Client {
         token: &str,
         key: &str,
     ) -> Result<String, ClientError> {
+        let (job, item) = (segment("job id", job)?, segment("item id", item)?);
         let v = self
             .post(&format!("/v1/jobs/{job}/items/{item}/artifacts"), json!({"lease_token": token, "key": key}))
             .await?;
@@ -182,6 +203,7 @@ impl Client {
         code: &str,
         message: &str,
     ) -> Result<bool, ClientError> {
+        let (job, item) = (segment("job id", job)?, segment("item id", item)?);
         let v = self
             .post(
                 &format!("/v1/jobs/{job}/items/{item}/fail"),

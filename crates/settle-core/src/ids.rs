@@ -111,6 +111,10 @@ impl FailCode {
     pub fn cancelled() -> FailCode {
         FailCode("CANCELLED".to_owned())
     }
+    /// An operator confirmed, by means outside Settle, that an unknown withdrawal was not sent.
+    pub fn confirmed_not_sent() -> FailCode {
+        FailCode("CONFIRMED_NOT_SENT".to_owned())
+    }
     /// A payout attempt could not ask the provider whether its key exists; nothing was sent.
     pub fn lookup_failed() -> FailCode {
         FailCode("LOOKUP_FAILED".to_owned())

@@ -460,7 +460,10 @@ mod redaction_tests {
     fn passwords_never_reach_a_log_line() {
         for (url, shown) in [
             ("postgres://settle:s3cret@db:5432/settle", "postgres://settle:***@db:5432/settle"),
-            ("postgres://settle:p@ss/w0rd@db/settle?sslmode=require", "postgres://settle:***@db/settle?sslmode=require"),
+            (
+                "postgres://settle:p@ss/w0rd@db/settle?sslmode=require",
+                "postgres://settle:***@db/settle?sslmode=require",
+            ),
             ("postgres://db/settle?user=u&password=s3cret&x=1", "postgres://db/settle?user=u&password=***&x=1"),
             ("postgres://settle@db/settle", "postgres://settle@db/settle"),
             ("sqlite://settle.db", "sqlite://settle.db"),

@@ -277,6 +277,23 @@ pub enum Finding {
     Absent,
 }
 
+/// What an operator confirmed about an `unknown` withdrawal, by means outside Settle (the
+/// provider's dashboard, a bank statement), when no provider lookup can answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolvedOutcome {
+    /// It left: the success path, with the provider's txid.
+    Sent { provider_txid: String },
+    /// It did not leave: `dead`, the hold refunded.
+    NotSent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolution {
+    pub outcome: ResolvedOutcome,
+    /// How it was confirmed (kept in the action log and, for "not sent", as the failure message).
+    pub reason: String,
+}
+
 /// A withdrawal to create (`POST /v1/withdrawals`): a job of kind `withdrawal` holding `amount`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewWithdrawal {

@@ -9,8 +9,8 @@ use crate::model::*;
 use crate::ops::{self, After, Caller, Cx};
 use settle_core::crash::CrashPoint;
 use settle_core::fingerprint::Fingerprint;
-use settle_core::history::EventKind;
-use settle_core::ids::{ItemId, JobId, JobKind};
+use settle_core::history::{AttemptResult, EventKind};
+use settle_core::ids::{FailCode, ItemId, JobId, JobKind};
 use settle_core::item::{ItemSignal, ItemState};
 use settle_core::job::{self, JobState, RefundPolicy};
 use settle_core::{Credits, Timestamp, limits};
@@ -229,6 +229,78 @@ pub(crate) async fn payout_succeeded(
     let w = must_read_withdrawal(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: w, applied }, after))
+}
+
+/// An operator's resolution of an `unknown` withdrawal whose provider cannot be asked (decision
+/// 0017): "confirmed sent, txid X" takes the success path with the txid; "confirmed not sent" ends
+/// it `dead` with its hold refunded (`CONFIRMED_NOT_SENT`, never retried on its own; a person may
+/// requeue it, and a late execution still recovers it as any dead withdrawal's). One guarded
+/// transition from `unknown`, recorded in the action log in the same transaction; anything but
+/// `unknown` is refused, so a resolution racing the reconciler (or a second operator) changes
+/// nothing twice.
+pub(crate) async fn payout_resolve(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &JobId,
+    resolution: &Resolution,
+    actor: &str,
+) -> Result<(Outcome<Withdrawal>, After), StoreError> {
+    if resolution.reason.trim().is_empty() || resolution.reason.len() > limits::MESSAGE_LEN_MAX {
+        return Err(StoreError::invalid(format!(
+            "a resolution needs a reason of 1 to {} characters: how the outcome was confirmed",
+            limits::MESSAGE_LEN_MAX
+        )));
+    }
+    if let ResolvedOutcome::Sent { provider_txid } = &resolution.outcome {
+        check_txid(provider_txid)?;
+    }
+    let job = ops::must_lock_job(db, id.as_str()).await?;
+    if job.kind != job::WITHDRAWAL_KIND {
+        return Err(StoreError::not_found("withdrawal", id.as_str()));
+    }
+    if job.state != JobState::Unknown {
+        return Err(StoreError::InvalidTransition {
+            job: job.id,
+            action: "be resolved by an operator (only an unknown withdrawal is)",
+            state: job.state.as_str().to_owned(),
+        });
+    }
+    let (after, detail) = match &resolution.outcome {
+        ResolvedOutcome::Sent { provider_txid } => {
+            let (applied, after) = ops::apply_success(db, cx, &job, None, None).await?;
+            // From `unknown` the success always applies: the state was checked under the lock.
+            ops::guard_hit(u64::from(applied), "operator's success")?;
+            record_txid(db, &job.id, provider_txid).await?;
+            (
+                after,
+                serde_json::json!({ "outcome": "sent", "provider_txid": provider_txid, "reason": resolution.reason }),
+            )
+        }
+        ResolvedOutcome::NotSent => {
+            let code = FailCode::confirmed_not_sent();
+            let after = ops::apply_failure(
+                db,
+                cx,
+                &job,
+                ops::Failure {
+                    code: &code,
+                    message: Some(&resolution.reason),
+                    retryable: false,
+                    retry_after_ms: None,
+                    attempt_result: AttemptResult::Failed,
+                    budget_exempt: false,
+                    defer_cancel: false,
+                },
+            )
+            .await?;
+            (after, serde_json::json!({ "outcome": "not_sent", "reason": resolution.reason }))
+        }
+    };
+    cx.point(CrashPoint::AfterLedger)?;
+    ops::record_action(db, cx, actor, "withdrawal.resolved", Some(&job.id), Some(&job.account_id), detail).await?;
+    let w = must_read_withdrawal(db, cx, id.as_str()).await?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok((Outcome { value: w, applied: true }, after))
 }
 
 /// A paid-out withdrawal came back: `succeeded → returned`, once.

@@ -254,6 +254,15 @@ pub trait Payouts: Send + Sync {
         token: &LeaseToken,
         message: Option<&str>,
     ) -> Result<Outcome<Job>, StoreError>;
+    /// An operator's resolution of an `unknown` withdrawal (decision 0017): one guarded transition
+    /// from `unknown`, recorded with `actor` in the action log; any other state is
+    /// `invalid_transition`. Whether a provider could still be asked is the caller's to check.
+    async fn payout_resolve_by(
+        &self,
+        job: &JobId,
+        resolution: Resolution,
+        actor: &str,
+    ) -> Result<Outcome<Withdrawal>, StoreError>;
     /// `succeeded → returned` with one `payout_return` credit, once.
     async fn payout_returned(&self, job: &JobId, source: ReturnSource) -> Result<Outcome<Withdrawal>, StoreError> {
         self.payout_returned_by(job, source, SYSTEM_ACTOR).await

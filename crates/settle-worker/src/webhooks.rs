@@ -155,8 +155,7 @@ impl Deliverer {
         // No redirects: a 3xx is a failure, never a re-sent request without its signature (nor
         // one to a host the target check would refuse).
         let builder = reqwest::Client::builder();
-        let builder =
-            if endpoint.allow_link_local { builder } else { builder.dns_resolver(Arc::new(PublicResolver)) };
+        let builder = if endpoint.allow_link_local { builder } else { builder.dns_resolver(Arc::new(PublicResolver)) };
         let http = builder
             .timeout(endpoint.timeout)
             .connect_timeout(endpoint.timeout)

@@ -653,3 +653,74 @@ async fn lapsed_leases(engine: &str) {
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].attempts, dead[0].last_error.as_deref()), (2, Some("the sender stopped mid-send")));
 }
+
+/// Issue 19, item 5: a failed send's error names what went wrong, never the URL (reqwest's error
+/// text carries it, credentials and all), since `last_error` is shown to client-role readers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_send_never_records_the_url_or_its_credentials() {
+    // A port nothing listens on: bind one, then let it go.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("w.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    store
+        .create_account(NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO })
+        .await
+        .unwrap();
+    let target = format!("http://hook-user:hook-password-42@{free}/secret-path?key=query-secret");
+    let mut endpoint = Endpoint::new("ops", &target, SECRET);
+    endpoint.start_from = StartFrom::Beginning;
+    let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), deliverer.pass()).await.expect("the pass ends").unwrap();
+    let filter = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
+    let d = store.webhook_deliveries(&filter, 0, 10).await.unwrap().rows;
+    let error = d[0].last_error.clone().unwrap_or_default();
+    assert!(error.starts_with("send failed") && !error.is_empty(), "{error}");
+    for secret in ["hook-password-42", "hook-user", "secret-path", "query-secret", &free.port().to_string()] {
+        assert!(!error.contains(secret), "{secret:?} in {error:?}");
+    }
+}
+
+/// Issue 19, item 15: link-local and cloud-metadata targets are refused unless the endpoint opts
+/// in by name; the resolver drops such addresses for names too.
+#[tokio::test]
+async fn link_local_and_metadata_targets_are_refused_unless_allowed() {
+    use settle_worker::webhooks::{check_target, is_metadata_or_link_local};
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("w.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    for target in [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://169.254.0.1:8080/hook",
+        "http://[fe80::1]/hook",
+        "http://[fd00:ec2::254]/hook",
+        "http://[::ffff:169.254.169.254]/hook",
+        "http://100.100.100.200/hook",
+        "http://metadata.google.internal/computeMetadata/v1/",
+        "http://METADATA.google.internal./x",
+    ] {
+        assert!(check_target(target, false).is_err(), "{target}");
+        let endpoint = Endpoint::new("ops", target, SECRET);
+        let refused = Deliverer::new(store.clone(), endpoint, 1).err().unwrap_or_default();
+        assert!(refused.contains("link-local"), "{target}: {refused}");
+        let mut allowed = Endpoint::new("ops", target, SECRET);
+        allowed.allow_link_local = true;
+        assert!(Deliverer::new(store.clone(), allowed, 1).is_ok(), "{target} opted in");
+    }
+    for fine in ["http://127.0.0.1:9/hook", "https://hooks.example.test/settle", "http://10.0.0.7/hook"] {
+        assert!(check_target(fine, false).is_ok(), "{fine}");
+    }
+    assert!(check_target("ftp://example.test/", true).is_err());
+    for (ip, forbidden) in [
+        ("169.254.169.254", true),
+        ("169.254.255.255", true),
+        ("fe80::abcd", true),
+        ("febf::1", true),
+        ("fec0::1", false),
+        ("169.253.255.255", false),
+        ("127.0.0.1", false),
+        ("8.8.8.8", false),
+    ] {
+        assert_eq!(is_metadata_or_link_local(ip.parse().unwrap()), forbidden, "{ip}");
+    }
+}

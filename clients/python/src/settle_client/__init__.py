@@ -11,6 +11,7 @@ from .client import AsyncClient, Client
 from .errors import (
     IdempotencyConflict,
     InsufficientCredits,
+    InvalidId,
     JobFinished,
     LeaseLost,
     NotFound,
@@ -40,6 +41,7 @@ __all__ = [
     "Flow",
     "IdempotencyConflict",
     "InsufficientCredits",
+    "InvalidId",
     "JobContext",
     "JobFinished",
     "LeaseLost",

@@ -12,7 +12,26 @@ from typing import Any
 
 import httpx
 
-from .errors import error_for
+from .errors import InvalidId, error_for
+
+_ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
+
+
+def _seg(value: str) -> str:
+    """An id as one URL path segment, refused unless it follows the API's id rule.
+
+    URL clients (httpx among them) remove `.` and `..` segments, so `items/../succeed` would be sent
+    as the job's own `succeed`. Settle refuses such ids when they are created; meeting one here is
+    the caller's mistake, and nothing is sent.
+    """
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= 128
+        or not set(value) <= _ID_CHARS
+        or value in (".", "..")
+    ):
+        raise InvalidId(f"{value!r} is not an id: 1-128 characters of [A-Za-z0-9_.:-], and not '.' or '..'")
+    return value
 
 Json = dict[str, Any]
 
@@ -98,19 +117,19 @@ class Client:
         return self._post("/v1/accounts", body)
 
     def account(self, id: str) -> Json:
-        return self._get(f"/v1/accounts/{id}")
+        return self._get(f"/v1/accounts/{_seg(id)}")
 
     def grant(self, account_id: str, id: str, amount: int, reason: str | None = None) -> Json:
         body: Json = {"id": id, "amount": amount}
         if reason is not None:
             body["reason"] = reason
-        return self._post(f"/v1/accounts/{account_id}/grants", body)
+        return self._post(f"/v1/accounts/{_seg(account_id)}/grants", body)
 
     def adjust(self, account_id: str, id: str, amount: int, reason: str) -> Json:
-        return self._post(f"/v1/accounts/{account_id}/adjustments", {"id": id, "amount": amount, "reason": reason})
+        return self._post(f"/v1/accounts/{_seg(account_id)}/adjustments", {"id": id, "amount": amount, "reason": reason})
 
     def ledger(self, account_id: str, after: int = 0, limit: int | None = None) -> Json:
-        return self._get(f"/v1/accounts/{account_id}/ledger", after=after, limit=limit)
+        return self._get(f"/v1/accounts/{_seg(account_id)}/ledger", after=after, limit=limit)
 
     # ----- jobs -----
     def create_job(
@@ -129,7 +148,7 @@ class Client:
         return self._post("/v1/jobs", _job_body(id, account_id, kind, cost, items, payload, max_attempts, refund_on, not_before))
 
     def job(self, id: str) -> Json:
-        return self._get(f"/v1/jobs/{id}")
+        return self._get(f"/v1/jobs/{_seg(id)}")
 
     def jobs(self, **filters: Any) -> Iterator[Json]:
         """Every job matching `state`, `kind`, `account_id`, `fail_code`, page after page."""
@@ -142,20 +161,20 @@ class Client:
             after = page["next_after"]
 
     def attempts(self, id: str) -> list[Json]:
-        return self._get(f"/v1/jobs/{id}/attempts")["attempts"]
+        return self._get(f"/v1/jobs/{_seg(id)}/attempts")["attempts"]
 
     def cancel(self, id: str) -> Json:
-        return self._post(f"/v1/jobs/{id}/cancel")
+        return self._post(f"/v1/jobs/{_seg(id)}/cancel")
 
     def requeue(self, id: str) -> Json:
-        return self._post(f"/v1/jobs/{id}/requeue")
+        return self._post(f"/v1/jobs/{_seg(id)}/requeue")
 
     # ----- withdrawals -----
     def create_withdrawal(self, id: str, account_id: str, amount: int, destination: str) -> Json:
         return self._post("/v1/withdrawals", {"id": id, "account_id": account_id, "amount": amount, "destination": destination})
 
     def withdrawal(self, id: str) -> Json:
-        return self._get(f"/v1/withdrawals/{id}")
+        return self._get(f"/v1/withdrawals/{_seg(id)}")
 
     # ----- events -----
     def events(self, after: int = 0, limit: int | None = None, wait_seconds: int | None = None) -> Json:
@@ -181,7 +200,7 @@ class Client:
         return self._post("/v1/claims", body)["jobs"]
 
     def heartbeat(self, id: str, lease_token: str) -> Json:
-        return self._post(f"/v1/jobs/{id}/heartbeat", {"lease_token": lease_token})
+        return self._post(f"/v1/jobs/{_seg(id)}/heartbeat", {"lease_token": lease_token})
 
     def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Json:
         body: Json = {}
@@ -189,31 +208,31 @@ class Client:
             body["lease_token"] = lease_token
         if result is not None:
             body["result"] = result
-        return self._post(f"/v1/jobs/{id}/succeed", body)
+        return self._post(f"/v1/jobs/{_seg(id)}/succeed", body)
 
     def fail(
         self, id: str, lease_token: str, code: str, message: str | None = None, retryable: bool | None = None, retry_after_ms: int | None = None
     ) -> Json:
-        return self._post(f"/v1/jobs/{id}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms))
+        return self._post(f"/v1/jobs/{_seg(id)}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms))
 
     def unknown(self, id: str, lease_token: str, message: str | None = None) -> Json:
         body: Json = {"lease_token": lease_token}
         if message is not None:
             body["message"] = message
-        return self._post(f"/v1/jobs/{id}/unknown", body)
+        return self._post(f"/v1/jobs/{_seg(id)}/unknown", body)
 
     def item_succeed(self, id: str, item: str, lease_token: str) -> Json:
-        return self._post(f"/v1/jobs/{id}/items/{item}/succeed", {"lease_token": lease_token})
+        return self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token})
 
     def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Json:
         body: Json = {"lease_token": lease_token, "code": code}
         if message is not None:
             body["message"] = message
-        return self._post(f"/v1/jobs/{id}/items/{item}/fail", body)
+        return self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/fail", body)
 
     def register_artifact(self, id: str, item: str, lease_token: str, key: str) -> Json:
         """Registers `key`; the answer's `path` is where to store the object (the job's own prefix)."""
-        return self._post(f"/v1/jobs/{id}/items/{item}/artifacts", {"lease_token": lease_token, "key": key})
+        return self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/artifacts", {"lease_token": lease_token, "key": key})
 
 
 class AsyncClient:
@@ -238,7 +257,7 @@ class AsyncClient:
         return _body(await self._http.post(path, json=body if body is not None else {}))
 
     async def job(self, id: str) -> Json:
-        return await self._get(f"/v1/jobs/{id}")
+        return await self._get(f"/v1/jobs/{_seg(id)}")
 
     async def create_job(self, id: str, account_id: str, kind: str, **kw: Any) -> Json:
         return await self._post(
@@ -267,7 +286,7 @@ class AsyncClient:
         return (await self._post("/v1/claims", body))["jobs"]
 
     async def heartbeat(self, id: str, lease_token: str) -> Json:
-        return await self._post(f"/v1/jobs/{id}/heartbeat", {"lease_token": lease_token})
+        return await self._post(f"/v1/jobs/{_seg(id)}/heartbeat", {"lease_token": lease_token})
 
     async def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Json:
         body: Json = {}
@@ -275,24 +294,24 @@ class AsyncClient:
             body["lease_token"] = lease_token
         if result is not None:
             body["result"] = result
-        return await self._post(f"/v1/jobs/{id}/succeed", body)
+        return await self._post(f"/v1/jobs/{_seg(id)}/succeed", body)
 
     async def fail(
         self, id: str, lease_token: str, code: str, message: str | None = None, retryable: bool | None = None, retry_after_ms: int | None = None
     ) -> Json:
-        return await self._post(f"/v1/jobs/{id}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms))
+        return await self._post(f"/v1/jobs/{_seg(id)}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms))
 
     async def unknown(self, id: str, lease_token: str, message: str | None = None) -> Json:
         body: Json = {"lease_token": lease_token}
         if message is not None:
             body["message"] = message
-        return await self._post(f"/v1/jobs/{id}/unknown", body)
+        return await self._post(f"/v1/jobs/{_seg(id)}/unknown", body)
 
     async def item_succeed(self, id: str, item: str, lease_token: str) -> Json:
-        return await self._post(f"/v1/jobs/{id}/items/{item}/succeed", {"lease_token": lease_token})
+        return await self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token})
 
     async def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Json:
         body: Json = {"lease_token": lease_token, "code": code}
         if message is not None:
             body["message"] = message
-        return await self._post(f"/v1/jobs/{id}/items/{item}/fail", body)
+        return await self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/fail", body)

@@ -15,6 +15,10 @@ class SettleError(Exception):
         self.retry_after = retry_after
 
 
+class InvalidId(ValueError):
+    """An id that cannot be a URL path segment (`.`, `..`, or outside the id alphabet); nothing was sent."""
+
+
 class InsufficientCredits(SettleError):
     """402: the balance (with its overdraft) cannot cover the charge; nothing was written."""
 

@@ -108,9 +108,9 @@ fn same_origin(headers: &HeaderMap, host: &str) -> bool {
     }
     match headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
         None => true,
-        Some(origin) => {
-            origin.split_once("://").is_some_and(|(sch, rest)| sch == scheme(headers) && !host.is_empty() && rest == host)
-        }
+        Some(origin) => origin
+            .split_once("://")
+            .is_some_and(|(sch, rest)| sch == scheme(headers) && !host.is_empty() && rest == host),
     }
 }
 

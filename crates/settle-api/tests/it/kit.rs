@@ -47,6 +47,22 @@ impl Server {
 
     /// A server whose store is opened with `adjust` applied to the options.
     pub async fn with_options(engine: Engine, tokens: Tokens, adjust: impl FnOnce(&mut StoreOptions)) -> Server {
+        // Long-polls re-check only every 30 s here, far past any bound a test waits for: an answer
+        // in time can only come from the wake-up path (in-process notify, LISTEN/NOTIFY).
+        let limits = settle_api::HttpLimits {
+            long_poll_recheck: std::time::Duration::from_secs(30),
+            ..settle_api::HttpLimits::default()
+        };
+        Server::with_limits(engine, tokens, adjust, limits).await
+    }
+
+    /// As `with_options`, serving under `limits`.
+    pub async fn with_limits(
+        engine: Engine,
+        tokens: Tokens,
+        adjust: impl FnOnce(&mut StoreOptions),
+        limits: settle_api::HttpLimits,
+    ) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let url = match engine {
             Engine::Sqlite => format!("sqlite://{}", dir.path().join("api.db").display()),
@@ -58,12 +74,6 @@ impl Server {
         };
         adjust(&mut options);
         let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
-        // Long-polls re-check only every 30 s here, far past any bound a test waits for: an answer
-        // in time can only come from the wake-up path (in-process notify, LISTEN/NOTIFY).
-        let limits = settle_api::HttpLimits {
-            long_poll_recheck: std::time::Duration::from_secs(30),
-            ..settle_api::HttpLimits::default()
-        };
         let app =
             Application::build_with("127.0.0.1:0", store.clone() as Arc<dyn Store>, tokens, limits).await.unwrap();
         let base = format!("http://{}", app.local_addr());

@@ -5,6 +5,7 @@
 mod api;
 mod console;
 mod events;
+mod hardening;
 mod http_limits;
 mod kit;
 mod latency;

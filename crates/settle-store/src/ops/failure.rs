@@ -16,24 +16,24 @@ use settle_core::job::{self, FailOutcome, JobState};
 use settle_core::limits;
 
 /// A failure as the failure path needs it.
-pub(super) struct Failure<'a> {
-    pub(super) code: &'a FailCode,
-    pub(super) message: Option<&'a str>,
-    pub(super) retryable: bool,
+pub(crate) struct Failure<'a> {
+    pub(crate) code: &'a FailCode,
+    pub(crate) message: Option<&'a str>,
+    pub(crate) retryable: bool,
     /// Overrides the backoff formula (a 429 with Retry-After).
-    pub(super) retry_after_ms: Option<u64>,
+    pub(crate) retry_after_ms: Option<u64>,
     /// How the attempt row is closed: `failed`, `lease_expired`, `cancelled`.
-    pub(super) attempt_result: AttemptResult,
+    pub(crate) attempt_result: AttemptResult,
     /// Retry whatever the attempts used: a withdrawal confirmed absent after its window is never
     /// dead-lettered (and refunded) on that conclusion alone; the next attempt asks first.
-    pub(super) budget_exempt: bool,
+    pub(crate) budget_exempt: bool,
     /// Keep a requested cancel for later: a withdrawal is torn down (refunded) only after the
     /// provider said its key is absent, and this failure is not such an answer.
-    pub(super) defer_cancel: bool,
+    pub(crate) defer_cancel: bool,
 }
 
 /// The failure path shared by a worker's fail, the lease rescuer and reconcile-absent.
-pub(super) async fn apply_failure(
+pub(crate) async fn apply_failure(
     db: &mut Db<'_>,
     cx: &Cx,
     job: &JobRow,

@@ -167,13 +167,11 @@ async fn change_balance(
                 overdraft_limit: current.i64(1)?,
                 needed: total.checked_neg()?.get(),
             },
-            BalanceCheck::Cash => {
-                StoreError::InsufficientBalance {
-                    balance: current.i64(0)?,
-                    reclaimable: current.i64(2)?,
-                    needed: total.checked_neg()?.get(),
-                }
-            }
+            BalanceCheck::Cash => StoreError::InsufficientBalance {
+                balance: current.i64(0)?,
+                reclaimable: current.i64(2)?,
+                needed: total.checked_neg()?.get(),
+            },
             _ => StoreError::Overflow,
         });
     };

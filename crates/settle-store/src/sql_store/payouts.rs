@@ -95,6 +95,27 @@ impl Payouts for SqlStore {
         self.unknown_as(job, token, message, Caller::PayoutProcessor).await
     }
 
+    async fn payout_resolve_by(
+        &self,
+        job: &JobId,
+        resolution: Resolution,
+        actor: &str,
+    ) -> Result<Outcome<Withdrawal>, StoreError> {
+        let (id, actor) = (job.clone(), actor.to_owned());
+        let (out, after) = self
+            .write(op!(
+                [id, resolution, actor] | db,
+                cx | payouts::payout_resolve(db, cx, &id, &resolution, &actor).await
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        if after == After::Nothing {
+            return Ok(out);
+        }
+        self.continue_after(out.value.job, after).await?;
+        Ok(Outcome { value: self.withdrawal(job).await?, applied: out.applied })
+    }
+
     async fn payout_returned_by(
         &self,
         job: &JobId,

@@ -74,6 +74,7 @@ conformance!(
     requeue_dead_gives_a_fresh_budget,
     no_op_pairs_change_nothing,
     stale_tokens_change_nothing_and_are_logged,
+    the_signal_log_is_bounded_per_job,
     backoff_schedule_under_a_fake_clock,
     failure_summary_groups_by_code,
     events_and_ledger_pages_are_ordered,
@@ -910,6 +911,32 @@ async fn stale_tokens_change_nothing_and_are_logged(k: &Kit) {
     assert_eq!(sig.len(), 2);
     assert!(sig.iter().all(|s| s.effect == SignalEffect::Stale && s.attempt_no == Some(1)));
     assert!(k.fail("j", &t2, "TIMEOUT").await.applied);
+}
+
+/// Issue 19, item 9: a worker looping on a stale token cannot grow a job's signal log without
+/// bound; past `SIGNALS_LOGGED_MAX` signals are counted, not kept.
+async fn the_signal_log_is_bounded_per_job(k: &Kit) {
+    let a = k.account("a", 100).await;
+    k.job("j", &a, 10).await;
+    let t1 = k.claim_one("j").await;
+    k.fail("j", &t1, "TIMEOUT").await;
+    k.clock.advance_seconds(5);
+    let t2 = k.claim_one("j").await;
+    let before = k.get("j").await;
+    let extra = 37;
+    for _ in 0..settle_core::limits::SIGNALS_LOGGED_MAX + extra {
+        assert!(!k.fail("j", &t1, "TIMEOUT").await.applied);
+    }
+    assert_eq!(k.get("j").await, before, "stale signals change nothing");
+    let sig = k.store.signals(&jid("j")).await.unwrap();
+    assert_eq!(sig.len(), settle_core::limits::SIGNALS_LOGGED_MAX);
+    assert!(sig.iter().all(|s| s.effect == SignalEffect::Stale));
+    let history = k.store.job_history(&jid("j")).await.unwrap();
+    assert_eq!(history.signals_unlogged, extra as i64);
+    // Another job's log is its own.
+    k.job("k", &a, 10).await;
+    assert_eq!(k.store.job_history(&jid("k")).await.unwrap().signals_unlogged, 0);
+    assert!(k.fail("j", &t2, "TIMEOUT").await.applied, "the current attempt still reports");
 }
 
 async fn backoff_schedule_under_a_fake_clock(k: &Kit) {

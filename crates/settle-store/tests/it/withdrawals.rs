@@ -21,6 +21,8 @@ conformance!(
     a_late_execution_of_a_dead_withdrawal_takes_the_hold_back,
     withdrawals_list_by_state,
     payout_returns_can_never_overflow,
+    withdrawals_never_draw_on_the_overdraft_or_on_reclaimable_refunds,
+    an_operator_resolves_an_unknown_withdrawal_once,
 );
 
 fn new_withdrawal(id: &str, account: &AccountId, amount: i64, destination: &str) -> NewWithdrawal {
@@ -85,7 +87,7 @@ async fn bad_withdrawals_write_nothing(k: &Kit) {
         assert!(overflow || matches!(e, StoreError::Invalid(_)), "{amount}: {e:?}");
     }
     let e = k.store.payouts().create_withdrawal(new_withdrawal("bad", &a, 101, "acct-1")).await.unwrap_err();
-    assert!(matches!(e, StoreError::InsufficientCredits { needed: 101, .. }), "{e:?}");
+    assert!(matches!(e, StoreError::InsufficientBalance { needed: 101, .. }), "{e:?}");
     let e = k.store.payouts().create_withdrawal(new_withdrawal("bad", &acc("nobody"), 1, "acct-1")).await.unwrap_err();
     assert!(matches!(e, StoreError::NotFound { .. }), "{e:?}");
     assert!(matches!(k.store.payouts().withdrawal(&jid("bad")).await, Err(StoreError::NotFound { .. })));
@@ -378,4 +380,100 @@ async fn payout_returns_can_never_overflow(k: &Kit) {
     assert!(matches!(k.store.grant(&a, g).await, Err(StoreError::Overflow)));
     let back = k.store.payouts().payout_returned(&jid("w"), ReturnSource::Admin).await.unwrap();
     assert_eq!((back.value.job.state, k.balance(&a).await), (JobState::Returned, big));
+}
+
+/// Issue 19, item 6: an overdraft is a credit line for work, not cash; and a refund a late success
+/// may still reclaim is not cash either (decision 0017).
+async fn withdrawals_never_draw_on_the_overdraft_or_on_reclaimable_refunds(k: &Kit) {
+    let a = acc("od");
+    k.store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(500) }).await.unwrap();
+    let before = (k.ledger_kinds(&a).await, k.event_types().await);
+    let e = k.store.payouts().create_withdrawal(new_withdrawal("w-od", &a, 500, "attacker")).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientBalance { balance: 0, reclaimable: 0, needed: 500 }), "{e:?}");
+    let e = k.store.payouts().create_withdrawal(new_withdrawal("w-od", &a, 1, "attacker")).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientBalance { .. }), "{e:?}");
+    assert_eq!((k.ledger_kinds(&a).await, k.event_types().await), before, "nothing written");
+    // The overdraft still serves work: a job may take the balance to -500.
+    k.job("work", &a, 500).await;
+    assert_eq!(k.balance(&a).await, -500);
+    k.store
+        .grant(&a, NewGrant { id: RefId::parse("g-od").unwrap(), amount: Credits::new(700), reason: None })
+        .await
+        .unwrap();
+    assert_eq!(k.balance(&a).await, 200);
+    // Only what is there: 200, not 200 + the overdraft.
+    let e = k.store.payouts().create_withdrawal(new_withdrawal("w-big", &a, 201, "acct-1")).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientBalance { balance: 200, needed: 201, .. }), "{e:?}");
+    // The job fails: its 500 are refunded, but a late success may take them back.
+    let t = k.claim_one("work").await;
+    k.fail("work", &t, "TIMEOUT").await;
+    assert_eq!(k.balance(&a).await, 700);
+    let e = k.store.payouts().create_withdrawal(new_withdrawal("w-refund", &a, 201, "acct-1")).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientBalance { balance: 700, reclaimable: 500, needed: 201 }), "{e:?}");
+    let w = withdraw(k, "w-ok", &a, 200).await;
+    assert_eq!((w.amount.get(), k.balance(&a).await), (200, 500));
+    // The late success reclaims: the account is back at 0, never below.
+    k.store.succeed(&jid("work"), Some(&t)).await.unwrap();
+    assert_eq!(k.balance(&a).await, 0);
+}
+
+/// A withdrawal made `unknown`: claimed, its send marked, no answer.
+async fn unknown_withdrawal(k: &Kit, id: &str, account: &AccountId, amount: i64) {
+    withdraw(k, id, account, amount).await;
+    let t = claim_payout(k, id).await;
+    k.store.payouts().payout_heartbeat(&jid(id), &t).await.unwrap();
+    k.store.payouts().payout_unknown(&jid(id), &t, Some("no answer")).await.unwrap();
+    assert_state(&k.get(id).await, JobState::Unknown);
+}
+
+/// Issue 19, item 15: an operator's "confirmed sent, txid X" or "confirmed not sent" for an
+/// unknown withdrawal: one guarded transition, recorded in the action log, never twice.
+async fn an_operator_resolves_an_unknown_withdrawal_once(k: &Kit) {
+    let a = k.account("a", 100).await;
+    unknown_withdrawal(k, "sent", &a, 30).await;
+    unknown_withdrawal(k, "not-sent", &a, 20).await;
+    assert_eq!(k.balance(&a).await, 50);
+    let sent = |txid: &str| Resolution {
+        outcome: ResolvedOutcome::Sent { provider_txid: txid.to_owned() },
+        reason: "provider dashboard, ticket OPS-7".into(),
+    };
+    let not_sent = Resolution { outcome: ResolvedOutcome::NotSent, reason: "bank statement of 2026-12-01".into() };
+    // Bad input writes nothing.
+    for bad in [
+        Resolution { reason: " ".into(), ..not_sent.clone() },
+        Resolution { reason: "r".repeat(limits::MESSAGE_LEN_MAX + 1), ..not_sent.clone() },
+        sent(""),
+        sent("tx\n1"),
+    ] {
+        let e = k.store.payouts().payout_resolve_by(&jid("sent"), bad, "ops").await.unwrap_err();
+        assert!(matches!(e, StoreError::Invalid(_)), "{e:?}");
+    }
+    let e = k.store.payouts().payout_resolve_by(&jid("nobody"), not_sent.clone(), "ops").await.unwrap_err();
+    assert!(matches!(e, StoreError::NotFound { .. }), "{e:?}");
+    let j = k.job("plain", &a, 1).await;
+    let e = k.store.payouts().payout_resolve_by(&jid(&j.id), not_sent.clone(), "ops").await.unwrap_err();
+    assert!(matches!(e, StoreError::NotFound { .. }), "a job is no withdrawal: {e:?}");
+    assert_state(&k.get("sent").await, JobState::Unknown);
+    // Sent: the success path with the txid; the hold stays spent.
+    let w = k.store.payouts().payout_resolve_by(&jid("sent"), sent("tx-77"), "ops-ana").await.unwrap();
+    assert!(w.applied);
+    assert_eq!((w.value.job.state, w.value.provider_txid.as_deref()), (JobState::Succeeded, Some("tx-77")));
+    // Not sent: dead, the hold refunded, the code saying who decided.
+    let w = k.store.payouts().payout_resolve_by(&jid("not-sent"), not_sent.clone(), "ops-ana").await.unwrap();
+    assert_eq!(w.value.job.state, JobState::Dead);
+    assert_eq!(w.value.job.last_error.as_ref().unwrap().code.as_str(), "CONFIRMED_NOT_SENT");
+    assert_eq!(k.balance(&a).await, 69, "100 - 30 sent - 1 for the plain job");
+    // Once: a second resolution (or one racing the reconciler) changes nothing.
+    for (id, r) in [("sent", not_sent.clone()), ("not-sent", sent("tx-78")), ("sent", sent("tx-77"))] {
+        let e = k.store.payouts().payout_resolve_by(&jid(id), r, "ops-bo").await.unwrap_err();
+        assert!(matches!(e, StoreError::InvalidTransition { .. }), "{id}: {e:?}");
+    }
+    assert_eq!(k.balance(&a).await, 69);
+    let actions = k.store.actions(None, Some(&a)).await.unwrap();
+    let resolved: Vec<(&str, &str)> = actions
+        .iter()
+        .filter(|x| x.action == "withdrawal.resolved")
+        .map(|x| (x.actor.as_str(), x.job_id.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(resolved, vec![("ops-ana", "sent"), ("ops-ana", "not-sent")]);
 }
