@@ -392,7 +392,7 @@ impl Application {
                     continue;
                 }
             };
-            let Some(peer_slot) = peers.clone().enter(peer.ip()) else {
+            let Some(peer_slot) = peers.clone().enter(peer_key(peer.ip())) else {
                 tracing::warn!(peer = %peer.ip(), max = limits.max_connections_per_peer, "too many open connections from one peer; closing a new one");
                 drop(stream);
                 continue;
@@ -414,6 +414,18 @@ impl Application {
         drop(listener);
         graceful.shutdown().await;
         Ok(())
+    }
+}
+
+/// Whose connections count together: an IPv4 address (an IPv4-mapped IPv6 one as itself), or an
+/// IPv6 /64 — one host is usually given a whole /64, and could otherwise be 2^64 peers.
+fn peer_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip.to_canonical() {
+        std::net::IpAddr::V6(v6) => {
+            let s = v6.segments();
+            std::net::IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
     }
 }
 

@@ -5,11 +5,15 @@
 //! no secret — `ROLE sha256:HEX NAME` with the hex SHA-256 of the token. Any number of tokens per
 //! role, each with a unique name (default `ROLE-LINE`): the name is the actor in logs and in the
 //! action log, so a token can be rotated (add the new one, then remove the old) and revoked alone.
+//! A client or worker token may be scoped (decision 0018): `ROLE TOKEN NAME accounts=acme-*,bob
+//! kinds=render` sees and moves only those accounts (by exact id or prefix) and job kinds; worker
+//! tokens take only `kinds=`, admin tokens no scope at all.
 //! Tokens are compared as SHA-256 digests in constant time. With no token configured, every request
 //! is allowed (actor `loopback`) and the server only binds a loopback address.
 
 use crate::error::ApiError;
 use axum::http::HeaderMap;
+use settle_core::scope::Scope;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -41,11 +45,39 @@ impl Role {
     }
 }
 
-/// Who made a request: the token's name and role.
+/// Who made a request: the token's name, role and scope.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Actor {
     pub name: String,
     pub role: Role,
+    /// What the token may see and move (`Scope::ALL` unless configured).
+    pub scope: Scope,
+}
+
+impl Actor {
+    /// `403 forbidden` unless the scope names this account (for what a request would create).
+    pub fn may_use_account(&self, account: &str) -> Result<(), ApiError> {
+        if self.scope.account(account) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("This token's scope does not include account {account}."),
+        ))
+    }
+
+    /// `403 forbidden` unless the scope names this job kind.
+    pub fn may_use_kind(&self, kind: &str) -> Result<(), ApiError> {
+        if self.scope.kind(kind) {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("This token's scope does not include the job kind {kind}."),
+        ))
+    }
 }
 
 impl std::fmt::Display for Actor {
@@ -56,7 +88,21 @@ impl std::fmt::Display for Actor {
 
 #[derive(Clone, Default)]
 pub struct Tokens {
-    entries: Vec<([u8; 32], Role, String)>,
+    entries: Vec<Entry>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    digest: [u8; 32],
+    role: Role,
+    name: String,
+    scope: Scope,
+}
+
+impl Entry {
+    fn actor(&self) -> Actor {
+        Actor { name: self.name.clone(), role: self.role, scope: self.scope.clone() }
+    }
 }
 
 fn check_name(name: &str) -> Result<(), String> {
@@ -98,18 +144,39 @@ impl Tokens {
 
     /// A token known only by its SHA-256 (the file keeps no secret).
     pub fn add_digest(&mut self, role: Role, digest: [u8; 32], name: &str) -> Result<(), String> {
+        self.add_digest_scoped(role, digest, name, Scope::ALL)
+    }
+
+    /// A token that sees and moves only what `scope` names (decision 0018).
+    pub fn add_scoped(&mut self, role: Role, token: &str, name: &str, scope: Scope) -> Result<(), String> {
+        if token.len() < 16 {
+            return Err(format!("a {} token must be at least 16 characters", role.name()));
+        }
+        self.add_digest_scoped(role, digest(token), name, scope)
+    }
+
+    fn add_digest_scoped(&mut self, role: Role, digest: [u8; 32], name: &str, scope: Scope) -> Result<(), String> {
         check_name(name)?;
-        if self.entries.iter().any(|(_, _, n)| n == name) {
+        match role {
+            Role::Admin if !scope.is_all() => {
+                return Err(format!("token {name}: admin tokens are not scoped (use a client or worker token)"));
+            }
+            Role::Worker if scope.accounts.is_some() => {
+                return Err(format!("token {name}: worker tokens are scoped by kinds= only"));
+            }
+            _ => {}
+        }
+        if self.entries.iter().any(|e| e.name == name) {
             return Err(format!("two tokens are named {name}"));
         }
-        if self.entries.iter().any(|(d, _, _)| *d == digest) {
+        if self.entries.iter().any(|e| e.digest == digest) {
             return Err(format!("token {name} is configured twice"));
         }
-        self.entries.push((digest, role, name.to_owned()));
+        self.entries.push(Entry { digest, role, name: name.to_owned(), scope });
         Ok(())
     }
 
-    /// `ROLE TOKEN` lines; blank lines and `#` comments are skipped.
+    /// `ROLE TOKEN [NAME [SCOPE…]]` lines; blank lines and `#` comments are skipped.
     pub fn parse_file(text: &str) -> Result<Tokens, String> {
         let mut tokens = Tokens::default();
         for (n, line) in text.lines().enumerate() {
@@ -118,9 +185,13 @@ impl Tokens {
                 continue;
             }
             let mut parts = line.split_whitespace();
-            let (Some(role), Some(token), name, None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
+            let (Some(role), Some(token), name) = (parts.next(), parts.next(), parts.next()) else {
                 return Err(format!("line {}: expected `ROLE TOKEN [NAME]` or `ROLE sha256:HEX NAME`", n + 1));
             };
+            if name.is_some_and(|n| n.contains('=')) {
+                return Err(format!("line {}: a scoped token needs a name before its scope", n + 1));
+            }
+            let scope = Scope::parse_words(parts).map_err(|e| format!("line {}: {e}", n + 1))?;
             let role = Role::parse(role).ok_or_else(|| format!("line {}: unknown role {role}", n + 1))?;
             let default_name = format!("{}-{}", role.name(), n + 1);
             let added = match token.strip_prefix("sha256:") {
@@ -130,9 +201,9 @@ impl Tokens {
                     let digest: [u8; 32] = bytes
                         .and_then(|b| b.try_into().ok())
                         .ok_or("sha256: takes 64 hex digits (the SHA-256 of the token)")?;
-                    tokens.add_digest(role, digest, name)
+                    tokens.add_digest_scoped(role, digest, name, scope)
                 }
-                None => tokens.add_named(role, token, name.unwrap_or(&default_name)),
+                None => tokens.add_scoped(role, token, name.unwrap_or(&default_name), scope),
             };
             added.map_err(|e| format!("line {}: {e}", n + 1))?;
         }
@@ -167,8 +238,8 @@ impl Tokens {
             .map(str::trim)?;
         let d = digest(presented);
         let mut found = None;
-        for (known, _, _) in &self.entries {
-            if bool::from(known.ct_eq(&d)) {
+        for e in &self.entries {
+            if bool::from(e.digest.ct_eq(&d)) {
                 found = Some(d);
             }
         }
@@ -180,18 +251,18 @@ impl Tokens {
     pub fn actor_of(&self, presented: &str) -> Option<Actor> {
         let d = digest(presented.trim());
         let mut found = None;
-        for (known, r, name) in &self.entries {
-            if bool::from(known.ct_eq(&d)) {
-                found = Some(Actor { name: name.clone(), role: *r });
+        for e in &self.entries {
+            if bool::from(e.digest.ct_eq(&d)) {
+                found = Some(e.actor());
             }
         }
         found
     }
 
-    /// The role and digest of the token named `name`, while it is configured (a console session
-    /// ends when its token is removed, rotated or given another role).
-    pub fn entry_of(&self, name: &str) -> Option<(Role, [u8; 32])> {
-        self.entries.iter().find(|(_, _, n)| n == name).map(|(d, r, _)| (*r, *d))
+    /// The actor and digest of the token named `name`, while it is configured (a console session
+    /// ends when its token is removed, rotated or given another role, and follows its scope).
+    pub fn entry_of(&self, name: &str) -> Option<(Actor, [u8; 32])> {
+        self.entries.iter().find(|e| e.name == name).map(|e| (e.actor(), e.digest))
     }
 
     /// The digest of a presented token (what a console session is bound to).
@@ -203,7 +274,7 @@ impl Tokens {
     /// 403 with a known token of another role.
     pub fn authorize(&self, headers: &HeaderMap, needed: Role) -> Result<Actor, ApiError> {
         if self.entries.is_empty() {
-            return Ok(Actor { name: "loopback".to_owned(), role: Role::Admin });
+            return Ok(Actor { name: "loopback".to_owned(), role: Role::Admin, scope: Scope::ALL });
         }
         let presented = headers
             .get(axum::http::header::AUTHORIZATION)
@@ -214,16 +285,16 @@ impl Tokens {
         let d = digest(presented);
         // Compare against every entry, without an early exit, in constant time per entry.
         let mut found = None;
-        for (known, r, name) in &self.entries {
-            if bool::from(known.ct_eq(&d)) {
-                found = Some((*r, name));
+        for e in &self.entries {
+            if bool::from(e.digest.ct_eq(&d)) {
+                found = Some(e);
             }
         }
         match found {
             None => Err(ApiError::unauthorized()),
-            Some((r, name)) if r.grants(needed) => Ok(Actor { name: name.clone(), role: r }),
-            Some((_, name)) => {
-                tracing::info!(actor = %name, needed = needed.name(), "token of another role refused");
+            Some(e) if e.role.grants(needed) => Ok(e.actor()),
+            Some(e) => {
+                tracing::info!(actor = %e.name, needed = needed.name(), "token of another role refused");
                 Err(ApiError::forbidden(needed.name()))
             }
         }
@@ -302,6 +373,32 @@ mod tests {
         }
         let env = Tokens::parse_env("admin:ops-carol=carol-token-0123456789,worker=w-token-0123456789").unwrap();
         assert_eq!(env.authorize(&bearer("carol-token-0123456789"), Role::Admin).unwrap().name, "ops-carol");
+    }
+
+    #[test]
+    fn scoped_tokens_are_read_from_a_file_and_admin_tokens_are_never_scoped() {
+        let file = "client acme-client-token-0123 acme accounts=acme-*,acme kinds=render\n\
+                    worker render-worker-token-01 gpu kinds=render,thumb\n\
+                    client plain-client-token-012 plain\n";
+        let t = Tokens::parse_file(file).unwrap();
+        let acme = t.authorize(&bearer("acme-client-token-0123"), Role::Client).unwrap();
+        assert_eq!(acme.scope.to_string(), "accounts=acme-*,acme kinds=render");
+        assert!(acme.may_use_account("acme-7").is_ok() && acme.may_use_account("globex").is_err());
+        assert!(acme.may_use_kind("render").is_ok() && acme.may_use_kind("withdrawal").is_err());
+        let gpu = t.authorize(&bearer("render-worker-token-01"), Role::Worker).unwrap();
+        assert!(gpu.scope.accounts.is_none() && gpu.scope.kind("thumb") && !gpu.scope.kind("payout"));
+        assert!(t.authorize(&bearer("plain-client-token-012"), Role::Client).unwrap().scope.is_all());
+        let (actor, _) = t.entry_of("acme").unwrap();
+        assert_eq!(actor.scope, acme.scope, "a console session follows its token's scope");
+        for bad in [
+            "admin admin-token-0123456789 ops accounts=a\n",
+            "worker worker-token-012345678 w accounts=a\n",
+            "client client-token-012345678 accounts=a\n",
+            "client client-token-012345678 c accounts=\n",
+            "client client-token-012345678 c colour=blue\n",
+        ] {
+            assert!(Tokens::parse_file(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Handlers: parse, authorize, call one store operation, map the answer. Thin on purpose.
 
 use crate::app::AppState;
-use crate::auth::{AdminRole, Auth, ClientRole, WorkerRole};
+use crate::auth::{Actor, AdminRole, Auth, ClientRole, WorkerRole};
 use crate::dto::{self, parse_rfc3339};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
@@ -114,6 +114,27 @@ fn long_poll_slot(s: &AppState, headers: &HeaderMap, wait: u32) -> (u32, Option<
     }
 }
 
+/// `404 not_found` for an account a scoped token may not see, as if it did not exist.
+fn seen_account(actor: &Actor, account: &AccountId) -> Result<(), ApiError> {
+    if actor.scope.account(account.as_str()) {
+        return Ok(());
+    }
+    Err(store::StoreError::not_found("account", account.as_str()).into())
+}
+
+/// `404 not_found` for a job a scoped token may not see (its account or kind is outside the
+/// scope), as if it did not exist. Unscoped tokens read nothing here.
+async fn seen_job(s: &AppState, actor: &Actor, job: &JobId) -> Result<(), ApiError> {
+    if actor.scope.is_all() {
+        return Ok(());
+    }
+    let j = s.store.job(job).await?;
+    if actor.scope.job(&j.account_id, &j.kind) {
+        return Ok(());
+    }
+    Err(store::StoreError::not_found("job", job.as_str()).into())
+}
+
 fn mark(kind: &'static str, applied: bool) {
     metrics::counter!("settle_transitions_total", "kind" => kind, "applied" => if applied { "true" } else { "false" })
         .increment(1);
@@ -150,8 +171,10 @@ pub async fn create_account(
 /// creation time. The balance is always the sum of the account's ledger entries.
 #[utoipa::path(get, path = "/v1/accounts/{id}", tag = "accounts", params(("id" = String, Path)),
     responses((status = 200, body = dto::Account), (status = 404, body = ErrorBody)))]
-pub async fn get_account(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(account): Path<String>) -> ApiResult {
-    Ok(ok(dto::Account::from(s.store.account(&id(AccountId::parse, &account)?).await?)))
+pub async fn get_account(State(s): State<AppState>, auth: Auth<ClientRole>, Path(account): Path<String>) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    Ok(ok(dto::Account::from(s.store.account(&account).await?)))
 }
 
 /// Grant credits to an account
@@ -207,11 +230,13 @@ pub async fn create_adjustment(
     responses((status = 200, body = dto::LedgerPage), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn get_ledger(
     State(s): State<AppState>,
-    _auth: Auth<ClientRole>,
+    auth: Auth<ClientRole>,
     Path(account): Path<String>,
     Query(q): Query<dto::PageQuery>,
 ) -> ApiResult {
-    let p = s.store.ledger(&id(AccountId::parse, &account)?, page(q.after, q.limit)?).await?;
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    let p = s.store.ledger(&account, page(q.after, q.limit)?).await?;
     Ok(ok(dto::LedgerPage { entries: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
 }
 
@@ -229,11 +254,7 @@ pub async fn get_ledger(
     responses((status = 201, body = dto::Job), (status = 200, description = "a replay (header Idempotent-Replayed: true): the resource as it is now, not as first answered", body = dto::Job),
               (status = 400, body = ErrorBody), (status = 402, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody)))]
-pub async fn create_job(
-    State(s): State<AppState>,
-    _auth: Auth<ClientRole>,
-    Json(b): Json<dto::CreateJob>,
-) -> ApiResult {
+pub async fn create_job(State(s): State<AppState>, auth: Auth<ClientRole>, Json(b): Json<dto::CreateJob>) -> ApiResult {
     let items = match (b.cost, b.items) {
         (Some(cost), None) => vec![store::NewItem { id: ItemId::main(), cost: Credits::new(cost) }],
         (None, Some(items)) => items
@@ -262,6 +283,8 @@ pub async fn create_job(
         refund_on,
         not_before,
     };
+    auth.actor.may_use_account(req.account_id.as_str())?;
+    auth.actor.may_use_kind(req.kind.as_str())?;
     Ok(created(s.store.create_job(req).await?, dto::Job::from))
 }
 
@@ -271,8 +294,12 @@ pub async fn create_job(
 /// attempt count, lease expiry, cancel request and last error.
 #[utoipa::path(get, path = "/v1/jobs/{id}", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody)))]
-pub async fn get_job(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
-    Ok(ok(dto::Job::from(s.store.job(&id(JobId::parse, &job)?).await?)))
+pub async fn get_job(State(s): State<AppState>, auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
+    let j = s.store.job(&id(JobId::parse, &job)?).await?;
+    if !auth.actor.scope.job(&j.account_id, &j.kind) {
+        return Err(store::StoreError::not_found("job", j.id).into());
+    }
+    Ok(ok(dto::Job::from(j)))
 }
 
 /// List jobs
@@ -283,7 +310,7 @@ pub async fn get_job(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(jo
     responses((status = 200, body = dto::JobPage), (status = 400, body = ErrorBody)))]
 pub async fn list_jobs(
     State(s): State<AppState>,
-    _auth: Auth<ClientRole>,
+    auth: Auth<ClientRole>,
     Query(q): Query<dto::JobsQuery>,
 ) -> ApiResult {
     let filter = store::JobFilter {
@@ -296,6 +323,8 @@ pub async fn list_jobs(
         fail_code: q.fail_code.as_deref().map(|c| id(FailCode::parse, c)).transpose()?,
         id_prefix: None,
         until_seq: None,
+        // A scoped token lists only what its scope names, whatever the filter asks.
+        scope: auth.actor.scope.clone(),
     };
     let p = s.store.jobs(&filter, page(q.after, q.limit)?).await?;
     Ok(ok(dto::JobPage { jobs: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
@@ -308,8 +337,10 @@ pub async fn list_jobs(
 /// fail code and message. Support answers "when and why did it fail" from it.
 #[utoipa::path(get, path = "/v1/jobs/{id}/attempts", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, body = dto::Attempts), (status = 404, body = ErrorBody)))]
-pub async fn attempts(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
-    let rows = s.store.attempts(&id(JobId::parse, &job)?).await?;
+pub async fn attempts(State(s): State<AppState>, auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
+    let job = id(JobId::parse, &job)?;
+    seen_job(&s, &auth.actor, &job).await?;
+    let rows = s.store.attempts(&job).await?;
     Ok(ok(dto::Attempts {
         attempts: rows
             .into_iter()
@@ -337,8 +368,10 @@ pub async fn attempts(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(j
     responses((status = 200, description = "cancelled", body = dto::Job),
               (status = 202, description = "cancel requested (running) or cleanup pending (cancelling)", body = dto::Job),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-pub async fn cancel(State(s): State<AppState>, _auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
-    let out = s.store.cancel(&id(JobId::parse, &job)?).await?;
+pub async fn cancel(State(s): State<AppState>, auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
+    let job = id(JobId::parse, &job)?;
+    seen_job(&s, &auth.actor, &job).await?;
+    let out = s.store.cancel(&job).await?;
     mark("cancel", true);
     Ok(match out {
         store::CancelOutcome::Cancelled(j) => (StatusCode::OK, axum::Json(dto::Job::from(j))).into_response(),
@@ -373,7 +406,7 @@ pub async fn requeue(State(s): State<AppState>, auth: Auth<AdminRole>, Path(job)
     responses((status = 200, body = dto::Claimed), (status = 400, body = ErrorBody)))]
 pub async fn claim(
     State(s): State<AppState>,
-    _auth: Auth<WorkerRole>,
+    auth: Auth<WorkerRole>,
     headers: HeaderMap,
     Json(b): Json<dto::Claim>,
 ) -> ApiResult {
@@ -381,10 +414,23 @@ pub async fn claim(
     if wait > limits::WAIT_SECONDS_MAX {
         return Err(ApiError::invalid(format!("wait_seconds is at most {}.", limits::WAIT_SECONDS_MAX)));
     }
+    let kinds: Vec<JobKind> =
+        b.kinds.unwrap_or_default().iter().map(|k| id(JobKind::parse, k)).collect::<Result<_, _>>()?;
+    // A worker token scoped to kinds claims only those: none asked means all of its own.
+    let kinds = match &auth.actor.scope.kinds {
+        None => kinds,
+        Some(own) if kinds.is_empty() => own.clone(),
+        Some(_) => {
+            for k in &kinds {
+                auth.actor.may_use_kind(k.as_str())?;
+            }
+            kinds
+        }
+    };
     let (wait, _slot) = long_poll_slot(&s, &headers, wait);
     let req = store::ClaimRequest {
         worker: id(WorkerName::parse, &b.worker)?,
-        kinds: b.kinds.unwrap_or_default().iter().map(|k| id(JobKind::parse, k)).collect::<Result<_, _>>()?,
+        kinds,
         limit: b.limit.unwrap_or(1),
         lease_seconds: b.lease_seconds,
     };
@@ -447,10 +493,12 @@ fn token(t: String) -> Result<store::LeaseToken, ApiError> {
     responses((status = 200, body = dto::Heartbeat), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn heartbeat(
     State(s): State<AppState>,
-    _auth: Auth<WorkerRole>,
+    auth: Auth<WorkerRole>,
     Path(job): Path<String>,
     Json(b): Json<dto::LeaseOnly>,
 ) -> ApiResult {
+    // A worker token scoped to kinds reports only on jobs of those kinds.
+    seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let hb = s.store.heartbeat(&id(JobId::parse, &job)?, &token(b.lease_token)?).await?;
     Ok(ok(dto::Heartbeat {
         lease_expires_at: dto::rfc3339(hb.lease_expires_at),
@@ -469,10 +517,12 @@ pub async fn heartbeat(
               (status = 409, description = "a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
 pub async fn succeed(
     State(s): State<AppState>,
-    _auth: Auth<WorkerRole>,
+    auth: Auth<WorkerRole>,
     Path(job): Path<String>,
     Json(b): Json<dto::Succeed>,
 ) -> ApiResult {
+    // A worker token scoped to kinds reports only on jobs of those kinds.
+    seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let t = b.lease_token.map(token).transpose()?;
     let result = b.result.as_ref().map(canonical_json);
     let out = s.store.succeed_with_result(&id(JobId::parse, &job)?, t.as_ref(), result).await?;
@@ -492,10 +542,12 @@ pub async fn succeed(
               (status = 409, description = "a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
 pub async fn fail(
     State(s): State<AppState>,
-    _auth: Auth<WorkerRole>,
+    auth: Auth<WorkerRole>,
     Path(job): Path<String>,
     Json(b): Json<dto::Fail>,
 ) -> ApiResult {
+    // A worker token scoped to kinds reports only on jobs of those kinds.
+    seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let signal = store::FailSignal {
         lease_token: token(b.lease_token)?,
         code: id(FailCode::parse, &b.code)?,
@@ -518,10 +570,12 @@ pub async fn fail(
               (status = 409, description = "a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
 pub async fn unknown(
     State(s): State<AppState>,
-    _auth: Auth<WorkerRole>,
+    auth: Auth<WorkerRole>,
     Path(job): Path<String>,
     Json(b): Json<dto::Unknown>,
 ) -> ApiResult {
+    // A worker token scoped to kinds reports only on jobs of those kinds.
+    seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let out = s.store.mark_unknown(&id(JobId::parse, &job)?, &token(b.lease_token)?, b.message.as_deref()).await?;
     mark("unknown", out.applied);
     Ok(ok(dto::Job::from(out.value)))
@@ -550,10 +604,12 @@ fn item_report(r: store::ItemReport) -> dto::ItemReport {
     responses((status = 200, body = dto::ItemReport), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn item_succeed(
     State(s): State<AppState>,
-    _auth: Auth<WorkerRole>,
+    auth: Auth<WorkerRole>,
     Path((job, item)): Path<(String, String)>,
     Json(b): Json<dto::LeaseOnly>,
 ) -> ApiResult {
+    // A worker token scoped to kinds reports only on jobs of those kinds.
+    seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let r = s.store.item_succeed(&id(JobId::parse, &job)?, &id(ItemId::parse, &item)?, &token(b.lease_token)?).await?;
     mark("item_succeed", r.applied);
     Ok(ok(item_report(r)))
@@ -568,10 +624,12 @@ pub async fn item_succeed(
     responses((status = 200, body = dto::ItemReport), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn item_fail(
     State(s): State<AppState>,
-    _auth: Auth<WorkerRole>,
+    auth: Auth<WorkerRole>,
     Path((job, item)): Path<(String, String)>,
     Json(b): Json<dto::ItemFail>,
 ) -> ApiResult {
+    // A worker token scoped to kinds reports only on jobs of those kinds.
+    seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let r = s
         .store
         .item_fail(
@@ -599,10 +657,12 @@ pub async fn item_fail(
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn register_artifact(
     State(s): State<AppState>,
-    _auth: Auth<WorkerRole>,
+    auth: Auth<WorkerRole>,
     Path((job, item)): Path<(String, String)>,
     Json(b): Json<dto::RegisterArtifact>,
 ) -> ApiResult {
+    // A worker token scoped to kinds reports only on jobs of those kinds.
+    seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let (job, item) = (id(JobId::parse, &job)?, id(ItemId::parse, &item)?);
     let key = id(ArtifactKey::parse, &b.key)?;
     let new =
@@ -630,7 +690,7 @@ pub async fn register_artifact(
               (status = 409, body = ErrorBody)))]
 pub async fn create_withdrawal(
     State(s): State<AppState>,
-    _auth: Auth<ClientRole>,
+    auth: Auth<ClientRole>,
     Json(b): Json<dto::CreateWithdrawal>,
 ) -> ApiResult {
     let req = store::NewWithdrawal {
@@ -639,6 +699,8 @@ pub async fn create_withdrawal(
         amount: Credits::new(b.amount),
         destination: id(Destination::parse, &b.destination)?,
     };
+    auth.actor.may_use_account(req.account_id.as_str())?;
+    auth.actor.may_use_kind(settle_core::job::WITHDRAWAL_KIND)?;
     Ok(created(s.store.payouts().create_withdrawal(req).await?, dto::Withdrawal::from))
 }
 
@@ -650,10 +712,14 @@ pub async fn create_withdrawal(
     responses((status = 200, body = dto::Withdrawal), (status = 404, body = ErrorBody)))]
 pub async fn get_withdrawal(
     State(s): State<AppState>,
-    _auth: Auth<ClientRole>,
+    auth: Auth<ClientRole>,
     Path(withdrawal): Path<String>,
 ) -> ApiResult {
-    Ok(ok(dto::Withdrawal::from(s.store.payouts().withdrawal(&id(JobId::parse, &withdrawal)?).await?)))
+    let w = s.store.payouts().withdrawal(&id(JobId::parse, &withdrawal)?).await?;
+    if !auth.actor.scope.job(&w.job.account_id, &w.job.kind) {
+        return Err(store::StoreError::not_found("withdrawal", w.job.id).into());
+    }
+    Ok(ok(dto::Withdrawal::from(w)))
 }
 
 /// List withdrawals
@@ -663,7 +729,7 @@ pub async fn get_withdrawal(
     responses((status = 200, body = dto::WithdrawalPage), (status = 400, body = ErrorBody)))]
 pub async fn list_withdrawals(
     State(s): State<AppState>,
-    _auth: Auth<ClientRole>,
+    auth: Auth<ClientRole>,
     Query(q): Query<dto::WithdrawalsQuery>,
 ) -> ApiResult {
     let filter = store::WithdrawalFilter {
@@ -673,6 +739,7 @@ pub async fn list_withdrawals(
         },
         account_id: q.account_id.as_deref().map(|a| id(AccountId::parse, a)).transpose()?,
         updated_since: None,
+        scope: auth.actor.scope.clone(),
     };
     let p = s.store.payouts().withdrawals(&filter, page(q.after, q.limit)?).await?;
     Ok(ok(dto::WithdrawalPage { withdrawals: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
@@ -748,8 +815,8 @@ pub async fn resolve_withdrawal(
 /// How many jobs are now `dead`, `unknown` or waiting to retry, grouped by their last fail code and
 /// state: the view an operator opens first when failures climb.
 #[utoipa::path(get, path = "/v1/failures/summary", tag = "operations", responses((status = 200, body = dto::FailureSummary)))]
-pub async fn failure_summary(State(s): State<AppState>, _auth: Auth<ClientRole>) -> ApiResult {
-    let rows = s.store.failure_summary().await?;
+pub async fn failure_summary(State(s): State<AppState>, auth: Auth<ClientRole>) -> ApiResult {
+    let rows = s.store.failure_summary_in(&auth.actor.scope).await?;
     Ok(ok(dto::FailureSummary {
         by_code: rows.into_iter().map(|f| dto::FailureCount { code: f.code, state: f.state, count: f.count }).collect(),
     }))
@@ -765,7 +832,7 @@ pub async fn failure_summary(State(s): State<AppState>, _auth: Auth<ClientRole>)
     responses((status = 200, body = dto::EventPage), (status = 400, body = ErrorBody)))]
 pub async fn events(
     State(s): State<AppState>,
-    _auth: Auth<ClientRole>,
+    auth: Auth<ClientRole>,
     headers: HeaderMap,
     Query(q): Query<dto::EventsQuery>,
 ) -> ApiResult {
@@ -781,7 +848,7 @@ pub async fn events(
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let got = s.store.events(p.after, p.limit).await?;
+        let got = s.store.events_in(p.after, p.limit, &auth.actor.scope).await?;
         let now = tokio::time::Instant::now();
         if !got.rows.is_empty() || now >= deadline {
             break got;

@@ -46,23 +46,52 @@ pub fn request_host(req: &Request) -> Option<&str> {
         .or_else(|| req.uri().authority().map(|a| a.as_str()))
 }
 
+/// Whether a request that can change something comes from a page of another site. A browser says
+/// so with `Sec-Fetch-Site` and `Origin`; a page anywhere can make the operator's browser send a
+/// form POST to `http://127.0.0.1:7070` (its `Host` is loopback, and a form needs no CORS
+/// preflight), and in loopback mode that request is an admin's. Clients that send neither header
+/// (curl, the SDKs) are not browsers a page could drive.
+fn cross_site(req: &Request) -> bool {
+    if matches!(*req.method(), axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS) {
+        return false;
+    }
+    let headers = req.headers();
+    let site = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok());
+    if site.is_some_and(|s| s != "same-origin" && s != "none") {
+        return true;
+    }
+    match headers.get(axum::http::header::ORIGIN).and_then(|v| v.to_str().ok()) {
+        None => false,
+        Some(origin) => !origin.split_once("://").is_some_and(|(_, authority)| is_loopback_host(authority)),
+    }
+}
+
 /// In loopback mode, `403 forbidden` before anything else for a request whose `Host` is not a
-/// loopback name (or that names none).
+/// loopback name (or that names none), and for a write sent by another site's page.
 pub async fn loopback_only(State(s): State<AppState>, req: Request, next: Next) -> Response {
     if !s.tokens.is_empty() {
         return next.run(req).await;
     }
     let host = request_host(&req).unwrap_or("");
-    if is_loopback_host(host) {
-        return next.run(req).await;
+    if !is_loopback_host(host) {
+        tracing::warn!(%host, "request for a non-loopback host refused in loopback mode");
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "Without tokens Settle answers requests addressed to a loopback name only (localhost, 127.0.0.1, [::1]).",
+        )
+        .into_response();
     }
-    tracing::warn!(%host, "request for a non-loopback host refused in loopback mode");
-    ApiError::new(
-        StatusCode::FORBIDDEN,
-        "forbidden",
-        "Without tokens Settle answers requests addressed to a loopback name only (localhost, 127.0.0.1, [::1]).",
-    )
-    .into_response()
+    if cross_site(&req) {
+        tracing::warn!(%host, "a write from another site's page refused in loopback mode");
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "Without tokens Settle accepts no write sent by another site's page.",
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 #[cfg(test)]

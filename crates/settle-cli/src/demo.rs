@@ -87,7 +87,10 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     let store = Arc::new(
         SqlStore::open(&url, options).await.with_context(|| format!("open {}", settle_store::redacted_url(&url)))?,
     );
-    println!("Settle demo on {url} (virtual clock; refunds on failure, backoff 1 s doubling, 5 attempts)\n");
+    println!(
+        "Settle demo on {} (virtual clock; refunds on failure, backoff 1 s doubling, 5 attempts)\n",
+        settle_store::redacted_url(&url)
+    );
     let d = Demo { store, clock, start };
     let alice = AccountId::parse("alice")?;
     d.store.create_account(NewAccount { id: alice.clone(), overdraft_limit: Credits::ZERO }).await?;

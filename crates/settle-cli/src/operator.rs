@@ -90,6 +90,7 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                 fail_code: fail_code.as_deref().map(FailCode::parse).transpose()?,
                 id_prefix: None,
                 until_seq: None,
+                scope: settle_core::scope::Scope::ALL,
             };
             let mut page = Page { after: 0, limit: limit.clamp(1, 1000) };
             let mut shown = 0u32;
@@ -166,6 +167,7 @@ pub async fn withdrawals(store: &dyn Store, cmd: Withdrawals) -> anyhow::Result<
                 state: state.as_deref().map(|s| JobState::parse(s).context("unknown state")).transpose()?,
                 account_id: account.as_deref().map(AccountId::parse).transpose()?,
                 updated_since: None,
+                scope: settle_core::scope::Scope::ALL,
             };
             println!(
                 "{:<24} {:<10} {:<12} {:>9} {:<24} {:<22} destination",

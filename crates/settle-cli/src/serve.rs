@@ -226,7 +226,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(addr = %app.local_addr(), %db, engine = store.engine_name(), "settle serving API v1");
     eprintln!("settle: serving on http://{} ({db})", app.local_addr());
     match &config.provider {
-        Some(p) => eprintln!("settle: paying out withdrawals through {}", p.url),
+        Some(p) => eprintln!("settle: paying out withdrawals through {}", settle_store::redacted_url(&p.url)),
         None => {
             eprintln!(
                 "settle: no payout provider configured (SETTLE_PROVIDER_URL): withdrawals are accepted and wait queued"

@@ -7,6 +7,7 @@
 //! - [`backoff`]: `min(base · 2^n, max)` with optional full jitter from a seedable generator.
 //! - [`ledger`]: entry kinds and the per-account hash chain.
 //! - [`history`]: the names a job's history records (event types, attempt results, signals and their effects).
+//! - [`scope`]: what a scoped token may see and move (accounts by id or prefix, job kinds).
 //! - [`fingerprint`]: canonical request fingerprints for create-by-id idempotency.
 //! - [`clock`]: the injected `Clock`; nothing else reads the system time.
 //! - [`crash`]: the `CrashPoint` enum the crash-convergence harness iterates.
@@ -23,6 +24,7 @@ pub mod job;
 pub mod ledger;
 pub mod limits;
 pub mod money;
+pub mod scope;
 pub mod signature;
 
 pub use clock::{Clock, FakeClock, SystemClock, Timestamp};

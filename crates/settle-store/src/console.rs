@@ -39,6 +39,59 @@ pub(crate) fn filter_sql(filter: &JobFilter, a: &mut Vec<Value>) -> String {
         a.push(prefix.as_str().into());
         sql.push_str(&format!(" AND substr(id, 1, CAST(${} AS integer)) = ${}", a.len() - 1, a.len()));
     }
+    sql.push_str(&scope_sql(&filter.scope, a, "account_id", Kinds::Column("kind")));
+    sql
+}
+
+/// Where a row's job kind is: a column of the row (jobs), or the kind of the job the row names,
+/// if it names one (events).
+pub(crate) enum Kinds<'a> {
+    Column(&'a str),
+    OfJob(&'a str),
+}
+
+/// ` AND …` keeping only rows a scope names (nothing for an unscoped token): the account column
+/// equal to an exact id or starting with a prefix (`substr`, not LIKE: `_` is an id character),
+/// and the kind among the scope's kinds.
+pub(crate) fn scope_sql(
+    scope: &settle_core::scope::Scope,
+    a: &mut Vec<Value>,
+    account: &str,
+    kinds: Kinds<'_>,
+) -> String {
+    use settle_core::scope::AccountPattern;
+    let mut sql = String::new();
+    if let Some(patterns) = &scope.accounts {
+        let mut any = Vec::new();
+        for p in patterns {
+            match p {
+                AccountPattern::Exact(id) => {
+                    a.push(id.as_str().into());
+                    any.push(format!("{account} = ${}", a.len()));
+                }
+                AccountPattern::Prefix(prefix) => {
+                    a.push(Value::I64(prefix.chars().count() as i64));
+                    a.push(prefix.as_str().into());
+                    any.push(format!("substr({account}, 1, CAST(${} AS integer)) = ${}", a.len() - 1, a.len()));
+                }
+            }
+        }
+        sql.push_str(&format!(" AND ({})", any.join(" OR ")));
+    }
+    if let Some(list) = &scope.kinds {
+        let mut places = Vec::new();
+        for k in list {
+            a.push(k.as_str().into());
+            places.push(format!("${}", a.len()));
+        }
+        let places = places.join(", ");
+        match kinds {
+            Kinds::Column(c) => sql.push_str(&format!(" AND {c} IN ({places})")),
+            Kinds::OfJob(c) => sql.push_str(&format!(
+                " AND ({c} IS NULL OR {c} IN (SELECT scoped.id FROM jobs AS scoped WHERE scoped.kind IN ({places})))"
+            )),
+        }
+    }
     sql
 }
 

@@ -423,21 +423,23 @@ fn lite_query(c: &rusqlite::Connection, sql: &str, args: &[Value], max: usize) -
 /// A database URL fit for a log line or an error message: a password — in the authority
 /// (`user:secret@host`) or a `password=` parameter — replaced by `***`.
 pub fn redacted_url(url: &str) -> String {
-    let (head, query) = match url.split_once('?') {
-        Some((head, query)) => (head, Some(query)),
-        None => (url, None),
-    };
-    let mut out = match head.split_once("://") {
-        // The last `@` ends the user info, so a raw `@` or `/` in the password hides with it.
+    // The user info is everything between `://` and the last `@`, so a raw `@`, `/`, `?` or `#`
+    // in the password hides with it.
+    let unauthored = match url.split_once("://") {
         Some((scheme, rest)) => match rest.rsplit_once('@') {
             Some((userinfo, host)) => match userinfo.split_once(':') {
                 Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-                None => format!("{scheme}://{userinfo}@{host}"),
+                None => url.to_owned(),
             },
-            None => head.to_owned(),
+            None => url.to_owned(),
         },
-        None => head.to_owned(),
+        None => url.to_owned(),
     };
+    let (head, query) = match unauthored.split_once('?') {
+        Some((head, query)) => (head.to_owned(), Some(query.to_owned())),
+        None => (unauthored, None),
+    };
+    let mut out = head;
     if let Some(query) = query {
         let params: Vec<String> = query
             .split('&')
@@ -466,6 +468,7 @@ mod redaction_tests {
             ),
             ("postgres://db/settle?user=u&password=s3cret&x=1", "postgres://db/settle?user=u&password=***&x=1"),
             ("postgres://settle@db/settle", "postgres://settle@db/settle"),
+            ("postgres://u:pa?ss#w0rd@db/settle", "postgres://u:***@db/settle"),
             ("sqlite://settle.db", "sqlite://settle.db"),
             ("sqlite:///var/lib/settle/settle.db", "sqlite:///var/lib/settle/settle.db"),
         ] {

@@ -12,9 +12,9 @@ pub enum StoreError {
     #[error("insufficient credits: balance {balance}, overdraft limit {overdraft_limit}, needed {needed}")]
     InsufficientCredits { balance: i64, overdraft_limit: i64, needed: i64 },
     #[error(
-        "insufficient credits for a withdrawal: balance {balance}, of which {reclaimable} late successes may still reclaim, needed {needed}; a withdrawal never draws on the overdraft"
+        "insufficient credits for a withdrawal: balance {balance}, needed {needed}; a withdrawal never draws on the overdraft"
     )]
-    InsufficientBalance { balance: i64, reclaimable: i64, needed: i64 },
+    InsufficientBalance { balance: i64, needed: i64 },
     #[error("{what} {id} already exists with a different request")]
     IdempotencyConflict { what: &'static str, id: String },
     #[error("job {0} is finished")]

@@ -136,11 +136,20 @@ pub struct JobFilter {
     /// Jobs created no later than the one numbered this (`JobTotals::last_seq`): what a bulk
     /// action was confirmed on, not what arrived since.
     pub until_seq: Option<i64>,
+    /// Only the accounts and kinds a scoped token may see (decision 0018).
+    pub scope: settle_core::scope::Scope,
 }
 
 impl JobFilter {
-    pub const ALL: JobFilter =
-        JobFilter { state: None, kind: None, account_id: None, fail_code: None, id_prefix: None, until_seq: None };
+    pub const ALL: JobFilter = JobFilter {
+        state: None,
+        kind: None,
+        account_id: None,
+        fail_code: None,
+        id_prefix: None,
+        until_seq: None,
+        scope: settle_core::scope::Scope::ALL,
+    };
 }
 
 /// How many jobs a filter matches and the credits they carry: what a bulk action will touch.
@@ -358,6 +367,8 @@ pub struct WithdrawalFilter {
     pub account_id: Option<AccountId>,
     /// Only those whose job changed at or after this time (the return re-check's window).
     pub updated_since: Option<Timestamp>,
+    /// Only the accounts a scoped token may see (decision 0018).
+    pub scope: settle_core::scope::Scope,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -129,6 +129,12 @@ pub(crate) async fn withdrawals(
         a.push(since.micros().into());
         sql.push_str(&format!(" AND updated_at >= ${}", a.len()));
     }
+    sql.push_str(&crate::console::scope_sql(
+        &filter.scope,
+        &mut a,
+        "account_id",
+        crate::console::Kinds::Column("kind"),
+    ));
     a.push(i64::from(limit).into());
     sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
     let rows = db.all_built(sql, &a).await?;

@@ -54,9 +54,18 @@ pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Resul
 pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
     let limit = page_limit(page.limit);
     let mut a: Vec<Value> = vec![page.after.into()];
+    // Bytes, not characters: a payload of 4-byte characters is four times its `length`.
+    let engine = db.engine();
+    let bytes = |column: &str| match engine {
+        crate::db::Engine::Sqlite => format!("COALESCE(length(CAST({column} AS BLOB)), 0)"),
+        crate::db::Engine::Postgres => format!("COALESCE(octet_length({column}), 0)"),
+    };
     let mut sizes = format!(
-        "SELECT job_seq, length(payload) + COALESCE(length(result), 0) + {} * \
-         (SELECT count(*) FROM items WHERE items.job_id = jobs.id) FROM jobs WHERE job_seq > $1",
+        "SELECT job_seq, {} + {} + {} + {} * (SELECT count(*) FROM items WHERE items.job_id = jobs.id) \
+         FROM jobs WHERE job_seq > $1",
+        bytes("payload"),
+        bytes("result"),
+        bytes("last_error_message"),
         limits::ITEM_BYTES_ESTIMATE
     );
     sizes.push_str(&crate::console::filter_sql(filter, &mut a));
@@ -119,8 +128,10 @@ pub(crate) async fn attempts(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Vec<A
 pub(crate) async fn signals(db: &mut Db<'_>, id: &str) -> Result<Vec<SignalRecord>, StoreError> {
     let rows = db
         .all(
-            "SELECT attempt_no, signal, fail_code, message, effect, received_at FROM signals WHERE job_id = $1 ORDER BY id",
-            args![id],
+            "SELECT attempt_no, signal, fail_code, message, effect, received_at FROM signals WHERE job_id = $1 \
+             ORDER BY id LIMIT $2",
+            // Recovered successes are kept past the bound: at most one per attempt beyond it.
+            args![id, (limits::SIGNALS_LOGGED_MAX + limits::ATTEMPTS_MAX_LIMIT as usize) as i64],
         )
         .await?;
     rows.iter()
@@ -138,27 +149,43 @@ pub(crate) async fn signals(db: &mut Db<'_>, id: &str) -> Result<Vec<SignalRecor
 }
 
 /// Jobs now `dead`, `unknown` or waiting to retry, grouped by their last fail code.
-pub(crate) async fn failure_summary(db: &mut Db<'_>) -> Result<Vec<FailureCount>, StoreError> {
+pub(crate) async fn failure_summary(
+    db: &mut Db<'_>,
+    scope: &settle_core::scope::Scope,
+) -> Result<Vec<FailureCount>, StoreError> {
+    let mut a: Vec<Value> = Vec::new();
+    let scoped = crate::console::scope_sql(scope, &mut a, "account_id", crate::console::Kinds::Column("kind"));
     let rows = db
-        .all(
-            "SELECT COALESCE(last_error_code, 'NONE') AS code, \
-                    CASE WHEN state = 'queued' THEN 'retrying' ELSE state END AS bucket, COUNT(*) \
-             FROM jobs WHERE state IN ('dead', 'unknown') OR (state = 'queued' AND last_error_code IS NOT NULL) \
-             GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2",
-            args![],
+        .all_built(
+            format!(
+                "SELECT COALESCE(last_error_code, 'NONE') AS code, \
+                        CASE WHEN state = 'queued' THEN 'retrying' ELSE state END AS bucket, COUNT(*) \
+                 FROM jobs WHERE (state IN ('dead', 'unknown') OR (state = 'queued' AND last_error_code IS NOT NULL)){scoped} \
+                 GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2"
+            ),
+            &a,
         )
         .await?;
     rows.iter().map(|r| Ok(FailureCount { code: r.text(0)?, state: r.text(1)?, count: r.i64(2)? })).collect()
 }
 
-pub(crate) async fn events(db: &mut Db<'_>, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
+/// Events after `after` in `seq` order; for a scoped token only those of its accounts and kinds
+/// (an account's own events, such as grants, are of no kind).
+pub(crate) async fn events(
+    db: &mut Db<'_>,
+    after: i64,
+    limit: u32,
+    scope: &settle_core::scope::Scope,
+) -> Result<Paged<Event>, StoreError> {
     let limit = page_limit(limit);
-    let rows = db
-        .all(
-            "SELECT seq, type, job_id, account_id, data, created_at FROM outbox WHERE seq > $1 ORDER BY seq LIMIT $2",
-            args![after, limit],
-        )
-        .await?;
+    let mut a: Vec<Value> = vec![after.into()];
+    let scoped = crate::console::scope_sql(scope, &mut a, "account_id", crate::console::Kinds::OfJob("job_id"));
+    a.push(limit.into());
+    let sql = format!(
+        "SELECT seq, type, job_id, account_id, data, created_at FROM outbox WHERE seq > $1{scoped} ORDER BY seq LIMIT ${}",
+        a.len()
+    );
+    let rows = db.all_built(sql, &a).await?;
     let events = rows.iter().map(|r| crate::webhooks::event_from_row(r, 0)).collect::<Result<Vec<_>, StoreError>>()?;
     let next = next_after(&events, limit, |e| e.seq);
     Ok(Paged { rows: events, next_after: next })

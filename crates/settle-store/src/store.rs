@@ -117,8 +117,21 @@ pub trait Store: Send + Sync {
 
     async fn attempts(&self, job: &JobId) -> Result<Vec<Attempt>, StoreError>;
     async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError>;
-    async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError>;
-    async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError>;
+    async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError> {
+        self.failure_summary_in(&settle_core::scope::Scope::ALL).await
+    }
+    /// The failure summary over the jobs `scope` names.
+    async fn failure_summary_in(&self, scope: &settle_core::scope::Scope) -> Result<Vec<FailureCount>, StoreError>;
+    async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
+        self.events_in(after, limit, &settle_core::scope::Scope::ALL).await
+    }
+    /// Events after `after` of the accounts and kinds `scope` names.
+    async fn events_in(
+        &self,
+        after: i64,
+        limit: u32,
+        scope: &settle_core::scope::Scope,
+    ) -> Result<Paged<Event>, StoreError>;
     /// Jobs by state and ledger entries by kind (for metrics).
     async fn stats(&self) -> Result<Stats, StoreError>;
     /// L1–L4 and gap-free sequences, over one consistent snapshot.

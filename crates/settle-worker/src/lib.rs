@@ -105,7 +105,7 @@ impl Maintenance {
                     }
                 },
             };
-            let id = JobId::parse(&job.id).map_err(StoreError::from)?;
+            let id = JobId::stored(&job.id);
             match self.store.reconcile(&id, finding).await {
                 Ok(out) if out.applied => resolved.push(job.id),
                 Ok(_) => {}

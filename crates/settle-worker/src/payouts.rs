@@ -304,13 +304,7 @@ impl PayoutProcessor {
 
     /// One attempt of one claimed withdrawal: lookup, then (renew lease, mark sending) send, then record.
     pub async fn attempt(&self, claimed: ClaimedJob) -> AttemptEnd {
-        let id = match JobId::parse(&claimed.job.id) {
-            Ok(id) => id,
-            Err(e) => {
-                tracing::error!(job = %claimed.job.id, error = %e, "a claimed withdrawal has a malformed id");
-                return AttemptEnd::StoreError;
-            }
-        };
+        let id = JobId::stored(&claimed.job.id);
         let token = claimed.lease_token.clone();
         match self.try_attempt(&id, &token, claimed).await {
             Ok(end) => end,
@@ -401,7 +395,7 @@ impl PayoutProcessor {
     }
 
     async fn reconcile_one(&self, w: &Withdrawal) -> Result<bool, StoreError> {
-        let id = JobId::parse(&w.job.id)?;
+        let id = JobId::stored(&w.job.id);
         match self.provider.lookup(&w.idempotency_key).await {
             Lookup::Found { txid, returned } => {
                 Ok(self.store.payouts().payout_succeeded(&id, None, &txid, returned).await?.applied)
@@ -443,7 +437,7 @@ impl PayoutProcessor {
             if state != JobState::Succeeded && (w.job.attempt == 0 || w.provider_txid.is_some()) {
                 continue;
             }
-            let id = JobId::parse(&w.job.id)?;
+            let id = JobId::stored(&w.job.id);
             let applied = match (state, self.provider.lookup(&w.idempotency_key).await) {
                 (JobState::Succeeded, Lookup::Found { returned: true, .. }) => {
                     self.store.payouts().payout_returned(&id, ReturnSource::Provider).await.map(|o| o.applied)

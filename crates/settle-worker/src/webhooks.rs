@@ -155,7 +155,10 @@ impl Deliverer {
         // No redirects: a 3xx is a failure, never a re-sent request without its signature (nor
         // one to a host the target check would refuse).
         let builder = reqwest::Client::builder();
-        let builder = if endpoint.allow_link_local { builder } else { builder.dns_resolver(Arc::new(PublicResolver)) };
+        // No proxy from the environment either: a proxy would resolve the name itself, past the
+        // resolver that keeps link-local addresses out.
+        let builder =
+            if endpoint.allow_link_local { builder } else { builder.dns_resolver(Arc::new(PublicResolver)).no_proxy() };
         let http = builder
             .timeout(endpoint.timeout)
             .connect_timeout(endpoint.timeout)

@@ -82,8 +82,11 @@ async fn guard(State(s): State<AppState>, req: axum::extract::Request, next: axu
         )
         .into_response();
     }
-    let signing_in = req.method() == axum::http::Method::POST && req.uri().path() == "/console/login";
-    if !s.tokens.is_empty() && !signing_in {
+    // Signing in is charged in `login`; the sign-in page and the assets are never limited, so a
+    // flood of bad tokens cannot keep an operator from the form.
+    let path = req.uri().path();
+    let unlimited = path == "/console/login" || path.starts_with("/console/assets/");
+    if !s.tokens.is_empty() && !unlimited {
         let key = session::session_of(&s, headers).and_then(|open| open.token);
         if let Err(wait) = s.limiter.admit(key) {
             metrics::counter!("settle_http_rate_limited_total").increment(1);
@@ -274,6 +277,10 @@ async fn logout(State(s): State<AppState>, session: Session, ConsoleForm(f): Con
 // ----- reading --------------------------------------------------------------------------------
 
 async fn overview(State(s): State<AppState>, session: Session) -> PageResult {
+    // The overview counts every account's jobs: a scoped token sees its own in the jobs list.
+    if !session.actor.scope.is_all() {
+        return Ok(Redirect::to("/console/jobs").into_response());
+    }
     let since = s.store.now().minus_seconds(3_600);
     let err = |e: StoreError| error_page(Some(&session), e);
     let o = s.store.overview(since).await.map_err(err)?;
@@ -302,15 +309,18 @@ struct FindQuery {
     q: String,
 }
 
-/// The search box: a job id, else an account id, else the jobs whose id starts with it.
-async fn find(State(s): State<AppState>, _session: Session, Query(f): Query<FindQuery>) -> Response {
+/// The search box: a job id, else an account id, else the jobs whose id starts with it (each page
+/// then shows only what the session's scope names).
+async fn find(State(s): State<AppState>, session: Session, Query(f): Query<FindQuery>) -> Response {
     let q = f.q.trim();
+    let scope = &session.actor.scope;
     if let Ok(id) = JobId::parse(q)
-        && s.store.job(&id).await.is_ok()
+        && s.store.job(&id).await.is_ok_and(|j| scope.job(&j.account_id, &j.kind))
     {
         return Redirect::to(&format!("/console/jobs/{q}")).into_response();
     }
     if let Ok(id) = AccountId::parse(q)
+        && scope.account(id.as_str())
         && s.store.account(&id).await.is_ok()
     {
         return Redirect::to(&format!("/console/accounts/{q}")).into_response();
@@ -362,7 +372,8 @@ impl JobsQuery {
             .join("&")
     }
 
-    fn filter(&self) -> Result<JobFilter, ApiError> {
+    /// The filter, within what the session's token may see.
+    fn filter(&self, scope: &settle_core::scope::Scope) -> Result<JobFilter, ApiError> {
         let bad = |what: &str| ApiError::invalid(format!("The {what} in the filter is not valid."));
         Ok(JobFilter {
             state: nonempty(&self.state).map(|s| JobState::parse(s).ok_or_else(|| bad("state"))).transpose()?,
@@ -373,13 +384,14 @@ impl JobsQuery {
                 .transpose()?,
             id_prefix: nonempty(&self.prefix).map(str::to_owned),
             until_seq: None,
+            scope: scope.clone(),
         })
     }
 }
 
 async fn jobs(State(s): State<AppState>, session: Session, Query(q): Query<JobsQuery>) -> PageResult {
     let err = |e: ApiError| error_page(Some(&session), e);
-    let filter = q.filter().map_err(err)?;
+    let filter = q.filter(&session.actor.scope).map_err(err)?;
     let page = s
         .store
         .jobs(&filter, Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS })
@@ -397,6 +409,9 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
     let id = job_id(&session, &id)?;
     let err = |e: StoreError| error_page(Some(&session), e);
     let job = s.store.job(&id).await.map_err(err)?;
+    if !session.actor.scope.job(&job.account_id, &job.kind) {
+        return Err(err(StoreError::not_found("job", id.as_str())));
+    }
     let attempts = s.store.attempts(&id).await.map_err(err)?;
     let signals = s.store.signals(&id).await.map_err(err)?;
     let history = s.store.job_history(&id).await.map_err(err)?;
@@ -429,6 +444,9 @@ async fn account(
 ) -> PageResult {
     let err = |e: ApiError| error_page(Some(&session), e);
     let id = AccountId::parse(&id).map_err(|_| err(ApiError::not_found("No account has that id.")))?;
+    if !session.actor.scope.account(id.as_str()) {
+        return Err(err(StoreError::not_found("account", id.as_str()).into()));
+    }
     let kind = nonempty(&q.kind)
         .map(|k| EntryKind::parse(k).ok_or_else(|| ApiError::invalid("Unknown entry kind.")))
         .transpose()
@@ -458,7 +476,8 @@ struct AfterQuery {
 }
 
 async fn withdrawals(State(s): State<AppState>, session: Session, Query(q): Query<AfterQuery>) -> PageResult {
-    let filter = WithdrawalFilter { state: None, account_id: None, updated_since: None };
+    let filter =
+        WithdrawalFilter { state: None, account_id: None, updated_since: None, scope: session.actor.scope.clone() };
     let page = Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS };
     let p = s.store.payouts().withdrawals(&filter, page).await.map_err(|e| error_page(Some(&session), e))?;
     Ok(self::page(StatusCode::OK, pages::withdrawals(&session, &p.rows, p.next_after)))
@@ -466,6 +485,17 @@ async fn withdrawals(State(s): State<AppState>, session: Session, Query(q): Quer
 
 async fn webhooks(State(s): State<AppState>, session: Session) -> PageResult {
     let err = |e: StoreError| error_page(Some(&session), e);
+    // Deliveries carry every account's events: not for a scoped token.
+    if !session.actor.scope.is_all() {
+        return Err(error_page(
+            Some(&session),
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "This token's scope does not include the webhook deliveries.",
+            ),
+        ));
+    }
     let summary = webhook_summary(&s).await.map_err(err)?;
     let filter = DeliveryFilter { endpoint_id: None, state: Some("dead".into()) };
     let dead = s.store.webhook_deliveries(&filter, 0, PAGE_JOBS).await.map_err(err)?;
@@ -536,7 +566,7 @@ fn bulk_action(session: &Session, action: &str) -> Result<&'static str, Refused>
 
 /// The filter a bulk action may take: requeue only dead jobs, cancel only queued or running ones.
 fn bulk_filter(session: &Session, action: &str, q: &JobsQuery) -> Result<JobFilter, Refused> {
-    let filter = q.filter().map_err(|e| error_page(Some(session), e))?;
+    let filter = q.filter(&session.actor.scope).map_err(|e| error_page(Some(session), e))?;
     let allowed = match action {
         "requeue" => filter.state == Some(JobState::Dead),
         _ => matches!(filter.state, Some(JobState::Queued | JobState::Running)),
@@ -623,7 +653,7 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
                 skipped.push((job.id.clone(), why.to_owned()));
                 continue;
             }
-            let id = JobId::parse(&job.id).map_err(|_| error_page(Some(&session), ApiError::invalid("bad job id")))?;
+            let id = JobId::stored(&job.id);
             let outcome = match action {
                 "requeue" => s.store.requeue_by(&id, &session.actor.name).await.map(drop),
                 _ => s.store.cancel_by(&id, &session.actor.name).await.map(drop),

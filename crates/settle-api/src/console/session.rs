@@ -157,7 +157,7 @@ pub fn session_of(state: &AppState, headers: &HeaderMap) -> Option<Session> {
     let key = &state.console_key;
     if state.tokens.is_empty() {
         let csrf = key.sign("csrf", "loopback")[..32].to_owned();
-        let actor = Actor { name: "loopback".into(), role: Role::Admin };
+        let actor = Actor { name: "loopback".into(), role: Role::Admin, scope: settle_core::scope::Scope::ALL };
         return Some(Session { actor, csrf, loopback: true, token: None, nonce: String::new(), expires: i64::MAX });
     }
     let now = now_unix();
@@ -172,20 +172,13 @@ pub fn session_of(state: &AppState, headers: &HeaderMap) -> Option<Session> {
         return None;
     }
     // Ended when its token is removed, rotated or given another role.
-    let (role, digest) = state.tokens.entry_of(&opened.name)?;
+    let (actor, digest) = state.tokens.entry_of(&opened.name)?;
     let binding = key.binding(&digest);
-    if role != opened.role || !bool::from(binding.as_bytes().ct_eq(opened.binding.as_bytes())) {
+    if actor.role != opened.role || !bool::from(binding.as_bytes().ct_eq(opened.binding.as_bytes())) {
         return None;
     }
     let csrf = key.sign("csrf", &opened.payload)[..32].to_owned();
-    Some(Session {
-        actor: Actor { name: opened.name, role },
-        csrf,
-        loopback: false,
-        token: Some(digest),
-        nonce: opened.nonce,
-        expires: opened.expires,
-    })
+    Some(Session { actor, csrf, loopback: false, token: Some(digest), nonce: opened.nonce, expires: opened.expires })
 }
 
 impl FromRequestParts<AppState> for Session {
@@ -212,7 +205,7 @@ mod tests {
     use super::*;
 
     fn actor(role: Role) -> Actor {
-        Actor { name: "ops-1".into(), role }
+        Actor { name: "ops-1".into(), role, scope: settle_core::scope::Scope::ALL }
     }
 
     #[test]

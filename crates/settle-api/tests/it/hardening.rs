@@ -123,6 +123,23 @@ async fn loopback_mode_answers_loopback_hosts_only(e: Engine) {
         assert_eq!(r.status(), 403, "{host}");
     }
     assert_eq!(s.get("/v1/accounts/mallory").await.status, 404, "nothing was created");
+    // A page elsewhere posting a form to the loopback address (its Host is loopback): refused.
+    s.account("acme", 100).await;
+    s.job("j1", "acme", 10).await;
+    for (header, value) in [
+        ("origin", "http://attacker.example".to_owned()),
+        ("origin", "null".to_owned()),
+        ("sec-fetch-site", "cross-site".to_owned()),
+        ("sec-fetch-site", "same-site".to_owned()),
+    ] {
+        let r = http.post(format!("{}/v1/jobs/j1/cancel", s.base)).header(header, &value).send().await.unwrap();
+        assert_eq!(r.status(), 403, "{header}: {value}");
+    }
+    assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "queued");
+    let own = format!("http://127.0.0.1:{port}");
+    let r = http.post(format!("{}/v1/jobs/j1/cancel", s.base)).header("origin", own).send().await.unwrap();
+    assert_eq!(r.status(), 200, "a page of this server may");
+    assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "cancelled");
     for host in [format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}"), "127.0.0.1".into()]
     {
         let r = http.get(format!("{}/v1/jobs", s.base)).header("host", &host).send().await.unwrap();
@@ -288,6 +305,10 @@ async fn rate_limits_keep_their_buckets_apart() {
     assert!(limited >= 20, "{limited}");
     let r = reqwest::Client::new().post(format!("{}/console/login", s.base)).form(&[("token", "guess")]).send().await;
     assert_eq!(r.unwrap().status(), 429, "guesses stay limited");
+    for path in ["/console/login", "/console/assets/console.css"] {
+        let r = reqwest::get(format!("{}{path}", s.base)).await.unwrap();
+        assert_eq!(r.status(), 200, "{path} is never limited");
+    }
     // The operator still signs in, twice (two browsers).
     let (a, b) = (browser(), browser());
     for br in [&a, &b] {

@@ -11,4 +11,5 @@ mod kit;
 mod latency;
 mod openapi;
 mod roles;
+mod scopes;
 mod withdrawals;

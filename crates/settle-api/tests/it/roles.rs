@@ -31,6 +31,7 @@ const TABLE: &[(&str, &str, Option<Role>)] = &[
     ("GET", "/v1/withdrawals/{id}", Some(Role::Client)),
     ("GET", "/v1/withdrawals", Some(Role::Client)),
     ("POST", "/v1/withdrawals/{id}/returned", Some(Role::Admin)),
+    ("POST", "/v1/withdrawals/{id}/resolve", Some(Role::Admin)),
     ("GET", "/v1/failures/summary", Some(Role::Client)),
     ("GET", "/v1/events", Some(Role::Client)),
     ("GET", "/v1/webhooks/deliveries", Some(Role::Admin)),

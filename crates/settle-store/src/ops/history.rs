@@ -40,7 +40,9 @@ pub(crate) async fn log_signal(
         )
         .await?
         .i64(0)?;
-    if kept >= limits::SIGNALS_LOGGED_MAX as i64 {
+    // A late success that recovered the job is always kept: it is what support asks about, and
+    // stale signals sent first must not push it out.
+    if kept >= limits::SIGNALS_LOGGED_MAX as i64 && effect != SignalEffect::Recovered {
         let counted =
             db.exec("UPDATE jobs SET signals_unlogged = signals_unlogged + 1 WHERE id = $1", args![&job.id]).await?;
         super::guard_hit(counted, "signal count")?;

@@ -28,10 +28,8 @@ pub(crate) struct PendingLine {
 pub(crate) enum BalanceCheck {
     /// Charges: the balance may not go below `-overdraft_limit`.
     Overdraft,
-    /// Withdrawals: the balance may not go below zero — nor below what late successes may still
-    /// reclaim (`exposure`: refunds that a reclaim can take back). An overdraft is a credit line
-    /// for work, never cash to take away (spec §1), and a refund is not cash while it may be
-    /// reclaimed (decision 0017).
+    /// Withdrawals: the balance may not go below zero. An overdraft is a credit line for work,
+    /// never cash to take away (spec §1, decision 0017).
     Cash,
     /// Grants and adjustments: the balance stays within `±BALANCE_MAX`, so refunds of outstanding
     /// charges can never overflow.
@@ -47,10 +45,9 @@ pub(crate) enum BalanceCheck {
 const DEBIT_OVERDRAFT: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
      WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 AND balance - exposure >= (0 - $3) - $2 \
      RETURNING balance";
-// `exposure ≥ 0`, so the first guard also keeps `balance ≥ 0`; the second (the others' bound) is
-// then implied, and kept so every debit states it.
+// As DEBIT_OVERDRAFT with the overdraft limit taken as zero, whatever the account's is.
 const DEBIT_CASH: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
-     WHERE id = $1 AND balance - exposure >= 0 - $2 AND balance - exposure >= (0 - $3) - $2 RETURNING balance";
+     WHERE id = $1 AND balance >= 0 - $2 AND balance - exposure >= (0 - $3) - $2 RETURNING balance";
 // Credits (grants, positive adjustments) keep `balance + held ≤ BALANCE_MAX`: the balance after every
 // refund and return still possible stays inside i64 (docs/decisions/0003).
 const CREDIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
@@ -158,7 +155,7 @@ async fn change_balance(
     };
     let Some(row) = row else {
         let current = db
-            .opt("SELECT balance, overdraft_limit, exposure FROM accounts WHERE id = $1", args![account_id])
+            .opt("SELECT balance, overdraft_limit FROM accounts WHERE id = $1", args![account_id])
             .await?
             .ok_or_else(|| StoreError::not_found("account", account_id))?;
         return Err(match check {
@@ -167,11 +164,9 @@ async fn change_balance(
                 overdraft_limit: current.i64(1)?,
                 needed: total.checked_neg()?.get(),
             },
-            BalanceCheck::Cash => StoreError::InsufficientBalance {
-                balance: current.i64(0)?,
-                reclaimable: current.i64(2)?,
-                needed: total.checked_neg()?.get(),
-            },
+            BalanceCheck::Cash => {
+                StoreError::InsufficientBalance { balance: current.i64(0)?, needed: total.checked_neg()?.get() }
+            }
             _ => StoreError::Overflow,
         });
     };

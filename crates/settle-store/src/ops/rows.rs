@@ -206,7 +206,7 @@ pub(crate) fn entry_from_row(r: &Row) -> Result<LedgerEntry, StoreError> {
 pub(crate) fn account_from_row(r: &Row) -> Result<Account, StoreError> {
     use AccountCol as C;
     Ok(Account {
-        id: AccountId::parse(&r.text(C::id)?)?,
+        id: AccountId::stored(&r.text(C::id)?),
         balance: Credits::new(r.i64(C::balance)?),
         overdraft_limit: Credits::new(r.i64(C::overdraft_limit)?),
         created_at: Timestamp::from_micros(r.i64(C::created_at)?),

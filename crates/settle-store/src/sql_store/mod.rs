@@ -154,7 +154,10 @@ impl SqlStore {
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             SqlStore::open_postgres(url, options).await
         } else {
-            Err(StoreError::invalid(format!("unsupported database url {url:?}: use sqlite://PATH or postgres://…")))
+            Err(StoreError::invalid(format!(
+                "unsupported database url {:?}: use sqlite://PATH or postgres://…",
+                crate::db::redacted_url(url)
+            )))
         }
     }
 

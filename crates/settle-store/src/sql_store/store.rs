@@ -330,7 +330,7 @@ impl Store for SqlStore {
                     .write(op!([job_id, token] | db, cx | ops::expire_lease(db, cx, &job_id, &token).await))
                     .await?;
                 if applied && after == After::Teardown {
-                    let job = self.job(&JobId::parse(&id)?).await?;
+                    let job = self.job(&JobId::stored(&id)).await?;
                     self.continue_after(job, after).await?;
                 }
                 Ok::<bool, StoreError>(applied)
@@ -379,12 +379,19 @@ impl Store for SqlStore {
         self.read(op!([id] | db, _cx | reads::signals(db, id.as_str()).await)).await
     }
 
-    async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError> {
-        self.read(op!([] | db, _cx | reads::failure_summary(db).await)).await
+    async fn failure_summary_in(&self, scope: &settle_core::scope::Scope) -> Result<Vec<FailureCount>, StoreError> {
+        let scope = scope.clone();
+        self.read(op!([scope] | db, _cx | reads::failure_summary(db, &scope).await)).await
     }
 
-    async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
-        self.read(op!([] | db, _cx | reads::events(db, after, limit).await)).await
+    async fn events_in(
+        &self,
+        after: i64,
+        limit: u32,
+        scope: &settle_core::scope::Scope,
+    ) -> Result<Paged<Event>, StoreError> {
+        let scope = scope.clone();
+        self.read(op!([scope] | db, _cx | reads::events(db, after, limit, &scope).await)).await
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {

@@ -76,7 +76,7 @@ impl SqlStore {
                 Ok(done) => Ok(done),
                 Err(StoreError::CleanupFailed { job: id, message }) => {
                     tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");
-                    self.job(&JobId::parse(&id)?).await
+                    self.job(&JobId::stored(&id)).await
                 }
                 Err(e) => Err(e),
             },
@@ -111,7 +111,7 @@ impl SqlStore {
                 Ok(done) => done,
                 Err(StoreError::CleanupFailed { job: id, message }) => {
                     tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");
-                    return Ok(CancelOutcome::Accepted(self.job(&JobId::parse(&id)?).await?));
+                    return Ok(CancelOutcome::Accepted(self.job(&JobId::stored(&id)).await?));
                 }
                 Err(e) => return Err(e),
             },

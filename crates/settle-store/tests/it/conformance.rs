@@ -937,6 +937,11 @@ async fn the_signal_log_is_bounded_per_job(k: &Kit) {
     k.job("k", &a, 10).await;
     assert_eq!(k.store.job_history(&jid("k")).await.unwrap().signals_unlogged, 0);
     assert!(k.fail("j", &t2, "TIMEOUT").await.applied, "the current attempt still reports");
+    // The lost attempt's late success is kept past the bound: it is what support asks about.
+    assert!(k.store.succeed(&jid("j"), Some(&t1)).await.unwrap().applied);
+    let sig = k.store.signals(&jid("j")).await.unwrap();
+    assert_eq!(sig.len(), settle_core::limits::SIGNALS_LOGGED_MAX + 1);
+    assert_eq!(sig.last().map(|s| s.effect), Some(SignalEffect::Recovered));
 }
 
 async fn backoff_schedule_under_a_fake_clock(k: &Kit) {

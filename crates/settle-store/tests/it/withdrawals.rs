@@ -21,7 +21,7 @@ conformance!(
     a_late_execution_of_a_dead_withdrawal_takes_the_hold_back,
     withdrawals_list_by_state,
     payout_returns_can_never_overflow,
-    withdrawals_never_draw_on_the_overdraft_or_on_reclaimable_refunds,
+    withdrawals_never_draw_on_the_overdraft,
     an_operator_resolves_an_unknown_withdrawal_once,
 );
 
@@ -382,14 +382,13 @@ async fn payout_returns_can_never_overflow(k: &Kit) {
     assert_eq!((back.value.job.state, k.balance(&a).await), (JobState::Returned, big));
 }
 
-/// Issue 19, item 6: an overdraft is a credit line for work, not cash; and a refund a late success
-/// may still reclaim is not cash either (decision 0017).
-async fn withdrawals_never_draw_on_the_overdraft_or_on_reclaimable_refunds(k: &Kit) {
+/// Issue 19, item 6: an overdraft is a credit line for work, not cash (decision 0017).
+async fn withdrawals_never_draw_on_the_overdraft(k: &Kit) {
     let a = acc("od");
     k.store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(500) }).await.unwrap();
     let before = (k.ledger_kinds(&a).await, k.event_types().await);
     let e = k.store.payouts().create_withdrawal(new_withdrawal("w-od", &a, 500, "attacker")).await.unwrap_err();
-    assert!(matches!(e, StoreError::InsufficientBalance { balance: 0, reclaimable: 0, needed: 500 }), "{e:?}");
+    assert!(matches!(e, StoreError::InsufficientBalance { balance: 0, needed: 500 }), "{e:?}");
     let e = k.store.payouts().create_withdrawal(new_withdrawal("w-od", &a, 1, "attacker")).await.unwrap_err();
     assert!(matches!(e, StoreError::InsufficientBalance { .. }), "{e:?}");
     assert_eq!((k.ledger_kinds(&a).await, k.event_types().await), before, "nothing written");
@@ -403,18 +402,16 @@ async fn withdrawals_never_draw_on_the_overdraft_or_on_reclaimable_refunds(k: &K
     assert_eq!(k.balance(&a).await, 200);
     // Only what is there: 200, not 200 + the overdraft.
     let e = k.store.payouts().create_withdrawal(new_withdrawal("w-big", &a, 201, "acct-1")).await.unwrap_err();
-    assert!(matches!(e, StoreError::InsufficientBalance { balance: 200, needed: 201, .. }), "{e:?}");
-    // The job fails: its 500 are refunded, but a late success may take them back.
-    let t = k.claim_one("work").await;
-    k.fail("work", &t, "TIMEOUT").await;
-    assert_eq!(k.balance(&a).await, 700);
-    let e = k.store.payouts().create_withdrawal(new_withdrawal("w-refund", &a, 201, "acct-1")).await.unwrap_err();
-    assert!(matches!(e, StoreError::InsufficientBalance { balance: 700, reclaimable: 500, needed: 201 }), "{e:?}");
+    assert!(matches!(e, StoreError::InsufficientBalance { balance: 200, needed: 201 }), "{e:?}");
     let w = withdraw(k, "w-ok", &a, 200).await;
-    assert_eq!((w.amount.get(), k.balance(&a).await), (200, 500));
-    // The late success reclaims: the account is back at 0, never below.
-    k.store.succeed(&jid("work"), Some(&t)).await.unwrap();
-    assert_eq!(k.balance(&a).await, 0);
+    assert_eq!((w.amount.get(), k.balance(&a).await), (200, 0));
+    let e = k.store.payouts().create_withdrawal(new_withdrawal("w-more", &a, 1, "acct-1")).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientBalance { balance: 0, needed: 1 }), "{e:?}");
+    // A withdrawal the provider refused for good hands its hold back, and it can be withdrawn again.
+    let t = claim_payout(k, "w-ok").await;
+    payout_fail(k, "w-ok", &t, "INVALID_ADDRESS").await;
+    assert_eq!(k.balance(&a).await, 200);
+    assert_eq!(withdraw(k, "w-again", &a, 200).await.amount.get(), 200);
 }
 
 /// A withdrawal made `unknown`: claimed, its send marked, no answer.
