@@ -93,7 +93,7 @@ impl From<StoreError> for ApiError {
             StoreError::InsufficientCredits { .. } | StoreError::InsufficientBalance { .. } => {
                 ApiError::new(S::PAYMENT_REQUIRED, "insufficient_credits", sentence(e.to_string()))
             }
-            StoreError::IdempotencyConflict { .. } => {
+            StoreError::IdempotencyConflict { .. } | StoreError::IdTaken { .. } => {
                 ApiError::new(S::CONFLICT, "idempotency_conflict", sentence(e.to_string()))
             }
             StoreError::JobFinished(_) => ApiError::new(S::CONFLICT, "job_finished", sentence(e.to_string())),

@@ -225,6 +225,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let db = settle_store::redacted_url(&args.db);
     tracing::info!(addr = %app.local_addr(), %db, engine = store.engine_name(), "settle serving API v1");
     eprintln!("settle: serving on http://{} ({db})", app.local_addr());
+    eprintln!(
+        "settle: the console is at http://{0}/console, the API reference at http://{0}/docs (/openapi.json)",
+        app.local_addr()
+    );
     match &config.provider {
         Some(p) => eprintln!("settle: paying out withdrawals through {}", settle_store::redacted_url(&p.url)),
         None => {

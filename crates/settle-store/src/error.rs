@@ -17,6 +17,8 @@ pub enum StoreError {
     InsufficientBalance { balance: i64, needed: i64 },
     #[error("{what} {id} already exists with a different request")]
     IdempotencyConflict { what: &'static str, id: String },
+    #[error("the {what} id {id} is taken by another account's {what}; {what} ids are unique across all accounts")]
+    IdTaken { what: &'static str, id: String },
     #[error("job {0} is finished")]
     JobFinished(String),
     #[error("job {0} has an unknown outcome; reconcile it first")]

@@ -83,6 +83,11 @@ async fn accounts_grants_and_adjustments(e: Engine) {
     assert_eq!((r.status, r.replayed), (200, true));
     let r = s.post("/v1/accounts/alice/grants", json!({"id": "g1", "amount": 101, "reason": "welcome"})).await;
     assert_eq!((r.status, code(&r)), (409, "idempotency_conflict"));
+    // Grant ids are unique across accounts: reusing one on another account says so.
+    assert_eq!(s.post("/v1/accounts", json!({"id": "bob"})).await.status, 201);
+    let r = s.post("/v1/accounts/bob/grants", json!({"id": "g1", "amount": 100, "reason": "welcome"})).await;
+    assert_eq!((r.status, code(&r)), (409, "idempotency_conflict"));
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("taken by another account"), "{}", r.body);
     for bad in [0, -1] {
         let r = s.post("/v1/accounts/alice/grants", json!({"id": "g2", "amount": bad})).await;
         assert_eq!((r.status, code(&r)), (400, "invalid_request"));

@@ -112,3 +112,23 @@ fn every_query_parameter_has_a_description() {
     }
     assert!(bare.is_empty(), "query parameters without a description: {bare:?}");
 }
+
+/// Issue 20: the contract ships with Settle (`docs/api.md`) and names every operation the server
+/// describes at `/openapi.json`.
+#[test]
+fn docs_api_md_names_every_operation_of_the_openapi_document() {
+    let doc = serde_json::to_value(settle_api::openapi()).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/api.md")).unwrap();
+    let mut missing = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in ["get", "post", "put", "patch", "delete"] {
+            if item.get(method).is_some() {
+                let op = format!("`{} {path}`", method.to_uppercase());
+                if !text.contains(&op) {
+                    missing.push(op);
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "docs/api.md does not name {missing:?}");
+}

@@ -89,6 +89,10 @@ pub(crate) async fn credit(
     let fp = credit_fingerprint(kind, account, id, amount, reason);
     if let Some(existing) = db.opt(&SELECT_CREDIT, args![kind.as_str(), id]).await? {
         if existing.blob(EntryCol::COUNT)? != fp {
+            // Ids are unique across accounts: say so when the id is another account's.
+            if entry_from_row(&existing)?.account_id != account {
+                return Err(StoreError::IdTaken { what: kind.as_str(), id: id.to_owned() });
+            }
             return Err(StoreError::IdempotencyConflict { what: kind.as_str(), id: id.to_owned() });
         }
         return Ok(Created { value: entry_from_row(&existing)?, replayed: true });

@@ -74,12 +74,7 @@ impl Payouts for SqlStore {
                 cx | payouts::payout_succeeded(db, cx, &id, token.as_ref(), &txid, returned).await
             ))
             .await?;
-        self.crash_point(CrashPoint::AfterCommit)?;
-        if after == After::Nothing {
-            return Ok(out);
-        }
-        self.continue_after(out.value.job, after).await?;
-        Ok(Outcome { value: self.withdrawal(job).await?, applied: out.applied })
+        self.finish_withdrawal(job, out, after).await
     }
 
     async fn payout_failed(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
@@ -108,12 +103,7 @@ impl Payouts for SqlStore {
                 cx | payouts::payout_resolve(db, cx, &id, &resolution, &actor).await
             ))
             .await?;
-        self.crash_point(CrashPoint::AfterCommit)?;
-        if after == After::Nothing {
-            return Ok(out);
-        }
-        self.continue_after(out.value.job, after).await?;
-        Ok(Outcome { value: self.withdrawal(job).await?, applied: out.applied })
+        self.finish_withdrawal(job, out, after).await
     }
 
     async fn payout_returned_by(
@@ -137,5 +127,23 @@ impl Payouts for SqlStore {
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
+    }
+}
+
+impl SqlStore {
+    /// After a withdrawal's committed transition: what it left to do (a teardown begun by a cancel
+    /// that won), then the withdrawal as it is now.
+    async fn finish_withdrawal(
+        &self,
+        job: &JobId,
+        out: Outcome<Withdrawal>,
+        after: After,
+    ) -> Result<Outcome<Withdrawal>, StoreError> {
+        self.crash_point(CrashPoint::AfterCommit)?;
+        if after == After::Nothing {
+            return Ok(out);
+        }
+        self.continue_after(out.value.job, after).await?;
+        Ok(Outcome { value: self.withdrawal(job).await?, applied: out.applied })
     }
 }
