@@ -90,7 +90,7 @@ pub(crate) async fn credit(
     if let Some(existing) = db.opt(&SELECT_CREDIT, args![kind.as_str(), id]).await? {
         if existing.blob(EntryCol::COUNT)? != fp {
             // Ids are unique across accounts: say so when the id is another account's.
-            if entry_from_row(&existing)?.account_id != account {
+            if entry_from_row(&existing)?.account_id != account.as_str() {
                 return Err(StoreError::IdTaken { what: kind.as_str(), id: id.to_owned() });
             }
             return Err(StoreError::IdempotencyConflict { what: kind.as_str(), id: id.to_owned() });
