@@ -290,7 +290,7 @@ pub fn jobs(session: &Session, q: &super::JobsQuery, page: &[Job], next: Option<
                             td { a href={ "/console/accounts/" (j.account_id) } { (j.account_id) } }
                             td class="num" { (credits(j.cost.get())) }
                             td class="num" { (signed(j.net.get())) }
-                            td class="num" { (j.attempt) "/" (j.max_attempts) }
+                            td class="num" { (j.attempt.saturating_sub(j.budget_base)) "/" (j.max_attempts) }
                             td { @if let Some(e) = &j.last_error { code { (e.code) } } }
                             td class="nowrap" { (time(j.updated_at)) }
                         }
@@ -326,7 +326,14 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
                 dt { "kind" } dd { (j.kind) }
                 dt { "cost" } dd { (credits(j.cost.get())) " credits" }
                 dt { "net now" } dd { (signed(j.net.get())) " credits" }
-                dt { "attempts" } dd { (j.attempt) " of " (j.max_attempts) }
+                dt { "attempts" } dd {
+                    // A requeue gives a fresh budget: count the attempts against it.
+                    @if j.budget_base > 0 {
+                        (j.attempt - j.budget_base) " of " (j.max_attempts) " since the requeue (" (j.attempt) " in all)"
+                    } @else {
+                        (j.attempt) " of " (j.max_attempts)
+                    }
+                }
                 dt { "refund on" } dd { (j.refund_on.as_str()) }
                 dt { "not before" } dd { (time(j.not_before)) }
                 @if let Some(t) = j.lease_expires_at { dt { "lease expires" } dd { (time(t)) } }
@@ -337,7 +344,8 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
             }
             @if session.can_act() {
                 div class="actions" {
-                    @if j.state == JobState::Dead {
+                    // A dead withdrawal is never requeued (its hold was refunded): a new one is made.
+                    @if j.state == JobState::Dead && j.kind != settle_core::job::WITHDRAWAL_KIND {
                         (action_button(session, &format!("/console/jobs/{}/requeue", j.id), "Requeue", Some("Requeue this dead job with a fresh attempt budget?"), false))
                     }
                     @if !finished && j.state != JobState::Unknown && !j.cancel_requested {

@@ -137,6 +137,8 @@ async fn an_admin_requeues_a_dead_job_and_the_action_is_on_the_job(e: Engine) {
     assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "queued");
     let (_, html) = page(&b, &s, "/console/jobs/j1").await;
     assert!(html.contains("operator <strong>ops-ana</strong>: requeue"), "the action is shown on the job");
+    // Issue 20: attempts count against the fresh budget, not "2 of 1".
+    assert!(html.contains("0 of 1 since the requeue (1 in all)"), "{html}");
     // Cancel, from the console, is recorded too; the queued job's items are refunded at once.
     let (status, _) = post(&b, &s, "/console/jobs/j1/cancel", &[("csrf", &csrf_of(&html))]).await;
     assert_eq!(status, 303);
@@ -150,6 +152,23 @@ async fn an_admin_requeues_a_dead_job_and_the_action_is_on_the_job(e: Engine) {
     assert!(html.contains("Clean."), "{html}");
     let actions = s.store_handle().actions(None, None).await.unwrap();
     assert!(actions.iter().any(|a| a.action == "audit" && a.actor == "ops-ana" && a.detail.contains(r#""ok":true"#)));
+    // Issue 20: a dead withdrawal offers no requeue (its hold was refunded; a new one is made).
+    let r =
+        s.post("/v1/withdrawals", json!({"id": "wd1", "account_id": "acme", "amount": 5, "destination": "bad"})).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let store = s.store_handle();
+    let claimed = store.payouts().claim_payouts(&settle_core::ids::WorkerName::parse("p").unwrap(), 10).await.unwrap();
+    let signal = settle_store::FailSignal {
+        lease_token: claimed[0].lease_token.clone(),
+        code: settle_core::ids::FailCode::parse("INVALID_ADDRESS").unwrap(),
+        message: None,
+        retryable: Some(false),
+        retry_after_ms: None,
+    };
+    store.payouts().payout_failed(&settle_core::ids::JobId::parse("wd1").unwrap(), signal).await.unwrap();
+    assert_eq!(s.get("/v1/withdrawals/wd1").await.body["state"], "dead");
+    let (_, html) = page(&b, &s, "/console/jobs/wd1").await;
+    assert!(!html.contains(r#"action="/console/jobs/wd1/requeue""#), "{html}");
 }
 
 async fn every_post_needs_the_sessions_csrf_token(e: Engine) {
