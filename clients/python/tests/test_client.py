@@ -14,6 +14,7 @@ import pytest
 from conftest import HOOK_SECRET, WORKER
 
 from settle_client import (
+    Applied,
     AsyncClient,
     AsyncWorker,
     Cancelled,
@@ -23,6 +24,8 @@ from settle_client import (
     IdempotencyConflict,
     InsufficientCredits,
     InvalidId,
+    LeaseLost,
+    Replayed,
     SettleError,
     SignatureError,
     Succeeded,
@@ -75,6 +78,32 @@ def test_dot_ids_are_refused_by_the_server_and_never_sent_by_the_client(admin, w
             worker_client.item_succeed("dots-2", item, token)
     job = admin.job("dots-2")
     assert job["state"] == "running" and [i["state"] for i in job["items"]] == ["charged", "charged"], job
+
+
+def test_reports_answer_applied_replayed_or_lease_lost(admin, worker_client):
+    """Issue 20, item 1 (decision 0019): a worker tells from the answer alone whether its report took
+    effect now, had already taken effect, or was refused — and what became of the job."""
+    account(admin, "answers", 100)
+    admin.create_job("answers-1", "answers", "answers", items=[("a", 10), ("b", 10)])
+    (job,) = worker_client.claim("py-answers", kinds=["answers"])
+    token = job["lease_token"]
+    first = worker_client.item_succeed("answers-1", "a", token)
+    assert isinstance(first, Applied) and not first.replayed and first["item"]["state"] == "succeeded"
+    again = worker_client.item_succeed("answers-1", "a", token)
+    assert isinstance(again, Replayed) and again.replayed
+    with pytest.raises(LeaseLost) as e:
+        worker_client.fail("answers-1", "a-token-never-issued", "TIMEOUT")
+    assert (e.value.status, e.value.lease, e.value.state, e.value.attempt) == (409, "never_issued", "running", None)
+    with pytest.raises(SettleError) as e:
+        worker_client.succeed("answers-1")  # without a token: an operator's act
+    assert (e.value.status, e.value.code) == (403, "forbidden")
+    done = worker_client.succeed("answers-1", token)
+    assert isinstance(done, Applied) and done["state"] == "succeeded"
+    assert isinstance(worker_client.succeed("answers-1", token), Replayed)
+    with pytest.raises(LeaseLost) as e:
+        worker_client.heartbeat("answers-1", token)
+    assert e.value.lease == "ended" and e.value.attempt["result"] == "succeeded" and e.value.state == "succeeded"
+    assert admin.account("answers")["balance"] == 80
 
 
 def test_a_worker_stops_at_the_item_boundary_when_a_cancel_arrives(admin, worker_client):

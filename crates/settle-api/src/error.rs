@@ -21,6 +21,12 @@ pub struct ErrorDetail {
     pub code: String,
     /// A human sentence.
     pub message: String,
+    /// With `lease_lost` on the worker routes: what became of the job and of the attempt whose
+    /// token the report carried — `{"state", "lease": "expired" | "ended" | "never_issued",
+    /// "attempt": {"attempt", "result", "reported", "finished_at", "expired_at"} | null}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub details: Option<serde_json::Value>,
 }
 
 #[derive(Debug)]
@@ -30,11 +36,12 @@ pub struct ApiError {
     pub message: String,
     /// Sent as `Retry-After` (seconds) with a `503`.
     pub retry_after_seconds: Option<u32>,
+    pub details: Option<serde_json::Value>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into(), retry_after_seconds: None }
+        ApiError { status, code, message: message.into(), retry_after_seconds: None, details: None }
     }
     pub fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
@@ -84,6 +91,22 @@ fn sentence(s: String) -> String {
     out
 }
 
+/// A refused report's details (decision 0019).
+fn lease_details(lost: &settle_store::LeaseLost) -> serde_json::Value {
+    let time = |t: Option<settle_core::Timestamp>| t.map(|t| t.rfc3339());
+    serde_json::json!({
+        "state": lost.state.as_str(),
+        "lease": lost.lease(),
+        "attempt": lost.attempt.as_ref().map(|a| serde_json::json!({
+            "attempt": a.attempt_no,
+            "result": a.result.map(|r| r.as_str()),
+            "reported": a.reported,
+            "finished_at": time(a.finished_at),
+            "expired_at": time(a.expired_at),
+        })),
+    })
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
         use StatusCode as S;
@@ -93,12 +116,15 @@ impl From<StoreError> for ApiError {
             StoreError::InsufficientCredits { .. } | StoreError::InsufficientBalance { .. } => {
                 ApiError::new(S::PAYMENT_REQUIRED, "insufficient_credits", sentence(e.to_string()))
             }
-            StoreError::IdempotencyConflict { .. } | StoreError::IdTaken { .. } => {
+            StoreError::IdempotencyConflict { .. } | StoreError::IdTaken { .. } | StoreError::ReportConflict(_) => {
                 ApiError::new(S::CONFLICT, "idempotency_conflict", sentence(e.to_string()))
             }
             StoreError::JobFinished(_) => ApiError::new(S::CONFLICT, "job_finished", sentence(e.to_string())),
             StoreError::OutcomeUnknown(_) => ApiError::new(S::CONFLICT, "outcome_unknown", sentence(e.to_string())),
-            StoreError::LeaseLost(_) => ApiError::new(S::CONFLICT, "lease_lost", sentence(e.to_string())),
+            StoreError::LeaseLost(lost) => ApiError {
+                details: Some(lease_details(&lost)),
+                ..ApiError::new(S::CONFLICT, "lease_lost", sentence(lost.to_string()))
+            },
             StoreError::InvalidTransition { .. } => {
                 ApiError::new(S::CONFLICT, "invalid_transition", sentence(e.to_string()))
             }
@@ -127,7 +153,9 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody { error: ErrorDetail { code: self.code.to_owned(), message: self.message } };
+        let body = ErrorBody {
+            error: ErrorDetail { code: self.code.to_owned(), message: self.message, details: self.details },
+        };
         let mut response = (self.status, axum::Json(body)).into_response();
         if let Some(seconds) = self.retry_after_seconds {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());

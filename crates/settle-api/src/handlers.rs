@@ -1,7 +1,7 @@
 //! Handlers: parse, authorize, call one store operation, map the answer. Thin on purpose.
 
 use crate::app::AppState;
-use crate::auth::{Actor, AdminRole, Auth, ClientRole, WorkerRole};
+use crate::auth::{Actor, AdminRole, Auth, ClientRole, Role, WorkerRole};
 use crate::dto::{self, parse_rfc3339};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{Json, Path, Query};
@@ -33,6 +33,16 @@ fn created<T, D: serde::Serialize>(c: Created<T>, to_dto: impl FnOnce(T) -> D) -
 
 fn ok<D: serde::Serialize>(d: D) -> Response {
     (StatusCode::OK, axum::Json(d)).into_response()
+}
+
+/// A worker's report: `200`, with `Idempotent-Replayed: true` when it had already taken effect
+/// (the same report re-sent after its answer was lost: decision 0019).
+fn reported<D: serde::Serialize>(d: D, applied: bool) -> Response {
+    let mut r = ok(d);
+    if !applied {
+        r.headers_mut().insert("Idempotent-Replayed", HeaderValue::from_static("true"));
+    }
+    r
 }
 
 fn page(after: Option<i64>, limit: Option<u32>) -> Result<store::Page, ApiError> {
@@ -487,7 +497,9 @@ fn token(t: String) -> Result<store::LeaseToken, ApiError> {
 /// Renew a lease
 ///
 /// Extends the lease of the current attempt and tells the worker whether a cancel was requested. A
-/// token that is not the current attempt's is `409 lease_lost` and changes nothing (it is logged).
+/// token that is not the current attempt's is `409 lease_lost` and changes nothing (it is logged);
+/// the error's `details` say what became of the job and of the token's attempt (`lease`: `expired`
+/// with `expired_at`, `ended`, or `never_issued`).
 #[utoipa::path(post, path = "/v1/jobs/{id}/heartbeat", tag = "workers", params(("id" = String, Path)),
     request_body = dto::LeaseOnly,
     responses((status = 200, body = dto::Heartbeat), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -508,13 +520,19 @@ pub async fn heartbeat(
 
 /// Report a job's success
 ///
-/// Accepted from any attempt, current or not, with or without a token: the work exists. A success after
-/// a failure refunded the job reclaims that refund (the seed's timeout-at-30 s, result-at-32 s case).
-/// If a cancel won the race, the job goes to teardown instead. A repeat changes nothing.
+/// Accepted with the token of any attempt of this job, current or not: the work exists. A success
+/// after a failure refunded the job reclaims that refund (the seed's timeout-at-30 s, result-at-32 s
+/// case). If a cancel won the race, the job goes to teardown instead (the answer's `state` is
+/// `cancelling`). A repeat, or a success after the job succeeded, is a replay: `200` with
+/// `Idempotent-Replayed: true`, nothing changed. A token no attempt of this job ever held is
+/// `409 lease_lost` and writes nothing. Without a token a success is an operator's act: admin role
+/// only, recorded in the action log.
 #[utoipa::path(post, path = "/v1/jobs/{id}/succeed", tag = "workers", params(("id" = String, Path)),
     request_body = dto::Succeed,
-    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody),
-              (status = 409, description = "a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
+    responses((status = 200, description = "applied, or a replay (header Idempotent-Replayed: true)", body = dto::Job),
+              (status = 403, description = "no lease token, and not the admin role", body = ErrorBody),
+              (status = 404, body = ErrorBody),
+              (status = 409, description = "lease_lost (a token no attempt held, or a job no success moves), job_finished, or a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
 pub async fn succeed(
     State(s): State<AppState>,
     auth: Auth<WorkerRole>,
@@ -524,22 +542,36 @@ pub async fn succeed(
     // A worker token scoped to kinds reports only on jobs of those kinds.
     seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let t = b.lease_token.map(token).transpose()?;
+    let by = match &t {
+        Some(t) => store::Reporter::Lease(t),
+        None if auth.actor.role == Role::Admin => store::Reporter::Operator(&auth.actor.name),
+        None => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "A success without a lease token is an operator's act: it needs the admin role.",
+            ));
+        }
+    };
     let result = b.result.as_ref().map(canonical_json);
-    let out = s.store.succeed_with_result(&id(JobId::parse, &job)?, t.as_ref(), result).await?;
+    let out = s.store.succeed_by(&id(JobId::parse, &job)?, by, result).await?;
     mark("succeed", out.applied);
-    Ok(ok(dto::Job::from(out.value)))
+    Ok(reported(dto::Job::from(out.value), out.applied))
 }
 
 /// Report a job's failure
 ///
 /// Refunds per the job's refund policy, then schedules a retry with capped exponential backoff
 /// (`queued` with a later `not_before`) or, when the code is not retryable or the attempts are used up,
-/// ends the job `dead`. A requested cancel is honoured instead. A token that is not the current
-/// attempt's changes nothing and is logged; the answer is then the job as it is.
+/// ends the job `dead`. A requested cancel is honoured instead. The same report re-sent after it
+/// took effect is a replay (`200` with `Idempotent-Replayed: true`); with another code, `409
+/// idempotency_conflict`. Any other token that is not the current attempt's is `409 lease_lost`
+/// with `details` (what became of the job and of that attempt) and changes nothing.
 #[utoipa::path(post, path = "/v1/jobs/{id}/fail", tag = "workers", params(("id" = String, Path)),
     request_body = dto::Fail,
-    responses((status = 200, body = dto::Job), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, description = "a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
+    responses((status = 200, description = "applied, or a replay (header Idempotent-Replayed: true)", body = dto::Job),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, description = "lease_lost, idempotency_conflict, or a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
 pub async fn fail(
     State(s): State<AppState>,
     auth: Auth<WorkerRole>,
@@ -557,17 +589,19 @@ pub async fn fail(
     };
     let out = s.store.fail(&id(JobId::parse, &job)?, signal).await?;
     mark("fail", out.applied);
-    Ok(ok(dto::Job::from(out.value)))
+    Ok(reported(dto::Job::from(out.value), out.applied))
 }
 
 /// Report that a job's outcome is unknown
 ///
 /// For an external effect whose answer was lost: the job moves to `unknown`, keeps its charge, and
-/// waits for the reconciler to ask the outside system what happened.
+/// waits for the reconciler to ask the outside system what happened. A re-send after it took effect
+/// is a replay (`200` with `Idempotent-Replayed: true`); another stale token is `409 lease_lost`.
 #[utoipa::path(post, path = "/v1/jobs/{id}/unknown", tag = "workers", params(("id" = String, Path)),
     request_body = dto::Unknown,
-    responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody),
-              (status = 409, description = "a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
+    responses((status = 200, description = "applied, or a replay (header Idempotent-Replayed: true)", body = dto::Job),
+              (status = 404, body = ErrorBody),
+              (status = 409, description = "lease_lost, or a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
 pub async fn unknown(
     State(s): State<AppState>,
     auth: Auth<WorkerRole>,
@@ -578,7 +612,7 @@ pub async fn unknown(
     seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let out = s.store.mark_unknown(&id(JobId::parse, &job)?, &token(b.lease_token)?, b.message.as_deref()).await?;
     mark("unknown", out.applied);
-    Ok(ok(dto::Job::from(out.value)))
+    Ok(reported(dto::Job::from(out.value), out.applied))
 }
 
 fn item_report(r: store::ItemReport) -> dto::ItemReport {
@@ -598,10 +632,13 @@ fn item_report(r: store::ItemReport) -> dto::ItemReport {
 /// Report an item delivered
 ///
 /// Marks one item delivered (it stays charged) and answers whether a cancel was requested, so the
-/// worker can stop at the item boundary. A repeat changes nothing.
+/// worker can stop at the item boundary. A repeat is a replay (`200` with `Idempotent-Replayed:
+/// true`); a token that is not the current lease is `409 lease_lost` unless its attempt decided
+/// the item (then a replay); an item cancelled is `409 invalid_transition`.
 #[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/succeed", tag = "workers",
     params(("id" = String, Path), ("item" = String, Path)), request_body = dto::LeaseOnly,
-    responses((status = 200, body = dto::ItemReport), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 200, description = "applied, or a replay (header Idempotent-Replayed: true)", body = dto::ItemReport),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn item_succeed(
     State(s): State<AppState>,
     auth: Auth<WorkerRole>,
@@ -612,16 +649,20 @@ pub async fn item_succeed(
     seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
     let r = s.store.item_succeed(&id(JobId::parse, &job)?, &id(ItemId::parse, &item)?, &token(b.lease_token)?).await?;
     mark("item_succeed", r.applied);
-    Ok(ok(item_report(r)))
+    let applied = r.applied;
+    Ok(reported(item_report(r), applied))
 }
 
 /// Report an item failed
 ///
 /// Refunds one item with its own `refund` ledger entry; a later job-level success will not reclaim it.
-/// Answers whether a cancel was requested.
+/// Answers whether a cancel was requested. A repeat is a replay (`200` with `Idempotent-Replayed:
+/// true`); a failure of a delivered item is `409 invalid_transition`; a token that is not the
+/// current lease is `409 lease_lost` unless its attempt decided the item.
 #[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/fail", tag = "workers",
     params(("id" = String, Path), ("item" = String, Path)), request_body = dto::ItemFail,
-    responses((status = 200, body = dto::ItemReport), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 200, description = "applied, or a replay (header Idempotent-Replayed: true)", body = dto::ItemReport),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn item_fail(
     State(s): State<AppState>,
     auth: Auth<WorkerRole>,
@@ -641,7 +682,8 @@ pub async fn item_fail(
         )
         .await?;
     mark("item_fail", r.applied);
-    Ok(ok(item_report(r)))
+    let applied = r.applied;
+    Ok(reported(item_report(r), applied))
 }
 
 /// Register an item's artifact
@@ -653,7 +695,7 @@ pub async fn item_fail(
 /// holder may register.
 #[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/artifacts", tag = "workers",
     params(("id" = String, Path), ("item" = String, Path)), request_body = dto::RegisterArtifact,
-    responses((status = 201, body = dto::Artifact), (status = 200, description = "already registered", body = dto::Artifact),
+    responses((status = 201, body = dto::Artifact), (status = 200, description = "already registered (header Idempotent-Replayed: true)", body = dto::Artifact),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn register_artifact(
     State(s): State<AppState>,
@@ -673,7 +715,12 @@ pub async fn register_artifact(
         key: key.as_str().to_owned(),
         path: key.path_in(job.as_str(), item.as_str()),
     });
-    Ok((if new { StatusCode::CREATED } else { StatusCode::OK }, body).into_response())
+    if new {
+        return Ok((StatusCode::CREATED, body).into_response());
+    }
+    let mut r = (StatusCode::OK, body).into_response();
+    r.headers_mut().insert("Idempotent-Replayed", HeaderValue::from_static("true"));
+    Ok(r)
 }
 
 // ----- withdrawals ----------------------------------------------------------------------------------

@@ -2,6 +2,10 @@
 //! the work: [`Worker::run`] claims with long-polls, heartbeats on a timer, hands each job to a
 //! [`Handler`], reports items one by one, stops at the next item boundary when a cancel is
 //! requested, and reports success, a retryable or permanent failure, or an unknown outcome.
+//!
+//! Every report answers a [`Report`]: `Applied` (it took effect now) or `Replayed` (the same report
+//! had already taken effect — a re-send after a lost answer); a refused one is
+//! [`ClientError::LeaseLost`], whose `details` say what became of the job (decision 0019).
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -15,9 +19,11 @@ const CLAIM_LIMIT_MAX: u32 = 100;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The lease is gone (expired and rescued, or the job finished): stop working on the job.
-    #[error("lease lost")]
-    LeaseLost,
+    /// The report was refused because its lease is gone (expired and rescued, or the job ended):
+    /// stop working on the job. `details`: `{"state", "lease": "expired" | "ended" |
+    /// "never_issued", "attempt": {…} | null}` — what became of the job and of the token's attempt.
+    #[error("lease lost: {message}")]
+    LeaseLost { message: String, details: Value },
     /// Settle answered with an error body.
     #[error("{status} {code}: {message}")]
     Api { status: u16, code: String, message: String },
@@ -89,6 +95,35 @@ struct ItemReport {
     cancel_requested: bool,
 }
 
+/// How a worker's report landed (decision 0019).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report<T> {
+    /// It took effect now.
+    Applied(T),
+    /// The same report had already taken effect (re-sent after its answer was lost): nothing
+    /// changed; `T` is as it is now.
+    Replayed(T),
+}
+
+impl<T> Report<T> {
+    pub fn value(self) -> T {
+        match self {
+            Report::Applied(v) | Report::Replayed(v) => v,
+        }
+    }
+
+    pub fn is_replay(&self) -> bool {
+        matches!(self, Report::Replayed(_))
+    }
+
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Report<U> {
+        match self {
+            Report::Applied(v) => Report::Applied(f(v)),
+            Report::Replayed(v) => Report::Replayed(f(v)),
+        }
+    }
+}
+
 /// The HTTP client: one call per endpoint of the worker protocol.
 #[derive(Clone)]
 pub struct Client {
@@ -104,21 +139,28 @@ impl Client {
     }
 
     async fn post(&self, path: &str, body: Value) -> Result<Value, ClientError> {
+        self.report(path, body).await.map(Report::value)
+    }
+
+    /// A POST whose answer may be a replay (`Idempotent-Replayed: true`).
+    async fn report(&self, path: &str, body: Value) -> Result<Report<Value>, ClientError> {
         let mut req = self.http.post(format!("{}{path}", self.base)).json(&body);
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
         let resp = req.send().await.map_err(|e| ClientError::Transport(e.to_string()))?;
         let status = resp.status().as_u16();
+        let replayed = resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
         let v: Value = resp.json().await.map_err(|e| ClientError::Transport(e.to_string()))?;
         if status < 300 {
-            return Ok(v);
+            return Ok(if replayed { Report::Replayed(v) } else { Report::Applied(v) });
         }
         let code = v["error"]["code"].as_str().unwrap_or("").to_owned();
+        let message = v["error"]["message"].as_str().unwrap_or("").to_owned();
         if code == "lease_lost" {
-            return Err(ClientError::LeaseLost);
+            return Err(ClientError::LeaseLost { message, details: v["error"]["details"].clone() });
         }
-        Err(ClientError::Api { status, code, message: v["error"]["message"].as_str().unwrap_or("").to_owned() })
+        Err(ClientError::Api { status, code, message })
     }
 
     pub async fn claim(
@@ -147,15 +189,16 @@ impl Client {
         serde_json::from_value(v).map_err(|e| ClientError::Transport(e.to_string()))
     }
 
-    pub async fn succeed(&self, job: &str, token: &str, result: Option<Value>) -> Result<Value, ClientError> {
+    /// Answers the job (a cancel that won the race: its `state` is `cancelling` or `cancelled`).
+    pub async fn succeed(&self, job: &str, token: &str, result: Option<Value>) -> Result<Report<Value>, ClientError> {
         let mut body = json!({"lease_token": token});
         if let Some(r) = result {
             body["result"] = r;
         }
-        self.post(&format!("/v1/jobs/{}/succeed", segment("job id", job)?), body).await
+        self.report(&format!("/v1/jobs/{}/succeed", segment("job id", job)?), body).await
     }
 
-    pub async fn fail(&self, job: &str, token: &str, failure: &Failure) -> Result<Value, ClientError> {
+    pub async fn fail(&self, job: &str, token: &str, failure: &Failure) -> Result<Report<Value>, ClientError> {
         let mut body = json!({"lease_token": token, "code": failure.code, "message": failure.message});
         if let Some(r) = failure.retryable {
             body["retryable"] = json!(r);
@@ -163,19 +206,19 @@ impl Client {
         if let Some(ms) = failure.retry_after_ms {
             body["retry_after_ms"] = json!(ms);
         }
-        self.post(&format!("/v1/jobs/{}/fail", segment("job id", job)?), body).await
+        self.report(&format!("/v1/jobs/{}/fail", segment("job id", job)?), body).await
     }
 
-    pub async fn unknown(&self, job: &str, token: &str, message: &str) -> Result<Value, ClientError> {
+    pub async fn unknown(&self, job: &str, token: &str, message: &str) -> Result<Report<Value>, ClientError> {
         let job = segment("job id", job)?;
-        self.post(&format!("/v1/jobs/{job}/unknown"), json!({"lease_token": token, "message": message})).await
+        self.report(&format!("/v1/jobs/{job}/unknown"), json!({"lease_token": token, "message": message})).await
     }
 
-    /// Returns whether a cancel has been requested.
-    pub async fn item_succeed(&self, job: &str, item: &str, token: &str) -> Result<bool, ClientError> {
+    /// Answers whether a cancel has been requested.
+    pub async fn item_succeed(&self, job: &str, item: &str, token: &str) -> Result<Report<bool>, ClientError> {
         let (job, item) = (segment("job id", job)?, segment("item id", item)?);
-        let v = self.post(&format!("/v1/jobs/{job}/items/{item}/succeed"), json!({"lease_token": token})).await?;
-        Ok(serde_json::from_value::<ItemReport>(v).map(|r| r.cancel_requested).unwrap_or(false))
+        let r = self.report(&format!("/v1/jobs/{job}/items/{item}/succeed"), json!({"lease_token": token})).await?;
+        Ok(r.map(cancel_requested))
     }
 
     /// Registers an artifact of an item (an output teardown deletes if the item is not delivered);
@@ -186,15 +229,19 @@ impl Client {
         item: &str,
         token: &str,
         key: &str,
-    ) -> Result<String, ClientError> {
+    ) -> Result<Report<String>, ClientError> {
         let (job, item) = (segment("job id", job)?, segment("item id", item)?);
-        let v = self
-            .post(&format!("/v1/jobs/{job}/items/{item}/artifacts"), json!({"lease_token": token, "key": key}))
+        let r = self
+            .report(&format!("/v1/jobs/{job}/items/{item}/artifacts"), json!({"lease_token": token, "key": key}))
             .await?;
-        v["path"].as_str().map(str::to_owned).ok_or_else(|| ClientError::Transport(format!("no path in {v}")))
+        match r.map(|v| v["path"].as_str().map(str::to_owned).ok_or_else(|| format!("no path in {v}"))) {
+            Report::Applied(Ok(p)) => Ok(Report::Applied(p)),
+            Report::Replayed(Ok(p)) => Ok(Report::Replayed(p)),
+            Report::Applied(Err(e)) | Report::Replayed(Err(e)) => Err(ClientError::Transport(e)),
+        }
     }
 
-    /// Returns whether a cancel has been requested.
+    /// Answers whether a cancel has been requested.
     pub async fn item_fail(
         &self,
         job: &str,
@@ -202,16 +249,20 @@ impl Client {
         token: &str,
         code: &str,
         message: &str,
-    ) -> Result<bool, ClientError> {
+    ) -> Result<Report<bool>, ClientError> {
         let (job, item) = (segment("job id", job)?, segment("item id", item)?);
-        let v = self
-            .post(
+        let r = self
+            .report(
                 &format!("/v1/jobs/{job}/items/{item}/fail"),
                 json!({"lease_token": token, "code": code, "message": message}),
             )
             .await?;
-        Ok(serde_json::from_value::<ItemReport>(v).map(|r| r.cancel_requested).unwrap_or(false))
+        Ok(r.map(cancel_requested))
     }
+}
+
+fn cancel_requested(v: Value) -> bool {
+    serde_json::from_value::<ItemReport>(v).map(|r| r.cancel_requested).unwrap_or(false)
 }
 
 #[derive(Debug, Clone)]
@@ -258,7 +309,7 @@ impl JobContext {
     pub async fn item_done(&self, item: &str) -> Result<Flow, ClientError> {
         let cancel =
             self.client.item_succeed(&self.job.id, item, &self.job.lease_token).await.inspect_err(|e| self.note(e))?;
-        Ok(self.flow(cancel))
+        Ok(self.flow(cancel.value()))
     }
 
     pub async fn item_failed(&self, item: &str, code: &str, message: &str) -> Result<Flow, ClientError> {
@@ -267,7 +318,7 @@ impl JobContext {
             .item_fail(&self.job.id, item, &self.job.lease_token, code, message)
             .await
             .inspect_err(|e| self.note(e))?;
-        Ok(self.flow(cancel))
+        Ok(self.flow(cancel.value()))
     }
 
     /// Registers an artifact of `item` before writing it, so a teardown knows to delete it;
@@ -276,11 +327,17 @@ impl JobContext {
         self.client
             .register_artifact(&self.job.id, item, &self.job.lease_token, key)
             .await
+            .map(Report::value)
             .inspect_err(|e| self.note(e))
     }
 
+    /// Whether the lease was lost (the job is the server's to rescue now).
+    pub fn lease_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
     fn note(&self, e: &ClientError) {
-        if matches!(e, ClientError::LeaseLost) {
+        if matches!(e, ClientError::LeaseLost { .. }) {
             self.lost.store(true, Ordering::SeqCst);
         }
     }
@@ -385,7 +442,7 @@ async fn run_one(client: Client, handler: Arc<dyn Handler>, job: ClaimedJob, hea
                 }
                 match client.heartbeat(&id, &token).await {
                     Ok(hb) => cancel.store(hb.cancel_requested, Ordering::SeqCst),
-                    Err(ClientError::LeaseLost) => {
+                    Err(ClientError::LeaseLost { .. }) => {
                         lost.store(true, Ordering::SeqCst);
                         return;
                     }
@@ -399,25 +456,42 @@ async fn run_one(client: Client, handler: Arc<dyn Handler>, job: ClaimedJob, hea
     beating.cancel();
     let _ = beat.await;
     let (id, token) = (&ctx.job.id, &ctx.job.lease_token);
+    // A handler that stopped because the lease was lost has nothing to report: a lost lease is not a
+    // cancel, and the job is the rescuer's now. (A success is still sent: accepted from any attempt.)
+    if ctx.lease_lost() && matches!(outcome, Outcome::Cancelled) {
+        tracing::warn!(job = %id, "lease lost; the server rescues the job, nothing to report");
+        return;
+    }
+    let unknown = matches!(outcome, Outcome::Unknown(_));
     let reported = match outcome {
-        Outcome::Succeeded(result) => client.succeed(id, token, result).await.map(drop),
-        Outcome::Failed(f) => client.fail(id, token, &f).await.map(drop),
-        Outcome::Unknown(m) => client.unknown(id, token, &m).await.map(drop),
-        Outcome::Cancelled => client
-            .fail(
-                id,
-                token,
-                &Failure {
-                    code: "CANCELLED".into(),
-                    message: "stopped at an item boundary".into(),
-                    retryable: Some(false),
-                    retry_after_ms: None,
-                },
-            )
-            .await
-            .map(drop),
+        Outcome::Succeeded(result) => client.succeed(id, token, result).await,
+        Outcome::Failed(f) => client.fail(id, token, &f).await,
+        Outcome::Unknown(m) => client.unknown(id, token, &m).await,
+        Outcome::Cancelled => {
+            client
+                .fail(
+                    id,
+                    token,
+                    &Failure {
+                        code: "CANCELLED".into(),
+                        message: "stopped at an item boundary".into(),
+                        retryable: Some(false),
+                        retry_after_ms: None,
+                    },
+                )
+                .await
+        }
     };
-    if let Err(e) = reported {
-        tracing::warn!(job = %id, error = %e, "could not report the outcome; the lease will expire and the job be rescued");
+    match reported {
+        Ok(Report::Applied(_)) => {}
+        Ok(Report::Replayed(_)) => tracing::debug!(job = %id, "the report had already taken effect (a replay)"),
+        // The rescuer retried the job meanwhile: the external effect may happen twice.
+        Err(e @ ClientError::LeaseLost { .. }) if unknown => {
+            tracing::error!(job = %id, error = %e, "the unknown outcome was refused: the job was rescued and may run again")
+        }
+        Err(e @ ClientError::LeaseLost { .. }) => tracing::warn!(job = %id, error = %e, "the report was refused"),
+        Err(e) => {
+            tracing::warn!(job = %id, error = %e, "could not report the outcome; the lease will expire and the job be rescued")
+        }
     }
 }

@@ -9,7 +9,7 @@ use settle_client::{Client, ClientError, Failure};
 async fn ids_that_a_url_would_rewrite_are_never_sent() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let c = Client::new(&format!("http://127.0.0.1:{port}"), None);
-    let refused = |r: Result<bool, ClientError>| matches!(r, Err(ClientError::InvalidId(_)));
+    let refused = |r: Result<settle_client::Report<bool>, ClientError>| matches!(r, Err(ClientError::InvalidId(_)));
     for bad in ["..", ".", "a/b", "", "a b", "%2e%2e"] {
         assert!(refused(c.item_succeed("job-1", bad, "t").await), "item {bad:?}");
         assert!(refused(c.item_fail("job-1", bad, "t", "NODE_DOWN", "m").await), "item {bad:?}");

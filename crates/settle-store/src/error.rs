@@ -17,14 +17,20 @@ pub enum StoreError {
     InsufficientBalance { balance: i64, needed: i64 },
     #[error("{what} {id} already exists with a different request")]
     IdempotencyConflict { what: &'static str, id: String },
+    /// A worker's report re-sent with another body than the one that took effect (a `fail` with
+    /// another code): nothing was written.
+    #[error("{0}")]
+    ReportConflict(String),
     #[error("the {what} id {id} is taken by another account's {what}; {what} ids are unique across all accounts")]
     IdTaken { what: &'static str, id: String },
     #[error("job {0} is finished")]
     JobFinished(String),
     #[error("job {0} has an unknown outcome; reconcile it first")]
     OutcomeUnknown(String),
-    #[error("the lease token is not the current one for job {0}")]
-    LeaseLost(String),
+    /// A worker's report refused because its lease is gone: what became of the job and of the
+    /// attempt whose token it was (issue 20, decision 0019). Nothing but the signal log was written.
+    #[error("{0}")]
+    LeaseLost(Box<crate::model::LeaseLost>),
     #[error("job {job} cannot {action} in state {state}")]
     InvalidTransition { job: String, action: &'static str, state: String },
     #[error("credit arithmetic overflow")]

@@ -14,11 +14,76 @@ pub struct Created<T> {
     pub replayed: bool,
 }
 
-/// A signal's answer: the job after it, and whether the signal changed anything.
+/// A signal's answer: the job after it, and whether the signal changed anything. For a worker's
+/// report (`succeed`, `fail`, `unknown`, the item reports) an answer that applied nothing is a
+/// replay: the same report had already taken effect (decision 0019); a refused one is
+/// `StoreError::LeaseLost` instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome<T> {
     pub value: T,
     pub applied: bool,
+}
+
+/// Who reports a job's success: the holder of some attempt's lease token (current or not: the
+/// seed's recovery), an operator (recorded in the action log), or the reconciler.
+#[derive(Debug, Clone, Copy)]
+pub enum Reporter<'a> {
+    Lease(&'a LeaseToken),
+    Operator(&'a str),
+    Reconciler,
+}
+
+/// Why a worker's report was refused (decision 0019): the job as it is, and the attempt whose
+/// token the report carried — `None` when no attempt of this job ever held it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseLost {
+    pub job: String,
+    pub state: JobState,
+    pub attempt: Option<AttemptEnd>,
+}
+
+/// How the attempt of a refused token ended, from its row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptEnd {
+    pub attempt_no: u32,
+    /// `None` while the attempt is open (which a refused token's attempt never is).
+    pub result: Option<AttemptResult>,
+    /// Its own report that took effect (`succeed`, `fail`, `unknown`); `None` when it reported
+    /// nothing that did (the rescuer, a cancel, another attempt or an operator closed it).
+    pub reported: Option<String>,
+    pub finished_at: Option<Timestamp>,
+    /// When its lease ran out, for an attempt the rescuer closed.
+    pub expired_at: Option<Timestamp>,
+}
+
+impl LeaseLost {
+    /// `expired`, `ended` (the attempt ended another way) or `never_issued`.
+    pub fn lease(&self) -> &'static str {
+        match &self.attempt {
+            None => "never_issued",
+            Some(a) if a.result == Some(AttemptResult::LeaseExpired) => "expired",
+            Some(_) => "ended",
+        }
+    }
+}
+
+impl std::fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (job, state) = (&self.job, self.state.as_str());
+        match &self.attempt {
+            None => write!(f, "no attempt of job {job} ever held this lease token; the job is {state}"),
+            Some(a) => {
+                write!(f, "the lease of attempt {} of job {job} ", a.attempt_no)?;
+                match (a.result, a.expired_at) {
+                    (Some(AttemptResult::LeaseExpired), Some(at)) => write!(f, "expired at {}", at.rfc3339())?,
+                    (Some(AttemptResult::LeaseExpired), None) => write!(f, "expired")?,
+                    (Some(r), _) => write!(f, "is gone (the attempt ended {})", r.as_str())?,
+                    (None, _) => write!(f, "is not the current one")?,
+                }
+                write!(f, "; the job is {state}")
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -204,7 +204,8 @@ pub(crate) async fn payout_succeeded(
     ops::check_caller(&job, Caller::PayoutProcessor)?;
     // A withdrawal is `final_failure`: its success wins over a cancel request. Only a teardown that
     // had already begun (`cancelling`) is left to finish.
-    let (mut applied, after) = ops::apply_success(db, cx, &job, token, None).await?;
+    let reporter = token.map_or(Reporter::Reconciler, Reporter::Lease);
+    let (mut applied, after) = ops::apply_success(db, cx, &job, reporter, None).await?;
     let kept = db.one("SELECT provider_txid FROM withdrawals WHERE job_id = $1", args![&job.id]).await?.opt_text(0)?;
     if applied || matches!(job.state, JobState::Succeeded | JobState::Returned) {
         record_txid(db, &job.id, txid).await?;
@@ -273,7 +274,7 @@ pub(crate) async fn payout_resolve(
     }
     let (after, detail) = match &resolution.outcome {
         ResolvedOutcome::Sent { provider_txid } => {
-            let (applied, after) = ops::apply_success(db, cx, &job, None, None).await?;
+            let (applied, after) = ops::apply_success(db, cx, &job, Reporter::Operator(actor), None).await?;
             // From `unknown` the success always applies: the state was checked under the lock.
             ops::guard_hit(u64::from(applied), "operator's success")?;
             record_txid(db, &job.id, provider_txid).await?;
@@ -296,6 +297,7 @@ pub(crate) async fn payout_resolve(
                     attempt_result: AttemptResult::Failed,
                     budget_exempt: false,
                     defer_cancel: false,
+                    reported: None,
                 },
             )
             .await?;

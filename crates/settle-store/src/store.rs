@@ -84,7 +84,8 @@ pub trait Store: Send + Sync {
         artifact: NewArtifact,
     ) -> Result<bool, StoreError>;
 
-    /// Accepted from any attempt, with or without a token (recovery).
+    /// Accepted with the token of any attempt of the job (recovery); without one, as the system's
+    /// operator act. See `succeed_by`.
     async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError> {
         self.succeed_with_result(job, token, None).await
     }
@@ -93,6 +94,19 @@ pub trait Store: Send + Sync {
         &self,
         job: &JobId,
         token: Option<&LeaseToken>,
+        result: Option<String>,
+    ) -> Result<Outcome<Job>, StoreError> {
+        let by = token.map_or(Reporter::Operator(SYSTEM_ACTOR), Reporter::Lease);
+        self.succeed_by(job, by, result).await
+    }
+    /// A success report (decision 0019): `applied` when it moved the job; not applied, a replay (the
+    /// job had succeeded, or this attempt's success had lost to a cancel); `LeaseLost` for a token no
+    /// attempt of this job held (nothing written) or a job no success can move (logged). An
+    /// operator's success is recorded in the action log; `job_finished` on a cancelled job.
+    async fn succeed_by(
+        &self,
+        job: &JobId,
+        by: Reporter<'_>,
         result: Option<String>,
     ) -> Result<Outcome<Job>, StoreError>;
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;

@@ -308,6 +308,11 @@ impl PayoutProcessor {
         let token = claimed.lease_token.clone();
         match self.try_attempt(&id, &token, claimed).await {
             Ok(end) => end,
+            // A report refused because the lease lapsed meanwhile: the rescuer has the withdrawal.
+            Err(StoreError::LeaseLost(lost)) => {
+                tracing::warn!(job = %id, %lost, "payout attempt lost its lease before recording its result");
+                AttemptEnd::LeaseLost
+            }
             Err(e) => {
                 tracing::warn!(job = %id, error = %e, "payout attempt could not be recorded; the lease will expire");
                 AttemptEnd::StoreError

@@ -7,7 +7,7 @@
 - Errors carry the API's error `code` (`SettleError` and its subclasses).
 """
 
-from .client import AsyncClient, Client
+from .client import Applied, AsyncClient, Client, Replayed
 from .errors import (
     IdempotencyConflict,
     InsufficientCredits,
@@ -32,6 +32,7 @@ from .worker import (
 )
 
 __all__ = [
+    "Applied",
     "AsyncClient",
     "AsyncJobContext",
     "AsyncWorker",
@@ -46,6 +47,7 @@ __all__ = [
     "JobFinished",
     "LeaseLost",
     "NotFound",
+    "Replayed",
     "SettleError",
     "SignatureError",
     "Succeeded",

@@ -2,6 +2,9 @@
 
 Every answer is the API's JSON as a dict. A create that was a replay (`Idempotent-Replayed: true`:
 the same id and body again) answers the resource as it is now, with `"replayed": True` added.
+A worker's report (`succeed`, `fail`, `unknown`, the item reports, `register_artifact`) answers
+`Applied` (it took effect now) or `Replayed` (it had already taken effect: the same report re-sent),
+both dicts; a refused one raises `LeaseLost`, whose `details` say what became of the job.
 Errors raise `SettleError` subclasses carrying the API's error `code`.
 """
 
@@ -46,6 +49,23 @@ def _body(response: httpx.Response) -> Json:
     if isinstance(body, dict) and response.headers.get("idempotent-replayed") == "true":
         body["replayed"] = True
     return body
+
+
+class Applied(dict):
+    """A worker's report that took effect now: the resource as it is after."""
+
+    replayed = False
+
+
+class Replayed(dict):
+    """A worker's report that had already taken effect (the same report re-sent after its answer
+    was lost): the resource as it is now; nothing changed."""
+
+    replayed = True
+
+
+def _reported(body: Json) -> Applied | Replayed:
+    return Replayed(body) if body.get("replayed") else Applied(body)
 
 
 def _job_body(
@@ -202,37 +222,37 @@ class Client:
     def heartbeat(self, id: str, lease_token: str) -> Json:
         return self._post(f"/v1/jobs/{_seg(id)}/heartbeat", {"lease_token": lease_token})
 
-    def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Json:
+    def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Applied | Replayed:
         body: Json = {}
         if lease_token is not None:
             body["lease_token"] = lease_token
         if result is not None:
             body["result"] = result
-        return self._post(f"/v1/jobs/{_seg(id)}/succeed", body)
+        return _reported(self._post(f"/v1/jobs/{_seg(id)}/succeed", body))
 
     def fail(
         self, id: str, lease_token: str, code: str, message: str | None = None, retryable: bool | None = None, retry_after_ms: int | None = None
-    ) -> Json:
-        return self._post(f"/v1/jobs/{_seg(id)}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms))
+    ) -> Applied | Replayed:
+        return _reported(self._post(f"/v1/jobs/{_seg(id)}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms)))
 
-    def unknown(self, id: str, lease_token: str, message: str | None = None) -> Json:
+    def unknown(self, id: str, lease_token: str, message: str | None = None) -> Applied | Replayed:
         body: Json = {"lease_token": lease_token}
         if message is not None:
             body["message"] = message
-        return self._post(f"/v1/jobs/{_seg(id)}/unknown", body)
+        return _reported(self._post(f"/v1/jobs/{_seg(id)}/unknown", body))
 
-    def item_succeed(self, id: str, item: str, lease_token: str) -> Json:
-        return self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token})
+    def item_succeed(self, id: str, item: str, lease_token: str) -> Applied | Replayed:
+        return _reported(self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token}))
 
-    def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Json:
+    def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Applied | Replayed:
         body: Json = {"lease_token": lease_token, "code": code}
         if message is not None:
             body["message"] = message
-        return self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/fail", body)
+        return _reported(self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/fail", body))
 
-    def register_artifact(self, id: str, item: str, lease_token: str, key: str) -> Json:
+    def register_artifact(self, id: str, item: str, lease_token: str, key: str) -> Applied | Replayed:
         """Registers `key`; the answer's `path` is where to store the object (the job's own prefix)."""
-        return self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/artifacts", {"lease_token": lease_token, "key": key})
+        return _reported(self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/artifacts", {"lease_token": lease_token, "key": key}))
 
 
 class AsyncClient:
@@ -288,30 +308,30 @@ class AsyncClient:
     async def heartbeat(self, id: str, lease_token: str) -> Json:
         return await self._post(f"/v1/jobs/{_seg(id)}/heartbeat", {"lease_token": lease_token})
 
-    async def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Json:
+    async def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Applied | Replayed:
         body: Json = {}
         if lease_token is not None:
             body["lease_token"] = lease_token
         if result is not None:
             body["result"] = result
-        return await self._post(f"/v1/jobs/{_seg(id)}/succeed", body)
+        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/succeed", body))
 
     async def fail(
         self, id: str, lease_token: str, code: str, message: str | None = None, retryable: bool | None = None, retry_after_ms: int | None = None
-    ) -> Json:
-        return await self._post(f"/v1/jobs/{_seg(id)}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms))
+    ) -> Applied | Replayed:
+        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms)))
 
-    async def unknown(self, id: str, lease_token: str, message: str | None = None) -> Json:
+    async def unknown(self, id: str, lease_token: str, message: str | None = None) -> Applied | Replayed:
         body: Json = {"lease_token": lease_token}
         if message is not None:
             body["message"] = message
-        return await self._post(f"/v1/jobs/{_seg(id)}/unknown", body)
+        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/unknown", body))
 
-    async def item_succeed(self, id: str, item: str, lease_token: str) -> Json:
-        return await self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token})
+    async def item_succeed(self, id: str, item: str, lease_token: str) -> Applied | Replayed:
+        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token}))
 
-    async def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Json:
+    async def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Applied | Replayed:
         body: Json = {"lease_token": lease_token, "code": code}
         if message is not None:
             body["message"] = message
-        return await self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/fail", body)
+        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/fail", body))

@@ -6,13 +6,17 @@ from __future__ import annotations
 class SettleError(Exception):
     """An answer of the API that is not a success: `status`, the error `code` and its message."""
 
-    def __init__(self, status: int, code: str, message: str, retry_after: float | None = None):
+    def __init__(
+        self, status: int, code: str, message: str, retry_after: float | None = None, details: dict | None = None
+    ):
         super().__init__(f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
         #: Seconds the server asked to wait (`Retry-After`), on 429 and 503.
         self.retry_after = retry_after
+        #: The error body's `details`, when it has them (`lease_lost`).
+        self.details = details or {}
 
 
 class InvalidId(ValueError):
@@ -28,7 +32,25 @@ class IdempotencyConflict(SettleError):
 
 
 class LeaseLost(SettleError):
-    """409: the lease token is not the current attempt's; the signal changed nothing."""
+    """409: the report was refused because its lease is gone; nothing changed.
+
+    `details` say what became of the job: `state` (the job's state now), `lease` (`expired`: the
+    lease ran out and the job was rescued, `attempt["expired_at"]` says when; `ended`: the attempt
+    ended another way; `never_issued`: no attempt of this job ever held the token) and `attempt`
+    (how the token's attempt ended, or None).
+    """
+
+    @property
+    def state(self) -> str | None:
+        return self.details.get("state")
+
+    @property
+    def lease(self) -> str | None:
+        return self.details.get("lease")
+
+    @property
+    def attempt(self) -> dict | None:
+        return self.details.get("attempt")
 
 
 class JobFinished(SettleError):
@@ -56,14 +78,16 @@ _BY_CODE: dict[str, type[SettleError]] = {
 
 def error_for(status: int, body: object, retry_after: str | None) -> SettleError:
     """The typed error for an answer's status and body."""
-    code, message = "internal", f"HTTP {status}"
+    code, message, details = "internal", f"HTTP {status}", None
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
         code = str(body["error"].get("code", code))
         message = str(body["error"].get("message", message))
+        if isinstance(body["error"].get("details"), dict):
+            details = body["error"]["details"]
     wait = None
     if retry_after is not None:
         try:
             wait = float(retry_after)
         except ValueError:
             wait = None
-    return _BY_CODE.get(code, SettleError)(status, code, message, wait)
+    return _BY_CODE.get(code, SettleError)(status, code, message, wait, details)

@@ -140,28 +140,60 @@ class JobContext(_JobView):
             return Flow.STOP
 
     def register_artifact(self, item: str, key: str) -> str:
-        """Registers `key` for `item`; returns the path to store the object at (the job's prefix)."""
-        return self.client.register_artifact(self.id, item, self.lease_token, key)["path"]
+        """Registers `key` for `item`; returns the path to store the object at (the job's prefix).
+        Raises `LeaseLost` when the lease is gone (the job is then lost to this worker: stop)."""
+        try:
+            return self.client.register_artifact(self.id, item, self.lease_token, key)["path"]
+        except LeaseLost:
+            self._lost.set()
+            raise
 
 
 Handler = Callable[[JobContext], "Outcome | None"]
 
 
-def _report(client: Client, job: Json, outcome: Outcome | None) -> None:
+def _check(outcome: Outcome | None) -> None:
+    if not isinstance(outcome, (type(None), Succeeded, Failed, Unknown, Cancelled)):
+        raise TypeError(f"a handler returns Succeeded, Failed, Unknown, Cancelled or None, not {outcome!r}")
+
+
+def _skip_report(id: str, outcome: Outcome | None, lost: bool) -> bool:
+    """A handler that stopped because the lease was lost has nothing to report: the lease is not a
+    cancel, and the job is the rescuer's now. (A success is still sent: accepted from any attempt.)"""
+    if lost and isinstance(outcome, Cancelled):
+        log.warning("lease of %s lost; the job is rescued by the server, nothing to report", id)
+        return True
+    return False
+
+
+def _reported(id: str, outcome: Outcome | None, answer: Json) -> None:
+    if getattr(answer, "replayed", False):
+        log.debug("report of %s had already taken effect (a replay)", id)
+    if isinstance(outcome, (Succeeded, type(None))) and answer.get("state") in ("cancelling", "cancelled"):
+        log.warning("%s: a cancel won over this success; its items were refunded", id)
+
+
+def _refused(id: str, outcome: Outcome | None, e: LeaseLost) -> None:
+    if isinstance(outcome, Unknown):
+        # The rescuer retried the job meanwhile: the external effect may happen twice.
+        log.error("unknown outcome of %s refused (%s): the job was rescued and may run again", id, e)
+    else:
+        log.warning("report of %s refused: %s", id, e)
+
+
+def _report(client: Client, job: Json, outcome: Outcome | None) -> Json:
     id, token = job["id"], job["lease_token"]
     match outcome:
         case None:
-            client.succeed(id, token)
+            return client.succeed(id, token)
         case Succeeded(result=result):
-            client.succeed(id, token, result)
+            return client.succeed(id, token, result)
         case Failed(code=code, message=message, retryable=retryable, retry_after_ms=retry_after_ms):
-            client.fail(id, token, code, message, retryable, retry_after_ms)
+            return client.fail(id, token, code, message, retryable, retry_after_ms)
         case Unknown(message=message):
-            client.unknown(id, token, message)
-        case Cancelled():
-            client.fail(id, token, "CANCELLED", "stopped at an item boundary", retryable=False)
+            return client.unknown(id, token, message)
         case _:
-            raise TypeError(f"a handler returns Succeeded, Failed, Unknown, Cancelled or None, not {outcome!r}")
+            return client.fail(id, token, "CANCELLED", "stopped at an item boundary", retryable=False)
 
 
 class Worker:
@@ -227,14 +259,19 @@ class Worker:
         beater.start()
         try:
             outcome = self.handler(ctx)
+            _check(outcome)
         except Exception as e:  # the handler's own failure: retryable, with its message
             log.exception("handler failed on %s", ctx.id)
             outcome = Failed("WORKER_ERROR", f"{type(e).__name__}: {e}"[:2000], retryable=True)
         finally:
             beating.set()
             beater.join()
+        if _skip_report(ctx.id, outcome, ctx._lost.is_set()):
+            return
         try:
-            _report(self.client, job, outcome)
+            _reported(ctx.id, outcome, _report(self.client, job, outcome))
+        except LeaseLost as e:
+            _refused(ctx.id, outcome, e)
         except SettleError as e:
             log.warning("could not report %s (%s); the lease will lapse and the job be rescued", ctx.id, e)
 
@@ -331,23 +368,29 @@ class AsyncWorker:
         beater = asyncio.create_task(beat())
         try:
             outcome = await self.handler(ctx)
+            _check(outcome)
         except Exception as e:
             log.exception("handler failed on %s", ctx.id)
             outcome = Failed("WORKER_ERROR", f"{type(e).__name__}: {e}"[:2000], retryable=True)
         finally:
             beater.cancel()
         id, token = job["id"], job["lease_token"]
+        if _skip_report(id, outcome, ctx._lost):
+            return
         try:
             match outcome:
                 case None:
-                    await self.client.succeed(id, token)
+                    answer = await self.client.succeed(id, token)
                 case Succeeded(result=result):
-                    await self.client.succeed(id, token, result)
+                    answer = await self.client.succeed(id, token, result)
                 case Failed(code=code, message=message, retryable=retryable, retry_after_ms=retry_after_ms):
-                    await self.client.fail(id, token, code, message, retryable, retry_after_ms)
+                    answer = await self.client.fail(id, token, code, message, retryable, retry_after_ms)
                 case Unknown(message=message):
-                    await self.client.unknown(id, token, message)
-                case Cancelled():
-                    await self.client.fail(id, token, "CANCELLED", "stopped at an item boundary", retryable=False)
+                    answer = await self.client.unknown(id, token, message)
+                case _:
+                    answer = await self.client.fail(id, token, "CANCELLED", "stopped at an item boundary", retryable=False)
+            _reported(id, outcome, answer)
+        except LeaseLost as e:
+            _refused(id, outcome, e)
         except SettleError as e:
             log.warning("could not report %s (%s); the lease will lapse and the job be rescued", id, e)

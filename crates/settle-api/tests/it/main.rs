@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod api;
+mod answers;
 mod console;
 mod events;
 mod hardening;

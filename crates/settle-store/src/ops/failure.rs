@@ -2,8 +2,9 @@
 //! policy, then schedules a retry with backoff or ends the job `dead`.
 
 use super::{
-    After, Caller, Cx, Heard, JobRow, attach, begin_teardown, check_caller, close_attempt, emit, guard_hit,
-    holds_lease, lock_job, log_signal, move_items, must_lock_job, must_read_job, resume_if_cancelling, sum,
+    After, Caller, Cx, Heard, JobRow, Reported, attach, begin_teardown, check_caller, close_attempt, emit, guard_hit,
+    holds_lease, lock_job, log_signal, move_items, must_lock_job, must_read_job, refusal, resume_if_cancelling, sum,
+    token_attempt,
 };
 use crate::db::{Db, args};
 use crate::error::StoreError;
@@ -30,6 +31,8 @@ pub(crate) struct Failure<'a> {
     /// Keep a requested cancel for later: a withdrawal is torn down (refunded) only after the
     /// provider said its key is absent, and this failure is not such an answer.
     pub(crate) defer_cancel: bool,
+    /// The worker's report that closes the attempt, if one does (not the rescuer, not reconcile).
+    pub(crate) reported: Option<Reported<'a>>,
 }
 
 /// The failure path shared by a worker's fail, the lease rescuer and reconcile-absent.
@@ -39,7 +42,8 @@ pub(crate) async fn apply_failure(
     job: &JobRow,
     failure: Failure<'_>,
 ) -> Result<After, StoreError> {
-    let Failure { code, message, retryable, retry_after_ms, attempt_result, budget_exempt, defer_cancel } = failure;
+    let Failure { code, message, retryable, retry_after_ms, attempt_result, budget_exempt, defer_cancel, reported } =
+        failure;
     let used = if budget_exempt { 0 } else { u32::try_from(job.attempt - job.budget_base).unwrap_or(u32::MAX) };
     let max = u32::try_from(job.max_attempts).unwrap_or(u32::MAX);
     let outcome = job::fail_outcome(job.cancel_requested && !defer_cancel, retryable, used, max);
@@ -53,6 +57,7 @@ pub(crate) async fn apply_failure(
             } else {
                 AttemptResult::Cancelled
             }),
+            reported,
         )
         .await?;
         return Ok(After::Teardown);
@@ -82,7 +87,7 @@ pub(crate) async fn apply_failure(
         )
         .await?;
     guard_hit(rows, "failure")?;
-    close_attempt(db, cx, job, attempt_result, Some(code.as_str()), message).await?;
+    close_attempt(db, cx, job, attempt_result, Some(code.as_str()), message, reported).await?;
     cx.point(CrashPoint::AfterGuard)?;
     let moved = if job::refunds_on(job.refund_on, outcome) {
         move_items(db, cx, job, ItemState::Charged, ItemSignal::Fail, None, Some(RefundReason::JobFailed)).await?
@@ -108,13 +113,18 @@ pub(crate) async fn apply_failure(
     Ok(After::Nothing)
 }
 
+/// A failure report. With the current lease it takes the failure path; otherwise it is a replay
+/// when the token's attempt was closed by a `fail` with the same code (its answer was lost), a
+/// conflict when with another code, and refused (`LeaseLost`) else — logged, except for a token no
+/// attempt held, which writes nothing (decision 0019). A cancelling job's teardown is resumed
+/// either way.
 pub(crate) async fn fail(
     db: &mut Db<'_>,
     cx: &Cx,
     id: &JobId,
     signal: &FailSignal,
     caller: Caller,
-) -> Result<(Outcome<Job>, After), StoreError> {
+) -> Result<(Outcome<Job>, After, Option<Box<LeaseLost>>), StoreError> {
     if let Some(m) = &signal.message
         && m.len() > limits::MESSAGE_LEN_MAX
     {
@@ -123,19 +133,32 @@ pub(crate) async fn fail(
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, caller)?;
     if !holds_lease(&job, &signal.lease_token) {
-        log_signal(
-            db,
-            cx,
-            &job,
-            Some(&signal.lease_token.0),
-            Heard { signal: Signal::Fail, code: Some(signal.code.as_str()), message: signal.message.as_deref() },
-            SignalEffect::Stale,
-        )
-        .await?;
+        let token = signal.lease_token.0.as_str();
+        let heard =
+            Heard { signal: Signal::Fail, code: Some(signal.code.as_str()), message: signal.message.as_deref() };
+        let refused = match token_attempt(db, &job, token).await? {
+            None => Some(refusal(&job, None)),
+            Some(att) if att.reported("fail") => {
+                if att.sent_code.as_deref() != Some(signal.code.as_str()) {
+                    return Err(StoreError::ReportConflict(format!(
+                        "attempt {} of job {} already reported its failure with code {}; a re-sent report carries the code it first sent",
+                        att.end.attempt_no,
+                        job.id,
+                        att.sent_code.as_deref().unwrap_or("?")
+                    )));
+                }
+                log_signal(db, cx, &job, Some(token), heard, SignalEffect::Noop).await?;
+                None
+            }
+            Some(att) => {
+                log_signal(db, cx, &job, Some(token), heard, SignalEffect::Stale).await?;
+                Some(refusal(&job, Some(att)))
+            }
+        };
         let after = resume_if_cancelling(&job);
         let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
-        return Ok((Outcome { value: job, applied: false }, after));
+        return Ok((Outcome { value: job, applied: false }, after, refused));
     }
     // A payout attempt that could not ask the provider learned nothing: retry, keep any cancel
     // request for an attempt that can ask, never dead-letter (and refund) on it.
@@ -153,12 +176,13 @@ pub(crate) async fn fail(
             attempt_result: AttemptResult::Failed,
             budget_exempt: inconclusive,
             defer_cancel: inconclusive,
+            reported: Some(Reported { signal: "fail", sent_code: Some(signal.code.as_str()) }),
         },
     )
     .await?;
     let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
-    Ok((Outcome { value: job, applied: true }, after))
+    Ok((Outcome { value: job, applied: true }, after, None))
 }
 
 /// The lease rescuer's transition for one job it saw running with `seen_token` past its lease.
@@ -199,6 +223,7 @@ pub(crate) async fn expire_lease(
             AttemptResult::LeaseExpired,
             Some(FailCode::lease_expired().as_str()),
             Some("lease expired"),
+            None,
         )
         .await?;
         cx.point(CrashPoint::AfterGuard)?;
@@ -230,6 +255,7 @@ pub(crate) async fn expire_lease(
             attempt_result: AttemptResult::LeaseExpired,
             budget_exempt: payout,
             defer_cancel: payout,
+            reported: None,
         },
     )
     .await?;

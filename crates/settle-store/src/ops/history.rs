@@ -57,6 +57,32 @@ pub(crate) async fn log_signal(
     Ok(())
 }
 
+/// An attempt's own report that took effect, kept on its row so that the same report re-sent is
+/// told apart from a stale one (decision 0019).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reported<'a> {
+    /// `succeed`, `fail` or `unknown`.
+    pub signal: &'static str,
+    /// The code the worker sent with its `fail` (the attempt's `fail_code` may differ: a fail
+    /// during a cancel closes it `CANCELLED`).
+    pub sent_code: Option<&'a str>,
+}
+
+impl Reported<'_> {
+    pub const SUCCEED: Reported<'static> = Reported { signal: "succeed", sent_code: None };
+    pub const UNKNOWN: Reported<'static> = Reported { signal: "unknown", sent_code: None };
+}
+
+/// Records that an attempt already closed (an earlier one) reported a success that took effect.
+pub(crate) async fn mark_reported_success(db: &mut Db<'_>, job: &JobRow, attempt_no: u32) -> Result<(), StoreError> {
+    db.exec(
+        "UPDATE attempts SET reported = 'succeed', sent_code = NULL WHERE job_id = $1 AND attempt_no = $2",
+        args![&job.id, i64::from(attempt_no)],
+    )
+    .await?;
+    Ok(())
+}
+
 pub(super) async fn close_attempt(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -64,14 +90,79 @@ pub(super) async fn close_attempt(
     result: AttemptResult,
     code: Option<&str>,
     message: Option<&str>,
+    reported: Option<Reported<'_>>,
 ) -> Result<(), StoreError> {
+    // The rescuer's close names when the lease ran out (its own time is later).
+    let expired_at = if result == AttemptResult::LeaseExpired { job.lease_expires_at } else { None };
     db.exec(
-        "UPDATE attempts SET finished_at = $3, result = $4, fail_code = $5, message = $6 \
-         WHERE job_id = $1 AND attempt_no = $2 AND finished_at IS NULL",
-        args![&job.id, job.attempt, cx.now.micros(), result.as_str(), code, message],
+        "UPDATE attempts SET finished_at = $3, result = $4, fail_code = $5, message = $6, reported = $7, \
+         sent_code = $8, expired_at = $9 WHERE job_id = $1 AND attempt_no = $2 AND finished_at IS NULL",
+        args![
+            &job.id,
+            job.attempt,
+            cx.now.micros(),
+            result.as_str(),
+            code,
+            message,
+            reported.map(|c| c.signal),
+            reported.and_then(|c| c.sent_code),
+            expired_at
+        ],
     )
     .await?;
     Ok(())
+}
+
+/// The attempt of this job whose lease token a report carried, as its row says.
+pub(crate) struct TokenAttempt {
+    pub end: crate::model::AttemptEnd,
+    pub sent_code: Option<String>,
+}
+
+impl TokenAttempt {
+    pub fn reported(&self, signal: &str) -> bool {
+        self.end.reported.as_deref() == Some(signal)
+    }
+}
+
+/// Which attempt of `job` held `token`, if any did. Tokens are fresh UUIDs and attempt rows are
+/// never deleted, so `None` means no attempt of this job ever held it.
+pub(crate) async fn token_attempt(
+    db: &mut Db<'_>,
+    job: &JobRow,
+    token: &str,
+) -> Result<Option<TokenAttempt>, StoreError> {
+    let Some(r) = db
+        .opt(
+            "SELECT attempt_no, result, reported, sent_code, finished_at, expired_at FROM attempts \
+             WHERE job_id = $1 AND lease_token = $2",
+            args![&job.id, token],
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let result = match r.opt_text(1)? {
+        Some(s) => {
+            Some(AttemptResult::parse(&s).ok_or_else(|| StoreError::internal(format!("bad attempt result {s}")))?)
+        }
+        None => None,
+    };
+    Ok(Some(TokenAttempt {
+        end: crate::model::AttemptEnd {
+            attempt_no: u32::try_from(r.i64(0)?).unwrap_or(u32::MAX),
+            result,
+            reported: r.opt_text(2)?,
+            finished_at: r.opt_i64(4)?.map(settle_core::Timestamp::from_micros),
+            expired_at: r.opt_i64(5)?.map(settle_core::Timestamp::from_micros),
+        },
+        sent_code: r.opt_text(3)?,
+    }))
+}
+
+/// The refusal of a report whose token is not the current lease (decision 0019).
+pub(crate) fn refusal(job: &JobRow, attempt: Option<TokenAttempt>) -> Box<crate::model::LeaseLost> {
+    Box::new(crate::model::LeaseLost { job: job.id.clone(), state: job.state, attempt: attempt.map(|a| a.end) })
 }
 
 /// Records an admin action in the caller's transaction.

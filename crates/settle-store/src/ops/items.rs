@@ -24,9 +24,10 @@ pub(crate) async fn move_items(
     let rows = match (only_item, signal) {
         (Some(item_id), _) => {
             db.all(
-                "UPDATE items SET state = $3, refund_reason = COALESCE($4, refund_reason) \
+                // An item report: its attempt is kept, so its re-send is told from a stale one.
+                "UPDATE items SET state = $3, refund_reason = COALESCE($4, refund_reason), decided_attempt = $6 \
                  WHERE job_id = $1 AND item_id = $2 AND state = $5 RETURNING item_id, cost, ord",
-                args![&job.id, item_id, arrow.to.as_str(), reason.map(|r| r.as_str()), from.as_str()],
+                args![&job.id, item_id, arrow.to.as_str(), reason.map(|r| r.as_str()), from.as_str(), job.attempt],
             )
             .await?
         }

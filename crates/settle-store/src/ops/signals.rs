@@ -1,9 +1,11 @@
 //! Signals from the lease holder that do not end the job: heartbeats, item reports, artifacts. A
-//! signal whose token is not the current attempt's changes nothing and is logged as stale.
+//! signal whose token is not the current attempt's changes nothing: a re-sent item report whose
+//! attempt decided the item is a replay, anything else is refused and logged as stale — except a
+//! token no attempt of the job ever held, which writes nothing (decision 0019).
 
 use super::{
     Caller, Cx, Heard, JobRow, SELECT_ITEM, check_caller, emit, guard_hit, item_from_row, log_signal, move_items,
-    must_lock_job,
+    must_lock_job, refusal, token_attempt,
 };
 use crate::db::{Db, args};
 use crate::error::StoreError;
@@ -14,10 +16,26 @@ use settle_core::ids::{FailCode, ItemId, JobId};
 use settle_core::item::{self, ItemSignal, ItemState, RefundReason};
 use settle_core::job::JobState;
 
-/// A signal with a lease token that is not the current one. It is logged in the same transaction,
-/// which then commits; the caller turns it into `LeaseLost` afterwards, so the log row survives.
+/// A signal refused because its lease is gone. It is logged in the same transaction, which then
+/// commits; the caller turns it into `LeaseLost` afterwards, so the log row survives.
 #[derive(Debug)]
-pub(crate) struct Stale(pub String);
+pub(crate) struct Refused(pub Box<LeaseLost>);
+
+/// Refuses a signal whose token is not the current lease: logged as stale, unless no attempt of
+/// the job ever held the token (then nothing is written).
+async fn refuse(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    token: &LeaseToken,
+    heard: Heard<'_>,
+) -> Result<Refused, StoreError> {
+    let attempt = token_attempt(db, job, &token.0).await?;
+    if attempt.is_some() {
+        log_signal(db, cx, job, Some(&token.0), heard, SignalEffect::Stale).await?;
+    }
+    Ok(Refused(refusal(job, attempt)))
+}
 
 pub(super) fn holds_lease(job: &JobRow, token: &LeaseToken) -> bool {
     job.state == JobState::Running && job.lease_token.as_deref() == Some(token.0.as_str())
@@ -29,20 +47,12 @@ pub(crate) async fn heartbeat(
     id: &JobId,
     token: &LeaseToken,
     caller: Caller,
-) -> Result<Result<Heartbeat, Stale>, StoreError> {
+) -> Result<Result<Heartbeat, Refused>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, caller)?;
     if !holds_lease(&job, token) {
-        log_signal(
-            db,
-            cx,
-            &job,
-            Some(&token.0),
-            Heard { signal: Signal::Heartbeat, code: None, message: None },
-            SignalEffect::Stale,
-        )
-        .await?;
-        return Ok(Err(Stale(job.id)));
+        let heard = Heard { signal: Signal::Heartbeat, code: None, message: None };
+        return Ok(Err(refuse(db, cx, &job, token, heard).await?));
     }
     let expires = cx.now.plus_seconds(u64::try_from(job.lease_seconds).unwrap_or(0));
     let rows = db
@@ -66,7 +76,10 @@ pub(crate) async fn heartbeat(
 }
 
 /// An item report from the worker holding the lease: `charged → succeeded`, `refunded → reclaimed`
-/// (an explicit item success takes back any refund), or `charged → refunded` on failure.
+/// (an explicit item success takes back any refund), or `charged → refunded` on failure. A report
+/// the item's state already holds is a replay; one it contradicts (a failure of a delivered item)
+/// is `invalid_transition`. With a token that is not the current lease, only the attempt that
+/// decided the item gets a replay; others are refused.
 pub(crate) async fn item_report(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -74,21 +87,43 @@ pub(crate) async fn item_report(
     item_id: &ItemId,
     token: &LeaseToken,
     failure: Option<(&FailCode, Option<&str>)>,
-) -> Result<Result<ItemReport, Stale>, StoreError> {
+) -> Result<Result<ItemReport, Refused>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, Caller::Worker)?;
     let signal_name = if failure.is_some() { Signal::ItemFail } else { Signal::ItemSucceed };
-    if !holds_lease(&job, token) {
-        let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
-        log_signal(db, cx, &job, Some(&token.0), Heard { signal: signal_name, code, message }, SignalEffect::Stale)
-            .await?;
-        return Ok(Err(Stale(job.id)));
-    }
+    let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
+    let heard = Heard { signal: signal_name, code, message };
     let current = db
         .opt(&SELECT_ITEM, args![&job.id, item_id.as_str()])
         .await?
         .ok_or_else(|| StoreError::not_found("item", item_id.as_str()))?;
     let current = item_from_row(&current)?;
+    // What the report asks for already holds.
+    let holds = match failure {
+        None => matches!(current.state, ItemState::Succeeded | ItemState::Reclaimed),
+        Some(_) => {
+            current.state == ItemState::Refunded
+                && current.refund_reason.as_deref() == Some(RefundReason::ItemFailed.as_str())
+        }
+    };
+    if !holds_lease(&job, token) {
+        let decided = db
+            .one(
+                "SELECT decided_attempt FROM items WHERE job_id = $1 AND item_id = $2",
+                args![&job.id, item_id.as_str()],
+            )
+            .await?
+            .opt_i64(0)?;
+        if let Some(att) = token_attempt(db, &job, &token.0).await?
+            && holds
+            && decided == Some(i64::from(att.end.attempt_no))
+        {
+            log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Noop).await?;
+            cx.point(CrashPoint::BeforeCommit)?;
+            return Ok(Ok(ItemReport { item: current, cancel_requested: job.cancel_requested, applied: false }));
+        }
+        return Ok(Err(refuse(db, cx, &job, token, heard).await?));
+    }
     let signal = if failure.is_some() { ItemSignal::Fail } else { ItemSignal::Succeed };
     let reason_only = signal == ItemSignal::Fail
         && current.state == ItemState::Refunded
@@ -99,19 +134,26 @@ pub(crate) async fn item_report(
         None if reason_only => {
             let rows = db
                 .exec(
-                    "UPDATE items SET refund_reason = 'item_failed' WHERE job_id = $1 AND item_id = $2 AND state = 'refunded'",
-                    args![&job.id, item_id.as_str()],
+                    "UPDATE items SET refund_reason = 'item_failed', decided_attempt = $3 \
+                     WHERE job_id = $1 AND item_id = $2 AND state = 'refunded'",
+                    args![&job.id, item_id.as_str(), job.attempt],
                 )
                 .await?;
             guard_hit(rows, "item refund reason")?;
             cx.point(CrashPoint::AfterGuard)?;
             true
         }
-        None => {
-            let (code, message) = failure.map(|(c, m)| (Some(c.as_str()), m)).unwrap_or((None, None));
-            log_signal(db, cx, &job, Some(&token.0), Heard { signal: signal_name, code, message }, SignalEffect::Noop)
-                .await?;
+        None if holds => {
+            log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Noop).await?;
             false
+        }
+        // A failure of a delivered (or cancelled) item, a success of a cancelled one.
+        None => {
+            return Err(StoreError::InvalidTransition {
+                job: job.id,
+                action: if failure.is_some() { "fail this item" } else { "succeed this item" },
+                state: format!("{} (item {} is {})", job.state.as_str(), item_id, current.state.as_str()),
+            });
         }
         Some(arrow) => {
             let reason = (signal == ItemSignal::Fail).then_some(RefundReason::ItemFailed);
@@ -147,20 +189,13 @@ pub(crate) async fn register_artifact(
     token: &LeaseToken,
     artifact: &NewArtifact,
     store: Option<&str>,
-) -> Result<Result<bool, Stale>, StoreError> {
+) -> Result<Result<bool, Refused>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, Caller::Worker)?;
+    // No replay without the current lease: a worker that lost it must not write artifacts.
     if !holds_lease(&job, token) {
-        log_signal(
-            db,
-            cx,
-            &job,
-            Some(&token.0),
-            Heard { signal: Signal::Artifact, code: None, message: Some(artifact.key.as_str()) },
-            SignalEffect::Stale,
-        )
-        .await?;
-        return Ok(Err(Stale(job.id)));
+        let heard = Heard { signal: Signal::Artifact, code: None, message: Some(artifact.key.as_str()) };
+        return Ok(Err(refuse(db, cx, &job, token, heard).await?));
     }
     if db
         .opt("SELECT 1 FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, item_id.as_str()])

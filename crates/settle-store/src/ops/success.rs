@@ -2,8 +2,9 @@
 //! attempt it overtakes is closed as superseded.
 
 use super::{
-    After, Caller, Cx, Heard, JobRow, begin_teardown, check_caller, close_attempt, emit, guard_hit, holds_lease,
-    log_signal, move_items, must_lock_job, must_read_job, resume_if_cancelling, sum,
+    After, Caller, Cx, Heard, JobRow, Reported, begin_teardown, check_caller, close_attempt, emit, guard_hit,
+    holds_lease, log_signal, mark_reported_success, move_items, must_lock_job, must_read_job, record_action, refusal,
+    resume_if_cancelling, sum, token_attempt,
 };
 use crate::db::{Db, args};
 use crate::error::StoreError;
@@ -17,17 +18,32 @@ use settle_core::limits;
 
 /// Success from any attempt (spec §3). A pending cancel wins over it unless the job's refund policy
 /// is `final_failure` (an external effect such as a payout cannot be taken back: docs/decisions/0004).
+/// An attempt whose own success took effect has it recorded on its row (decision 0019).
 pub(crate) async fn apply_success(
     db: &mut Db<'_>,
     cx: &Cx,
     job: &JobRow,
-    token: Option<&LeaseToken>,
+    by: Reporter<'_>,
     result: Option<&str>,
 ) -> Result<(bool, After), StoreError> {
+    let token = match by {
+        Reporter::Lease(t) => Some(t),
+        Reporter::Operator(_) | Reporter::Reconciler => None,
+    };
+    let current = token.is_some_and(|t| holds_lease(job, t));
+    let own = current.then_some(Reported::SUCCEED);
+    // The earlier attempt whose worker sent this success (the seed's late result).
+    let earlier = match token {
+        Some(t) if !current => token_attempt(db, job, &t.0).await?.map(|a| a.end.attempt_no),
+        _ => None,
+    };
     let from_ok = JobState::SUCCEED_FROM.contains(&job.state);
     let cancel_wins = job.cancel_requested && job.refund_on != RefundPolicy::FinalFailure;
     if from_ok && cancel_wins && matches!(job.state, JobState::Running | JobState::Unknown) {
-        begin_teardown(db, cx, job, Some(AttemptResult::Cancelled)).await?;
+        begin_teardown(db, cx, job, Some(AttemptResult::Cancelled), own).await?;
+        if let Some(n) = earlier {
+            mark_reported_success(db, job, n).await?;
+        }
         return Ok((true, After::Teardown));
     }
     if !from_ok || cancel_wins {
@@ -50,7 +66,6 @@ pub(crate) async fn apply_success(
         )
         .await?;
     guard_hit(rows, "success")?;
-    let current = token.is_some_and(|t| holds_lease(job, t));
     if job.state == JobState::Running {
         close_attempt(
             db,
@@ -59,10 +74,16 @@ pub(crate) async fn apply_success(
             if current { AttemptResult::Succeeded } else { AttemptResult::Superseded },
             None,
             None,
+            own,
         )
         .await?;
     }
-    if !current {
+    if let Some(n) = earlier {
+        mark_reported_success(db, job, n).await?;
+    }
+    // A success from an earlier attempt is kept in the signal log (what support asks about); an
+    // operator's is in the action log, the reconciler's in the events.
+    if token.is_some() && !current {
         log_signal(
             db,
             cx,
@@ -101,20 +122,75 @@ pub(crate) async fn apply_success(
     Ok((true, After::Nothing))
 }
 
+/// A worker's (or an operator's) success report (decision 0019). With some attempt's token it is
+/// applied when the job is where a success moves it, a replay when the job already succeeded (or
+/// this attempt's own success lost to a cancel), and refused otherwise; a token no attempt of the
+/// job held is refused and writes nothing. An operator's success is recorded in the action log.
 pub(crate) async fn succeed(
     db: &mut Db<'_>,
     cx: &Cx,
     id: &JobId,
-    token: Option<&LeaseToken>,
+    by: Reporter<'_>,
     result: Option<&str>,
-) -> Result<(Outcome<Job>, After), StoreError> {
+) -> Result<(Outcome<Job>, After, Option<Box<LeaseLost>>), StoreError> {
     if result.is_some_and(|r| r.len() > limits::PAYLOAD_BYTES_MAX) {
         return Err(StoreError::invalid(format!("result is larger than {} bytes", limits::PAYLOAD_BYTES_MAX)));
     }
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, Caller::Worker)?;
-    let (applied, after) = apply_success(db, cx, &job, token, result).await?;
+    let heard = || Heard { signal: Signal::Succeed, code: None, message: None };
+    let unmoved = |after| (false, after);
+    let decided = match by {
+        Reporter::Lease(t) if !holds_lease(&job, t) => match token_attempt(db, &job, &t.0).await? {
+            None => Some((unmoved(After::Nothing), Some(refusal(&job, None)))),
+            Some(att) => {
+                let cancel_won = matches!(job.state, JobState::Cancelling | JobState::Cancelled);
+                if job.state == JobState::Succeeded || (cancel_won && att.reported("succeed")) {
+                    log_signal(db, cx, &job, Some(&t.0), heard(), SignalEffect::Noop).await?;
+                    Some((unmoved(resume_if_cancelling(&job)), None))
+                } else if !JobState::SUCCEED_FROM.contains(&job.state) {
+                    log_signal(db, cx, &job, Some(&t.0), heard(), SignalEffect::Stale).await?;
+                    Some((unmoved(resume_if_cancelling(&job)), Some(refusal(&job, Some(att)))))
+                } else {
+                    None
+                }
+            }
+        },
+        Reporter::Lease(_) => None,
+        Reporter::Operator(_) | Reporter::Reconciler => match job.state {
+            JobState::Succeeded => Some((unmoved(After::Nothing), None)),
+            JobState::Cancelled => return Err(StoreError::JobFinished(job.id)),
+            s if !JobState::SUCCEED_FROM.contains(&s) => {
+                return Err(StoreError::InvalidTransition {
+                    job: job.id,
+                    action: "be succeeded",
+                    state: s.as_str().to_owned(),
+                });
+            }
+            _ => None,
+        },
+    };
+    let ((applied, after), refused) = match decided {
+        Some(d) => d,
+        None => {
+            let (applied, after) = apply_success(db, cx, &job, by, result).await?;
+            if !applied {
+                // Only a withdrawal waits queued or dead with a cancel pending, and this route
+                // refuses withdrawals: a success here would be heard and lost.
+                return Err(StoreError::InvalidTransition {
+                    job: job.id,
+                    action: "be succeeded while its cancel is pending",
+                    state: job.state.as_str().to_owned(),
+                });
+            }
+            if let Reporter::Operator(actor) = by {
+                let detail = serde_json::json!({ "from": job.state.as_str(), "teardown": after == After::Teardown });
+                record_action(db, cx, actor, "succeed", Some(&job.id), Some(&job.account_id), detail).await?;
+            }
+            ((applied, after), None)
+        }
+    };
     let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
-    Ok((Outcome { value: job, applied }, after))
+    Ok((Outcome { value: job, applied }, after, refused))
 }

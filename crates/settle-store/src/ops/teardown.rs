@@ -1,7 +1,9 @@
 //! Cancel and requeue, and the teardown of a cancelling job: refunds first, artifacts deleted
 //! after the commit, the terminal state written last (seed 003).
 
-use super::{Cx, JobRow, attach, close_attempt, emit, guard_hit, move_items, must_lock_job, must_read_job, sum};
+use super::{
+    Cx, JobRow, Reported, attach, close_attempt, emit, guard_hit, move_items, must_lock_job, must_read_job, sum,
+};
 use crate::db::{Db, args};
 use crate::error::StoreError;
 use crate::model::*;
@@ -26,6 +28,7 @@ pub(super) async fn begin_teardown(
     cx: &Cx,
     job: &JobRow,
     attempt_result: Option<AttemptResult>,
+    reported: Option<Reported<'_>>,
 ) -> Result<(), StoreError> {
     let rows = db
         .exec(
@@ -38,7 +41,7 @@ pub(super) async fn begin_teardown(
     if let Some(result) = attempt_result {
         let code =
             if result == AttemptResult::LeaseExpired { FailCode::lease_expired() } else { FailCode::cancelled() };
-        close_attempt(db, cx, job, result, Some(code.as_str()), None).await?;
+        close_attempt(db, cx, job, result, Some(code.as_str()), None, reported).await?;
     }
     cx.point(CrashPoint::AfterGuard)?;
     let moved =
@@ -124,7 +127,7 @@ pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job,
     };
     let after = match action {
         job::CancelAction::Teardown => {
-            begin_teardown(db, cx, &job, None).await?;
+            begin_teardown(db, cx, &job, None, None).await?;
             After::Teardown
         }
         job::CancelAction::ResumeTeardown => After::Teardown,

@@ -2,8 +2,8 @@
 //! provider's answer.
 
 use super::{
-    After, Caller, Cx, Failure, Heard, apply_failure, apply_success, attach, check_caller, close_attempt, emit,
-    guard_hit, holds_lease, log_signal, must_lock_job, must_read_job,
+    After, Caller, Cx, Failure, Heard, Reported, apply_failure, apply_success, attach, check_caller, close_attempt,
+    emit, guard_hit, holds_lease, log_signal, must_lock_job, must_read_job, refusal, token_attempt,
 };
 use crate::db::{Db, args};
 use crate::error::StoreError;
@@ -21,22 +21,26 @@ pub(crate) async fn mark_unknown(
     token: &LeaseToken,
     message: Option<&str>,
     caller: Caller,
-) -> Result<Outcome<Job>, StoreError> {
+) -> Result<(Outcome<Job>, Option<Box<LeaseLost>>), StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, caller)?;
     if !holds_lease(&job, token) {
-        log_signal(
-            db,
-            cx,
-            &job,
-            Some(&token.0),
-            Heard { signal: Signal::Unknown, code: None, message },
-            SignalEffect::Stale,
-        )
-        .await?;
+        // A replay when this token's attempt was closed by its own `unknown` (decision 0019).
+        let heard = Heard { signal: Signal::Unknown, code: None, message };
+        let refused = match token_attempt(db, &job, &token.0).await? {
+            None => Some(refusal(&job, None)),
+            Some(att) if att.reported("unknown") => {
+                log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Noop).await?;
+                None
+            }
+            Some(att) => {
+                log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Stale).await?;
+                Some(refusal(&job, Some(att)))
+            }
+        };
         let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
-        return Ok(Outcome { value: job, applied: false });
+        return Ok((Outcome { value: job, applied: false }, refused));
     }
     let rows = db
         .exec(
@@ -46,7 +50,7 @@ pub(crate) async fn mark_unknown(
         )
         .await?;
     guard_hit(rows, "unknown")?;
-    close_attempt(db, cx, &job, AttemptResult::Unknown, None, message).await?;
+    close_attempt(db, cx, &job, AttemptResult::Unknown, None, message, Some(Reported::UNKNOWN)).await?;
     cx.point(CrashPoint::AfterGuard)?;
     emit(
         db,
@@ -60,7 +64,7 @@ pub(crate) async fn mark_unknown(
     cx.point(CrashPoint::AfterOutbox)?;
     let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
-    Ok(Outcome { value: job, applied: true })
+    Ok((Outcome { value: job, applied: true }, None))
 }
 
 pub(crate) async fn reconcile(
@@ -78,7 +82,7 @@ pub(crate) async fn reconcile(
             Finding::Present if job.kind == job::WITHDRAWAL_KIND => {
                 return Err(StoreError::invalid("a withdrawal found at the provider is recorded with its txid"));
             }
-            Finding::Present => apply_success(db, cx, &job, None, None).await?,
+            Finding::Present => apply_success(db, cx, &job, Reporter::Reconciler, None).await?,
             Finding::Absent => {
                 let since = job.unknown_since.unwrap_or(job.updated_at);
                 let window_over = Timestamp::from_micros(since)
@@ -98,6 +102,7 @@ pub(crate) async fn reconcile(
                             attempt_result: AttemptResult::Failed,
                             budget_exempt: job.kind == job::WITHDRAWAL_KIND,
                             defer_cancel: false,
+                            reported: None,
                         },
                     )
                     .await?;

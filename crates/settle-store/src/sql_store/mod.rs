@@ -367,14 +367,17 @@ impl SqlStore {
     async fn fail_as(&self, job: &JobId, signal: FailSignal, caller: Caller) -> Result<Outcome<Job>, StoreError> {
         check_text("message", signal.message.as_deref(), false)?;
         let id = job.clone();
-        let (outcome, after) =
+        let (outcome, after, refused) =
             self.write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, caller).await)).await?;
         if outcome.applied {
             self.work_due();
         }
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
-        Ok(Outcome { value, applied: outcome.applied })
+        match refused {
+            Some(r) => Err(StoreError::LeaseLost(r)),
+            None => Ok(Outcome { value, applied: outcome.applied }),
+        }
     }
 
     async fn unknown_as(
@@ -386,14 +389,17 @@ impl SqlStore {
     ) -> Result<Outcome<Job>, StoreError> {
         check_text("message", message, false)?;
         let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
-        let out = self
+        let (out, refused) = self
             .write(op!(
                 [id, token, message] | db,
                 cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref(), caller).await
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
-        Ok(out)
+        match refused {
+            Some(r) => Err(StoreError::LeaseLost(r)),
+            None => Ok(out),
+        }
     }
 
     async fn heartbeat_as(&self, job: &JobId, token: &LeaseToken, caller: Caller) -> Result<Heartbeat, StoreError> {
@@ -440,8 +446,8 @@ async fn listen_for_wakeups(pool: PgPool, wake: std::sync::Weak<tokio::sync::Not
     }
 }
 
-fn lease_lost(stale: ops::Stale) -> StoreError {
-    StoreError::LeaseLost(stale.0)
+fn lease_lost(refused: ops::Refused) -> StoreError {
+    StoreError::LeaseLost(refused.0)
 }
 
 fn check_text(what: &str, s: Option<&str>, required: bool) -> Result<(), StoreError> {

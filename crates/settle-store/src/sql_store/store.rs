@@ -247,22 +247,37 @@ impl Store for SqlStore {
         out.map_err(lease_lost)
     }
 
-    async fn succeed_with_result(
+    async fn succeed_by(
         &self,
         job: &JobId,
-        token: Option<&LeaseToken>,
+        by: Reporter<'_>,
         result: Option<String>,
     ) -> Result<Outcome<Job>, StoreError> {
-        let (id, token) = (job.clone(), token.cloned());
-        let (outcome, after) = self
+        let id = job.clone();
+        let (token, actor) = match by {
+            Reporter::Lease(t) => (Some(t.clone()), None),
+            Reporter::Operator(a) => (None, Some(a.to_owned())),
+            Reporter::Reconciler => (None, None),
+        };
+        let (outcome, after, refused) = self
             .write(op!(
-                [id, token, result] | db,
-                cx | ops::succeed(db, cx, &id, token.as_ref(), result.as_deref()).await
+                [id, token, actor, result] | db,
+                cx | {
+                    let by = match (&token, &actor) {
+                        (Some(t), _) => Reporter::Lease(t),
+                        (None, Some(a)) => Reporter::Operator(a),
+                        (None, None) => Reporter::Reconciler,
+                    };
+                    ops::succeed(db, cx, &id, by, result.as_deref()).await
+                }
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let value = self.continue_after(outcome.value, after).await?;
-        Ok(Outcome { value, applied: outcome.applied })
+        match refused {
+            Some(r) => Err(StoreError::LeaseLost(r)),
+            None => Ok(Outcome { value, applied: outcome.applied }),
+        }
     }
 
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {

@@ -298,8 +298,11 @@ async fn item_arrows_and_their_no_ops(k: &Kit) {
     // charged → succeeded (no ledger row)
     let r = k.store.item_succeed(&j, &iid("i0"), &t).await.unwrap();
     assert!(r.applied && r.item.state == ItemState::Succeeded && !r.cancel_requested);
-    // succeeded + fail: a stale failure after success is a no-op
-    let r = k.store.item_fail(&j, &iid("i0"), &t, &code("TIMEOUT"), None).await.unwrap();
+    // succeeded + fail: a failure of a delivered item contradicts it (decision 0019)
+    let r = k.store.item_fail(&j, &iid("i0"), &t, &code("TIMEOUT"), None).await;
+    assert!(matches!(r, Err(StoreError::InvalidTransition { .. })), "{r:?}");
+    // the same success again is a replay
+    let r = k.store.item_succeed(&j, &iid("i0"), &t).await.unwrap();
     assert!(!r.applied && r.item.state == ItemState::Succeeded);
     // charged → refunded (+20), and a second failure does nothing
     let r = k.store.item_fail(&j, &iid("i1"), &t, &code("TIMEOUT"), Some("gpu lost")).await.unwrap();
@@ -310,7 +313,8 @@ async fn item_arrows_and_their_no_ops(k: &Kit) {
     let r = k.store.item_succeed(&j, &iid("i1"), &t).await.unwrap();
     assert!(r.applied && r.item.state == ItemState::Reclaimed);
     assert!(!k.store.item_succeed(&j, &iid("i1"), &t).await.unwrap().applied);
-    assert!(!k.store.item_fail(&j, &iid("i1"), &t, &code("TIMEOUT"), None).await.unwrap().applied);
+    let r = k.store.item_fail(&j, &iid("i1"), &t, &code("TIMEOUT"), None).await;
+    assert!(matches!(r, Err(StoreError::InvalidTransition { .. })), "a delivered item cannot fail: {r:?}");
     // charged → cancelled (+30, +40) through a cancel that the worker acknowledges
     assert!(matches!(k.store.cancel(&j).await.unwrap(), CancelOutcome::Accepted(_)));
     let r = k.store.item_succeed(&j, &iid("i0"), &t).await.unwrap();
@@ -517,8 +521,10 @@ async fn succeed_after_cancel_requested_tears_down(k: &Kit) {
     assert_state(&out.value, JobState::Cancelled);
     assert_eq!(states(&out.value), ["succeeded", "cancelled"]);
     assert_eq!(k.balance(&a).await, 90);
-    // A success after the cancel changes nothing.
-    assert!(!k.store.succeed(&jid("j"), None).await.unwrap().applied);
+    // A success after the cancel changes nothing: its own re-send is a replay, an operator's is
+    // refused (the job is finished).
+    assert!(!k.store.succeed(&jid("j"), Some(&t)).await.unwrap().applied);
+    assert!(matches!(k.store.succeed(&jid("j"), None).await, Err(StoreError::JobFinished(_))));
     assert_eq!(k.balance(&a).await, 90);
     assert_eq!(k.store.attempts(&jid("j")).await.unwrap()[0].result, Some(AttemptResult::Cancelled));
 }
@@ -641,9 +647,11 @@ async fn lease_expiry_requeues_and_late_success_reclaims(k: &Kit) {
     assert_eq!(j.last_error.as_ref().unwrap().code, "LEASE_EXPIRED");
     assert_eq!(k.balance(&a).await, 100);
     assert_eq!(k.store.attempts(&jid("j")).await.unwrap()[0].result, Some(AttemptResult::LeaseExpired));
-    // The lost worker's heartbeat and failure are stale; its success recovers the job.
-    assert!(matches!(k.store.heartbeat(&jid("j"), &t).await, Err(StoreError::LeaseLost(_))));
-    assert!(!k.fail("j", &t, "TIMEOUT").await.applied);
+    // The lost worker's heartbeat and failure are refused (its lease expired); its success
+    // recovers the job.
+    let expired = |r: Result<_, StoreError>| matches!(r, Err(StoreError::LeaseLost(l)) if l.lease() == "expired");
+    assert!(expired(k.store.heartbeat(&jid("j"), &t).await.map(drop)));
+    assert!(expired(k.store.fail(&jid("j"), fail_sig(&t, "TIMEOUT")).await.map(drop)));
     let done = k.store.succeed(&jid("j"), Some(&t)).await.unwrap().value;
     assert_state(&done, JobState::Succeeded);
     assert_eq!(k.balance(&a).await, 60);
@@ -845,7 +853,7 @@ async fn cancel_table_for_finished_states(k: &Kit) {
     assert!(matches!(k.store.cancel(&jid("d")).await.unwrap(), CancelOutcome::Cancelled(_)));
     // a cancelled job can be neither requeued nor recovered
     assert!(matches!(k.store.requeue(&jid("d")).await, Err(StoreError::InvalidTransition { .. })));
-    assert!(!k.store.succeed(&jid("d"), None).await.unwrap().applied);
+    assert!(matches!(k.store.succeed(&jid("d"), None).await, Err(StoreError::JobFinished(_))));
     assert_eq!(k.balance(&a).await, 80);
 }
 
@@ -880,16 +888,19 @@ async fn no_op_pairs_change_nothing(k: &Kit) {
     let a = k.account("a", 100).await;
     k.job("j", &a, 40).await;
     let t = k.claim_one("j").await;
-    // two failure signals for one attempt: one refund
+    // two failure signals for one attempt: one refund (the same one re-sent is a replay; another
+    // code is a conflict, decision 0019)
     assert!(k.fail("j", &t, "TIMEOUT").await.applied);
-    assert!(!k.fail("j", &t, "NODE_DOWN").await.applied);
+    assert!(!k.fail("j", &t, "TIMEOUT").await.applied);
+    let other = k.store.fail(&jid("j"), fail_sig(&t, "NODE_DOWN")).await;
+    assert!(matches!(other, Err(StoreError::ReportConflict(_))), "{other:?}");
     assert_eq!(k.balance(&a).await, 100);
     // success, then a stale failure, then a second success: one reclaim
     k.store.succeed(&jid("j"), None).await.unwrap();
     assert!(!k.fail("j", &t, "TIMEOUT").await.applied);
     assert!(!k.store.succeed(&jid("j"), None).await.unwrap().applied);
     assert_eq!(k.balance(&a).await, 60);
-    assert!(!k.store.mark_unknown(&jid("j"), &t, None).await.unwrap().applied);
+    assert!(matches!(k.store.mark_unknown(&jid("j"), &t, None).await, Err(StoreError::LeaseLost(_))));
     assert!(!k.store.reconcile(&jid("j"), Finding::Absent).await.unwrap().applied);
     assert_state(&k.get("j").await, JobState::Succeeded);
     let kinds: Vec<_> = k.ledger_kinds(&a).await.into_iter().skip(1).collect();
@@ -904,12 +915,13 @@ async fn stale_tokens_change_nothing_and_are_logged(k: &Kit) {
     k.clock.advance_seconds(5);
     let t2 = k.claim_one("j").await;
     let before = k.get("j").await;
+    // Attempt 1's failure re-sent is a replay; its `unknown` is refused.
     assert!(!k.fail("j", &t1, "TIMEOUT").await.applied);
-    assert!(!k.store.mark_unknown(&jid("j"), &t1, None).await.unwrap().applied);
+    assert!(matches!(k.store.mark_unknown(&jid("j"), &t1, None).await, Err(StoreError::LeaseLost(_))));
     assert_eq!(k.get("j").await, before);
     let sig = k.store.signals(&jid("j")).await.unwrap();
-    assert_eq!(sig.len(), 2);
-    assert!(sig.iter().all(|s| s.effect == SignalEffect::Stale && s.attempt_no == Some(1)));
+    let effects: Vec<_> = sig.iter().map(|s| (s.effect, s.attempt_no)).collect();
+    assert_eq!(effects, [(SignalEffect::Noop, Some(1)), (SignalEffect::Stale, Some(1))]);
     assert!(k.fail("j", &t2, "TIMEOUT").await.applied);
 }
 
@@ -925,7 +937,7 @@ async fn the_signal_log_is_bounded_per_job(k: &Kit) {
     let before = k.get("j").await;
     let extra = 37;
     for _ in 0..settle_core::limits::SIGNALS_LOGGED_MAX + extra {
-        assert!(!k.fail("j", &t1, "TIMEOUT").await.applied);
+        assert!(matches!(k.store.mark_unknown(&jid("j"), &t1, None).await, Err(StoreError::LeaseLost(_))));
     }
     assert_eq!(k.get("j").await, before, "stale signals change nothing");
     let sig = k.store.signals(&jid("j")).await.unwrap();
@@ -1076,13 +1088,23 @@ async fn final_failure_success_wins_over_a_cancel_request(k: &Kit) {
 async fn stale_lease_signals_are_logged_though_refused(k: &Kit) {
     let a = k.account("a", 100).await;
     k.items_job("j", &a, &[10]).await;
+    let t1 = k.claim_one("j").await;
+    k.fail("j", &t1, "TIMEOUT").await;
+    k.clock.advance_seconds(5);
     k.claim_one("j").await;
+    // A token no attempt held is refused and writes nothing (decision 0019)…
     let forged = LeaseToken("forged".into());
-    assert!(matches!(k.store.heartbeat(&jid("j"), &forged).await, Err(StoreError::LeaseLost(_))));
-    assert!(matches!(k.store.item_succeed(&jid("j"), &iid("i0"), &forged).await, Err(StoreError::LeaseLost(_))));
+    let never = |r: Result<(), StoreError>| matches!(r, Err(StoreError::LeaseLost(l)) if l.lease() == "never_issued");
+    assert!(never(k.store.heartbeat(&jid("j"), &forged).await.map(drop)));
+    assert!(never(k.store.item_succeed(&jid("j"), &iid("i0"), &forged).await.map(drop)));
     let artifact = NewArtifact { key: ArtifactKey::parse("x").unwrap() };
+    assert!(never(k.store.register_artifact(&jid("j"), &iid("i0"), &forged, artifact.clone()).await.map(drop)));
+    assert!(k.store.signals(&jid("j")).await.unwrap().is_empty());
+    // …an earlier attempt's is refused and logged.
+    assert!(matches!(k.store.heartbeat(&jid("j"), &t1).await, Err(StoreError::LeaseLost(_))));
+    assert!(matches!(k.store.item_succeed(&jid("j"), &iid("i0"), &t1).await, Err(StoreError::LeaseLost(_))));
     assert!(matches!(
-        k.store.register_artifact(&jid("j"), &iid("i0"), &forged, artifact).await,
+        k.store.register_artifact(&jid("j"), &iid("i0"), &t1, artifact).await,
         Err(StoreError::LeaseLost(_))
     ));
     let logged: Vec<_> = k.store.signals(&jid("j")).await.unwrap().into_iter().map(|s| (s.signal, s.effect)).collect();

@@ -14,7 +14,7 @@ use std::sync::Arc;
 const TASKS: usize = 32;
 const JOBS: usize = 40;
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Signal {
     FailRetryable,
     FailFinal,
@@ -38,10 +38,23 @@ const SIGNALS: [Signal; 7] = [
 async fn send(store: &SqlStore, job: &str, token: &LeaseToken, s: Signal) -> Option<ClaimedJob> {
     let id = jid(job);
     match s {
-        Signal::FailRetryable => drop(store.fail(&id, fail_sig(token, "TIMEOUT")).await.unwrap()),
-        Signal::FailFinal => drop(store.fail(&id, fail_sig(token, "INVALID_ADDRESS")).await.unwrap()),
-        Signal::SucceedWithToken => drop(store.succeed(&id, Some(token)).await.unwrap()),
-        Signal::SucceedNoToken => drop(store.succeed(&id, None).await.unwrap()),
+        // Refusals (decision 0019) are answers too: a lease lost to the race, a second failure
+        // report with another code, an operator's success on a job a cancel ended.
+        Signal::FailRetryable | Signal::FailFinal => {
+            let code = if s == Signal::FailRetryable { "TIMEOUT" } else { "INVALID_ADDRESS" };
+            match store.fail(&id, fail_sig(token, code)).await {
+                Ok(_) | Err(StoreError::LeaseLost(_) | StoreError::ReportConflict(_)) => {}
+                Err(e) => panic!("fail: {e}"),
+            }
+        }
+        Signal::SucceedWithToken => match store.succeed(&id, Some(token)).await {
+            Ok(_) | Err(StoreError::LeaseLost(_)) => {}
+            Err(e) => panic!("succeed: {e}"),
+        },
+        Signal::SucceedNoToken => match store.succeed(&id, None).await {
+            Ok(_) | Err(StoreError::JobFinished(_) | StoreError::InvalidTransition { .. }) => {}
+            Err(e) => panic!("succeed without a token: {e}"),
+        },
         Signal::Cancel => match store.cancel(&id).await {
             Ok(_) | Err(StoreError::JobFinished(_)) | Err(StoreError::OutcomeUnknown(_)) => {}
             Err(e) => panic!("cancel: {e}"),
@@ -403,13 +416,16 @@ async fn stale_signals_race_claims(engine: EngineKind) {
                 }
                 let j = jid(&id2);
                 match t % 4 {
+                    // Attempt 1's own failure re-sent is a replay; its other reports are refused.
                     0 => assert!(!k2.store.fail(&j, fail_sig(&stale, "TIMEOUT")).await.unwrap().applied),
                     1 => assert!(matches!(k2.store.heartbeat(&j, &stale).await, Err(StoreError::LeaseLost(_)))),
                     2 => assert!(matches!(
                         k2.store.item_fail(&j, &iid("i0"), &stale, &code("TIMEOUT"), None).await,
                         Err(StoreError::LeaseLost(_))
                     )),
-                    _ => assert!(!k2.store.mark_unknown(&j, &stale, None).await.unwrap().applied),
+                    _ => {
+                        assert!(matches!(k2.store.mark_unknown(&j, &stale, None).await, Err(StoreError::LeaseLost(_))))
+                    }
                 }
             }));
         }
