@@ -281,3 +281,194 @@ async def test_the_asyncio_worker(server, admin):
     job = admin.job("aio-1")
     assert (job["state"], job["result"]) == ("succeeded", {"async": True})
     assert admin.account("aio")["balance"] == 90
+
+
+# ----- workers that ride out a restart (issue 20, item 2) ------------------------------------------
+
+
+class _Serve:
+    """A `settle serve` this test kills outright (SIGKILL) and starts again on the same port and
+    database."""
+
+    def __init__(self, workdir, env):
+        from settle_serve import ROOT, free_port
+
+        self.binary = os.environ.get("SETTLE_BIN", str(ROOT / "target" / "debug" / "settle"))
+        self.workdir, self.env, self.port = workdir, env, free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        (workdir / "settle.toml").write_text(
+            '[defaults]\nretryable_codes = ["TIMEOUT"]\nbackoff_ms_base = 100\nbackoff_ms_max = 200\n'
+            "[loops]\nrescue_every_ms = 200\nsweep_every_ms = 200\n"
+        )
+
+    def start(self):
+        import urllib.request
+
+        log = open(self.workdir / "serve.log", "a")
+        self.proc = subprocess.Popen(
+            [self.binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--config", str(self.workdir / "settle.toml")],
+            cwd=self.workdir,
+            env=dict(os.environ, **self.env),
+            stdout=log,
+            stderr=log,
+        )
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(self.base + "/healthz", timeout=1)
+                return
+            except OSError:
+                assert self.proc.poll() is None, (self.workdir / "serve.log").read_text()
+                time.sleep(0.05)
+        raise RuntimeError("settle serve did not start: " + (self.workdir / "serve.log").read_text())
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def restartable(tmp_path):
+    from conftest import ADMIN
+
+    env = {
+        "SETTLE_TOKENS": f"admin:py-admin={ADMIN},worker:py-worker={WORKER}",
+        "SETTLE_DATABASE_URL": os.environ.get("SETTLE_PYTHON_TESTS_DB", "sqlite://" + str(tmp_path / "settle.db")),
+    }
+    s = _Serve(tmp_path, env)
+    s.start()
+    yield s
+    if s.proc.poll() is None:
+        s.proc.terminate()
+        s.proc.wait(30)
+
+
+def _jobs_for_the_restart(admin, prefix: str, n: int) -> None:
+    account(admin, prefix, 10_000)
+    for j in range(n):
+        admin.create_job(f"{prefix}-{j}", prefix, prefix, items=[("a", 10), ("b", 20)])
+
+
+def _wait_done(admin, prefix: str, n: int, timeout: float = 60.0) -> list[dict]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        jobs = [admin.job(f"{prefix}-{j}") for j in range(n)]
+        if all(j["state"] == "succeeded" for j in jobs):
+            return jobs
+        time.sleep(0.2)
+    raise AssertionError([(j["id"], j["state"]) for j in jobs])
+
+
+def _exactly_once(admin, prefix: str, n: int) -> None:
+    """Every job succeeded once: each item charged once, every refund taken back, the balance the
+    sum of its entries, and the audit clean."""
+    entries = []
+    after = 0
+    while True:
+        page = admin.ledger(prefix, after=after)
+        entries += page["entries"]
+        if page.get("next_after") is None:
+            break
+        after = page["next_after"]
+    charges = [e for e in entries if e["kind"] == "charge"]
+    assert len(charges) == 2 * n, len(charges)
+    assert len({(e["job_id"], e["item_id"]) for e in charges}) == 2 * n
+    refunds = sum(1 for e in entries if e["kind"] == "refund")
+    reclaims = sum(1 for e in entries if e["kind"] == "reclaim")
+    assert refunds == reclaims, (refunds, reclaims)
+    assert admin.account(prefix)["balance"] == 10_000 - 30 * n
+    audit = admin._get("/v1/audit")
+    assert audit["ok"] is True, audit
+
+
+def test_a_worker_rides_out_a_restart_longer_than_its_lease(restartable, caplog):
+    from conftest import ADMIN
+
+    s = restartable
+    n = 6
+    with Client(s.base, token=ADMIN) as admin:
+        _jobs_for_the_restart(admin, "restart-sync", n)
+        one_done = threading.Event()
+
+        def handler(job):
+            for item in job.items_to_do():
+                time.sleep(0.15)
+                if job.item_done(item["id"]) is Flow.STOP:
+                    return Cancelled()
+            one_done.set()
+            return Succeeded()
+
+        with Client(s.base, token=WORKER, timeout=5.0) as wc:
+            w = Worker(wc, kind="restart-sync", handler=handler, name="py-restart", lease_seconds=2, wait_seconds=1)
+            caplog.set_level("WARNING", logger="settle_client.worker")
+            t = threading.Thread(target=w.run)
+            t.start()
+            assert one_done.wait(20)
+            s.kill()
+            time.sleep(4)  # down for longer than the 2 s lease
+            s.start()
+            _wait_done(admin, "restart-sync", n)
+            w.stop()
+            t.join(30)
+            assert not t.is_alive()
+        _exactly_once(admin, "restart-sync", n)
+    outage_lines = [r for r in caplog.records if "does not answer" in r.getMessage()]
+    assert 1 <= len(outage_lines) <= 3, [r.getMessage() for r in caplog.records]
+    assert any("answers again" in r.getMessage() for r in caplog.records)
+
+
+async def test_the_asyncio_worker_rides_out_a_restart_longer_than_its_lease(restartable):
+    import asyncio
+
+    from conftest import ADMIN
+
+    s = restartable
+    n = 4
+    with Client(s.base, token=ADMIN) as admin:
+        _jobs_for_the_restart(admin, "restart-async", n)
+        one_done = asyncio.Event()
+
+        async def handler(job):
+            for item in job.items_to_do():
+                await asyncio.sleep(0.15)
+                if await job.item_done(item["id"]) is Flow.STOP:
+                    return Cancelled()
+            one_done.set()
+            return Succeeded()
+
+        async with AsyncClient(s.base, token=WORKER, timeout=5.0) as wc:
+            w = AsyncWorker(wc, kind="restart-async", handler=handler, name="py-restart-async", wait_seconds=1, lease_seconds=2)
+            task = asyncio.create_task(w.run())
+            await asyncio.wait_for(one_done.wait(), 20)
+            await asyncio.to_thread(s.kill)
+            await asyncio.sleep(4)
+            await asyncio.to_thread(s.start)
+            for _ in range(300):
+                if all(admin.job(f"restart-async-{j}")["state"] == "succeeded" for j in range(n)):
+                    break
+                await asyncio.sleep(0.2)
+            w.stop()
+            await asyncio.wait_for(task, 30)
+        _exactly_once(admin, "restart-async", n)
+
+
+def test_a_worker_with_a_refused_token_stops_with_a_clear_error(server):
+    from settle_client import Unauthorized
+
+    base, _ = server
+    with Client(base, token="not-a-token-of-this-server") as c:
+        w = Worker(c, kind="any", handler=lambda job: None, wait_seconds=1)
+        raised: list[BaseException] = []
+
+        def run():
+            try:
+                w.run()
+            except BaseException as e:  # noqa: BLE001 (what run() stopped with)
+                raised.append(e)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(5)
+        w.stop()
+        assert not t.is_alive() and len(raised) == 1 and isinstance(raised[0], Unauthorized), raised

@@ -288,7 +288,7 @@ async fn running_batch(d: &Demo, alice: &AccountId, artifacts: Arc<ObjectArtifac
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     stop.cancel();
-    running.await?;
+    running.await??;
     let _ = stop_serving.send(());
     server.await??;
     d.say("the heartbeat brought the cancel; at the item boundary the worker did not deliver frame-4 and reported CANCELLED");

@@ -6,6 +6,12 @@
 //! Every report answers a [`Report`]: `Applied` (it took effect now) or `Replayed` (the same report
 //! had already taken effect — a re-send after a lost answer); a refused one is
 //! [`ClientError::LeaseLost`], whose `details` say what became of the job (decision 0019).
+//!
+//! The worker rides out a server that is down or busy (connection errors, timeouts, `429`, `5xx`):
+//! claims, heartbeats and reports are retried with capped exponential backoff and full jitter, with
+//! one log line when the outage starts and one when it ends. A report is re-sent as first sent, so
+//! one whose answer was lost is answered as a replay. A refused token (`401`, `403`) ends
+//! [`Worker::run`] with that error.
 
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -16,6 +22,75 @@ use tokio_util::sync::CancellationToken;
 
 /// The server's largest claim.
 const CLAIM_LIMIT_MAX: u32 = 100;
+/// The longest wait between two tries while Settle does not answer.
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// How long a report is re-sent before the worker gives up on it (the lease then lapses and the
+/// server rescues the job).
+const REPORT_PATIENCE: Duration = Duration::from_secs(900);
+
+/// Whether trying again later may succeed: no answer at all, or the server said so.
+fn transient(e: &ClientError) -> bool {
+    match e {
+        ClientError::Transport(_) => true,
+        ClientError::Api { status, .. } => *status == 429 || *status >= 500,
+        _ => false,
+    }
+}
+
+/// Capped exponential backoff with full jitter: a random wait below 0.2 s · 2^n, at most 10 s.
+fn backoff(failures: u32) -> Duration {
+    use std::hash::BuildHasher;
+    let cap = (200u64 << failures.min(16)).min(BACKOFF_MAX.as_millis() as u64);
+    // A fresh randomly keyed hasher per call: jitter without a dependency.
+    let r = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
+    Duration::from_millis(r % cap.max(1))
+}
+
+/// One log line when Settle stops answering and one when it answers again — not one per try.
+#[derive(Default)]
+struct Outage(std::sync::Mutex<Option<std::time::Instant>>);
+
+impl Outage {
+    fn failed(&self, what: &str, e: &ClientError) {
+        let mut since = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if since.is_none() {
+            *since = Some(std::time::Instant::now());
+            tracing::warn!(error = %e, "Settle does not answer ({what}); retrying with backoff");
+        }
+    }
+
+    fn answered(&self) {
+        let mut since = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = since.take() {
+            tracing::warn!(after_seconds = t.elapsed().as_secs_f64(), "Settle answers again");
+        }
+    }
+}
+
+/// `call` until it answers or fails for good: a report re-sent as it was first sent.
+async fn retrying<T, F, Fut>(outage: &Outage, what: &str, mut call: F) -> Result<T, ClientError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let deadline = std::time::Instant::now() + REPORT_PATIENCE;
+    let mut failures = 0;
+    loop {
+        match call().await {
+            Err(e) if transient(&e) && std::time::Instant::now() < deadline => {
+                outage.failed(what, &e);
+                failures += 1;
+                tokio::time::sleep(backoff(failures)).await;
+            }
+            r => {
+                if !matches!(&r, Err(e) if transient(e)) {
+                    outage.answered();
+                }
+                return r;
+            }
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -299,6 +374,7 @@ pub struct JobContext {
     pub job: ClaimedJob,
     cancel: Arc<AtomicBool>,
     lost: Arc<AtomicBool>,
+    outage: Arc<Outage>,
 }
 
 impl JobContext {
@@ -306,26 +382,40 @@ impl JobContext {
         self.cancel.load(Ordering::SeqCst) || self.lost.load(Ordering::SeqCst)
     }
 
+    /// Reports `item` delivered. A report the item's state contradicts (an earlier attempt failed
+    /// it, a cancel ended it) changed nothing and is logged: the job goes on.
     pub async fn item_done(&self, item: &str) -> Result<Flow, ClientError> {
-        let cancel =
-            self.client.item_succeed(&self.job.id, item, &self.job.lease_token).await.inspect_err(|e| self.note(e))?;
-        Ok(self.flow(cancel.value()))
+        let (id, token) = (&self.job.id, &self.job.lease_token);
+        let cancel = retrying(&self.outage, "item report", || self.client.item_succeed(id, item, token)).await;
+        self.item_answer(item, cancel)
+    }
+
+    fn item_answer(&self, item: &str, answer: Result<Report<bool>, ClientError>) -> Result<Flow, ClientError> {
+        match answer {
+            Ok(cancel) => Ok(self.flow(cancel.value())),
+            Err(ClientError::Api { code, message, .. }) if code == "invalid_transition" => {
+                tracing::warn!(job = %self.job.id, item, %message, "the item report changed nothing");
+                Ok(self.flow(false))
+            }
+            Err(e) => {
+                self.note(&e);
+                Err(e)
+            }
+        }
     }
 
     pub async fn item_failed(&self, item: &str, code: &str, message: &str) -> Result<Flow, ClientError> {
-        let cancel = self
-            .client
-            .item_fail(&self.job.id, item, &self.job.lease_token, code, message)
-            .await
-            .inspect_err(|e| self.note(e))?;
-        Ok(self.flow(cancel.value()))
+        let (id, token) = (&self.job.id, &self.job.lease_token);
+        let cancel =
+            retrying(&self.outage, "item report", || self.client.item_fail(id, item, token, code, message)).await;
+        self.item_answer(item, cancel)
     }
 
     /// Registers an artifact of `item` before writing it, so a teardown knows to delete it;
     /// returns the path to write it at (`{job}/{item}/{key}` under the artifact store's root).
     pub async fn register_artifact(&self, item: &str, key: &str) -> Result<String, ClientError> {
-        self.client
-            .register_artifact(&self.job.id, item, &self.job.lease_token, key)
+        let (id, token) = (&self.job.id, &self.job.lease_token);
+        retrying(&self.outage, "artifact registration", || self.client.register_artifact(id, item, token, key))
             .await
             .map(Report::value)
             .inspect_err(|e| self.note(e))
@@ -384,9 +474,14 @@ impl Worker {
         }
     }
 
-    pub async fn run(self, handler: Arc<dyn Handler>, stop: CancellationToken) {
+    /// Claims and runs jobs until `stop`; jobs in hand finish and report. Ends early with the error
+    /// when Settle refuses the token (`401`, `403`); rides out everything else.
+    pub async fn run(self, handler: Arc<dyn Handler>, stop: CancellationToken) -> Result<(), ClientError> {
         let slots = Arc::new(tokio::sync::Semaphore::new(self.concurrency.max(1) as usize));
         let mut tasks = tokio::task::JoinSet::new();
+        let outage = Arc::new(Outage::default());
+        let mut failures = 0;
+        let mut refused = None;
         let heartbeat_every = match self.lease_seconds {
             Some(l) => self.heartbeat_every.min(Duration::from_millis(u64::from(l) * 1_000 / 3)),
             None => self.heartbeat_every,
@@ -403,18 +498,35 @@ impl Worker {
             // (its jobs would wait for their leases to expire). It is bounded by `wait_seconds`.
             let claimed = self.client.claim(&self.name, &self.kinds, free, self.lease_seconds, self.wait_seconds).await;
             let jobs = match claimed {
-                Ok(jobs) => jobs,
+                Ok(jobs) => {
+                    outage.answered();
+                    failures = 0;
+                    jobs
+                }
+                Err(e @ ClientError::Api { status: 401 | 403, .. }) => {
+                    tracing::error!(error = %e, "Settle refused the worker's token; stopping");
+                    refused = Some(e);
+                    break;
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "claim failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    if transient(&e) {
+                        outage.failed("claim", &e);
+                    } else {
+                        tracing::warn!(error = %e, "claim failed; retrying");
+                    }
+                    failures += 1;
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(backoff(failures)) => {}
+                    }
                     continue;
                 }
             };
             for job in jobs {
                 let permit = slots.clone().acquire_owned().await.expect("semaphore open");
-                let (client, handler) = (self.client.clone(), handler.clone());
+                let (client, handler, outage) = (self.client.clone(), handler.clone(), outage.clone());
                 tasks.spawn(async move {
-                    run_one(client, handler, job, heartbeat_every).await;
+                    run_one(client, handler, job, heartbeat_every, outage).await;
                     drop(permit);
                 });
             }
@@ -422,18 +534,32 @@ impl Worker {
         }
         // Jobs under way finish and report.
         while tasks.join_next().await.is_some() {}
+        refused.map_or(Ok(()), Err)
     }
 }
 
-async fn run_one(client: Client, handler: Arc<dyn Handler>, job: ClaimedJob, heartbeat_every: Duration) {
+async fn run_one(
+    client: Client,
+    handler: Arc<dyn Handler>,
+    job: ClaimedJob,
+    heartbeat_every: Duration,
+    outage: Arc<Outage>,
+) {
     let cancel = Arc::new(AtomicBool::new(job.cancel_requested));
     let lost = Arc::new(AtomicBool::new(false));
     let beating = CancellationToken::new();
     // Stops the heartbeat whatever happens to this task (a panicking handler, an abort).
     let _stop_beating = beating.clone().drop_guard();
     let beat = {
-        let (client, id, token, cancel, lost, beating) =
-            (client.clone(), job.id.clone(), job.lease_token.clone(), cancel.clone(), lost.clone(), beating.clone());
+        let (client, id, token, cancel, lost, beating, outage) = (
+            client.clone(),
+            job.id.clone(),
+            job.lease_token.clone(),
+            cancel.clone(),
+            lost.clone(),
+            beating.clone(),
+            outage.clone(),
+        );
         tokio::spawn(async move {
             loop {
                 tokio::select! {
@@ -441,48 +567,59 @@ async fn run_one(client: Client, handler: Arc<dyn Handler>, job: ClaimedJob, hea
                     _ = tokio::time::sleep(heartbeat_every) => {}
                 }
                 match client.heartbeat(&id, &token).await {
-                    Ok(hb) => cancel.store(hb.cancel_requested, Ordering::SeqCst),
+                    Ok(hb) => {
+                        outage.answered();
+                        cancel.store(hb.cancel_requested, Ordering::SeqCst)
+                    }
                     Err(ClientError::LeaseLost { .. }) => {
                         lost.store(true, Ordering::SeqCst);
                         return;
                     }
+                    // The beat goes on while the lease may last: one line per outage.
+                    Err(e) if transient(&e) => outage.failed("heartbeat", &e),
                     Err(e) => tracing::warn!(job = %id, error = %e, "heartbeat failed"),
                 }
             }
         })
     };
-    let ctx = JobContext { client: client.clone(), job, cancel, lost };
+    let ctx = JobContext { client: client.clone(), job, cancel, lost, outage: outage.clone() };
     let outcome = handler.run(&ctx).await;
     beating.cancel();
     let _ = beat.await;
     let (id, token) = (&ctx.job.id, &ctx.job.lease_token);
-    // A handler that stopped because the lease was lost has nothing to report: a lost lease is not a
-    // cancel, and the job is the rescuer's now. (A success is still sent: accepted from any attempt.)
-    if ctx.lease_lost() && matches!(outcome, Outcome::Cancelled) {
-        tracing::warn!(job = %id, "lease lost; the server rescues the job, nothing to report");
+    // After the lease was lost only a success is reported (accepted from any attempt): a lost lease
+    // is not a cancel, and a failure or an unknown outcome would be refused — the job is the
+    // rescuer's now.
+    if ctx.lease_lost() && !matches!(outcome, Outcome::Succeeded(_)) {
+        if matches!(outcome, Outcome::Unknown(_)) {
+            tracing::error!(job = %id, "lease lost with the outcome unknown: the job was rescued and may run again");
+        } else {
+            tracing::warn!(job = %id, "lease lost; the server rescues the job, nothing to report");
+        }
         return;
     }
     let unknown = matches!(outcome, Outcome::Unknown(_));
-    let reported = match outcome {
-        Outcome::Succeeded(result) => client.succeed(id, token, result).await,
-        Outcome::Failed(f) => client.fail(id, token, &f).await,
-        Outcome::Unknown(m) => client.unknown(id, token, &m).await,
-        Outcome::Cancelled => {
-            client
-                .fail(
-                    id,
-                    token,
-                    &Failure {
-                        code: "CANCELLED".into(),
-                        message: "stopped at an item boundary".into(),
-                        retryable: Some(false),
-                        retry_after_ms: None,
-                    },
-                )
-                .await
-        }
+    let success = matches!(outcome, Outcome::Succeeded(_));
+    let cancelled = Failure {
+        code: "CANCELLED".into(),
+        message: "stopped at an item boundary".into(),
+        retryable: Some(false),
+        retry_after_ms: None,
     };
+    // Re-sent as first sent until answered: a lost answer comes back as a replay.
+    let reported = retrying(&outage, "report", || async {
+        match &outcome {
+            Outcome::Succeeded(result) => client.succeed(id, token, result.clone()).await,
+            Outcome::Failed(f) => client.fail(id, token, f).await,
+            Outcome::Unknown(m) => client.unknown(id, token, m).await,
+            Outcome::Cancelled => client.fail(id, token, &cancelled).await,
+        }
+    })
+    .await;
     match reported {
+        Ok(Report::Applied(job)) if success && matches!(job["state"].as_str(), Some("cancelling" | "cancelled")) => {
+            tracing::warn!(job = %id, "a cancel won over this success: the undelivered items were refunded")
+        }
         Ok(Report::Applied(_)) => {}
         Ok(Report::Replayed(_)) => tracing::debug!(job = %id, "the report had already taken effect (a replay)"),
         // The rescuer retried the job meanwhile: the external effect may happen twice.

@@ -86,7 +86,7 @@ async fn a_cancel_stops_the_worker_at_the_next_item_boundary() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     stop.cancel();
-    running.await.unwrap();
+    running.await.unwrap().unwrap();
     // The item in hand when the cancel came was reported; none after it.
     assert_eq!(*handler.reported.lock().unwrap(), ["frame-0", "frame-1", "frame-2"]);
     let states: Vec<(&str, &str)> = job["items"]

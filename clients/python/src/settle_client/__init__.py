@@ -9,13 +9,16 @@
 
 from .client import Applied, AsyncClient, Client, Replayed
 from .errors import (
+    Forbidden,
     IdempotencyConflict,
     InsufficientCredits,
     InvalidId,
+    InvalidTransition,
     JobFinished,
     LeaseLost,
     NotFound,
     SettleError,
+    Unauthorized,
     Unavailable,
 )
 from .webhooks import SignatureError, sign, verify_webhook
@@ -40,9 +43,11 @@ __all__ = [
     "Client",
     "Failed",
     "Flow",
+    "Forbidden",
     "IdempotencyConflict",
     "InsufficientCredits",
     "InvalidId",
+    "InvalidTransition",
     "JobContext",
     "JobFinished",
     "LeaseLost",
@@ -51,6 +56,7 @@ __all__ = [
     "SettleError",
     "SignatureError",
     "Succeeded",
+    "Unauthorized",
     "Unavailable",
     "Unknown",
     "Worker",

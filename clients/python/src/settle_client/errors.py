@@ -57,8 +57,22 @@ class JobFinished(SettleError):
     """409: the job already ended."""
 
 
+class InvalidTransition(SettleError):
+    """409: the job (or the item) is in a state this request cannot move: an item report that
+    contradicts what the item already is (a failure of a delivered item), a requeue of a job that
+    is not dead."""
+
+
 class NotFound(SettleError):
     """404."""
+
+
+class Unauthorized(SettleError):
+    """401: the token is missing or unknown."""
+
+
+class Forbidden(SettleError):
+    """403: the token's role (or scope) does not allow this."""
 
 
 class Unavailable(SettleError):
@@ -70,7 +84,10 @@ _BY_CODE: dict[str, type[SettleError]] = {
     "idempotency_conflict": IdempotencyConflict,
     "lease_lost": LeaseLost,
     "job_finished": JobFinished,
+    "invalid_transition": InvalidTransition,
     "not_found": NotFound,
+    "unauthorized": Unauthorized,
+    "forbidden": Forbidden,
     "unavailable": Unavailable,
     "rate_limited": Unavailable,
 }

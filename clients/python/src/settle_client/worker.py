@@ -15,6 +15,13 @@ A handler returns `Succeeded(result)`, `Failed(code, ...)`, `Unknown(message)` o
 code `WORKER_ERROR`. `Worker.stop()` (also on SIGTERM with `run(handle_signals=True)`) stops
 claiming; a job in hand finishes its item and reports — it is never dropped. A worker killed
 outright leaves its lease to lapse: the server rescues the job and the ledger stays exact.
+
+A worker rides out a server that is down or busy (connection errors, timeouts, `429`, `5xx`):
+claims, heartbeats and reports are retried with capped exponential backoff and full jitter, one
+log line when the outage starts and one when it ends. A report is re-sent as it was first sent, so
+a report whose answer was lost is answered as a replay (decision 0019); a lease that ran out
+meanwhile is answered `LeaseLost`, and the server has rescued the job. A refused token (`401`,
+`403`) stops `run()` with `Unauthorized` or `Forbidden`.
 """
 
 from __future__ import annotations
@@ -22,16 +29,93 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import random
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from .client import AsyncClient, Client, Json
-from .errors import LeaseLost, SettleError
+from .errors import Forbidden, InvalidTransition, LeaseLost, SettleError, Unauthorized
 
 log = logging.getLogger("settle_client.worker")
+
+#: The longest wait between two tries while Settle does not answer.
+BACKOFF_MAX_SECONDS = 10.0
+#: How long a report is re-sent before the worker gives up on it (the lease lapses; the server
+#: rescues the job).
+REPORT_PATIENCE_SECONDS = 900.0
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether trying again later may succeed: no answer at all, or the server said so."""
+    if isinstance(e, httpx.TransportError):
+        return True
+    return isinstance(e, SettleError) and (e.status == 429 or e.status >= 500)
+
+
+def _backoff(failures: int, retry_after: float | None = None) -> float:
+    """Capped exponential backoff with full jitter (0.2 s · 2^n, at most 10 s), at least what the
+    server asked for."""
+    wait = random.uniform(0, min(BACKOFF_MAX_SECONDS, 0.2 * 2 ** min(failures, 16)))
+    return max(wait, retry_after or 0.0)
+
+
+class _Outage:
+    """One log line when Settle stops answering and one when it answers again — not one per try."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def failed(self, what: str, e: BaseException) -> None:
+        with self._lock:
+            if self._since is None:
+                self._since = time.monotonic()
+                log.warning("Settle does not answer (%s: %s); retrying with backoff", what, e)
+
+    def answered(self) -> None:
+        with self._lock:
+            if self._since is not None:
+                log.warning("Settle answers again after %.1f s", time.monotonic() - self._since)
+                self._since = None
+
+
+def _retrying(call: Callable[[], Any], what: str, outage: _Outage, patience: float = REPORT_PATIENCE_SECONDS) -> Any:
+    """`call()` until it answers (or fails for good): a report re-sent as it was first sent."""
+    deadline, failures = time.monotonic() + patience, 0
+    while True:
+        try:
+            answer = call()
+        except Exception as e:
+            if not _transient(e) or time.monotonic() >= deadline:
+                raise
+            outage.failed(what, e)
+            failures += 1
+            time.sleep(_backoff(failures, getattr(e, "retry_after", None)))
+            continue
+        outage.answered()
+        return answer
+
+
+async def _aretrying(call: Callable[[], Awaitable[Any]], what: str, outage: _Outage, patience: float = REPORT_PATIENCE_SECONDS) -> Any:
+    deadline, failures = time.monotonic() + patience, 0
+    while True:
+        try:
+            answer = await call()
+        except Exception as e:
+            if not _transient(e) or time.monotonic() >= deadline:
+                raise
+            outage.failed(what, e)
+            failures += 1
+            await asyncio.sleep(_backoff(failures, getattr(e, "retry_after", None)))
+            continue
+        outage.answered()
+        return answer
 
 
 class Flow(enum.Enum):
@@ -115,6 +199,7 @@ class JobContext(_JobView):
     job: Json
     _cancel: threading.Event = field(default_factory=threading.Event)
     _lost: threading.Event = field(default_factory=threading.Event)
+    _outage: _Outage = field(default_factory=_Outage)
 
     @property
     def cancel_requested(self) -> bool:
@@ -127,23 +212,36 @@ class JobContext(_JobView):
 
     def item_done(self, item: str) -> Flow:
         try:
-            return self._flow(self.client.item_succeed(self.id, item, self.lease_token))
+            call = lambda: self.client.item_succeed(self.id, item, self.lease_token)  # noqa: E731
+            return self._flow(_retrying(call, "item report", self._outage))
         except LeaseLost:
             self._lost.set()
             return Flow.STOP
+        except InvalidTransition as e:
+            return self._decided(item, e)
 
     def item_failed(self, item: str, code: str, message: str | None = None) -> Flow:
         try:
-            return self._flow(self.client.item_fail(self.id, item, self.lease_token, code, message))
+            call = lambda: self.client.item_fail(self.id, item, self.lease_token, code, message)  # noqa: E731
+            return self._flow(_retrying(call, "item report", self._outage))
         except LeaseLost:
             self._lost.set()
             return Flow.STOP
+        except InvalidTransition as e:
+            return self._decided(item, e)
+
+    def _decided(self, item: str, e: InvalidTransition) -> Flow:
+        """An item report the item's state contradicts (an earlier attempt delivered it, a cancel
+        ended it): nothing changed; the job goes on."""
+        log.warning("report of item %s of %s changed nothing: %s", item, self.id, e)
+        return Flow.STOP if self.cancel_requested else Flow.CONTINUE
 
     def register_artifact(self, item: str, key: str) -> str:
         """Registers `key` for `item`; returns the path to store the object at (the job's prefix).
         Raises `LeaseLost` when the lease is gone (the job is then lost to this worker: stop)."""
         try:
-            return self.client.register_artifact(self.id, item, self.lease_token, key)["path"]
+            call = lambda: self.client.register_artifact(self.id, item, self.lease_token, key)  # noqa: E731
+            return _retrying(call, "artifact registration", self._outage)["path"]
         except LeaseLost:
             self._lost.set()
             raise
@@ -158,12 +256,17 @@ def _check(outcome: Outcome | None) -> None:
 
 
 def _skip_report(id: str, outcome: Outcome | None, lost: bool) -> bool:
-    """A handler that stopped because the lease was lost has nothing to report: the lease is not a
-    cancel, and the job is the rescuer's now. (A success is still sent: accepted from any attempt.)"""
-    if lost and isinstance(outcome, Cancelled):
+    """After the lease was lost only a success is reported (accepted from any attempt): a lost
+    lease is not a cancel, and a failure or an unknown outcome would be refused — the job is the
+    rescuer's now."""
+    if not lost or isinstance(outcome, (Succeeded, type(None))):
+        return False
+    if isinstance(outcome, Unknown):
+        # The rescuer retried the job meanwhile: the external effect may happen twice.
+        log.error("lease of %s lost with its outcome unknown: the job was rescued and may run again", id)
+    else:
         log.warning("lease of %s lost; the job is rescued by the server, nothing to report", id)
-        return True
-    return False
+    return True
 
 
 def _reported(id: str, outcome: Outcome | None, answer: Json) -> None:
@@ -211,6 +314,7 @@ class Worker:
         self.client, self.kind, self.handler, self.name = client, kind, handler, name
         self.lease_seconds, self.wait_seconds = lease_seconds, wait_seconds
         self._stop = threading.Event()
+        self._outage = _Outage()
 
     def stop(self) -> None:
         """Stops claiming; the job in hand finishes and reports."""
@@ -222,14 +326,25 @@ class Worker:
         if handle_signals:
             for s in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(s, lambda *_: self.stop())
-        ran = 0
+        ran, failures = 0, 0
         while not self._stop.is_set() and (max_jobs is None or ran < max_jobs):
             try:
                 jobs = self.client.claim(self.name, [self.kind], 1, self.lease_seconds, self.wait_seconds)
-            except SettleError as e:
-                log.warning("claim failed: %s", e)
-                self._stop.wait(e.retry_after or 1.0)
+            except (Unauthorized, Forbidden) as e:
+                log.error("Settle refused the worker's token (%s): stopping", e)
+                raise
+            except Exception as e:
+                if not _transient(e) and not isinstance(e, SettleError):
+                    raise
+                if _transient(e):
+                    self._outage.failed("claim", e)
+                else:
+                    log.warning("claim failed: %s", e)
+                failures += 1
+                self._stop.wait(_backoff(failures, getattr(e, "retry_after", None)))
                 continue
+            self._outage.answered()
+            failures = 0
             for job in jobs:
                 self.run_one(job)
                 ran += 1
@@ -238,7 +353,7 @@ class Worker:
     def run_one(self, job: Json) -> None:
         """Runs one claimed job: heartbeats on a thread at a third of the lease, the handler, then
         the outcome. A report that fails leaves the lease to lapse (the server rescues the job)."""
-        ctx = JobContext(self.client, job)
+        ctx = JobContext(self.client, job, _outage=self._outage)
         if job.get("cancel_requested"):
             ctx._cancel.set()
         beating = threading.Event()
@@ -252,8 +367,13 @@ class Worker:
                 except LeaseLost:
                     ctx._lost.set()
                     return
-                except SettleError as e:
-                    log.warning("heartbeat of %s failed: %s", ctx.id, e)
+                except Exception as e:  # noqa: BLE001 (the beat goes on while the lease may last)
+                    if _transient(e):
+                        self._outage.failed("heartbeat", e)
+                    else:
+                        log.warning("heartbeat of %s failed: %s", ctx.id, e)
+                else:
+                    self._outage.answered()
 
         beater = threading.Thread(target=beat, name=f"heartbeat-{ctx.id}", daemon=True)
         beater.start()
@@ -269,10 +389,10 @@ class Worker:
         if _skip_report(ctx.id, outcome, ctx._lost.is_set()):
             return
         try:
-            _reported(ctx.id, outcome, _report(self.client, job, outcome))
+            _reported(ctx.id, outcome, _retrying(lambda: _report(self.client, job, outcome), "report", self._outage))
         except LeaseLost as e:
             _refused(ctx.id, outcome, e)
-        except SettleError as e:
+        except (SettleError, httpx.TransportError) as e:
             log.warning("could not report %s (%s); the lease will lapse and the job be rescued", ctx.id, e)
 
 
@@ -298,6 +418,7 @@ class AsyncJobContext(_JobView):
     job: Json
     _cancel: bool = False
     _lost: bool = False
+    _outage: _Outage = field(default_factory=_Outage)
 
     @property
     def cancel_requested(self) -> bool:
@@ -305,19 +426,27 @@ class AsyncJobContext(_JobView):
 
     async def item_done(self, item: str) -> Flow:
         try:
-            answer = await self.client.item_succeed(self.id, item, self.lease_token)
+            call = lambda: self.client.item_succeed(self.id, item, self.lease_token)  # noqa: E731
+            answer = await _aretrying(call, "item report", self._outage)
         except LeaseLost:
             self._lost = True
             return Flow.STOP
+        except InvalidTransition as e:
+            log.warning("report of item %s of %s changed nothing: %s", item, self.id, e)
+            return Flow.STOP if self.cancel_requested else Flow.CONTINUE
         self._cancel = self._cancel or bool(answer.get("cancel_requested"))
         return Flow.STOP if self.cancel_requested else Flow.CONTINUE
 
     async def item_failed(self, item: str, code: str, message: str | None = None) -> Flow:
         try:
-            answer = await self.client.item_fail(self.id, item, self.lease_token, code, message)
+            call = lambda: self.client.item_fail(self.id, item, self.lease_token, code, message)  # noqa: E731
+            answer = await _aretrying(call, "item report", self._outage)
         except LeaseLost:
             self._lost = True
             return Flow.STOP
+        except InvalidTransition as e:
+            log.warning("report of item %s of %s changed nothing: %s", item, self.id, e)
+            return Flow.STOP if self.cancel_requested else Flow.CONTINUE
         self._cancel = self._cancel or bool(answer.get("cancel_requested"))
         return Flow.STOP if self.cancel_requested else Flow.CONTINUE
 
@@ -328,29 +457,50 @@ AsyncHandler = Callable[[AsyncJobContext], Awaitable["Outcome | None"]]
 class AsyncWorker:
     """`Worker` for asyncio: the heartbeat is a task beside the handler."""
 
-    def __init__(self, client: AsyncClient, kind: str, handler: AsyncHandler, name: str = "python-worker", wait_seconds: int = 5):
+    def __init__(
+        self,
+        client: AsyncClient,
+        kind: str,
+        handler: AsyncHandler,
+        name: str = "python-worker",
+        wait_seconds: int = 5,
+        lease_seconds: int | None = None,
+    ):
         self.client, self.kind, self.handler, self.name, self.wait_seconds = client, kind, handler, name, wait_seconds
+        self.lease_seconds = lease_seconds
         self._stop = asyncio.Event()
+        self._outage = _Outage()
 
     def stop(self) -> None:
         self._stop.set()
 
     async def run(self, max_jobs: int | None = None) -> int:
-        ran = 0
+        ran, failures = 0, 0
         while not self._stop.is_set() and (max_jobs is None or ran < max_jobs):
             try:
-                jobs = await self.client.claim(self.name, [self.kind], 1, None, self.wait_seconds)
-            except SettleError as e:
-                log.warning("claim failed: %s", e)
-                await asyncio.sleep(e.retry_after or 1.0)
+                jobs = await self.client.claim(self.name, [self.kind], 1, self.lease_seconds, self.wait_seconds)
+            except (Unauthorized, Forbidden) as e:
+                log.error("Settle refused the worker's token (%s): stopping", e)
+                raise
+            except Exception as e:
+                if not _transient(e) and not isinstance(e, SettleError):
+                    raise
+                if _transient(e):
+                    self._outage.failed("claim", e)
+                else:
+                    log.warning("claim failed: %s", e)
+                failures += 1
+                await asyncio.sleep(_backoff(failures, getattr(e, "retry_after", None)))
                 continue
+            self._outage.answered()
+            failures = 0
             for job in jobs:
                 await self.run_one(job)
                 ran += 1
         return ran
 
     async def run_one(self, job: Json) -> None:
-        ctx = AsyncJobContext(self.client, job, _cancel=bool(job.get("cancel_requested")))
+        ctx = AsyncJobContext(self.client, job, _cancel=bool(job.get("cancel_requested")), _outage=self._outage)
         every = max(0.2, _lease_seconds(job) / 3)
 
         async def beat() -> None:
@@ -362,8 +512,13 @@ class AsyncWorker:
                 except LeaseLost:
                     ctx._lost = True
                     return
-                except SettleError as e:
-                    log.warning("heartbeat of %s failed: %s", ctx.id, e)
+                except Exception as e:  # noqa: BLE001 (the beat goes on while the lease may last)
+                    if _transient(e):
+                        self._outage.failed("heartbeat", e)
+                    else:
+                        log.warning("heartbeat of %s failed: %s", ctx.id, e)
+                else:
+                    self._outage.answered()
 
         beater = asyncio.create_task(beat())
         try:
@@ -377,20 +532,23 @@ class AsyncWorker:
         id, token = job["id"], job["lease_token"]
         if _skip_report(id, outcome, ctx._lost):
             return
-        try:
+
+        async def send() -> Json:
             match outcome:
                 case None:
-                    answer = await self.client.succeed(id, token)
+                    return await self.client.succeed(id, token)
                 case Succeeded(result=result):
-                    answer = await self.client.succeed(id, token, result)
+                    return await self.client.succeed(id, token, result)
                 case Failed(code=code, message=message, retryable=retryable, retry_after_ms=retry_after_ms):
-                    answer = await self.client.fail(id, token, code, message, retryable, retry_after_ms)
+                    return await self.client.fail(id, token, code, message, retryable, retry_after_ms)
                 case Unknown(message=message):
-                    answer = await self.client.unknown(id, token, message)
+                    return await self.client.unknown(id, token, message)
                 case _:
-                    answer = await self.client.fail(id, token, "CANCELLED", "stopped at an item boundary", retryable=False)
-            _reported(id, outcome, answer)
+                    return await self.client.fail(id, token, "CANCELLED", "stopped at an item boundary", retryable=False)
+
+        try:
+            _reported(id, outcome, await _aretrying(send, "report", self._outage))
         except LeaseLost as e:
             _refused(id, outcome, e)
-        except SettleError as e:
+        except (SettleError, httpx.TransportError) as e:
             log.warning("could not report %s (%s); the lease will lapse and the job be rescued", id, e)

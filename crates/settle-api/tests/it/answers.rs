@@ -22,6 +22,7 @@ on_both_engines!(
     item_fail_answers,
     artifact_answers,
     a_report_after_a_lost_answer_is_a_replay_whatever_came_between,
+    replays_survive_what_came_after,
 );
 
 const ADMIN: &str = "admin-token-0123456789";
@@ -371,4 +372,43 @@ async fn a_report_after_a_lost_answer_is_a_replay_whatever_came_between(e: Engin
     applied(&f.worker(&p, json!({"lease_token": j.current, "code": "TIMEOUT"})).await);
     lease_lost(&f.worker(&p, body).await, "expired");
     assert!(f.clock.now() > Timestamp::from_micros(1_800_000_000_000_000));
+}
+
+/// The review's sequences (decision 0019): an attempt's late success keeps its earlier failure's
+/// re-send a replay; an item replay given while the lease was held stays one after it is gone.
+async fn replays_survive_what_came_after(e: Engine) {
+    let f = Fixture::new(e).await;
+    // fail(t1) applied, then t1's late success reclaims: fail(t1) re-sent is still a replay.
+    let id = f.job().await;
+    let t1 = f.claim(&id).await;
+    let fail = json!({"lease_token": t1, "code": "TIMEOUT"});
+    applied(&f.worker(&format!("/v1/jobs/{id}/fail"), fail.clone()).await);
+    applied(&f.worker(&format!("/v1/jobs/{id}/succeed"), json!({"lease_token": t1})).await);
+    replayed(&f.worker(&format!("/v1/jobs/{id}/fail"), fail).await);
+    // unknown(t) then its success from `unknown`: unknown(t) re-sent is still a replay.
+    let id = f.job().await;
+    let t = f.claim(&id).await;
+    applied(&f.worker(&format!("/v1/jobs/{id}/unknown"), json!({"lease_token": t})).await);
+    applied(&f.worker(&format!("/v1/jobs/{id}/succeed"), json!({"lease_token": t})).await);
+    replayed(&f.worker(&format!("/v1/jobs/{id}/unknown"), json!({"lease_token": t})).await);
+    // Attempt 1 delivers i1; attempt 2 re-reports it (a replay) and succeeds the job: attempt 2's
+    // item report re-sent is still a replay.
+    let id = f.job().await;
+    let first = f.claim(&id).await;
+    applied(&f.worker(&format!("/v1/jobs/{id}/items/i1/succeed"), json!({"lease_token": first})).await);
+    f.expire().await;
+    f.clock.advance_seconds(3_600);
+    let second = f.claim(&id).await;
+    let item = format!("/v1/jobs/{id}/items/i1/succeed");
+    replayed(&f.worker(&item, json!({"lease_token": second})).await);
+    applied(&f.worker(&format!("/v1/jobs/{id}/succeed"), json!({"lease_token": second})).await);
+    replayed(&f.worker(&item, json!({"lease_token": second})).await);
+    // A token no attempt held on a cancelling job resumes nothing (writes nothing at all).
+    let id = f.job().await;
+    let t = f.claim(&id).await;
+    assert_eq!(f.s.post_empty(&format!("/v1/jobs/{id}/cancel")).await.status, 202);
+    f.expire().await; // the rescuer begins the teardown
+    let r = f.worker(&format!("/v1/jobs/{id}/fail"), json!({"lease_token": NEVER, "code": "TIMEOUT"})).await;
+    lease_lost(&r, "never_issued");
+    let _ = t;
 }

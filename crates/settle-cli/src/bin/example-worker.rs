@@ -132,6 +132,9 @@ async fn main() {
         let _ = tokio::signal::ctrl_c().await;
         ctrl_c.cancel();
     });
-    worker.run(Arc::new(Frames), stop).await;
+    if let Err(e) = worker.run(Arc::new(Frames), stop).await {
+        eprintln!("{name}: {e}");
+        std::process::exit(1);
+    }
     println!("{name}: done");
 }

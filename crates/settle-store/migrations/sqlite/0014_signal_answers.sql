@@ -2,9 +2,11 @@
 -- effect, so a re-sent report is told apart from a stale one. `reported` is that report
 -- (`succeed`, `fail`, `unknown`; NULL when none did: the rescuer, a cancel, another attempt or an
 -- operator closed it), `sent_code` the code sent with its `fail`, `expired_at` when the lease the
--- rescuer found lapsed ran out. `decided_attempt` on an item is the attempt whose item report
--- moved it.
+-- rescuer found lapsed ran out, `success_at` when this attempt's own success took effect (also an
+-- earlier attempt's late one, and one a cancel won over). `decided_attempt` on an item is the
+-- attempt whose item report moved it.
 ALTER TABLE attempts ADD COLUMN reported TEXT;
 ALTER TABLE attempts ADD COLUMN sent_code TEXT;
 ALTER TABLE attempts ADD COLUMN expired_at INTEGER;
+ALTER TABLE attempts ADD COLUMN success_at INTEGER;
 ALTER TABLE items ADD COLUMN decided_attempt INTEGER;

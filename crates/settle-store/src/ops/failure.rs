@@ -136,7 +136,10 @@ pub(crate) async fn fail(
         let token = signal.lease_token.0.as_str();
         let heard =
             Heard { signal: Signal::Fail, code: Some(signal.code.as_str()), message: signal.message.as_deref() };
-        let refused = match token_attempt(db, &job, token).await? {
+        let attempt = token_attempt(db, &job, token).await?;
+        // A token no attempt held writes nothing, not even the teardown's continuation.
+        let after = if attempt.is_some() { resume_if_cancelling(&job) } else { After::Nothing };
+        let refused = match attempt {
             None => Some(refusal(&job, None)),
             Some(att) if att.reported("fail") => {
                 if att.sent_code.as_deref() != Some(signal.code.as_str()) {
@@ -155,7 +158,6 @@ pub(crate) async fn fail(
                 Some(refusal(&job, Some(att)))
             }
         };
-        let after = resume_if_cancelling(&job);
         let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: false }, after, refused));

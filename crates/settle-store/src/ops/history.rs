@@ -73,11 +73,18 @@ impl Reported<'_> {
     pub const UNKNOWN: Reported<'static> = Reported { signal: "unknown", sent_code: None };
 }
 
-/// Records that an attempt already closed (an earlier one) reported a success that took effect.
-pub(crate) async fn mark_reported_success(db: &mut Db<'_>, job: &JobRow, attempt_no: u32) -> Result<(), StoreError> {
+/// Records that an attempt already closed (an earlier one) reported a success that took effect. Its
+/// earlier report (a `fail`, an `unknown`) stays recorded: its re-send is still a replay.
+pub(crate) async fn mark_reported_success(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    attempt_no: u32,
+) -> Result<(), StoreError> {
     db.exec(
-        "UPDATE attempts SET reported = 'succeed', sent_code = NULL WHERE job_id = $1 AND attempt_no = $2",
-        args![&job.id, i64::from(attempt_no)],
+        "UPDATE attempts SET reported = COALESCE(reported, 'succeed'), success_at = COALESCE(success_at, $3) \
+         WHERE job_id = $1 AND attempt_no = $2",
+        args![&job.id, i64::from(attempt_no), cx.now.micros()],
     )
     .await?;
     Ok(())
@@ -94,9 +101,10 @@ pub(super) async fn close_attempt(
 ) -> Result<(), StoreError> {
     // The rescuer's close names when the lease ran out (its own time is later).
     let expired_at = if result == AttemptResult::LeaseExpired { job.lease_expires_at } else { None };
+    let success_at = reported.is_some_and(|r| r.signal == "succeed").then_some(cx.now.micros());
     db.exec(
         "UPDATE attempts SET finished_at = $3, result = $4, fail_code = $5, message = $6, reported = $7, \
-         sent_code = $8, expired_at = $9 WHERE job_id = $1 AND attempt_no = $2 AND finished_at IS NULL",
+         sent_code = $8, expired_at = $9, success_at = $10 WHERE job_id = $1 AND attempt_no = $2 AND finished_at IS NULL",
         args![
             &job.id,
             job.attempt,
@@ -106,7 +114,8 @@ pub(super) async fn close_attempt(
             message,
             reported.map(|c| c.signal),
             reported.and_then(|c| c.sent_code),
-            expired_at
+            expired_at,
+            success_at
         ],
     )
     .await?;
@@ -117,6 +126,8 @@ pub(super) async fn close_attempt(
 pub(crate) struct TokenAttempt {
     pub end: crate::model::AttemptEnd,
     pub sent_code: Option<String>,
+    /// Whether this attempt's own success took effect (perhaps losing to a cancel).
+    pub success: bool,
 }
 
 impl TokenAttempt {
@@ -134,7 +145,7 @@ pub(crate) async fn token_attempt(
 ) -> Result<Option<TokenAttempt>, StoreError> {
     let Some(r) = db
         .opt(
-            "SELECT attempt_no, result, reported, sent_code, finished_at, expired_at FROM attempts \
+            "SELECT attempt_no, result, reported, sent_code, finished_at, expired_at, success_at FROM attempts \
              WHERE job_id = $1 AND lease_token = $2",
             args![&job.id, token],
         )
@@ -157,6 +168,7 @@ pub(crate) async fn token_attempt(
             expired_at: r.opt_i64(5)?.map(settle_core::Timestamp::from_micros),
         },
         sent_code: r.opt_text(3)?,
+        success: r.opt_i64(6)?.is_some(),
     }))
 }
 

@@ -114,9 +114,12 @@ pub(crate) async fn item_report(
             )
             .await?
             .opt_i64(0)?;
+        // A replay when the report's effect holds and was decided by this attempt or an earlier
+        // one: then this attempt was answered a replay (or applied) while it held the lease, and
+        // its re-send must get the same class (decision 0019).
         if let Some(att) = token_attempt(db, &job, &token.0).await?
             && holds
-            && decided == Some(i64::from(att.end.attempt_no))
+            && decided.is_some_and(|d| d <= i64::from(att.end.attempt_no))
         {
             log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Noop).await?;
             cx.point(CrashPoint::BeforeCommit)?;

@@ -42,7 +42,7 @@ pub(crate) async fn apply_success(
     if from_ok && cancel_wins && matches!(job.state, JobState::Running | JobState::Unknown) {
         begin_teardown(db, cx, job, Some(AttemptResult::Cancelled), own).await?;
         if let Some(n) = earlier {
-            mark_reported_success(db, job, n).await?;
+            mark_reported_success(db, cx, job, n).await?;
         }
         return Ok((true, After::Teardown));
     }
@@ -79,7 +79,7 @@ pub(crate) async fn apply_success(
         .await?;
     }
     if let Some(n) = earlier {
-        mark_reported_success(db, job, n).await?;
+        mark_reported_success(db, cx, job, n).await?;
     }
     // A success from an earlier attempt is kept in the signal log (what support asks about); an
     // operator's is in the action log, the reconciler's in the events.
@@ -145,7 +145,7 @@ pub(crate) async fn succeed(
             None => Some((unmoved(After::Nothing), Some(refusal(&job, None)))),
             Some(att) => {
                 let cancel_won = matches!(job.state, JobState::Cancelling | JobState::Cancelled);
-                if job.state == JobState::Succeeded || (cancel_won && att.reported("succeed")) {
+                if job.state == JobState::Succeeded || (cancel_won && att.success) {
                     log_signal(db, cx, &job, Some(&t.0), heard(), SignalEffect::Noop).await?;
                     Some((unmoved(resume_if_cancelling(&job)), None))
                 } else if !JobState::SUCCEED_FROM.contains(&job.state) {

@@ -373,11 +373,7 @@ impl SqlStore {
             self.work_due();
         }
         self.crash_point(CrashPoint::AfterCommit)?;
-        let value = self.continue_after(outcome.value, after).await?;
-        match refused {
-            Some(r) => Err(StoreError::LeaseLost(r)),
-            None => Ok(Outcome { value, applied: outcome.applied }),
-        }
+        answer(self.continue_after(outcome.value, after).await, outcome.applied, refused)
     }
 
     async fn unknown_as(
@@ -443,6 +439,23 @@ async fn listen_for_wakeups(pool: PgPool, wake: std::sync::Weak<tokio::sync::Not
                 Err(_) => {} // no notification for 5 s: look again whether the store still exists
             }
         }
+    }
+}
+
+/// A report's answer after its commit and continuation. A refusal stays a refusal whatever the
+/// continuation (a resumed teardown) met: the sweeper finishes what it could not.
+pub(super) fn answer(
+    continued: Result<Job, StoreError>,
+    applied: bool,
+    refused: Option<Box<LeaseLost>>,
+) -> Result<Outcome<Job>, StoreError> {
+    match (refused, continued) {
+        (Some(r), Err(e)) => {
+            tracing::warn!(error = %e, job = %r.job, "resuming a teardown after a refused report failed; the sweeper goes on");
+            Err(StoreError::LeaseLost(r))
+        }
+        (Some(r), Ok(_)) => Err(StoreError::LeaseLost(r)),
+        (None, continued) => Ok(Outcome { value: continued?, applied }),
     }
 }
 

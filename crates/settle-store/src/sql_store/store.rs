@@ -257,7 +257,10 @@ impl Store for SqlStore {
         let (token, actor) = match by {
             Reporter::Lease(t) => (Some(t.clone()), None),
             Reporter::Operator(a) => (None, Some(a.to_owned())),
-            Reporter::Reconciler => (None, None),
+            // The reconciler succeeds a job through `reconcile`, on what the outside system said.
+            Reporter::Reconciler => {
+                return Err(StoreError::invalid("a success needs a lease token or an operator"));
+            }
         };
         let (outcome, after, refused) = self
             .write(op!(
@@ -265,19 +268,14 @@ impl Store for SqlStore {
                 cx | {
                     let by = match (&token, &actor) {
                         (Some(t), _) => Reporter::Lease(t),
-                        (None, Some(a)) => Reporter::Operator(a),
-                        (None, None) => Reporter::Reconciler,
+                        (None, a) => Reporter::Operator(a.as_deref().unwrap_or(SYSTEM_ACTOR)),
                     };
                     ops::succeed(db, cx, &id, by, result.as_deref()).await
                 }
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
-        let value = self.continue_after(outcome.value, after).await?;
-        match refused {
-            Some(r) => Err(StoreError::LeaseLost(r)),
-            None => Ok(Outcome { value, applied: outcome.applied }),
-        }
+        super::answer(self.continue_after(outcome.value, after).await, outcome.applied, refused)
     }
 
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
