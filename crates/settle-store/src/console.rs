@@ -218,7 +218,15 @@ pub(crate) async fn account_detail(db: &mut Db<'_>, id: &str) -> Result<AccountD
     let account = ops::account_from_row(&row)?;
     let holds = db.one("SELECT held, exposure FROM accounts WHERE id = $1", args![id]).await?;
     let entries = db.one("SELECT COUNT(*) FROM ledger_entries WHERE account_id = $1", args![id]).await?.i64(0)?;
-    Ok(AccountDetail { account, held: holds.i64(0)?, exposure: holds.i64(1)?, entries })
+    let pending = db
+        .one(
+            "SELECT CAST(COALESCE(SUM(i.cost), 0) AS bigint) FROM items i JOIN jobs j ON j.id = i.job_id \
+             WHERE j.account_id = $1 AND i.state = 'charged'",
+            args![id],
+        )
+        .await?
+        .i64(0)?;
+    Ok(AccountDetail { account, held: holds.i64(0)?, exposure: holds.i64(1)?, pending, entries })
 }
 
 /// The account's chain recomputed from genesis, as the audit does for every account.

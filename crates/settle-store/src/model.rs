@@ -277,6 +277,9 @@ pub struct AccountDetail {
     pub held: i64,
     /// Credits that a later success could still reclaim (refunds of failed attempts).
     pub exposure: i64,
+    /// Credits charged to work not decided yet: items still `charged` (running or waiting jobs,
+    /// withdrawals not yet paid). Unlike `held`, not a paid withdrawal that may still come back.
+    pub pending: i64,
     /// How many ledger entries the account has.
     pub entries: i64,
 }

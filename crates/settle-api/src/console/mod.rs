@@ -416,7 +416,20 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
     let signals = s.store.signals(&id).await.map_err(err)?;
     let history = s.store.job_history(&id).await.map_err(err)?;
     let actions = s.store.actions(Some(&id), None).await.map_err(err)?;
-    let p = pages::JobPage { job: &job, attempts: &attempts, signals: &signals, history: &history, actions: &actions };
+    // A withdrawal's page shows where the money goes and what the provider knows it by.
+    let withdrawal = if job.kind.as_str() == settle_core::job::WITHDRAWAL_KIND {
+        Some(s.store.payouts().withdrawal(&id).await.map_err(err)?)
+    } else {
+        None
+    };
+    let p = pages::JobPage {
+        job: &job,
+        attempts: &attempts,
+        signals: &signals,
+        history: &history,
+        actions: &actions,
+        withdrawal: withdrawal.as_ref(),
+    };
     Ok(page(StatusCode::OK, pages::job(&session, &p)))
 }
 

@@ -192,7 +192,8 @@ pub fn overview(
                     tbody {
                         @for f in failures {
                             tr {
-                                td { a href={ "/console/jobs?fail_code=" (f.code) } { code { (f.code) } } }
+                                // With the state, so the jobs page offers the bulk action that fits them.
+                                td { a href={ "/console/jobs?fail_code=" (super::urlencode(&f.code)) "&state=" (if f.state == "retrying" { "queued" } else { f.state.as_str() }) } { code { (f.code) } } }
                                 td { (f.state) }
                                 td class="num" { (credits(f.count)) }
                             }
@@ -312,6 +313,8 @@ pub struct JobPage<'a> {
     pub signals: &'a [SignalRecord],
     pub history: &'a JobHistory,
     pub actions: &'a [Action],
+    /// The withdrawal's own facts, when the job is one.
+    pub withdrawal: Option<&'a settle_store::Withdrawal>,
 }
 
 pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
@@ -324,6 +327,12 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
             dl {
                 dt { "account" } dd { a href={ "/console/accounts/" (j.account_id) } { (j.account_id) } }
                 dt { "kind" } dd { (j.kind) }
+                @if let Some(w) = p.withdrawal {
+                    dt { "destination" } dd { code { (w.destination) } }
+                    dt { "provider txid" } dd { @if let Some(t) = &w.provider_txid { code { (t) } } @else { span class="muted" { "not known yet" } } }
+                    dt { "idempotency key" } dd { code { (w.idempotency_key) } }
+                    @if let Some(t) = w.returned_at { dt { "returned" } dd { (time(t)) } }
+                }
                 dt { "cost" } dd { (credits(j.cost.get())) " credits" }
                 dt { "net now" } dd { (signed(j.net.get())) " credits" }
                 dt { "attempts" } dd {
@@ -539,7 +548,7 @@ pub fn account(
         section class="tiles" {
             div class="tile" { span class="n" { (credits(a.balance.get())) } span { "balance" } }
             div class="tile" { span class="n" { (credits(a.overdraft_limit.get())) } span { "overdraft limit" } }
-            div class="tile" { span class="n" { (credits(d.held)) } span { "held by running jobs and withdrawals" } }
+            div class="tile" { span class="n" { (credits(d.pending)) } span { "charged to work not decided yet (jobs, unpaid withdrawals)" } }
             div class="tile" { span class="n" { (credits(d.exposure)) } span { "refunded, reclaimable by a late success" } }
         }
         section class="card" {

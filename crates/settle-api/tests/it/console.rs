@@ -169,6 +169,25 @@ async fn an_admin_requeues_a_dead_job_and_the_action_is_on_the_job(e: Engine) {
     assert_eq!(s.get("/v1/withdrawals/wd1").await.body["state"], "dead");
     let (_, html) = page(&b, &s, "/console/jobs/wd1").await;
     assert!(!html.contains(r#"action="/console/jobs/wd1/requeue""#), "{html}");
+    // Issue 20: a withdrawal's page names its destination, idempotency key and provider txid; a
+    // paid withdrawal is not "charged to work not decided yet" on the account page.
+    assert!(html.contains("<code>bad</code>") && html.contains("idempotency key"), "{html}");
+    let r = s
+        .post("/v1/withdrawals", json!({"id": "wd2", "account_id": "acme", "amount": 7, "destination": "iban-1"}))
+        .await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let claimed = store.payouts().claim_payouts(&settle_core::ids::WorkerName::parse("p").unwrap(), 10).await.unwrap();
+    let (_, html) = page(&b, &s, "/console/accounts/acme").await;
+    assert!(html.contains(r#"<span class="n">7</span><span>charged to work not decided yet"#), "{html}");
+    let wd2 = settle_core::ids::JobId::parse("wd2").unwrap();
+    store.payouts().payout_succeeded(&wd2, Some(&claimed[0].lease_token), "tx-42", false).await.unwrap();
+    let (_, html) = page(&b, &s, "/console/jobs/wd2").await;
+    assert!(html.contains("<code>iban-1</code>") && html.contains("<code>tx-42</code>"), "{html}");
+    let (_, html) = page(&b, &s, "/console/accounts/acme").await;
+    assert!(html.contains(r#"<span class="n">0</span><span>charged to work not decided yet"#), "{html}");
+    // Issue 20: the failures link on the overview keeps the state, so a bulk action fits.
+    let (_, html) = page(&b, &s, "/console").await;
+    assert!(html.contains("/console/jobs?fail_code=INVALID_ADDRESS&amp;state=dead"), "{html}");
 }
 
 async fn every_post_needs_the_sessions_csrf_token(e: Engine) {
