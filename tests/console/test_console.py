@@ -149,11 +149,20 @@ def test_the_pages_fit_a_phone(browser, server):
     ctx = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
     try:
         page = sign_in(ctx, base, ADMIN)
-        for path, name in (("/console", "overview-phone"), ("/console/jobs/phone-1", "job-phone")):
+        for path, name in (
+            ("/console", "overview-phone"),
+            ("/console/jobs/phone-1", "job-phone"),
+            ("/console/accounts/phoneco", "account-phone"),
+        ):
             page.goto(base + path)
             # Nothing wider than the screen: tables scroll inside their own box.
             width = page.evaluate("document.documentElement.scrollWidth")
             assert width <= 390, f"{path} is {width}px wide on a 390-px screen"
+            if name == "account-phone":
+                # The ledger's amount and balance show without scrolling its box sideways.
+                for header in ("amount", "balance after"):
+                    box = page.get_by_role("columnheader", name=header, exact=True).first.bounding_box()
+                    assert box and box["x"] + box["width"] <= 390, f"{header}: {box}"
             shot(page, name)
     finally:
         ctx.close()

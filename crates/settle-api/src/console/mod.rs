@@ -655,7 +655,11 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
                 more = true;
                 break 'pages;
             }
-            let passed_over = if job.kind == settle_core::job::WITHDRAWAL_KIND && !names_withdrawals {
+            let is_withdrawal = job.kind == settle_core::job::WITHDRAWAL_KIND;
+            let passed_over = if is_withdrawal && action == "requeue" {
+                // Its hold was refunded when it died: a re-run is a new withdrawal with a new key.
+                Some("a dead withdrawal is never requeued (its hold was refunded): create a new withdrawal")
+            } else if is_withdrawal && !names_withdrawals {
                 Some("a withdrawal: act on withdrawals with a filter of kind withdrawal")
             } else if action == "cancel" && job.cancel_requested {
                 Some("already asked to cancel; it stops at its next item boundary")

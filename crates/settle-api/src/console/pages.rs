@@ -138,6 +138,14 @@ pub fn overview(
     webhooks: &WebhookSummary,
 ) -> Markup {
     let total = |state: JobState| o.jobs.iter().filter(|(_, s, _)| *s == state).map(|(_, _, n)| n).sum::<i64>();
+    // Dead letters are what a person may requeue: a dead withdrawal's hold was refunded, it is not one.
+    let dead_withdrawals = o
+        .jobs
+        .iter()
+        .filter(|(k, s, _)| *s == JobState::Dead && k.as_str() == settle_core::job::WITHDRAWAL_KIND)
+        .map(|(_, _, n)| n)
+        .sum::<i64>();
+    let dead_letters = total(JobState::Dead) - dead_withdrawals;
     let mut kinds: Vec<&str> = o.jobs.iter().map(|(k, _, _)| k.as_str()).collect();
     kinds.dedup();
     let count = |kind: &str, state: JobState| {
@@ -149,8 +157,13 @@ pub fn overview(
             section class="tiles" {
                 a class="tile" href="/console/jobs?state=queued" { span class="n" { (credits(o.due)) } span { "due now" } }
                 a class="tile" href="/console/jobs?state=running" { span class="n" { (credits(total(JobState::Running))) } span { "running" } }
-                a class={ "tile" @if total(JobState::Dead) > 0 { " warn" } } href="/console/jobs?state=dead" {
-                    span class="n" { (credits(total(JobState::Dead))) } span { "dead letters" }
+                a class={ "tile" @if dead_letters > 0 { " warn" } } href="/console/jobs?state=dead" {
+                    span class="n" { (credits(dead_letters)) } span { "dead letters" }
+                }
+                @if dead_withdrawals > 0 {
+                    a class="tile" href="/console/jobs?state=dead&kind=withdrawal" {
+                        span class="n" { (credits(dead_withdrawals)) } span { "dead withdrawals (refunded)" }
+                    }
                 }
                 a class={ "tile" @if total(JobState::Unknown) > 0 { " warn" } } href="/console/jobs?state=unknown" {
                     span class="n" { (credits(total(JobState::Unknown))) } span { "unknown, for the reconciler" }
@@ -505,17 +518,18 @@ fn entries_table(entries: &[LedgerEntry], with_job: bool) -> Markup {
     html! {
         div class="scroll" { table {
             thead { tr {
-                th class="num" { "seq" } th { "at" } th { "kind" } th class="num" { "amount" } th class="num" { "balance after" }
+                // Amount and balance first: on a phone they are what shows before the box scrolls.
+                th class="num" { "seq" } th { "kind" } th class="num" { "amount" } th class="num" { "balance after" } th { "at" }
                 @if with_job { th { "job / grant" } } th { "item" } th { "reason" }
             } }
             tbody {
                 @for e in entries {
                     tr id={ "e" (e.seq) } {
                         td class="num" { a href={ "/console/accounts/" (e.account_id) "#e" (e.seq) } { (e.seq) } }
-                        td class="nowrap" { (time(e.created_at)) }
                         td { (e.kind.as_str()) }
                         td class="num" { (signed(e.amount.get())) }
                         td class="num" { (credits(e.balance_after.get())) }
+                        td class="nowrap" { (time(e.created_at)) }
                         @if with_job {
                             td {
                                 @if let Some(j) = &e.job_id { a href={ "/console/jobs/" (j) } { (j) } }
@@ -587,7 +601,7 @@ pub fn account(
 
 pub fn actions_table(actions: &[Action]) -> Markup {
     html! {
-        table {
+        div class="scroll" { table {
             thead { tr { th { "at" } th { "who" } th { "action" } th { "job" } th { "detail" } } }
             tbody {
                 @for a in actions {
@@ -601,7 +615,7 @@ pub fn actions_table(actions: &[Action]) -> Markup {
                 }
                 @if actions.is_empty() { tr { td colspan="5" class="muted" { "None." } } }
             }
-        }
+        } }
     }
 }
 

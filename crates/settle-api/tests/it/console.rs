@@ -169,6 +169,10 @@ async fn an_admin_requeues_a_dead_job_and_the_action_is_on_the_job(e: Engine) {
     assert_eq!(s.get("/v1/withdrawals/wd1").await.body["state"], "dead");
     let (_, html) = page(&b, &s, "/console/jobs/wd1").await;
     assert!(!html.contains(r#"action="/console/jobs/wd1/requeue""#), "{html}");
+    // …and is no dead letter on the overview: it has a tile of its own.
+    let (_, overview) = page(&b, &s, "/console").await;
+    assert!(overview.contains(r#"<span class="n">0</span><span>dead letters"#), "{overview}");
+    assert!(overview.contains(r#"<span class="n">1</span><span>dead withdrawals (refunded)"#), "{overview}");
     // Issue 20: a withdrawal's page names its destination, idempotency key and provider txid; a
     // paid withdrawal is not "charged to work not decided yet" on the account page.
     assert!(html.contains("<code>bad</code>") && html.contains("idempotency key"), "{html}");
