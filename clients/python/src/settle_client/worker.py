@@ -102,6 +102,21 @@ def _retrying(call: Callable[[], Any], what: str, outage: _Outage, patience: flo
         return answer
 
 
+def _claim_failed(outage: _Outage, failures: int, e: Exception) -> float:
+    """What a failed claim means: stop (a refused token, or an error that is not Settle's answer),
+    or how long to wait before the next claim."""
+    if isinstance(e, (Unauthorized, Forbidden)):
+        log.error("Settle refused the worker's token (%s): stopping", e)
+        raise e
+    if _transient(e):
+        outage.failed("claim", e)
+    elif isinstance(e, SettleError):
+        log.warning("claim failed: %s", e)
+    else:
+        raise e
+    return _backoff(failures, getattr(e, "retry_after", None))
+
+
 async def _aretrying(call: Callable[[], Awaitable[Any]], what: str, outage: _Outage, patience: float = REPORT_PATIENCE_SECONDS) -> Any:
     deadline, failures = time.monotonic() + patience, 0
     while True:
@@ -330,18 +345,9 @@ class Worker:
         while not self._stop.is_set() and (max_jobs is None or ran < max_jobs):
             try:
                 jobs = self.client.claim(self.name, [self.kind], 1, self.lease_seconds, self.wait_seconds)
-            except (Unauthorized, Forbidden) as e:
-                log.error("Settle refused the worker's token (%s): stopping", e)
-                raise
             except Exception as e:
-                if not _transient(e) and not isinstance(e, SettleError):
-                    raise
-                if _transient(e):
-                    self._outage.failed("claim", e)
-                else:
-                    log.warning("claim failed: %s", e)
                 failures += 1
-                self._stop.wait(_backoff(failures, getattr(e, "retry_after", None)))
+                self._stop.wait(_claim_failed(self._outage, failures, e))
                 continue
             self._outage.answered()
             failures = 0
@@ -479,18 +485,9 @@ class AsyncWorker:
         while not self._stop.is_set() and (max_jobs is None or ran < max_jobs):
             try:
                 jobs = await self.client.claim(self.name, [self.kind], 1, self.lease_seconds, self.wait_seconds)
-            except (Unauthorized, Forbidden) as e:
-                log.error("Settle refused the worker's token (%s): stopping", e)
-                raise
             except Exception as e:
-                if not _transient(e) and not isinstance(e, SettleError):
-                    raise
-                if _transient(e):
-                    self._outage.failed("claim", e)
-                else:
-                    log.warning("claim failed: %s", e)
                 failures += 1
-                await asyncio.sleep(_backoff(failures, getattr(e, "retry_after", None)))
+                await asyncio.sleep(_claim_failed(self._outage, failures, e))
                 continue
             self._outage.answered()
             failures = 0
