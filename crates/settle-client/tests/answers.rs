@@ -1,20 +1,15 @@
 //! The SDK against a real server: every report answers `Report::Applied` or `Report::Replayed`, and
 //! a refused one `ClientError::LeaseLost` with the details of what became of the job (decision 0019).
 
+mod common;
+
 use serde_json::json;
 use settle_client::{Client, ClientError, Failure, Report};
-use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_answer_applied_replayed_or_lease_lost() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("sdk.db").display());
-    let store = Arc::new(settle_store::SqlStore::open(&url, settle_store::StoreOptions::default()).await.unwrap());
-    let app = settle_api::Application::build("127.0.0.1:0", store, settle_api::Tokens::default()).await.unwrap();
-    let base = format!("http://{}", app.local_addr());
-    let serving = CancellationToken::new();
-    tokio::spawn(app.run_until(serving.clone().cancelled_owned()));
+    let served = common::serve().await;
+    let base = served.base.clone();
     let http = reqwest::Client::new();
     for (path, body) in [
         ("/v1/accounts", json!({"id": "a"})),
@@ -55,5 +50,5 @@ async fn reports_answer_applied_replayed_or_lease_lost() {
         }
         other => panic!("{other:?}"),
     }
-    serving.cancel();
+    drop(served);
 }

@@ -2,6 +2,8 @@
 //! boundary — the item in hand is reported, no later item is, the job ends `cancelled`, and only
 //! the items done stay charged.
 
+mod common;
+
 use serde_json::{Value, json};
 use settle_client::{Client, Flow, Handler, JobContext, Outcome, Worker};
 use std::sync::{Arc, Mutex};
@@ -45,13 +47,8 @@ async fn call(http: &reqwest::Client, method: reqwest::Method, url: String, body
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_the_worker_at_the_next_item_boundary() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("sdk.db").display());
-    let store = Arc::new(settle_store::SqlStore::open(&url, settle_store::StoreOptions::default()).await.unwrap());
-    let app = settle_api::Application::build("127.0.0.1:0", store, settle_api::Tokens::default()).await.unwrap();
-    let base = format!("http://{}", app.local_addr());
-    let serving = CancellationToken::new();
-    tokio::spawn(app.run_until(serving.clone().cancelled_owned()));
+    let served = common::serve().await;
+    let base = served.base.clone();
 
     let http = reqwest::Client::new();
     let post = reqwest::Method::POST;
@@ -108,5 +105,5 @@ async fn a_cancel_stops_the_worker_at_the_next_item_boundary() {
     );
     let (_, account) = call(&http, reqwest::Method::GET, format!("{base}/v1/accounts/a"), None).await;
     assert_eq!(account["balance"], 100 - 3 * 5, "only the items done stay charged: {account}");
-    serving.cancel();
+    drop(served);
 }

@@ -721,6 +721,9 @@ async fn unknown_is_not_refunded_and_reconciles(k: &Kit) {
     let r = k.store.reconcile(&jid("q"), Finding::Present).await.unwrap();
     assert_state(&r.value, JobState::Succeeded);
     assert!(!k.store.reconcile(&jid("q"), Finding::Present).await.unwrap().applied);
+    // The reconciler's success is no signal of an attempt (issue 20: the console listed it as a
+    // "recovered" signal of attempt "?" under the signals that changed nothing).
+    assert!(k.store.signals(&jid("q")).await.unwrap().is_empty());
 }
 
 async fn cancel_queued_refunds_and_cleans_artifacts(k: &Kit) {

@@ -1,0 +1,800 @@
+// Generated from Settle's /openapi.json by scripts/gen-types.mjs: do not edit by hand.
+// `npm run gen-types -- http://127.0.0.1:7070/openapi.json` regenerates it.
+
+export interface Account {
+  /**
+   * The balance in credits (minor units, signed 64-bit): the sum of the account's ledger entries.
+   */
+  balance: number;
+  /**
+   * When the account was created (RFC 3339 UTC time).
+   */
+  created_at: string;
+  /**
+   * The account's id.
+   */
+  id: string;
+  /**
+   * How far below zero charges may take the balance, in credits.
+   */
+  overdraft_limit: number;
+}
+
+export interface Artifact {
+  /**
+   * The item the artifact belongs to.
+   */
+  item_id: string;
+  /**
+   * The job the artifact belongs to.
+   */
+  job_id: string;
+  /**
+   * The artifact's key, as the worker named it.
+   */
+  key: string;
+  /**
+   * Where the worker stores the object in the artifact store: its job's and item's own prefix,
+   * `{job_id}/{item_id}/{key}` (an id `.` or `..` written `%2E`). Teardown deletes exactly this.
+   */
+  path: string;
+}
+
+export interface Attempt {
+  /**
+   * 1 for the first attempt, counting up.
+   */
+  attempt_no: number;
+  /**
+   * The failure's code, if it failed.
+   */
+  fail_code?: string | null;
+  /**
+   * When the attempt ended (RFC 3339 UTC time); null while open.
+   */
+  finished_at?: string | null;
+  /**
+   * The failure's or unknown outcome's message, up to 2,000 bytes.
+   */
+  message?: string | null;
+  /**
+   * `succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`; null while open.
+   */
+  result?: string | null;
+  /**
+   * When the claim started the attempt (RFC 3339 UTC time).
+   */
+  started_at: string;
+  /**
+   * The worker that held the lease.
+   */
+  worker: string;
+}
+
+export interface Attempts {
+  /**
+   * Every attempt, oldest first.
+   */
+  attempts: Array<Attempt>;
+}
+
+export interface Audit {
+  /**
+   * Accounts checked.
+   */
+  accounts_checked: number;
+  /**
+   * Ledger entries checked.
+   */
+  entries_checked: number;
+  /**
+   * Items checked.
+   */
+  items_checked: number;
+  /**
+   * True when no invariant is violated.
+   */
+  ok: boolean;
+  /**
+   * Every violation found; empty when `ok`.
+   */
+  violations: Array<Violation>;
+}
+
+export interface Claim {
+  /**
+   * Claim only these kinds (each a job kind); all kinds but withdrawals when absent.
+   */
+  kinds?: Array<string> | null;
+  /**
+   * How long the lease lasts without a heartbeat, in seconds: 1 to 3,600 (default per kind, else 30).
+   */
+  lease_seconds?: number | null;
+  /**
+   * At most this many jobs: 1 to 100, default 1.
+   */
+  limit?: number | null;
+  /**
+   * Long-poll: wait up to this many seconds (0 to 30, default 0) for a job to become due.
+   */
+  wait_seconds?: number | null;
+  /**
+   * The worker's name, 1-128 characters of `[A-Za-z0-9_.:@/-]`: kept in the attempt log.
+   */
+  worker: string;
+}
+
+export interface Claimed {
+  /**
+   * The claimed jobs; empty when nothing was due.
+   */
+  jobs: Array<ClaimedJob>;
+}
+
+export type ClaimedJob = Job & {
+  /**
+   * When the lease lapses without a heartbeat (RFC 3339 UTC time).
+   */
+  lease_expires_at: string;
+  /**
+   * The attempt's lease token: send it with every signal of this attempt.
+   */
+  lease_token: string;
+};
+
+export interface CreateAccount {
+  /**
+   * The account's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
+   * idempotent.
+   */
+  id: string;
+  /**
+   * How far below zero charges may take the balance, in credits (minor units); 0 (the default) to 2^61.
+   */
+  overdraft_limit?: number | null;
+}
+
+export interface CreateAdjustment {
+  /**
+   * Credits to add (positive) or take away (negative), in minor units; not zero.
+   */
+  amount: number;
+  /**
+   * The adjustment's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
+   * idempotent.
+   */
+  id: string;
+  /**
+   * Why (required): 1 to 2,000 bytes.
+   */
+  reason: string;
+}
+
+export interface CreateGrant {
+  /**
+   * Credits to add (minor units): greater than zero; the balance stays within ±2^61.
+   */
+  amount: number;
+  /**
+   * The grant's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
+   * idempotent.
+   */
+  id: string;
+  /**
+   * Why, for people reading the ledger: up to 2,000 bytes.
+   */
+  reason?: string | null;
+}
+
+export interface CreateJob {
+  /**
+   * The account to charge.
+   */
+  account_id: string;
+  /**
+   * A single-item job (item `main`) of this price in credits, 0 or more. Exactly one of `cost` and
+   * `items`.
+   */
+  cost?: number | null;
+  /**
+   * The job's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
+   * idempotent.
+   */
+  id: string;
+  /**
+   * The billable items, 1 to 1,000, each charged on creation. Exactly one of `cost` and `items`.
+   */
+  items?: Array<NewItem> | null;
+  /**
+   * What kind of work (1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`); workers claim by kind.
+   */
+  kind: string;
+  /**
+   * How many attempts before the job is dead: 1 to 100 (default per kind, else 5).
+   */
+  max_attempts?: number | null;
+  /**
+   * Not claimable before this time (RFC 3339 UTC time); default now.
+   */
+  not_before?: string | null;
+  /**
+   * Any JSON, up to 256 KiB, handed to the worker as is.
+   */
+  payload?: unknown;
+  /**
+   * `failure` (default: refund at every failure, reclaim on a late success) or `final_failure` (refund
+   * only when the job is dead).
+   */
+  refund_on?: string | null;
+}
+
+export interface CreateWithdrawal {
+  /**
+   * The account paying out.
+   */
+  account_id: string;
+  /**
+   * Greater than zero; held (charged) at once, refunded only if the payout is definitively not made.
+   */
+  amount: number;
+  /**
+   * Where the payout goes: 1-256 printable ASCII characters, not starting or ending with a space.
+   */
+  destination: string;
+  /**
+   * The withdrawal's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
+   * idempotent.
+   */
+  id: string;
+}
+
+export interface ErrorBody {
+  /**
+   * What went wrong: a stable code to branch on and a sentence for people.
+   */
+  error: ErrorDetail;
+}
+
+export interface ErrorDetail {
+  /**
+   * `invalid_request`, `unauthorized`, `forbidden`, `not_found`, `insufficient_credits`,
+   * `idempotency_conflict`, `job_finished`, `outcome_unknown`, `lease_lost`, `invalid_transition`,
+   * `payload_too_large`, `rate_limited`, `unavailable`, `internal`.
+   */
+  code: string;
+  /**
+   * With `lease_lost` on the worker routes: what became of the job and of the attempt whose
+   * token the report carried — `{"state", "lease": "expired" | "ended" | "never_issued",
+   * "attempt": {"attempt", "result", "reported", "finished_at", "expired_at"} | null}`.
+   */
+  details?: Record<string, unknown> | null;
+  /**
+   * A human sentence.
+   */
+  message: string;
+}
+
+/**
+ * The schema of an event envelope. Answers serialize `settle_store::EventEnvelope` itself — the
+ * same value, byte for byte, that a webhook delivery sends.
+ */
+export interface Event {
+  /**
+   * The account it is about.
+   */
+  account_id: string;
+  /**
+   * When the transition committed (RFC 3339 UTC time).
+   */
+  created_at: string;
+  /**
+   * The event's details (amounts in credits, codes, states), a JSON object.
+   */
+  data: unknown;
+  /**
+   * The job it is about; null for account events.
+   */
+  job_id?: string | null;
+  /**
+   * The event's position in the feed: increasing, gap-free, in commit order.
+   */
+  seq: number;
+  /**
+   * The event type, e.g. `job.queued`, `job.refunded`, `job.reclaimed`, `job.dead`, `account.granted`.
+   */
+  type: string;
+}
+
+export interface EventPage {
+  /**
+   * Events in `seq` order.
+   */
+  events: Array<Event>;
+  /**
+   * Pass as `after` for the next page; null at the end.
+   */
+  next_after?: number | null;
+}
+
+export interface Fail {
+  /**
+   * Why it failed: 1-64 characters of `A-Z0-9_` (e.g. `TIMEOUT`, `OOM`); the failures summary groups by
+   * it.
+   */
+  code: string;
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+  /**
+   * Details for people, up to 2,000 bytes.
+   */
+  message?: string | null;
+  /**
+   * Overrides the backoff for this retry, in milliseconds (e.g. a 429's Retry-After), capped at
+   * the kind's longest backoff (default 600,000).
+   */
+  retry_after_ms?: number | null;
+  /**
+   * Whether another attempt may succeed (default true); false ends the job `dead` at once.
+   */
+  retryable?: boolean | null;
+}
+
+export interface FailureCount {
+  /**
+   * The jobs' last fail code.
+   */
+  code: string;
+  /**
+   * How many jobs.
+   */
+  count: number;
+  /**
+   * `dead`, `unknown` or `retrying`.
+   */
+  state: string;
+}
+
+export interface FailureSummary {
+  /**
+   * One row per fail code and state, most jobs first.
+   */
+  by_code: Array<FailureCount>;
+}
+
+export interface Health {
+  /**
+   * `ok`.
+   */
+  status: string;
+}
+
+export interface Heartbeat {
+  /**
+   * A cancel was requested: stop at the item boundary and report.
+   */
+  cancel_requested: boolean;
+  /**
+   * The lease's new expiry (RFC 3339 UTC time).
+   */
+  lease_expires_at: string;
+}
+
+export interface Item {
+  /**
+   * The item's price in credits (minor units).
+   */
+  cost: number;
+  /**
+   * The item's id within its job.
+   */
+  id: string;
+  /**
+   * Whether a refund of this item was taken back by a late success.
+   */
+  is_reclaimed: boolean;
+  /**
+   * Whether the item's charge is refunded now (its net is 0).
+   */
+  is_refunded: boolean;
+  /**
+   * Why it was refunded: `job_failed`, `item_failed` or `cancelled`; null if never refunded.
+   */
+  refund_reason?: string | null;
+  /**
+   * `charged`, `succeeded`, `refunded`, `reclaimed`, `cancelled`, or `returned` (a withdrawal paid out
+   * and sent back).
+   */
+  state: string;
+}
+
+export interface ItemFail {
+  /**
+   * Why the item failed: 1-64 characters of `A-Z0-9_`.
+   */
+  code: string;
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+  /**
+   * Details for people, up to 2,000 bytes.
+   */
+  message?: string | null;
+}
+
+export interface ItemReport {
+  /**
+   * A cancel was requested: stop at this item boundary.
+   */
+  cancel_requested: boolean;
+  /**
+   * The item as it is now.
+   */
+  item: Item;
+}
+
+export interface Job {
+  /**
+   * The account charged.
+   */
+  account_id: string;
+  /**
+   * How many attempts have started (0 before the first claim).
+   */
+  attempt: number;
+  /**
+   * A cancel was requested while the job was running; its worker stops at the next item boundary.
+   */
+  cancel_requested: boolean;
+  /**
+   * The sum of its items' prices, in credits (minor units).
+   */
+  cost: number;
+  /**
+   * When the job was created (RFC 3339 UTC time).
+   */
+  created_at: string;
+  /**
+   * The job's id.
+   */
+  id: string;
+  /**
+   * The job's items, in the order they were given.
+   */
+  items: Array<Item>;
+  /**
+   * The kind of work.
+   */
+  kind: string;
+  last_error?: LastError | null;
+  /**
+   * Attempts allowed before the job is dead (1 to 100); a requeue gives a fresh budget.
+   */
+  max_attempts: number;
+  /**
+   * The sum of the job's ledger entries, in credits (≤ 0): what the job costs the account now.
+   */
+  net: number;
+  /**
+   * Not claimable before this time (RFC 3339 UTC time); a retry's backoff moves it.
+   */
+  not_before: string;
+  /**
+   * The JSON given at creation.
+   */
+  payload: unknown;
+  /**
+   * `failure` or `final_failure`.
+   */
+  refund_on: string;
+  /**
+   * What the worker's success carried (any JSON); null before success.
+   */
+  result?: unknown;
+  /**
+   * `queued`, `running`, `unknown`, `cancelling`, `succeeded`, `dead`, `cancelled`, and for withdrawals
+   * `returned`.
+   */
+  state: string;
+  /**
+   * When the job last changed (RFC 3339 UTC time).
+   */
+  updated_at: string;
+}
+
+export interface JobPage {
+  /**
+   * Jobs in creation order.
+   */
+  jobs: Array<Job>;
+  /**
+   * Pass as `after` for the next page; null at the end.
+   */
+  next_after?: number | null;
+}
+
+export interface LastError {
+  /**
+   * The fail code of the last failure (`A-Z0-9_`, 1-64 characters), e.g. `TIMEOUT`, `LEASE_EXPIRED`.
+   */
+  code: string;
+  /**
+   * The failure's message, up to 2,000 bytes.
+   */
+  message?: string | null;
+}
+
+export interface LeaseOnly {
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+}
+
+export interface LedgerEntry {
+  /**
+   * The account the entry belongs to.
+   */
+  account_id: string;
+  /**
+   * Signed credits (minor units): charges and reclaims negative, grants, refunds and returns positive.
+   */
+  amount: number;
+  /**
+   * The account's balance right after this entry, in credits.
+   */
+  balance_after: number;
+  /**
+   * When the entry was written (RFC 3339 UTC time).
+   */
+  created_at: string;
+  /**
+   * Hex SHA-256 of this entry chained to the account's previous entry (64 hex digits).
+   */
+  hash: string;
+  /**
+   * The grant's or adjustment's id; null for job entries.
+   */
+  id?: string | null;
+  /**
+   * The job's item the entry moves; null for grants and adjustments.
+   */
+  item_id?: string | null;
+  /**
+   * The job the entry charges, refunds or reclaims; null for grants and adjustments.
+   */
+  job_id?: string | null;
+  /**
+   * `grant`, `adjustment`, `charge`, `refund`, `reclaim` or `payout_return`.
+   */
+  kind: string;
+  /**
+   * Why: the grant's or adjustment's reason, or a refund's reason (`job_failed`, `item_failed`,
+   * `cancelled`).
+   */
+  reason?: string | null;
+  /**
+   * The entry's position in the whole ledger: increasing, gap-free, in commit order.
+   */
+  seq: number;
+}
+
+export interface LedgerPage {
+  /**
+   * Entries in `seq` order.
+   */
+  entries: Array<LedgerEntry>;
+  /**
+   * Pass as `after` for the next page; null at the end.
+   */
+  next_after?: number | null;
+}
+
+export interface NewItem {
+  /**
+   * The item's price in credits (minor units), 0 or more; charged when the job is created.
+   */
+  cost: number;
+  /**
+   * The item's id, unique within the job: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`.
+   */
+  id: string;
+}
+
+export interface RegisterArtifact {
+  /**
+   * The artifact's key in the artifact store: a relative path of 1-512 characters of
+   * `[A-Za-z0-9_.:/-]` without `.`, `..` or empty segments.
+   */
+  key: string;
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+}
+
+export interface RequeuedDeliveries {
+  /**
+   * How many dead deliveries were put back in line; call again while it is 1000.
+   */
+  requeued: number;
+}
+
+/**
+ * An operator's resolution of an `unknown` withdrawal, confirmed by means outside Settle.
+ */
+export interface ResolveWithdrawal {
+  /**
+   * `sent`: the transfer left (the withdrawal succeeds with `provider_txid`); `not_sent`: it did
+   * not (the withdrawal ends `dead` with code `CONFIRMED_NOT_SENT` and its hold refunded).
+   */
+  outcome: string;
+  /**
+   * The provider's transaction id; required with `sent`, refused with `not_sent`.
+   */
+  provider_txid?: string | null;
+  /**
+   * How the outcome was confirmed (a statement, a ticket): kept in the action log.
+   */
+  reason: string;
+}
+
+export interface Succeed {
+  /**
+   * The attempt's lease token; optional, since a success is accepted from any attempt.
+   */
+  lease_token?: string | null;
+  /**
+   * Any JSON the job produced, kept with the job.
+   */
+  result?: unknown;
+}
+
+export interface Unknown {
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+  /**
+   * What is known, up to 2,000 bytes.
+   */
+  message?: string | null;
+}
+
+export interface Violation {
+  /**
+   * The account where it was found, if any.
+   */
+  account_id?: string | null;
+  /**
+   * `L1` … `L4` (semantics.md), or `SEQ` (a gap in the ledger's numbering).
+   */
+  invariant: string;
+  /**
+   * The item where it was found, if any.
+   */
+  item_id?: string | null;
+  /**
+   * The job where it was found, if any.
+   */
+  job_id?: string | null;
+  /**
+   * What does not hold, with the numbers.
+   */
+  message: string;
+}
+
+/**
+ * A webhook endpoint's circuit breaker (docs/design/webhooks.md).
+ */
+export interface WebhookBreaker {
+  /**
+   * `closed` (sending), `open` (paused until `next_probe_at`) or `half_open` (one probe in flight).
+   */
+  breaker: string;
+  /**
+   * The webhook endpoint's id.
+   */
+  endpoint_id: string;
+  /**
+   * Consecutive failed sends while closed.
+   */
+  failures: number;
+  /**
+   * When an open breaker lets its next probe through (RFC 3339).
+   */
+  next_probe_at?: string | null;
+  /**
+   * Consecutive openings without a delivered send between them; each doubles the pause.
+   */
+  opens: number;
+}
+
+export interface WebhookDelivery {
+  /**
+   * Sends tried so far.
+   */
+  attempts: number;
+  /**
+   * When the receiver answered 2xx (RFC 3339 UTC time).
+   */
+  delivered_at?: string | null;
+  /**
+   * The webhook endpoint's id (from the configuration).
+   */
+  endpoint_id: string;
+  /**
+   * The event delivered, the same envelope as the event feed.
+   */
+  event: Event;
+  /**
+   * Why the last send failed, if it did.
+   */
+  last_error?: string | null;
+  /**
+   * The HTTP status of the last send, if one was answered.
+   */
+  last_status?: number | null;
+  /**
+   * When the next send is due (RFC 3339 UTC time).
+   */
+  next_attempt_at: string;
+  /**
+   * `pending`, `delivered` or `dead`.
+   */
+  state: string;
+}
+
+export interface WebhookDeliveryPage {
+  /**
+   * Deliveries in event order.
+   */
+  deliveries: Array<WebhookDelivery>;
+  /**
+   * Every endpoint's circuit breaker (all endpoints, whatever the page's filter).
+   */
+  endpoints: Array<WebhookBreaker>;
+  /**
+   * Pass as `after` for the next page; null at the end.
+   */
+  next_after?: number | null;
+}
+
+/**
+ * A withdrawal: its job (kind `withdrawal`, `refund_on = final_failure`) and the payout's own fields.
+ */
+export type Withdrawal = Job & {
+  /**
+   * Credits paid out (minor units), greater than zero.
+   */
+  amount: number;
+  /**
+   * Where the payout goes.
+   */
+  destination: string;
+  /**
+   * Made once at creation; every attempt looks up and sends with it.
+   */
+  idempotency_key: string;
+  /**
+   * The provider's id of the transfer, once known.
+   */
+  provider_txid?: string | null;
+  /**
+   * When the payout was recorded as returned.
+   */
+  returned_at?: string | null;
+};
+
+export interface WithdrawalPage {
+  /**
+   * Pass as `after` for the next page; null at the end.
+   */
+  next_after?: number | null;
+  /**
+   * Withdrawals in creation order.
+   */
+  withdrawals: Array<Withdrawal>;
+}

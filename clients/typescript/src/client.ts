@@ -1,0 +1,223 @@
+// Settle's HTTP API v1 for a platform's backend: one method per operation, typed answers, typed
+// errors. No dependencies beyond Node >= 20's `fetch`.
+import type {
+  Account,
+  Audit,
+  Event,
+  EventPage,
+  Job,
+  JobPage,
+  LedgerEntry,
+  LedgerPage,
+  Withdrawal,
+  WithdrawalPage,
+} from "./api-types.js";
+import { InvalidId, errorFor } from "./errors.js";
+import { parseExact, stringifyExact } from "./json.js";
+
+/** A create's answer: the resource, and whether it was a replay (the same id and body again:
+ * `Idempotent-Replayed: true`, the resource as it is now). */
+export type Created<T> = T & { replayed: boolean };
+
+export interface ClientOptions {
+  /** Settle's base URL, e.g. `http://127.0.0.1:7070`. */
+  baseUrl: string;
+  /** A bearer token (none in loopback mode). */
+  token?: string;
+  /** Per-request timeout in milliseconds (default 40 s: longer than a 30 s long-poll). */
+  timeoutMs?: number;
+}
+
+export interface NewJob {
+  id: string;
+  accountId: string;
+  kind: string;
+  /** A one-item job of this price (its item is `main`); or `items`. */
+  cost?: number;
+  /** Items and their prices, in order. */
+  items?: Array<{ id: string; cost: number }>;
+  payload?: unknown;
+  maxAttempts?: number;
+  /** `failure` (default) or `final_failure`. */
+  refundOn?: "failure" | "final_failure";
+  /** RFC 3339: not claimed before then. */
+  notBefore?: string;
+}
+
+export interface JobFilter {
+  state?: string;
+  kind?: string;
+  accountId?: string;
+  failCode?: string;
+}
+
+const ID = /^[A-Za-z0-9_.:-]{1,128}$/;
+
+/** An id as one URL path segment, refused unless it follows the API's id rule (URL clients remove
+ * `.` and `..` segments, so `items/../succeed` would reach another route). */
+function seg(what: string, id: string): string {
+  if (typeof id !== "string" || !ID.test(id) || id === "." || id === "..") {
+    throw new InvalidId(`the ${what} ${JSON.stringify(id)} is not an id: 1-128 characters of [A-Za-z0-9_.:-], and not '.' or '..'`);
+  }
+  return id;
+}
+
+function query(params: Record<string, string | number | undefined>): string {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== undefined) q.set(k, String(v));
+  const s = q.toString();
+  return s ? `?${s}` : "";
+}
+
+export class Settle {
+  readonly #base: string;
+  readonly #token: string | undefined;
+  readonly #timeoutMs: number;
+
+  constructor(options: ClientOptions) {
+    this.#base = options.baseUrl.replace(/\/+$/, "");
+    this.#token = options.token;
+    this.#timeoutMs = options.timeoutMs ?? 40_000;
+  }
+
+  async #call<T>(method: string, path: string, body?: unknown): Promise<{ value: T; replayed: boolean }> {
+    const headers: Record<string, string> = { accept: "application/json" };
+    if (body !== undefined) headers["content-type"] = "application/json";
+    if (this.#token) headers.authorization = `Bearer ${this.#token}`;
+    const init: RequestInit = { method, headers, signal: AbortSignal.timeout(this.#timeoutMs) };
+    if (body !== undefined) init.body = stringifyExact(body);
+    const r = await fetch(this.#base + path, init);
+    const text = await r.text();
+    const parsed = text ? parseExact(text) : {};
+    if (!r.ok) throw errorFor(r.status, parsed, r.headers.get("retry-after"));
+    return { value: parsed as T, replayed: r.headers.get("idempotent-replayed") === "true" };
+  }
+
+  async #create<T>(path: string, body: unknown): Promise<Created<T>> {
+    const { value, replayed } = await this.#call<T>("POST", path, body);
+    return Object.assign(value as object, { replayed }) as Created<T>;
+  }
+
+  async #get<T>(path: string): Promise<T> {
+    return (await this.#call<T>("GET", path)).value;
+  }
+
+  // ----- accounts and ledgers -----
+
+  async createAccount(id: string, overdraftLimit?: number): Promise<Created<Account>> {
+    return this.#create("/v1/accounts", { id, ...(overdraftLimit === undefined ? {} : { overdraft_limit: overdraftLimit }) });
+  }
+
+  async account(id: string): Promise<Account> {
+    return this.#get(`/v1/accounts/${seg("account id", id)}`);
+  }
+
+  /** Credits an account; grant ids are unique across all accounts. */
+  async grant(accountId: string, grant: { id: string; amount: number; reason?: string }): Promise<Created<LedgerEntry>> {
+    return this.#create(`/v1/accounts/${seg("account id", accountId)}/grants`, grant);
+  }
+
+  /** An admin's signed correction, with its reason. */
+  async adjust(accountId: string, adjustment: { id: string; amount: number; reason: string }): Promise<Created<LedgerEntry>> {
+    return this.#create(`/v1/accounts/${seg("account id", accountId)}/adjustments`, adjustment);
+  }
+
+  /** One page of an account's entries in `seq` order, after `after`. */
+  async ledgerPage(accountId: string, after = 0, limit?: number): Promise<LedgerPage> {
+    return this.#get(`/v1/accounts/${seg("account id", accountId)}/ledger${query({ after, limit })}`);
+  }
+
+  /** Every entry of an account, page by page. */
+  async *ledger(accountId: string, after = 0): AsyncGenerator<LedgerEntry> {
+    let cursor: number | null | undefined = after;
+    while (cursor !== null && cursor !== undefined) {
+      const page: LedgerPage = await this.ledgerPage(accountId, cursor);
+      yield* page.entries;
+      cursor = page.next_after;
+    }
+  }
+
+  // ----- jobs -----
+
+  /** Creates a job and charges every item up front (`402` writes nothing). Idempotent by id. */
+  async createJob(job: NewJob): Promise<Created<Job>> {
+    const body: Record<string, unknown> = { id: job.id, account_id: job.accountId, kind: job.kind };
+    if (job.cost !== undefined) body.cost = job.cost;
+    if (job.items !== undefined) body.items = job.items;
+    if (job.payload !== undefined) body.payload = job.payload;
+    if (job.maxAttempts !== undefined) body.max_attempts = job.maxAttempts;
+    if (job.refundOn !== undefined) body.refund_on = job.refundOn;
+    if (job.notBefore !== undefined) body.not_before = job.notBefore;
+    return this.#create("/v1/jobs", body);
+  }
+
+  async job(id: string): Promise<Job> {
+    return this.#get(`/v1/jobs/${seg("job id", id)}`);
+  }
+
+  /** Every job the filter matches, page by page. */
+  async *jobs(filter: JobFilter = {}): AsyncGenerator<Job> {
+    let after: number | null | undefined = 0;
+    while (after !== null && after !== undefined) {
+      const q = query({ state: filter.state, kind: filter.kind, account_id: filter.accountId, fail_code: filter.failCode, after });
+      const page: JobPage = await this.#get(`/v1/jobs${q}`);
+      yield* page.jobs;
+      after = page.next_after;
+    }
+  }
+
+  /** A queued job is cancelled at once (refunded); a running one gets a cancel request. */
+  async cancel(id: string): Promise<Job> {
+    return (await this.#call<Job>("POST", `/v1/jobs/${seg("job id", id)}/cancel`)).value;
+  }
+
+  /** Puts a dead job back in line with a fresh attempt budget (admin). */
+  async requeue(id: string): Promise<Job> {
+    return (await this.#call<Job>("POST", `/v1/jobs/${seg("job id", id)}/requeue`)).value;
+  }
+
+  // ----- withdrawals -----
+
+  /** Holds `amount` (from the balance, never the overdraft) and pays it out through the provider. */
+  async createWithdrawal(w: { id: string; accountId: string; amount: number; destination: string }): Promise<Created<Withdrawal>> {
+    return this.#create("/v1/withdrawals", { id: w.id, account_id: w.accountId, amount: w.amount, destination: w.destination });
+  }
+
+  async withdrawal(id: string): Promise<Withdrawal> {
+    return this.#get(`/v1/withdrawals/${seg("withdrawal id", id)}`);
+  }
+
+  async *withdrawals(filter: { state?: string; accountId?: string } = {}): AsyncGenerator<Withdrawal> {
+    let after: number | null | undefined = 0;
+    while (after !== null && after !== undefined) {
+      const page: WithdrawalPage = await this.#get(`/v1/withdrawals${query({ state: filter.state, account_id: filter.accountId, after })}`);
+      yield* page.withdrawals;
+      after = page.next_after;
+    }
+  }
+
+  // ----- events and audit -----
+
+  /** One page of the event feed after `after`; with `waitSeconds`, a long-poll for the next. */
+  async events(after = 0, options: { limit?: number; waitSeconds?: number } = {}): Promise<EventPage> {
+    return this.#get(`/v1/events${query({ after, limit: options.limit, wait_seconds: options.waitSeconds })}`);
+  }
+
+  /** The event feed from `after` on, for ever, long-polling for what comes next (stop with
+   * `break`, or with `signal`). */
+  async *iterEvents(after = 0, options: { waitSeconds?: number; signal?: AbortSignal } = {}): AsyncGenerator<Event> {
+    let cursor = after;
+    while (!options.signal?.aborted) {
+      const page = await this.events(cursor, { waitSeconds: options.waitSeconds ?? 30 });
+      for (const e of page.events) {
+        cursor = e.seq;
+        yield e;
+      }
+    }
+  }
+
+  /** The ledger invariants L1–L4 over one snapshot (admin). */
+  async audit(): Promise<Audit> {
+    return this.#get("/v1/audit");
+  }
+}

@@ -1,0 +1,161 @@
+// The package against a real `settle serve` (SQLite by default; PostgreSQL with SETTLE_TS_TESTS_DB).
+import assert from "node:assert/strict";
+import { createServer, type IncomingMessage } from "node:http";
+import { readFile } from "node:fs/promises";
+import { after, before, test } from "node:test";
+import {
+  Forbidden,
+  IdempotencyConflict,
+  InsufficientCredits,
+  InvalidId,
+  NotFound,
+  Settle,
+  SignatureError,
+  Unauthorized,
+  parseExact,
+  sign,
+  verifyWebhook,
+} from "../src/index.js";
+import { ADMIN, CLIENT, HOOK_SECRET, serve, type Served } from "./server.js";
+// @ts-expect-error: a plain ES module without types (the generator the package ships).
+import { generate } from "../../scripts/gen-types.mjs";
+
+interface Delivery {
+  headers: IncomingMessage["headers"];
+  body: Buffer;
+}
+const deliveries: Delivery[] = [];
+const hooks = createServer((req, res) => {
+  const chunks: Buffer[] = [];
+  req.on("data", (c: Buffer) => chunks.push(c));
+  req.on("end", () => {
+    deliveries.push({ headers: req.headers, body: Buffer.concat(chunks) });
+    res.writeHead(204).end();
+  });
+});
+let server: Served;
+let admin: Settle;
+
+before(async () => {
+  await new Promise<void>((ok) => hooks.listen(0, "127.0.0.1", ok));
+  const port = (hooks.address() as { port: number }).port;
+  server = await serve(`http://127.0.0.1:${port}/hook`);
+  admin = new Settle({ baseUrl: server.base, token: ADMIN });
+});
+
+after(async () => {
+  await server.stop();
+  hooks.close();
+});
+
+test("a Node backend charges for a job in ten lines", async () => {
+  // The README's example, as written there.
+  const settle = new Settle({ baseUrl: server.base, token: ADMIN });
+  await settle.createAccount("alice");
+  await settle.grant("alice", { id: "welcome-alice", amount: 100 });
+  const job = await settle.createJob({ id: "render-1", accountId: "alice", kind: "render", cost: 40 });
+  assert.equal(job.state, "queued");
+  assert.equal((await settle.account("alice")).balance, 60);
+  // The same create again is a replay: the job as it is now, charged once.
+  const again = await settle.createJob({ id: "render-1", accountId: "alice", kind: "render", cost: 40 });
+  assert.equal(again.replayed, true);
+  assert.equal(job.replayed, false);
+  assert.equal((await settle.account("alice")).balance, 60);
+  // A cancel of the queued job refunds it at once.
+  assert.equal((await settle.cancel("render-1")).state, "cancelled");
+  const kinds = [];
+  for await (const e of settle.ledger("alice")) kinds.push(`${e.kind} ${e.amount}`);
+  assert.deepEqual(kinds, ["grant 100", "charge -40", "refund 40"]);
+  assert.equal((await settle.audit()).ok, true);
+});
+
+test("errors are typed and carry the API code; bad ids are never sent", async () => {
+  await admin.createAccount("bob");
+  await admin.grant("bob", { id: "welcome-bob", amount: 10 });
+  await assert.rejects(admin.createJob({ id: "big", accountId: "bob", kind: "render", cost: 1_000 }), (e: unknown) => {
+    assert.ok(e instanceof InsufficientCredits);
+    assert.equal(e.status, 402);
+    assert.equal(e.code, "insufficient_credits");
+    return true;
+  });
+  await admin.createJob({ id: "small", accountId: "bob", kind: "render", cost: 5 });
+  await assert.rejects(admin.createJob({ id: "small", accountId: "bob", kind: "render", cost: 6 }), IdempotencyConflict);
+  await assert.rejects(admin.account("nobody"), NotFound);
+  await assert.rejects(admin.job(".."), InvalidId);
+  await assert.rejects(new Settle({ baseUrl: server.base, token: "not-a-token-0123456789" }).account("bob"), Unauthorized);
+  await assert.rejects(new Settle({ baseUrl: server.base, token: CLIENT }).createAccount("eve"), Forbidden);
+  assert.equal((await admin.account("bob")).balance, 5, "nothing was written by the refused requests");
+});
+
+test("withdrawals are held from the balance and listed", async () => {
+  await admin.createAccount("carol", 1_000);
+  await admin.grant("carol", { id: "welcome-carol", amount: 50 });
+  // Never on the overdraft.
+  await assert.rejects(admin.createWithdrawal({ id: "w-big", accountId: "carol", amount: 60, destination: "iban-1" }), InsufficientCredits);
+  const w = await admin.createWithdrawal({ id: "w-1", accountId: "carol", amount: 20, destination: "iban-1" });
+  assert.equal(w.replayed, false);
+  assert.equal(w.amount, 20);
+  assert.equal((await admin.account("carol")).balance, 30);
+  const listed = [];
+  for await (const x of admin.withdrawals({ accountId: "carol" })) listed.push(x.id);
+  assert.deepEqual(listed, ["w-1"]);
+  assert.equal((await admin.withdrawal("w-1")).destination, "iban-1");
+});
+
+test("the event feed long-polls for what comes next", async () => {
+  const start = (await admin.events(0, { limit: 1000 })).events.at(-1)?.seq ?? 0;
+  const controller = new AbortController();
+  const seen: string[] = [];
+  const reading = (async () => {
+    for await (const e of admin.iterEvents(start, { waitSeconds: 5, signal: controller.signal })) {
+      seen.push(e.type);
+      if (e.type === "account.granted") {
+        controller.abort();
+        break;
+      }
+    }
+  })();
+  await new Promise((r) => setTimeout(r, 200));
+  await admin.createAccount("dave");
+  await admin.grant("dave", { id: "welcome-dave", amount: 1 });
+  await reading;
+  assert.ok(seen.includes("account.granted"), seen.join(","));
+});
+
+test("webhook deliveries verify; a forged or stale one does not", async () => {
+  for (let i = 0; i < 100 && deliveries.length === 0; i++) await new Promise((r) => setTimeout(r, 100));
+  const d = deliveries[0];
+  assert.ok(d, "settle serve delivered an event");
+  verifyWebhook(HOOK_SECRET, d.headers as Record<string, string>, d.body);
+  const event = JSON.parse(d.body.toString("utf8")) as { seq: number; type: string };
+  assert.equal(typeof event.seq, "number");
+  assert.throws(() => verifyWebhook("another-secret-0123456", d.headers as Record<string, string>, d.body), SignatureError);
+  const tampered = Buffer.from(d.body.toString("utf8").replace('"seq":', '"seq": '));
+  assert.throws(() => verifyWebhook(HOOK_SECRET, d.headers as Record<string, string>, tampered), SignatureError);
+  const body = '{"seq":1}';
+  const old = sign(HOOK_SECRET, body, Math.floor(Date.now() / 1000) - 3_600);
+  assert.throws(() => verifyWebhook(HOOK_SECRET, { "settle-signature": old }, body), SignatureError);
+  const fresh = new Headers({ "Settle-Signature": sign(HOOK_SECRET, body, Math.floor(Date.now() / 1000)) });
+  verifyWebhook(HOOK_SECRET, fresh, body);
+});
+
+test("credits beyond 2^53 are refused, never rounded", async () => {
+  assert.throws(() => parseExact('{"balance": 9007199254740993}'), RangeError);
+  assert.deepEqual(parseExact('{"id": "9007199254740993", "n": 9007199254740991}'), { id: "9007199254740993", n: 9007199254740991 });
+  await assert.rejects(admin.grant("dave", { id: "huge", amount: 2 ** 60 }), RangeError);
+  // A balance the server holds exactly but a JavaScript number cannot: refused on reading.
+  await admin.createAccount("erin");
+  const r = await fetch(`${server.base}/v1/accounts/erin/grants`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${ADMIN}`, "content-type": "application/json" },
+    body: '{"id": "huge-erin", "amount": 1152921504606846976}',
+  });
+  assert.equal(r.status, 201);
+  await assert.rejects(admin.account("erin"), RangeError);
+});
+
+test("the package's types are what /openapi.json says", async () => {
+  const doc = await (await fetch(`${server.base}/openapi.json`)).json();
+  const committed = await readFile(new URL("../../src/api-types.ts", import.meta.url), "utf8");
+  assert.equal(generate(doc), committed, "src/api-types.ts drifted from /openapi.json: run npm run gen-types");
+});
