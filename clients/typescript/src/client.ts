@@ -80,16 +80,32 @@ export class Settle {
     this.#timeoutMs = options.timeoutMs ?? 40_000;
   }
 
-  async #call<T>(method: string, path: string, body?: unknown): Promise<{ value: T; replayed: boolean }> {
+  async #call<T>(
+    method: string,
+    path: string,
+    body?: unknown,
+    extra: { waitMs?: number; signal?: AbortSignal | undefined } = {},
+  ): Promise<{ value: T; replayed: boolean }> {
     const headers: Record<string, string> = { accept: "application/json" };
     if (body !== undefined) headers["content-type"] = "application/json";
     if (this.#token) headers.authorization = `Bearer ${this.#token}`;
-    const init: RequestInit = { method, headers, signal: AbortSignal.timeout(this.#timeoutMs) };
+    // A long-poll may wait its whole `wait_seconds` before answering.
+    const timeout = AbortSignal.timeout(this.#timeoutMs + (extra.waitMs ?? 0));
+    const signal = extra.signal ? AbortSignal.any([timeout, extra.signal]) : timeout;
+    const init: RequestInit = { method, headers, signal };
     if (body !== undefined) init.body = stringifyExact(body);
     const r = await fetch(this.#base + path, init);
     const text = await r.text();
+    if (!r.ok) {
+      let parsed: unknown = {};
+      try {
+        parsed = text ? JSON.parse(text) : {};
+      } catch {
+        // not Settle's answer (a proxy's page): the status decides
+      }
+      throw errorFor(r.status, parsed, r.headers.get("retry-after"));
+    }
     const parsed = text ? parseExact(text) : {};
-    if (!r.ok) throw errorFor(r.status, parsed, r.headers.get("retry-after"));
     return { value: parsed as T, replayed: r.headers.get("idempotent-replayed") === "true" };
   }
 
@@ -199,20 +215,32 @@ export class Settle {
   // ----- events and audit -----
 
   /** One page of the event feed after `after`; with `waitSeconds`, a long-poll for the next. */
-  async events(after = 0, options: { limit?: number; waitSeconds?: number } = {}): Promise<EventPage> {
-    return this.#get(`/v1/events${query({ after, limit: options.limit, wait_seconds: options.waitSeconds })}`);
+  async events(after = 0, options: { limit?: number; waitSeconds?: number; signal?: AbortSignal } = {}): Promise<EventPage> {
+    const path = `/v1/events${query({ after, limit: options.limit, wait_seconds: options.waitSeconds })}`;
+    const extra = { waitMs: (options.waitSeconds ?? 0) * 1000, signal: options.signal };
+    return (await this.#call<EventPage>("GET", path, undefined, extra)).value;
   }
 
   /** The event feed from `after` on, for ever, long-polling for what comes next (stop with
    * `break`, or with `signal`). */
   async *iterEvents(after = 0, options: { waitSeconds?: number; signal?: AbortSignal } = {}): AsyncGenerator<Event> {
     let cursor = after;
-    while (!options.signal?.aborted) {
-      const page = await this.events(cursor, { waitSeconds: options.waitSeconds ?? 30 });
+    const signal = options.signal;
+    while (!signal?.aborted) {
+      let page: EventPage;
+      try {
+        page = await this.events(cursor, { waitSeconds: options.waitSeconds ?? 30, ...(signal ? { signal } : {}) });
+      } catch (e) {
+        if (signal?.aborted) return;
+        throw e;
+      }
       for (const e of page.events) {
         cursor = e.seq;
         yield e;
       }
+      // An empty page answered at once (no wait, or the token's long-polls are all taken): pause
+      // rather than ask again at once.
+      if (page.events.length === 0) await new Promise((r) => setTimeout(r, 500));
     }
   }
 

@@ -81,6 +81,9 @@ export function errorFor(status: number, body: unknown, retryAfter: string | nul
     if (e.details && typeof e.details === "object") details = e.details as Record<string, unknown>;
   }
   const wait = retryAfter === null ? undefined : Number(retryAfter);
-  const Kind = BY_CODE[code] ?? SettleError;
+  if (code === "internal" && (status === 429 || status === 502 || status === 503 || status === 504)) {
+    code = "unavailable"; // a proxy's or load balancer's answer, without Settle's body
+  }
+  const Kind = Object.hasOwn(BY_CODE, code) ? (BY_CODE[code] as typeof SettleError) : SettleError;
   return new Kind(status, code, message, Number.isFinite(wait) ? wait : undefined, details);
 }

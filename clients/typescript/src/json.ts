@@ -1,8 +1,13 @@
 // JSON with exact integers. Settle keeps credits as signed 64-bit integers (balances up to 2^61);
 // a JavaScript number is exact only up to 2^53 − 1. Rather than round a balance silently, an answer
-// holding an integer beyond that is refused, and so is a request that would send one.
+// holding such an integer as a credit amount is refused, and so is a request that would send one.
+// Free-form JSON (a job's payload and result, an event's data) is parsed as `JSON.parse` does.
 
-/** Parses `text`, throwing a RangeError if a number in it is an integer JavaScript cannot hold exactly. */
+/** The fields that hold credits in Settle's answers. */
+const MONEY = /"(?:amount|balance|balance_after|cost|net|overdraft_limit)"\s*:\s*$/;
+
+/** Parses `text`, throwing a RangeError if a credit amount in it is an integer JavaScript cannot
+ * hold exactly. */
 export function parseExact(text: string): unknown {
   checkIntegers(text);
   return JSON.parse(text);
@@ -36,8 +41,9 @@ function checkIntegers(text: string): void {
       i++;
       while (i < n && /[0-9.eE+-]/.test(text[i] as string)) i++;
       const token = text.slice(start, i);
-      if (/^-?\d+$/.test(token) && !Number.isSafeInteger(Number(token))) {
-        throw new RangeError(`the answer holds ${token}, beyond what a JavaScript number holds exactly (2^53 - 1)`);
+      const exact = /^-?\d+$/.test(token) ? Number.isSafeInteger(Number(token)) : true;
+      if (!exact && MONEY.test(text.slice(Math.max(0, start - 40), start))) {
+        throw new RangeError(`the answer holds ${token} credits, beyond what a JavaScript number holds exactly (2^53 - 1)`);
       }
     } else {
       i++;

@@ -50,7 +50,11 @@ export function verifyWebhook(secret: string, headers: Headers, body: string | U
   }
   if (t === undefined || v1.length === 0) throw new SignatureError("malformed Settle-Signature header");
   const now = options.now ?? Math.floor(Date.now() / 1000);
-  if (Math.abs(now - t) > (options.toleranceSeconds ?? 300)) {
+  const tolerance = Math.abs(options.toleranceSeconds ?? 300);
+  if (!Number.isFinite(now) || !Number.isFinite(tolerance)) {
+    throw new SignatureError("the receiver's clock or tolerance is not a number"); // never skip the check
+  }
+  if (Math.abs(now - t) > tolerance) {
     throw new SignatureError("signature timestamp outside the tolerance");
   }
   const expected = createHmac("sha256", secret).update(`${t}.`).update(body).digest();

@@ -12,6 +12,8 @@ import {
   Settle,
   SignatureError,
   Unauthorized,
+  Unavailable,
+  errorFor,
   parseExact,
   sign,
   verifyWebhook,
@@ -137,11 +139,19 @@ test("webhook deliveries verify; a forged or stale one does not", async () => {
   assert.throws(() => verifyWebhook(HOOK_SECRET, { "settle-signature": old }, body), SignatureError);
   const fresh = new Headers({ "Settle-Signature": sign(HOOK_SECRET, body, Math.floor(Date.now() / 1000)) });
   verifyWebhook(HOOK_SECRET, fresh, body);
+  // A tolerance or clock that is not a number never turns the timestamp check off.
+  const ancient = { "settle-signature": sign(HOOK_SECRET, body, 1) };
+  assert.throws(() => verifyWebhook(HOOK_SECRET, ancient, body, { toleranceSeconds: Number.NaN }), SignatureError);
+  assert.throws(() => verifyWebhook(HOOK_SECRET, ancient, body, { now: Number.NaN }), SignatureError);
 });
 
 test("credits beyond 2^53 are refused, never rounded", async () => {
   assert.throws(() => parseExact('{"balance": 9007199254740993}'), RangeError);
   assert.deepEqual(parseExact('{"id": "9007199254740993", "n": 9007199254740991}'), { id: "9007199254740993", n: 9007199254740991 });
+  // Free-form JSON (a payload) is not credits: parsed as JSON.parse does, the page not refused.
+  const job = await admin.createJob({ id: "big-payload", accountId: "dave", kind: "render", cost: 1, payload: { frame: 1 } });
+  assert.equal(job.state, "queued");
+  assert.doesNotThrow(() => parseExact('{"payload": {"frame": 1152921504606846976}, "cost": 1}'));
   await assert.rejects(admin.grant("dave", { id: "huge", amount: 2 ** 60 }), RangeError);
   // A balance the server holds exactly but a JavaScript number cannot: refused on reading.
   await admin.createAccount("erin");
@@ -152,6 +162,13 @@ test("credits beyond 2^53 are refused, never rounded", async () => {
   });
   assert.equal(r.status, 201);
   await assert.rejects(admin.account("erin"), RangeError);
+});
+
+test("an answer that is not Settle's (a proxy's page) keeps its status", () => {
+  const e = errorFor(502, {}, "2");
+  assert.ok(e instanceof Unavailable);
+  assert.equal(e.retryAfter, 2);
+  assert.equal(errorFor(409, { error: { code: "constructor", message: "m" } }, null).code, "constructor");
 });
 
 test("the package's types are what /openapi.json says", async () => {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import time
 from collections.abc import Mapping
 
@@ -34,7 +35,11 @@ def verify_webhook(
     except (KeyError, ValueError) as e:
         raise SignatureError("malformed Settle-Signature header") from e
     current = time.time() if now is None else now
-    if abs(current - t) > tolerance_seconds:
+    tolerance = abs(tolerance_seconds)
+    if not (math.isfinite(current) and math.isfinite(tolerance)):
+        # A clock or tolerance that is not a number must never turn the timestamp check off.
+        raise SignatureError("the receiver's clock or tolerance is not a number")
+    if abs(current - t) > tolerance:
         raise SignatureError("signature timestamp outside the tolerance")
     expected = hmac.new(secret.encode(), f"{t}.".encode() + body, hashlib.sha256).digest()
     if not hmac.compare_digest(given, expected):
