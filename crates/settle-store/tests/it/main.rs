@@ -10,4 +10,5 @@ mod kit;
 mod race;
 mod schema;
 mod tamper;
+mod upgrade;
 mod withdrawals;
