@@ -22,8 +22,8 @@ export type Created<T> = T & { replayed: boolean };
 export interface ClientOptions {
   /** Settle's base URL, e.g. `http://127.0.0.1:7070`. */
   baseUrl: string;
-  /** A bearer token (none in loopback mode). */
-  token?: string;
+  /** A bearer token (none in loopback mode; `undefined` as well, so `process.env.X` fits). */
+  token?: string | undefined;
   /** Per-request timeout in milliseconds (default 40 s: longer than a 30 s long-poll). */
   timeoutMs?: number;
 }
