@@ -72,6 +72,10 @@ def test_an_admin_finds_a_dead_job_reads_where_its_credits_went_and_requeues_it(
     page.click("button:text('Requeue')")
     expect(page.locator("h1 .badge")).to_have_text("queued")
     expect(page.locator("ol.timeline")).to_contain_text("operator ops-ana: requeue")
+    # A requeue gives a fresh budget: the attempts count against it, not "2 of 1".
+    expect(page.locator("section.facts dd").filter(has_text="since the requeue")).to_have_text(
+        "0 of 1 since the requeue (1 in all)"
+    )
     assert api.job("render-0042")["state"] == "queued"
     # The account: why its balance is what it is.
     page.click("dd a[href='/console/accounts/acme']")
@@ -166,3 +170,61 @@ def test_the_pages_fit_a_phone(browser, server):
             shot(page, name)
     finally:
         ctx.close()
+
+
+def test_withdrawals_and_pending_work_add_up(payout_context, payout_server):
+    """Issue 20's console fixes: dead withdrawals are not dead letters and have no requeue; a
+    withdrawal's page shows where the money went and under which key; a payout the reconciler
+    settled is not listed as a signal that changed nothing; the account counts as undecided only the
+    work not decided yet; the failures link lands on the state whose bulk action fits."""
+    base, api = payout_server
+    api.account("payco", 1_000)
+    paid = api.settled_withdrawal("w-paid", "payco", 100, "DE89370400440532013000")
+    refused = api.settled_withdrawal("w-refused", "payco", 50, "invalid-account")
+    assert (paid["state"], refused["state"]) == ("succeeded", "dead")
+    api.dead_job("render-dead", "payco")  # 30 credits, refunded
+    assert api.call("POST", "/v1/jobs", {"id": "render-next", "account_id": "payco", "kind": "render", "cost": 30})[0] == 201
+
+    page = sign_in(payout_context, base, ADMIN)
+    tiles = page.locator("section.tiles")
+    # One dead letter (the render); the refused withdrawal has a tile of its own.
+    expect(tiles.locator("a.tile[href='/console/jobs?state=dead']")).to_contain_text("1dead letters")
+    dead_withdrawals = tiles.locator("a.tile[href='/console/jobs?state=dead&kind=withdrawal']")
+    expect(dead_withdrawals).to_contain_text("1dead withdrawals (refunded)")
+    # Failures by code: each link carries the state, so the jobs page offers the action that fits.
+    failures = page.locator("section:has(h2:text('Failures by code'))")
+    expect(failures.locator("a[href='/console/jobs?fail_code=TIMEOUT&state=dead']")).to_have_count(1)
+    failures.locator("a[href='/console/jobs?fail_code=INVALID_ADDRESS&state=dead']").click()
+    expect(page.locator("p.muted").first).to_contain_text("1 jobs match")
+    expect(page.locator("a.button:text('Requeue all')")).to_have_count(0)
+    expect(page.locator("div.bulk")).to_contain_text("never requeued")
+    page.goto(base + "/console/jobs?fail_code=TIMEOUT&state=dead")
+    expect(page.locator("a.button:text('Requeue all 1 matching')")).to_have_count(1)
+
+    # The refused withdrawal: its facts, and no requeue.
+    page.goto(base + "/console/jobs/w-refused")
+    expect(page.locator("h1 .badge")).to_have_text("dead")
+    facts = page.locator("section.facts")
+    expect(facts).to_contain_text("invalid-account")
+    expect(facts).to_contain_text(refused["idempotency_key"])
+    expect(facts).to_contain_text("not known yet")
+    expect(page.locator("button:text('Requeue')")).to_have_count(0)
+    # The paid one: destination, the provider's txid, the key; settled by the reconciler (every
+    # answer was lost), which is not a worker's signal.
+    page.goto(base + "/console/jobs/w-paid")
+    expect(page.locator("h1 .badge")).to_have_text("succeeded")
+    facts = page.locator("section.facts")
+    expect(facts).to_contain_text("DE89370400440532013000")
+    expect(facts).to_contain_text(paid["provider_txid"])
+    expect(facts).to_contain_text(paid["idempotency_key"])
+    attempts = page.locator("section:has(h2:text('Attempts')) tbody tr")
+    expect(attempts.first).to_contain_text("unknown")
+    signals = page.locator("section:has(h2:text('Signals that changed nothing')) tbody")
+    expect(signals).to_have_text("None.")
+
+    # The account: 1000 − 100 paid − 30 queued; only the queued render is undecided.
+    page.goto(base + "/console/accounts/payco")
+    expect(page.locator("section.tiles")).to_contain_text("870")
+    pending = page.locator("div.tile:has-text('charged to work not decided yet')")
+    expect(pending.locator("span.n")).to_have_text("30")
+    shot(page, "account-withdrawals")

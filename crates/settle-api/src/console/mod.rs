@@ -398,7 +398,21 @@ async fn jobs(State(s): State<AppState>, session: Session, Query(q): Query<JobsQ
         .await
         .map_err(|e| err(e.into()))?;
     let totals = s.store.job_totals(&filter, false).await.map_err(|e| err(e.into()))?;
-    Ok(self::page(StatusCode::OK, pages::jobs(&session, &q, &page.rows, page.next_after, &totals)))
+    // Dead withdrawals among the matches: a bulk requeue passes over them, so the page says so (or
+    // offers no requeue at all when they are all it would touch).
+    let withdrawals = if filter.state == Some(JobState::Dead) && totals.jobs > 0 {
+        let kind = JobKind::parse(settle_core::job::WITHDRAWAL_KIND).expect("a valid kind");
+        match &filter.kind {
+            Some(k) if *k != kind => 0,
+            _ => {
+                let only = JobFilter { kind: Some(kind), ..filter.clone() };
+                s.store.job_totals(&only, false).await.map_err(|e| err(e.into()))?.jobs
+            }
+        }
+    } else {
+        0
+    };
+    Ok(self::page(StatusCode::OK, pages::jobs(&session, &q, &page.rows, page.next_after, &totals, withdrawals)))
 }
 
 fn job_id(session: &Session, id: &str) -> Result<JobId, Refused> {

@@ -266,7 +266,14 @@ fn chart(per_minute: &[(Timestamp, i64)]) -> Markup {
 }
 
 /// The jobs list with its filter and, for admins, the bulk actions on everything it matches.
-pub fn jobs(session: &Session, q: &super::JobsQuery, page: &[Job], next: Option<i64>, totals: &JobTotals) -> Markup {
+pub fn jobs(
+    session: &Session,
+    q: &super::JobsQuery,
+    page: &[Job],
+    next: Option<i64>,
+    totals: &JobTotals,
+    dead_withdrawals: i64,
+) -> Markup {
     let filter_qs = q.filter_query();
     let body = html! {
         h1 { "Jobs" }
@@ -284,8 +291,14 @@ pub fn jobs(session: &Session, q: &super::JobsQuery, page: &[Job], next: Option<
         p class="muted" { (credits(totals.jobs)) " jobs match, costing " (credits(totals.cost)) " credits." }
         @if session.can_act() && totals.jobs > 0 {
             div class="bulk" {
-                @if q.state.as_deref() == Some("dead") {
+                @if q.state.as_deref() == Some("dead") && dead_withdrawals < totals.jobs {
                     a class="button" href={ "/console/bulk?action=requeue&" (filter_qs) } { "Requeue all " (credits(totals.jobs)) " matching…" }
+                }
+                @if dead_withdrawals > 0 {
+                    p class="muted" {
+                        @if dead_withdrawals == totals.jobs { "These are dead withdrawals" } @else { (credits(dead_withdrawals)) " of them are dead withdrawals" }
+                        ", never requeued: each one's hold was refunded when it died. To pay out again, create a new withdrawal."
+                    }
                 }
                 @if matches!(q.state.as_deref(), Some("queued") | Some("running")) {
                     a class="button danger" href={ "/console/bulk?action=cancel&" (filter_qs) } { "Cancel all " (credits(totals.jobs)) " matching…" }
