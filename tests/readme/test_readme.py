@@ -384,16 +384,32 @@ def test_webhook_receiver_with_the_configuration(env: Env, receiver: str, reques
     with background(env, argv, "receiver", SETTLE_WEBHOOK_SECRET=secret) as hooks:
         hook_url = f"http://127.0.0.1:{env.hook}/settle"
         hooks.wait_for(lambda: answers(hook_url))
-        # A body whose signature does not hold is refused.
-        status, _ = http("POST", hook_url, {"seq": 1}, {"settle-signature": "t=1,v1=" + "0" * 64})
-        assert status == 400
+        # It verifies the exact bytes: a body signed with the secret is taken, the same body altered
+        # after signing is refused, and so is a signature that is not the secret's.
+        from settle_client import sign
+
+        body = b'{"seq":9999,"type":"account.granted","job_id":null,"account_id":"x","data":{"amount":100}}'
+        signed = sign(secret, body, int(time.time()))
+        for payload, signature, expected in (
+            (body, signed, 204),
+            (body.replace(b"100", b"900"), signed, 400),
+            (body, "t=1,v1=" + "0" * 64, 400),
+        ):
+            req = urllib.request.Request(hook_url, data=payload, method="POST", headers={"Settle-Signature": signature})
+            try:
+                status = urllib.request.urlopen(req, timeout=5).status
+            except urllib.error.HTTPError as err:
+                status = err.code
+            assert status == expected, (payload, signature)
+        hooks.wait_for(lambda: "9999 account.granted" in hooks.output(), why="the signed body was not handled")
         with readme_serve(env, "--config", "settle.toml"):
             assert http("POST", env.s + "/v1/accounts", {"id": "alice"})[0] == 201
             assert http("POST", env.s + "/v1/accounts/alice/grants", {"id": "welcome", "amount": 100})[0] == 201
-            hooks.wait_for(lambda: "account.granted" in hooks.output(), why="no delivery reached the receiver")
             events = http("GET", env.s + "/v1/events")[1]["events"]
-    granted = next(e for e in events if e["type"] == "account.granted")
-    assert f"{granted['seq']} account.granted" in hooks.output()
+            granted = next(e for e in events if e["type"] == "account.granted")
+            line = f"{granted['seq']} account.granted"
+            hooks.wait_for(lambda: line in hooks.output(), why="Settle's delivery did not reach the receiver")
+    assert "900" not in hooks.output(), "an altered body was handled"
     # The README's event body is the envelope Settle sends, field for field.
     shown = json.loads(block("event_body"))
     assert (shown.keys(), shown["type"], shown["data"].keys()) == (granted.keys(), granted["type"], granted["data"].keys())

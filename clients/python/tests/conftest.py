@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -64,35 +63,8 @@ def hooks():
     server.shutdown()
 
 
-class ReadmeHooks:
-    """The top README's webhook receiver, run as written there: the events it handled."""
-
-    url: str
-    handled: list[dict]
-
-
 @pytest.fixture(scope="session")
-def readme_hooks():
-    """Runs the README's receiver (its `Hooks` class, with `SECRET` and `handle` supplied) on a
-    free port instead of 8080: the README's example is what the tests check."""
-    text = (ROOT / "README.md").read_text()
-    found = re.search(r"```python\n(import json\nfrom http\.server .*?)\nHTTPServer\(.*?```", text, re.S)
-    assert found, "the README's Python webhook receiver is missing"
-    got = ReadmeHooks()
-    got.handled = []
-    namespace = {"SECRET": HOOK_SECRET, "handle": got.handled.append}
-    exec(found.group(1), namespace)  # noqa: S102 (our own README)
-    receiver = namespace["Hooks"]
-    receiver.log_message = lambda *args: None
-    server = ThreadingHTTPServer(("127.0.0.1", 0), receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    got.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    yield got
-    server.shutdown()
-
-
-@pytest.fixture(scope="session")
-def server(hooks, readme_hooks):
+def server(hooks):
     work = tempfile.TemporaryDirectory(prefix="settle-python-tests-")
     config = Path(work.name) / "settle.toml"
     config.write_text(
@@ -109,12 +81,6 @@ sweep_every_ms = 200
 [[webhooks]]
 id = "tests"
 url = "{hooks.url}"
-secret = "{HOOK_SECRET}"
-start_from = "beginning"
-
-[[webhooks]]
-id = "readme"
-url = "{readme_hooks.url}"
 secret = "{HOOK_SECRET}"
 start_from = "beginning"
 """

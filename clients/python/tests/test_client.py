@@ -218,29 +218,6 @@ def test_a_retry_redoes_the_items_a_failed_attempt_refunded(admin, worker_client
     assert admin.account("redo")["balance"] == 70, "each item charged once in the end"
 
 
-def test_the_readme_webhook_receiver_handles_real_deliveries_and_refuses_forged_ones(admin, hooks, readme_hooks):
-    import urllib.error
-    import urllib.request
-
-    account(admin, "readme", 100)
-    deadline = time.time() + 20
-    while not any(e.get("type") == "account.granted" and e.get("account_id") == "readme" for e in readme_hooks.handled):
-        assert time.time() < deadline, f"the README's receiver never handled the grant: {readme_hooks.handled[-3:]}"
-        time.sleep(0.05)
-    headers, body = hooks.wait_for(lambda e: e["type"] == "account.granted" and e["account_id"] == "readme")
-    before = len(readme_hooks.handled)
-    forged = [body.replace(b'"amount":100', b'"amount":900'), body]
-    for i, payload in enumerate(forged):
-        sig = headers.get("Settle-Signature") or headers.get("settle-signature")
-        if i == 1:
-            sig = sig.replace("v1=", "v1=00")
-        req = urllib.request.Request(readme_hooks.url, data=payload, method="POST", headers={"Settle-Signature": sig, "content-type": "application/json"})
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(req, timeout=5)
-        assert e.value.code == 400
-    assert len(readme_hooks.handled) == before, "a forged delivery was handled"
-
-
 def test_a_real_webhook_delivery_verifies(admin, hooks):
     account(admin, "hooked", 100)
     headers, body = hooks.wait_for(lambda e: e["type"] == "account.granted" and e["account_id"] == "hooked")
