@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import HOOK_SECRET, WORKER
+from conftest import ADMIN, HOOK_SECRET, WORKER
 
 from settle_client import (
     Applied,
@@ -24,6 +24,8 @@ from settle_client import (
     IdempotencyConflict,
     InsufficientCredits,
     InvalidId,
+    ItemState,
+    JobState,
     LeaseLost,
     Replayed,
     SettleError,
@@ -243,12 +245,16 @@ def test_events_iterate_in_order(admin):
 
 
 async def test_the_asyncio_worker(server, admin):
-    base, _ = server
+    base, work = server
     account(admin, "aio", 100)
     admin.create_job("aio-1", "aio", "aio", items=[("a", 5), ("b", 5)])
 
     async def handler(job):
         for item in job.items_to_do():
+            # Each frame stored where its registration says (the job's own prefix).
+            path = work / "artifacts" / await job.register_artifact(item["id"], "frame.png")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"png")
             if await job.item_done(item["id"]) is Flow.STOP:
                 return Cancelled()
         return Succeeded({"async": True})
@@ -256,8 +262,56 @@ async def test_the_asyncio_worker(server, admin):
     async with AsyncClient(base, token=WORKER) as c:
         assert await AsyncWorker(c, kind="aio", handler=handler, name="py-aio", wait_seconds=1).run(max_jobs=1) == 1
     job = admin.job("aio-1")
-    assert (job["state"], job["result"]) == ("succeeded", {"async": True})
+    assert (job["state"], job["result"]) == (JobState.SUCCEEDED, {"async": True})
+    assert [i["state"] for i in job["items"]] == [ItemState.SUCCEEDED, ItemState.SUCCEEDED]
     assert admin.account("aio")["balance"] == 90
+    frames = sorted(p.relative_to(work / "artifacts").as_posix() for p in (work / "artifacts").glob("aio-1/*/*"))
+    assert frames == ["aio-1/a/frame.png", "aio-1/b/frame.png"]
+
+
+def test_the_asyncio_client_has_every_method_of_the_blocking_one():
+    import inspect
+
+    def methods(cls):
+        return {
+            name: list(inspect.signature(f).parameters)
+            for name, f in inspect.getmembers(cls, inspect.isfunction)
+            if not name.startswith("_")
+        }
+
+    sync, aio = methods(Client), methods(AsyncClient)
+    sync.pop("close")
+    aio.pop("aclose")
+    assert len(sync) >= 24 and sync == aio
+    for name in aio:
+        f = getattr(AsyncClient, name)
+        assert inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f), name
+
+
+async def test_the_asyncio_client_does_what_the_platform_side_needs(server):
+    base, _ = server
+    async with AsyncClient(base, token=ADMIN) as c:
+        assert (await c.create_account("aplat"))["balance"] == 0
+        assert (await c.grant("aplat", "g-aplat", 100, reason="welcome"))["balance_after"] == 100
+        assert (await c.grant("aplat", "g-aplat", 100, reason="welcome"))["replayed"] is True
+        assert (await c.adjust("aplat", "adj-aplat", -10, "goodwill back"))["balance_after"] == 90
+        await c.create_job("aplat-1", "aplat", "aplat", cost=30)
+        await c.create_job("aplat-2", "aplat", "aplat", items=[("x", 5), ("y", 5)])
+        assert sorted([j["id"] async for j in c.jobs(account_id="aplat")]) == ["aplat-1", "aplat-2"]
+        assert (await c.cancel("aplat-1"))["state"] == JobState.CANCELLED
+        assert await c.attempts("aplat-1") == []
+        with pytest.raises(SettleError) as e:
+            await c.requeue("aplat-2")  # only a dead job
+        assert e.value.code == "invalid_transition"
+        w = await c.create_withdrawal("aplat-w", "aplat", 20, "DE89370400440532013000")
+        assert (w["state"], (await c.withdrawal("aplat-w"))["amount"]) == (JobState.QUEUED, 20)
+        kinds = [e["kind"] for e in (await c.ledger("aplat"))["entries"]]
+        assert kinds == ["grant", "adjustment", "charge", "charge", "charge", "refund", "charge"], kinds
+        assert (await c.audit())["ok"] is True
+        # The whole server's failures by code (other tests' too): the summary's shape.
+        assert all(set(f) == {"code", "state", "count"} for f in await c.failures())
+
+        assert (await c.account("aplat"))["balance"] == 90 - 10 - 20
 
 
 # ----- workers that ride out a restart (issue 20, item 2) ------------------------------------------
@@ -355,7 +409,7 @@ def _exactly_once(admin, prefix: str, n: int) -> None:
     reclaims = sum(1 for e in entries if e["kind"] == "reclaim")
     assert refunds == reclaims, (refunds, reclaims)
     assert admin.account(prefix)["balance"] == 10_000 - 30 * n
-    audit = admin._get("/v1/audit")
+    audit = admin.audit()
     assert audit["ok"] is True, audit
 
 

@@ -5,6 +5,8 @@
   on cancel, report the outcome.
 - `verify_webhook`: check a webhook delivery's `Settle-Signature`.
 - Errors carry the API's error `code` (`SettleError` and its subclasses).
+- Answers are typed (`Job`, `Account`, `LedgerEntry`, … — `TypedDict`s, so the JSON dicts
+  themselves), states are `str` enums (`JobState`, `ItemState`, `RefundReason`).
 """
 
 from .client import Applied, AsyncClient, Client, Replayed
@@ -21,6 +23,26 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
+from .models import (
+    Account,
+    Artifact,
+    Attempt,
+    Audit,
+    ClaimedJob,
+    Event,
+    EventPage,
+    FailureCount,
+    Heartbeat,
+    Item,
+    ItemReport,
+    ItemState,
+    Job,
+    JobState,
+    LedgerEntry,
+    LedgerPage,
+    RefundReason,
+    Withdrawal,
+)
 from .webhooks import SignatureError, sign, verify_webhook
 from .worker import (
     AsyncJobContext,
@@ -35,7 +57,25 @@ from .worker import (
 )
 
 __all__ = [
+    "Account",
     "Applied",
+    "Artifact",
+    "Attempt",
+    "Audit",
+    "ClaimedJob",
+    "Event",
+    "EventPage",
+    "FailureCount",
+    "Heartbeat",
+    "Item",
+    "ItemReport",
+    "ItemState",
+    "Job",
+    "JobState",
+    "LedgerEntry",
+    "LedgerPage",
+    "RefundReason",
+    "Withdrawal",
     "AsyncClient",
     "AsyncJobContext",
     "AsyncWorker",

@@ -10,12 +10,26 @@ Errors raise `SettleError` subclasses carrying the API's error `code`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from .errors import InvalidId, error_for
+from .models import (
+    Account,
+    Attempt,
+    Audit,
+    ClaimedJob,
+    EventPage,
+    FailureCount,
+    Heartbeat,
+    Job,
+    LedgerEntry,
+    LedgerPage,
+    Withdrawal,
+)
 
 _ID_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-")
 
@@ -68,43 +82,152 @@ def _reported(body: Json) -> Applied | Replayed:
     return Replayed(body) if body.get("replayed") else Applied(body)
 
 
-def _job_body(
-    id: str,
-    account_id: str,
-    kind: str,
-    cost: int | None,
-    items: Sequence[tuple[str, int]] | None,
-    payload: Any,
-    max_attempts: int | None,
-    refund_on: str | None,
-    not_before: str | None,
-) -> Json:
-    if (cost is None) == (items is None):
-        raise ValueError("a job has exactly one of cost and items")
-    body: Json = {"id": id, "account_id": account_id, "kind": kind}
-    if cost is not None:
-        body["cost"] = cost
-    else:
-        body["items"] = [{"id": item_id, "cost": item_cost} for item_id, item_cost in items or ()]
-    for name, value in (("payload", payload), ("max_attempts", max_attempts), ("refund_on", refund_on), ("not_before", not_before)):
-        if value is not None:
-            body[name] = value
-    return body
+@dataclass(frozen=True)
+class _Req:
+    """One operation's request and how its answer is read: built once here, sent by `Client`
+    (blocking) or `AsyncClient` (awaited), so the two cannot drift apart."""
+
+    method: str
+    path: str
+    body: Json | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    then: Callable[[Json], Any] = lambda body: body
 
 
-def _fail_body(lease_token: str, code: str, message: str | None, retryable: bool | None, retry_after_ms: int | None) -> Json:
-    body: Json = {"lease_token": lease_token, "code": code}
-    if message is not None:
-        body["message"] = message
-    if retryable is not None:
-        body["retryable"] = retryable
-    if retry_after_ms is not None:
-        body["retry_after_ms"] = retry_after_ms
-    return body
+def _drop_none(**fields: Any) -> Json:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+class _ops:
+    """Every operation of the API both clients offer, as the request it sends (docs/api.md)."""
+
+    @staticmethod
+    def create_account(id: str, overdraft_limit: int | None) -> _Req:
+        return _Req("POST", "/v1/accounts", _drop_none(id=id, overdraft_limit=overdraft_limit))
+
+    @staticmethod
+    def account(id: str) -> _Req:
+        return _Req("GET", f"/v1/accounts/{_seg(id)}")
+
+    @staticmethod
+    def grant(account_id: str, id: str, amount: int, reason: str | None) -> _Req:
+        return _Req("POST", f"/v1/accounts/{_seg(account_id)}/grants", _drop_none(id=id, amount=amount, reason=reason))
+
+    @staticmethod
+    def adjust(account_id: str, id: str, amount: int, reason: str) -> _Req:
+        return _Req("POST", f"/v1/accounts/{_seg(account_id)}/adjustments", {"id": id, "amount": amount, "reason": reason})
+
+    @staticmethod
+    def ledger(account_id: str, after: int, limit: int | None) -> _Req:
+        return _Req("GET", f"/v1/accounts/{_seg(account_id)}/ledger", params=_drop_none(after=after, limit=limit))
+
+    @staticmethod
+    def create_job(
+        id: str,
+        account_id: str,
+        kind: str,
+        cost: int | None,
+        items: Sequence[tuple[str, int]] | None,
+        payload: Any,
+        max_attempts: int | None,
+        refund_on: str | None,
+        not_before: str | None,
+    ) -> _Req:
+        if (cost is None) == (items is None):
+            raise ValueError("a job has exactly one of cost and items")
+        body: Json = {"id": id, "account_id": account_id, "kind": kind}
+        if cost is not None:
+            body["cost"] = cost
+        else:
+            body["items"] = [{"id": item_id, "cost": item_cost} for item_id, item_cost in items or ()]
+        body |= _drop_none(payload=payload, max_attempts=max_attempts, refund_on=refund_on, not_before=not_before)
+        return _Req("POST", "/v1/jobs", body)
+
+    @staticmethod
+    def job(id: str) -> _Req:
+        return _Req("GET", f"/v1/jobs/{_seg(id)}")
+
+    @staticmethod
+    def jobs_page(after: int, filters: dict[str, Any]) -> _Req:
+        return _Req("GET", "/v1/jobs", params=_drop_none(after=after, **filters))
+
+    @staticmethod
+    def attempts(id: str) -> _Req:
+        return _Req("GET", f"/v1/jobs/{_seg(id)}/attempts", then=lambda body: body["attempts"])
+
+    @staticmethod
+    def cancel(id: str) -> _Req:
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/cancel")
+
+    @staticmethod
+    def requeue(id: str) -> _Req:
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/requeue")
+
+    @staticmethod
+    def create_withdrawal(id: str, account_id: str, amount: int, destination: str) -> _Req:
+        return _Req("POST", "/v1/withdrawals", {"id": id, "account_id": account_id, "amount": amount, "destination": destination})
+
+    @staticmethod
+    def withdrawal(id: str) -> _Req:
+        return _Req("GET", f"/v1/withdrawals/{_seg(id)}")
+
+    @staticmethod
+    def failures() -> _Req:
+        return _Req("GET", "/v1/failures/summary", then=lambda body: body["by_code"])
+
+    @staticmethod
+    def audit() -> _Req:
+        return _Req("GET", "/v1/audit")
+
+    @staticmethod
+    def events(after: int, limit: int | None, wait_seconds: int | None) -> _Req:
+        return _Req("GET", "/v1/events", params=_drop_none(after=after, limit=limit, wait_seconds=wait_seconds))
+
+    @staticmethod
+    def claim(worker: str, kinds: Sequence[str] | None, limit: int, lease_seconds: int | None, wait_seconds: int) -> _Req:
+        body = {"worker": worker, "limit": limit, "wait_seconds": wait_seconds}
+        body |= _drop_none(kinds=None if kinds is None else list(kinds), lease_seconds=lease_seconds)
+        return _Req("POST", "/v1/claims", body, then=lambda body: body["jobs"])
+
+    @staticmethod
+    def heartbeat(id: str, lease_token: str) -> _Req:
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/heartbeat", {"lease_token": lease_token})
+
+    # The reports: each answers Applied or Replayed.
+    @staticmethod
+    def succeed(id: str, lease_token: str | None, result: Any) -> _Req:
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/succeed", _drop_none(lease_token=lease_token, result=result), then=_reported)
+
+    @staticmethod
+    def fail(id: str, lease_token: str, code: str, message: str | None, retryable: bool | None, retry_after_ms: int | None) -> _Req:
+        body = {"lease_token": lease_token, "code": code} | _drop_none(
+            message=message, retryable=retryable, retry_after_ms=retry_after_ms
+        )
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/fail", body, then=_reported)
+
+    @staticmethod
+    def unknown(id: str, lease_token: str, message: str | None) -> _Req:
+        body = {"lease_token": lease_token} | _drop_none(message=message)
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/unknown", body, then=_reported)
+
+    @staticmethod
+    def item_succeed(id: str, item: str, lease_token: str) -> _Req:
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token}, then=_reported)
+
+    @staticmethod
+    def item_fail(id: str, item: str, lease_token: str, code: str, message: str | None) -> _Req:
+        body = {"lease_token": lease_token, "code": code} | _drop_none(message=message)
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/fail", body, then=_reported)
+
+    @staticmethod
+    def register_artifact(id: str, item: str, lease_token: str, key: str) -> _Req:
+        body = {"lease_token": lease_token, "key": key}
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/artifacts", body, then=_reported)
 
 
 def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
+
 
 
 class Client:
@@ -123,33 +246,25 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _get(self, path: str, **params: Any) -> Json:
-        return _body(self._http.get(path, params={k: v for k, v in params.items() if v is not None}))
-
-    def _post(self, path: str, body: Json | None = None) -> Json:
-        return _body(self._http.post(path, json=body if body is not None else {}))
+    def _send(self, req: _Req) -> Any:
+        body = {} if req.body is None and req.method == "POST" else req.body
+        return req.then(_body(self._http.request(req.method, req.path, params=req.params, json=body)))
 
     # ----- accounts -----
-    def create_account(self, id: str, overdraft_limit: int | None = None) -> Json:
-        body: Json = {"id": id}
-        if overdraft_limit is not None:
-            body["overdraft_limit"] = overdraft_limit
-        return self._post("/v1/accounts", body)
+    def create_account(self, id: str, overdraft_limit: int | None = None) -> Account:
+        return self._send(_ops.create_account(id, overdraft_limit))
 
-    def account(self, id: str) -> Json:
-        return self._get(f"/v1/accounts/{_seg(id)}")
+    def account(self, id: str) -> Account:
+        return self._send(_ops.account(id))
 
-    def grant(self, account_id: str, id: str, amount: int, reason: str | None = None) -> Json:
-        body: Json = {"id": id, "amount": amount}
-        if reason is not None:
-            body["reason"] = reason
-        return self._post(f"/v1/accounts/{_seg(account_id)}/grants", body)
+    def grant(self, account_id: str, id: str, amount: int, reason: str | None = None) -> LedgerEntry:
+        return self._send(_ops.grant(account_id, id, amount, reason))
 
-    def adjust(self, account_id: str, id: str, amount: int, reason: str) -> Json:
-        return self._post(f"/v1/accounts/{_seg(account_id)}/adjustments", {"id": id, "amount": amount, "reason": reason})
+    def adjust(self, account_id: str, id: str, amount: int, reason: str) -> LedgerEntry:
+        return self._send(_ops.adjust(account_id, id, amount, reason))
 
-    def ledger(self, account_id: str, after: int = 0, limit: int | None = None) -> Json:
-        return self._get(f"/v1/accounts/{_seg(account_id)}/ledger", after=after, limit=limit)
+    def ledger(self, account_id: str, after: int = 0, limit: int | None = None) -> LedgerPage:
+        return self._send(_ops.ledger(account_id, after, limit))
 
     # ----- jobs -----
     def create_job(
@@ -164,41 +279,50 @@ class Client:
         max_attempts: int | None = None,
         refund_on: str | None = None,
         not_before: str | None = None,
-    ) -> Json:
-        return self._post("/v1/jobs", _job_body(id, account_id, kind, cost, items, payload, max_attempts, refund_on, not_before))
+    ) -> Job:
+        return self._send(_ops.create_job(id, account_id, kind, cost, items, payload, max_attempts, refund_on, not_before))
 
-    def job(self, id: str) -> Json:
-        return self._get(f"/v1/jobs/{_seg(id)}")
+    def job(self, id: str) -> Job:
+        return self._send(_ops.job(id))
 
-    def jobs(self, **filters: Any) -> Iterator[Json]:
+    def jobs(self, **filters: Any) -> Iterator[Job]:
         """Every job matching `state`, `kind`, `account_id`, `fail_code`, page after page."""
         after = 0
         while True:
-            page = self._get("/v1/jobs", after=after, **filters)
+            page = self._send(_ops.jobs_page(after, filters))
             yield from page["jobs"]
             if page.get("next_after") is None:
                 return
             after = page["next_after"]
 
-    def attempts(self, id: str) -> list[Json]:
-        return self._get(f"/v1/jobs/{_seg(id)}/attempts")["attempts"]
+    def attempts(self, id: str) -> list[Attempt]:
+        return self._send(_ops.attempts(id))
 
-    def cancel(self, id: str) -> Json:
-        return self._post(f"/v1/jobs/{_seg(id)}/cancel")
+    def cancel(self, id: str) -> Job:
+        return self._send(_ops.cancel(id))
 
-    def requeue(self, id: str) -> Json:
-        return self._post(f"/v1/jobs/{_seg(id)}/requeue")
+    def requeue(self, id: str) -> Job:
+        return self._send(_ops.requeue(id))
 
     # ----- withdrawals -----
-    def create_withdrawal(self, id: str, account_id: str, amount: int, destination: str) -> Json:
-        return self._post("/v1/withdrawals", {"id": id, "account_id": account_id, "amount": amount, "destination": destination})
+    def create_withdrawal(self, id: str, account_id: str, amount: int, destination: str) -> Withdrawal:
+        return self._send(_ops.create_withdrawal(id, account_id, amount, destination))
 
-    def withdrawal(self, id: str) -> Json:
-        return self._get(f"/v1/withdrawals/{_seg(id)}")
+    def withdrawal(self, id: str) -> Withdrawal:
+        return self._send(_ops.withdrawal(id))
+
+    # ----- operations -----
+    def failures(self) -> list[FailureCount]:
+        """Jobs now dead, unknown or waiting to retry, by their last fail code and state."""
+        return self._send(_ops.failures())
+
+    def audit(self) -> Audit:
+        """The invariants L1-L4 checked over the whole ledger (admin)."""
+        return self._send(_ops.audit())
 
     # ----- events -----
-    def events(self, after: int = 0, limit: int | None = None, wait_seconds: int | None = None) -> Json:
-        return self._get("/v1/events", after=after, limit=limit, wait_seconds=wait_seconds)
+    def events(self, after: int = 0, limit: int | None = None, wait_seconds: int | None = None) -> EventPage:
+        return self._send(_ops.events(after, limit, wait_seconds))
 
     def iter_events(self, after: int = 0, wait_seconds: int = 30) -> Iterator[Json]:
         """Every event after `after`, in order, forever: long-polls when caught up."""
@@ -211,55 +335,39 @@ class Client:
     # ----- the worker protocol -----
     def claim(
         self, worker: str, kinds: Sequence[str] | None = None, limit: int = 1, lease_seconds: int | None = None, wait_seconds: int = 0
-    ) -> list[Json]:
-        body: Json = {"worker": worker, "limit": limit, "wait_seconds": wait_seconds}
-        if kinds is not None:
-            body["kinds"] = list(kinds)
-        if lease_seconds is not None:
-            body["lease_seconds"] = lease_seconds
-        return self._post("/v1/claims", body)["jobs"]
+    ) -> list[ClaimedJob]:
+        return self._send(_ops.claim(worker, kinds, limit, lease_seconds, wait_seconds))
 
-    def heartbeat(self, id: str, lease_token: str) -> Json:
-        return self._post(f"/v1/jobs/{_seg(id)}/heartbeat", {"lease_token": lease_token})
+    def heartbeat(self, id: str, lease_token: str) -> Heartbeat:
+        return self._send(_ops.heartbeat(id, lease_token))
 
     def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Applied | Replayed:
-        body: Json = {}
-        if lease_token is not None:
-            body["lease_token"] = lease_token
-        if result is not None:
-            body["result"] = result
-        return _reported(self._post(f"/v1/jobs/{_seg(id)}/succeed", body))
+        return self._send(_ops.succeed(id, lease_token, result))
 
     def fail(
         self, id: str, lease_token: str, code: str, message: str | None = None, retryable: bool | None = None, retry_after_ms: int | None = None
     ) -> Applied | Replayed:
-        return _reported(self._post(f"/v1/jobs/{_seg(id)}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms)))
+        return self._send(_ops.fail(id, lease_token, code, message, retryable, retry_after_ms))
 
     def unknown(self, id: str, lease_token: str, message: str | None = None) -> Applied | Replayed:
-        body: Json = {"lease_token": lease_token}
-        if message is not None:
-            body["message"] = message
-        return _reported(self._post(f"/v1/jobs/{_seg(id)}/unknown", body))
+        return self._send(_ops.unknown(id, lease_token, message))
 
     def item_succeed(self, id: str, item: str, lease_token: str) -> Applied | Replayed:
-        return _reported(self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token}))
+        return self._send(_ops.item_succeed(id, item, lease_token))
 
     def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Applied | Replayed:
-        body: Json = {"lease_token": lease_token, "code": code}
-        if message is not None:
-            body["message"] = message
-        return _reported(self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/fail", body))
+        return self._send(_ops.item_fail(id, item, lease_token, code, message))
 
     def register_artifact(self, id: str, item: str, lease_token: str, key: str) -> Applied | Replayed:
         """Registers `key`; the answer's `path` is where to store the object (the job's own prefix)."""
-        return _reported(self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/artifacts", {"lease_token": lease_token, "key": key}))
+        return self._send(_ops.register_artifact(id, item, lease_token, key))
 
 
 class AsyncClient:
-    """The same API for asyncio (the worker protocol and the reads a worker needs)."""
+    """`Client` for asyncio: the same operations, each awaited (a test holds the two to one set)."""
 
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 40.0):
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(token), timeout=timeout)
+    def __init__(self, base_url: str, token: str | None = None, timeout: float = 40.0, http: httpx.AsyncClient | None = None):
+        self._http = http or httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=_headers(token), timeout=timeout)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -270,68 +378,119 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _get(self, path: str, **params: Any) -> Json:
-        return _body(await self._http.get(path, params={k: v for k, v in params.items() if v is not None}))
+    async def _send(self, req: _Req) -> Any:
+        body = {} if req.body is None and req.method == "POST" else req.body
+        return req.then(_body(await self._http.request(req.method, req.path, params=req.params, json=body)))
 
-    async def _post(self, path: str, body: Json | None = None) -> Json:
-        return _body(await self._http.post(path, json=body if body is not None else {}))
+    # ----- accounts -----
+    async def create_account(self, id: str, overdraft_limit: int | None = None) -> Account:
+        return await self._send(_ops.create_account(id, overdraft_limit))
 
-    async def job(self, id: str) -> Json:
-        return await self._get(f"/v1/jobs/{_seg(id)}")
+    async def account(self, id: str) -> Account:
+        return await self._send(_ops.account(id))
 
-    async def create_job(self, id: str, account_id: str, kind: str, **kw: Any) -> Json:
-        return await self._post(
-            "/v1/jobs",
-            _job_body(id, account_id, kind, kw.get("cost"), kw.get("items"), kw.get("payload"), kw.get("max_attempts"), kw.get("refund_on"), kw.get("not_before")),
-        )
+    async def grant(self, account_id: str, id: str, amount: int, reason: str | None = None) -> LedgerEntry:
+        return await self._send(_ops.grant(account_id, id, amount, reason))
 
-    async def events(self, after: int = 0, limit: int | None = None, wait_seconds: int | None = None) -> Json:
-        return await self._get("/v1/events", after=after, limit=limit, wait_seconds=wait_seconds)
+    async def adjust(self, account_id: str, id: str, amount: int, reason: str) -> LedgerEntry:
+        return await self._send(_ops.adjust(account_id, id, amount, reason))
+
+    async def ledger(self, account_id: str, after: int = 0, limit: int | None = None) -> LedgerPage:
+        return await self._send(_ops.ledger(account_id, after, limit))
+
+    # ----- jobs -----
+    async def create_job(
+        self,
+        id: str,
+        account_id: str,
+        kind: str,
+        *,
+        cost: int | None = None,
+        items: Sequence[tuple[str, int]] | None = None,
+        payload: Any = None,
+        max_attempts: int | None = None,
+        refund_on: str | None = None,
+        not_before: str | None = None,
+    ) -> Job:
+        return await self._send(_ops.create_job(id, account_id, kind, cost, items, payload, max_attempts, refund_on, not_before))
+
+    async def job(self, id: str) -> Job:
+        return await self._send(_ops.job(id))
+
+    async def jobs(self, **filters: Any) -> AsyncIterator[Job]:
+        """Every job matching `state`, `kind`, `account_id`, `fail_code`, page after page."""
+        after = 0
+        while True:
+            page = await self._send(_ops.jobs_page(after, filters))
+            for job in page["jobs"]:
+                yield job
+            if page.get("next_after") is None:
+                return
+            after = page["next_after"]
+
+    async def attempts(self, id: str) -> list[Attempt]:
+        return await self._send(_ops.attempts(id))
+
+    async def cancel(self, id: str) -> Job:
+        return await self._send(_ops.cancel(id))
+
+    async def requeue(self, id: str) -> Job:
+        return await self._send(_ops.requeue(id))
+
+    # ----- withdrawals -----
+    async def create_withdrawal(self, id: str, account_id: str, amount: int, destination: str) -> Withdrawal:
+        return await self._send(_ops.create_withdrawal(id, account_id, amount, destination))
+
+    async def withdrawal(self, id: str) -> Withdrawal:
+        return await self._send(_ops.withdrawal(id))
+
+    # ----- operations -----
+    async def failures(self) -> list[FailureCount]:
+        """Jobs now dead, unknown or waiting to retry, by their last fail code and state."""
+        return await self._send(_ops.failures())
+
+    async def audit(self) -> Audit:
+        """The invariants L1-L4 checked over the whole ledger (admin)."""
+        return await self._send(_ops.audit())
+
+    # ----- events -----
+    async def events(self, after: int = 0, limit: int | None = None, wait_seconds: int | None = None) -> EventPage:
+        return await self._send(_ops.events(after, limit, wait_seconds))
 
     async def iter_events(self, after: int = 0, wait_seconds: int = 30) -> AsyncIterator[Json]:
+        """Every event after `after`, in order, forever: long-polls when caught up."""
         while True:
             page = await self.events(after=after, wait_seconds=wait_seconds)
             for event in page["events"]:
                 after = event["seq"]
                 yield event
 
+    # ----- the worker protocol -----
     async def claim(
         self, worker: str, kinds: Sequence[str] | None = None, limit: int = 1, lease_seconds: int | None = None, wait_seconds: int = 0
-    ) -> list[Json]:
-        body: Json = {"worker": worker, "limit": limit, "wait_seconds": wait_seconds}
-        if kinds is not None:
-            body["kinds"] = list(kinds)
-        if lease_seconds is not None:
-            body["lease_seconds"] = lease_seconds
-        return (await self._post("/v1/claims", body))["jobs"]
+    ) -> list[ClaimedJob]:
+        return await self._send(_ops.claim(worker, kinds, limit, lease_seconds, wait_seconds))
 
-    async def heartbeat(self, id: str, lease_token: str) -> Json:
-        return await self._post(f"/v1/jobs/{_seg(id)}/heartbeat", {"lease_token": lease_token})
+    async def heartbeat(self, id: str, lease_token: str) -> Heartbeat:
+        return await self._send(_ops.heartbeat(id, lease_token))
 
     async def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Applied | Replayed:
-        body: Json = {}
-        if lease_token is not None:
-            body["lease_token"] = lease_token
-        if result is not None:
-            body["result"] = result
-        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/succeed", body))
+        return await self._send(_ops.succeed(id, lease_token, result))
 
     async def fail(
         self, id: str, lease_token: str, code: str, message: str | None = None, retryable: bool | None = None, retry_after_ms: int | None = None
     ) -> Applied | Replayed:
-        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/fail", _fail_body(lease_token, code, message, retryable, retry_after_ms)))
+        return await self._send(_ops.fail(id, lease_token, code, message, retryable, retry_after_ms))
 
     async def unknown(self, id: str, lease_token: str, message: str | None = None) -> Applied | Replayed:
-        body: Json = {"lease_token": lease_token}
-        if message is not None:
-            body["message"] = message
-        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/unknown", body))
+        return await self._send(_ops.unknown(id, lease_token, message))
 
     async def item_succeed(self, id: str, item: str, lease_token: str) -> Applied | Replayed:
-        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token}))
+        return await self._send(_ops.item_succeed(id, item, lease_token))
 
     async def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Applied | Replayed:
-        body: Json = {"lease_token": lease_token, "code": code}
-        if message is not None:
-            body["message"] = message
-        return _reported(await self._post(f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/fail", body))
+        return await self._send(_ops.item_fail(id, item, lease_token, code, message))
+
+    async def register_artifact(self, id: str, item: str, lease_token: str, key: str) -> Applied | Replayed:
+        """Registers `key`; the answer's `path` is where to store the object (the job's own prefix)."""
+        return await self._send(_ops.register_artifact(id, item, lease_token, key))

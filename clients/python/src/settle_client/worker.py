@@ -41,6 +41,7 @@ import httpx
 
 from .client import AsyncClient, Client, Json
 from .errors import Forbidden, InvalidTransition, LeaseLost, SettleError, Unauthorized
+from .models import ItemState, JobState, RefundReason
 
 log = logging.getLogger("settle_client.worker")
 
@@ -172,7 +173,8 @@ Outcome = Succeeded | Failed | Unknown | Cancelled
 def _to_do(item: Json) -> bool:
     """Whether an item's work is still to do: it is charged, or an earlier attempt's failure
     refunded it (`job_failed`) — this attempt's success reclaims it, so its work must be done."""
-    return item["state"] == "charged" or (item["state"] == "refunded" and item.get("refund_reason") == "job_failed")
+    state = item["state"]
+    return state == ItemState.CHARGED or (state == ItemState.REFUNDED and item.get("refund_reason") == RefundReason.JOB_FAILED)
 
 
 class _JobView:
@@ -287,7 +289,7 @@ def _skip_report(id: str, outcome: Outcome | None, lost: bool) -> bool:
 def _reported(id: str, outcome: Outcome | None, answer: Json) -> None:
     if getattr(answer, "replayed", False):
         log.debug("report of %s had already taken effect (a replay)", id)
-    if isinstance(outcome, (Succeeded, type(None))) and answer.get("state") in ("cancelling", "cancelled"):
+    if isinstance(outcome, (Succeeded, type(None))) and answer.get("state") in (JobState.CANCELLING, JobState.CANCELLED):
         log.warning("%s: a cancel won over this success; its items were refunded", id)
 
 
@@ -455,6 +457,16 @@ class AsyncJobContext(_JobView):
             return Flow.STOP if self.cancel_requested else Flow.CONTINUE
         self._cancel = self._cancel or bool(answer.get("cancel_requested"))
         return Flow.STOP if self.cancel_requested else Flow.CONTINUE
+
+    async def register_artifact(self, item: str, key: str) -> str:
+        """Registers `key` for `item`; returns the path to store the object at (the job's prefix).
+        Raises `LeaseLost` when the lease is gone (the job is then lost to this worker: stop)."""
+        try:
+            call = lambda: self.client.register_artifact(self.id, item, self.lease_token, key)  # noqa: E731
+            return (await _aretrying(call, "artifact registration", self._outage))["path"]
+        except LeaseLost:
+            self._lost = True
+            raise
 
 
 AsyncHandler = Callable[[AsyncJobContext], Awaitable["Outcome | None"]]

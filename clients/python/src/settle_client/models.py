@@ -1,0 +1,161 @@
+"""The API's answers, typed (docs/api.md): each a `TypedDict` — at run time the JSON dict itself —
+and the closed sets of states as `str` enums, so `item["state"] == ItemState.CHARGED` holds and a
+state the API adds later still reads as a plain string."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, TypedDict
+
+
+class JobState(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    UNKNOWN = "unknown"
+    CANCELLING = "cancelling"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    RETURNED = "returned"  # a withdrawal paid out and sent back
+
+
+class ItemState(str, Enum):
+    CHARGED = "charged"
+    SUCCEEDED = "succeeded"
+    REFUNDED = "refunded"
+    RECLAIMED = "reclaimed"
+    CANCELLED = "cancelled"
+    RETURNED = "returned"
+
+
+class RefundReason(str, Enum):
+    JOB_FAILED = "job_failed"
+    ITEM_FAILED = "item_failed"
+    CANCELLED = "cancelled"
+
+
+class _Replayable(TypedDict, total=False):
+    replayed: bool  # present (True) when a create or report was a replay
+
+
+class Account(_Replayable):
+    id: str
+    balance: int
+    overdraft_limit: int
+    created_at: str
+
+
+class LedgerEntry(_Replayable):
+    seq: int
+    account_id: str
+    kind: str  # grant, charge, refund, reclaim, adjustment, payout_return
+    amount: int
+    balance_after: int
+    job_id: str | None
+    item_id: str | None
+    id: str | None
+    reason: str | None
+    created_at: str
+    hash: str
+
+
+class LedgerPage(TypedDict):
+    entries: list[LedgerEntry]
+    next_after: int | None
+
+
+class Item(TypedDict):
+    id: str
+    cost: int
+    state: str  # an ItemState
+    is_refunded: bool
+    is_reclaimed: bool
+    refund_reason: str | None  # a RefundReason
+
+
+class LastError(TypedDict):
+    code: str
+    message: str | None
+
+
+class Job(_Replayable):
+    id: str
+    account_id: str
+    kind: str
+    state: str  # a JobState
+    cost: int
+    net: int
+    attempt: int
+    max_attempts: int
+    refund_on: str
+    cancel_requested: bool
+    not_before: str
+    lease_expires_at: str | None
+    last_error: LastError | None
+    items: list[Item]
+    payload: Any
+    result: Any
+    created_at: str
+    updated_at: str
+
+
+class ClaimedJob(Job):
+    lease_token: str
+
+
+class Withdrawal(Job):
+    destination: str
+    amount: int
+    idempotency_key: str
+    provider_txid: str | None
+
+
+class Attempt(TypedDict):
+    attempt_no: int
+    worker: str
+    started_at: str
+    finished_at: str | None
+    result: str | None
+    fail_code: str | None
+    message: str | None
+
+
+class Heartbeat(TypedDict):
+    lease_expires_at: str
+    cancel_requested: bool
+
+
+class ItemReport(_Replayable):
+    item: Item
+    cancel_requested: bool
+
+
+class Artifact(_Replayable):
+    path: str  # {job_id}/{item_id}/{key} in the artifact store
+
+
+class FailureCount(TypedDict):
+    code: str
+    state: str  # dead, unknown or retrying
+    count: int
+
+
+class Audit(TypedDict):
+    ok: bool
+    accounts_checked: int
+    items_checked: int
+    violations: list[dict[str, Any]]
+
+
+class Event(TypedDict):
+    seq: int
+    type: str
+    job_id: str | None
+    account_id: str | None
+    data: Any
+    created_at: str
+
+
+class EventPage(TypedDict):
+    events: list[Event]
+    next_after: int | None
