@@ -3,6 +3,7 @@
 use crate::auth::Tokens;
 use crate::error::ApiError;
 use crate::handlers as h;
+pub use crate::state::{AppState, METRICS_REFRESH};
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
@@ -58,27 +59,6 @@ impl Default for HttpLimits {
         }
     }
 }
-
-#[derive(Clone)]
-pub struct AppState {
-    pub store: Arc<dyn Store>,
-    pub tokens: Arc<Tokens>,
-    pub metrics: PrometheusHandle,
-    pub limiter: Arc<crate::limits::Limiter>,
-    pub long_poll_recheck: Duration,
-    /// Signs the console's sessions (made at startup).
-    pub console_key: crate::console::SessionKey,
-    /// When `/metrics` last read the store's aggregates: they are read at most once per
-    /// `METRICS_REFRESH`, by one request at a time, however often `/metrics` is asked.
-    pub gauges_read_at: Arc<tokio::sync::Mutex<Option<Instant>>>,
-    /// Whether this server pays out through a provider: then only the reconciler, which asks it,
-    /// resolves `unknown` withdrawals, and an operator's resolution is refused.
-    pub payout_provider: bool,
-}
-
-/// How old the store's aggregates in `/metrics` may be: `/metrics` needs no token, and the
-/// aggregates scan whole tables, so they are not read again for every request.
-pub const METRICS_REFRESH: Duration = Duration::from_secs(5);
 
 #[derive(OpenApi)]
 #[openapi(

@@ -301,44 +301,6 @@ impl Tokens {
     }
 }
 
-/// An extractor that authorizes the request for role `R` before anything else of it is read:
-/// a missing or wrong token is `401`, a token of another role `403` — even when the body is bad.
-pub struct Auth<R> {
-    /// Who is asking: the token's name and role (`loopback` without tokens).
-    pub actor: Actor,
-    role: std::marker::PhantomData<R>,
-}
-
-pub trait RoleMarker {
-    const ROLE: Role;
-}
-
-pub struct AdminRole;
-pub struct ClientRole;
-pub struct WorkerRole;
-
-impl RoleMarker for AdminRole {
-    const ROLE: Role = Role::Admin;
-}
-impl RoleMarker for ClientRole {
-    const ROLE: Role = Role::Client;
-}
-impl RoleMarker for WorkerRole {
-    const ROLE: Role = Role::Worker;
-}
-
-impl<R: RoleMarker + Send + Sync> axum::extract::FromRequestParts<crate::app::AppState> for Auth<R> {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &crate::app::AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let actor = state.tokens.authorize(&parts.headers, R::ROLE)?;
-        Ok(Auth { actor, role: std::marker::PhantomData })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,10 @@
 //! Extractors whose rejections are the spec's error body: malformed JSON, wrong types and unknown
-//! fields are `400 invalid_request`, an oversized body `413 payload_too_large`.
+//! fields are `400 invalid_request`, an oversized body `413 payload_too_large`; [`Auth`] authorizes
+//! a request for a role before anything else of it is read.
 
+use crate::auth::{Actor, Role};
 use crate::error::ApiError;
+use crate::state::AppState;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
@@ -70,5 +73,43 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
             }
             Err(other) => Err(ApiError::invalid(format!("The path could not be read: {}.", other.body_text()))),
         }
+    }
+}
+
+/// An extractor that authorizes the request for role `R` before anything else of it is read:
+/// a missing or wrong token is `401`, a token of another role `403` — even when the body is bad.
+pub struct Auth<R> {
+    /// Who is asking: the token's name and role (`loopback` without tokens).
+    pub actor: Actor,
+    role: std::marker::PhantomData<R>,
+}
+
+pub trait RoleMarker {
+    const ROLE: Role;
+}
+
+pub struct AdminRole;
+pub struct ClientRole;
+pub struct WorkerRole;
+
+impl RoleMarker for AdminRole {
+    const ROLE: Role = Role::Admin;
+}
+impl RoleMarker for ClientRole {
+    const ROLE: Role = Role::Client;
+}
+impl RoleMarker for WorkerRole {
+    const ROLE: Role = Role::Worker;
+}
+
+impl<R: RoleMarker + Send + Sync> axum::extract::FromRequestParts<AppState> for Auth<R> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let actor = state.tokens.authorize(&parts.headers, R::ROLE)?;
+        Ok(Auth { actor, role: std::marker::PhantomData })
     }
 }

@@ -1,10 +1,10 @@
 //! Handlers: parse, authorize, call one store operation, map the answer. Thin on purpose.
 
-use crate::app::AppState;
-use crate::auth::{Actor, AdminRole, Auth, ClientRole, Role, WorkerRole};
+use crate::auth::{Actor, Role};
 use crate::dto::{self, parse_rfc3339};
 use crate::error::{ApiError, ErrorBody};
-use crate::extract::{Json, Path, Query};
+use crate::extract::{AdminRole, Auth, ClientRole, Json, Path, Query, WorkerRole};
+use crate::state::AppState;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -171,7 +171,7 @@ pub async fn create_account(
         overdraft_limit: Credits::new(b.overdraft_limit.unwrap_or(0)),
     };
     tracing::info!(actor = %auth.actor, account = %req.id, "create account");
-    let c = s.store.create_account_by(req, &auth.actor.name).await?;
+    let c = s.store.create_account(req, &auth.actor.name).await?;
     Ok(created(c, dto::Account::from))
 }
 
@@ -206,7 +206,7 @@ pub async fn create_grant(
     let account = id(AccountId::parse, &account)?;
     let req = store::NewGrant { id: id(RefId::parse, &b.id)?, amount: Credits::new(b.amount), reason: b.reason };
     tracing::info!(actor = %auth.actor, %account, grant = %req.id, amount = req.amount.get(), "grant");
-    Ok(created(s.store.grant_by(&account, req, &auth.actor.name).await?, dto::LedgerEntry::from))
+    Ok(created(s.store.grant(&account, req, &auth.actor.name).await?, dto::LedgerEntry::from))
 }
 
 /// Adjust an account's balance by hand
@@ -227,7 +227,7 @@ pub async fn create_adjustment(
     let account = id(AccountId::parse, &account)?;
     let req = store::NewAdjustment { id: id(RefId::parse, &b.id)?, amount: Credits::new(b.amount), reason: b.reason };
     tracing::info!(actor = %auth.actor, %account, adjustment = %req.id, amount = req.amount.get(), "adjustment");
-    Ok(created(s.store.adjust_by(&account, req, &auth.actor.name).await?, dto::LedgerEntry::from))
+    Ok(created(s.store.adjust(&account, req, &auth.actor.name).await?, dto::LedgerEntry::from))
 }
 
 /// List an account's ledger entries
@@ -381,7 +381,7 @@ pub async fn attempts(State(s): State<AppState>, auth: Auth<ClientRole>, Path(jo
 pub async fn cancel(State(s): State<AppState>, auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
     let job = id(JobId::parse, &job)?;
     seen_job(&s, &auth.actor, &job).await?;
-    let out = s.store.cancel(&job).await?;
+    let out = s.store.cancel(&job, None).await?;
     mark("cancel", true);
     Ok(match out {
         store::CancelOutcome::Cancelled(j) => (StatusCode::OK, axum::Json(dto::Job::from(j))).into_response(),
@@ -400,7 +400,7 @@ pub async fn cancel(State(s): State<AppState>, auth: Auth<ClientRole>, Path(job)
 pub async fn requeue(State(s): State<AppState>, auth: Auth<AdminRole>, Path(job): Path<String>) -> ApiResult {
     let job = id(JobId::parse, &job)?;
     tracing::info!(actor = %auth.actor, %job, "requeue");
-    let j = s.store.requeue_by(&job, &auth.actor.name).await?;
+    let j = s.store.requeue(&job, &auth.actor.name).await?;
     mark("requeue", true);
     Ok(ok(dto::Job::from(j)))
 }
@@ -554,7 +554,7 @@ pub async fn succeed(
         }
     };
     let result = b.result.as_ref().map(canonical_json);
-    let out = s.store.succeed_by(&id(JobId::parse, &job)?, by, result).await?;
+    let out = s.store.succeed(&id(JobId::parse, &job)?, by, result).await?;
     mark("succeed", out.applied);
     Ok(reported(dto::Job::from(out.value), out.applied))
 }
@@ -806,7 +806,7 @@ pub async fn withdrawal_returned(
 ) -> ApiResult {
     let withdrawal = id(JobId::parse, &withdrawal)?;
     tracing::info!(actor = %auth.actor, %withdrawal, "withdrawal returned");
-    let out = s.store.payouts().payout_returned_by(&withdrawal, store::ReturnSource::Admin, &auth.actor.name).await?;
+    let out = s.store.payouts().payout_returned(&withdrawal, store::ReturnSource::Admin, &auth.actor.name).await?;
     mark("withdrawal_returned", out.applied);
     Ok(ok(dto::Withdrawal::from(out.value)))
 }
@@ -850,7 +850,7 @@ pub async fn resolve_withdrawal(
     }
     tracing::info!(actor = %auth.actor, %withdrawal, outcome = b.outcome, "withdrawal resolved by an operator");
     let resolution = store::Resolution { outcome, reason: b.reason };
-    let out = s.store.payouts().payout_resolve_by(&withdrawal, resolution, &auth.actor.name).await?;
+    let out = s.store.payouts().payout_resolve(&withdrawal, resolution, &auth.actor.name).await?;
     mark("withdrawal_resolved", out.applied);
     Ok(ok(dto::Withdrawal::from(out.value)))
 }
@@ -863,7 +863,7 @@ pub async fn resolve_withdrawal(
 /// state: the view an operator opens first when failures climb.
 #[utoipa::path(get, path = "/v1/failures/summary", tag = "operations", responses((status = 200, body = dto::FailureSummary)))]
 pub async fn failure_summary(State(s): State<AppState>, auth: Auth<ClientRole>) -> ApiResult {
-    let rows = s.store.failure_summary_in(&auth.actor.scope).await?;
+    let rows = s.store.failure_summary(&auth.actor.scope).await?;
     Ok(ok(dto::FailureSummary {
         by_code: rows.into_iter().map(|f| dto::FailureCount { code: f.code, state: f.state, count: f.count }).collect(),
     }))
@@ -895,7 +895,7 @@ pub async fn events(
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let got = s.store.events_in(p.after, p.limit, &auth.actor.scope).await?;
+        let got = s.store.events(p.after, p.limit, &auth.actor.scope).await?;
         let now = tokio::time::Instant::now();
         if !got.rows.is_empty() || now >= deadline {
             break got;
@@ -931,8 +931,8 @@ pub async fn webhook_deliveries(
         id(JobKind::parse, e)?;
     }
     let filter = store::DeliveryFilter { endpoint_id: q.endpoint, state: q.state };
-    let got = s.store.webhook_deliveries(&filter, p.after, p.limit).await?;
-    let breakers = s.store.webhook_breakers().await?;
+    let got = s.store.webhooks().deliveries(&filter, p.after, p.limit).await?;
+    let breakers = s.store.webhooks().breakers().await?;
     Ok(ok(dto::WebhookDeliveryPage {
         deliveries: got.rows.into_iter().map(Into::into).collect(),
         next_after: got.next_after,
@@ -954,7 +954,7 @@ pub async fn close_breaker(
 ) -> ApiResult {
     id(JobKind::parse, &endpoint)?;
     tracing::info!(actor = %auth.actor, %endpoint, "close webhook breaker");
-    Ok(ok(dto::WebhookBreaker::from(s.store.webhook_breaker_close_by(&endpoint, &auth.actor.name).await?)))
+    Ok(ok(dto::WebhookBreaker::from(s.store.webhooks().close_breaker(&endpoint, &auth.actor.name).await?)))
 }
 
 /// Requeue a dead webhook delivery
@@ -971,7 +971,7 @@ pub async fn requeue_delivery(
 ) -> ApiResult {
     id(JobKind::parse, &endpoint)?;
     tracing::info!(actor = %auth.actor, %endpoint, seq, "requeue delivery");
-    Ok(ok(dto::WebhookDelivery::from(s.store.webhook_requeue_by(&endpoint, seq, &auth.actor.name).await?)))
+    Ok(ok(dto::WebhookDelivery::from(s.store.webhooks().requeue_one(&endpoint, seq, &auth.actor.name).await?)))
 }
 
 /// Requeue an endpoint's dead deliveries
@@ -989,7 +989,7 @@ pub async fn requeue_dead_deliveries(
 ) -> ApiResult {
     id(JobKind::parse, &endpoint)?;
     tracing::info!(actor = %auth.actor, %endpoint, "requeue dead deliveries");
-    let n = s.store.webhook_requeue_dead(&endpoint, limits::PAGE_LIMIT_MAX, &auth.actor.name).await?;
+    let n = s.store.webhooks().requeue_dead(&endpoint, limits::PAGE_LIMIT_MAX, &auth.actor.name).await?;
     Ok(ok(dto::RequeuedDeliveries { requeued: n }))
 }
 
@@ -1000,7 +1000,7 @@ pub async fn requeue_dead_deliveries(
 /// its transition. Answers `ok` and the violations found. Admin only.
 #[utoipa::path(get, path = "/v1/audit", tag = "operations", responses((status = 200, body = dto::Audit)))]
 pub async fn audit(State(s): State<AppState>, _auth: Auth<AdminRole>) -> ApiResult {
-    let r = s.store.audit().await?;
+    let r = s.store.audit(None).await?;
     Ok(ok(dto::Audit {
         ok: r.ok(),
         accounts_checked: r.accounts_checked,
@@ -1034,7 +1034,7 @@ pub async fn healthz() -> Response {
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses((status = 200, body = dto::Health), (status = 503, body = ErrorBody)))]
 pub async fn readyz(State(s): State<AppState>) -> ApiResult {
-    s.store.events(0, 1).await?;
+    s.store.events(0, 1, &settle_core::scope::Scope::ALL).await?;
     Ok(ok(dto::Health { status: "ready".into() }))
 }
 
@@ -1047,13 +1047,13 @@ pub async fn readyz(State(s): State<AppState>) -> ApiResult {
 pub async fn metrics(State(s): State<AppState>) -> ApiResult {
     // One reader at a time, at most once per METRICS_REFRESH; the others render what is there.
     if let Ok(mut read_at) = s.gauges_read_at.try_lock()
-        && read_at.is_none_or(|t| t.elapsed() >= crate::app::METRICS_REFRESH)
+        && read_at.is_none_or(|t| t.elapsed() >= crate::state::METRICS_REFRESH)
     {
         read_store_gauges(&s).await?;
         *read_at = Some(std::time::Instant::now());
     }
     // One row per configured endpoint: cheap enough to be current on every scrape.
-    for b in s.store.webhook_breakers().await? {
+    for b in s.store.webhooks().breakers().await? {
         let open = if b.state == "closed" { 0.0 } else { 1.0 };
         metrics::gauge!("settle_webhook_breaker_open", "endpoint" => b.endpoint_id).set(open);
     }

@@ -4,8 +4,8 @@
 //! arrives on loopback carrying the attacker's name in `Host`. So in loopback mode every route —
 //! the API, the console, the reference — answers only requests whose `Host` is a loopback name.
 
-use crate::app::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;

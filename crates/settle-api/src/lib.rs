@@ -1,11 +1,12 @@
 //! Settle's HTTP API v1 (`../shared/spec/api-v1.md`): the only crate that knows HTTP and JSON.
 //!
-//! - [`app`]: state, router, layers (body limit, timeout, metrics, tracing, panics), `Application`.
+//! - [`app`]: the router, layers (body limit, timeout, metrics, tracing, panics), `Application`.
+//! - [`state`]: `AppState`, what every handler shares.
 //! - `handlers`: one thin handler per endpoint: parse, authorize, one store call, map the answer.
 //! - [`dto`]: the wire types; requests deny unknown fields.
 //! - [`error`]: `ApiError`, the spec's error body and status codes.
 //! - [`auth`]: bearer tokens and roles.
-//! - `extract`: JSON and query extractors whose rejections are the spec's errors.
+//! - `extract`: JSON, query and role (`Auth<R>`) extractors whose rejections are the spec's errors.
 //! - [`console`]: the operator console at `/console` (server-rendered pages, sessions, CSRF).
 //! - [`host`]: the loopback-mode `Host` rule (no DNS rebinding), for every route.
 //! - `reference`: the API reference at `/docs` (Redoc, embedded) over `/openapi.json`.
@@ -20,6 +21,7 @@ mod handlers;
 pub mod host;
 pub mod limits;
 mod reference;
+pub mod state;
 
 pub use app::{AppState, Application, HttpLimits, StartError, openapi, router};
 pub use auth::{Role, Tokens};

@@ -159,9 +159,11 @@ async fn run_wake(args: &BenchArgs) -> anyhow::Result<()> {
     let stop = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(app.run_until(stop.clone().cancelled_owned()));
     let account = AccountId::parse("bench")?;
-    store.create_account(NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO }).await?;
+    store
+        .create_account(NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await?;
     let grant = NewGrant { id: RefId::parse("g")?, amount: Credits::new(1_000_000), reason: None };
-    store.grant(&account, grant).await?;
+    store.grant(&account, grant, settle_store::SYSTEM_ACTOR).await?;
     let writer: &SqlStore = other.as_ref().unwrap_or(&store);
     let http = reqwest::Client::new();
     let job = |id: String, not_before: Option<settle_core::Timestamp>| -> anyhow::Result<NewJob> {
@@ -292,7 +294,9 @@ async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &s
     let mut accounts = Vec::new();
     for a in 0..concurrency {
         let id = AccountId::parse(&format!("{run}acct-{a}"))?;
-        store.create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }).await?;
+        store
+            .create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+            .await?;
         store
             .grant(
                 &id,
@@ -301,6 +305,7 @@ async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &s
                     amount: Credits::new(1_000_000_000),
                     reason: None,
                 },
+                settle_store::SYSTEM_ACTOR,
             )
             .await?;
         accounts.push(id);
@@ -335,10 +340,16 @@ async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &s
                 let claimed = store.claim(claim).await?;
                 // Another client may have claimed this one; succeed whatever we got, then ours from any attempt.
                 for got in &claimed {
-                    store.succeed(&JobId::parse(&got.job.id).expect("valid"), Some(&got.lease_token)).await?;
+                    store
+                        .succeed(
+                            &JobId::parse(&got.job.id).expect("valid"),
+                            settle_store::Reporter::of(Some(&got.lease_token)),
+                            None,
+                        )
+                        .await?;
                 }
                 if claimed.is_empty() {
-                    store.succeed(&id, None).await?;
+                    store.succeed(&id, settle_store::Reporter::of(None), None).await?;
                 }
             }
             Ok::<(), StoreError>(())
@@ -348,7 +359,7 @@ async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &s
         h.await.context("bench client")??;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let report = store.audit().await?;
+    let report = store.audit(None).await?;
     anyhow::ensure!(report.ok(), "audit failed after the benchmark: {:?}", report.violations);
     Ok((per_client * concurrency * 3) as f64 / elapsed)
 }
@@ -370,7 +381,12 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
         "entries", "jobs", "transitions/s", "µs/transition", "audit s", "audit entries/s"
     );
     let fill = AccountId::parse("fill")?;
-    store.create_account(NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) }).await?;
+    store
+        .create_account(
+            NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) },
+            settle_store::SYSTEM_ACTOR,
+        )
+        .await?;
     let mut filled: u64 = 0;
     let mut round = 0;
     for &target in &args.scale {
@@ -418,7 +434,7 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
         round += 1;
         let rate = drive_on(store.clone(), concurrency, args.jobs, &format!("s{round}")).await?;
         let started = Instant::now();
-        let report = store.audit().await?;
+        let report = store.audit(None).await?;
         let secs = started.elapsed().as_secs_f64();
         anyhow::ensure!(report.ok(), "audit failed: {:?}", report.violations);
         let stats = store.stats().await?;
@@ -447,7 +463,12 @@ async fn run_teardown(args: &BenchArgs) -> anyhow::Result<()> {
     let options = StoreOptions { artifacts: Some(artifacts.clone()), ..StoreOptions::default() };
     let store = SqlStore::open(&url, options).await?;
     let a = AccountId::parse("bench")?;
-    store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(1 << 40) }).await?;
+    store
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::new(1 << 40) },
+            settle_store::SYSTEM_ACTOR,
+        )
+        .await?;
     println!("settle bench --teardown: SQLite (FULL), artifact store {}", artifacts.location());
     println!("  one artifact of 1 KiB per item; teardown = the CANCELLED report through the terminal state");
     println!("{:>7} {:>13} {:>13} {:>15} {:>9}", "items", "teardown ms", "raw del ms", "teardown keys/s", "vs raw");
@@ -474,7 +495,7 @@ async fn run_teardown(args: &BenchArgs) -> anyhow::Result<()> {
             store.register_artifact(&id, &item, &token, NewArtifact { key: key.clone() }).await?;
             artifacts.put(&key.path_in(id.as_str(), item.as_str()), vec![7; 1024]).await.map_err(anyhow::Error::msg)?;
         }
-        store.cancel(&id).await?;
+        store.cancel(&id, None).await?;
         let signal = FailSignal {
             lease_token: token,
             code: FailCode::parse("CANCELLED")?,
@@ -509,7 +530,12 @@ async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
     let url = format!("sqlite://{}", dir.path().join("console.db").display());
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await?);
     let fill = AccountId::parse("fill")?;
-    store.create_account(NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) }).await?;
+    store
+        .create_account(
+            NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) },
+            settle_store::SYSTEM_ACTOR,
+        )
+        .await?;
     let started = Instant::now();
     let mut tasks = Vec::new();
     let per_task = jobs.div_ceil(32);

@@ -93,7 +93,9 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     );
     let d = Demo { store, clock, start };
     let alice = AccountId::parse("alice")?;
-    d.store.create_account(NewAccount { id: alice.clone(), overdraft_limit: Credits::ZERO }).await?;
+    d.store
+        .create_account(NewAccount { id: alice.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await?;
     d.store
         .grant(
             &alice,
@@ -102,6 +104,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
                 amount: Credits::new(500),
                 reason: Some("welcome credits".into()),
             },
+            settle_store::SYSTEM_ACTOR,
         )
         .await?;
     d.say("account alice created and granted 500 credits");
@@ -118,13 +121,18 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         d.balance(&alice).await?
     ));
     d.clock.advance_seconds(2);
-    let j = d.store.succeed(&JobId::parse("render-1")?, Some(&c.lease_token)).await?.value;
+    let j = d
+        .store
+        .succeed(&JobId::parse("render-1")?, settle_store::Reporter::of(Some(&c.lease_token)), None)
+        .await?
+        .value;
     d.say(format!(
         "the GPU's result lands at 32 s: render-1 is {}, the refund reclaimed; balance {}",
         j.state.as_str(),
         d.balance(&alice).await?
     ));
-    let again = d.store.succeed(&JobId::parse("render-1")?, Some(&c.lease_token)).await?;
+    let again =
+        d.store.succeed(&JobId::parse("render-1")?, settle_store::Reporter::of(Some(&c.lease_token)), None).await?;
     d.say(format!("the same success delivered again: applied = {} (no second reclaim)", again.applied));
     ensure!(j.net.get() == -40 && !again.applied, "render-1 must net -40");
 
@@ -160,7 +168,8 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     d.say(format!("a claim before the backoff ends finds {} job(s)", none.len()));
     d.clock.advance_millis(wait as u64);
     let c = d.claim("gpu-worker-9").await?;
-    let j = d.store.succeed(&JobId::parse("image-1")?, Some(&c.lease_token)).await?.value;
+    let j =
+        d.store.succeed(&JobId::parse("image-1")?, settle_store::Reporter::of(Some(&c.lease_token)), None).await?.value;
     d.say(format!("attempt {} succeeds: image-1 is {}, refund reclaimed", j.attempt, j.state.as_str()));
 
     println!("\n4. A non-retryable failure goes to dead letters; a person requeues it");
@@ -176,14 +185,18 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         j.state.as_str(),
         d.balance(&alice).await?
     ));
-    for f in d.store.failure_summary().await? {
+    for f in d.store.failure_summary(&settle_core::scope::Scope::ALL).await? {
         d.say(format!("failure summary: {} {} × {}", f.code, f.state, f.count));
     }
     d.clock.advance_seconds(600);
-    let j = d.store.requeue(&JobId::parse("export-1")?).await?;
+    let j = d.store.requeue(&JobId::parse("export-1")?, settle_store::SYSTEM_ACTOR).await?;
     d.say(format!("operator fixed the bucket and requeued export-1: {} with a fresh budget", j.state.as_str()));
     let c = d.claim("cpu-worker-2").await?;
-    let j = d.store.succeed(&JobId::parse("export-1")?, Some(&c.lease_token)).await?.value;
+    let j = d
+        .store
+        .succeed(&JobId::parse("export-1")?, settle_store::Reporter::of(Some(&c.lease_token)), None)
+        .await?
+        .value;
     d.say(format!("export-1 {} on attempt {}; refund reclaimed", j.state.as_str(), j.attempt));
     for a in d.store.attempts(&JobId::parse("export-1")?).await? {
         d.say(format!(
@@ -197,7 +210,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
 
     println!("\n5. A batch cancelled while queued: every item refunded at once");
     d.job("batch-1", &alice, &[("frame-1", 5), ("frame-2", 5), ("frame-3", 5), ("frame-4", 5)]).await?;
-    let out = d.store.cancel(&JobId::parse("batch-1")?).await?;
+    let out = d.store.cancel(&JobId::parse("batch-1")?, None).await?;
     let j = out.job();
     ensure!(j.state == JobState::Cancelled, "batch-1 must be cancelled");
     d.say(format!(
@@ -213,7 +226,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
 
     println!("\nThe ledger (append-only; the balance is the sum of its rows):");
     print::ledger(d.store.as_ref(), &alice).await?;
-    let report = d.store.audit().await?;
+    let report = d.store.audit(None).await?;
     println!();
     print::audit(&report);
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
@@ -268,7 +281,7 @@ async fn running_batch(d: &Demo, alice: &AccountId, artifacts: Arc<ObjectArtifac
         .context("the worker stopped before frame-4")?;
     d.say("frames 1-3 written to the artifact store and reported delivered; frame-4 is rendering");
     let id = JobId::parse("batch-2")?;
-    let out = d.store.cancel(&id).await?;
+    let out = d.store.cancel(&id, None).await?;
     ensure!(
         matches!(out, CancelOutcome::Accepted(ref j) if j.state == JobState::Running),
         "a running job's cancel is accepted"
@@ -409,9 +422,11 @@ async fn payouts(d: &Demo) -> anyhow::Result<()> {
         settings,
     );
     let bob = AccountId::parse("bob")?;
-    d.store.create_account(NewAccount { id: bob.clone(), overdraft_limit: Credits::ZERO }).await?;
+    d.store
+        .create_account(NewAccount { id: bob.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await?;
     let grant = NewGrant { id: RefId::parse("bob-salary")?, amount: Credits::new(1_000), reason: None };
-    d.store.grant(&bob, grant).await?;
+    d.store.grant(&bob, grant, settle_store::SYSTEM_ACTOR).await?;
     d.say(format!("account bob granted 1000 credits; the provider simulator listens on {}", sim.url()));
     let withdraw = |id: &'static str, amount: i64, to: &'static str| {
         let bob = bob.clone();
@@ -499,7 +514,7 @@ async fn payouts(d: &Demo) -> anyhow::Result<()> {
         executed.transfers.len()
     ));
     println!("\n   Failures by code (the seed's GROUP BY fail_code):");
-    for f in d.store.failure_summary().await? {
+    for f in d.store.failure_summary(&settle_core::scope::Scope::ALL).await? {
         println!("     {:<28} {:<9} {}", f.code, f.state, f.count);
     }
     println!("\n   The attempt log: when and why it failed, when it went through:");

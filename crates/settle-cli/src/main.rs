@@ -158,7 +158,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Demo { db } => demo::run(db).await,
         Command::Audit { db } => {
             let store = open_existing(&db).await?;
-            let report = store.audit_with_progress(progress::audit()).await.context("audit")?;
+            let report = store.audit(Some(progress::audit())).await.context("audit")?;
             print::audit(&report);
             Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }

@@ -141,7 +141,7 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     a.message.as_deref().unwrap_or("")
                 );
             }
-            for a in store.actions(Some(&id), None).await? {
+            for a in store.operators().actions(Some(&id), None).await? {
                 println!("  action {:<20} by {:<16} at {} {}", a.action, a.actor, print::time(a.at), a.detail);
             }
             for s in store.signals(&id).await? {
@@ -226,7 +226,7 @@ pub async fn dead_letters(store: &dyn Store, cmd: DeadLetters) -> anyhow::Result
             anyhow::ensure!(!ids.is_empty(), "name the jobs to requeue");
             let mut all_ok = true;
             for id in ids {
-                match store.requeue_by(&JobId::parse(&id)?, "cli").await {
+                match store.requeue(&JobId::parse(&id)?, "cli").await {
                     Ok(j) => println!("{id}: requeued ({})", j.state.as_str()),
                     Err(e) => {
                         all_ok = false;
@@ -241,7 +241,7 @@ pub async fn dead_letters(store: &dyn Store, cmd: DeadLetters) -> anyhow::Result
 
 pub async fn failures(store: &dyn Store) -> anyhow::Result<()> {
     println!("{:<32} {:<9} {:>7}", "code", "state", "jobs");
-    for f in store.failure_summary().await? {
+    for f in store.failure_summary(&settle_core::scope::Scope::ALL).await? {
         println!("{:<32} {:<9} {:>7}", f.code, f.state, f.count);
     }
     Ok(())
@@ -250,7 +250,7 @@ pub async fn failures(store: &dyn Store) -> anyhow::Result<()> {
 pub async fn events(store: &dyn Store, cmd: Events) -> anyhow::Result<()> {
     let Events::Tail { mut after, follow } = cmd;
     loop {
-        let page = store.events(after, 1000).await?;
+        let page = store.events(after, 1000, &settle_core::scope::Scope::ALL).await?;
         for e in &page.rows {
             println!(
                 "{:>8} {} {:<22} {:<16} {}",

@@ -43,7 +43,10 @@ async fn four_processes_share_one_postgres_ledger() {
     let store = SqlStore::open(&url, StoreOptions::default()).await.unwrap();
     let accounts: Vec<AccountId> = (0..ACCOUNTS).map(|a| AccountId::parse(&format!("acct-{a}")).unwrap()).collect();
     for a in &accounts {
-        store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+        store
+            .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+            .await
+            .unwrap();
         store
             .grant(
                 a,
@@ -52,6 +55,7 @@ async fn four_processes_share_one_postgres_ledger() {
                     amount: Credits::new(GRANT),
                     reason: None,
                 },
+                settle_store::SYSTEM_ACTOR,
             )
             .await
             .unwrap();

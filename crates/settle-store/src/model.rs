@@ -33,6 +33,13 @@ pub enum Reporter<'a> {
     Reconciler,
 }
 
+impl<'a> Reporter<'a> {
+    /// The holder of `token`; without one, the system's operator act.
+    pub fn of(token: Option<&'a LeaseToken>) -> Reporter<'a> {
+        token.map_or(Reporter::Operator(SYSTEM_ACTOR), Reporter::Lease)
+    }
+}
+
 /// Why a worker's report was refused (decision 0019): the job as it is, and the attempt whose
 /// token the report carried — `None` when no attempt of this job ever held it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,6 +13,10 @@ pub trait Store: Send + Sync {
 
     /// Withdrawals: their creation, reads, and the payout processor's transitions.
     fn payouts(&self) -> &dyn Payouts;
+    /// The door to webhook deliveries.
+    fn webhooks(&self) -> &dyn Webhooks;
+    /// The door to the console's reads.
+    fn operators(&self) -> &dyn Operators;
 
     /// Notified when a job may have become due: created, requeued, retried, rescued — in this process,
     /// or, on PostgreSQL, in any process. Claim long-polls wait on it.
@@ -30,32 +34,16 @@ pub trait Store: Send + Sync {
         kinds: &[settle_core::ids::JobKind],
     ) -> Result<Option<settle_core::Timestamp>, StoreError>;
 
-    async fn create_account(&self, req: NewAccount) -> Result<Created<Account>, StoreError> {
-        self.create_account_by(req, SYSTEM_ACTOR).await
-    }
-    /// As `create_account`, recording `actor` (a token's name) in the action log with it.
-    async fn create_account_by(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError>;
+    /// Creates an account, recording `actor` (a token's name, or `SYSTEM_ACTOR`) in the action log.
+    async fn create_account(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError>;
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError>;
-    async fn grant(&self, account: &AccountId, req: NewGrant) -> Result<Created<LedgerEntry>, StoreError> {
-        self.grant_by(account, req, SYSTEM_ACTOR).await
-    }
-    async fn grant_by(
-        &self,
-        account: &AccountId,
-        req: NewGrant,
-        actor: &str,
-    ) -> Result<Created<LedgerEntry>, StoreError>;
-    async fn adjust(&self, account: &AccountId, req: NewAdjustment) -> Result<Created<LedgerEntry>, StoreError> {
-        self.adjust_by(account, req, SYSTEM_ACTOR).await
-    }
-    async fn adjust_by(
+    async fn grant(&self, account: &AccountId, req: NewGrant, actor: &str) -> Result<Created<LedgerEntry>, StoreError>;
+    async fn adjust(
         &self,
         account: &AccountId,
         req: NewAdjustment,
         actor: &str,
     ) -> Result<Created<LedgerEntry>, StoreError>;
-    /// The admin actions on a job or an account (both `None`: all), oldest first, at most 1000.
-    async fn actions(&self, job: Option<&JobId>, account: Option<&AccountId>) -> Result<Vec<Action>, StoreError>;
     /// Entries in `seq` order after `page.after`.
     async fn ledger(&self, account: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError>;
 
@@ -84,31 +72,11 @@ pub trait Store: Send + Sync {
         artifact: NewArtifact,
     ) -> Result<bool, StoreError>;
 
-    /// Accepted with the token of any attempt of the job (recovery); without one, as the system's
-    /// operator act. See `succeed_by`.
-    async fn succeed(&self, job: &JobId, token: Option<&LeaseToken>) -> Result<Outcome<Job>, StoreError> {
-        self.succeed_with_result(job, token, None).await
-    }
-    /// As `succeed`, keeping what the worker's success carried (JSON text) on the job.
-    async fn succeed_with_result(
-        &self,
-        job: &JobId,
-        token: Option<&LeaseToken>,
-        result: Option<String>,
-    ) -> Result<Outcome<Job>, StoreError> {
-        let by = token.map_or(Reporter::Operator(SYSTEM_ACTOR), Reporter::Lease);
-        self.succeed_by(job, by, result).await
-    }
     /// A success report (decision 0019): `applied` when it moved the job; not applied, a replay (the
     /// job had succeeded, or this attempt's success had lost to a cancel); `LeaseLost` for a token no
     /// attempt of this job held (nothing written) or a job no success can move (logged). An
     /// operator's success is recorded in the action log; `job_finished` on a cancelled job.
-    async fn succeed_by(
-        &self,
-        job: &JobId,
-        by: Reporter<'_>,
-        result: Option<String>,
-    ) -> Result<Outcome<Job>, StoreError>;
+    async fn succeed(&self, job: &JobId, by: Reporter<'_>, result: Option<String>) -> Result<Outcome<Job>, StoreError>;
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
     async fn mark_unknown(
         &self,
@@ -117,11 +85,10 @@ pub trait Store: Send + Sync {
         message: Option<&str>,
     ) -> Result<Outcome<Job>, StoreError>;
     async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError>;
-    async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError>;
-    async fn requeue(&self, job: &JobId) -> Result<Job, StoreError> {
-        self.requeue_by(job, SYSTEM_ACTOR).await
-    }
-    async fn requeue_by(&self, job: &JobId, actor: &str) -> Result<Job, StoreError>;
+    /// A cancel: by the client (`actor` `None`), or by an operator, recorded with `actor` in the
+    /// action log when it moved the job.
+    async fn cancel(&self, job: &JobId, actor: Option<&str>) -> Result<CancelOutcome, StoreError>;
+    async fn requeue(&self, job: &JobId, actor: &str) -> Result<Job, StoreError>;
 
     /// The lease rescuer's pass: jobs running past their lease take the failure path
     /// (`LEASE_EXPIRED`, retryable), or teardown when a cancel was requested. Returns their ids.
@@ -131,16 +98,10 @@ pub trait Store: Send + Sync {
 
     async fn attempts(&self, job: &JobId) -> Result<Vec<Attempt>, StoreError>;
     async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError>;
-    async fn failure_summary(&self) -> Result<Vec<FailureCount>, StoreError> {
-        self.failure_summary_in(&settle_core::scope::Scope::ALL).await
-    }
     /// The failure summary over the jobs `scope` names.
-    async fn failure_summary_in(&self, scope: &settle_core::scope::Scope) -> Result<Vec<FailureCount>, StoreError>;
-    async fn events(&self, after: i64, limit: u32) -> Result<Paged<Event>, StoreError> {
-        self.events_in(after, limit, &settle_core::scope::Scope::ALL).await
-    }
+    async fn failure_summary(&self, scope: &settle_core::scope::Scope) -> Result<Vec<FailureCount>, StoreError>;
     /// Events after `after` of the accounts and kinds `scope` names.
-    async fn events_in(
+    async fn events(
         &self,
         after: i64,
         limit: u32,
@@ -148,32 +109,29 @@ pub trait Store: Send + Sync {
     ) -> Result<Paged<Event>, StoreError>;
     /// Jobs by state and ledger entries by kind (for metrics).
     async fn stats(&self) -> Result<Stats, StoreError>;
-    /// L1–L4 and gap-free sequences, over one consistent snapshot.
-    async fn audit(&self) -> Result<AuditReport, StoreError> {
-        self.audit_with_progress(Arc::new(|_| {})).await
-    }
-    /// `audit`, calling `progress` as it streams through the ledger and the items.
-    async fn audit_with_progress(
+    /// L1–L4 and gap-free sequences, over one consistent snapshot; `progress` is called as it
+    /// streams through the ledger and the items.
+    async fn audit(
         &self,
-        progress: Arc<dyn Fn(AuditProgress) + Send + Sync>,
+        progress: Option<Arc<dyn Fn(AuditProgress) + Send + Sync>>,
     ) -> Result<AuditReport, StoreError>;
+}
 
+/// Webhook deliveries (docs/design/webhooks.md): the deliverer's fan-out, leases and reports, and
+/// what an operator does to them. Every write of a delivery goes through this door.
+#[async_trait]
+pub trait Webhooks: Send + Sync {
     /// Webhooks: begins `endpoint` (its first delivery) where `from` says, if it has not begun.
-    async fn webhook_start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError>;
+    async fn start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError>;
     /// Requeues up to `limit` dead deliveries of `endpoint` (an admin's bulk requeue, recorded).
-    async fn webhook_requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError>;
+    async fn requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError>;
     /// Deletes up to `limit` delivered rows of `endpoint` delivered before `before` (retention).
-    async fn webhook_prune(
-        &self,
-        endpoint: &str,
-        before: settle_core::Timestamp,
-        limit: u32,
-    ) -> Result<u64, StoreError>;
+    async fn prune(&self, endpoint: &str, before: settle_core::Timestamp, limit: u32) -> Result<u64, StoreError>;
     /// Webhooks: creates the deliveries of the next outbox events for `endpoint` (at most `batch`).
-    async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError>;
+    async fn fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError>;
     /// Leases up to `limit` due deliveries, each at the head of its job's line for `endpoint`; while
     /// the endpoint's breaker is open, nothing but (when due) one probe.
-    async fn webhook_claim(
+    async fn lease(
         &self,
         endpoint: &str,
         limit: u32,
@@ -183,7 +141,7 @@ pub trait Store: Send + Sync {
     ) -> Result<Vec<Delivery>, StoreError>;
     /// Records a send's outcome and moves the endpoint's breaker; `false` when the lease was lost
     /// (nothing changed).
-    async fn webhook_report(
+    async fn report(
         &self,
         endpoint: &str,
         seq: i64,
@@ -192,26 +150,20 @@ pub trait Store: Send + Sync {
         breaker: BreakerPolicy,
     ) -> Result<bool, StoreError>;
     /// Every webhook endpoint's circuit breaker.
-    async fn webhook_breakers(&self) -> Result<Vec<BreakerStatus>, StoreError>;
+    async fn breakers(&self) -> Result<Vec<BreakerStatus>, StoreError>;
     /// Closes an endpoint's breaker by hand (an admin, recorded in the action log).
-    async fn webhook_breaker_close_by(&self, endpoint: &str, actor: &str) -> Result<BreakerStatus, StoreError>;
-    /// Puts a dead delivery back in line with a fresh attempt budget.
-    async fn webhook_requeue(&self, endpoint: &str, seq: i64) -> Result<Delivery, StoreError> {
-        self.webhook_requeue_by(endpoint, seq, SYSTEM_ACTOR).await
-    }
-    async fn webhook_requeue_by(&self, endpoint: &str, seq: i64, actor: &str) -> Result<Delivery, StoreError>;
-    async fn webhook_deliveries(
-        &self,
-        filter: &DeliveryFilter,
-        after: i64,
-        limit: u32,
-    ) -> Result<Paged<Delivery>, StoreError>;
+    async fn close_breaker(&self, endpoint: &str, actor: &str) -> Result<BreakerStatus, StoreError>;
+    /// Puts a dead delivery back in line with a fresh attempt budget (recorded with `actor`).
+    async fn requeue_one(&self, endpoint: &str, seq: i64, actor: &str) -> Result<Delivery, StoreError>;
+    /// Deliveries with their attempts, by filter, page by page.
+    async fn deliveries(&self, filter: &DeliveryFilter, after: i64, limit: u32) -> Result<Paged<Delivery>, StoreError>;
+    /// Undelivered webhook deliveries by endpoint: (endpoint, pending, dead).
+    async fn backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError>;
+}
 
-    // ----- the operator console's reads and actions -----
-
-    /// Cancel, as an operator: as `cancel`, and recorded with `actor` in the action log when it
-    /// moved the job.
-    async fn cancel_by(&self, job: &JobId, actor: &str) -> Result<CancelOutcome, StoreError>;
+/// The operator console's reads, and the actions it records that move nothing.
+#[async_trait]
+pub trait Operators: Send + Sync {
     /// Jobs by kind and state, the due count, and events per minute from `since` to now.
     async fn overview(&self, since: settle_core::Timestamp) -> Result<Overview, StoreError>;
     /// How many jobs `filter` matches and the credits they carry (what a bulk action touches);
@@ -224,16 +176,6 @@ pub trait Store: Send + Sync {
     /// Recomputes an account's hash chain from its entries (reads them all): `None` when intact,
     /// else the first entry whose hash does not follow.
     async fn verify_chain(&self, account: &AccountId) -> Result<Option<i64>, StoreError>;
-    /// Records an operator action that moves nothing (an audit run from the console) in the
-    /// action log: who, what, when, and what it found.
-    async fn record_action_by(
-        &self,
-        actor: &str,
-        action: &'static str,
-        detail: serde_json::Value,
-    ) -> Result<(), StoreError>;
-    /// Undelivered webhook deliveries by endpoint: (endpoint, pending, dead).
-    async fn webhook_backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError>;
     /// A page of an account's entries, optionally of one kind and from a time on.
     async fn entries(
         &self,
@@ -242,6 +184,16 @@ pub trait Store: Send + Sync {
         since: Option<settle_core::Timestamp>,
         page: Page,
     ) -> Result<Paged<LedgerEntry>, StoreError>;
+    /// Records an operator action that moves nothing (an audit run from the console) in the
+    /// action log: who, what, when, and what it found.
+    async fn record_action(
+        &self,
+        actor: &str,
+        action: &'static str,
+        detail: serde_json::Value,
+    ) -> Result<(), StoreError>;
+    /// The admin actions on a job or an account (both `None`: all), oldest first, at most 1000.
+    async fn actions(&self, job: Option<&JobId>, account: Option<&AccountId>) -> Result<Vec<Action>, StoreError>;
 }
 
 /// Withdrawals (spec §4, docs/design/payouts.md). Only the payout processor and reconciler call the
@@ -284,18 +236,15 @@ pub trait Payouts: Send + Sync {
     /// An operator's resolution of an `unknown` withdrawal (decision 0017): one guarded transition
     /// from `unknown`, recorded with `actor` in the action log; any other state is
     /// `invalid_transition`. Whether a provider could still be asked is the caller's to check.
-    async fn payout_resolve_by(
+    async fn payout_resolve(
         &self,
         job: &JobId,
         resolution: Resolution,
         actor: &str,
     ) -> Result<Outcome<Withdrawal>, StoreError>;
-    /// `succeeded → returned` with one `payout_return` credit, once.
-    async fn payout_returned(&self, job: &JobId, source: ReturnSource) -> Result<Outcome<Withdrawal>, StoreError> {
-        self.payout_returned_by(job, source, SYSTEM_ACTOR).await
-    }
-    /// As `payout_returned`; an admin's return is recorded with `actor` in the action log.
-    async fn payout_returned_by(
+    /// `succeeded → returned` with one `payout_return` credit, once; an admin's return is recorded
+    /// with `actor` in the action log (`SYSTEM_ACTOR` for the re-check's).
+    async fn payout_returned(
         &self,
         job: &JobId,
         source: ReturnSource,

@@ -444,9 +444,12 @@ impl PayoutProcessor {
             }
             let id = JobId::stored(&w.job.id);
             let applied = match (state, self.provider.lookup(&w.idempotency_key).await) {
-                (JobState::Succeeded, Lookup::Found { returned: true, .. }) => {
-                    self.store.payouts().payout_returned(&id, ReturnSource::Provider).await.map(|o| o.applied)
-                }
+                (JobState::Succeeded, Lookup::Found { returned: true, .. }) => self
+                    .store
+                    .payouts()
+                    .payout_returned(&id, ReturnSource::Provider, settle_store::SYSTEM_ACTOR)
+                    .await
+                    .map(|o| o.applied),
                 (JobState::Dead | JobState::Cancelled, Lookup::Found { txid, returned }) => {
                     tracing::error!(job = %w.job.id, %txid, state = state.as_str(), "a closed withdrawal was executed after all");
                     let before = w.provider_txid.is_some();

@@ -185,15 +185,15 @@ impl Deliverer {
     /// As `pass`, stopping between sends once `cancel` fires (shutdown does not wait for a backlog).
     pub async fn pass_until(&self, cancel: &CancellationToken) -> Result<usize, StoreError> {
         if !self.started.load(std::sync::atomic::Ordering::Relaxed) {
-            if self.store.webhook_start(&self.endpoint.id, self.endpoint.start_from).await? {
+            if self.store.webhooks().start(&self.endpoint.id, self.endpoint.start_from).await? {
                 tracing::info!(endpoint = %self.endpoint.id, from = ?self.endpoint.start_from, "webhook endpoint begins");
             }
             self.started.store(true, std::sync::atomic::Ordering::Relaxed);
         }
-        self.store.webhook_fan_out(&self.endpoint.id, self.batch).await?;
+        self.store.webhooks().fan_out(&self.endpoint.id, self.batch).await?;
         let retention_seconds = self.endpoint.retention.as_secs();
         let cutoff = self.store.now().minus_seconds(retention_seconds);
-        let pruned = self.store.webhook_prune(&self.endpoint.id, cutoff, self.batch).await?;
+        let pruned = self.store.webhooks().prune(&self.endpoint.id, cutoff, self.batch).await?;
         if pruned > 0 {
             tracing::debug!(endpoint = %self.endpoint.id, pruned, "pruned delivered webhook rows past retention");
         }
@@ -206,7 +206,8 @@ impl Deliverer {
             // One at a time: a lease starts when its send does.
             let claimed = self
                 .store
-                .webhook_claim(&self.endpoint.id, 1, lease_ms, self.endpoint.attempts_max, self.endpoint.breaker)
+                .webhooks()
+                .lease(&self.endpoint.id, 1, lease_ms, self.endpoint.attempts_max, self.endpoint.breaker)
                 .await?;
             if claimed.is_empty() {
                 return Ok(delivered);
@@ -244,7 +245,7 @@ impl Deliverer {
             Err(e) => self.failed(d, None, format!("send failed: {}", send_error(e))),
         };
         let ok = matches!(report, DeliveryReport::Delivered { .. });
-        if !self.store.webhook_report(&self.endpoint.id, d.event.seq, &token, report, self.endpoint.breaker).await? {
+        if !self.store.webhooks().report(&self.endpoint.id, d.event.seq, &token, report, self.endpoint.breaker).await? {
             tracing::warn!(endpoint = %self.endpoint.id, seq = d.event.seq, "webhook lease lost before the report");
         }
         Ok(ok)

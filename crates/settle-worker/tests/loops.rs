@@ -28,9 +28,16 @@ async fn fixture() -> Fixture {
         StoreOptions { clock: clock.clone(), policy: policy.into(), jitter_seed: 1, ..StoreOptions::default() };
     let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
     let a = AccountId::parse("a").unwrap();
-    store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
     store
-        .grant(&a, NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(100), reason: None })
+        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap();
+    store
+        .grant(
+            &a,
+            NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(100), reason: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     Fixture { store, clock, _dir: dir }

@@ -65,9 +65,12 @@ fn worker(name: &str) -> WorkerName {
 
 async fn account(store: &SqlStore, id: &str, grant: i64) -> AccountId {
     let a = AccountId::parse(id).unwrap();
-    store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+    store
+        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap();
     let g = NewGrant { id: RefId::parse(&format!("g-{id}")).unwrap(), amount: Credits::new(grant), reason: None };
-    store.grant(&a, g).await.unwrap();
+    store.grant(&a, g, settle_store::SYSTEM_ACTOR).await.unwrap();
     a
 }
 
@@ -233,7 +236,7 @@ async fn thousand_withdrawals(engine: Engine) {
             .sum();
         assert_eq!(store.account(a).await.unwrap().balance.get(), 1_000_000 - kept, "account {i}");
     }
-    let report = store.audit().await.unwrap();
+    let report = store.audit(None).await.unwrap();
     assert!(report.ok(), "{:#?}", report.violations);
     // the workload did what it says: lost answers, retries, refusals and returns all happened
     let log = sim.sim.log();
@@ -245,7 +248,7 @@ async fn thousand_withdrawals(engine: Engine) {
         counts.get("dead").copied().unwrap_or(0) > 0 && counts.get("returned").copied().unwrap_or(0) > 0,
         "{counts:?}"
     );
-    let summary = store.failure_summary().await.unwrap();
+    let summary = store.failure_summary(&settle_core::scope::Scope::ALL).await.unwrap();
     assert!(summary.iter().any(|f| f.code == "INVALID_ADDRESS" && f.state == "dead"), "{summary:?}");
     assert_eq!(amounts.len(), withdrawals.len());
 }
@@ -339,7 +342,7 @@ async fn crash_mid_payout(engine: Engine, point: CrashPoint) {
     );
     assert_eq!(store.account(&AccountId::parse("a").unwrap()).await.unwrap().balance.get(), 60);
     sends_follow_absent_lookups(&sim.sim.log()).unwrap();
-    let report = store.audit().await.unwrap();
+    let report = store.audit(None).await.unwrap();
     assert!(report.ok(), "{:#?}", report.violations);
     assert!(crasher.seen.lock().unwrap().contains(&point));
 }
@@ -430,6 +433,6 @@ async fn postgres_two_processors_never_send_one_key_at_once() {
         names
     };
     assert_eq!(workers.len(), 2, "both processors worked: {workers:?}");
-    let report = first.audit().await.unwrap();
+    let report = first.audit(None).await.unwrap();
     assert!(report.ok(), "{:#?}", report.violations);
 }

@@ -71,9 +71,16 @@ async fn serve_receiver(receiver: Arc<Receiver>) -> std::net::SocketAddr {
 
 async fn scenario(store: &SqlStore) {
     let a = AccountId::parse("a").unwrap();
-    store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
     store
-        .grant(&a, NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(100), reason: None })
+        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap();
+    store
+        .grant(
+            &a,
+            NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(100), reason: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     for n in 0..3 {
@@ -107,7 +114,7 @@ async fn scenario(store: &SqlStore) {
             retry_after_ms: None,
         };
         store.fail(&id, fail).await.unwrap();
-        store.succeed(&id, Some(token)).await.unwrap();
+        store.succeed(&id, settle_store::Reporter::of(Some(token)), None).await.unwrap();
     }
 }
 
@@ -125,16 +132,13 @@ async fn deliver_everything(engine: &str) {
     endpoint.timeout = Duration::from_secs(5);
     endpoint.start_from = StartFrom::Beginning;
     let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
-    let outbox = store.events(0, 1000).await.unwrap().rows;
+    let outbox = store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         deliverer.pass().await.unwrap();
         let pending = store
-            .webhook_deliveries(
-                &DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("pending".into()) },
-                0,
-                1000,
-            )
+            .webhooks()
+            .deliveries(&DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("pending".into()) }, 0, 1000)
             .await
             .unwrap();
         if pending.rows.is_empty() && !receiver.got.lock().unwrap().is_empty() {
@@ -167,11 +171,8 @@ async fn deliver_everything(engine: &str) {
     }
     // The first attempts failed and were retried: attempts are recorded.
     let delivered = store
-        .webhook_deliveries(
-            &DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("delivered".into()) },
-            0,
-            1000,
-        )
+        .webhooks()
+        .deliveries(&DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("delivered".into()) }, 0, 1000)
         .await
         .unwrap();
     assert!(delivered.rows.iter().any(|d| d.attempts > 1), "the receiver was down for the first attempts");
@@ -215,27 +216,33 @@ async fn dead_deliveries_block_their_job_until_requeued() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let filter = |state: &str| DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(state.into()) };
-    let dead = store.webhook_deliveries(&filter("dead"), 0, 1000).await.unwrap().rows;
+    let dead = store.webhooks().deliveries(&filter("dead"), 0, 1000).await.unwrap().rows;
     assert!(!dead.is_empty());
     assert!(dead.iter().all(|d| d.attempts == 2 && d.last_status == Some(503)));
-    let pending = store.webhook_deliveries(&filter("pending"), 0, 1000).await.unwrap().rows;
+    let pending = store.webhooks().deliveries(&filter("pending"), 0, 1000).await.unwrap().rows;
     assert!(!pending.is_empty(), "each job has later events behind its dead head");
     assert!(pending.iter().all(|d| d.attempts == 0), "later events of a job wait behind its dead head");
     // The receiver comes up; requeue the dead ones and everything goes through.
     *receiver.down_for.lock().unwrap() = 0;
     // One call requeues them all (bounded per call), and is recorded with who made it.
-    assert_eq!(store.webhook_requeue_dead("ops", 1000, "ops-alice").await.unwrap(), dead.len() as u64);
-    assert_eq!(store.webhook_requeue_dead("ops", 1000, "ops-alice").await.unwrap(), 0);
-    let actions = store.actions(None, None).await.unwrap();
+    assert_eq!(store.webhooks().requeue_dead("ops", 1000, "ops-alice").await.unwrap(), dead.len() as u64);
+    assert_eq!(store.webhooks().requeue_dead("ops", 1000, "ops-alice").await.unwrap(), 0);
+    let actions = store.operators().actions(None, None).await.unwrap();
     assert!(actions.iter().any(|a| a.action == "webhook.requeue_dead" && a.actor == "ops-alice"), "{actions:?}");
-    assert!(store.webhook_requeue("ops", dead[0].event.seq).await.is_ok(), "requeue of a pending one answers it");
+    assert!(
+        store.webhooks().requeue_one("ops", dead[0].event.seq, "system").await.is_ok(),
+        "requeue of a pending one answers it"
+    );
     for _ in 0..20 {
         deliverer.pass().await.unwrap();
     }
-    let outbox = store.events(0, 1000).await.unwrap().rows.len();
-    assert_eq!(store.webhook_deliveries(&filter("delivered"), 0, 1000).await.unwrap().rows.len(), outbox);
-    assert!(matches!(store.webhook_requeue("ops", 1).await, Err(StoreError::InvalidTransition { .. })));
-    assert!(matches!(store.webhook_requeue("ops", 10_000).await, Err(StoreError::NotFound { .. })));
+    let outbox = store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows.len();
+    assert_eq!(store.webhooks().deliveries(&filter("delivered"), 0, 1000).await.unwrap().rows.len(), outbox);
+    assert!(matches!(
+        store.webhooks().requeue_one("ops", 1, "system").await,
+        Err(StoreError::InvalidTransition { .. })
+    ));
+    assert!(matches!(store.webhooks().requeue_one("ops", 10_000, "system").await, Err(StoreError::NotFound { .. })));
 }
 
 #[tokio::test]
@@ -280,7 +287,10 @@ async fn a_hanging_receiver_times_out_and_a_redirect_is_not_followed() {
     let url = format!("sqlite://{}", dir.path().join("w.db").display());
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     store
-        .create_account(NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO })
+        .create_account(
+            NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     for (id, path) in [("slow", "/slow"), ("moved", "/moved")] {
@@ -290,7 +300,7 @@ async fn a_hanging_receiver_times_out_and_a_redirect_is_not_followed() {
         let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
         tokio::time::timeout(Duration::from_secs(10), deliverer.pass()).await.expect("the pass ends").unwrap();
         let filter = DeliveryFilter { endpoint_id: Some(id.into()), state: None };
-        let d = store.webhook_deliveries(&filter, 0, 10).await.unwrap().rows;
+        let d = store.webhooks().deliveries(&filter, 0, 10).await.unwrap().rows;
         assert_eq!((d.len(), d[0].state.as_str(), d[0].attempts), (1, "pending", 1), "{id}: {d:?}");
         match id {
             "slow" => {
@@ -320,7 +330,7 @@ async fn starts_from_now(engine: &str) {
     let url = database(engine, &dir).await;
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     scenario(&store).await;
-    let history = store.events(0, 1000).await.unwrap().rows.len();
+    let history = store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows.len();
     assert!(history > 5);
     let unreachable = "http://127.0.0.1:9/hook";
     let mut beginning = Endpoint::new("all", unreachable, SECRET);
@@ -334,11 +344,14 @@ async fn starts_from_now(engine: &str) {
     let count = |id: &str| {
         let store = store.clone();
         let filter = DeliveryFilter { endpoint_id: Some(id.into()), state: None };
-        async move { store.webhook_deliveries(&filter, 0, 1000).await.unwrap().rows.len() }
+        async move { store.webhooks().deliveries(&filter, 0, 1000).await.unwrap().rows.len() }
     };
     assert_eq!((count("all").await, count("new").await), (history, 0));
     store
-        .create_account(NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO })
+        .create_account(
+            NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     let mut again = Endpoint::new("new", unreachable, SECRET);
@@ -372,21 +385,24 @@ async fn pruned_after_retention(engine: &str) {
     endpoint.start_from = StartFrom::Beginning;
     endpoint.retention = Duration::from_secs(3_600);
     let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
-    let history = store.events(0, 1000).await.unwrap().rows.len();
+    let history = store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows.len();
     while deliverer.pass().await.unwrap() > 0 {}
     let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
-    assert_eq!(store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows.len(), history);
+    assert_eq!(store.webhooks().deliveries(&all, 0, 1000).await.unwrap().rows.len(), history);
     // Inside the retention: kept. Past it: pruned, and the next pass delivers nothing again.
     clock.advance_seconds(3_599);
     deliverer.pass().await.unwrap();
-    assert_eq!(store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows.len(), history);
+    assert_eq!(store.webhooks().deliveries(&all, 0, 1000).await.unwrap().rows.len(), history);
     clock.advance_seconds(2);
     store
-        .create_account(NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO })
+        .create_account(
+            NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     deliverer.pass().await.unwrap();
-    let left = store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows;
+    let left = store.webhooks().deliveries(&all, 0, 1000).await.unwrap().rows;
     assert_eq!(left.len(), 1, "only the new event's row: {left:?}");
     assert_eq!(left[0].event.kind, EventKind::AccountCreated);
     assert_eq!(receiver.got.lock().unwrap().len(), history + 1, "every event delivered once");
@@ -405,11 +421,11 @@ async fn postgres_a_failing_endpoint_is_paused_by_its_breaker_and_probed() {
 /// Sum of attempts over the endpoint's deliveries.
 async fn attempts(store: &SqlStore) -> u32 {
     let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
-    store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows.iter().map(|d| d.attempts).sum()
+    store.webhooks().deliveries(&all, 0, 1000).await.unwrap().rows.iter().map(|d| d.attempts).sum()
 }
 
 async fn breaker(store: &SqlStore) -> BreakerStatus {
-    store.webhook_breakers().await.unwrap().into_iter().find(|b| b.endpoint_id == "ops").unwrap()
+    store.webhooks().breakers().await.unwrap().into_iter().find(|b| b.endpoint_id == "ops").unwrap()
 }
 
 async fn breaker_pauses_and_probes(engine: &str) {
@@ -467,17 +483,17 @@ async fn breaker_pauses_and_probes(engine: &str) {
     let distinct: std::collections::BTreeSet<i64> = probed.iter().copied().collect();
     assert!(distinct.len() >= 3, "probes rotate through the due deliveries: {probed:?}");
     let dead = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("dead".into()) };
-    assert!(store.webhook_deliveries(&dead, 0, 1000).await.unwrap().rows.is_empty(), "probes kill nothing");
+    assert!(store.webhooks().deliveries(&dead, 0, 1000).await.unwrap().rows.is_empty(), "probes kill nothing");
 
     // Only one probe at a time, whoever asks: a second claim while it is out gets nothing; a
     // probe whose sender died (its lease lapsed) lets the next one through.
     clock.advance_seconds(40);
-    let probe = store.webhook_claim("ops", 10, 1_000, 4, policy).await.unwrap();
+    let probe = store.webhooks().lease("ops", 10, 1_000, 4, policy).await.unwrap();
     assert_eq!(probe.len(), 1, "a half-open breaker lets one delivery through");
     assert_eq!(breaker(&store).await.state, "half_open");
-    assert!(store.webhook_claim("ops", 10, 1_000, 4, policy).await.unwrap().is_empty());
+    assert!(store.webhooks().lease("ops", 10, 1_000, 4, policy).await.unwrap().is_empty());
     clock.advance_seconds(2);
-    let next = store.webhook_claim("ops", 10, 1_000, 4, policy).await.unwrap();
+    let next = store.webhooks().lease("ops", 10, 1_000, 4, policy).await.unwrap();
     assert_eq!(next.len(), 1, "the lapsed probe is replaced");
     // The first prober reports late: its lease was taken over, so nothing moves.
     let late =
@@ -486,13 +502,13 @@ async fn breaker_pauses_and_probes(engine: &str) {
     if probe[0].event.seq != next[0].event.seq {
         // A different delivery: its own lease lapsed but was not taken over, so its report applies
         // to the delivery; the breaker is not its to move.
-        store.webhook_report("ops", probe[0].event.seq, &first_token, late.clone(), policy).await.unwrap();
+        store.webhooks().report("ops", probe[0].event.seq, &first_token, late.clone(), policy).await.unwrap();
     } else {
-        assert!(!store.webhook_report("ops", probe[0].event.seq, &first_token, late.clone(), policy).await.unwrap());
+        assert!(!store.webhooks().report("ops", probe[0].event.seq, &first_token, late.clone(), policy).await.unwrap());
     }
     assert_eq!(breaker(&store).await.state, "half_open", "only the current probe's report moves the breaker");
     let token = next[0].lease_token.clone().unwrap();
-    assert!(store.webhook_report("ops", next[0].event.seq, &token, late, policy).await.unwrap());
+    assert!(store.webhooks().report("ops", next[0].event.seq, &token, late, policy).await.unwrap());
     assert_eq!(breaker(&store).await.state, "open");
 
     // The receiver comes back: the next probe succeeds, the breaker closes and everything goes.
@@ -503,15 +519,15 @@ async fn breaker_pauses_and_probes(engine: &str) {
     }
     let b = breaker(&store).await;
     assert_eq!((b.state.as_str(), b.failures, b.opens, b.next_probe_at), ("closed", 0, 0, None), "{b:?}");
-    let outbox = store.events(0, 1000).await.unwrap().rows.len();
+    let outbox = store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows.len();
     let delivered = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("delivered".into()) };
-    assert_eq!(store.webhook_deliveries(&delivered, 0, 1000).await.unwrap().rows.len(), outbox);
+    assert_eq!(store.webhooks().deliveries(&delivered, 0, 1000).await.unwrap().rows.len(), outbox);
     assert_eq!(receiver.got.lock().unwrap().len(), outbox);
 
     // An admin may close it by hand (recorded); an unknown endpoint is 404.
-    assert!(matches!(store.webhook_breaker_close_by("nope", "ops-alice").await, Err(StoreError::NotFound { .. })));
-    assert_eq!(store.webhook_breaker_close_by("ops", "ops-alice").await.unwrap().state, "closed");
-    let actions = store.actions(None, None).await.unwrap();
+    assert!(matches!(store.webhooks().close_breaker("nope", "ops-alice").await, Err(StoreError::NotFound { .. })));
+    assert_eq!(store.webhooks().close_breaker("ops", "ops-alice").await.unwrap().state, "closed");
+    let actions = store.operators().actions(None, None).await.unwrap();
     assert!(actions.iter().any(|a| a.action == "webhook.breaker_close" && a.actor == "ops-alice"), "{actions:?}");
 }
 
@@ -535,7 +551,7 @@ async fn deliverers_race(engine: &str) {
     for round in 0..4 {
         scenario_named(&first, round).await;
     }
-    let outbox = first.events(0, 1000).await.unwrap().rows;
+    let outbox = first.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows;
     let receiver = Arc::new(Receiver::default());
     let addr = serve_receiver(receiver.clone()).await;
     let done = tokio_util::sync::CancellationToken::new();
@@ -590,9 +606,12 @@ async fn deliverers_race(engine: &str) {
 /// `scenario` on account `a{round}` with jobs `r{round}-j{n}`.
 async fn scenario_named(store: &SqlStore, round: u32) {
     let a = AccountId::parse(&format!("a{round}")).unwrap();
-    store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+    store
+        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap();
     let grant = NewGrant { id: RefId::parse(&format!("g{round}")).unwrap(), amount: Credits::new(100), reason: None };
-    store.grant(&a, grant).await.unwrap();
+    store.grant(&a, grant, settle_store::SYSTEM_ACTOR).await.unwrap();
     for n in 0..3 {
         let id = JobId::parse(&format!("r{round}-j{n}")).unwrap();
         let req = NewJob {
@@ -606,7 +625,7 @@ async fn scenario_named(store: &SqlStore, round: u32) {
             not_before: None,
         };
         store.create_job(req).await.unwrap();
-        store.cancel(&id).await.unwrap();
+        store.cancel(&id, None).await.unwrap();
     }
 }
 
@@ -629,13 +648,16 @@ async fn lapsed_leases(engine: &str) {
     let clock = Arc::new(settle_core::FakeClock::new(settle_core::Timestamp::from_micros(1_767_225_600_000_000)));
     let store = SqlStore::open(&url, StoreOptions { clock: clock.clone(), ..StoreOptions::default() }).await.unwrap();
     store
-        .create_account(NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO })
+        .create_account(
+            NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
-    store.webhook_start("ops", StartFrom::Beginning).await.unwrap();
-    store.webhook_fan_out("ops", 100).await.unwrap();
+    store.webhooks().start("ops", StartFrom::Beginning).await.unwrap();
+    store.webhooks().fan_out("ops", 100).await.unwrap();
     let no_breaker = BreakerPolicy { failures: 0, ..BreakerPolicy::default() };
-    let claim = || store.webhook_claim("ops", 1, 1_000, 2, no_breaker);
+    let claim = || store.webhooks().lease("ops", 1, 1_000, 2, no_breaker);
     let first = claim().await.unwrap();
     assert_eq!((first.len(), first[0].attempts), (1, 1));
     assert!(claim().await.unwrap().is_empty(), "leased: nobody else sends it");
@@ -644,12 +666,12 @@ async fn lapsed_leases(engine: &str) {
     assert_eq!((second.len(), second[0].event.seq, second[0].attempts), (1, first[0].event.seq, 2), "sent again");
     let late = DeliveryReport::Delivered { status: 200 };
     let stale = first[0].lease_token.clone().unwrap();
-    assert!(!store.webhook_report("ops", first[0].event.seq, &stale, late, no_breaker).await.unwrap());
+    assert!(!store.webhooks().report("ops", first[0].event.seq, &stale, late, no_breaker).await.unwrap());
     // The second sender dies too: the cap (2) is reached through lapsed leases alone.
     clock.advance_seconds(2);
     assert!(claim().await.unwrap().is_empty());
     let dead = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("dead".into()) };
-    let dead = store.webhook_deliveries(&dead, 0, 100).await.unwrap().rows;
+    let dead = store.webhooks().deliveries(&dead, 0, 100).await.unwrap().rows;
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].attempts, dead[0].last_error.as_deref()), (2, Some("the sender stopped mid-send")));
 }
@@ -664,7 +686,10 @@ async fn a_failed_send_never_records_the_url_or_its_credentials() {
     let url = format!("sqlite://{}", dir.path().join("w.db").display());
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     store
-        .create_account(NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO })
+        .create_account(
+            NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     let target = format!("http://hook-user:hook-password-42@{free}/secret-path?key=query-secret");
@@ -673,7 +698,7 @@ async fn a_failed_send_never_records_the_url_or_its_credentials() {
     let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
     tokio::time::timeout(Duration::from_secs(10), deliverer.pass()).await.expect("the pass ends").unwrap();
     let filter = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
-    let d = store.webhook_deliveries(&filter, 0, 10).await.unwrap().rows;
+    let d = store.webhooks().deliveries(&filter, 0, 10).await.unwrap().rows;
     let error = d[0].last_error.clone().unwrap_or_default();
     assert!(error.starts_with("send failed") && !error.is_empty(), "{error}");
     for secret in ["hook-password-42", "hook-user", "secret-path", "query-secret", &free.port().to_string()] {

@@ -5,12 +5,14 @@
 //! through the same `Store` the API uses. Every action is a POST carrying the session's CSRF token,
 //! refused (`403`) for client tokens, and recorded in the action log with the token's name.
 
+pub mod key;
 pub mod pages;
+mod query;
 pub mod session;
 
-use crate::app::AppState;
 use crate::auth::Role;
 use crate::error::ApiError;
+use crate::state::AppState;
 use axum::Router;
 use axum::extract::{Form, FromRequest, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -20,17 +22,17 @@ use maud::Markup;
 use serde::Deserialize;
 use session::Session;
 use settle_core::Timestamp;
-use settle_core::ids::{AccountId, FailCode, JobId, JobKind};
+use settle_core::ids::{AccountId, JobId, JobKind};
 use settle_core::job::JobState;
 use settle_core::ledger::EntryKind;
 use settle_store::{DeliveryFilter, JobFilter, Page, StoreError, WithdrawalFilter};
 
-pub use session::SessionKey;
+pub use key::SessionKey;
+pub use query::{BULK_MAX, EntriesQuery, JobsQuery};
+use query::{nonempty, urlencode};
 
 /// Jobs a page lists.
 const PAGE_JOBS: u32 = 100;
-/// Jobs one bulk submission acts on at most; the rest take another submission.
-pub const BULK_MAX: u32 = 1_000;
 
 const CSS: &str = include_str!("../../assets/console/console.css");
 const JS: &str = include_str!("../../assets/console/console.js");
@@ -269,7 +271,7 @@ async fn logout(State(s): State<AppState>, session: Session, ConsoleForm(f): Con
         )
         .into_response();
     }
-    s.console_key.revoke(&session, session::now_unix());
+    session.sign_out(&s.console_key, session::now_unix());
     tracing::info!(actor = %session.actor, "console sign-out");
     ([(header::SET_COOKIE, session::clear_cookie())], Redirect::to("/console/login")).into_response()
 }
@@ -283,16 +285,16 @@ async fn overview(State(s): State<AppState>, session: Session) -> PageResult {
     }
     let since = s.store.now().minus_seconds(3_600);
     let err = |e: StoreError| error_page(Some(&session), e);
-    let o = s.store.overview(since).await.map_err(err)?;
-    let failures = s.store.failure_summary().await.map_err(err)?;
+    let o = s.store.operators().overview(since).await.map_err(err)?;
+    let failures = s.store.failure_summary(&settle_core::scope::Scope::ALL).await.map_err(err)?;
     let webhooks = webhook_summary(&s).await.map_err(err)?;
     Ok(page(StatusCode::OK, pages::overview(&session, &o, &failures, &webhooks)))
 }
 
 async fn webhook_summary(s: &AppState) -> Result<pages::WebhookSummary, StoreError> {
-    let backlog = s.store.webhook_backlog().await?;
+    let backlog = s.store.webhooks().backlog().await?;
     let mut endpoints: Vec<(String, String, i64, i64)> =
-        s.store.webhook_breakers().await?.into_iter().map(|b| (b.endpoint_id, b.state, 0, 0)).collect();
+        s.store.webhooks().breakers().await?.into_iter().map(|b| (b.endpoint_id, b.state, 0, 0)).collect();
     for (endpoint, pending, dead) in backlog {
         match endpoints.iter_mut().find(|e| e.0 == endpoint) {
             Some(e) => (e.2, e.3) = (pending, dead),
@@ -328,67 +330,6 @@ async fn find(State(s): State<AppState>, session: Session, Query(f): Query<FindQ
     Redirect::to(&format!("/console/jobs?prefix={}", urlencode(q))).into_response()
 }
 
-/// The jobs list's query: the filter, as the form sends it, and the page.
-#[derive(Debug, Default, Deserialize)]
-pub struct JobsQuery {
-    pub state: Option<String>,
-    pub kind: Option<String>,
-    pub account: Option<String>,
-    pub fail_code: Option<String>,
-    pub prefix: Option<String>,
-    pub after: Option<i64>,
-}
-
-pub(crate) fn urlencode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-fn nonempty(v: &Option<String>) -> Option<&str> {
-    v.as_deref().map(str::trim).filter(|v| !v.is_empty())
-}
-
-impl JobsQuery {
-    /// The filter's part of a query string (no paging), to carry in links and forms.
-    pub fn filter_query(&self) -> String {
-        let pairs = [
-            ("state", &self.state),
-            ("kind", &self.kind),
-            ("account", &self.account),
-            ("fail_code", &self.fail_code),
-            ("prefix", &self.prefix),
-        ];
-        pairs
-            .iter()
-            .filter_map(|(k, v)| nonempty(v).map(|v| format!("{k}={}", urlencode(v))))
-            .collect::<Vec<_>>()
-            .join("&")
-    }
-
-    /// The filter, within what the session's token may see.
-    fn filter(&self, scope: &settle_core::scope::Scope) -> Result<JobFilter, ApiError> {
-        let bad = |what: &str| ApiError::invalid(format!("The {what} in the filter is not valid."));
-        Ok(JobFilter {
-            state: nonempty(&self.state).map(|s| JobState::parse(s).ok_or_else(|| bad("state"))).transpose()?,
-            kind: nonempty(&self.kind).map(|k| JobKind::parse(k).map_err(|_| bad("kind"))).transpose()?,
-            account_id: nonempty(&self.account).map(|a| AccountId::parse(a).map_err(|_| bad("account"))).transpose()?,
-            fail_code: nonempty(&self.fail_code)
-                .map(|c| FailCode::parse(c).map_err(|_| bad("fail code")))
-                .transpose()?,
-            id_prefix: nonempty(&self.prefix).map(str::to_owned),
-            until_seq: None,
-            scope: scope.clone(),
-        })
-    }
-}
-
 async fn jobs(State(s): State<AppState>, session: Session, Query(q): Query<JobsQuery>) -> PageResult {
     let err = |e: ApiError| error_page(Some(&session), e);
     let filter = q.filter(&session.actor.scope).map_err(err)?;
@@ -397,7 +338,7 @@ async fn jobs(State(s): State<AppState>, session: Session, Query(q): Query<JobsQ
         .jobs(&filter, Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS })
         .await
         .map_err(|e| err(e.into()))?;
-    let totals = s.store.job_totals(&filter, false).await.map_err(|e| err(e.into()))?;
+    let totals = s.store.operators().job_totals(&filter, false).await.map_err(|e| err(e.into()))?;
     // Dead withdrawals among the matches: a bulk requeue passes over them, so the page says so (or
     // offers no requeue at all when they are all it would touch).
     let withdrawals = if filter.state == Some(JobState::Dead) && totals.jobs > 0 {
@@ -406,7 +347,7 @@ async fn jobs(State(s): State<AppState>, session: Session, Query(q): Query<JobsQ
             Some(k) if *k != kind => 0,
             _ => {
                 let only = JobFilter { kind: Some(kind), ..filter.clone() };
-                s.store.job_totals(&only, false).await.map_err(|e| err(e.into()))?.jobs
+                s.store.operators().job_totals(&only, false).await.map_err(|e| err(e.into()))?.jobs
             }
         }
     } else {
@@ -428,8 +369,8 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
     }
     let attempts = s.store.attempts(&id).await.map_err(err)?;
     let signals = s.store.signals(&id).await.map_err(err)?;
-    let history = s.store.job_history(&id).await.map_err(err)?;
-    let actions = s.store.actions(Some(&id), None).await.map_err(err)?;
+    let history = s.store.operators().job_history(&id).await.map_err(err)?;
+    let actions = s.store.operators().actions(Some(&id), None).await.map_err(err)?;
     // A withdrawal's page shows where the money goes and what the provider knows it by.
     let withdrawal = if job.kind.as_str() == settle_core::job::WITHDRAWAL_KIND {
         Some(s.store.payouts().withdrawal(&id).await.map_err(err)?)
@@ -445,16 +386,6 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
         withdrawal: withdrawal.as_ref(),
     };
     Ok(page(StatusCode::OK, pages::job(&session, &p)))
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct EntriesQuery {
-    pub kind: Option<String>,
-    /// `YYYY-MM-DDTHH:MM` (a `datetime-local` field, read as UTC) or RFC 3339.
-    pub since: Option<String>,
-    pub after: Option<i64>,
-    /// Recompute the account's hash chain (`chain=true`).
-    pub chain: Option<bool>,
 }
 
 fn parse_since(s: &str) -> Option<Timestamp> {
@@ -482,15 +413,15 @@ async fn account(
         .map(|t| parse_since(t).ok_or_else(|| ApiError::invalid("The time is not a time (YYYY-MM-DDTHH:MM, UTC).")))
         .transpose()
         .map_err(err)?;
-    let detail = s.store.account_detail(&id).await.map_err(|e| err(e.into()))?;
+    let detail = s.store.operators().account_detail(&id).await.map_err(|e| err(e.into()))?;
     // Recomputing the chain reads every entry of the account: only when asked.
     let chain = match q.chain {
-        Some(true) => Some(s.store.verify_chain(&id).await.map_err(|e| err(e.into()))?),
+        Some(true) => Some(s.store.operators().verify_chain(&id).await.map_err(|e| err(e.into()))?),
         _ => None,
     };
     let page = Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS };
-    let entries = s.store.entries(&id, kind, since, page).await.map_err(|e| err(e.into()))?;
-    let actions = s.store.actions(None, Some(&id)).await.map_err(|e| err(e.into()))?;
+    let entries = s.store.operators().entries(&id, kind, since, page).await.map_err(|e| err(e.into()))?;
+    let actions = s.store.operators().actions(None, Some(&id)).await.map_err(|e| err(e.into()))?;
     Ok(self::page(
         StatusCode::OK,
         pages::account(&session, &detail, chain, &q, &entries.rows, entries.next_after, &actions),
@@ -525,7 +456,7 @@ async fn webhooks(State(s): State<AppState>, session: Session) -> PageResult {
     }
     let summary = webhook_summary(&s).await.map_err(err)?;
     let filter = DeliveryFilter { endpoint_id: None, state: Some("dead".into()) };
-    let dead = s.store.webhook_deliveries(&filter, 0, PAGE_JOBS).await.map_err(err)?;
+    let dead = s.store.webhooks().deliveries(&filter, 0, PAGE_JOBS).await.map_err(err)?;
     Ok(page(StatusCode::OK, pages::webhooks(&session, &summary, &dead.rows)))
 }
 
@@ -542,8 +473,8 @@ async fn job_action(
     let id = job_id(&session, &id)?;
     let actor = session.actor.name.as_str();
     let done = match action.as_str() {
-        "requeue" => s.store.requeue_by(&id, actor).await.map(drop),
-        "cancel" => s.store.cancel_by(&id, actor).await.map(drop),
+        "requeue" => s.store.requeue(&id, actor).await.map(drop),
+        "cancel" => s.store.cancel(&id, Some(actor)).await.map(drop),
         _ => return Err(error_page(Some(&session), ApiError::not_found("No such action."))),
     };
     done.map_err(|e| error_page(Some(&session), e))?;
@@ -558,20 +489,28 @@ async fn requeue_delivery(
     ConsoleForm(f): ConsoleForm<CsrfForm>,
 ) -> PageResult {
     may_act(&session, &f.csrf)?;
-    s.store.webhook_requeue_by(&endpoint, seq, &session.actor.name).await.map_err(|e| error_page(Some(&session), e))?;
+    s.store
+        .webhooks()
+        .requeue_one(&endpoint, seq, &session.actor.name)
+        .await
+        .map_err(|e| error_page(Some(&session), e))?;
     Ok(Redirect::to("/console/webhooks").into_response())
 }
 
 async fn audit(State(s): State<AppState>, session: Session, ConsoleForm(f): ConsoleForm<CsrfForm>) -> PageResult {
     may_act(&session, &f.csrf)?;
-    let report = s.store.audit().await.map_err(|e| error_page(Some(&session), e))?;
+    let report = s.store.audit(None).await.map_err(|e| error_page(Some(&session), e))?;
     let detail = serde_json::json!({
         "ok": report.violations.is_empty(),
         "violations": report.violations.len(),
         "accounts_checked": report.accounts_checked,
         "entries_checked": report.entries_checked,
     });
-    s.store.record_action_by(&session.actor.name, "audit", detail).await.map_err(|e| error_page(Some(&session), e))?;
+    s.store
+        .operators()
+        .record_action(&session.actor.name, "audit", detail)
+        .await
+        .map_err(|e| error_page(Some(&session), e))?;
     tracing::info!(actor = %session.actor, ok = report.violations.is_empty(), "console: audit");
     Ok(page(StatusCode::OK, pages::audit(&session, &report)))
 }
@@ -618,7 +557,7 @@ async fn bulk_confirm(State(s): State<AppState>, session: Session, Query(q): Que
     }
     let action = bulk_action(&session, &q.action)?;
     let filter = bulk_filter(&session, action, &q.jobs)?;
-    let totals = s.store.job_totals(&filter, true).await.map_err(|e| error_page(Some(&session), e))?;
+    let totals = s.store.operators().job_totals(&filter, true).await.map_err(|e| error_page(Some(&session), e))?;
     Ok(page(StatusCode::OK, pages::bulk_confirm(&session, action, &filter, &q.jobs.filter_query(), &totals)))
 }
 
@@ -646,7 +585,7 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
     let mut filter = bulk_filter(&session, action, &q)?;
     filter.until_seq = Some(f.until);
     let err = |e: StoreError| error_page(Some(&session), e);
-    let now = s.store.job_totals(&filter, false).await.map_err(err)?;
+    let now = s.store.operators().job_totals(&filter, false).await.map_err(err)?;
     if now.jobs > f.expected {
         return Err(error_page(
             Some(&session),
@@ -686,8 +625,8 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
             }
             let id = JobId::stored(&job.id);
             let outcome = match action {
-                "requeue" => s.store.requeue_by(&id, &session.actor.name).await.map(drop),
-                _ => s.store.cancel_by(&id, &session.actor.name).await.map(drop),
+                "requeue" => s.store.requeue(&id, &session.actor.name).await.map(drop),
+                _ => s.store.cancel(&id, Some(&session.actor.name)).await.map(drop),
             };
             match outcome {
                 Ok(()) => done += 1,

@@ -206,7 +206,7 @@ pub fn overview(
                         @for f in failures {
                             tr {
                                 // With the state, so the jobs page offers the bulk action that fits them.
-                                td { a href={ "/console/jobs?fail_code=" (super::urlencode(&f.code)) "&state=" (if f.state == "retrying" { "queued" } else { f.state.as_str() }) } { code { (f.code) } } }
+                                td { a href={ "/console/jobs?fail_code=" (super::query::urlencode(&f.code)) "&state=" (if f.state == "retrying" { "queued" } else { f.state.as_str() }) } { code { (f.code) } } }
                                 td { (f.state) }
                                 td class="num" { (credits(f.count)) }
                             }
@@ -268,7 +268,7 @@ fn chart(per_minute: &[(Timestamp, i64)]) -> Markup {
 /// The jobs list with its filter and, for admins, the bulk actions on everything it matches.
 pub fn jobs(
     session: &Session,
-    q: &super::JobsQuery,
+    q: &super::query::JobsQuery,
     page: &[Job],
     next: Option<i64>,
     totals: &JobTotals,
@@ -563,7 +563,7 @@ pub fn account(
     session: &Session,
     d: &AccountDetail,
     chain: Option<Option<i64>>,
-    q: &super::EntriesQuery,
+    q: &super::query::EntriesQuery,
     entries: &[LedgerEntry],
     next: Option<i64>,
     actions: &[Action],
@@ -600,7 +600,7 @@ pub fn account(
             }
             (entries_table(entries, true))
             @if let Some(after) = next {
-                p { a class="button" href={ "?after=" (after) @if let Some(k) = &q.kind { "&kind=" (super::urlencode(k)) } @if let Some(s) = &q.since { "&since=" (super::urlencode(s)) } } { "Next page →" } }
+                p { a class="button" href={ "?after=" (after) @if let Some(k) = &q.kind { "&kind=" (super::query::urlencode(k)) } @if let Some(s) = &q.since { "&since=" (super::query::urlencode(s)) } } { "Next page →" } }
             }
         }
         section class="card" {
@@ -651,7 +651,7 @@ pub fn bulk_confirm(
             }
             @if action == "cancel" { p { "Queued jobs are cancelled and refunded at once; running jobs stop at their next item boundary." } }
             @if action == "requeue" { p { "Each goes back to queued with a fresh attempt budget; what was refunded stays refunded until a success reclaims it." } }
-            p class="muted" { "At most " (super::BULK_MAX) " jobs are acted on per submission; run it again for the rest." }
+            p class="muted" { "At most " (super::query::BULK_MAX) " jobs are acted on per submission; run it again for the rest." }
             form method="post" action="/console/bulk" {
                 input type="hidden" name="csrf" value=(session.csrf);
                 input type="hidden" name="action" value=(action);
@@ -692,7 +692,7 @@ pub fn bulk_done(session: &Session, action: &str, done: u64, skipped: &[(String,
         h1 { "Done" }
         section class="card" {
             p { strong { (done) } " jobs " (if action == "requeue" { "requeued" } else { "cancelled or asked to cancel" }) "." }
-            @if more { p { strong { "More jobs match than one submission takes (" (super::BULK_MAX) "): run it again." } } }
+            @if more { p { strong { "More jobs match than one submission takes (" (super::query::BULK_MAX) "): run it again." } } }
             @if !skipped.is_empty() {
                 p { (skipped.len()) " skipped:" }
                 ul { @for (id, why) in skipped.iter().take(50) { li { a href={ "/console/jobs/" (id) } { (id) } ": " (why) } } }
@@ -777,7 +777,7 @@ pub fn webhooks(session: &Session, summary: &WebhookSummary, dead: &[settle_stor
                             td { (d.endpoint_id) } td class="num" { (d.event.seq) } td { (d.event.kind.as_str()) } td class="num" { (d.attempts) }
                             td { (d.last_status.map(|s| s.to_string()).unwrap_or_default()) " " (d.last_error.as_deref().unwrap_or("")) }
                             @if session.can_act() {
-                                td { (action_button(session, &format!("/console/webhooks/{}/{}/requeue", super::urlencode(&d.endpoint_id), d.event.seq), "Requeue", None, false)) }
+                                td { (action_button(session, &format!("/console/webhooks/{}/{}/requeue", super::query::urlencode(&d.endpoint_id), d.event.seq), "Requeue", None, false)) }
                             }
                         }
                     }

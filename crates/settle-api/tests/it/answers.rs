@@ -253,7 +253,7 @@ async fn succeed_answers(e: Engine) {
     let r = f.s.send("POST", &path(&fresh), Some(json!({})), Some(ADMIN)).await;
     applied(&r);
     assert_eq!(r.body["state"], "succeeded");
-    let acts = f.s.store_handle().actions(Some(&JobId::parse(&fresh).unwrap()), None).await.unwrap();
+    let acts = f.s.store_handle().operators().actions(Some(&JobId::parse(&fresh).unwrap()), None).await.unwrap();
     assert!(acts.iter().any(|a| a.action == "succeed" && a.actor == "ops-alice"), "{acts:?}");
     replayed(&f.s.send("POST", &path(&fresh), Some(json!({})), Some(ADMIN)).await);
 

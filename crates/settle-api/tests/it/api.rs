@@ -3,6 +3,7 @@
 use crate::kit::*;
 use serde_json::json;
 use settle_api::{Role, Tokens};
+use settle_store::Store;
 use std::sync::Arc;
 
 macro_rules! on_both_engines {
@@ -621,7 +622,7 @@ async fn a_lost_database_is_503_unavailable() {
 async fn webhook_deliveries_are_visible_and_requeueable(e: Engine) {
     let s = Server::start(e).await;
     s.account("a", 100).await;
-    settle_store::Store::webhook_fan_out(&*s.store_handle(), "ops", 100).await.unwrap();
+    s.store_handle().webhooks().fan_out("ops", 100).await.unwrap();
     let r = s.get("/v1/webhooks/deliveries?endpoint=ops&state=pending").await;
     assert_eq!(r.status, 200);
     let rows = r.body["deliveries"].as_array().unwrap();
@@ -643,7 +644,7 @@ async fn webhook_deliveries_are_visible_and_requeueable(e: Engine) {
     // One failed send opens a breaker of threshold 1: the list and /metrics say so; an admin closes it.
     let store = s.store_handle();
     let policy = settle_store::BreakerPolicy { failures: 1, open_ms: 60_000, open_ms_max: 60_000 };
-    let claimed = settle_store::Store::webhook_claim(&*store, "ops", 1, 10_000, 5, policy).await.unwrap();
+    let claimed = store.webhooks().lease("ops", 1, 10_000, 5, policy).await.unwrap();
     let failed = settle_store::DeliveryReport::Failed {
         status: Some(500),
         error: "down".into(),
@@ -651,7 +652,7 @@ async fn webhook_deliveries_are_visible_and_requeueable(e: Engine) {
         attempts_max: 5,
     };
     let token = claimed[0].lease_token.clone().unwrap();
-    settle_store::Store::webhook_report(&*store, "ops", claimed[0].event.seq, &token, failed, policy).await.unwrap();
+    store.webhooks().report("ops", claimed[0].event.seq, &token, failed, policy).await.unwrap();
     let r = s.get("/v1/webhooks/deliveries?endpoint=other").await;
     let ops = &r.body["endpoints"][0];
     assert_eq!((ops["endpoint_id"].as_str(), ops["breaker"].as_str()), (Some("ops"), Some("open")), "{}", r.body);
@@ -775,13 +776,13 @@ async fn admin_actions_record_their_actor(e: Engine) {
     assert_eq!(s.send("POST", "/v1/jobs/j/requeue", None, admin).await.status, 200);
     let store = s.store_handle();
     let jid = settle_core::ids::JobId::parse("j").unwrap();
-    let on_job = settle_store::Store::actions(&*store, Some(&jid), None).await.unwrap();
+    let on_job = store.operators().actions(Some(&jid), None).await.unwrap();
     assert_eq!(
         on_job.iter().map(|a| (a.action.as_str(), a.actor.as_str())).collect::<Vec<_>>(),
         vec![("requeue", "ops-alice")]
     );
     let acc = settle_core::ids::AccountId::parse("a").unwrap();
-    let on_account = settle_store::Store::actions(&*store, None, Some(&acc)).await.unwrap();
+    let on_account = store.operators().actions(None, Some(&acc)).await.unwrap();
     let seen: Vec<(&str, &str)> = on_account.iter().map(|a| (a.action.as_str(), a.actor.as_str())).collect();
     assert_eq!(
         seen,

@@ -150,7 +150,7 @@ async fn an_admin_requeues_a_dead_job_and_the_action_is_on_the_job(e: Engine) {
     let (status, html) = post(&b, &s, "/console/audit", &[("csrf", &csrf_of(&html))]).await;
     assert_eq!(status, 200);
     assert!(html.contains("Clean."), "{html}");
-    let actions = s.store_handle().actions(None, None).await.unwrap();
+    let actions = s.store_handle().operators().actions(None, None).await.unwrap();
     assert!(actions.iter().any(|a| a.action == "audit" && a.actor == "ops-ana" && a.detail.contains(r#""ok":true"#)));
     // Issue 20: a dead withdrawal offers no requeue (its hold was refunded; a new one is made).
     let r =
@@ -216,7 +216,7 @@ async fn every_post_needs_the_sessions_csrf_token(e: Engine) {
         assert_eq!(status, 403, "{form:?}");
     }
     assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "dead", "nothing was done");
-    assert!(s.store_handle().actions(None, None).await.unwrap().iter().all(|a| a.action != "requeue"));
+    assert!(s.store_handle().operators().actions(None, None).await.unwrap().iter().all(|a| a.action != "requeue"));
     let (status, _) = post(&b, &s, "/console/jobs/j1/requeue", &[("csrf", &good)]).await;
     assert_eq!(status, 303);
 }
@@ -312,7 +312,7 @@ async fn bulk_requeue_acts_on_every_job_the_filter_matches(e: Engine) {
     }
     assert_eq!(s.get("/v1/jobs/other-0").await.body["state"], "dead", "outside the filter: untouched");
     assert_eq!(s.get("/v1/jobs/acme-late").await.body["state"], "dead", "created after the confirmation: untouched");
-    let actions = s.store_handle().actions(None, None).await.unwrap();
+    let actions = s.store_handle().operators().actions(None, None).await.unwrap();
     assert_eq!(actions.iter().filter(|a| a.action == "requeue" && a.actor == "ops-ana").count(), 3);
 }
 

@@ -18,10 +18,10 @@ async fn a_webhook_body_is_the_events_entry_byte_for_byte(e: Engine) {
     s.account("a", 100).await;
     s.job("j1", "a", 10).await;
     let store = s.store_handle();
-    let events = store.events(0, 100).await.unwrap().rows;
+    let events = store.events(0, 100, &settle_core::scope::Scope::ALL).await.unwrap().rows;
     assert_eq!(events.len(), 3);
     let page = raw(&s, "/v1/events").await;
-    store.webhook_fan_out("ops", 100).await.unwrap();
+    store.webhooks().fan_out("ops", 100).await.unwrap();
     let deliveries = raw(&s, "/v1/webhooks/deliveries?endpoint=ops").await;
     for event in &events {
         let body = String::from_utf8(event_body(event)).unwrap();

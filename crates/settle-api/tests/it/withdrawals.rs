@@ -180,7 +180,13 @@ async fn an_admin_records_a_return_once(e: Engine) {
     assert_eq!((r.status, code(&r)), (404, "not_found"));
     let r = s.post_empty("/v1/jobs/w/cancel").await;
     assert_eq!((r.status, code(&r)), (409, "job_finished"));
-    let types: Vec<String> =
-        store.events(0, 1000).await.unwrap().rows.into_iter().map(|e| e.kind.as_str().to_owned()).collect();
+    let types: Vec<String> = store
+        .events(0, 1000, &settle_core::scope::Scope::ALL)
+        .await
+        .unwrap()
+        .rows
+        .into_iter()
+        .map(|e| e.kind.as_str().to_owned())
+        .collect();
     assert!(types.contains(&"withdrawal.returned".to_owned()));
 }

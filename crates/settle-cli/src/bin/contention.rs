@@ -54,10 +54,10 @@ async fn play(store: &SqlStore, c: &ClaimedJob, rng: &mut SplitMix64) -> Result<
     let twice = rng.below_inclusive(1) == 1;
     match action {
         0..=29 => {
-            ok_or_benign(store.succeed(&id, Some(t)).await)?;
+            ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
             if twice {
-                ok_or_benign(store.succeed(&id, Some(t)).await)?;
-                ok_or_benign(store.succeed(&id, None).await)?;
+                ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
+                ok_or_benign(store.succeed(&id, settle_store::Reporter::of(None), None).await)?;
             }
         }
         30..=44 => {
@@ -73,17 +73,17 @@ async fn play(store: &SqlStore, c: &ClaimedJob, rng: &mut SplitMix64) -> Result<
         55..=64 => {
             // timed out and refunded … and then the result lands: reclaimed once
             ok_or_benign(store.fail(&id, sig(t, "TIMEOUT", None)).await)?;
-            ok_or_benign(store.succeed(&id, Some(t)).await)?;
+            ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
             if twice {
-                ok_or_benign(store.succeed(&id, Some(t)).await)?;
+                ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
             }
         }
         65..=74 => {
             // A cancel may meet a job another process already finished or left unknown: both are
             // answers, not failures of this process.
-            ok_or_benign(store.cancel(&id).await)?;
+            ok_or_benign(store.cancel(&id, None).await)?;
             if twice {
-                ok_or_benign(store.cancel(&id).await)?;
+                ok_or_benign(store.cancel(&id, None).await)?;
             }
             ok_or_benign(store.item_succeed(&id, &ItemId::parse(&c.job.items[0].id).expect("valid"), t).await)?;
             ok_or_benign(store.fail(&id, sig(t, "CANCELLED", None)).await)?;
@@ -106,7 +106,7 @@ async fn play(store: &SqlStore, c: &ClaimedJob, rng: &mut SplitMix64) -> Result<
                     store.item_fail(&id, &second, t, &FailCode::parse("BAD_FRAME").expect("valid"), None).await,
                 )?;
             }
-            ok_or_benign(store.succeed(&id, Some(t)).await)?;
+            ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
         }
         90..=94 if c.job.attempt == 1 => {
             // The worker hangs past its lease: the rescuer of some process takes it back.
@@ -163,7 +163,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let id = JobId::parse(&format!("job-{n}"))?;
             let job = store.job(&id).await?;
             if job.state == JobState::Queued && job.attempt == 0 {
-                ok_or_benign(store.cancel(&id).await)?;
+                ok_or_benign(store.cancel(&id, None).await)?;
             }
         }
         if round.is_multiple_of(5) || claimed.is_empty() {

@@ -41,9 +41,14 @@ pub(crate) trait BatchOp: Send {
     fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Ran>;
     /// Answers after the batch: its own result if it ran, else `committed`'s error.
     fn deliver(self: Box<Self>, committed: Result<(), StoreError>);
-    /// Runs the operation again in a PostgreSQL transaction of its own and answers.
-    fn alone(self: Box<Self>, pg: Arc<postgres::PgShared>) -> BoxFuture<'static, ()>;
+    /// The operation to run again in a transaction of its own (PostgreSQL), its answer type
+    /// erased: the closure keeps the last run's answer, and `Answer` sends it once that
+    /// transaction has ended (the run's answer if it committed, else the transaction's error).
+    fn alone(self: Box<Self>) -> (OpFn<()>, Answer);
 }
+
+/// Sends an operation's answer once the transaction it ran alone in has ended.
+pub(crate) type Answer = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
 pub(crate) struct Op<T> {
     pub f: OpFn<T>,
@@ -86,11 +91,30 @@ impl<T: Send + 'static> BatchOp for Op<T> {
         let _ = self.reply.send(answer);
     }
 
-    fn alone(self: Box<Self>, pg: Arc<postgres::PgShared>) -> BoxFuture<'static, ()> {
-        Box::pin(async move {
-            let answer = pg.transaction(self.f.clone()).await;
-            let _ = self.reply.send(answer);
-        })
+    fn alone(self: Box<Self>) -> (OpFn<()>, Answer) {
+        // Each run (the transaction may run it again) leaves its answer here; the committed run's
+        // is the one sent.
+        let last: Arc<Mutex<Option<T>>> = Arc::default();
+        let (f, kept) = (self.f, last.clone());
+        let run: OpFn<()> = Arc::new(move |db: &mut Db<'_>, cx: &Cx| -> BoxFuture<'_, Result<(), StoreError>> {
+            let (f, kept) = (f.clone(), kept.clone());
+            Box::pin(async move {
+                let v = f(db, cx).await?;
+                *kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+                Ok(())
+            })
+        });
+        let reply = self.reply;
+        let answer: Answer = Box::new(move |ended: Result<(), StoreError>| {
+            let answer = ended.and_then(|()| {
+                last.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .ok_or_else(|| StoreError::internal("operation committed without an answer"))
+            });
+            let _ = reply.send(answer);
+        });
+        (run, answer)
     }
 }
 

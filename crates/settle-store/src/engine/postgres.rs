@@ -49,6 +49,12 @@ fn take(pending: &Mutex<Pending>) -> Pending {
 impl PgShared {
     /// One PostgreSQL transaction (READ COMMITTED) for one operation, retried whole on the
     /// retryable SQLSTATEs.
+    /// Runs a batch's operation in a transaction of its own, and answers it.
+    async fn run_alone(&self, op: Box<dyn BatchOp>) {
+        let (run, answer) = op.alone();
+        answer(self.transaction(run).await);
+    }
+
     pub async fn transaction<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
         let mut attempt = 0;
         loop {
@@ -118,7 +124,7 @@ async fn lane(shared: Arc<PgShared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<B
             // Nothing to share the transaction with: no savepoint, no short lock timeout — the
             // operation runs as it would alone, and the lane is free again after its COMMIT.
             let op = batch.pop().expect("one operation");
-            op.alone(shared.clone()).await;
+            shared.run_alone(op).await;
             continue;
         }
         run_batch(&shared, &mut batch).await;
@@ -128,7 +134,8 @@ async fn lane(shared: Arc<PgShared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<B
 /// Runs every operation of the batch alone, in a task each (they were never committed).
 fn all_alone(shared: &Arc<PgShared>, ops: impl IntoIterator<Item = Box<dyn BatchOp>>) {
     for op in ops {
-        tokio::spawn(op.alone(shared.clone()));
+        let shared = shared.clone();
+        tokio::spawn(async move { shared.run_alone(op).await });
     }
 }
 

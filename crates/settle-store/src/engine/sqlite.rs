@@ -4,7 +4,7 @@
 use super::{BatchOp, Env, Ran};
 use crate::db::Db;
 use crate::error::StoreError;
-use crate::sql_store::{Durability, StoreOptions};
+use crate::options::{Durability, StoreOptions};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
 use tokio::sync::mpsc;

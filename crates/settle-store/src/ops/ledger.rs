@@ -2,26 +2,13 @@
 //! On SQLite lines are numbered at once from the gap-free `ledger` counter; on PostgreSQL they wait
 //! in the transaction's `Pending` and are numbered just before COMMIT (docs/decisions/0013).
 
-use super::{Cx, guard_hit, lock_pending, next_seq};
+use super::{Cx, PendingLine, guard_hit, lock_pending, next_seq};
 use crate::db::{Db, Value, args};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::Credits;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use settle_core::limits;
-
-pub(crate) struct PendingLine {
-    pub account_id: String,
-    pub kind: EntryKind,
-    pub amount: i64,
-    pub balance_after: i64,
-    pub job_id: Option<String>,
-    pub item_id: Option<String>,
-    pub ref_id: Option<String>,
-    pub reason: Option<String>,
-    pub request_hash: Option<Vec<u8>>,
-    pub created_at: i64,
-}
 
 /// How a balance change may be refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

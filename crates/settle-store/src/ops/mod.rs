@@ -17,10 +17,13 @@
 //! - [`success`]: success from any attempt, reclaiming what a failure refunded.
 //! - [`unknown`]: outcomes nobody knows yet, and their reconciliation.
 //! - [`teardown`]: cancel, requeue, and the cancelling job's artifact cleanup and end.
+//! - [`payouts`]: withdrawals created, paid, resolved and returned.
+//! - [`webhooks`]: deliveries fanned out, claimed and reported; the circuit breaker.
 //!
 //! over what they share:
 //!
-//! - [`rows`]: reading job, item, entry and account rows (decoded by column name).
+//! - [`rows`]: reading job, item, entry, account, event and delivery rows (decoded by column
+//!   name), shared with `reads`.
 //! - [`ledger`]: guarded balance changes and the per-account hash-chained ledger lines.
 //! - [`outbox`]: events, written in the transition's transaction.
 //! - [`items`]: the item arrows applied to a job's items, with their ledger lines.
@@ -34,11 +37,13 @@ mod history;
 mod items;
 mod ledger;
 mod outbox;
+pub(crate) mod payouts;
 mod rows;
 mod signals;
 mod success;
 mod teardown;
 mod unknown;
+pub(crate) mod webhooks;
 
 pub(crate) use accounts::*;
 pub(crate) use claim::*;
@@ -58,35 +63,11 @@ use crate::db::{Db, args};
 use crate::error::StoreError;
 use settle_core::backoff::SplitMix64;
 use settle_core::crash::CrashPoint;
-use settle_core::job::{self, Policies};
+use settle_core::history::EventKind;
+use settle_core::job::Policies;
+use settle_core::ledger::EntryKind;
 use settle_core::{Credits, Timestamp};
 use std::sync::{Arc, Mutex};
-
-/// Who sends a signal. Withdrawals move only through the payout processor and reconciler (the
-/// provider is their only source of truth); every other job only through workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Caller {
-    Worker,
-    PayoutProcessor,
-}
-
-/// Refuses a signal whose caller may not move this job (docs/decisions/0010).
-pub(crate) fn check_caller(job: &JobRow, caller: Caller) -> Result<(), StoreError> {
-    let is_withdrawal = job.kind == job::WITHDRAWAL_KIND;
-    match (is_withdrawal, caller) {
-        (true, Caller::Worker) => Err(StoreError::InvalidTransition {
-            job: job.id.clone(),
-            action: "take worker signals (withdrawals are settled by the payout processor against the provider)",
-            state: job.state.as_str().to_owned(),
-        }),
-        (false, Caller::PayoutProcessor) => Err(StoreError::InvalidTransition {
-            job: job.id.clone(),
-            action: "be settled as a payout (it is not a withdrawal)",
-            state: job.state.as_str().to_owned(),
-        }),
-        _ => Ok(()),
-    }
-}
 
 /// Asked at every crash point; answers whether to "crash" there.
 pub trait CrashHook: Send + Sync {
@@ -131,6 +112,28 @@ impl Pending {
     }
 }
 
+pub(crate) struct PendingLine {
+    pub account_id: String,
+    pub kind: EntryKind,
+    pub amount: i64,
+    pub balance_after: i64,
+    pub job_id: Option<String>,
+    pub item_id: Option<String>,
+    pub ref_id: Option<String>,
+    pub reason: Option<String>,
+    pub request_hash: Option<Vec<u8>>,
+    pub created_at: i64,
+}
+
+/// An event waiting for its number (PostgreSQL).
+pub(crate) struct PendingEvent {
+    pub kind: EventKind,
+    pub job_id: Option<String>,
+    pub account_id: String,
+    pub data: String,
+    pub created_at: i64,
+}
+
 fn lock_pending(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
     pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -150,14 +153,6 @@ pub(crate) async fn next_seq(db: &mut Db<'_>, counter: &'static str, n: i64) -> 
     let row =
         db.one("UPDATE counters SET value = value + $2 WHERE name = $1 RETURNING value", args![counter, n]).await?;
     Ok(row.i64(0)? - n + 1)
-}
-
-/// PostgreSQL, the last statements before COMMIT: numbers the transaction's queued ledger lines
-/// and events from the gap-free counters and writes them, one statement each (decision 0013).
-/// From the counter UPDATE to the end of COMMIT nothing here waits for another transaction's row.
-pub(crate) async fn flush(db: &mut Db<'_>, pending: &Pending) -> Result<(), StoreError> {
-    ledger::flush_lines(db, &pending.lines).await?;
-    outbox::flush_events(db, &pending.events).await
 }
 
 pub(crate) fn guard_hit(rows: u64, what: &'static str) -> Result<(), StoreError> {

@@ -2,19 +2,10 @@
 //! is numbered at once from the gap-free `outbox` counter; on PostgreSQL queued and numbered at
 //! the batch's end, just before COMMIT (docs/decisions/0013).
 
-use super::{Cx, lock_pending, next_seq};
+use super::{Cx, Pending, PendingEvent, lock_pending, next_seq};
 use crate::db::{Db, Engine, Value, args};
 use crate::error::StoreError;
 use settle_core::history::EventKind;
-
-/// An event waiting for its number (PostgreSQL).
-pub(crate) struct PendingEvent {
-    pub kind: EventKind,
-    pub job_id: Option<String>,
-    pub account_id: String,
-    pub data: String,
-    pub created_at: i64,
-}
 
 /// Appends one outbox event: numbered at once on SQLite; on PostgreSQL queued for `flush`.
 pub(crate) async fn emit(
@@ -73,4 +64,12 @@ pub(super) async fn flush_events(db: &mut Db<'_>, events: &[PendingEvent]) -> Re
         db.exec("SELECT pg_notify('settle_wake', '')", &[]).await?;
     }
     Ok(())
+}
+
+/// PostgreSQL, the last statements before COMMIT: numbers the transaction's queued ledger lines
+/// and events from the gap-free counters and writes them, one statement each (decision 0013).
+/// From the counter UPDATE to the end of COMMIT nothing here waits for another transaction's row.
+pub(crate) async fn flush(db: &mut Db<'_>, pending: &Pending) -> Result<(), StoreError> {
+    super::ledger::flush_lines(db, &pending.lines).await?;
+    flush_events(db, &pending.events).await
 }

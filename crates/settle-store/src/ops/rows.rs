@@ -4,9 +4,10 @@ use super::{Cx, lock_pending};
 use crate::db::{Db, Engine, Row, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
+use settle_core::history::EventKind;
 use settle_core::ids::AccountId;
 use settle_core::item::ItemState;
-use settle_core::job::{JobState, RefundPolicy};
+use settle_core::job::{self, JobState, RefundPolicy};
 use settle_core::ledger::EntryKind;
 use settle_core::{Credits, Timestamp};
 use std::sync::LazyLock;
@@ -211,4 +212,64 @@ pub(crate) fn account_from_row(r: &Row) -> Result<Account, StoreError> {
         overdraft_limit: Credits::new(r.i64(C::overdraft_limit)?),
         created_at: Timestamp::from_micros(r.i64(C::created_at)?),
     })
+}
+
+/// A stored name read back into its enum; a name this build does not know is an internal error.
+pub(crate) fn name<T>(parse: fn(&str) -> Option<T>, what: &str, text: String) -> Result<T, StoreError> {
+    parse(&text).ok_or_else(|| StoreError::internal(format!("bad {what} {text}")))
+}
+
+pub(crate) fn event_from_row(r: &Row, at: usize) -> Result<Event, StoreError> {
+    Ok(Event {
+        seq: r.i64(at)?,
+        kind: name(EventKind::parse, "event type", r.text(at + 1)?)?,
+        job_id: r.opt_text(at + 2)?,
+        account_id: r.text(at + 3)?,
+        data: r.text(at + 4)?,
+        created_at: Timestamp::from_micros(r.i64(at + 5)?),
+    })
+}
+
+pub(crate) const DELIVERY_SELECT: &str = "SELECT d.endpoint_id, d.state, d.attempts, d.next_attempt_at, d.last_status, d.last_error, \
+     d.delivered_at, o.seq, o.type, o.job_id, o.account_id, o.data, o.created_at \
+     FROM webhook_deliveries d JOIN outbox o ON o.seq = d.event_seq";
+
+pub(crate) fn delivery_from_row(r: &Row) -> Result<Delivery, StoreError> {
+    Ok(Delivery {
+        endpoint_id: r.text(0)?,
+        state: r.text(1)?,
+        attempts: u32::try_from(r.i64(2)?).map_err(StoreError::internal)?,
+        next_attempt_at: Timestamp::from_micros(r.i64(3)?),
+        last_status: r.opt_i64(4)?.map(|s| s as u16),
+        last_error: r.opt_text(5)?,
+        delivered_at: r.opt_i64(6)?.map(Timestamp::from_micros),
+        event: event_from_row(r, 7)?,
+        lease_token: None,
+    })
+}
+
+/// Who sends a signal. Withdrawals move only through the payout processor and reconciler (the
+/// provider is their only source of truth); every other job only through workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    Worker,
+    PayoutProcessor,
+}
+
+/// Refuses a signal whose caller may not move this job (docs/decisions/0010).
+pub(crate) fn check_caller(job: &JobRow, caller: Caller) -> Result<(), StoreError> {
+    let is_withdrawal = job.kind == job::WITHDRAWAL_KIND;
+    match (is_withdrawal, caller) {
+        (true, Caller::Worker) => Err(StoreError::InvalidTransition {
+            job: job.id.clone(),
+            action: "take worker signals (withdrawals are settled by the payout processor against the provider)",
+            state: job.state.as_str().to_owned(),
+        }),
+        (false, Caller::PayoutProcessor) => Err(StoreError::InvalidTransition {
+            job: job.id.clone(),
+            action: "be settled as a payout (it is not a withdrawal)",
+            state: job.state.as_str().to_owned(),
+        }),
+        _ => Ok(()),
+    }
 }

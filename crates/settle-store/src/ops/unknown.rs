@@ -78,7 +78,7 @@ pub(crate) async fn reconcile(
         (false, After::Nothing)
     } else {
         match finding {
-            // A withdrawal's success needs its txid: `payouts::payout_succeeded`.
+            // A withdrawal's success needs its txid: `ops::payouts::payout_succeeded`.
             Finding::Present if job.kind == job::WITHDRAWAL_KIND => {
                 return Err(StoreError::invalid("a withdrawal found at the provider is recorded with its txid"));
             }

@@ -2,7 +2,8 @@
 //! processes, transactions batched in write lanes). The transitions themselves live in `ops` and
 //! are shared; each engine's writer lives in `engine`. Here:
 //!
-//! - this module: options, opening either engine, and running operations (writes, reads, crash points);
+//! - this module: opening either engine (with `crate::options`), and running operations (writes,
+//!   reads, crash points);
 //! - [`store`]: the `Store` trait, each method one operation (or a few, for teardown);
 //! - [`payouts`]: the `Payouts` trait, the payout processor's side;
 //! - [`teardown`]: a cancelling job's steps 2–3, after its refunds committed.
@@ -13,13 +14,13 @@ use crate::engine::postgres::PgShared;
 use crate::engine::{BatchOp, Env, Op, OpFn};
 use crate::error::StoreError;
 use crate::model::*;
-use crate::ops::{self, Caller, CrashHook, Cx};
+use crate::ops::{self, Caller, Cx};
+pub use crate::options::{Durability, StoreOptions};
 use futures_util::future::BoxFuture;
 use settle_core::backoff::SplitMix64;
 use settle_core::crash::CrashPoint;
 use settle_core::ids::JobId;
-use settle_core::job::Policies;
-use settle_core::{Clock, SystemClock, limits};
+use settle_core::limits;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
@@ -44,66 +45,6 @@ macro_rules! op {
 mod payouts;
 mod store;
 mod teardown;
-
-/// SQLite durability. `Full` (the default) fsyncs the WAL at every commit; `Normal` may lose the
-/// last commits on power loss (never corrupts) and exists for benchmarks and throwaway stores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    Full,
-    Normal,
-}
-
-/// How a store is opened. Every option is explicit; `StoreOptions::default()` is production.
-#[derive(Clone)]
-pub struct StoreOptions {
-    pub clock: Arc<dyn Clock>,
-    /// Retry, lease and refund policy per job kind.
-    pub policy: Policies,
-    /// Seed of the backoff jitter generator (fixed in tests for reproducible schedules).
-    pub jitter_seed: u64,
-    pub durability: Durability,
-    /// Most operations the SQLite writer commits in one transaction (1 disables batching).
-    pub write_batch_max: usize,
-    /// SQLite readers (WAL lets them run beside the writer).
-    pub sqlite_readers: u32,
-    pub busy_timeout: Duration,
-    /// PostgreSQL connections per process.
-    pub pg_max_connections: u32,
-    /// PostgreSQL write lanes per process: tasks committing batches of operations in parallel
-    /// (docs/decisions/0013); each holds one of the `pg_max_connections` while it commits.
-    pub pg_write_lanes: usize,
-    /// How long a PostgreSQL statement waits for a row lock, and runs at most; past either the
-    /// transaction is rolled back and the caller gets `Busy` (`503` with `Retry-After`).
-    pub pg_lock_timeout: Duration,
-    pub pg_statement_timeout: Duration,
-    /// How long a request waits for a PostgreSQL connection — including reconnecting to a server
-    /// that is down — before it is answered `Unavailable` (`503`): a client hears within this
-    /// bound that the database is away, instead of hanging.
-    pub pg_acquire_timeout: Duration,
-    pub artifacts: Option<Arc<dyn ArtifactStore>>,
-    pub crash: Option<Arc<dyn CrashHook>>,
-}
-
-impl Default for StoreOptions {
-    fn default() -> StoreOptions {
-        StoreOptions {
-            clock: Arc::new(SystemClock),
-            policy: Policies::default(),
-            jitter_seed: SystemClock.now().micros() as u64,
-            durability: Durability::Full,
-            write_batch_max: limits::WRITE_BATCH_MAX,
-            sqlite_readers: 4,
-            busy_timeout: Duration::from_secs(5),
-            pg_max_connections: 16,
-            pg_write_lanes: 4,
-            pg_lock_timeout: Duration::from_secs(10),
-            pg_statement_timeout: Duration::from_secs(60),
-            pg_acquire_timeout: Duration::from_secs(5),
-            artifacts: None,
-            crash: None,
-        }
-    }
-}
 
 enum Backend {
     Sqlite {

@@ -6,7 +6,7 @@ use crate::db::Db;
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, After, Caller, Cx};
-use crate::payouts;
+use crate::reads;
 use crate::store::Payouts;
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
@@ -18,8 +18,8 @@ use std::sync::Arc;
 #[async_trait]
 impl Payouts for SqlStore {
     async fn create_withdrawal(&self, req: NewWithdrawal) -> Result<Created<Withdrawal>, StoreError> {
-        payouts::validate_withdrawal(&req)?;
-        let out = self.write(op!([req] | db, cx | payouts::create_withdrawal(db, cx, &req).await)).await?;
+        ops::payouts::validate_withdrawal(&req)?;
+        let out = self.write(op!([req] | db, cx | ops::payouts::create_withdrawal(db, cx, &req).await)).await?;
         if !out.replayed {
             self.work_due();
         }
@@ -29,12 +29,12 @@ impl Payouts for SqlStore {
 
     async fn withdrawal(&self, id: &JobId) -> Result<Withdrawal, StoreError> {
         let id = id.clone();
-        self.read(op!([id] | db, cx | payouts::must_read_withdrawal(db, cx, id.as_str()).await)).await
+        self.read(op!([id] | db, cx | reads::payouts::must_read_withdrawal(db, cx, id.as_str()).await)).await
     }
 
     async fn withdrawals(&self, filter: &WithdrawalFilter, page: Page) -> Result<Paged<Withdrawal>, StoreError> {
         let filter = filter.clone();
-        self.read(op!([filter] | db, cx | payouts::withdrawals(db, cx, &filter, page).await)).await
+        self.read(op!([filter] | db, cx | reads::payouts::withdrawals(db, cx, &filter, page).await)).await
     }
 
     async fn claim_payouts(
@@ -66,12 +66,12 @@ impl Payouts for SqlStore {
         txid: &str,
         returned: bool,
     ) -> Result<Outcome<Withdrawal>, StoreError> {
-        payouts::check_txid(txid)?;
+        ops::payouts::check_txid(txid)?;
         let (id, token, txid) = (job.clone(), token.cloned(), txid.to_owned());
         let (out, after) = self
             .write(op!(
                 [id, token, txid] | db,
-                cx | payouts::payout_succeeded(db, cx, &id, token.as_ref(), &txid, returned).await
+                cx | ops::payouts::payout_succeeded(db, cx, &id, token.as_ref(), &txid, returned).await
             ))
             .await?;
         self.finish_withdrawal(job, out, after).await
@@ -90,7 +90,7 @@ impl Payouts for SqlStore {
         self.unknown_as(job, token, message, Caller::PayoutProcessor).await
     }
 
-    async fn payout_resolve_by(
+    async fn payout_resolve(
         &self,
         job: &JobId,
         resolution: Resolution,
@@ -100,13 +100,13 @@ impl Payouts for SqlStore {
         let (out, after) = self
             .write(op!(
                 [id, resolution, actor] | db,
-                cx | payouts::payout_resolve(db, cx, &id, &resolution, &actor).await
+                cx | ops::payouts::payout_resolve(db, cx, &id, &resolution, &actor).await
             ))
             .await?;
         self.finish_withdrawal(job, out, after).await
     }
 
-    async fn payout_returned_by(
+    async fn payout_returned(
         &self,
         job: &JobId,
         source: ReturnSource,
@@ -115,7 +115,7 @@ impl Payouts for SqlStore {
         let (id, actor) = (job.clone(), actor.to_owned());
         let out = self
             .write(op!([id, actor] | db, cx | {
-                let out = payouts::payout_returned(db, cx, &id, source).await?;
+                let out = ops::payouts::payout_returned(db, cx, &id, source).await?;
                 if out.applied && source == ReturnSource::Admin {
                     let detail = serde_json::json!({ "amount": out.value.amount.get(), "provider_txid": out.value.provider_txid });
                     let account = out.value.job.account_id.clone();

@@ -6,8 +6,8 @@ use crate::db::Db;
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, After, Caller, Cx};
-use crate::store::{Payouts, Store};
-use crate::{audit, reads, webhooks};
+use crate::store::{Operators, Payouts, Store, Webhooks};
+use crate::{audit, reads};
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 use settle_core::crash::CrashPoint;
@@ -23,6 +23,14 @@ impl Store for SqlStore {
     }
 
     fn payouts(&self) -> &dyn Payouts {
+        self
+    }
+
+    fn webhooks(&self) -> &dyn Webhooks {
+        self
+    }
+
+    fn operators(&self) -> &dyn Operators {
         self
     }
 
@@ -46,7 +54,7 @@ impl Store for SqlStore {
         self.read(op!([kinds] | db, _cx | reads::next_due_at(db, &kinds).await)).await
     }
 
-    async fn create_account_by(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError> {
+    async fn create_account(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError> {
         let actor = actor.to_owned();
         let out = self
             .write(op!(
@@ -66,22 +74,12 @@ impl Store for SqlStore {
         Ok(out)
     }
 
-    async fn actions(&self, job: Option<&JobId>, account: Option<&AccountId>) -> Result<Vec<Action>, StoreError> {
-        let (job, account) = (job.map(|j| j.as_str().to_owned()), account.map(|a| a.as_str().to_owned()));
-        self.read(op!([job, account] | db, _cx | reads::actions(db, job.as_deref(), account.as_deref()).await)).await
-    }
-
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError> {
         let id = id.clone();
         self.read(op!([id] | db, _cx | reads::account(db, &id).await)).await
     }
 
-    async fn grant_by(
-        &self,
-        account: &AccountId,
-        req: NewGrant,
-        actor: &str,
-    ) -> Result<Created<LedgerEntry>, StoreError> {
+    async fn grant(&self, account: &AccountId, req: NewGrant, actor: &str) -> Result<Created<LedgerEntry>, StoreError> {
         if !req.amount.is_positive() {
             return Err(StoreError::invalid("a grant's amount must be greater than zero"));
         }
@@ -110,7 +108,7 @@ impl Store for SqlStore {
         Ok(out)
     }
 
-    async fn adjust_by(
+    async fn adjust(
         &self,
         account: &AccountId,
         req: NewAdjustment,
@@ -167,7 +165,7 @@ impl Store for SqlStore {
     }
 
     async fn jobs(&self, filter: &JobFilter, page: Page) -> Result<Paged<Job>, StoreError> {
-        crate::console::check_filter(filter)?;
+        reads::filter::check_filter(filter)?;
         let filter = filter.clone();
         self.read(op!([filter] | db, cx | reads::jobs(db, cx, &filter, page).await)).await
     }
@@ -247,12 +245,7 @@ impl Store for SqlStore {
         out.map_err(lease_lost)
     }
 
-    async fn succeed_by(
-        &self,
-        job: &JobId,
-        by: Reporter<'_>,
-        result: Option<String>,
-    ) -> Result<Outcome<Job>, StoreError> {
+    async fn succeed(&self, job: &JobId, by: Reporter<'_>, result: Option<String>) -> Result<Outcome<Job>, StoreError> {
         let id = job.clone();
         let (token, actor) = match by {
             Reporter::Lease(t) => (Some(t.clone()), None),
@@ -302,11 +295,11 @@ impl Store for SqlStore {
         Ok(Outcome { value, applied: outcome.applied })
     }
 
-    async fn cancel(&self, job: &JobId) -> Result<CancelOutcome, StoreError> {
-        self.cancel_as(job, None).await
+    async fn cancel(&self, job: &JobId, actor: Option<&str>) -> Result<CancelOutcome, StoreError> {
+        self.cancel_as(job, actor).await
     }
 
-    async fn requeue_by(&self, job: &JobId, actor: &str) -> Result<Job, StoreError> {
+    async fn requeue(&self, job: &JobId, actor: &str) -> Result<Job, StoreError> {
         let (id, actor) = (job.clone(), actor.to_owned());
         let out = self
             .write(op!(
@@ -392,12 +385,12 @@ impl Store for SqlStore {
         self.read(op!([id] | db, _cx | reads::signals(db, id.as_str()).await)).await
     }
 
-    async fn failure_summary_in(&self, scope: &settle_core::scope::Scope) -> Result<Vec<FailureCount>, StoreError> {
+    async fn failure_summary(&self, scope: &settle_core::scope::Scope) -> Result<Vec<FailureCount>, StoreError> {
         let scope = scope.clone();
         self.read(op!([scope] | db, _cx | reads::failure_summary(db, &scope).await)).await
     }
 
-    async fn events_in(
+    async fn events(
         &self,
         after: i64,
         limit: u32,
@@ -413,10 +406,11 @@ impl Store for SqlStore {
         Ok(stats)
     }
 
-    async fn audit_with_progress(
+    async fn audit(
         &self,
-        progress: Arc<dyn Fn(audit::AuditProgress) + Send + Sync>,
+        progress: Option<Arc<dyn Fn(audit::AuditProgress) + Send + Sync>>,
     ) -> Result<AuditReport, StoreError> {
+        let progress = progress.unwrap_or_else(|| Arc::new(|_| {}));
         match &self.backend {
             // Streamed through rusqlite on a blocking thread: sqlx-sqlite sends every row from its
             // worker thread to the caller, which costs far more than SQLite reading it.
@@ -446,18 +440,20 @@ impl Store for SqlStore {
             Backend::Postgres { .. } => self.read(op!([progress] | db, _cx | audit::audit(db, &*progress).await)).await,
         }
     }
+}
 
-    async fn webhook_start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError> {
+#[async_trait]
+impl Webhooks for SqlStore {
+    async fn start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError> {
         let endpoint = endpoint.to_owned();
-        self.write_quiet(op!([endpoint] | db, cx | webhooks::start(db, cx, &endpoint, from).await)).await
+        self.write_quiet(op!([endpoint] | db, cx | ops::webhooks::start(db, cx, &endpoint, from).await)).await
     }
-
-    async fn webhook_requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError> {
+    async fn requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError> {
         let (endpoint, actor) = (endpoint.to_owned(), actor.to_owned());
         self.write_quiet(op!(
             [endpoint, actor] | db,
             cx | {
-                let n = webhooks::requeue_dead(db, cx, &endpoint, limit).await?;
+                let n = ops::webhooks::requeue_dead(db, cx, &endpoint, limit).await?;
                 if n > 0 {
                     let detail = serde_json::json!({ "endpoint": endpoint, "requeued": n });
                     ops::record_action(db, cx, &actor, "webhook.requeue_dead", None, None, detail).await?;
@@ -467,26 +463,18 @@ impl Store for SqlStore {
         ))
         .await
     }
-
-    async fn webhook_prune(
-        &self,
-        endpoint: &str,
-        before: settle_core::Timestamp,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
+    async fn prune(&self, endpoint: &str, before: settle_core::Timestamp, limit: u32) -> Result<u64, StoreError> {
         let endpoint = endpoint.to_owned();
-        self.write_quiet(op!([endpoint] | db, _cx | webhooks::prune(db, &endpoint, before, limit).await)).await
+        self.write_quiet(op!([endpoint] | db, _cx | ops::webhooks::prune(db, &endpoint, before, limit).await)).await
     }
-
-    async fn webhook_fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
+    async fn fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
         let endpoint = endpoint.to_owned();
         let created =
-            self.write_quiet(op!([endpoint] | db, cx | webhooks::fan_out(db, cx, &endpoint, batch).await)).await?;
+            self.write_quiet(op!([endpoint] | db, cx | ops::webhooks::fan_out(db, cx, &endpoint, batch).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(created)
     }
-
-    async fn webhook_claim(
+    async fn lease(
         &self,
         endpoint: &str,
         limit: u32,
@@ -498,14 +486,13 @@ impl Store for SqlStore {
         let claimed = self
             .write_quiet(op!(
                 [endpoint] | db,
-                cx | webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max, breaker).await
+                cx | ops::webhooks::claim(db, cx, &endpoint, limit, lease_ms, attempts_max, breaker).await
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(claimed)
     }
-
-    async fn webhook_report(
+    async fn report(
         &self,
         endpoint: &str,
         seq: i64,
@@ -517,23 +504,21 @@ impl Store for SqlStore {
         let applied = self
             .write_quiet(op!(
                 [endpoint, token, report] | db,
-                cx | webhooks::report(db, cx, &endpoint, seq, &token, &report, breaker).await
+                cx | ops::webhooks::report(db, cx, &endpoint, seq, &token, &report, breaker).await
             ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(applied)
     }
-
-    async fn webhook_breakers(&self) -> Result<Vec<BreakerStatus>, StoreError> {
-        self.read(op!([] | db, _cx | webhooks::breakers(db).await)).await
+    async fn breakers(&self) -> Result<Vec<BreakerStatus>, StoreError> {
+        self.read(op!([] | db, _cx | reads::webhooks::breakers(db).await)).await
     }
-
-    async fn webhook_breaker_close_by(&self, endpoint: &str, actor: &str) -> Result<BreakerStatus, StoreError> {
+    async fn close_breaker(&self, endpoint: &str, actor: &str) -> Result<BreakerStatus, StoreError> {
         let (endpoint, actor) = (endpoint.to_owned(), actor.to_owned());
         self.write_quiet(op!(
             [endpoint, actor] | db,
             cx | {
-                let b = webhooks::close_by_hand(db, cx, &endpoint).await?;
+                let b = ops::webhooks::close_by_hand(db, cx, &endpoint).await?;
                 let detail = serde_json::json!({ "endpoint": endpoint });
                 ops::record_action(db, cx, &actor, "webhook.breaker_close", None, None, detail).await?;
                 Ok(b)
@@ -541,13 +526,12 @@ impl Store for SqlStore {
         ))
         .await
     }
-
-    async fn webhook_requeue_by(&self, endpoint: &str, seq: i64, actor: &str) -> Result<Delivery, StoreError> {
+    async fn requeue_one(&self, endpoint: &str, seq: i64, actor: &str) -> Result<Delivery, StoreError> {
         let (endpoint, actor) = (endpoint.to_owned(), actor.to_owned());
         self.write_quiet(op!(
             [endpoint, actor] | db,
             cx | {
-                let d = webhooks::requeue(db, cx, &endpoint, seq).await?;
+                let d = ops::webhooks::requeue(db, cx, &endpoint, seq).await?;
                 let detail = serde_json::json!({ "endpoint": endpoint, "seq": seq });
                 let (job, account) = (d.event.job_id.clone(), d.event.account_id.clone());
                 ops::record_action(db, cx, &actor, "webhook.requeue", job.as_deref(), Some(&account), detail).await?;
@@ -556,47 +540,38 @@ impl Store for SqlStore {
         ))
         .await
     }
-
-    async fn webhook_deliveries(
-        &self,
-        filter: &DeliveryFilter,
-        after: i64,
-        limit: u32,
-    ) -> Result<Paged<Delivery>, StoreError> {
+    async fn deliveries(&self, filter: &DeliveryFilter, after: i64, limit: u32) -> Result<Paged<Delivery>, StoreError> {
         let filter = filter.clone();
-        self.read(op!([filter] | db, _cx | webhooks::list(db, &filter, after, limit).await)).await
+        self.read(op!([filter] | db, _cx | reads::webhooks::list(db, &filter, after, limit).await)).await
     }
-
-    async fn cancel_by(&self, job: &JobId, actor: &str) -> Result<CancelOutcome, StoreError> {
-        self.cancel_as(job, Some(actor)).await
+    async fn backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
+        self.read(op!([] | db, _cx | reads::webhooks::webhook_backlog(db).await)).await
     }
+}
 
+#[async_trait]
+impl Operators for SqlStore {
     async fn overview(&self, since: settle_core::Timestamp) -> Result<Overview, StoreError> {
         let now = self.now();
-        self.read(op!([] | db, _cx | crate::console::overview(db, now, since).await)).await
+        self.read(op!([] | db, _cx | reads::overview(db, now, since).await)).await
     }
-
     async fn job_totals(&self, filter: &JobFilter, net: bool) -> Result<JobTotals, StoreError> {
-        crate::console::check_filter(filter)?;
+        reads::filter::check_filter(filter)?;
         let filter = filter.clone();
-        self.read(op!([filter] | db, _cx | crate::console::job_totals(db, &filter, net).await)).await
+        self.read(op!([filter] | db, _cx | reads::job_totals(db, &filter, net).await)).await
     }
-
     async fn job_history(&self, job: &JobId) -> Result<JobHistory, StoreError> {
         let id = job.clone();
-        self.read(op!([id] | db, cx | crate::console::job_history(db, cx, id.as_str()).await)).await
+        self.read(op!([id] | db, cx | reads::job_history(db, cx, id.as_str()).await)).await
     }
-
     async fn account_detail(&self, account: &AccountId) -> Result<AccountDetail, StoreError> {
         let id = account.clone();
-        self.read(op!([id] | db, _cx | crate::console::account_detail(db, id.as_str()).await)).await
+        self.read(op!([id] | db, _cx | reads::account_detail(db, id.as_str()).await)).await
     }
-
     async fn verify_chain(&self, account: &AccountId) -> Result<Option<i64>, StoreError> {
         let id = account.clone();
-        self.read(op!([id] | db, _cx | crate::console::verify_chain(db, id.as_str()).await)).await
+        self.read(op!([id] | db, _cx | reads::verify_chain(db, id.as_str()).await)).await
     }
-
     async fn entries(
         &self,
         account: &AccountId,
@@ -605,14 +580,9 @@ impl Store for SqlStore {
         page: Page,
     ) -> Result<Paged<LedgerEntry>, StoreError> {
         let id = account.clone();
-        self.read(op!([id] | db, _cx | crate::console::entries(db, id.as_str(), kind, since, page).await)).await
+        self.read(op!([id] | db, _cx | reads::entries(db, id.as_str(), kind, since, page).await)).await
     }
-
-    async fn webhook_backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
-        self.read(op!([] | db, _cx | crate::console::webhook_backlog(db).await)).await
-    }
-
-    async fn record_action_by(
+    async fn record_action(
         &self,
         actor: &str,
         action: &'static str,
@@ -621,5 +591,9 @@ impl Store for SqlStore {
         let actor = actor.to_owned();
         self.write(op!([actor, detail] | db, cx | ops::record_action(db, cx, &actor, action, None, None, detail).await))
             .await
+    }
+    async fn actions(&self, job: Option<&JobId>, account: Option<&AccountId>) -> Result<Vec<Action>, StoreError> {
+        let (job, account) = (job.map(|j| j.as_str().to_owned()), account.map(|a| a.as_str().to_owned()));
+        self.read(op!([job, account] | db, _cx | reads::actions(db, job.as_deref(), account.as_deref()).await)).await
     }
 }

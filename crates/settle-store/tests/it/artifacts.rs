@@ -191,9 +191,12 @@ async fn a_teardown_deletes_artifacts_in_the_store_they_were_registered_in() {
     };
     let first = open("a").await.unwrap();
     let a = acc("a");
-    first.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+    first
+        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap();
     let grant = NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(20), reason: None };
-    first.grant(&a, grant).await.unwrap();
+    first.grant(&a, grant, settle_store::SYSTEM_ACTOR).await.unwrap();
     let mut tokens = Vec::new();
     for j in ["j1", "j2"] {
         first.create_job(new_job(j, &a, 10)).await.unwrap();
@@ -203,7 +206,7 @@ async fn a_teardown_deletes_artifacts_in_the_store_they_were_registered_in() {
         let written = dir.path().join("a").join(j).join("main").join("out.png");
         std::fs::create_dir_all(written.parent().unwrap()).unwrap();
         std::fs::write(&written, b"x").unwrap();
-        first.cancel(&jid(j)).await.unwrap();
+        first.cancel(&jid(j), None).await.unwrap();
         tokens.push(token);
     }
     drop(first);

@@ -93,15 +93,21 @@ conformance!(
 
 async fn account_create_is_idempotent_by_id(k: &Kit) {
     let req = NewAccount { id: acc("a"), overdraft_limit: Credits::new(5) };
-    let first = k.store.create_account(req.clone()).await.unwrap();
+    let first = k.store.create_account(req.clone(), settle_store::SYSTEM_ACTOR).await.unwrap();
     assert!(!first.replayed);
     assert_eq!(first.value.balance, Credits::ZERO);
-    let again = k.store.create_account(req.clone()).await.unwrap();
+    let again = k.store.create_account(req.clone(), settle_store::SYSTEM_ACTOR).await.unwrap();
     assert!(again.replayed);
     assert_eq!(again.value, first.value);
-    let other = k.store.create_account(NewAccount { overdraft_limit: Credits::new(6), ..req }).await;
+    let other = k
+        .store
+        .create_account(NewAccount { overdraft_limit: Credits::new(6), ..req }, settle_store::SYSTEM_ACTOR)
+        .await;
     assert!(matches!(other, Err(StoreError::IdempotencyConflict { .. })), "{other:?}");
-    let negative = k.store.create_account(NewAccount { id: acc("b"), overdraft_limit: Credits::new(-1) }).await;
+    let negative = k
+        .store
+        .create_account(NewAccount { id: acc("b"), overdraft_limit: Credits::new(-1) }, settle_store::SYSTEM_ACTOR)
+        .await;
     assert!(matches!(negative, Err(StoreError::Invalid(_))));
     assert!(matches!(k.store.account(&acc("b")).await, Err(StoreError::NotFound { .. })));
 }
@@ -109,22 +115,30 @@ async fn account_create_is_idempotent_by_id(k: &Kit) {
 async fn grant_validates_and_replays(k: &Kit) {
     let a = k.account("a", 0).await;
     let g = NewGrant { id: RefId::parse("g1").unwrap(), amount: Credits::new(100), reason: Some("welcome".into()) };
-    let first = k.store.grant(&a, g.clone()).await.unwrap();
+    let first = k.store.grant(&a, g.clone(), settle_store::SYSTEM_ACTOR).await.unwrap();
     assert!(!first.replayed);
     assert_eq!((first.value.amount.get(), first.value.balance_after.get()), (100, 100));
-    let again = k.store.grant(&a, g.clone()).await.unwrap();
+    let again = k.store.grant(&a, g.clone(), settle_store::SYSTEM_ACTOR).await.unwrap();
     assert!(again.replayed);
     assert_eq!(again.value, first.value);
-    let conflict = k.store.grant(&a, NewGrant { amount: Credits::new(101), ..g.clone() }).await;
+    let conflict =
+        k.store.grant(&a, NewGrant { amount: Credits::new(101), ..g.clone() }, settle_store::SYSTEM_ACTOR).await;
     assert!(matches!(conflict, Err(StoreError::IdempotencyConflict { .. })));
     for bad in [0, -5] {
         let r = k
             .store
-            .grant(&a, NewGrant { id: RefId::parse("g2").unwrap(), amount: Credits::new(bad), reason: None })
+            .grant(
+                &a,
+                NewGrant { id: RefId::parse("g2").unwrap(), amount: Credits::new(bad), reason: None },
+                settle_store::SYSTEM_ACTOR,
+            )
             .await;
         assert!(matches!(r, Err(StoreError::Invalid(_))), "{bad}");
     }
-    let missing = k.store.grant(&acc("nobody"), NewGrant { id: RefId::parse("g3").unwrap(), ..g }).await;
+    let missing = k
+        .store
+        .grant(&acc("nobody"), NewGrant { id: RefId::parse("g3").unwrap(), ..g }, settle_store::SYSTEM_ACTOR)
+        .await;
     assert!(matches!(missing, Err(StoreError::NotFound { .. })), "{missing:?}");
     assert_eq!(k.balance(&a).await, 100);
     assert_eq!(k.ledger_kinds(&a).await.len(), 1);
@@ -143,6 +157,7 @@ async fn grant_overflow_writes_nothing(k: &Kit) {
                     amount: Credits::new(amount),
                     reason: None,
                 },
+                settle_store::SYSTEM_ACTOR,
             )
             .await;
         assert!(matches!(r, Err(StoreError::Overflow)), "{r:?}");
@@ -152,6 +167,7 @@ async fn grant_overflow_writes_nothing(k: &Kit) {
         .adjust(
             &a,
             NewAdjustment { id: RefId::parse("adj").unwrap(), amount: Credits::new(i64::MIN), reason: "x".into() },
+            settle_store::SYSTEM_ACTOR,
         )
         .await;
     assert!(matches!(r, Err(StoreError::Overflow)), "{r:?}");
@@ -167,12 +183,20 @@ async fn adjustment_needs_a_reason_and_may_be_negative(k: &Kit) {
     let a = k.account("a", 10).await;
     let no_reason = k
         .store
-        .adjust(&a, NewAdjustment { id: RefId::parse("x1").unwrap(), amount: Credits::new(5), reason: String::new() })
+        .adjust(
+            &a,
+            NewAdjustment { id: RefId::parse("x1").unwrap(), amount: Credits::new(5), reason: String::new() },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await;
     assert!(matches!(no_reason, Err(StoreError::Invalid(_))));
     let zero = k
         .store
-        .adjust(&a, NewAdjustment { id: RefId::parse("x1").unwrap(), amount: Credits::ZERO, reason: "r".into() })
+        .adjust(
+            &a,
+            NewAdjustment { id: RefId::parse("x1").unwrap(), amount: Credits::ZERO, reason: "r".into() },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await;
     assert!(matches!(zero, Err(StoreError::Invalid(_))));
     let down = k
@@ -180,6 +204,7 @@ async fn adjustment_needs_a_reason_and_may_be_negative(k: &Kit) {
         .adjust(
             &a,
             NewAdjustment { id: RefId::parse("x2").unwrap(), amount: Credits::new(-25), reason: "chargeback".into() },
+            settle_store::SYSTEM_ACTOR,
         )
         .await
         .unwrap();
@@ -236,7 +261,11 @@ async fn insufficient_credits_write_nothing(k: &Kit) {
     assert_eq!(k.event_types().await.len(), before_events);
     // The same id may be used once the balance allows it: a failed create left no trace.
     k.store
-        .grant(&a, NewGrant { id: RefId::parse("more").unwrap(), amount: Credits::new(10), reason: None })
+        .grant(
+            &a,
+            NewGrant { id: RefId::parse("more").unwrap(), amount: Credits::new(10), reason: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     k.store.create_job(items_job("j", &a, &[30, 30])).await.unwrap();
@@ -245,7 +274,10 @@ async fn insufficient_credits_write_nothing(k: &Kit) {
 
 async fn overdraft_allows_a_negative_balance(k: &Kit) {
     let a = acc("a");
-    k.store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(20) }).await.unwrap();
+    k.store
+        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(20) }, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap();
     k.job("j1", &a, 15).await;
     assert_eq!(k.balance(&a).await, -15);
     let r = k.store.create_job(new_job("j2", &a, 6)).await;
@@ -276,11 +308,14 @@ async fn unknown_ids_are_not_found(k: &Kit) {
     let t = LeaseToken("t".into());
     assert!(matches!(k.store.create_job(new_job("j", &acc("nobody"), 1)).await, Err(StoreError::NotFound { .. })));
     assert!(matches!(k.store.job(&ghost).await, Err(StoreError::NotFound { .. })));
-    assert!(matches!(k.store.succeed(&ghost, None).await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(
+        k.store.succeed(&ghost, settle_store::Reporter::of(None), None).await,
+        Err(StoreError::NotFound { .. })
+    ));
     assert!(matches!(k.store.fail(&ghost, fail_sig(&t, "TIMEOUT")).await, Err(StoreError::NotFound { .. })));
-    assert!(matches!(k.store.cancel(&ghost).await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(k.store.cancel(&ghost, None).await, Err(StoreError::NotFound { .. })));
     assert!(matches!(k.store.heartbeat(&ghost, &t).await, Err(StoreError::NotFound { .. })));
-    assert!(matches!(k.store.requeue(&ghost).await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(k.store.requeue(&ghost, settle_store::SYSTEM_ACTOR).await, Err(StoreError::NotFound { .. })));
     assert!(matches!(k.store.attempts(&ghost).await, Err(StoreError::NotFound { .. })));
     assert!(matches!(k.store.ledger(&acc("nobody"), Page::FIRST).await, Err(StoreError::NotFound { .. })));
     let a = k.account("a", 10).await;
@@ -316,7 +351,7 @@ async fn item_arrows_and_their_no_ops(k: &Kit) {
     let r = k.store.item_fail(&j, &iid("i1"), &t, &code("TIMEOUT"), None).await;
     assert!(matches!(r, Err(StoreError::InvalidTransition { .. })), "a delivered item cannot fail: {r:?}");
     // charged → cancelled (+30, +40) through a cancel that the worker acknowledges
-    assert!(matches!(k.store.cancel(&j).await.unwrap(), CancelOutcome::Accepted(_)));
+    assert!(matches!(k.store.cancel(&j, None).await.unwrap(), CancelOutcome::Accepted(_)));
     let r = k.store.item_succeed(&j, &iid("i0"), &t).await.unwrap();
     assert!(r.cancel_requested, "item reports tell the worker about the cancel");
     let done = k.store.fail(&j, fail_sig(&t, "CANCELLED")).await.unwrap().value;
@@ -435,7 +470,7 @@ async fn heartbeat_extends_and_reports_cancel(k: &Kit) {
     let hb = k.store.heartbeat(&jid("j"), &t).await.unwrap();
     assert_eq!(hb.lease_expires_at, Timestamp::from_micros(T0).plus_seconds(50));
     assert!(!hb.cancel_requested);
-    k.store.cancel(&jid("j")).await.unwrap();
+    k.store.cancel(&jid("j"), None).await.unwrap();
     assert!(k.store.heartbeat(&jid("j"), &t).await.unwrap().cancel_requested);
     assert!(matches!(k.store.heartbeat(&jid("j"), &LeaseToken("forged".into())).await, Err(StoreError::LeaseLost(_))));
 }
@@ -444,7 +479,7 @@ async fn succeed_from_running_decides_items(k: &Kit) {
     let a = k.account("a", 100).await;
     k.items_job("j", &a, &[10, 20]).await;
     let t = k.claim_one("j").await;
-    let out = k.store.succeed(&jid("j"), Some(&t)).await.unwrap();
+    let out = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), None).await.unwrap();
     assert!(out.applied);
     assert_state(&out.value, JobState::Succeeded);
     assert_eq!(states(&out.value), ["succeeded", "succeeded"]);
@@ -465,13 +500,13 @@ async fn succeed_after_refund_reclaims_once(k: &Kit) {
     assert_state(&failed, JobState::Queued);
     assert_eq!(k.balance(&a).await, 100);
     k.clock.advance_seconds(2);
-    let late = k.store.succeed(&jid("render-1"), Some(&t)).await.unwrap();
+    let late = k.store.succeed(&jid("render-1"), settle_store::Reporter::of(Some(&t)), None).await.unwrap();
     assert!(late.applied);
     assert_state(&late.value, JobState::Succeeded);
     assert_eq!(states(&late.value), ["reclaimed"]);
     for _ in 0..3 {
-        assert!(!k.store.succeed(&jid("render-1"), Some(&t)).await.unwrap().applied);
-        assert!(!k.store.succeed(&jid("render-1"), None).await.unwrap().applied);
+        assert!(!k.store.succeed(&jid("render-1"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().applied);
+        assert!(!k.store.succeed(&jid("render-1"), settle_store::Reporter::of(None), None).await.unwrap().applied);
     }
     assert_eq!(k.balance(&a).await, 60);
     let kinds: Vec<_> = k.ledger_kinds(&a).await.into_iter().skip(1).collect();
@@ -485,14 +520,14 @@ async fn succeed_from_unknown_and_dead_recovers(k: &Kit) {
     k.job("u", &a, 10).await;
     let t = k.claim_one("u").await;
     k.store.mark_unknown(&jid("u"), &t, Some("no answer")).await.unwrap();
-    let u = k.store.succeed(&jid("u"), None).await.unwrap().value;
+    let u = k.store.succeed(&jid("u"), settle_store::Reporter::of(None), None).await.unwrap().value;
     assert_state(&u, JobState::Succeeded);
     assert_eq!(states(&u), ["succeeded"]);
     k.job("d", &a, 10).await;
     let t = k.claim_one("d").await;
     k.fail("d", &t, "INVALID_ADDRESS").await;
     assert_eq!(k.balance(&a).await, 90);
-    let d = k.store.succeed(&jid("d"), Some(&t)).await.unwrap().value;
+    let d = k.store.succeed(&jid("d"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().value;
     assert_state(&d, JobState::Succeeded);
     assert_eq!(states(&d), ["reclaimed"]);
     assert_eq!(k.balance(&a).await, 80);
@@ -505,7 +540,7 @@ async fn job_success_keeps_item_failures_refunded(k: &Kit) {
     k.items_job("j", &a, &[10, 20, 30]).await;
     let t = k.claim_one("j").await;
     k.store.item_fail(&jid("j"), &iid("i1"), &t, &code("INVALID_INPUT"), None).await.unwrap();
-    let done = k.store.succeed(&jid("j"), Some(&t)).await.unwrap().value;
+    let done = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().value;
     assert_eq!(states(&done), ["succeeded", "refunded", "succeeded"]);
     assert_eq!(done.items[1].refund_reason.as_deref(), Some("item_failed"));
     assert_eq!(k.balance(&a).await, 60);
@@ -516,15 +551,18 @@ async fn succeed_after_cancel_requested_tears_down(k: &Kit) {
     k.items_job("j", &a, &[10, 20]).await;
     let t = k.claim_one("j").await;
     k.store.item_succeed(&jid("j"), &iid("i0"), &t).await.unwrap();
-    k.store.cancel(&jid("j")).await.unwrap();
-    let out = k.store.succeed(&jid("j"), Some(&t)).await.unwrap();
+    k.store.cancel(&jid("j"), None).await.unwrap();
+    let out = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), None).await.unwrap();
     assert_state(&out.value, JobState::Cancelled);
     assert_eq!(states(&out.value), ["succeeded", "cancelled"]);
     assert_eq!(k.balance(&a).await, 90);
     // A success after the cancel changes nothing: its own re-send is a replay, an operator's is
     // refused (the job is finished).
-    assert!(!k.store.succeed(&jid("j"), Some(&t)).await.unwrap().applied);
-    assert!(matches!(k.store.succeed(&jid("j"), None).await, Err(StoreError::JobFinished(_))));
+    assert!(!k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().applied);
+    assert!(matches!(
+        k.store.succeed(&jid("j"), settle_store::Reporter::of(None), None).await,
+        Err(StoreError::JobFinished(_))
+    ));
     assert_eq!(k.balance(&a).await, 90);
     assert_eq!(k.store.attempts(&jid("j")).await.unwrap()[0].result, Some(AttemptResult::Cancelled));
 }
@@ -546,7 +584,7 @@ async fn retryable_failure_requeues_with_backoff_and_refunds(k: &Kit) {
     assert!(k.store.claim(claim_req("w", 1)).await.unwrap().is_empty(), "not before its backoff");
     k.clock.advance_seconds(1);
     let t2 = k.claim_one("j").await;
-    let done = k.store.succeed(&jid("j"), Some(&t2)).await.unwrap().value;
+    let done = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t2)), None).await.unwrap().value;
     assert_eq!((states(&done), done.attempt), (vec!["reclaimed"], 2));
     assert_eq!(k.balance(&a).await, 60);
     let types = k.event_types().await;
@@ -576,7 +614,7 @@ async fn final_failure_holds_the_charge_until_dead(k: &Kit) {
     k.store.create_job(with_policy(new_job("w2", &a, 10), RefundPolicy::FinalFailure)).await.unwrap();
     let t = k.claim_one("w2").await;
     k.fail("w2", &t, "NODE_DOWN").await;
-    let j = k.store.succeed(&jid("w2"), Some(&t)).await.unwrap().value;
+    let j = k.store.succeed(&jid("w2"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().value;
     assert_eq!(states(&j), ["succeeded"]);
     assert_eq!(k.balance(&a).await, 90);
 }
@@ -652,7 +690,7 @@ async fn lease_expiry_requeues_and_late_success_reclaims(k: &Kit) {
     let expired = |r: Result<_, StoreError>| matches!(r, Err(StoreError::LeaseLost(l)) if l.lease() == "expired");
     assert!(expired(k.store.heartbeat(&jid("j"), &t).await.map(drop)));
     assert!(expired(k.store.fail(&jid("j"), fail_sig(&t, "TIMEOUT")).await.map(drop)));
-    let done = k.store.succeed(&jid("j"), Some(&t)).await.unwrap().value;
+    let done = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().value;
     assert_state(&done, JobState::Succeeded);
     assert_eq!(k.balance(&a).await, 60);
     assert!(k.store.rescue_expired_leases(10).await.unwrap().is_empty());
@@ -663,7 +701,7 @@ async fn cancel_requested_then_fail_tears_down(k: &Kit) {
     k.items_job("j", &a, &[10, 20, 30]).await;
     let t = k.claim_one("j").await;
     k.store.item_succeed(&jid("j"), &iid("i0"), &t).await.unwrap();
-    let accepted = k.store.cancel(&jid("j")).await.unwrap();
+    let accepted = k.store.cancel(&jid("j"), None).await.unwrap();
     assert!(matches!(accepted, CancelOutcome::Accepted(ref j) if j.cancel_requested && j.state == JobState::Running));
     // Any code, even a retryable one, ends in teardown: never retried, never dead.
     let j = k.fail("j", &t, "NODE_DOWN").await.value;
@@ -679,7 +717,7 @@ async fn cancel_requested_then_lease_expiry_tears_down(k: &Kit) {
     let a = k.account("a", 100).await;
     k.job("j", &a, 10).await;
     k.claim_one("j").await;
-    k.store.cancel(&jid("j")).await.unwrap();
+    k.store.cancel(&jid("j"), None).await.unwrap();
     k.clock.advance_seconds(31);
     assert_eq!(k.store.rescue_expired_leases(10).await.unwrap(), ["j"]);
     let j = k.get("j").await;
@@ -753,17 +791,17 @@ async fn cancel_queued_refunds_and_cleans_artifacts(k: &Kit) {
     );
     k.store.item_succeed(&jid("j"), &iid("i0"), &t).await.unwrap();
     k.fail("j", &t, "NODE_DOWN").await;
-    let out = k.store.cancel(&jid("j")).await.unwrap();
+    let out = k.store.cancel(&jid("j"), None).await.unwrap();
     let CancelOutcome::Cancelled(j) = out else { panic!("{out:?}") };
     assert_eq!(states(&j), ["succeeded", "refunded"]);
     assert!(root.join("j/i0/j/a0").exists(), "delivered item keeps its artifact");
     assert!(!root.join("j/i1/j/a1").exists(), "undelivered item's artifact is deleted");
     assert_eq!(k.balance(&a).await, 90);
-    let last = k.store.events(0, 1000).await.unwrap().rows.pop().unwrap();
+    let last = k.store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows.pop().unwrap();
     assert_eq!(last.kind, EventKind::JobCancelled, "the terminal event is written last");
     // a fresh queued job is refunded item by item
     k.items_job("q", &a, &[5, 5]).await;
-    let CancelOutcome::Cancelled(q) = k.store.cancel(&jid("q")).await.unwrap() else { panic!() };
+    let CancelOutcome::Cancelled(q) = k.store.cancel(&jid("q"), None).await.unwrap() else { panic!() };
     assert_eq!(states(&q), ["cancelled", "cancelled"]);
     assert_eq!(k.balance(&a).await, 90);
 }
@@ -784,7 +822,7 @@ async fn cancelling_one_job_leaves_another_jobs_artifact_of_the_same_key(k: &Kit
     }
     // x fails (refunded, queued for a retry) and is cancelled: its artifact goes, y's stays.
     k.fail("x", &tokens[0], "NODE_DOWN").await;
-    let CancelOutcome::Cancelled(x) = k.store.cancel(&jid("x")).await.unwrap() else { panic!() };
+    let CancelOutcome::Cancelled(x) = k.store.cancel(&jid("x"), None).await.unwrap() else { panic!() };
     assert_eq!(states(&x), ["refunded"]);
     assert!(!root.join("x/i0/out/result.bin").exists(), "the cancelled job's artifact is deleted");
     assert_eq!(
@@ -792,7 +830,7 @@ async fn cancelling_one_job_leaves_another_jobs_artifact_of_the_same_key(k: &Kit
         b"y",
         "another job's artifact of the same key is untouched"
     );
-    let history = k.store.job_history(&jid("y")).await.unwrap();
+    let history = k.store.operators().job_history(&jid("y")).await.unwrap();
     assert_eq!(history.artifacts[0].path, "y/i0/out/result.bin");
 }
 
@@ -804,20 +842,20 @@ async fn cancel_with_failing_cleanup_stays_cancelling(k: &Kit) {
         .register_artifact(&jid("j"), &iid("i1"), &t, NewArtifact { key: ArtifactKey::parse("j/out").unwrap() })
         .await
         .unwrap();
-    k.store.cancel(&jid("j")).await.unwrap();
+    k.store.cancel(&jid("j"), None).await.unwrap();
     k.artifacts.fail.store(true, std::sync::atomic::Ordering::SeqCst);
     let j = k.fail("j", &t, "CANCELLED").await.value;
     assert_state(&j, JobState::Cancelling);
     assert_eq!(k.balance(&a).await, 100, "refunds committed in step 1");
     // cancel again: still failing → 202 with the job cancelling
     assert!(
-        matches!(k.store.cancel(&jid("j")).await.unwrap(), CancelOutcome::Accepted(ref j) if j.state == JobState::Cancelling)
+        matches!(k.store.cancel(&jid("j"), None).await.unwrap(), CancelOutcome::Accepted(ref j) if j.state == JobState::Cancelling)
     );
     assert!(k.store.resume_teardowns(10).await.unwrap().is_empty());
     k.artifacts.fail.store(false, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(k.store.resume_teardowns(10).await.unwrap(), ["j"]);
     assert_state(&k.get("j").await, JobState::Cancelled);
-    assert!(matches!(k.store.cancel(&jid("j")).await.unwrap(), CancelOutcome::Cancelled(_)));
+    assert!(matches!(k.store.cancel(&jid("j"), None).await.unwrap(), CancelOutcome::Cancelled(_)));
     assert_eq!(k.balance(&a).await, 100);
     assert_eq!(k.event_types().await.iter().filter(|t| *t == "job.cancelled").count(), 1);
 }
@@ -827,7 +865,7 @@ async fn cancel_running_only_sets_the_flag(k: &Kit) {
     k.job("j", &a, 10).await;
     let t = k.claim_one("j").await;
     for _ in 0..2 {
-        let CancelOutcome::Accepted(j) = k.store.cancel(&jid("j")).await.unwrap() else { panic!() };
+        let CancelOutcome::Accepted(j) = k.store.cancel(&jid("j"), None).await.unwrap() else { panic!() };
         assert!(j.cancel_requested);
         assert_state(&j, JobState::Running);
         assert_eq!(states(&j), ["charged"]);
@@ -842,21 +880,27 @@ async fn cancel_table_for_finished_states(k: &Kit) {
     let a = k.account("a", 100).await;
     k.job("s", &a, 10).await;
     let t = k.claim_one("s").await;
-    k.store.succeed(&jid("s"), Some(&t)).await.unwrap();
-    assert!(matches!(k.store.cancel(&jid("s")).await, Err(StoreError::JobFinished(_))));
+    k.store.succeed(&jid("s"), settle_store::Reporter::of(Some(&t)), None).await.unwrap();
+    assert!(matches!(k.store.cancel(&jid("s"), None).await, Err(StoreError::JobFinished(_))));
     k.job("u", &a, 10).await;
     let t = k.claim_one("u").await;
     k.store.mark_unknown(&jid("u"), &t, None).await.unwrap();
-    assert!(matches!(k.store.cancel(&jid("u")).await, Err(StoreError::OutcomeUnknown(_))));
+    assert!(matches!(k.store.cancel(&jid("u"), None).await, Err(StoreError::OutcomeUnknown(_))));
     k.job("d", &a, 10).await;
     let t = k.claim_one("d").await;
     k.fail("d", &t, "INVALID_ADDRESS").await;
-    let CancelOutcome::Cancelled(d) = k.store.cancel(&jid("d")).await.unwrap() else { panic!() };
+    let CancelOutcome::Cancelled(d) = k.store.cancel(&jid("d"), None).await.unwrap() else { panic!() };
     assert_eq!(states(&d), ["refunded"]);
-    assert!(matches!(k.store.cancel(&jid("d")).await.unwrap(), CancelOutcome::Cancelled(_)));
+    assert!(matches!(k.store.cancel(&jid("d"), None).await.unwrap(), CancelOutcome::Cancelled(_)));
     // a cancelled job can be neither requeued nor recovered
-    assert!(matches!(k.store.requeue(&jid("d")).await, Err(StoreError::InvalidTransition { .. })));
-    assert!(matches!(k.store.succeed(&jid("d"), None).await, Err(StoreError::JobFinished(_))));
+    assert!(matches!(
+        k.store.requeue(&jid("d"), settle_store::SYSTEM_ACTOR).await,
+        Err(StoreError::InvalidTransition { .. })
+    ));
+    assert!(matches!(
+        k.store.succeed(&jid("d"), settle_store::Reporter::of(None), None).await,
+        Err(StoreError::JobFinished(_))
+    ));
     assert_eq!(k.balance(&a).await, 80);
 }
 
@@ -865,25 +909,31 @@ async fn requeue_dead_gives_a_fresh_budget(k: &Kit) {
     k.job("j", &a, 10).await;
     let t = k.claim_one("j").await;
     k.fail("j", &t, "INVALID_ADDRESS").await;
-    let j = k.store.requeue(&jid("j")).await.unwrap();
+    let j = k.store.requeue(&jid("j"), settle_store::SYSTEM_ACTOR).await.unwrap();
     assert_state(&j, JobState::Queued);
     assert_eq!(states(&j), ["refunded"], "refunded items stay refunded");
     // re-sent after a lost answer: the same job again, nothing moves
-    assert_eq!(k.store.requeue(&jid("j")).await.unwrap(), j);
+    assert_eq!(k.store.requeue(&jid("j"), settle_store::SYSTEM_ACTOR).await.unwrap(), j);
     k.job("fresh", &a, 1).await;
-    assert!(matches!(k.store.requeue(&jid("fresh")).await, Err(StoreError::InvalidTransition { .. })));
-    k.store.cancel(&jid("fresh")).await.unwrap();
+    assert!(matches!(
+        k.store.requeue(&jid("fresh"), settle_store::SYSTEM_ACTOR).await,
+        Err(StoreError::InvalidTransition { .. })
+    ));
+    k.store.cancel(&jid("fresh"), None).await.unwrap();
     for n in 0..3 {
         let t = k.claim_one("j").await;
         let j = k.fail("j", &t, "TIMEOUT").await.value;
         assert_state(&j, if n < 2 { JobState::Queued } else { JobState::Dead });
         k.clock.advance_seconds(600);
     }
-    k.store.requeue(&jid("j")).await.unwrap();
+    k.store.requeue(&jid("j"), settle_store::SYSTEM_ACTOR).await.unwrap();
     let t = k.claim_one("j").await;
-    let j = k.store.succeed(&jid("j"), Some(&t)).await.unwrap().value;
+    let j = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().value;
     assert_eq!((states(&j), j.attempt), (vec!["reclaimed"], 5));
-    assert!(matches!(k.store.requeue(&jid("j")).await, Err(StoreError::InvalidTransition { .. })));
+    assert!(matches!(
+        k.store.requeue(&jid("j"), settle_store::SYSTEM_ACTOR).await,
+        Err(StoreError::InvalidTransition { .. })
+    ));
     assert_eq!(k.balance(&a).await, 90);
 }
 
@@ -899,9 +949,9 @@ async fn no_op_pairs_change_nothing(k: &Kit) {
     assert!(matches!(other, Err(StoreError::ReportConflict(_))), "{other:?}");
     assert_eq!(k.balance(&a).await, 100);
     // success, then a stale failure, then a second success: one reclaim
-    k.store.succeed(&jid("j"), None).await.unwrap();
+    k.store.succeed(&jid("j"), settle_store::Reporter::of(None), None).await.unwrap();
     assert!(!k.fail("j", &t, "TIMEOUT").await.applied);
-    assert!(!k.store.succeed(&jid("j"), None).await.unwrap().applied);
+    assert!(!k.store.succeed(&jid("j"), settle_store::Reporter::of(None), None).await.unwrap().applied);
     assert_eq!(k.balance(&a).await, 60);
     assert!(matches!(k.store.mark_unknown(&jid("j"), &t, None).await, Err(StoreError::LeaseLost(_))));
     assert!(!k.store.reconcile(&jid("j"), Finding::Absent).await.unwrap().applied);
@@ -946,14 +996,14 @@ async fn the_signal_log_is_bounded_per_job(k: &Kit) {
     let sig = k.store.signals(&jid("j")).await.unwrap();
     assert_eq!(sig.len(), settle_core::limits::SIGNALS_LOGGED_MAX);
     assert!(sig.iter().all(|s| s.effect == SignalEffect::Stale));
-    let history = k.store.job_history(&jid("j")).await.unwrap();
+    let history = k.store.operators().job_history(&jid("j")).await.unwrap();
     assert_eq!(history.signals_unlogged, extra as i64);
     // Another job's log is its own.
     k.job("k", &a, 10).await;
-    assert_eq!(k.store.job_history(&jid("k")).await.unwrap().signals_unlogged, 0);
+    assert_eq!(k.store.operators().job_history(&jid("k")).await.unwrap().signals_unlogged, 0);
     assert!(k.fail("j", &t2, "TIMEOUT").await.applied, "the current attempt still reports");
     // The lost attempt's late success is kept past the bound: it is what support asks about.
-    assert!(k.store.succeed(&jid("j"), Some(&t1)).await.unwrap().applied);
+    assert!(k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t1)), None).await.unwrap().applied);
     let sig = k.store.signals(&jid("j")).await.unwrap();
     assert_eq!(sig.len(), settle_core::limits::SIGNALS_LOGGED_MAX + 1);
     assert_eq!(sig.last().map(|s| s.effect), Some(SignalEffect::Recovered));
@@ -986,7 +1036,7 @@ async fn failure_summary_groups_by_code(k: &Kit) {
             k.fail(id, &t, c).await;
         }
     }
-    let summary = k.store.failure_summary().await.unwrap();
+    let summary = k.store.failure_summary(&settle_core::scope::Scope::ALL).await.unwrap();
     let rows: Vec<_> = summary.iter().map(|f| (f.code.as_str(), f.state.as_str(), f.count)).collect();
     assert_eq!(rows, [("INVALID_ADDRESS", "dead", 2), ("NODE_DOWN", "retrying", 1), ("NONE", "unknown", 1)]);
 }
@@ -1007,11 +1057,11 @@ async fn events_and_ledger_pages_are_ordered(k: &Kit) {
         }
     }
     assert_eq!(seen, (1..=8).collect::<Vec<i64>>());
-    let events = k.store.events(0, 1000).await.unwrap();
+    let events = k.store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap();
     let seqs: Vec<i64> = events.rows.iter().map(|e| e.seq).collect();
     assert_eq!(seqs, (1..=seqs.len() as i64).collect::<Vec<_>>());
     assert_eq!(events.next_after, None);
-    let page = k.store.events(2, 3).await.unwrap();
+    let page = k.store.events(2, 3, &settle_core::scope::Scope::ALL).await.unwrap();
     assert_eq!(page.rows.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4, 5]);
     assert_eq!(page.next_after, Some(5));
     let jobs = k
@@ -1045,7 +1095,7 @@ async fn audit_names_tampering(k: &Kit) {
     k.job("j", &a, 10).await;
     k.drop_update_trigger().await;
     k.raw("UPDATE ledger_entries SET amount = -9 WHERE kind = 'charge'").await.unwrap();
-    let report = k.store.audit().await.unwrap();
+    let report = k.store.audit(None).await.unwrap();
     let found: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
     for inv in ["L1", "L2", "L3"] {
         assert!(found.contains(&inv), "{inv} not reported in {:#?}", report.violations);
@@ -1059,10 +1109,10 @@ async fn unknown_with_a_cancel_request_reconciles_to_teardown(k: &Kit) {
     for (id, finding) in [("found", Finding::Present), ("absent", Finding::Absent)] {
         k.job(id, &a, 10).await;
         let t = k.claim_one(id).await;
-        k.store.cancel(&jid(id)).await.unwrap();
+        k.store.cancel(&jid(id), None).await.unwrap();
         let u = k.store.mark_unknown(&jid(id), &t, None).await.unwrap().value;
         assert!(u.cancel_requested && u.state == JobState::Unknown);
-        assert!(matches!(k.store.cancel(&jid(id)).await, Err(StoreError::OutcomeUnknown(_))));
+        assert!(matches!(k.store.cancel(&jid(id), None).await, Err(StoreError::OutcomeUnknown(_))));
         k.clock.advance_seconds(3_600);
         let r = k.store.reconcile(&jid(id), finding).await.unwrap();
         assert!(r.applied);
@@ -1075,13 +1125,13 @@ async fn final_failure_success_wins_over_a_cancel_request(k: &Kit) {
     let a = k.account("a", 100).await;
     k.store.create_job(with_policy(new_job("payout", &a, 30), RefundPolicy::FinalFailure)).await.unwrap();
     let t = k.claim_one("payout").await;
-    k.store.cancel(&jid("payout")).await.unwrap();
-    let j = k.store.succeed(&jid("payout"), Some(&t)).await.unwrap().value;
+    k.store.cancel(&jid("payout"), None).await.unwrap();
+    let j = k.store.succeed(&jid("payout"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().value;
     assert_state(&j, JobState::Succeeded);
     assert_eq!(k.balance(&a).await, 70, "money that left is not handed back");
     k.store.create_job(with_policy(new_job("payout2", &a, 30), RefundPolicy::FinalFailure)).await.unwrap();
     let t = k.claim_one("payout2").await;
-    k.store.cancel(&jid("payout2")).await.unwrap();
+    k.store.cancel(&jid("payout2"), None).await.unwrap();
     k.store.mark_unknown(&jid("payout2"), &t, None).await.unwrap();
     let j = k.store.reconcile(&jid("payout2"), Finding::Present).await.unwrap().value;
     assert_state(&j, JobState::Succeeded);
@@ -1125,7 +1175,7 @@ async fn item_failure_after_a_job_refund_is_not_reclaimed(k: &Kit) {
     let r = k.store.item_fail(&jid("j"), &iid("i1"), &t2, &code("BAD_FRAME"), None).await.unwrap();
     assert!(r.applied);
     assert_eq!((r.item.state, r.item.refund_reason.as_deref()), (ItemState::Refunded, Some("item_failed")));
-    let done = k.store.succeed(&jid("j"), Some(&t2)).await.unwrap().value;
+    let done = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t2)), None).await.unwrap().value;
     assert_eq!(states(&done), ["reclaimed", "refunded"], "the item the worker failed stays refunded");
     assert_eq!(k.balance(&a).await, 90);
 }
@@ -1134,7 +1184,7 @@ async fn final_failure_lease_expiry_after_cancel_is_unknown(k: &Kit) {
     let a = k.account("a", 100).await;
     k.store.create_job(with_policy(new_job("payout", &a, 30), RefundPolicy::FinalFailure)).await.unwrap();
     let t = k.claim_one("payout").await;
-    k.store.cancel(&jid("payout")).await.unwrap();
+    k.store.cancel(&jid("payout"), None).await.unwrap();
     k.clock.advance_seconds(31);
     assert_eq!(k.store.rescue_expired_leases(10).await.unwrap(), ["payout"]);
     let j = k.get("payout").await;
@@ -1142,14 +1192,20 @@ async fn final_failure_lease_expiry_after_cancel_is_unknown(k: &Kit) {
     assert_eq!(k.balance(&a).await, 70, "money that may have left is not handed back");
     assert_eq!(k.store.attempts(&jid("payout")).await.unwrap()[0].result, Some(AttemptResult::LeaseExpired));
     // the worker's late success (the payout went through) is accepted
-    assert_state(&k.store.succeed(&jid("payout"), Some(&t)).await.unwrap().value, JobState::Succeeded);
+    assert_state(
+        &k.store.succeed(&jid("payout"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().value,
+        JobState::Succeeded,
+    );
     assert_eq!(k.balance(&a).await, 70);
 }
 
 async fn reclaims_can_never_overflow(k: &Kit) {
     let big = settle_core::limits::BALANCE_MAX;
     let a = acc("a");
-    k.store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(big) }).await.unwrap();
+    k.store
+        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(big) }, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap();
     k.job("j1", &a, big).await;
     let t = k.claim_one("j1").await;
     k.fail("j1", &t, "TIMEOUT").await;
@@ -1159,14 +1215,22 @@ async fn reclaims_can_never_overflow(k: &Kit) {
     assert!(matches!(r, Err(StoreError::InsufficientCredits { .. })), "{r:?}");
     let r = k
         .store
-        .adjust(&a, NewAdjustment { id: RefId::parse("x").unwrap(), amount: Credits::new(-1), reason: "fee".into() })
+        .adjust(
+            &a,
+            NewAdjustment { id: RefId::parse("x").unwrap(), amount: Credits::new(-1), reason: "fee".into() },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await;
     assert!(matches!(r, Err(StoreError::Overflow)), "{r:?}");
-    k.store.succeed(&jid("j1"), Some(&t)).await.unwrap();
+    k.store.succeed(&jid("j1"), settle_store::Reporter::of(Some(&t)), None).await.unwrap();
     assert_eq!(k.balance(&a).await, -big);
     // A grant is bounded only upwards.
     k.store
-        .grant(&a, NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(5), reason: None })
+        .grant(
+            &a,
+            NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(5), reason: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     assert_eq!(k.balance(&a).await, 5 - big);
@@ -1177,11 +1241,14 @@ async fn refunds_can_never_overflow(k: &Kit) {
     // every grant was accepted and the fourth refund overflowed: that job could never end.
     let big = settle_core::limits::BALANCE_MAX;
     let a = acc("a");
-    k.store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+    k.store
+        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap();
     let mut tokens = Vec::new();
     for i in 0..4 {
         let g = NewGrant { id: RefId::parse(&format!("g{i}")).unwrap(), amount: Credits::new(big), reason: None };
-        let granted = k.store.grant(&a, g).await;
+        let granted = k.store.grant(&a, g, settle_store::SYSTEM_ACTOR).await;
         // Only the first grant fits: the outstanding charge may still come back as a refund.
         assert_eq!(granted.is_ok(), i == 0, "grant {i}: {granted:?}");
         if let Err(e) = granted {
@@ -1199,23 +1266,23 @@ async fn refunds_can_never_overflow(k: &Kit) {
     assert_eq!(k.balance(&a).await, big);
     // With nothing held, the balance is what bounds a grant.
     let g = NewGrant { id: RefId::parse("g-more").unwrap(), amount: Credits::new(1), reason: None };
-    assert!(matches!(k.store.grant(&a, g).await, Err(StoreError::Overflow)));
+    assert!(matches!(k.store.grant(&a, g, settle_store::SYSTEM_ACTOR).await, Err(StoreError::Overflow)));
     // A positive adjustment is bounded the same way; a negative one frees room.
     let adj = |id: &str, amount: i64| NewAdjustment {
         id: RefId::parse(id).unwrap(),
         amount: Credits::new(amount),
         reason: "fix".into(),
     };
-    assert!(matches!(k.store.adjust(&a, adj("x1", 1)).await, Err(StoreError::Overflow)));
-    k.store.adjust(&a, adj("x2", -5)).await.unwrap();
-    k.store.adjust(&a, adj("x3", 5)).await.unwrap();
+    assert!(matches!(k.store.adjust(&a, adj("x1", 1), settle_store::SYSTEM_ACTOR).await, Err(StoreError::Overflow)));
+    k.store.adjust(&a, adj("x2", -5), settle_store::SYSTEM_ACTOR).await.unwrap();
+    k.store.adjust(&a, adj("x3", 5), settle_store::SYSTEM_ACTOR).await.unwrap();
 }
 
 async fn the_audit_checks_what_is_held(k: &Kit) {
     let a = k.account("a", 100).await;
     k.job("j", &a, 10).await;
     k.raw("UPDATE accounts SET held = 3 WHERE id = 'a'").await.unwrap();
-    let report = k.store.audit().await.unwrap();
+    let report = k.store.audit(None).await.unwrap();
     assert!(
         report.violations.iter().any(|v| v.invariant == "L1" && v.message.contains("held 3")),
         "{:#?}",
@@ -1263,7 +1330,7 @@ async fn sweep_passes_never_starve_behind_failing_jobs(k: &Kit) {
         let key = if i < 8 { format!("bad/{id}") } else { format!("good/{id}") };
         let artifact = NewArtifact { key: ArtifactKey::parse(&key).unwrap() };
         k.store.register_artifact(&jid(&id), &ItemId::main(), &t, artifact).await.unwrap();
-        k.store.cancel(&jid(&id)).await.unwrap();
+        k.store.cancel(&jid(&id), None).await.unwrap();
         k.fail(&id, &t, "CANCELLED").await;
         assert_state(&k.get(&id).await, JobState::Cancelling);
     }

@@ -93,17 +93,23 @@ impl Runner<'_> {
     async fn run(&mut self, step: &Step) -> Result<(), StoreError> {
         let s = &self.k.store;
         match step {
-            Step::Account(a) => {
-                s.create_account(NewAccount { id: acc(a), overdraft_limit: Credits::ZERO }).await.map(drop)
-            }
+            Step::Account(a) => s
+                .create_account(NewAccount { id: acc(a), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+                .await
+                .map(drop),
             Step::Grant(a, n) => s
-                .grant(&acc(a), NewGrant { id: RefId::parse("g1").unwrap(), amount: Credits::new(*n), reason: None })
+                .grant(
+                    &acc(a),
+                    NewGrant { id: RefId::parse("g1").unwrap(), amount: Credits::new(*n), reason: None },
+                    settle_store::SYSTEM_ACTOR,
+                )
                 .await
                 .map(drop),
             Step::Adjust(a, n) => s
                 .adjust(
                     &acc(a),
                     NewAdjustment { id: RefId::parse("adj1").unwrap(), amount: Credits::new(*n), reason: "fee".into() },
+                    settle_store::SYSTEM_ACTOR,
                 )
                 .await
                 .map(drop),
@@ -136,13 +142,13 @@ impl Runner<'_> {
             }
             Step::Succeed(j, with_token) => {
                 let t = with_token.then(|| self.tokens[*j].clone());
-                s.succeed(&jid(j), t.as_ref()).await.map(drop)
+                s.succeed(&jid(j), settle_store::Reporter::of(t.as_ref()), None).await.map(drop)
             }
             Step::Fail(j, c) => s.fail(&jid(j), fail_sig(&self.tokens[*j], c)).await.map(drop),
             Step::Unknown(j) => s.mark_unknown(&jid(j), &self.tokens[*j], None).await.map(drop),
             Step::Reconcile(j, f) => s.reconcile(&jid(j), *f).await.map(drop),
-            Step::Cancel(j) => s.cancel(&jid(j)).await.map(drop),
-            Step::Requeue(j) => s.requeue(&jid(j)).await.map(drop),
+            Step::Cancel(j) => s.cancel(&jid(j), None).await.map(drop),
+            Step::Requeue(j) => s.requeue(&jid(j), settle_store::SYSTEM_ACTOR).await.map(drop),
             Step::Advance(secs) => {
                 self.k.clock.advance_seconds(*secs);
                 Ok(())
@@ -169,7 +175,7 @@ async fn dump(k: &Kit) -> String {
         out += &format!("{j:?}\n");
         out += &format!("{:?}\n", s.attempts(&jid(&j.id)).await.unwrap());
     }
-    for e in s.events(0, 1000).await.unwrap().rows {
+    for e in s.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows {
         out += &format!("{} {:?} {} {}\n", e.seq, e.job_id, e.kind, e.data);
     }
     let root = k.dir.path().join("artifacts");
@@ -281,8 +287,8 @@ async fn webhook_setup(k: &Kit) {
     let a = k.account("a", 100).await;
     k.job("j1", &a, 10).await;
     k.items_job("j2", &a, &[5, 5]).await;
-    k.store.cancel(&jid("j2")).await.unwrap();
-    k.store.webhook_start("ops", StartFrom::Beginning).await.unwrap();
+    k.store.cancel(&jid("j2"), None).await.unwrap();
+    k.store.webhooks().start("ops", StartFrom::Beginning).await.unwrap();
 }
 
 /// Runs `op` once (after what it needs), crashing at `crash` if given; the seqs it sent go to
@@ -290,10 +296,10 @@ async fn webhook_setup(k: &Kit) {
 async fn webhook_op(k: &Kit, op: WebhookOp, crash: Option<CrashPoint>, sent: &mut Vec<i64>) -> Result<(), StoreError> {
     let s = &k.store;
     if op != WebhookOp::FanOut {
-        s.webhook_fan_out("ops", 100).await?;
+        s.webhooks().fan_out("ops", 100).await?;
     }
     let claimed = if matches!(op, WebhookOp::ReportDelivered | WebhookOp::ReportFailed) {
-        s.webhook_claim("ops", 1, LEASE_MS, 10, NO_BREAKER).await?
+        s.webhooks().lease("ops", 1, LEASE_MS, 10, NO_BREAKER).await?
     } else {
         Vec::new()
     };
@@ -301,8 +307,8 @@ async fn webhook_op(k: &Kit, op: WebhookOp, crash: Option<CrashPoint>, sent: &mu
         k.crasher.arm(p);
     }
     match op {
-        WebhookOp::FanOut => drop(s.webhook_fan_out("ops", 100).await?),
-        WebhookOp::Claim => drop(s.webhook_claim("ops", 1, LEASE_MS, 10, NO_BREAKER).await?),
+        WebhookOp::FanOut => drop(s.webhooks().fan_out("ops", 100).await?),
+        WebhookOp::Claim => drop(s.webhooks().lease("ops", 1, LEASE_MS, 10, NO_BREAKER).await?),
         WebhookOp::ReportDelivered | WebhookOp::ReportFailed => {
             let d = &claimed[0];
             sent.push(d.event.seq);
@@ -311,7 +317,7 @@ async fn webhook_op(k: &Kit, op: WebhookOp, crash: Option<CrashPoint>, sent: &mu
             } else {
                 DeliveryReport::Failed { status: Some(500), error: "down".into(), retry_at: s.now(), attempts_max: 10 }
             };
-            s.webhook_report("ops", d.event.seq, d.lease_token.as_ref().unwrap(), report, NO_BREAKER).await?;
+            s.webhooks().report("ops", d.event.seq, d.lease_token.as_ref().unwrap(), report, NO_BREAKER).await?;
         }
     }
     Ok(())
@@ -324,10 +330,10 @@ async fn deliver_the_rest(k: &Kit) -> Vec<i64> {
     let mut sent = Vec::new();
     let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
     for _ in 0..200 {
-        s.webhook_fan_out("ops", 100).await.unwrap();
-        let claimed = s.webhook_claim("ops", 1, LEASE_MS, 10, NO_BREAKER).await.unwrap();
+        s.webhooks().fan_out("ops", 100).await.unwrap();
+        let claimed = s.webhooks().lease("ops", 1, LEASE_MS, 10, NO_BREAKER).await.unwrap();
         if claimed.is_empty() {
-            let rows = s.webhook_deliveries(&all, 0, 1000).await.unwrap().rows;
+            let rows = s.webhooks().deliveries(&all, 0, 1000).await.unwrap().rows;
             if !rows.is_empty() && rows.iter().all(|d| d.state == "delivered") {
                 return sent;
             }
@@ -337,7 +343,7 @@ async fn deliver_the_rest(k: &Kit) -> Vec<i64> {
         for d in claimed {
             sent.push(d.event.seq);
             let report = DeliveryReport::Delivered { status: 200 };
-            s.webhook_report("ops", d.event.seq, d.lease_token.as_ref().unwrap(), report, NO_BREAKER).await.unwrap();
+            s.webhooks().report("ops", d.event.seq, d.lease_token.as_ref().unwrap(), report, NO_BREAKER).await.unwrap();
         }
     }
     panic!("webhook delivery did not converge");
@@ -373,7 +379,15 @@ async fn webhook_operations_converge(engine: EngineKind) {
         points.sort();
         points.dedup();
         sent.extend(deliver_the_rest(&k).await);
-        let outbox: Vec<i64> = k.store.events(0, 1000).await.unwrap().rows.iter().map(|e| e.seq).collect();
+        let outbox: Vec<i64> = k
+            .store
+            .events(0, 1000, &settle_core::scope::Scope::ALL)
+            .await
+            .unwrap()
+            .rows
+            .iter()
+            .map(|e| e.seq)
+            .collect();
         let expected_points: &[CrashPoint] = match op {
             WebhookOp::FanOut => &[CrashPoint::BeforeCommit, CrashPoint::AfterCommit],
             _ => &[CrashPoint::AfterGuard, CrashPoint::BeforeCommit, CrashPoint::AfterCommit],
@@ -391,7 +405,7 @@ async fn webhook_operations_converge(engine: EngineKind) {
             assert!(!k.crasher.disarm(), "the armed point fired");
             sent.extend(deliver_the_rest(&k).await);
             let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
-            let rows = k.store.webhook_deliveries(&all, 0, 1000).await.unwrap().rows;
+            let rows = k.store.webhooks().deliveries(&all, 0, 1000).await.unwrap().rows;
             let delivered: Vec<i64> = rows.iter().filter(|d| d.state == "delivered").map(|d| d.event.seq).collect();
             assert_eq!(delivered, outbox, "{op:?} at {point:?}: every event delivered, once in the table");
             let mut distinct = sent.clone();

@@ -135,13 +135,16 @@ impl Kit {
     }
 
     pub async fn assert_clean(&self) {
-        let report = self.store.audit().await.unwrap();
+        let report = self.store.audit(None).await.unwrap();
         assert!(report.ok(), "audit violations: {:#?}", report.violations);
     }
 
     pub async fn account(&self, id: &str, grant: i64) -> AccountId {
         let id = acc(id);
-        self.store.create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }).await.unwrap();
+        self.store
+            .create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+            .await
+            .unwrap();
         if grant > 0 {
             self.store
                 .grant(
@@ -151,6 +154,7 @@ impl Kit {
                         amount: Credits::new(grant),
                         reason: None,
                     },
+                    settle_store::SYSTEM_ACTOR,
                 )
                 .await
                 .unwrap();
@@ -198,7 +202,14 @@ impl Kit {
     }
 
     pub async fn event_types(&self) -> Vec<String> {
-        self.store.events(0, 1000).await.unwrap().rows.into_iter().map(|e| e.kind.as_str().to_owned()).collect()
+        self.store
+            .events(0, 1000, &settle_core::scope::Scope::ALL)
+            .await
+            .unwrap()
+            .rows
+            .into_iter()
+            .map(|e| e.kind.as_str().to_owned())
+            .collect()
     }
 
     /// Raw SQL straight at the database, behind Settle's back.

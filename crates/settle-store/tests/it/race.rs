@@ -47,15 +47,15 @@ async fn send(store: &SqlStore, job: &str, token: &LeaseToken, s: Signal) -> Opt
                 Err(e) => panic!("fail: {e}"),
             }
         }
-        Signal::SucceedWithToken => match store.succeed(&id, Some(token)).await {
+        Signal::SucceedWithToken => match store.succeed(&id, settle_store::Reporter::of(Some(token)), None).await {
             Ok(_) | Err(StoreError::LeaseLost(_)) => {}
             Err(e) => panic!("succeed: {e}"),
         },
-        Signal::SucceedNoToken => match store.succeed(&id, None).await {
+        Signal::SucceedNoToken => match store.succeed(&id, settle_store::Reporter::of(None), None).await {
             Ok(_) | Err(StoreError::JobFinished(_) | StoreError::InvalidTransition { .. }) => {}
             Err(e) => panic!("succeed without a token: {e}"),
         },
-        Signal::Cancel => match store.cancel(&id).await {
+        Signal::Cancel => match store.cancel(&id, None).await {
             Ok(_) | Err(StoreError::JobFinished(_)) | Err(StoreError::OutcomeUnknown(_)) => {}
             Err(e) => panic!("cancel: {e}"),
         },
@@ -127,7 +127,7 @@ async fn signals_race(k: Arc<Kit>, seed: u64) {
         let job = k.get(&id).await;
         match job.state {
             JobState::Queued | JobState::Running | JobState::Unknown | JobState::Dead => {
-                let _ = k.store.succeed(&jid(&id), None).await.unwrap();
+                let _ = k.store.succeed(&jid(&id), settle_store::Reporter::of(None), None).await.unwrap();
             }
             _ => {}
         }
@@ -136,7 +136,7 @@ async fn signals_race(k: Arc<Kit>, seed: u64) {
             // Only a cancel that won the race keeps a job running past a success without a token
             // (spec: a requested cancel wins); the worker acknowledges it.
             assert!(job.cancel_requested, "{id} still running without a cancel request");
-            k.store.cancel(&jid(&id)).await.unwrap();
+            k.store.cancel(&jid(&id), None).await.unwrap();
         }
         let job = k.get(&id).await;
         if job.state == JobState::Running {
@@ -252,12 +252,16 @@ async fn rescuer_races_completion(engine: EngineKind) {
         let (k1, k2, id1, t1) = (k.clone(), k.clone(), id.clone(), token.clone());
         // Alternate which side is spawned first so both orders happen.
         let (done, rescued) = if n % 2 == 0 {
-            let a = tokio::spawn(async move { k1.store.succeed(&jid(&id1), Some(&t1)).await.unwrap() });
+            let a = tokio::spawn(async move {
+                k1.store.succeed(&jid(&id1), settle_store::Reporter::of(Some(&t1)), None).await.unwrap()
+            });
             let b = tokio::spawn(async move { k2.store.rescue_expired_leases(10).await.unwrap() });
             (a.await.unwrap(), b.await.unwrap())
         } else {
             let b = tokio::spawn(async move { k2.store.rescue_expired_leases(10).await.unwrap() });
-            let a = tokio::spawn(async move { k1.store.succeed(&jid(&id1), Some(&t1)).await.unwrap() });
+            let a = tokio::spawn(async move {
+                k1.store.succeed(&jid(&id1), settle_store::Reporter::of(Some(&t1)), None).await.unwrap()
+            });
             (a.await.unwrap(), b.await.unwrap())
         };
         assert!(done.applied, "the completion is accepted from the lost attempt");
@@ -295,7 +299,10 @@ async fn postgres_store_with_one_connection_still_writes() {
     let a = acc("solo");
     let r = tokio::time::timeout(
         std::time::Duration::from_secs(10),
-        store.create_account(NewAccount { id: a.clone(), overdraft_limit: settle_core::Credits::ZERO }),
+        store.create_account(
+            NewAccount { id: a.clone(), overdraft_limit: settle_core::Credits::ZERO },
+            settle_store::SYSTEM_ACTOR,
+        ),
     )
     .await
     .expect("a write with one pooled connection must not wait for the listener");
@@ -319,13 +326,19 @@ async fn postgres_overdraft_boundary_holds_under_concurrency() {
 async fn overdraft_boundary(engine: EngineKind) {
     let k = Arc::new(Kit::new(engine).await);
     let a = acc("a");
-    k.store.create_account(NewAccount { id: a.clone(), overdraft_limit: settle_core::Credits::new(10) }).await.unwrap();
+    k.store
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: settle_core::Credits::new(10) },
+            settle_store::SYSTEM_ACTOR,
+        )
+        .await
+        .unwrap();
     let grant = NewGrant {
         id: settle_core::ids::RefId::parse("g").unwrap(),
         amount: settle_core::Credits::new(100),
         reason: None,
     };
-    k.store.grant(&a, grant).await.unwrap();
+    k.store.grant(&a, grant, settle_store::SYSTEM_ACTOR).await.unwrap();
     let mut handles = Vec::new();
     for n in 0..300 {
         let (k, a) = (k.clone(), a.clone());
@@ -441,7 +454,7 @@ async fn stale_signals_race_claims(engine: EngineKind) {
         let job = k.get(&id).await;
         assert_eq!((job.state, job.attempt), (JobState::Running, 2), "{id}: the stale signals moved it");
         assert_eq!(k.balance(&a).await, before, "{id}: a stale signal moved money");
-        k.store.succeed(&jid(&id), Some(&winners[0].lease_token)).await.unwrap();
+        k.store.succeed(&jid(&id), settle_store::Reporter::of(Some(&winners[0].lease_token)), None).await.unwrap();
     }
     k.assert_clean().await;
 }

@@ -61,7 +61,7 @@ async fn scenario(k: &Kit) {
 
 /// Audits and returns the violations as (invariant, message).
 async fn found(k: &Kit) -> Vec<(&'static str, String)> {
-    let report = k.store.audit().await.unwrap();
+    let report = k.store.audit(None).await.unwrap();
     report.violations.into_iter().map(|v| (v.invariant, v.message)).collect()
 }
 

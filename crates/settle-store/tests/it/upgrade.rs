@@ -26,16 +26,16 @@ async fn from_before_migration_14(engine: EngineKind) {
     drop(store);
     let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
     let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
-    assert_eq!(store.verify_chain(&a).await.unwrap(), None, "the hash chain verifies");
-    let audit = store.audit().await.unwrap();
+    assert_eq!(store.operators().verify_chain(&a).await.unwrap(), None, "the hash chain verifies");
+    let audit = store.audit(None).await.unwrap();
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
     // Attempt 1 reported before the upgrade: its re-sent failure is refused, not replayed.
     let r = store.fail(&jid("j"), fail_sig(&t1, "TIMEOUT")).await;
     assert!(matches!(r, Err(StoreError::LeaseLost(_))), "{r:?}");
     // The running attempt goes on as before, and the late success still recovers once.
     assert!(store.item_succeed(&jid("j"), &iid("i1"), &t2).await.unwrap().applied);
-    assert!(store.succeed(&jid("j"), Some(&t2)).await.unwrap().applied);
-    assert!(store.audit().await.unwrap().violations.is_empty());
+    assert!(store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t2)), None).await.unwrap().applied);
+    assert!(store.audit(None).await.unwrap().violations.is_empty());
     assert_eq!(store.account(&a).await.unwrap().balance.get(), 70);
 }
 

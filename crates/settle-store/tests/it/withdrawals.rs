@@ -111,7 +111,7 @@ async fn the_withdrawal_kind_is_reserved_for_the_processor(k: &Kit) {
     let t = claim_payout(k, "w").await;
     // worker signals on a withdrawal, and payout signals on another job, are refused
     let refused = |e: StoreError| assert!(matches!(e, StoreError::InvalidTransition { .. }), "{e:?}");
-    refused(k.store.succeed(&jid("w"), None).await.unwrap_err());
+    refused(k.store.succeed(&jid("w"), settle_store::Reporter::of(None), None).await.unwrap_err());
     refused(k.store.fail(&jid("w"), fail_sig(&t, "NODE_DOWN")).await.unwrap_err());
     refused(k.store.mark_unknown(&jid("w"), &t, None).await.unwrap_err());
     refused(k.store.heartbeat(&jid("w"), &t).await.unwrap_err());
@@ -123,7 +123,7 @@ async fn the_withdrawal_kind_is_reserved_for_the_processor(k: &Kit) {
     assert_state(&k.get("r").await, JobState::Running);
     // a dead withdrawal is not requeued: its hold was refunded (a re-run is a new withdrawal)
     assert_state(&payout_fail(k, "w", &t, "INVALID_ADDRESS").await, JobState::Dead);
-    refused(k.store.requeue(&jid("w")).await.unwrap_err());
+    refused(k.store.requeue(&jid("w"), settle_store::SYSTEM_ACTOR).await.unwrap_err());
     assert_eq!(k.balance(&a).await, 95);
 }
 
@@ -167,28 +167,41 @@ async fn success_keeps_the_txid_and_a_return_credits_once(k: &Kit) {
     assert_eq!(again.value.provider_txid.as_deref(), Some("tx-1"));
     assert_eq!(k.balance(&a).await, 60);
     // the payout came back: credited once
-    let r = k.store.payouts().payout_returned(&jid("w"), ReturnSource::Admin).await.unwrap();
+    let r =
+        k.store.payouts().payout_returned(&jid("w"), ReturnSource::Admin, settle_store::SYSTEM_ACTOR).await.unwrap();
     assert!(r.applied);
     assert_eq!(
         (r.value.job.state, states(&r.value.job), r.value.job.net.get()),
         (JobState::Returned, vec!["returned"], 0)
     );
     assert!(r.value.returned_at.is_some());
-    assert!(!k.store.payouts().payout_returned(&jid("w"), ReturnSource::Provider).await.unwrap().applied);
+    assert!(
+        !k.store
+            .payouts()
+            .payout_returned(&jid("w"), ReturnSource::Provider, settle_store::SYSTEM_ACTOR)
+            .await
+            .unwrap()
+            .applied
+    );
     assert_eq!(k.balance(&a).await, 100);
     assert_eq!(
         k.ledger_kinds(&a).await,
         vec![("grant".to_owned(), 100), ("charge".to_owned(), -40), ("payout_return".to_owned(), 40)]
     );
     assert!(k.event_types().await.contains(&"withdrawal.returned".to_owned()));
-    assert!(matches!(k.store.cancel(&jid("w")).await, Err(StoreError::JobFinished(_))));
+    assert!(matches!(k.store.cancel(&jid("w"), None).await, Err(StoreError::JobFinished(_))));
     // only a succeeded withdrawal can come back; only a withdrawal is one
     withdraw(k, "q", &a, 10).await;
-    let e = k.store.payouts().payout_returned(&jid("q"), ReturnSource::Admin).await.unwrap_err();
+    let e = k
+        .store
+        .payouts()
+        .payout_returned(&jid("q"), ReturnSource::Admin, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap_err();
     assert!(matches!(e, StoreError::InvalidTransition { .. }), "{e:?}");
     k.job("r", &a, 1).await;
     assert!(matches!(
-        k.store.payouts().payout_returned(&jid("r"), ReturnSource::Admin).await,
+        k.store.payouts().payout_returned(&jid("r"), ReturnSource::Admin, settle_store::SYSTEM_ACTOR).await,
         Err(StoreError::NotFound { .. })
     ));
     // found as already returned by the provider: success and return in one transaction
@@ -197,7 +210,7 @@ async fn success_keeps_the_txid_and_a_return_credits_once(k: &Kit) {
     let both = k.store.payouts().payout_succeeded(&jid("q"), Some(&t), "tx-2", true).await.unwrap();
     assert_eq!((both.value.job.state, both.value.provider_txid.as_deref()), (JobState::Returned, Some("tx-2")));
     assert_eq!(k.balance(&a).await, 99);
-    let report = k.store.audit().await.unwrap();
+    let report = k.store.audit(None).await.unwrap();
     assert_eq!(report.entries_checked, k.ledger_kinds(&a).await.len() as u64, "the audit reads every entry");
 }
 
@@ -226,7 +239,7 @@ async fn failures_follow_the_provider_codes(k: &Kit) {
     let j = payout_fail(k, "w", &t, "INVALID_ADDRESS").await;
     assert_state(&j, JobState::Dead);
     assert_eq!((states(&j), k.balance(&a).await), (vec!["refunded"], 100));
-    let summary = k.store.failure_summary().await.unwrap();
+    let summary = k.store.failure_summary(&settle_core::scope::Scope::ALL).await.unwrap();
     assert!(summary.iter().any(|f| f.code == "INVALID_ADDRESS" && f.state == "dead" && f.count == 1), "{summary:?}");
     let codes: Vec<_> = k.store.attempts(&jid("w")).await.unwrap().into_iter().map(|a| a.fail_code).collect();
     assert_eq!(codes.first().cloned().flatten().as_deref(), Some("NODE_DOWN"));
@@ -269,13 +282,13 @@ async fn cancel_of_a_tried_withdrawal_asks_the_provider_first(k: &Kit) {
     let a = k.account("a", 100).await;
     // never tried: nothing can have left, cancelled at once with the hold refunded
     withdraw(k, "fresh", &a, 10).await;
-    let c = k.store.cancel(&jid("fresh")).await.unwrap();
+    let c = k.store.cancel(&jid("fresh"), None).await.unwrap();
     assert!(matches!(c, CancelOutcome::Cancelled(ref j) if states(j) == vec!["cancelled"]), "{c:?}");
     // tried once: the cancel is a request the processor carries out after its lookup
     withdraw(k, "w", &a, 10).await;
     let t = claim_payout(k, "w").await;
     payout_fail(k, "w", &t, "NODE_DOWN").await;
-    let c = k.store.cancel(&jid("w")).await.unwrap();
+    let c = k.store.cancel(&jid("w"), None).await.unwrap();
     assert!(matches!(c, CancelOutcome::Accepted(ref j) if j.state == JobState::Queued && j.cancel_requested), "{c:?}");
     assert_eq!(k.balance(&a).await, 90);
     k.clock.advance_seconds(600);
@@ -292,7 +305,7 @@ async fn cancel_of_a_tried_withdrawal_asks_the_provider_first(k: &Kit) {
     withdraw(k, "d", &a, 10).await;
     let t = claim_payout(k, "d").await;
     payout_fail(k, "d", &t, "INSUFFICIENT").await;
-    assert!(matches!(k.store.cancel(&jid("d")).await, Err(StoreError::JobFinished(_))));
+    assert!(matches!(k.store.cancel(&jid("d"), None).await, Err(StoreError::JobFinished(_))));
 }
 
 async fn a_late_execution_of_a_dead_withdrawal_takes_the_hold_back(k: &Kit) {
@@ -309,14 +322,20 @@ async fn a_late_execution_of_a_dead_withdrawal_takes_the_hold_back(k: &Kit) {
     );
     assert_eq!(k.balance(&a).await, 70);
     // and if it then comes back, the return credits the reclaimed amount, once
-    let r = k.store.payouts().payout_returned(&jid("w"), ReturnSource::Provider).await.unwrap().value;
+    let r = k
+        .store
+        .payouts()
+        .payout_returned(&jid("w"), ReturnSource::Provider, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap()
+        .value;
     assert_eq!((r.job.state, states(&r.job), r.job.net.get()), (JobState::Returned, vec!["returned"], 0));
     assert_eq!(k.balance(&a).await, 100);
     let kinds: Vec<String> = k.ledger_kinds(&a).await.into_iter().map(|(kind, _)| kind).collect();
     assert_eq!(kinds, vec!["grant", "charge", "refund", "reclaim", "payout_return"]);
     // a cancelled withdrawal cannot take a success: the txid is reported, never dropped silently
     withdraw(k, "c", &a, 5).await;
-    k.store.cancel(&jid("c")).await.unwrap();
+    k.store.cancel(&jid("c"), None).await.unwrap();
     let out = k.store.payouts().payout_succeeded(&jid("c"), None, "tx-c", false).await.unwrap();
     assert!(!out.applied);
     assert_eq!((out.value.job.state, out.value.provider_txid.as_deref()), (JobState::Cancelled, Some("tx-c")));
@@ -328,7 +347,7 @@ async fn a_late_execution_of_a_dead_withdrawal_takes_the_hold_back(k: &Kit) {
     // panic, the txid kept and reported, the teardown finished
     withdraw(k, "t", &a, 5).await;
     k.crasher.arm(settle_core::crash::CrashPoint::TeardownAfterRefund);
-    assert!(matches!(k.store.cancel(&jid("t")).await, Err(StoreError::InjectedCrash(_))));
+    assert!(matches!(k.store.cancel(&jid("t"), None).await, Err(StoreError::InjectedCrash(_))));
     assert_state(&k.get("t").await, JobState::Cancelling);
     let out = k.store.payouts().payout_succeeded(&jid("t"), None, "tx-t", false).await.unwrap();
     assert_eq!(
@@ -377,15 +396,19 @@ async fn payout_returns_can_never_overflow(k: &Kit) {
     assert_eq!(k.balance(&a).await, 0);
     // The paid amount may still come back: a grant that would not fit beside it is refused.
     let g = NewGrant { id: RefId::parse("g2").unwrap(), amount: Credits::new(big), reason: None };
-    assert!(matches!(k.store.grant(&a, g).await, Err(StoreError::Overflow)));
-    let back = k.store.payouts().payout_returned(&jid("w"), ReturnSource::Admin).await.unwrap();
+    assert!(matches!(k.store.grant(&a, g, settle_store::SYSTEM_ACTOR).await, Err(StoreError::Overflow)));
+    let back =
+        k.store.payouts().payout_returned(&jid("w"), ReturnSource::Admin, settle_store::SYSTEM_ACTOR).await.unwrap();
     assert_eq!((back.value.job.state, k.balance(&a).await), (JobState::Returned, big));
 }
 
 /// Issue 19, item 6: an overdraft is a credit line for work, not cash (decision 0017).
 async fn withdrawals_never_draw_on_the_overdraft(k: &Kit) {
     let a = acc("od");
-    k.store.create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(500) }).await.unwrap();
+    k.store
+        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(500) }, settle_store::SYSTEM_ACTOR)
+        .await
+        .unwrap();
     let before = (k.ledger_kinds(&a).await, k.event_types().await);
     let e = k.store.payouts().create_withdrawal(new_withdrawal("w-od", &a, 500, "attacker")).await.unwrap_err();
     assert!(matches!(e, StoreError::InsufficientBalance { balance: 0, needed: 500 }), "{e:?}");
@@ -396,7 +419,11 @@ async fn withdrawals_never_draw_on_the_overdraft(k: &Kit) {
     k.job("work", &a, 500).await;
     assert_eq!(k.balance(&a).await, -500);
     k.store
-        .grant(&a, NewGrant { id: RefId::parse("g-od").unwrap(), amount: Credits::new(700), reason: None })
+        .grant(
+            &a,
+            NewGrant { id: RefId::parse("g-od").unwrap(), amount: Credits::new(700), reason: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     assert_eq!(k.balance(&a).await, 200);
@@ -442,31 +469,31 @@ async fn an_operator_resolves_an_unknown_withdrawal_once(k: &Kit) {
         sent(""),
         sent("tx\n1"),
     ] {
-        let e = k.store.payouts().payout_resolve_by(&jid("sent"), bad, "ops").await.unwrap_err();
+        let e = k.store.payouts().payout_resolve(&jid("sent"), bad, "ops").await.unwrap_err();
         assert!(matches!(e, StoreError::Invalid(_)), "{e:?}");
     }
-    let e = k.store.payouts().payout_resolve_by(&jid("nobody"), not_sent.clone(), "ops").await.unwrap_err();
+    let e = k.store.payouts().payout_resolve(&jid("nobody"), not_sent.clone(), "ops").await.unwrap_err();
     assert!(matches!(e, StoreError::NotFound { .. }), "{e:?}");
     let j = k.job("plain", &a, 1).await;
-    let e = k.store.payouts().payout_resolve_by(&jid(&j.id), not_sent.clone(), "ops").await.unwrap_err();
+    let e = k.store.payouts().payout_resolve(&jid(&j.id), not_sent.clone(), "ops").await.unwrap_err();
     assert!(matches!(e, StoreError::NotFound { .. }), "a job is no withdrawal: {e:?}");
     assert_state(&k.get("sent").await, JobState::Unknown);
     // Sent: the success path with the txid; the hold stays spent.
-    let w = k.store.payouts().payout_resolve_by(&jid("sent"), sent("tx-77"), "ops-ana").await.unwrap();
+    let w = k.store.payouts().payout_resolve(&jid("sent"), sent("tx-77"), "ops-ana").await.unwrap();
     assert!(w.applied);
     assert_eq!((w.value.job.state, w.value.provider_txid.as_deref()), (JobState::Succeeded, Some("tx-77")));
     // Not sent: dead, the hold refunded, the code saying who decided.
-    let w = k.store.payouts().payout_resolve_by(&jid("not-sent"), not_sent.clone(), "ops-ana").await.unwrap();
+    let w = k.store.payouts().payout_resolve(&jid("not-sent"), not_sent.clone(), "ops-ana").await.unwrap();
     assert_eq!(w.value.job.state, JobState::Dead);
     assert_eq!(w.value.job.last_error.as_ref().unwrap().code.as_str(), "CONFIRMED_NOT_SENT");
     assert_eq!(k.balance(&a).await, 69, "100 - 30 sent - 1 for the plain job");
     // Once: a second resolution (or one racing the reconciler) changes nothing.
     for (id, r) in [("sent", not_sent.clone()), ("not-sent", sent("tx-78")), ("sent", sent("tx-77"))] {
-        let e = k.store.payouts().payout_resolve_by(&jid(id), r, "ops-bo").await.unwrap_err();
+        let e = k.store.payouts().payout_resolve(&jid(id), r, "ops-bo").await.unwrap_err();
         assert!(matches!(e, StoreError::InvalidTransition { .. }), "{id}: {e:?}");
     }
     assert_eq!(k.balance(&a).await, 69);
-    let actions = k.store.actions(None, Some(&a)).await.unwrap();
+    let actions = k.store.operators().actions(None, Some(&a)).await.unwrap();
     let resolved: Vec<(&str, &str)> = actions
         .iter()
         .filter(|x| x.action == "withdrawal.resolved")

@@ -1,44 +1,16 @@
 //! Webhook delivery bookkeeping (docs/design/webhooks.md): fan-out of outbox events to an
-//! endpoint's deliveries, claims with leases (head of line per job), guarded reports, requeue.
-//! Sending happens outside any transaction, in settle-worker.
+//! endpoint's deliveries, claims with leases (head of line per job), guarded reports, requeue and
+//! the circuit breaker. Sending happens outside any transaction, in settle-worker; the reads
+//! (deliveries, breakers, backlogs) are in `reads::webhooks`.
 
-use crate::db::{Db, Engine, Row, args};
+use super::Cx;
+use super::rows::delivery_from_row;
+use crate::db::{Db, Engine, args};
 use crate::error::StoreError;
-use crate::model::{BreakerPolicy, BreakerStatus, Delivery, DeliveryFilter, DeliveryReport, Event, LeaseToken, Paged};
-use crate::ops::Cx;
+use crate::model::{BreakerPolicy, BreakerStatus, Delivery, DeliveryReport, LeaseToken};
 use settle_core::Timestamp;
 use settle_core::crash::CrashPoint;
-use settle_core::history::EventKind;
 use settle_core::limits;
-
-pub(crate) fn event_from_row(r: &Row, at: usize) -> Result<Event, StoreError> {
-    Ok(Event {
-        seq: r.i64(at)?,
-        kind: crate::reads::name(EventKind::parse, "event type", r.text(at + 1)?)?,
-        job_id: r.opt_text(at + 2)?,
-        account_id: r.text(at + 3)?,
-        data: r.text(at + 4)?,
-        created_at: Timestamp::from_micros(r.i64(at + 5)?),
-    })
-}
-
-const DELIVERY_SELECT: &str = "SELECT d.endpoint_id, d.state, d.attempts, d.next_attempt_at, d.last_status, d.last_error, \
-     d.delivered_at, o.seq, o.type, o.job_id, o.account_id, o.data, o.created_at \
-     FROM webhook_deliveries d JOIN outbox o ON o.seq = d.event_seq";
-
-fn delivery_from_row(r: &Row) -> Result<Delivery, StoreError> {
-    Ok(Delivery {
-        endpoint_id: r.text(0)?,
-        state: r.text(1)?,
-        attempts: u32::try_from(r.i64(2)?).map_err(StoreError::internal)?,
-        next_attempt_at: Timestamp::from_micros(r.i64(3)?),
-        last_status: r.opt_i64(4)?.map(|s| s as u16),
-        last_error: r.opt_text(5)?,
-        delivered_at: r.opt_i64(6)?.map(Timestamp::from_micros),
-        event: event_from_row(r, 7)?,
-        lease_token: None,
-    })
-}
 
 /// Begins an endpoint: its cursor at 0 (`Beginning`) or after the newest event (`Now`), unless it
 /// has one already. Returns whether it began now.
@@ -176,7 +148,9 @@ macro_rules! claim_sql {
         )
     };
 }
+
 const CLAIM_SQLITE: &str = claim_sql!("");
+
 const CLAIM_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED");
 
 /// Leases up to `limit` deliveries that are due and at the head of their job's line. An attempt is
@@ -426,24 +400,6 @@ async fn breaker_failed(
     Ok(())
 }
 
-/// Every endpoint's breaker, by endpoint id.
-pub(crate) async fn breakers(db: &mut Db<'_>) -> Result<Vec<BreakerStatus>, StoreError> {
-    let rows = db
-        .all("SELECT endpoint_id, state, failures, opens, probe_at FROM webhook_breakers ORDER BY endpoint_id", args![])
-        .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(BreakerStatus {
-                endpoint_id: r.text(0)?,
-                state: r.text(1)?,
-                failures: r.i64(2)?,
-                opens: r.i64(3)?,
-                next_probe_at: r.opt_i64(4)?.map(Timestamp::from_micros),
-            })
-        })
-        .collect()
-}
-
 /// An admin closes an endpoint's breaker by hand; returns where it stands now.
 pub(crate) async fn close_by_hand(db: &mut Db<'_>, cx: &Cx, endpoint: &str) -> Result<BreakerStatus, StoreError> {
     let known = db.opt("SELECT 1 FROM webhook_cursors WHERE endpoint_id = $1", args![endpoint]).await?.is_some();
@@ -483,41 +439,4 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, endpoint: &str, seq: i64) 
         });
     }
     Ok(d)
-}
-
-pub(crate) async fn list(
-    db: &mut Db<'_>,
-    filter: &DeliveryFilter,
-    after: i64,
-    limit: u32,
-) -> Result<Paged<Delivery>, StoreError> {
-    let limit = i64::from(limit.clamp(1, limits::PAGE_LIMIT_MAX));
-    let mut sql = format!("{DELIVERY_SELECT} WHERE d.event_seq > $1");
-    let mut a: Vec<crate::db::Value> = vec![after.into()];
-    if let Some(e) = &filter.endpoint_id {
-        a.push(e.as_str().into());
-        sql.push_str(&format!(" AND d.endpoint_id = ${}", a.len()));
-    }
-    if let Some(s) = &filter.state {
-        a.push(s.as_str().into());
-        sql.push_str(&format!(" AND d.state = ${}", a.len()));
-    }
-    a.push(limit.into());
-    sql.push_str(&format!(" ORDER BY d.event_seq, d.endpoint_id LIMIT ${}", a.len()));
-    let rows = db.all_built(sql, &a).await?;
-    let mut out = rows.iter().map(delivery_from_row).collect::<Result<Vec<_>, _>>()?;
-    // The cursor is an event seq: a full page ends on a whole seq, so no endpoint's delivery of
-    // the last seq is skipped (unless one seq alone fills the page).
-    let next = if out.len() as i64 == limit {
-        let last = out.last().map(|d| d.event.seq).unwrap_or(after);
-        if out.first().is_some_and(|d| d.event.seq != last) {
-            out.retain(|d| d.event.seq != last);
-            Some(last - 1)
-        } else {
-            Some(last)
-        }
-    } else {
-        None
-    };
-    Ok(Paged { rows: out, next_after: next })
 }

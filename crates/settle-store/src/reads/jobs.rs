@@ -1,51 +1,16 @@
-//! Read-only queries, for both engines.
+//! Jobs as they are read: lists by filter (pages bounded in bytes), what a filter would touch, a
+//! job's attempts, signals and whole history, the failure summary, and what the background loops
+//! look for (lapsed leases, cancelling jobs, the next due time).
 
+use super::filter::{Kinds, filter_sql, scope_sql};
+use super::{next_after, page_limit};
 use crate::db::{Db, Value, args};
 use crate::error::StoreError;
 use crate::model::*;
-use crate::ops::{self, Cx, entry_from_row, job_row};
+use crate::ops::{self, Cx, entry_from_row, event_from_row, job_row, name};
 use settle_core::Timestamp;
 use settle_core::history::{AttemptResult, Signal, SignalEffect};
-use settle_core::ids::AccountId;
-use settle_core::limits::{self, PAGE_LIMIT_MAX};
-use std::sync::LazyLock;
-
-fn page_limit(limit: u32) -> i64 {
-    i64::from(limit.clamp(1, PAGE_LIMIT_MAX))
-}
-
-/// A stored name read back into its enum; a name this build does not know is an internal error.
-pub(crate) fn name<T>(parse: fn(&str) -> Option<T>, what: &str, text: String) -> Result<T, StoreError> {
-    parse(&text).ok_or_else(|| StoreError::internal(format!("bad {what} {text}")))
-}
-
-fn next_after<T>(rows: &[T], limit: i64, key: impl Fn(&T) -> i64) -> Option<i64> {
-    if rows.len() as i64 == limit { rows.last().map(key) } else { None }
-}
-
-pub(crate) async fn account(db: &mut Db<'_>, id: &AccountId) -> Result<Account, StoreError> {
-    let row = db
-        .opt(&ops::SELECT_ACCOUNT, args![id.as_str()])
-        .await?
-        .ok_or_else(|| StoreError::not_found("account", id.as_str()))?;
-    ops::account_from_row(&row)
-}
-
-static LEDGER_PAGE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT {} FROM ledger_entries WHERE account_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-        ops::EntryCol::LIST
-    )
-});
-
-pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
-    account(db, id).await?;
-    let limit = page_limit(page.limit);
-    let rows = db.all(&LEDGER_PAGE, args![id.as_str(), page.after, limit]).await?;
-    let entries = rows.iter().map(entry_from_row).collect::<Result<Vec<_>, _>>()?;
-    let next = next_after(&entries, limit, |e| e.seq);
-    Ok(Paged { rows: entries, next_after: next })
-}
+use settle_core::limits;
 
 /// A page of jobs: at most `page.limit`, and no more than `PAGE_BYTES_MAX` of stored job text
 /// (payloads, results and items, estimated from their stored lengths) — a page ends early at the
@@ -68,7 +33,7 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
         bytes("last_error_message"),
         limits::ITEM_BYTES_ESTIMATE
     );
-    sizes.push_str(&crate::console::filter_sql(filter, &mut a));
+    sizes.push_str(&filter_sql(filter, &mut a));
     a.push(limit.into());
     sizes.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
     let sized = db.all_built(sizes, &a).await?;
@@ -86,7 +51,7 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
     within.until_seq = Some(within.until_seq.map_or(last, |u| u.min(last)));
     let mut a: Vec<Value> = vec![page.after.into()];
     let mut sql = format!("SELECT {} FROM jobs WHERE job_seq > $1", ops::JobCol::LIST);
-    sql.push_str(&crate::console::filter_sql(&within, &mut a));
+    sql.push_str(&filter_sql(&within, &mut a));
     a.push(limit.into());
     sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
     let rows = db.all_built(sql, &a).await?;
@@ -154,7 +119,7 @@ pub(crate) async fn failure_summary(
     scope: &settle_core::scope::Scope,
 ) -> Result<Vec<FailureCount>, StoreError> {
     let mut a: Vec<Value> = Vec::new();
-    let scoped = crate::console::scope_sql(scope, &mut a, "account_id", crate::console::Kinds::Column("kind"));
+    let scoped = scope_sql(scope, &mut a, "account_id", Kinds::Column("kind"));
     let rows = db
         .all_built(
             format!(
@@ -167,28 +132,6 @@ pub(crate) async fn failure_summary(
         )
         .await?;
     rows.iter().map(|r| Ok(FailureCount { code: r.text(0)?, state: r.text(1)?, count: r.i64(2)? })).collect()
-}
-
-/// Events after `after` in `seq` order; for a scoped token only those of its accounts and kinds
-/// (an account's own events, such as grants, are of no kind).
-pub(crate) async fn events(
-    db: &mut Db<'_>,
-    after: i64,
-    limit: u32,
-    scope: &settle_core::scope::Scope,
-) -> Result<Paged<Event>, StoreError> {
-    let limit = page_limit(limit);
-    let mut a: Vec<Value> = vec![after.into()];
-    let scoped = crate::console::scope_sql(scope, &mut a, "account_id", crate::console::Kinds::OfJob("job_id"));
-    a.push(limit.into());
-    let sql = format!(
-        "SELECT seq, type, job_id, account_id, data, created_at FROM outbox WHERE seq > $1{scoped} ORDER BY seq LIMIT ${}",
-        a.len()
-    );
-    let rows = db.all_built(sql, &a).await?;
-    let events = rows.iter().map(|r| crate::webhooks::event_from_row(r, 0)).collect::<Result<Vec<_>, StoreError>>()?;
-    let next = next_after(&events, limit, |e| e.seq);
-    Ok(Paged { rows: events, next_after: next })
 }
 
 /// Running jobs whose lease has expired, with the token the rescuer saw.
@@ -221,15 +164,6 @@ pub(crate) async fn cancelling(db: &mut Db<'_>, after: i64, limit: u32) -> Resul
     rows.iter().map(|r| Ok((r.i64(0)?, r.text(1)?))).collect()
 }
 
-pub(crate) async fn stats(db: &mut Db<'_>) -> Result<Stats, StoreError> {
-    let jobs = db.all("SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state", args![]).await?;
-    let entries = db.all("SELECT kind, COUNT(*) FROM ledger_entries GROUP BY kind ORDER BY kind", args![]).await?;
-    let pairs = |rows: Vec<crate::db::Row>| -> Result<Vec<(String, i64)>, StoreError> {
-        rows.iter().map(|r| Ok((r.text(0)?, r.i64(1)?))).collect()
-    };
-    Ok(Stats { jobs_by_state: pairs(jobs)?, entries_by_kind: pairs(entries)?, tx_retries: 0 })
-}
-
 pub(crate) async fn next_due_at(
     db: &mut Db<'_>,
     kinds: &[settle_core::ids::JobKind],
@@ -248,30 +182,63 @@ pub(crate) async fn next_due_at(
     })
 }
 
-/// The admin actions on a job (`job`) or an account (`account`), oldest first.
-pub(crate) async fn actions(
-    db: &mut Db<'_>,
-    job: Option<&str>,
-    account: Option<&str>,
-) -> Result<Vec<crate::model::Action>, StoreError> {
-    let rows = db
-        .all(
-            "SELECT id, at, actor, action, job_id, account_id, detail FROM actions \
-             WHERE (CAST($1 AS TEXT) IS NULL OR job_id = $1) AND (CAST($2 AS TEXT) IS NULL OR account_id = $2) ORDER BY id LIMIT 1000",
-            args![job, account],
+pub(crate) async fn job_totals(db: &mut Db<'_>, filter: &JobFilter, net: bool) -> Result<JobTotals, StoreError> {
+    let mut a = Vec::new();
+    let net_sql = if net {
+        "CAST(COALESCE(SUM((SELECT COALESCE(SUM(amount), 0) FROM ledger_entries e WHERE e.job_id = jobs.id)), 0) AS bigint)"
+    } else {
+        "0"
+    };
+    let sql = format!(
+        "SELECT COUNT(*), CAST(COALESCE(SUM(cost), 0) AS bigint), {net_sql}, COALESCE(MAX(job_seq), 0) FROM jobs WHERE 1 = 1{}",
+        filter_sql(filter, &mut a)
+    );
+    let row = db.opt_built(sql, &a).await?.ok_or_else(|| StoreError::internal("no totals row"))?;
+    Ok(JobTotals {
+        jobs: row.i64(0)?,
+        cost: row.i64(1)?,
+        net: if net { Some(row.i64(2)?) } else { None },
+        last_seq: row.i64(3)?,
+    })
+}
+
+pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Result<JobHistory, StoreError> {
+    ops::must_read_job(db, cx, id).await?;
+    let entries = db
+        .all_built(
+            format!("SELECT {} FROM ledger_entries WHERE job_id = $1 ORDER BY seq", ops::EntryCol::LIST),
+            args![id],
         )
-        .await?;
-    rows.iter()
+        .await?
+        .iter()
+        .map(entry_from_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    let events = db
+        .all(
+            "SELECT seq, type, job_id, account_id, data, created_at FROM outbox WHERE job_id = $1 ORDER BY seq LIMIT 1000",
+            args![id],
+        )
+        .await?
+        .iter()
+        .map(|r| event_from_row(r, 0))
+        .collect::<Result<Vec<_>, _>>()?;
+    let artifacts = db
+        .all(
+            "SELECT item_id, key, COALESCE(path, key), created_at FROM artifacts WHERE job_id = $1 \
+             ORDER BY created_at, item_id, key",
+            args![id],
+        )
+        .await?
+        .iter()
         .map(|r| {
-            Ok(crate::model::Action {
-                id: r.i64(0)?,
-                at: Timestamp::from_micros(r.i64(1)?),
-                actor: r.text(2)?,
-                action: r.text(3)?,
-                job_id: r.opt_text(4)?,
-                account_id: r.opt_text(5)?,
-                detail: r.text(6)?,
+            Ok(ArtifactRecord {
+                item_id: r.text(0)?,
+                key: r.text(1)?,
+                path: r.text(2)?,
+                created_at: Timestamp::from_micros(r.i64(3)?),
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let signals_unlogged = db.one("SELECT signals_unlogged FROM jobs WHERE id = $1", args![id]).await?.i64(0)?;
+    Ok(JobHistory { entries, events, artifacts, signals_unlogged })
 }

@@ -1,19 +1,21 @@
-//! Withdrawals (spec §4, docs/design/payouts.md): the writes and reads that only payouts have.
-//! A withdrawal is a job of kind `withdrawal` (its hold is the item `main`), plus one row of
-//! `withdrawals` with the idempotency key made once at creation. Every write here has the shape of
-//! `ops`: lock the job, decide, guarded statements, ledger rows and the event in one transaction.
+//! Withdrawals (spec §4, docs/design/payouts.md): the writes that only payouts have. A withdrawal
+//! is a job of kind `withdrawal` (its hold is the item `main`), plus one row of `withdrawals` with
+//! the idempotency key made once at creation. Every write here has the shape of every transition:
+//! lock the job, decide, guarded statements, ledger rows and the event in one transaction. The
+//! reads are in `reads::payouts`.
 
-use crate::db::{Db, Value, args};
+use super::{After, Caller, Cx};
+use crate::db::{Db, args};
 use crate::error::StoreError;
 use crate::model::*;
-use crate::ops::{self, After, Caller, Cx};
+use crate::reads::payouts::must_read_withdrawal;
 use settle_core::crash::CrashPoint;
 use settle_core::fingerprint::Fingerprint;
 use settle_core::history::{AttemptResult, EventKind};
 use settle_core::ids::{FailCode, ItemId, JobId, JobKind};
 use settle_core::item::{ItemSignal, ItemState};
 use settle_core::job::{self, JobState, RefundPolicy};
-use settle_core::{Credits, Timestamp, limits};
+use settle_core::limits;
 
 pub(crate) fn withdrawal_fingerprint(req: &NewWithdrawal) -> [u8; 32] {
     Fingerprint::new("withdrawal")
@@ -47,7 +49,7 @@ pub(crate) async fn create_withdrawal(
     if db.opt("SELECT 1 FROM accounts WHERE id = $1", args![req.account_id.as_str()]).await?.is_none() {
         return Err(StoreError::not_found("account", req.account_id.as_str()));
     }
-    if let Some(existing) = ops::lock_job(db, req.id.as_str()).await? {
+    if let Some(existing) = super::lock_job(db, req.id.as_str()).await? {
         if existing.request_hash != fp {
             return Err(StoreError::IdempotencyConflict { what: "withdrawal", id: req.id.to_string() });
         }
@@ -65,7 +67,7 @@ pub(crate) async fn create_withdrawal(
         not_before: None,
     };
     // Cash leaves: drawn on the balance alone, never the overdraft (spec §1).
-    ops::insert_job(db, cx, &new_job, &fp, ops::BalanceCheck::Cash).await?;
+    super::insert_job(db, cx, &new_job, &fp, super::BalanceCheck::Cash).await?;
     // Made once, here; every attempt of this withdrawal sends and looks up with it.
     let key = format!("wd_{}", uuid::Uuid::new_v4().simple());
     db.exec(
@@ -76,78 +78,6 @@ pub(crate) async fn create_withdrawal(
     let w = must_read_withdrawal(db, cx, req.id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: w, replayed: false })
-}
-
-const WITHDRAWAL_ROW: &str =
-    "SELECT destination, amount, idempotency_key, provider_txid, returned_at FROM withdrawals WHERE job_id = $1";
-
-async fn with_job(db: &mut Db<'_>, job: Job) -> Result<Withdrawal, StoreError> {
-    let r = db
-        .opt(WITHDRAWAL_ROW, args![&job.id])
-        .await?
-        .ok_or_else(|| StoreError::internal(format!("withdrawal job {} has no withdrawal row", job.id)))?;
-    Ok(Withdrawal {
-        destination: r.text(0)?,
-        amount: Credits::new(r.i64(1)?),
-        idempotency_key: r.text(2)?,
-        provider_txid: r.opt_text(3)?,
-        returned_at: r.opt_i64(4)?.map(Timestamp::from_micros),
-        job,
-    })
-}
-
-pub(crate) async fn read_withdrawal(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Option<Withdrawal>, StoreError> {
-    match ops::read_job(db, cx, id).await? {
-        Some(job) if job.kind == job::WITHDRAWAL_KIND => Ok(Some(with_job(db, job).await?)),
-        _ => Ok(None),
-    }
-}
-
-pub(crate) async fn must_read_withdrawal(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Withdrawal, StoreError> {
-    read_withdrawal(db, cx, id).await?.ok_or_else(|| StoreError::not_found("withdrawal", id))
-}
-
-/// Withdrawals in creation order after `page.after` (a job sequence number).
-pub(crate) async fn withdrawals(
-    db: &mut Db<'_>,
-    cx: &Cx,
-    filter: &WithdrawalFilter,
-    page: Page,
-) -> Result<Paged<Withdrawal>, StoreError> {
-    let limit = page.limit.clamp(1, limits::PAGE_LIMIT_MAX);
-    let mut sql = format!("SELECT {} FROM jobs WHERE kind = 'withdrawal' AND job_seq > $1", ops::JobCol::LIST);
-    let mut a: Vec<Value> = vec![page.after.into()];
-    if let Some(s) = filter.state {
-        a.push(s.as_str().into());
-        sql.push_str(&format!(" AND state = ${}", a.len()));
-    }
-    if let Some(acc) = &filter.account_id {
-        a.push(acc.as_str().into());
-        sql.push_str(&format!(" AND account_id = ${}", a.len()));
-    }
-    if let Some(since) = filter.updated_since {
-        a.push(since.micros().into());
-        sql.push_str(&format!(" AND updated_at >= ${}", a.len()));
-    }
-    sql.push_str(&crate::console::scope_sql(
-        &filter.scope,
-        &mut a,
-        "account_id",
-        crate::console::Kinds::Column("kind"),
-    ));
-    a.push(i64::from(limit).into());
-    sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
-    let rows = db.all_built(sql, &a).await?;
-    let mut out = Vec::with_capacity(rows.len());
-    let mut last = None;
-    for r in &rows {
-        let row = ops::job_row(r)?;
-        last = Some(row.job_seq);
-        let job = ops::attach(db, cx, row).await?;
-        out.push(with_job(db, job).await?);
-    }
-    let next_after = if out.len() as u32 == limit { last } else { None };
-    Ok(Paged { rows: out, next_after })
 }
 
 /// Keeps the provider's txid once known; a txid already kept is never replaced.
@@ -166,7 +96,7 @@ pub(crate) async fn record_txid(db: &mut Db<'_>, job_id: &str, txid: &str) -> Re
                     args![job_id, txid],
                 )
                 .await?;
-            ops::guard_hit(rows, "provider txid")
+            super::guard_hit(rows, "provider txid")
         }
         Some(k) if k == txid => Ok(()),
         Some(k) => {
@@ -200,12 +130,12 @@ pub(crate) async fn payout_succeeded(
     returned: bool,
 ) -> Result<(Outcome<Withdrawal>, After), StoreError> {
     check_txid(txid)?;
-    let job = ops::must_lock_job(db, id.as_str()).await?;
-    ops::check_caller(&job, Caller::PayoutProcessor)?;
+    let job = super::must_lock_job(db, id.as_str()).await?;
+    super::check_caller(&job, Caller::PayoutProcessor)?;
     // A withdrawal is `final_failure`: its success wins over a cancel request. Only a teardown that
     // had already begun (`cancelling`) is left to finish.
     let reporter = token.map_or(Reporter::Reconciler, Reporter::Lease);
-    let (mut applied, after) = ops::apply_success(db, cx, &job, reporter, None).await?;
+    let (mut applied, after) = super::apply_success(db, cx, &job, reporter, None).await?;
     let kept = db.one("SELECT provider_txid FROM withdrawals WHERE job_id = $1", args![&job.id]).await?.opt_text(0)?;
     if applied || matches!(job.state, JobState::Succeeded | JobState::Returned) {
         record_txid(db, &job.id, txid).await?;
@@ -215,7 +145,7 @@ pub(crate) async fn payout_succeeded(
         // (docs/decisions/0010).
         tracing::error!(job = %job.id, state = job.state.as_str(), txid, "the provider executed a withdrawal Settle had closed");
         record_txid(db, &job.id, txid).await?;
-        ops::emit(
+        super::emit(
             db,
             cx,
             EventKind::WithdrawalLateExecution,
@@ -227,7 +157,7 @@ pub(crate) async fn payout_succeeded(
     }
     cx.point(CrashPoint::AfterLedger)?;
     if returned {
-        let now = ops::must_lock_job(db, id.as_str()).await?;
+        let now = super::must_lock_job(db, id.as_str()).await?;
         if now.state == JobState::Succeeded {
             apply_return(db, cx, &now, ReturnSource::Provider).await?;
             applied = true;
@@ -261,7 +191,7 @@ pub(crate) async fn payout_resolve(
     if let ResolvedOutcome::Sent { provider_txid } = &resolution.outcome {
         check_txid(provider_txid)?;
     }
-    let job = ops::must_lock_job(db, id.as_str()).await?;
+    let job = super::must_lock_job(db, id.as_str()).await?;
     if job.kind != job::WITHDRAWAL_KIND {
         return Err(StoreError::not_found("withdrawal", id.as_str()));
     }
@@ -274,9 +204,9 @@ pub(crate) async fn payout_resolve(
     }
     let (after, detail) = match &resolution.outcome {
         ResolvedOutcome::Sent { provider_txid } => {
-            let (applied, after) = ops::apply_success(db, cx, &job, Reporter::Operator(actor), None).await?;
+            let (applied, after) = super::apply_success(db, cx, &job, Reporter::Operator(actor), None).await?;
             // From `unknown` the success always applies: the state was checked under the lock.
-            ops::guard_hit(u64::from(applied), "operator's success")?;
+            super::guard_hit(u64::from(applied), "operator's success")?;
             record_txid(db, &job.id, provider_txid).await?;
             (
                 after,
@@ -285,11 +215,11 @@ pub(crate) async fn payout_resolve(
         }
         ResolvedOutcome::NotSent => {
             let code = FailCode::confirmed_not_sent();
-            let after = ops::apply_failure(
+            let after = super::apply_failure(
                 db,
                 cx,
                 &job,
-                ops::Failure {
+                super::Failure {
                     code: &code,
                     message: Some(&resolution.reason),
                     retryable: false,
@@ -305,7 +235,7 @@ pub(crate) async fn payout_resolve(
         }
     };
     cx.point(CrashPoint::AfterLedger)?;
-    ops::record_action(db, cx, actor, "withdrawal.resolved", Some(&job.id), Some(&job.account_id), detail).await?;
+    super::record_action(db, cx, actor, "withdrawal.resolved", Some(&job.id), Some(&job.account_id), detail).await?;
     let w = must_read_withdrawal(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: w, applied: true }, after))
@@ -318,7 +248,7 @@ pub(crate) async fn payout_returned(
     id: &JobId,
     source: ReturnSource,
 ) -> Result<Outcome<Withdrawal>, StoreError> {
-    let job = ops::must_lock_job(db, id.as_str()).await?;
+    let job = super::must_lock_job(db, id.as_str()).await?;
     if job.kind != job::WITHDRAWAL_KIND {
         return Err(StoreError::not_found("withdrawal", id.as_str()));
     }
@@ -343,19 +273,19 @@ pub(crate) async fn payout_returned(
 
 /// The job `succeeded → returned`, its item `succeeded → returned` with one `payout_return` of the
 /// stored amount, `returned_at`, and `withdrawal.returned`.
-async fn apply_return(db: &mut Db<'_>, cx: &Cx, job: &ops::JobRow, source: ReturnSource) -> Result<(), StoreError> {
+async fn apply_return(db: &mut Db<'_>, cx: &Cx, job: &super::JobRow, source: ReturnSource) -> Result<(), StoreError> {
     let rows = db
         .exec(
             "UPDATE jobs SET state = 'returned', updated_at = $2 WHERE id = $1 AND state = 'succeeded'",
             args![&job.id, cx.now.micros()],
         )
         .await?;
-    ops::guard_hit(rows, "return")?;
+    super::guard_hit(rows, "return")?;
     cx.point(CrashPoint::AfterGuard)?;
     // Paid items: succeeded, or reclaimed (a late execution found after the hold was refunded).
-    let mut moved = ops::move_items(db, cx, job, ItemState::Succeeded, ItemSignal::Return, None, None).await?;
-    moved.extend(ops::move_items(db, cx, job, ItemState::Reclaimed, ItemSignal::Return, None, None).await?);
-    if ops::sum(&moved)?.get() != job.cost {
+    let mut moved = super::move_items(db, cx, job, ItemState::Succeeded, ItemSignal::Return, None, None).await?;
+    moved.extend(super::move_items(db, cx, job, ItemState::Reclaimed, ItemSignal::Return, None, None).await?);
+    if super::sum(&moved)?.get() != job.cost {
         return Err(StoreError::internal(format!(
             "return of {} credited {:?}, not its cost {}",
             job.id, moved, job.cost
@@ -368,15 +298,15 @@ async fn apply_return(db: &mut Db<'_>, cx: &Cx, job: &ops::JobRow, source: Retur
             args![&job.id, cx.now.micros()],
         )
         .await?;
-    ops::guard_hit(rows, "returned_at")?;
+    super::guard_hit(rows, "returned_at")?;
     let txid = db.one("SELECT provider_txid FROM withdrawals WHERE job_id = $1", args![&job.id]).await?.opt_text(0)?;
-    ops::emit(
+    super::emit(
         db,
         cx,
         EventKind::WithdrawalReturned,
         Some(&job.id),
         &job.account_id,
-        serde_json::json!({ "amount": ops::sum(&moved)?.get(), "provider_txid": txid, "source": source.as_str() }),
+        serde_json::json!({ "amount": super::sum(&moved)?.get(), "provider_txid": txid, "source": source.as_str() }),
     )
     .await?;
     cx.point(CrashPoint::AfterOutbox)?;

@@ -1,0 +1,69 @@
+//! How a store is opened: the options both engines read (below `engine` and `sql_store`, which
+//! both take them).
+
+use crate::artifacts::ArtifactStore;
+use crate::ops::CrashHook;
+use settle_core::job::Policies;
+use settle_core::{Clock, SystemClock, limits};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// SQLite durability. `Full` (the default) fsyncs the WAL at every commit; `Normal` may lose the
+/// last commits on power loss (never corrupts) and exists for benchmarks and throwaway stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    Full,
+    Normal,
+}
+
+/// How a store is opened. Every option is explicit; `StoreOptions::default()` is production.
+#[derive(Clone)]
+pub struct StoreOptions {
+    pub clock: Arc<dyn Clock>,
+    /// Retry, lease and refund policy per job kind.
+    pub policy: Policies,
+    /// Seed of the backoff jitter generator (fixed in tests for reproducible schedules).
+    pub jitter_seed: u64,
+    pub durability: Durability,
+    /// Most operations the SQLite writer commits in one transaction (1 disables batching).
+    pub write_batch_max: usize,
+    /// SQLite readers (WAL lets them run beside the writer).
+    pub sqlite_readers: u32,
+    pub busy_timeout: Duration,
+    /// PostgreSQL connections per process.
+    pub pg_max_connections: u32,
+    /// PostgreSQL write lanes per process: tasks committing batches of operations in parallel
+    /// (docs/decisions/0013); each holds one of the `pg_max_connections` while it commits.
+    pub pg_write_lanes: usize,
+    /// How long a PostgreSQL statement waits for a row lock, and runs at most; past either the
+    /// transaction is rolled back and the caller gets `Busy` (`503` with `Retry-After`).
+    pub pg_lock_timeout: Duration,
+    pub pg_statement_timeout: Duration,
+    /// How long a request waits for a PostgreSQL connection — including reconnecting to a server
+    /// that is down — before it is answered `Unavailable` (`503`): a client hears within this
+    /// bound that the database is away, instead of hanging.
+    pub pg_acquire_timeout: Duration,
+    pub artifacts: Option<Arc<dyn ArtifactStore>>,
+    pub crash: Option<Arc<dyn CrashHook>>,
+}
+
+impl Default for StoreOptions {
+    fn default() -> StoreOptions {
+        StoreOptions {
+            clock: Arc::new(SystemClock),
+            policy: Policies::default(),
+            jitter_seed: SystemClock.now().micros() as u64,
+            durability: Durability::Full,
+            write_batch_max: limits::WRITE_BATCH_MAX,
+            sqlite_readers: 4,
+            busy_timeout: Duration::from_secs(5),
+            pg_max_connections: 16,
+            pg_write_lanes: 4,
+            pg_lock_timeout: Duration::from_secs(10),
+            pg_statement_timeout: Duration::from_secs(60),
+            pg_acquire_timeout: Duration::from_secs(5),
+            artifacts: None,
+            crash: None,
+        }
+    }
+}

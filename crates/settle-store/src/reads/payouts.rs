@@ -1,0 +1,77 @@
+//! Withdrawals as they are read: one by id, and the list with filters (a withdrawal is its job
+//! plus its `withdrawals` row).
+
+use super::filter::{Kinds, scope_sql};
+use crate::db::{Db, Value, args};
+use crate::error::StoreError;
+use crate::model::*;
+use crate::ops::{self, Cx};
+use settle_core::job;
+use settle_core::{Credits, Timestamp, limits};
+
+const WITHDRAWAL_ROW: &str =
+    "SELECT destination, amount, idempotency_key, provider_txid, returned_at FROM withdrawals WHERE job_id = $1";
+
+async fn with_job(db: &mut Db<'_>, job: Job) -> Result<Withdrawal, StoreError> {
+    let r = db
+        .opt(WITHDRAWAL_ROW, args![&job.id])
+        .await?
+        .ok_or_else(|| StoreError::internal(format!("withdrawal job {} has no withdrawal row", job.id)))?;
+    Ok(Withdrawal {
+        destination: r.text(0)?,
+        amount: Credits::new(r.i64(1)?),
+        idempotency_key: r.text(2)?,
+        provider_txid: r.opt_text(3)?,
+        returned_at: r.opt_i64(4)?.map(Timestamp::from_micros),
+        job,
+    })
+}
+
+pub(crate) async fn read_withdrawal(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Option<Withdrawal>, StoreError> {
+    match ops::read_job(db, cx, id).await? {
+        Some(job) if job.kind == job::WITHDRAWAL_KIND => Ok(Some(with_job(db, job).await?)),
+        _ => Ok(None),
+    }
+}
+
+pub(crate) async fn must_read_withdrawal(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Withdrawal, StoreError> {
+    read_withdrawal(db, cx, id).await?.ok_or_else(|| StoreError::not_found("withdrawal", id))
+}
+
+/// Withdrawals in creation order after `page.after` (a job sequence number).
+pub(crate) async fn withdrawals(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    filter: &WithdrawalFilter,
+    page: Page,
+) -> Result<Paged<Withdrawal>, StoreError> {
+    let limit = page.limit.clamp(1, limits::PAGE_LIMIT_MAX);
+    let mut sql = format!("SELECT {} FROM jobs WHERE kind = 'withdrawal' AND job_seq > $1", ops::JobCol::LIST);
+    let mut a: Vec<Value> = vec![page.after.into()];
+    if let Some(s) = filter.state {
+        a.push(s.as_str().into());
+        sql.push_str(&format!(" AND state = ${}", a.len()));
+    }
+    if let Some(acc) = &filter.account_id {
+        a.push(acc.as_str().into());
+        sql.push_str(&format!(" AND account_id = ${}", a.len()));
+    }
+    if let Some(since) = filter.updated_since {
+        a.push(since.micros().into());
+        sql.push_str(&format!(" AND updated_at >= ${}", a.len()));
+    }
+    sql.push_str(&scope_sql(&filter.scope, &mut a, "account_id", Kinds::Column("kind")));
+    a.push(i64::from(limit).into());
+    sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
+    let rows = db.all_built(sql, &a).await?;
+    let mut out = Vec::with_capacity(rows.len());
+    let mut last = None;
+    for r in &rows {
+        let row = ops::job_row(r)?;
+        last = Some(row.job_seq);
+        let job = ops::attach(db, cx, row).await?;
+        out.push(with_job(db, job).await?);
+    }
+    let next_after = if out.len() as u32 == limit { last } else { None };
+    Ok(Paged { rows: out, next_after })
+}
