@@ -109,6 +109,49 @@ impl Drop for Waiting {
     }
 }
 
+/// A long-poll: `look`s (`(answer, found)`), and while a look finds nothing and `wait_seconds`
+/// have not passed, sleeps until `wake` fires (a commit here, or a NOTIFY from another process),
+/// until `sooner` says to look again (asked only before a sleep: when the next queued job becomes
+/// due), or for the recheck interval — whichever comes first — and looks again. The wake-up is
+/// armed before each look, so a commit between the look and the sleep is never missed. Answers
+/// the last look.
+async fn long_poll<T, F, Fut, G, GFut>(
+    s: &AppState,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+    wait_seconds: u32,
+    mut look: F,
+    mut sooner: G,
+) -> Result<T, ApiError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(T, bool), ApiError>>,
+    G: FnMut() -> GFut,
+    GFut: std::future::Future<Output = Result<Option<Duration>, ApiError>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait_seconds));
+    loop {
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let (got, found) = look().await?;
+        let now = tokio::time::Instant::now();
+        if found || now >= deadline {
+            return Ok(got);
+        }
+        let mut nap = (deadline - now).min(s.long_poll_recheck);
+        if let Some(soon) = sooner().await? {
+            nap = nap.min(soon);
+        }
+        // Counted only while it sleeps after finding nothing: what a test (or an operator) sees
+        // waiting has looked and will be answered by a wake-up or its next look.
+        let _waiting = Waiting::start();
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep(nap) => {}
+        }
+    }
+}
+
 /// A waiting long-poll takes one of its token's places; with none left it answers at once (a plain
 /// poll) instead of waiting. Loopback mode (no tokens) has no one to tell apart.
 fn long_poll_slot(s: &AppState, headers: &HeaderMap, wait: u32) -> (u32, Option<tokio::sync::OwnedSemaphorePermit>) {
@@ -444,34 +487,26 @@ pub async fn claim(
         limit: b.limit.unwrap_or(1),
         lease_seconds: b.lease_seconds,
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
-    let wake = s.store.wake();
-    let claimed = loop {
-        let notified = wake.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let got = s.store.claim(req.clone()).await?;
-        let now = tokio::time::Instant::now();
-        if !got.is_empty() || now >= deadline {
-            break got;
-        }
-        // Sleep until woken (a job was queued anywhere), until the next queued job's not_before,
-        // or for one poll interval — whichever comes first.
-        let mut nap = (deadline - now).min(s.long_poll_recheck);
-        if let Some(due) = s.store.next_due_at(&req.kinds).await? {
-            let until_due = due.micros().saturating_sub(s.store.now().micros()).max(0);
-            // A due job another process holds under SKIP LOCKED must not make this loop spin.
-            let floor = Duration::from_millis(limits::POLL_FLOOR_MS);
-            nap = nap.min(Duration::from_micros(until_due as u64).max(floor));
-        }
-        // Counted only while it sleeps after finding nothing: what a test (or an operator) sees
-        // waiting has looked and will be answered by a wake-up or its next look.
-        let _waiting = Waiting::start();
-        tokio::select! {
-            _ = &mut notified => {}
-            _ = tokio::time::sleep(nap) => {}
-        }
-    };
+    // Woken when a job is queued anywhere; between wake-ups, looks again when the next queued
+    // job becomes due.
+    let claimed = long_poll(
+        &s,
+        s.store.wake(),
+        wait,
+        || async {
+            let got = s.store.claim(req.clone()).await?;
+            let found = !got.is_empty();
+            Ok((got, found))
+        },
+        || async {
+            Ok(s.store.next_due_at(&req.kinds).await?.map(|due| {
+                let until_due = due.micros().saturating_sub(s.store.now().micros()).max(0);
+                // A due job another process holds under SKIP LOCKED must not make this loop spin.
+                Duration::from_micros(until_due as u64).max(Duration::from_millis(limits::POLL_FLOOR_MS))
+            }))
+        },
+    )
+    .await?;
     for _ in &claimed {
         mark("claim", true);
     }
@@ -889,24 +924,18 @@ pub async fn events(
         return Err(ApiError::invalid(format!("wait_seconds is at most {}.", limits::WAIT_SECONDS_MAX)));
     }
     let (wait, _slot) = long_poll_slot(&s, &headers, wait);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(u64::from(wait));
-    let wake = s.store.events_wake();
-    let got = loop {
-        let notified = wake.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let got = s.store.events(p.after, p.limit, &auth.actor.scope).await?;
-        let now = tokio::time::Instant::now();
-        if !got.rows.is_empty() || now >= deadline {
-            break got;
-        }
-        let nap = (deadline - now).min(s.long_poll_recheck);
-        let _waiting = Waiting::start();
-        tokio::select! {
-            _ = &mut notified => {}
-            _ = tokio::time::sleep(nap) => {}
-        }
-    };
+    let got = long_poll(
+        &s,
+        s.store.events_wake(),
+        wait,
+        || async {
+            let got = s.store.events(p.after, p.limit, &auth.actor.scope).await?;
+            let found = !got.rows.is_empty();
+            Ok((got, found))
+        },
+        || async { Ok(None) },
+    )
+    .await?;
     Ok(ok(dto::EventPage { events: got.rows.iter().map(store::Event::envelope).collect(), next_after: got.next_after }))
 }
 

@@ -12,6 +12,7 @@
 //! - [`clock`]: the injected `Clock`; nothing else reads the system time.
 //! - [`crash`]: the `CrashPoint` enum the crash-convergence harness iterates.
 //! - [`limits`]: every bound, named.
+//! - [`signature`]: HMAC-SHA256 and the webhook `Settle-Signature` header (sign, verify).
 
 pub mod backoff;
 pub mod clock;
