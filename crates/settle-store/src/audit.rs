@@ -1,13 +1,14 @@
 //! `settle audit`: the ledger invariants L1–L4 of the spec, recomputed from the rows.
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::{AuditReport, Violation};
 use settle_core::Credits;
 use settle_core::item::ItemState;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 struct Acc {
     balance: i64,
@@ -59,214 +60,258 @@ fn v(
     }
 }
 
-/// The whole audit in three streaming passes over one snapshot, memory bounded by the number of
+columns! {
+    /// What pass A reads of each ledger entry.
+    EntryRow { seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, ref_id, reason }
+}
+
+columns! {
+    /// What pass B reads: an item, its job, and one of its entries (none: `entry_seq` NULL).
+    ItemRow {
+        job_id = "i.job_id", item_id = "i.item_id", cost = "i.cost", state = "i.state",
+        job_account = "j.account_id", job_kind = "j.kind",
+        entry_seq = "e.seq", entry_kind = "e.kind", entry_amount = "e.amount", entry_account = "e.account_id",
+    }
+}
+
+columns! {
+    /// A withdrawal job beside its `withdrawals` row, and how many of its items were not returned.
+    WithdrawalRow {
+        job_id = "j.id", kind = "j.kind", state = "j.state", cost = "j.cost", amount = "w.amount",
+        returned_at = "w.returned_at",
+        not_returned = "(SELECT COUNT(*) FROM items i WHERE i.job_id = j.id AND i.state <> 'returned')",
+    }
+}
+
+/// The audit's state between passes: each account's stored figures beside what the rows add up
+/// to, and what is wrong so far.
+struct Audit<'p> {
+    accounts: BTreeMap<String, Acc>,
+    violations: Vec<Violation>,
+    progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
+    /// Ledger rows, for the progress display.
+    total: u64,
+}
+
+/// The whole audit in streaming passes over one snapshot, memory bounded by the number of
 /// accounts (not entries or items): the ledger in `seq` order (L1 sums, L2 running balances and
 /// hash chains, gap-free numbers); every item joined with its entries in key order (L3, L4, the
-/// held and exposure totals); the outbox numbers. `progress` is called every 100 000 rows.
+/// held and exposure totals); entries of missing items; withdrawals; the outbox numbers.
+/// `progress` is called every 100 000 rows.
 pub(crate) async fn audit(
     db: &mut Db<'_>,
     progress: &(dyn Fn(AuditProgress) + Send + Sync),
 ) -> Result<AuditReport, StoreError> {
-    let mut violations = Vec::new();
-    let mut accounts: BTreeMap<String, Acc> = BTreeMap::new();
-    for r in db.all("SELECT id, balance, exposure, held FROM accounts ORDER BY id", args![]).await? {
-        let (balance, exposure, held) = (r.i64(1)?, r.i64(2)?, r.i64(3)?);
-        accounts.insert(
-            r.text(0)?,
-            Acc { balance, exposure, refunded_cost: 0, held, held_cost: 0, sum: 0, running: 0, prev: GENESIS_HASH },
-        );
+    let mut audit = Audit { accounts: BTreeMap::new(), violations: Vec::new(), progress, total: 0 };
+    audit.load_accounts(db).await?;
+    let (entries_checked, item_entries) = audit.ledger(db).await?;
+    audit.balances();
+    let (items_checked, joined_entries) = audit.items(db).await?;
+    audit.holds();
+    // Entries of items that do not exist: only looked for when pass B met fewer than pass A counted.
+    if joined_entries != item_entries {
+        audit.orphans(db).await?;
     }
-    let total = db.one("SELECT COALESCE(MAX(seq), 0) FROM ledger_entries", args![]).await?.i64(0)?.max(0) as u64;
+    audit.withdrawals(db).await?;
+    audit.outbox(db).await?;
+    let Audit { accounts, violations, .. } = audit;
+    Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
+}
 
-    // Pass A: the ledger in seq order.
-    let mut expected_seq = 1i64;
-    let mut item_entries: u64 = 0;
-    let mut done: u64 = 0;
-    let entries_checked = db
-        .each(
-            "SELECT seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, \
-             ref_id, reason FROM ledger_entries ORDER BY seq",
-            args![],
-            |r| {
+impl Audit<'_> {
+    fn push(
+        &mut self,
+        invariant: &'static str,
+        account: Option<&str>,
+        job: Option<&str>,
+        item: Option<&str>,
+        message: String,
+    ) {
+        self.violations.push(v(invariant, account, job, item, message));
+    }
+
+    async fn load_accounts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        for r in db.all("SELECT id, balance, exposure, held FROM accounts ORDER BY id", args![]).await? {
+            let (balance, exposure, held) = (r.i64(1)?, r.i64(2)?, r.i64(3)?);
+            let acc =
+                Acc { balance, exposure, refunded_cost: 0, held, held_cost: 0, sum: 0, running: 0, prev: GENESIS_HASH };
+            self.accounts.insert(r.text(0)?, acc);
+        }
+        self.total = db.one("SELECT COALESCE(MAX(seq), 0) FROM ledger_entries", args![]).await?.i64(0)?.max(0) as u64;
+        Ok(())
+    }
+
+    /// Pass A: the ledger in seq order. Returns the entries read and how many name an item.
+    async fn ledger(&mut self, db: &mut Db<'_>) -> Result<(u64, u64), StoreError> {
+        static SQL: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM ledger_entries ORDER BY seq", EntryRow::LIST));
+        let (mut expected_seq, mut item_entries, mut done) = (1i64, 0u64, 0u64);
+        let read = db
+            .each(&SQL, args![], |r| {
                 done += 1;
                 if done.is_multiple_of(PROGRESS_EVERY) {
-                    progress(AuditProgress { phase: "ledger", done, total });
+                    (self.progress)(AuditProgress { phase: "ledger", done, total: self.total });
                 }
-                let (seq, account_id, kind_s, amount, balance_after) =
-                    (r.i64(0)?, r.text(1)?, r.text(2)?, r.i64(3)?, r.i64(4)?);
-                let (job_id, item_id, created_at) = (r.opt_text(5)?, r.opt_text(6)?, r.i64(7)?);
-                let (prev_hash, hash) = (r.blob(8)?, r.blob(9)?);
-                let (ref_id, reason) = (r.opt_text(10)?, r.opt_text(11)?);
+                let seq = r.i64(EntryRow::seq)?;
                 if seq != expected_seq {
-                    violations.push(v(
+                    let account = r.text(EntryRow::account_id)?;
+                    self.push(
                         "SEQ",
-                        Some(&account_id),
+                        Some(&account),
                         None,
                         None,
                         format!("ledger seq {seq} follows {}", expected_seq - 1),
-                    ));
+                    );
                 }
                 expected_seq = seq + 1;
-                let Some(kind) = EntryKind::parse(&kind_s) else {
-                    violations.push(v(
-                        "L2",
-                        Some(&account_id),
-                        None,
-                        None,
-                        format!("entry {seq} has unknown kind {kind_s}"),
-                    ));
-                    return Ok(());
-                };
-                let Some(acc) = accounts.get_mut(&account_id) else {
-                    violations.push(v(
-                        "L1",
-                        Some(&account_id),
-                        None,
-                        None,
-                        format!("entry {seq} names a missing account"),
-                    ));
-                    return Ok(());
-                };
-                acc.sum += i128::from(amount);
-                acc.running += i128::from(amount);
-                if acc.running != i128::from(balance_after) {
-                    violations.push(v(
-                        "L2",
-                        Some(&account_id),
-                        job_id.as_deref(),
-                        item_id.as_deref(),
-                        format!("entry {seq}: balance_after {balance_after} but the running sum is {}", acc.running),
-                    ));
-                    acc.running = i128::from(balance_after);
-                }
-                let fields = EntryFields {
-                    seq,
-                    account_id: &account_id,
-                    kind,
-                    amount,
-                    balance_after,
-                    job_id: job_id.as_deref(),
-                    item_id: item_id.as_deref(),
-                    ref_id: ref_id.as_deref(),
-                    reason: reason.as_deref(),
-                    created_at,
-                };
-                let computed = chain_hash(&acc.prev, &fields);
-                if prev_hash.as_slice() != acc.prev.as_slice() || hash.as_slice() != computed.as_slice() {
-                    violations.push(v(
-                        "L2",
-                        Some(&account_id),
-                        job_id.as_deref(),
-                        item_id.as_deref(),
-                        format!("entry {seq}: hash chain does not verify"),
-                    ));
-                }
-                acc.prev = hash.as_slice().try_into().unwrap_or(computed);
-                if job_id.is_some() && item_id.is_some() {
+                if self.entry(r)? {
                     item_entries += 1;
                 }
                 Ok(())
-            },
-        )
-        .await?;
-    for (id, acc) in &accounts {
-        if acc.sum != i128::from(acc.balance) {
-            violations.push(v(
-                "L1",
-                Some(id),
-                None,
-                None,
-                format!("balance {} but entries sum to {}", acc.balance, acc.sum),
-            ));
+            })
+            .await?;
+        Ok((read, item_entries))
+    }
+
+    /// One ledger entry against its account's running sum and hash chain; whether it names an item.
+    fn entry(&mut self, r: &crate::db::Row) -> Result<bool, StoreError> {
+        use EntryRow as C;
+        let (seq, account_id, kind_s) = (r.i64(C::seq)?, r.text(C::account_id)?, r.text(C::kind)?);
+        let (amount, balance_after, created_at) = (r.i64(C::amount)?, r.i64(C::balance_after)?, r.i64(C::created_at)?);
+        let (job_id, item_id) = (r.opt_text(C::job_id)?, r.opt_text(C::item_id)?);
+        let (ref_id, reason) = (r.opt_text(C::ref_id)?, r.opt_text(C::reason)?);
+        let (prev_hash, hash) = (r.blob(C::prev_hash)?, r.blob(C::hash)?);
+        let (job, item) = (job_id.as_deref(), item_id.as_deref());
+        let Some(kind) = EntryKind::parse(&kind_s) else {
+            self.push("L2", Some(&account_id), None, None, format!("entry {seq} has unknown kind {kind_s}"));
+            return Ok(false);
+        };
+        let Some(acc) = self.accounts.get_mut(&account_id) else {
+            self.push("L1", Some(&account_id), None, None, format!("entry {seq} names a missing account"));
+            return Ok(false);
+        };
+        acc.sum += i128::from(amount);
+        acc.running += i128::from(amount);
+        let running = acc.running;
+        if running != i128::from(balance_after) {
+            acc.running = i128::from(balance_after);
+        }
+        let fields = EntryFields {
+            seq,
+            account_id: &account_id,
+            kind,
+            amount,
+            balance_after,
+            job_id: job,
+            item_id: item,
+            ref_id: ref_id.as_deref(),
+            reason: reason.as_deref(),
+            created_at,
+        };
+        let computed = chain_hash(&acc.prev, &fields);
+        let chained = prev_hash.as_slice() == acc.prev.as_slice() && hash.as_slice() == computed.as_slice();
+        acc.prev = hash.as_slice().try_into().unwrap_or(computed);
+        if running != i128::from(balance_after) {
+            let message = format!("entry {seq}: balance_after {balance_after} but the running sum is {running}");
+            self.push("L2", Some(&account_id), job, item, message);
+        }
+        if !chained {
+            self.push("L2", Some(&account_id), job, item, format!("entry {seq}: hash chain does not verify"));
+        }
+        Ok(job.is_some() && item.is_some())
+    }
+
+    /// L1: every balance is the sum of its entries.
+    fn balances(&mut self) {
+        let wrong: Vec<(String, String)> = (self.accounts.iter())
+            .filter(|(_, acc)| acc.sum != i128::from(acc.balance))
+            .map(|(id, acc)| (id.clone(), format!("balance {} but entries sum to {}", acc.balance, acc.sum)))
+            .collect();
+        for (id, message) in wrong {
+            self.push("L1", Some(&id), None, None, message);
         }
     }
 
-    // Pass B: each item with its entries, in key order (the items' primary key, then the
-    // entries' (job, item, kind) index): one item in memory at a time.
-    let mut current: Option<ItemGroup> = None;
-    let mut items_checked: u64 = 0;
-    let mut joined_entries: u64 = 0;
-    let mut rows_seen: u64 = 0;
-    db.each(
-        "SELECT i.job_id, i.item_id, i.cost, i.state, j.account_id, j.kind, e.seq, e.kind, e.amount, e.account_id \
-         FROM items i JOIN jobs j ON j.id = i.job_id \
-         LEFT JOIN ledger_entries e ON e.job_id = i.job_id AND e.item_id = i.item_id \
-         ORDER BY i.job_id, i.item_id",
-        args![],
-        |r| {
-            rows_seen += 1;
-            if rows_seen.is_multiple_of(PROGRESS_EVERY) {
-                progress(AuditProgress { phase: "items", done: rows_seen, total });
+    /// Pass B: each item with its entries, in key order (the items' primary key, then the entries'
+    /// (job, item, kind) index): one item in memory at a time. Returns the items checked and the
+    /// entries met.
+    async fn items(&mut self, db: &mut Db<'_>) -> Result<(u64, u64), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id \
+                 LEFT JOIN ledger_entries e ON e.job_id = i.job_id AND e.item_id = i.item_id \
+                 ORDER BY i.job_id, i.item_id",
+                ItemRow::LIST
+            )
+        });
+        let (mut current, mut items_checked, mut joined, mut rows): (Option<ItemGroup>, u64, u64, u64) =
+            (None, 0, 0, 0);
+        db.each(&SQL, args![], |r| {
+            use ItemRow as C;
+            rows += 1;
+            if rows.is_multiple_of(PROGRESS_EVERY) {
+                (self.progress)(AuditProgress { phase: "items", done: rows, total: self.total });
             }
-            let (job, item) = (r.text(0)?, r.text(1)?);
-            let same = current.as_ref().is_some_and(|g| g.job == job && g.item == item);
-            if !same {
+            let (job, item) = (r.text(C::job_id)?, r.text(C::item_id)?);
+            if !current.as_ref().is_some_and(|g| g.job == job && g.item == item) {
                 if let Some(done) = current.take() {
                     items_checked += 1;
-                    check_item(done, &mut accounts, &mut violations);
+                    check_item(done, &mut self.accounts, &mut self.violations);
                 }
-                current = Some(ItemGroup {
-                    job,
-                    item,
-                    cost: r.i64(2)?,
-                    state: r.text(3)?,
-                    job_account: r.text(4)?,
-                    job_kind: r.text(5)?,
-                    entries: Vec::new(),
-                });
+                let (cost, state) = (r.i64(C::cost)?, r.text(C::state)?);
+                let (job_account, job_kind) = (r.text(C::job_account)?, r.text(C::job_kind)?);
+                current = Some(ItemGroup { job, item, cost, state, job_account, job_kind, entries: Vec::new() });
             }
-            if let Some(seq) = r.opt_i64(6)? {
-                joined_entries += 1;
-                let kind_s = r.text(7)?;
-                let account = r.text(9)?;
+            if let Some(seq) = r.opt_i64(C::entry_seq)? {
+                joined += 1;
+                let (kind, account) = (r.text(C::entry_kind)?, r.text(C::entry_account)?);
                 // Entries pass A could not place (unknown kind, missing account) are reported there.
-                if let Some(kind) = EntryKind::parse(&kind_s)
-                    && accounts.contains_key(&account)
+                if let Some(kind) = EntryKind::parse(&kind)
+                    && self.accounts.contains_key(&account)
                     && let Some(group) = current.as_mut()
                 {
-                    group.entries.push((seq, kind, r.i64(8)?, account));
+                    group.entries.push((seq, kind, r.i64(C::entry_amount)?, account));
                 }
             }
             Ok(())
-        },
-    )
-    .await?;
-    if let Some(done) = current.take() {
-        items_checked += 1;
-        check_item(done, &mut accounts, &mut violations);
+        })
+        .await?;
+        if let Some(done) = current.take() {
+            items_checked += 1;
+            check_item(done, &mut self.accounts, &mut self.violations);
+        }
+        Ok((items_checked, joined))
     }
-    for (id, acc) in &accounts {
-        if acc.held_cost != i128::from(acc.held) {
-            violations.push(v(
-                "L1",
-                Some(id),
-                None,
-                None,
-                format!("held {} but the items that may still be credited back cost {}", acc.held, acc.held_cost),
-            ));
+
+    /// L1 over what the items say each account holds: `held`, the largest balance, `exposure`.
+    fn holds(&mut self) {
+        let mut found = Vec::new();
+        for (id, acc) in &self.accounts {
+            if acc.held_cost != i128::from(acc.held) {
+                let message =
+                    format!("held {} but the items that may still be credited back cost {}", acc.held, acc.held_cost);
+                found.push((id.clone(), message));
+            }
+            if i128::from(acc.balance) + i128::from(acc.held) > i128::from(settle_core::limits::BALANCE_MAX) {
+                found.push((
+                    id.clone(),
+                    format!("balance {} plus held {} exceeds the largest balance", acc.balance, acc.held),
+                ));
+            }
+            if acc.refunded_cost != i128::from(acc.exposure) {
+                found.push((
+                    id.clone(),
+                    format!("exposure {} but refunded items cost {}", acc.exposure, acc.refunded_cost),
+                ));
+            }
         }
-        if i128::from(acc.balance) + i128::from(acc.held) > i128::from(settle_core::limits::BALANCE_MAX) {
-            violations.push(v(
-                "L1",
-                Some(id),
-                None,
-                None,
-                format!("balance {} plus held {} exceeds the largest balance", acc.balance, acc.held),
-            ));
-        }
-        if acc.refunded_cost != i128::from(acc.exposure) {
-            violations.push(v(
-                "L1",
-                Some(id),
-                None,
-                None,
-                format!("exposure {} but refunded items cost {}", acc.exposure, acc.refunded_cost),
-            ));
+        for (id, message) in found {
+            self.push("L1", Some(&id), None, None, message);
         }
     }
-    // Entries of items that do not exist: only looked for when pass B met fewer entries than
-    // pass A counted.
-    if joined_entries != item_entries {
+
+    /// L3: ledger entries that name an item that does not exist.
+    async fn orphans(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         let orphans = db
             .all(
                 "SELECT DISTINCT e.job_id, e.item_id FROM ledger_entries e WHERE e.job_id IS NOT NULL \
@@ -277,111 +322,98 @@ pub(crate) async fn audit(
             .await?;
         for r in &orphans {
             let (job, item) = (r.text(0)?, r.text(1)?);
-            violations.push(v(
+            self.push(
                 "L3",
                 None,
                 Some(&job),
                 Some(&item),
                 "ledger entries name an item that does not exist".to_owned(),
-            ));
+            );
         }
-    }
-    // Withdrawals: one row per withdrawal job, holding exactly the job's cost; `returned` exactly
-    // when the return was recorded.
-    let withdrawal_rows = db
-        .all(
-            "SELECT j.id, j.kind, j.state, j.cost, w.amount, w.returned_at, \
-                    (SELECT COUNT(*) FROM items i WHERE i.job_id = j.id AND i.state <> 'returned') \
-             FROM jobs j LEFT JOIN withdrawals w ON w.job_id = j.id \
-             WHERE j.kind = 'withdrawal' OR w.job_id IS NOT NULL ORDER BY j.id",
-            args![],
-        )
-        .await?;
-    for r in &withdrawal_rows {
-        let (job, kind, state, cost) = (r.text(0)?, r.text(1)?, r.text(2)?, r.i64(3)?);
-        let (amount, returned_at, not_returned) = (r.opt_i64(4)?, r.opt_i64(5)?, r.i64(6)?);
-        let problem = if kind != settle_core::job::WITHDRAWAL_KIND || amount.is_none() {
-            Some("a withdrawal row and a withdrawal job come together".to_owned())
-        } else if amount != Some(cost) {
-            Some(format!("withdrawal amount {amount:?} but the job holds {cost}"))
-        } else if (state == "returned") != returned_at.is_some() {
-            Some(format!("state {state} but returned_at {returned_at:?}"))
-        } else if state == "returned" && not_returned > 0 {
-            Some(format!("returned, but {not_returned} item(s) were not credited back"))
-        } else {
-            None
-        };
-        if let Some(message) = problem {
-            violations.push(v("L3", None, Some(&job), None, message));
-        }
-    }
-    let mut expected = 1i64;
-    db.each("SELECT seq FROM outbox ORDER BY seq", args![], |r| {
-        let seq = r.i64(0)?;
-        if seq != expected {
-            violations.push(v("SEQ", None, None, None, format!("outbox seq {seq} follows {}", expected - 1)));
-        }
-        expected = seq + 1;
         Ok(())
-    })
-    .await?;
-    Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
+    }
+
+    /// Withdrawals: one row per withdrawal job, holding exactly the job's cost; `returned` exactly
+    /// when the return was recorded.
+    async fn withdrawals(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM jobs j LEFT JOIN withdrawals w ON w.job_id = j.id \
+                 WHERE j.kind = 'withdrawal' OR w.job_id IS NOT NULL ORDER BY j.id",
+                WithdrawalRow::LIST
+            )
+        });
+        for r in &db.all(&SQL, args![]).await? {
+            use WithdrawalRow as C;
+            let (job, kind, state, cost) = (r.text(C::job_id)?, r.text(C::kind)?, r.text(C::state)?, r.i64(C::cost)?);
+            let (amount, returned_at) = (r.opt_i64(C::amount)?, r.opt_i64(C::returned_at)?);
+            let not_returned = r.i64(C::not_returned)?;
+            let problem = if kind != settle_core::job::WITHDRAWAL_KIND || amount.is_none() {
+                Some("a withdrawal row and a withdrawal job come together".to_owned())
+            } else if amount != Some(cost) {
+                Some(format!("withdrawal amount {amount:?} but the job holds {cost}"))
+            } else if (state == "returned") != returned_at.is_some() {
+                Some(format!("state {state} but returned_at {returned_at:?}"))
+            } else if state == "returned" && not_returned > 0 {
+                Some(format!("returned, but {not_returned} item(s) were not credited back"))
+            } else {
+                None
+            };
+            if let Some(message) = problem {
+                self.push("L3", None, Some(&job), None, message);
+            }
+        }
+        Ok(())
+    }
+
+    /// The outbox numbers, gap-free.
+    async fn outbox(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        let mut expected = 1i64;
+        db.each("SELECT seq FROM outbox ORDER BY seq", args![], |r| {
+            let seq = r.i64(0)?;
+            if seq != expected {
+                self.push("SEQ", None, None, None, format!("outbox seq {seq} follows {}", expected - 1));
+            }
+            expected = seq + 1;
+            Ok(())
+        })
+        .await?;
+        Ok(())
+    }
 }
 
-/// L3 and L4 for one item and its entries; adds what it may still credit back or reclaim to its
-/// account's totals.
-fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violations: &mut Vec<Violation>) {
-    group.entries.sort_by_key(|e| e.0);
-    let ItemGroup { job, item, cost, state: state_s, job_account, job_kind, entries } = group;
-    let Some(state) = ItemState::parse(&state_s) else {
-        violations.push(v("L3", None, Some(&job), Some(&item), format!("unknown item state {state_s}")));
-        return;
-    };
-    let (mut sum, mut charges, mut refunds, mut reclaims, mut returns) = (0i128, 0u32, 0u32, 0u32, 0u32);
-    let mut refunded_before = false;
-    let mut reclaim_before_refund = false;
-    for (_, kind, amount, _) in &entries {
-        sum += i128::from(*amount);
+/// How an item's entries add up.
+#[derive(Default)]
+struct Tally {
+    sum: i128,
+    charges: u32,
+    refunds: u32,
+    reclaims: u32,
+    returns: u32,
+    reclaim_before_refund: bool,
+}
+
+fn tally(entries: &[(i64, EntryKind, i64, String)]) -> Tally {
+    let mut t = Tally::default();
+    for (_, kind, amount, _) in entries {
+        t.sum += i128::from(*amount);
         match kind {
-            EntryKind::Charge => charges += 1,
-            EntryKind::Refund => {
-                refunds += 1;
-                refunded_before = true;
-            }
+            EntryKind::Charge => t.charges += 1,
+            EntryKind::Refund => t.refunds += 1,
             EntryKind::Reclaim => {
-                reclaims += 1;
-                if !refunded_before {
-                    reclaim_before_refund = true;
-                }
+                t.reclaim_before_refund |= t.refunds == 0;
+                t.reclaims += 1;
             }
-            EntryKind::PayoutReturn => returns += 1,
+            EntryKind::PayoutReturn => t.returns += 1,
             EntryKind::Grant | EntryKind::Adjustment => {}
         }
     }
-    let net = state.net(Credits::new(cost)).map(|c| i128::from(c.get())).unwrap_or(i128::MIN);
-    if sum != net {
-        violations.push(v(
-            "L3",
-            None,
-            Some(&job),
-            Some(&item),
-            format!("entries sum to {sum} but state {state_s} nets {net}"),
-        ));
-    }
-    if charges > 1 || refunds > 1 || reclaims > 1 || returns > 1 {
-        violations.push(v(
-            "L4",
-            None,
-            Some(&job),
-            Some(&item),
-            format!("{charges} charges, {refunds} refunds, {reclaims} reclaims, {returns} payout returns"),
-        ));
-    }
-    if reclaim_before_refund {
-        violations.push(v("L4", None, Some(&job), Some(&item), "a reclaim without an earlier refund".to_owned()));
-    }
-    // The exact entries each state requires, each for exactly ±cost, on the job's account.
-    let expected: &[EntryKind] = match state {
+    t
+}
+
+/// The exact entries each item state requires, in order (each for exactly ±cost).
+fn expected_kinds(state: ItemState, refunds: u32) -> &'static [EntryKind] {
+    match state {
         ItemState::Charged | ItemState::Succeeded => &[EntryKind::Charge],
         ItemState::Refunded | ItemState::Cancelled => &[EntryKind::Charge, EntryKind::Refund],
         ItemState::Reclaimed => &[EntryKind::Charge, EntryKind::Refund, EntryKind::Reclaim],
@@ -391,17 +423,42 @@ fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violat
             &[EntryKind::Charge, EntryKind::Refund, EntryKind::Reclaim, EntryKind::PayoutReturn]
         }
         ItemState::Returned => &[EntryKind::Charge, EntryKind::PayoutReturn],
-    };
-    let kinds: Vec<EntryKind> = entries.iter().map(|e| e.1).collect();
-    if kinds != expected {
-        violations.push(v("L3", None, Some(&job), Some(&item), format!("state {state_s} has entries {kinds:?}")));
     }
-    let returnable = job_kind == settle_core::job::WITHDRAWAL_KIND;
+}
+
+/// L3 and L4 for one item and its entries; adds what it may still credit back or reclaim to its
+/// account's totals.
+fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violations: &mut Vec<Violation>) {
+    group.entries.sort_by_key(|e| e.0);
+    let ItemGroup { job, item, cost, state: state_s, job_account, job_kind, entries } = group;
+    let mut found = |invariant, account: Option<&str>, message| {
+        violations.push(v(invariant, account, Some(&job), Some(&item), message));
+    };
+    let Some(state) = ItemState::parse(&state_s) else {
+        found("L3", None, format!("unknown item state {state_s}"));
+        return;
+    };
+    let t = tally(&entries);
+    let net = state.net(Credits::new(cost)).map(|c| i128::from(c.get())).unwrap_or(i128::MIN);
+    if t.sum != net {
+        found("L3", None, format!("entries sum to {} but state {state_s} nets {net}", t.sum));
+    }
+    if t.charges > 1 || t.refunds > 1 || t.reclaims > 1 || t.returns > 1 {
+        let (c, r, rc, pr) = (t.charges, t.refunds, t.reclaims, t.returns);
+        found("L4", None, format!("{c} charges, {r} refunds, {rc} reclaims, {pr} payout returns"));
+    }
+    if t.reclaim_before_refund {
+        found("L4", None, "a reclaim without an earlier refund".to_owned());
+    }
+    let kinds: Vec<EntryKind> = entries.iter().map(|e| e.1).collect();
+    if kinds != expected_kinds(state, t.refunds) {
+        found("L3", None, format!("state {state_s} has entries {kinds:?}"));
+    }
     if let Some(acc) = accounts.get_mut(&job_account) {
         if state == ItemState::Refunded {
             acc.refunded_cost += i128::from(cost);
         }
-        if state.is_held(returnable) {
+        if state.is_held(job_kind == settle_core::job::WITHDRAWAL_KIND) {
             acc.held_cost += i128::from(cost);
         }
     }
@@ -411,22 +468,10 @@ fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violat
             _ => -i128::from(cost),
         };
         if i128::from(*amount) != want {
-            violations.push(v(
-                "L3",
-                Some(account),
-                Some(&job),
-                Some(&item),
-                format!("{kind:?} of {amount} for an item of cost {cost}"),
-            ));
+            found("L3", Some(account), format!("{kind:?} of {amount} for an item of cost {cost}"));
         }
         if *account != job_account {
-            violations.push(v(
-                "L3",
-                Some(account),
-                Some(&job),
-                Some(&item),
-                format!("{kind:?} posted to {account}, not the job's account {job_account}"),
-            ));
+            found("L3", Some(account), format!("{kind:?} posted to {account}, not the job's account {job_account}"));
         }
     }
 }

@@ -143,9 +143,14 @@ impl Col for usize {
 
 /// A row's column list, written once: `columns!(JobCol { id, account_id, … })` defines an enum
 /// whose variants are the columns (`row.text(JobCol::id)`) and `JobCol::LIST`, the list to select
-/// them in that order.
+/// them in that order. A column may name the SQL that selects it (`entry_kind = "e.kind"`), for
+/// joins.
 macro_rules! columns {
-    ($(#[$meta:meta])* $vis:vis $name:ident { $first:ident $(, $rest:ident)* $(,)? }) => {
+    (@sql $col:ident) => { stringify!($col) };
+    (@sql $col:ident = $sql:literal) => { $sql };
+    ($(#[$meta:meta])* $vis:vis $name:ident {
+        $first:ident $(= $first_sql:literal)? $(, $rest:ident $(= $rest_sql:literal)?)* $(,)?
+    }) => {
         $(#[$meta])*
         #[allow(non_camel_case_types, dead_code)]
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,7 +162,8 @@ macro_rules! columns {
         #[allow(dead_code)]
         impl $name {
             /// The columns, comma-separated, in the order the variants name them.
-            pub const LIST: &'static str = concat!(stringify!($first) $(, ", ", stringify!($rest))*);
+            pub const LIST: &'static str =
+                concat!(columns!(@sql $first $(= $first_sql)?) $(, ", ", columns!(@sql $rest $(= $rest_sql)?))*);
             /// How many columns there are (the position of a column selected after them).
             pub const COUNT: usize = [stringify!($first) $(, stringify!($rest))*].len();
         }
