@@ -109,8 +109,28 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         .await?;
     d.say("account alice created and granted 500 credits");
 
+    late_success(&d, &alice).await?;
+    racing_failures(&d, &alice).await?;
+    retried_with_backoff(&d, &alice).await?;
+    dead_letter_requeued(&d, &alice).await?;
+    queued_batch_cancelled(&d, &alice).await?;
+
+    running_batch(&d, &alice, artifacts).await?;
+
+    payouts(&d).await?;
+
+    println!("\nThe ledger (append-only; the balance is the sum of its rows):");
+    print::ledger(d.store.as_ref(), &alice).await?;
+    let report = d.store.audit(None).await?;
+    println!();
+    print::audit(&report);
+    Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Seed 002: the render that times out at 30 s, is refunded, and recovers at 32 s.
+async fn late_success(d: &Demo, alice: &AccountId) -> anyhow::Result<()> {
     println!("\n1. The render that times out at 30 s, is refunded, and recovers at 32 s");
-    d.job("render-1", &alice, &[("main", 40)]).await?;
+    d.job("render-1", alice, &[("main", 40)]).await?;
     let c = d.claim("gpu-worker-7").await?;
     d.clock.advance_seconds(30);
     let j =
@@ -118,7 +138,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     d.say(format!(
         "worker times out: render-1 is {} and refunded; balance {}",
         j.state.as_str(),
-        d.balance(&alice).await?
+        d.balance(alice).await?
     ));
     d.clock.advance_seconds(2);
     let j = d
@@ -129,15 +149,19 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     d.say(format!(
         "the GPU's result lands at 32 s: render-1 is {}, the refund reclaimed; balance {}",
         j.state.as_str(),
-        d.balance(&alice).await?
+        d.balance(alice).await?
     ));
     let again =
         d.store.succeed(&JobId::parse("render-1")?, settle_store::Reporter::of(Some(&c.lease_token)), None).await?;
     d.say(format!("the same success delivered again: applied = {} (no second reclaim)", again.applied));
     ensure!(j.net.get() == -40 && !again.applied, "render-1 must net -40");
+    Ok(())
+}
 
+/// Two failure signals for one attempt race: one refund.
+async fn racing_failures(d: &Demo, alice: &AccountId) -> anyhow::Result<()> {
     println!("\n2. Two failure signals for one attempt race: one refund");
-    d.job("transcribe-1", &alice, &[("main", 25)]).await?;
+    d.job("transcribe-1", alice, &[("main", 25)]).await?;
     let c = d.claim("cpu-worker-2").await?;
     let id = JobId::parse("transcribe-1")?;
     let (a, b) = tokio::join!(
@@ -152,10 +176,14 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         a.value.state.as_str()
     ));
     ensure!(a.applied ^ b.applied, "exactly one failure applies");
-    d.say(format!("balance {} — refunded once", d.balance(&alice).await?));
+    d.say(format!("balance {} — refunded once", d.balance(alice).await?));
+    Ok(())
+}
 
+/// A retryable failure, retried with backoff, then succeeding.
+async fn retried_with_backoff(d: &Demo, alice: &AccountId) -> anyhow::Result<()> {
     println!("\n3. A retryable failure, retried with backoff, then succeeding");
-    d.job("image-1", &alice, &[("main", 10)]).await?;
+    d.job("image-1", alice, &[("main", 10)]).await?;
     let c = d.claim("gpu-worker-7").await?;
     let j =
         d.store.fail(&JobId::parse("image-1")?, fail(&c.lease_token, "NODE_DOWN", "GPU node went away")?).await?.value;
@@ -171,9 +199,13 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     let j =
         d.store.succeed(&JobId::parse("image-1")?, settle_store::Reporter::of(Some(&c.lease_token)), None).await?.value;
     d.say(format!("attempt {} succeeds: image-1 is {}, refund reclaimed", j.attempt, j.state.as_str()));
+    Ok(())
+}
 
+/// A non-retryable failure goes to dead letters; a person requeues it.
+async fn dead_letter_requeued(d: &Demo, alice: &AccountId) -> anyhow::Result<()> {
     println!("\n4. A non-retryable failure goes to dead letters; a person requeues it");
-    d.job("export-1", &alice, &[("main", 30)]).await?;
+    d.job("export-1", alice, &[("main", 30)]).await?;
     let c = d.claim("cpu-worker-2").await?;
     let j = d
         .store
@@ -183,7 +215,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     d.say(format!(
         "INVALID_ADDRESS is not retryable: export-1 is {}, refunded; balance {}",
         j.state.as_str(),
-        d.balance(&alice).await?
+        d.balance(alice).await?
     ));
     for f in d.store.failure_summary(&settle_core::scope::Scope::ALL).await? {
         d.say(format!("failure summary: {} {} × {}", f.code, f.state, f.count));
@@ -207,9 +239,13 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
             a.fail_code.as_deref().unwrap_or("")
         ));
     }
+    Ok(())
+}
 
+/// A batch cancelled while queued: every item refunded at once.
+async fn queued_batch_cancelled(d: &Demo, alice: &AccountId) -> anyhow::Result<()> {
     println!("\n5. A batch cancelled while queued: every item refunded at once");
-    d.job("batch-1", &alice, &[("frame-1", 5), ("frame-2", 5), ("frame-3", 5), ("frame-4", 5)]).await?;
+    d.job("batch-1", alice, &[("frame-1", 5), ("frame-2", 5), ("frame-3", 5), ("frame-4", 5)]).await?;
     let out = d.store.cancel(&JobId::parse("batch-1")?, None).await?;
     let j = out.job();
     ensure!(j.state == JobState::Cancelled, "batch-1 must be cancelled");
@@ -217,19 +253,9 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         "cancel answered 200: batch-1 is {}, items {:?}; balance {}",
         j.state.as_str(),
         j.items.iter().map(|i| i.state.as_str()).collect::<Vec<_>>(),
-        d.balance(&alice).await?
+        d.balance(alice).await?
     ));
-
-    running_batch(&d, &alice, artifacts).await?;
-
-    payouts(&d).await?;
-
-    println!("\nThe ledger (append-only; the balance is the sum of its rows):");
-    print::ledger(d.store.as_ref(), &alice).await?;
-    let report = d.store.audit(None).await?;
-    println!();
-    print::audit(&report);
-    Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(())
 }
 
 /// Seed 003: a running batch cancelled mid-way. The worker is the Rust SDK's, in this process,
@@ -401,11 +427,22 @@ impl settle_client::Handler for FrameRenderer {
 /// Seed 001: payouts through a provider (the simulator, in process) that loses an answer, refuses an
 /// address, goes down and sends a paid payout back.
 async fn payouts(d: &Demo) -> anyhow::Result<()> {
-    use settle_sim::{Forced, SimConfig};
-    use settle_worker::payouts::{AttemptEnd, HttpProvider, HttpProviderConfig, PayoutProcessor, PayoutSettings};
     println!(
         "\n7. Payouts (seed 001): one idempotency key per request, a lookup before every send, UNKNOWN for a lost answer"
     );
+    let (sim, processor, bob) = payouts_setup(d).await?;
+    payouts_stories(d, &sim, &processor, &bob).await?;
+    payouts_report(d, &sim.sim, &bob).await?;
+    sim.task.abort();
+    Ok(())
+}
+
+/// The provider simulator, a payout processor against it, and bob with 1000 credits.
+async fn payouts_setup(
+    d: &Demo,
+) -> anyhow::Result<(settle_sim::Running, settle_worker::payouts::PayoutProcessor, AccountId)> {
+    use settle_sim::SimConfig;
+    use settle_worker::payouts::{HttpProvider, HttpProviderConfig, PayoutProcessor, PayoutSettings};
     let sim = settle_sim::start("127.0.0.1:0", SimConfig::default()).await.context("start the provider simulator")?;
     let provider = HttpProvider::new(&HttpProviderConfig {
         url: sim.url(),
@@ -428,6 +465,18 @@ async fn payouts(d: &Demo) -> anyhow::Result<()> {
     let grant = NewGrant { id: RefId::parse("bob-salary")?, amount: Credits::new(1_000), reason: None };
     d.store.grant(&bob, grant, settle_store::SYSTEM_ACTOR).await?;
     d.say(format!("account bob granted 1000 credits; the provider simulator listens on {}", sim.url()));
+    Ok((sim, processor, bob))
+}
+
+/// The payouts' stories: (a) a lost answer, (b) a refused address, (c) a node down, (d) a return.
+async fn payouts_stories(
+    d: &Demo,
+    sim: &settle_sim::Running,
+    processor: &settle_worker::payouts::PayoutProcessor,
+    bob: &AccountId,
+) -> anyhow::Result<()> {
+    use settle_sim::Forced;
+    use settle_worker::payouts::AttemptEnd;
     let withdraw = |id: &'static str, amount: i64, to: &'static str| {
         let bob = bob.clone();
         async move {
@@ -506,7 +555,12 @@ async fn payouts(d: &Demo) -> anyhow::Result<()> {
     let w = show("payout-back").await?;
     ensure!(w.job.state == JobState::Returned && w.job.net.get() == 0, "payout-back must be returned");
 
-    let executed = sim.sim.executed();
+    Ok(())
+}
+
+/// What the payouts left: what the provider paid, the failures by code, the attempt log, the ledger.
+async fn payouts_report(d: &Demo, sim: &settle_sim::Sim, bob: &AccountId) -> anyhow::Result<()> {
+    let executed = sim.executed();
     ensure!(executed.total_paid == 200 && executed.transfers.iter().all(|t| t.sends == 1), "each payout sent once");
     d.say(format!(
         "the provider paid out {} in {} transfers, each key sent once",
@@ -530,7 +584,6 @@ async fn payouts(d: &Demo) -> anyhow::Result<()> {
         }
     }
     println!("\n   Bob's ledger:");
-    print::ledger(d.store.as_ref(), &bob).await?;
-    sim.task.abort();
+    print::ledger(d.store.as_ref(), bob).await?;
     Ok(())
 }

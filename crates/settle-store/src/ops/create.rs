@@ -30,7 +30,15 @@ pub(crate) fn job_fingerprint(req: &NewJob) -> [u8; 32] {
     f.finish()
 }
 
-pub(crate) fn validate_job(req: &NewJob) -> Result<Credits, StoreError> {
+/// A job request that passed [`validate_job`], with its total cost: made only there, so the
+/// writes below take a request checked exactly once.
+#[derive(Debug, Clone)]
+pub(crate) struct ValidJob {
+    pub req: NewJob,
+    pub total: Credits,
+}
+
+pub(crate) fn validate_job(req: NewJob) -> Result<ValidJob, StoreError> {
     if req.items.is_empty() || req.items.len() > limits::JOB_ITEMS_MAX {
         return Err(StoreError::invalid(format!("a job has 1 to {} items", limits::JOB_ITEMS_MAX)));
     }
@@ -54,11 +62,11 @@ pub(crate) fn validate_job(req: &NewJob) -> Result<Credits, StoreError> {
     if req.payload.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(StoreError::invalid(format!("payload is larger than {} bytes", limits::PAYLOAD_BYTES_MAX)));
     }
-    Ok(total)
+    Ok(ValidJob { req, total })
 }
 
-pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result<Created<Job>, StoreError> {
-    validate_job(req)?;
+pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Result<Created<Job>, StoreError> {
+    let req = &job.req;
     if req.kind.as_str() == job::WITHDRAWAL_KIND {
         return Err(StoreError::invalid(
             "the job kind withdrawal is reserved: create withdrawals with POST /v1/withdrawals",
@@ -76,7 +84,7 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
         }
         return Ok(Created { value: attach(db, cx, existing).await?, replayed: true });
     }
-    let job = insert_job(db, cx, req, &fp, BalanceCheck::Overdraft).await?;
+    let job = insert_job(db, cx, job, &fp, BalanceCheck::Overdraft).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: job, replayed: false })
 }
@@ -88,20 +96,54 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, req: &NewJob) -> Result
 pub(crate) async fn insert_job(
     db: &mut Db<'_>,
     cx: &Cx,
-    req: &NewJob,
+    job: &ValidJob,
     fp: &[u8; 32],
     check: BalanceCheck,
 ) -> Result<Job, StoreError> {
     debug_assert!(matches!(check, BalanceCheck::Overdraft | BalanceCheck::Cash), "a job's charges are debits");
-    let total = validate_job(req)?;
+    let (req, total) = (&job.req, job.total);
+    let policy = cx.policy.for_kind(req.kind.as_str());
+    let max_attempts = req.max_attempts.unwrap_or(policy.attempts_max);
+    let refund_on = req.refund_on.unwrap_or(policy.refund_on);
+    let not_before = req.not_before.unwrap_or(cx.now);
+    insert_rows(db, cx, job, fp, max_attempts, refund_on, not_before).await?;
+    cx.point(CrashPoint::AfterGuard)?;
+    charge_items(db, cx, job, check).await?;
+    cx.point(CrashPoint::AfterLedger)?;
+    emit(
+        db,
+        cx,
+        EventKind::JobQueued,
+        Some(req.id.as_str()),
+        req.account_id.as_str(),
+        serde_json::json!({ "kind": req.kind.as_str(), "cost": total.get(), "items": req.items.len() }),
+    )
+    .await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    let job = as_written(cx, job, max_attempts, refund_on, not_before)?;
+    #[cfg(debug_assertions)]
+    {
+        let stored = super::must_read_job(db, cx, req.id.as_str()).await?;
+        assert_eq!(job, stored, "a created job's answer must be what was stored");
+    }
+    Ok(job)
+}
+
+/// The job row, numbered, and its items `charged`.
+async fn insert_rows(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &ValidJob,
+    fp: &[u8; 32],
+    max_attempts: u32,
+    refund_on: job::RefundPolicy,
+    not_before: Timestamp,
+) -> Result<(), StoreError> {
+    let req = &job.req;
     let job_seq = match db.engine() {
         Engine::Sqlite => next_seq(db, "job", 1).await?,
         Engine::Postgres => db.one("SELECT nextval('job_seq_numbers')", &[]).await?.i64(0)?,
     };
-    let policy = cx.policy.for_kind(req.kind.as_str());
-    let max_attempts = i64::from(req.max_attempts.unwrap_or(policy.attempts_max));
-    let refund_on = req.refund_on.unwrap_or(policy.refund_on);
-    let not_before = req.not_before.unwrap_or(cx.now).micros();
     let inserted = db
         .exec(
             "INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
@@ -112,10 +154,10 @@ pub(crate) async fn insert_job(
                 job_seq,
                 req.account_id.as_str(),
                 req.kind.as_str(),
-                total.get(),
-                max_attempts,
+                job.total.get(),
+                i64::from(max_attempts),
                 refund_on.as_str(),
-                not_before,
+                not_before.micros(),
                 i64::from(limits::LEASE_SECONDS_DEFAULT),
                 &req.payload,
                 fp,
@@ -124,7 +166,6 @@ pub(crate) async fn insert_job(
         )
         .await?;
     guard_hit(inserted, "job insert")?;
-    cx.point(CrashPoint::AfterGuard)?;
     for (ord, item) in req.items.iter().enumerate() {
         db.exec(
             "INSERT INTO items (job_id, item_id, ord, cost, state) VALUES ($1, $2, $3, $4, 'charged')",
@@ -132,6 +173,12 @@ pub(crate) async fn insert_job(
         )
         .await?;
     }
+    Ok(())
+}
+
+/// One charge per item under `check`; every charged item is held until it is decided.
+async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, check: BalanceCheck) -> Result<(), StoreError> {
+    let req = &job.req;
     let lines: Vec<Line<'_>> = req
         .items
         .iter()
@@ -147,33 +194,32 @@ pub(crate) async fn insert_job(
             })
         })
         .collect::<Result<_, StoreError>>()?;
-    // Every charged item may still be refunded: it is held until it is decided.
-    let holds = Holds { held: total.get(), exposure: 0 };
-    post(db, cx, req.account_id.as_str(), check, &lines, holds).await?;
-    cx.point(CrashPoint::AfterLedger)?;
-    emit(
-        db,
-        cx,
-        EventKind::JobQueued,
-        Some(req.id.as_str()),
-        req.account_id.as_str(),
-        serde_json::json!({ "kind": req.kind.as_str(), "cost": total.get(), "items": req.items.len() }),
-    )
-    .await?;
-    cx.point(CrashPoint::AfterOutbox)?;
-    let job = Job {
+    let holds = Holds { held: job.total.get(), exposure: 0 };
+    post(db, cx, req.account_id.as_str(), check, &lines, holds).await
+}
+
+/// The job as `insert_job` wrote it, built from the request.
+fn as_written(
+    cx: &Cx,
+    job: &ValidJob,
+    max_attempts: u32,
+    refund_on: job::RefundPolicy,
+    not_before: Timestamp,
+) -> Result<Job, StoreError> {
+    let req = &job.req;
+    Ok(Job {
         id: req.id.as_str().to_owned(),
         account_id: req.account_id.as_str().to_owned(),
         kind: req.kind.as_str().to_owned(),
         state: JobState::Queued,
-        cost: total,
-        net: total.checked_neg()?,
+        cost: job.total,
+        net: job.total.checked_neg()?,
         attempt: 0,
-        max_attempts: u32::try_from(max_attempts).map_err(StoreError::internal)?,
+        max_attempts,
         budget_base: 0,
         refund_on,
         cancel_requested: false,
-        not_before: Timestamp::from_micros(not_before),
+        not_before,
         lease_expires_at: None,
         last_error: None,
         items: req
@@ -190,11 +236,5 @@ pub(crate) async fn insert_job(
         result: None,
         created_at: cx.now,
         updated_at: cx.now,
-    };
-    #[cfg(debug_assertions)]
-    {
-        let stored = super::must_read_job(db, cx, req.id.as_str()).await?;
-        assert_eq!(job, stored, "a created job's answer must be what was stored");
-    }
-    Ok(job)
+    })
 }

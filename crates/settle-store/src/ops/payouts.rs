@@ -67,7 +67,7 @@ pub(crate) async fn create_withdrawal(
         not_before: None,
     };
     // Cash leaves: drawn on the balance alone, never the overdraft (spec §1).
-    super::insert_job(db, cx, &new_job, &fp, super::BalanceCheck::Cash).await?;
+    super::insert_job(db, cx, &super::validate_job(new_job)?, &fp, super::BalanceCheck::Cash).await?;
     // Made once, here; every attempt of this withdrawal sends and looks up with it.
     let key = format!("wd_{}", uuid::Uuid::new_v4().simple());
     db.exec(

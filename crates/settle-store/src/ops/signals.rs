@@ -107,25 +107,7 @@ pub(crate) async fn item_report(
         }
     };
     if !holds_lease(&job, token) {
-        let decided = db
-            .one(
-                "SELECT decided_attempt FROM items WHERE job_id = $1 AND item_id = $2",
-                args![&job.id, item_id.as_str()],
-            )
-            .await?
-            .opt_i64(0)?;
-        // A replay when the report's effect holds and was decided by this attempt or an earlier
-        // one: then this attempt was answered a replay (or applied) while it held the lease, and
-        // its re-send must get the same class (decision 0019).
-        if let Some(att) = token_attempt(db, &job, &token.0).await?
-            && holds
-            && decided.is_some_and(|d| d <= i64::from(att.end.attempt_no))
-        {
-            log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Noop).await?;
-            cx.point(CrashPoint::BeforeCommit)?;
-            return Ok(Ok(ItemReport { item: current, cancel_requested: job.cancel_requested, applied: false }));
-        }
-        return Ok(Err(refuse(db, cx, &job, token, heard).await?));
+        return stale_item_report(db, cx, &job, current, token, heard, holds).await;
     }
     let signal = if failure.is_some() { ItemSignal::Fail } else { ItemSignal::Succeed };
     let reason_only = signal == ItemSignal::Fail
@@ -159,29 +141,69 @@ pub(crate) async fn item_report(
             });
         }
         Some(arrow) => {
-            let reason = (signal == ItemSignal::Fail).then_some(RefundReason::ItemFailed);
-            let moved = move_items(db, cx, &job, arrow.from, signal, Some(item_id.as_str()), reason).await?;
-            guard_hit(moved.len() as u64, "item report")?;
-            cx.point(CrashPoint::AfterLedger)?;
-            let (event, data) = match (arrow.to, failure) {
-                (ItemState::Refunded, Some((code, message))) => (
-                    EventKind::JobItemRefunded,
-                    serde_json::json!({ "item_id": item_id.as_str(), "amount": current.cost.get(), "code": code.as_str(), "message": message }),
-                ),
-                (ItemState::Reclaimed, _) => (
-                    EventKind::JobItemReclaimed,
-                    serde_json::json!({ "item_id": item_id.as_str(), "amount": current.cost.get() }),
-                ),
-                _ => (EventKind::JobItemSucceeded, serde_json::json!({ "item_id": item_id.as_str() })),
-            };
-            emit(db, cx, event, Some(&job.id), &job.account_id, data).await?;
-            cx.point(CrashPoint::AfterOutbox)?;
+            move_item(db, cx, &job, &current, arrow, failure).await?;
             true
         }
     };
     let item = item_from_row(&db.one(&SELECT_ITEM, args![&job.id, item_id.as_str()]).await?)?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Ok(ItemReport { item, cancel_requested: job.cancel_requested, applied }))
+}
+
+/// An item report with a token that is not the current lease: a replay when the report's effect
+/// holds and was decided by the token's attempt or an earlier one — then that attempt was answered
+/// a replay (or applied) while it held the lease, and its re-send gets the same class (decision
+/// 0019); otherwise refused.
+async fn stale_item_report(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    current: Item,
+    token: &LeaseToken,
+    heard: Heard<'_>,
+    holds: bool,
+) -> Result<Result<ItemReport, Refused>, StoreError> {
+    let decided = db
+        .one("SELECT decided_attempt FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, &current.id])
+        .await?
+        .opt_i64(0)?;
+    if let Some(att) = token_attempt(db, job, &token.0).await?
+        && holds
+        && decided.is_some_and(|d| d <= i64::from(att.end.attempt_no))
+    {
+        log_signal(db, cx, job, Some(&token.0), heard, SignalEffect::Noop).await?;
+        cx.point(CrashPoint::BeforeCommit)?;
+        return Ok(Ok(ItemReport { item: current, cancel_requested: job.cancel_requested, applied: false }));
+    }
+    Ok(Err(refuse(db, cx, job, token, heard).await?))
+}
+
+/// The item arrow an item report takes, with its ledger line and event.
+async fn move_item(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    current: &Item,
+    arrow: item::Arrow,
+    failure: Option<(&FailCode, Option<&str>)>,
+) -> Result<(), StoreError> {
+    let signal = if failure.is_some() { ItemSignal::Fail } else { ItemSignal::Succeed };
+    let reason = failure.is_some().then_some(RefundReason::ItemFailed);
+    let moved = move_items(db, cx, job, arrow.from, signal, Some(&current.id), reason).await?;
+    guard_hit(moved.len() as u64, "item report")?;
+    cx.point(CrashPoint::AfterLedger)?;
+    let (event, data) = match (arrow.to, failure) {
+        (ItemState::Refunded, Some((code, message))) => (
+            EventKind::JobItemRefunded,
+            serde_json::json!({ "item_id": &current.id, "amount": current.cost.get(), "code": code.as_str(), "message": message }),
+        ),
+        (ItemState::Reclaimed, _) => {
+            (EventKind::JobItemReclaimed, serde_json::json!({ "item_id": &current.id, "amount": current.cost.get() }))
+        }
+        _ => (EventKind::JobItemSucceeded, serde_json::json!({ "item_id": &current.id })),
+    };
+    emit(db, cx, event, Some(&job.id), &job.account_id, data).await?;
+    cx.point(CrashPoint::AfterOutbox)
 }
 
 pub(crate) async fn register_artifact(

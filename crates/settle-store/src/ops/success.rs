@@ -67,16 +67,8 @@ pub(crate) async fn apply_success(
         .await?;
     guard_hit(rows, "success")?;
     if job.state == JobState::Running {
-        close_attempt(
-            db,
-            cx,
-            job,
-            if current { AttemptResult::Succeeded } else { AttemptResult::Superseded },
-            None,
-            None,
-            own,
-        )
-        .await?;
+        let ended = if current { AttemptResult::Succeeded } else { AttemptResult::Superseded };
+        close_attempt(db, cx, job, ended, None, None, own).await?;
     }
     if let Some(n) = earlier {
         mark_reported_success(db, cx, job, n).await?;
@@ -95,6 +87,13 @@ pub(crate) async fn apply_success(
         .await?;
     }
     cx.point(CrashPoint::AfterGuard)?;
+    settle_items(db, cx, job).await?;
+    Ok((true, After::Nothing))
+}
+
+/// A success's money and events: every charged item delivered, every refunded one reclaimed
+/// (spec §2), `job.reclaimed` when anything was, then `job.succeeded`.
+async fn settle_items(db: &mut Db<'_>, cx: &Cx, job: &JobRow) -> Result<(), StoreError> {
     move_items(db, cx, job, ItemState::Charged, ItemSignal::Succeed, None, None).await?;
     let reclaimed = move_items(db, cx, job, ItemState::Refunded, ItemSignal::Succeed, None, None).await?;
     cx.point(CrashPoint::AfterLedger)?;
@@ -118,8 +117,7 @@ pub(crate) async fn apply_success(
         serde_json::json!({ "from": job.state.as_str(), "attempt": job.attempt }),
     )
     .await?;
-    cx.point(CrashPoint::AfterOutbox)?;
-    Ok((true, After::Nothing))
+    cx.point(CrashPoint::AfterOutbox)
 }
 
 /// A worker's (or an operator's) success report (decision 0019). With some attempt's token it is

@@ -150,8 +150,8 @@ impl Store for SqlStore {
     }
 
     async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError> {
-        ops::validate_job(&req)?;
-        let out = self.write(op!([req] | db, cx | ops::create_job(db, cx, &req).await)).await?;
+        let job = ops::validate_job(req)?;
+        let out = self.write(op!([job] | db, cx | ops::create_job(db, cx, &job).await)).await?;
         if !out.replayed {
             self.work_due();
         }
