@@ -525,18 +525,9 @@ async fn run_teardown(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
-    let dir = tempfile::tempdir_in(&args.dir)?;
-    let url = format!("sqlite://{}", dir.path().join("console.db").display());
-    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await?);
-    let fill = AccountId::parse("fill")?;
-    store
-        .create_account(
-            NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) },
-            settle_store::SYSTEM_ACTOR,
-        )
-        .await?;
-    let started = Instant::now();
+/// `jobs` jobs of 10 items on `fill`, from 32 tasks; a tenth of them claimed, failed and dead (the
+/// dead-letter pages have work to show), the rest not due for ten years.
+async fn fill_console(store: &Arc<SqlStore>, fill: &AccountId, jobs: u64) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
     let per_task = jobs.div_ceil(32);
     let progress = Arc::new(crate::progress::Progress::new("fill jobs", jobs));
@@ -588,6 +579,22 @@ async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
         t.await.context("fill task")??;
     }
     progress.finish();
+    Ok(())
+}
+
+async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir_in(&args.dir)?;
+    let url = format!("sqlite://{}", dir.path().join("console.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await?);
+    let fill = AccountId::parse("fill")?;
+    store
+        .create_account(
+            NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) },
+            settle_store::SYSTEM_ACTOR,
+        )
+        .await?;
+    let started = Instant::now();
+    fill_console(&store, &fill, jobs).await?;
     let stats = store.stats().await?;
     let entries: i64 = stats.entries_by_kind.iter().map(|(_, n)| *n).sum();
     println!(

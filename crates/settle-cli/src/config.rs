@@ -420,100 +420,11 @@ impl Config {
             JobKind::parse(kind).with_context(|| format!("[kinds.{kind}]"))?;
             env_overrides(&format!("SETTLE_KIND_{}_", env_name(kind)), f, env)?;
         }
-        let loops_num = |field: &str| -> anyhow::Result<Option<u64>> {
-            env.get(&format!("SETTLE_LOOPS_{field}"))
-                .map(|v| v.parse::<u64>().with_context(|| format!("SETTLE_LOOPS_{field}={v}")))
-                .transpose()
-        };
-        if let Some(v) = loops_num("RESCUE_EVERY_MS")? {
-            file.loops.rescue_every_ms = v;
-        }
-        if let Some(v) = loops_num("SWEEP_EVERY_MS")? {
-            file.loops.sweep_every_ms = v;
-        }
-        if let Some(v) = loops_num("RECONCILE_EVERY_MS")? {
-            file.loops.reconcile_every_ms = v;
-        }
-        if let Some(v) = loops_num("PAYOUT_EVERY_MS")? {
-            file.loops.payout_every_ms = v;
-        }
-        if let Some(v) = loops_num("BATCH")? {
-            file.loops.batch = u32::try_from(v)?;
-        }
-        let http_num = |field: &str| -> anyhow::Result<Option<u64>> {
-            env.get(&format!("SETTLE_HTTP_{field}"))
-                .map(|v| v.parse::<u64>().with_context(|| format!("SETTLE_HTTP_{field}={v}")))
-                .transpose()
-        };
-        if let Some(v) = http_num("HEADER_READ_TIMEOUT_MS")? {
-            file.http.header_read_timeout_ms = v;
-        }
-        if let Some(v) = http_num("BODY_READ_TIMEOUT_MS")? {
-            file.http.body_read_timeout_ms = v;
-        }
-        if let Some(v) = http_num("MAX_CONNECTIONS")? {
-            file.http.max_connections = usize::try_from(v)?;
-        }
-        if let Some(v) = http_num("MAX_CONNECTIONS_PER_PEER")? {
-            file.http.max_connections_per_peer = usize::try_from(v)?;
-        }
-        if let Some(v) = http_num("LONG_POLLS_PER_TOKEN")? {
-            file.http.long_polls_per_token = usize::try_from(v)?;
-        }
-        let http_rate = |field: &str| -> anyhow::Result<Option<f64>> {
-            env.get(&format!("SETTLE_HTTP_{field}"))
-                .map(|v| v.parse::<f64>().with_context(|| format!("SETTLE_HTTP_{field}={v}")))
-                .transpose()
-        };
-        if let Some(v) = http_rate("REQUESTS_PER_SECOND_PER_TOKEN")? {
-            file.http.requests_per_second_per_token = v;
-        }
-        if let Some(v) = http_rate("BURST_PER_TOKEN")? {
-            file.http.burst_per_token = v;
-        }
-        let h = &file.http;
-        let http_ok = (100..=600_000).contains(&h.header_read_timeout_ms)
-            && (100..=600_000).contains(&h.body_read_timeout_ms)
-            && (1..=1_000_000).contains(&h.max_connections)
-            && (1..=h.max_connections).contains(&h.max_connections_per_peer)
-            && h.requests_per_second_per_token.is_finite()
-            && h.requests_per_second_per_token >= 0.0
-            && h.burst_per_token.is_finite()
-            && h.burst_per_token >= 1.0
-            && (1..=100_000).contains(&h.long_polls_per_token);
-        if !http_ok {
-            bail!(
-                "[http]: timeouts are between 100 ms and 10 min, max_connections between 1 and 1000000, \
-                 max_connections_per_peer between 1 and max_connections, the rate \
-                 zero (off) or more, the burst at least 1, long_polls_per_token between 1 and 100000"
-            );
-        }
-        if let Some(v) = env.get("SETTLE_PROVIDER_URL") {
-            file.provider.url = Some(v.clone());
-        }
-        let provider_num = |field: &str| -> anyhow::Result<Option<u64>> {
-            env.get(&format!("SETTLE_PROVIDER_{field}"))
-                .map(|v| v.parse::<u64>().with_context(|| format!("SETTLE_PROVIDER_{field}={v}")))
-                .transpose()
-        };
-        if let Some(v) = provider_num("TIMEOUT_MS")? {
-            file.provider.timeout_ms = Some(v);
-        }
-        if let Some(v) = provider_num("CONNECT_TIMEOUT_MS")? {
-            file.provider.connect_timeout_ms = Some(v);
-        }
-        if let Some(v) = provider_num("RETURN_WINDOW_SECONDS")? {
-            file.provider.return_window_seconds = Some(v);
-        }
-        let l = &file.loops;
-        if l.rescue_every_ms == 0
-            || l.sweep_every_ms == 0
-            || l.reconcile_every_ms == 0
-            || l.payout_every_ms == 0
-            || !(1..=limits::PAGE_LIMIT_MAX).contains(&l.batch)
-        {
-            bail!("[loops]: every period must be at least 1 ms and batch between 1 and {}", limits::PAGE_LIMIT_MAX);
-        }
+        loops_from_env(&mut file.loops, env)?;
+        http_from_env(&mut file.http, env)?;
+        check_http(&file.http)?;
+        provider_from_env(&mut file.provider, env)?;
+        check_loops(&file.loops)?;
         let default = apply(&RetryPolicy::default(), &file.defaults, "[defaults]")?;
         let mut kinds = BTreeMap::new();
         for (kind, f) in &file.kinds {
@@ -608,6 +519,115 @@ impl Config {
         };
         toml::to_string(&out).unwrap_or_default()
     }
+}
+
+/// `PREFIX_FIELD` from the environment, parsed, if it is set.
+fn env_num<T: std::str::FromStr>(env: &BTreeMap<String, String>, prefix: &str, field: &str) -> anyhow::Result<Option<T>>
+where
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    env.get(&format!("{prefix}{field}"))
+        .map(|v| v.parse::<T>().with_context(|| format!("{prefix}{field}={v}")))
+        .transpose()
+}
+
+/// `SETTLE_LOOPS_*` over the file's `[loops]`.
+fn loops_from_env(loops: &mut Loops, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    let num = |field| env_num::<u64>(env, "SETTLE_LOOPS_", field);
+    if let Some(v) = num("RESCUE_EVERY_MS")? {
+        loops.rescue_every_ms = v;
+    }
+    if let Some(v) = num("SWEEP_EVERY_MS")? {
+        loops.sweep_every_ms = v;
+    }
+    if let Some(v) = num("RECONCILE_EVERY_MS")? {
+        loops.reconcile_every_ms = v;
+    }
+    if let Some(v) = num("PAYOUT_EVERY_MS")? {
+        loops.payout_every_ms = v;
+    }
+    if let Some(v) = num("BATCH")? {
+        loops.batch = u32::try_from(v)?;
+    }
+    Ok(())
+}
+
+fn check_loops(l: &Loops) -> anyhow::Result<()> {
+    if l.rescue_every_ms == 0
+        || l.sweep_every_ms == 0
+        || l.reconcile_every_ms == 0
+        || l.payout_every_ms == 0
+        || !(1..=limits::PAGE_LIMIT_MAX).contains(&l.batch)
+    {
+        bail!("[loops]: every period must be at least 1 ms and batch between 1 and {}", limits::PAGE_LIMIT_MAX);
+    }
+    Ok(())
+}
+
+/// `SETTLE_HTTP_*` over the file's `[http]`.
+fn http_from_env(http: &mut Http, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    let num = |field| env_num::<u64>(env, "SETTLE_HTTP_", field);
+    if let Some(v) = num("HEADER_READ_TIMEOUT_MS")? {
+        http.header_read_timeout_ms = v;
+    }
+    if let Some(v) = num("BODY_READ_TIMEOUT_MS")? {
+        http.body_read_timeout_ms = v;
+    }
+    if let Some(v) = num("MAX_CONNECTIONS")? {
+        http.max_connections = usize::try_from(v)?;
+    }
+    if let Some(v) = num("MAX_CONNECTIONS_PER_PEER")? {
+        http.max_connections_per_peer = usize::try_from(v)?;
+    }
+    if let Some(v) = num("LONG_POLLS_PER_TOKEN")? {
+        http.long_polls_per_token = usize::try_from(v)?;
+    }
+    let rate = |field| env_num::<f64>(env, "SETTLE_HTTP_", field);
+    if let Some(v) = rate("REQUESTS_PER_SECOND_PER_TOKEN")? {
+        http.requests_per_second_per_token = v;
+    }
+    if let Some(v) = rate("BURST_PER_TOKEN")? {
+        http.burst_per_token = v;
+    }
+    Ok(())
+}
+
+fn check_http(h: &Http) -> anyhow::Result<()> {
+    let http_ok = (100..=600_000).contains(&h.header_read_timeout_ms)
+        && (100..=600_000).contains(&h.body_read_timeout_ms)
+        && (1..=1_000_000).contains(&h.max_connections)
+        && (1..=h.max_connections).contains(&h.max_connections_per_peer)
+        && h.requests_per_second_per_token.is_finite()
+        && h.requests_per_second_per_token >= 0.0
+        && h.burst_per_token.is_finite()
+        && h.burst_per_token >= 1.0
+        && (1..=100_000).contains(&h.long_polls_per_token);
+    if !http_ok {
+        bail!(
+            "[http]: timeouts are between 100 ms and 10 min, max_connections between 1 and 1000000, \
+             max_connections_per_peer between 1 and max_connections, the rate \
+             zero (off) or more, the burst at least 1, long_polls_per_token between 1 and 100000"
+        );
+    }
+    Ok(())
+}
+
+/// `SETTLE_PROVIDER_URL` and `SETTLE_PROVIDER_*` over the file's `[provider]`.
+fn provider_from_env(provider: &mut ProviderFile, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    if let Some(v) = env.get("SETTLE_PROVIDER_URL") {
+        provider.url = Some(v.clone());
+    }
+    let num = |field| env_num::<u64>(env, "SETTLE_PROVIDER_", field);
+    if let Some(v) = num("TIMEOUT_MS")? {
+        provider.timeout_ms = Some(v);
+    }
+    if let Some(v) = num("CONNECT_TIMEOUT_MS")? {
+        provider.connect_timeout_ms = Some(v);
+    }
+    if let Some(v) = num("RETURN_WINDOW_SECONDS")? {
+        provider.return_window_seconds = Some(v);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -197,36 +197,7 @@ pub fn overview(
                     }
                 }
             }
-            section class="card" {
-                h2 { "Failures by code" }
-                p class="muted" { "Jobs now dead, unknown or waiting to retry, by their last fail code." }
-                table {
-                    thead { tr { th { "code" } th { "state" } th class="num" { "jobs" } } }
-                    tbody {
-                        @for f in failures {
-                            tr {
-                                // With the state, so the jobs page offers the bulk action that fits them.
-                                td { a href={ "/console/jobs?fail_code=" (super::query::urlencode(&f.code)) "&state=" (if f.state == "retrying" { "queued" } else { f.state.as_str() }) } { code { (f.code) } } }
-                                td { (f.state) }
-                                td class="num" { (credits(f.count)) }
-                            }
-                        }
-                        @if failures.is_empty() { tr { td colspan="3" class="muted" { "No failures." } } }
-                    }
-                }
-            }
-            section class="card" {
-                h2 { a href="/console/webhooks" { "Webhook endpoints" } }
-                table {
-                    thead { tr { th { "endpoint" } th { "breaker" } th class="num" { "pending" } th class="num" { "dead" } } }
-                    tbody {
-                        @for e in &webhooks.endpoints {
-                            tr { td { (e.0) } td { (e.1) } td class="num" { (credits(e.2)) } td class="num" { (credits(e.3)) } }
-                        }
-                        @if webhooks.endpoints.is_empty() { tr { td colspan="4" class="muted" { "No webhook endpoints configured." } } }
-                    }
-                }
-            }
+            (failures_and_webhooks(failures, webhooks))
             @if session.can_act() {
                 section class="card" {
                     h2 { "Audit" }
@@ -237,6 +208,42 @@ pub fn overview(
         }
     };
     layout("Overview", Some(session), body)
+}
+
+/// The overview's failures by code and webhook endpoints.
+fn failures_and_webhooks(failures: &[settle_store::FailureCount], webhooks: &WebhookSummary) -> Markup {
+    html! {
+    section class="card" {
+        h2 { "Failures by code" }
+        p class="muted" { "Jobs now dead, unknown or waiting to retry, by their last fail code." }
+        table {
+            thead { tr { th { "code" } th { "state" } th class="num" { "jobs" } } }
+            tbody {
+                @for f in failures {
+                    tr {
+                        // With the state, so the jobs page offers the bulk action that fits them.
+                        td { a href={ "/console/jobs?fail_code=" (super::query::urlencode(&f.code)) "&state=" (if f.state == "retrying" { "queued" } else { f.state.as_str() }) } { code { (f.code) } } }
+                        td { (f.state) }
+                        td class="num" { (credits(f.count)) }
+                    }
+                }
+                @if failures.is_empty() { tr { td colspan="3" class="muted" { "No failures." } } }
+            }
+        }
+    }
+    section class="card" {
+        h2 { a href="/console/webhooks" { "Webhook endpoints" } }
+        table {
+            thead { tr { th { "endpoint" } th { "breaker" } th class="num" { "pending" } th class="num" { "dead" } } }
+            tbody {
+                @for e in &webhooks.endpoints {
+                    tr { td { (e.0) } td { (e.1) } td class="num" { (credits(e.2)) } td class="num" { (credits(e.3)) } }
+                }
+                @if webhooks.endpoints.is_empty() { tr { td colspan="4" class="muted" { "No webhook endpoints configured." } } }
+            }
+        }
+    }
+    }
 }
 
 /// Endpoint, breaker state, pending deliveries, dead deliveries.
@@ -393,90 +400,105 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
             h2 { "Timeline" }
             (timeline(p))
         }
-        section class="card" {
-            h2 { "Attempts" }
-            div class="scroll" { table {
-                thead { tr { th { "#" } th { "worker" } th { "started" } th { "ended" } th { "result" } th { "code" } th { "message" } } }
-                tbody {
-                    @for a in p.attempts {
-                        tr {
-                            td class="num" { (a.attempt_no) }
-                            td { (a.worker) }
-                            td class="nowrap" { (time(a.started_at)) }
-                            td class="nowrap" { @if let Some(t) = a.finished_at { (time(t)) } @else { span class="muted" { "open" } } }
-                            td { (a.result.map_or("open", |r| r.as_str())) }
-                            td { @if let Some(c) = &a.fail_code { code { (c) } } }
-                            td { (a.message.as_deref().unwrap_or("")) }
-                        }
-                    }
-                    @if p.attempts.is_empty() { tr { td colspan="7" class="muted" { "Not claimed yet." } } }
-                }
-            } }
-        }
-        section class="card" {
-            h2 { "Signals that changed nothing" }
-            p class="muted" { "Stale tokens (an earlier attempt), repeats, and late successes that recovered a failed job." }
-            div class="scroll" { table {
-                thead { tr { th { "received" } th { "signal" } th { "attempt" } th { "effect" } th { "code" } th { "message" } } }
-                tbody {
-                    @for s in p.signals {
-                        tr {
-                            td class="nowrap" { (time(s.received_at)) }
-                            td { (s.signal.as_str()) }
-                            td class="num" { @if let Some(n) = s.attempt_no { (n) } }
-                            td { (s.effect.as_str()) }
-                            td { @if let Some(c) = &s.fail_code { code { (c) } } }
-                            td { (s.message.as_deref().unwrap_or("")) }
-                        }
-                    }
-                    @if p.signals.is_empty() { tr { td colspan="6" class="muted" { "None." } } }
-                }
-            } }
-            @if p.history.signals_unlogged > 0 {
-                p class="muted" {
-                    "…and " (p.history.signals_unlogged) " more after the first "
-                    (settle_core::limits::SIGNALS_LOGGED_MAX) ", counted but not kept."
-                }
-            }
-        }
-        section class="card" {
-            h2 { "Items" }
-            div class="scroll" { table {
-                thead { tr { th { "item" } th class="num" { "cost" } th { "state" } th { "refund reason" } } }
-                tbody {
-                    @for i in &j.items {
-                        tr { td { (i.id) } td class="num" { (credits(i.cost.get())) } td { (i.state.as_str()) } td { (i.refund_reason.as_deref().unwrap_or("")) } }
-                    }
-                }
-            } }
-        }
-        section class="card" {
-            h2 { "Ledger entries" }
-            (entries_table(&p.history.entries, false))
-        }
-        section class="card" {
-            h2 { "Artifacts" }
-            table {
-                thead { tr { th { "item" } th { "key" } th { "stored at" } th { "registered" } } }
-                tbody {
-                    @for a in &p.history.artifacts { tr { td { (a.item_id) } td { code { (a.key) } } td { code { (a.path) } } td class="nowrap" { (time(a.created_at)) } } }
-                    @if p.history.artifacts.is_empty() { tr { td colspan="4" class="muted" { "None." } } }
-                }
-            }
-        }
-        section class="card" {
-            h2 { "Events" }
-            div class="scroll" { table {
-                thead { tr { th class="num" { "seq" } th { "at" } th { "type" } th { "data" } } }
-                tbody {
-                    @for e in &p.history.events {
-                        tr { td class="num" { (e.seq) } td class="nowrap" { (time(e.created_at)) } td { (e.kind.as_str()) } td { code class="wrap" { (e.data) } } }
-                    }
-                }
-            } }
-        }
+        (job_reports(p))
+        (job_records(p))
     };
     layout(&format!("Job {}", j.id), Some(session), body)
+}
+
+/// A job's attempts, and the signals that changed nothing.
+fn job_reports(p: &JobPage<'_>) -> Markup {
+    html! {
+    section class="card" {
+        h2 { "Attempts" }
+        div class="scroll" { table {
+            thead { tr { th { "#" } th { "worker" } th { "started" } th { "ended" } th { "result" } th { "code" } th { "message" } } }
+            tbody {
+                @for a in p.attempts {
+                    tr {
+                        td class="num" { (a.attempt_no) }
+                        td { (a.worker) }
+                        td class="nowrap" { (time(a.started_at)) }
+                        td class="nowrap" { @if let Some(t) = a.finished_at { (time(t)) } @else { span class="muted" { "open" } } }
+                        td { (a.result.map_or("open", |r| r.as_str())) }
+                        td { @if let Some(c) = &a.fail_code { code { (c) } } }
+                        td { (a.message.as_deref().unwrap_or("")) }
+                    }
+                }
+                @if p.attempts.is_empty() { tr { td colspan="7" class="muted" { "Not claimed yet." } } }
+            }
+        } }
+    }
+    section class="card" {
+        h2 { "Signals that changed nothing" }
+        p class="muted" { "Stale tokens (an earlier attempt), repeats, and late successes that recovered a failed job." }
+        div class="scroll" { table {
+            thead { tr { th { "received" } th { "signal" } th { "attempt" } th { "effect" } th { "code" } th { "message" } } }
+            tbody {
+                @for s in p.signals {
+                    tr {
+                        td class="nowrap" { (time(s.received_at)) }
+                        td { (s.signal.as_str()) }
+                        td class="num" { @if let Some(n) = s.attempt_no { (n) } }
+                        td { (s.effect.as_str()) }
+                        td { @if let Some(c) = &s.fail_code { code { (c) } } }
+                        td { (s.message.as_deref().unwrap_or("")) }
+                    }
+                }
+                @if p.signals.is_empty() { tr { td colspan="6" class="muted" { "None." } } }
+            }
+        } }
+        @if p.history.signals_unlogged > 0 {
+            p class="muted" {
+                "…and " (p.history.signals_unlogged) " more after the first "
+                (settle_core::limits::SIGNALS_LOGGED_MAX) ", counted but not kept."
+            }
+        }
+    }
+    }
+}
+
+/// A job's items, ledger entries, artifacts and events.
+fn job_records(p: &JobPage<'_>) -> Markup {
+    let j = p.job;
+    html! {
+    section class="card" {
+        h2 { "Items" }
+        div class="scroll" { table {
+            thead { tr { th { "item" } th class="num" { "cost" } th { "state" } th { "refund reason" } } }
+            tbody {
+                @for i in &j.items {
+                    tr { td { (i.id) } td class="num" { (credits(i.cost.get())) } td { (i.state.as_str()) } td { (i.refund_reason.as_deref().unwrap_or("")) } }
+                }
+            }
+        } }
+    }
+    section class="card" {
+        h2 { "Ledger entries" }
+        (entries_table(&p.history.entries, false))
+    }
+    section class="card" {
+        h2 { "Artifacts" }
+        table {
+            thead { tr { th { "item" } th { "key" } th { "stored at" } th { "registered" } } }
+            tbody {
+                @for a in &p.history.artifacts { tr { td { (a.item_id) } td { code { (a.key) } } td { code { (a.path) } } td class="nowrap" { (time(a.created_at)) } } }
+                @if p.history.artifacts.is_empty() { tr { td colspan="4" class="muted" { "None." } } }
+            }
+        }
+    }
+    section class="card" {
+        h2 { "Events" }
+        div class="scroll" { table {
+            thead { tr { th class="num" { "seq" } th { "at" } th { "type" } th { "data" } } }
+            tbody {
+                @for e in &p.history.events {
+                    tr { td class="num" { (e.seq) } td class="nowrap" { (time(e.created_at)) } td { (e.kind.as_str()) } td { code class="wrap" { (e.data) } } }
+                }
+            }
+        } }
+    }
+    }
 }
 
 /// Everything that happened to the job, by time: attempts, signals, ledger entries, operator
