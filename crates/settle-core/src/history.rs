@@ -2,41 +2,9 @@
 //! which signal arrived and what it did. The store writes these names and reads them back through
 //! `parse`; the API, the CLI and the webhooks show them as they are spelled here (spec §4, §6).
 
-/// An enum of names: `ALL`, `as_str`, `parse` and `Display`, with each variant's stored spelling
-/// next to it.
-macro_rules! names {
-    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $($(#[$vmeta])* $variant,)+
-        }
-
-        impl $name {
-            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
-
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $text,)+
-                }
-            }
-
-            pub fn parse(s: &str) -> Option<$name> {
-                $name::ALL.iter().copied().find(|v| v.as_str() == s)
-            }
-        }
-
-        impl std::fmt::Display for $name {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.pad(self.as_str())
-            }
-        }
-    };
-}
-
-names! {
+crate::names! {
     /// The type of an outbox event (`GET /v1/events`, webhook bodies).
-    EventKind {
+    pub EventKind {
         AccountCreated = "account.created",
         AccountGranted = "account.granted",
         AccountAdjusted = "account.adjusted",
@@ -67,9 +35,9 @@ impl EventKind {
     }
 }
 
-names! {
+crate::names! {
     /// How an attempt ended (the attempt log's `result`; an open attempt has none).
-    AttemptResult {
+    pub AttemptResult {
         Succeeded = "succeeded",
         Failed = "failed",
         LeaseExpired = "lease_expired",
@@ -80,9 +48,9 @@ names! {
     }
 }
 
-names! {
+crate::names! {
     /// A signal a worker (or the payout processor) sent about a job.
-    Signal {
+    pub Signal {
         Heartbeat = "heartbeat",
         ItemSucceed = "item_succeed",
         ItemFail = "item_fail",
@@ -93,10 +61,10 @@ names! {
     }
 }
 
-names! {
+crate::names! {
     /// What a logged signal did. Signals that moved the job are visible in its events; the signal
     /// log keeps the ones that did not, and a late success that recovered a failed job.
-    SignalEffect {
+    pub SignalEffect {
         /// Its lease token is not the current attempt's: nothing changed.
         Stale = "stale",
         /// A repeat of what already happened: nothing changed.
@@ -110,25 +78,7 @@ names! {
 mod tests {
     use super::*;
 
-    #[test]
-    fn every_name_parses_back_and_names_are_distinct() {
-        fn check<T: Copy + PartialEq + std::fmt::Debug>(
-            all: &[T],
-            as_str: fn(T) -> &'static str,
-            parse: fn(&str) -> Option<T>,
-        ) {
-            let mut seen = std::collections::HashSet::new();
-            for &v in all {
-                assert_eq!(parse(as_str(v)), Some(v));
-                assert!(seen.insert(as_str(v)), "{} named twice", as_str(v));
-            }
-            assert_eq!(parse("no such name"), None);
-        }
-        check(EventKind::ALL, EventKind::as_str, EventKind::parse);
-        check(AttemptResult::ALL, AttemptResult::as_str, AttemptResult::parse);
-        check(Signal::ALL, Signal::as_str, Signal::parse);
-        check(SignalEffect::ALL, SignalEffect::as_str, SignalEffect::parse);
-    }
+    // Each set round-trips in `names::tests::every_closed_set_round_trips`.
 
     #[test]
     fn only_events_that_make_work_due_wake_claims() {

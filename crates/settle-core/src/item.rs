@@ -12,15 +12,17 @@
 use crate::ledger::EntryKind;
 use crate::money::{Credits, MoneyError};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ItemState {
-    Charged,
-    Succeeded,
-    Refunded,
-    Reclaimed,
-    Cancelled,
-    /// A paid-out withdrawal that the receiving side sent back: the amount is credited again.
-    Returned,
+crate::names! {
+    /// A billable item's money state (spec §2).
+    pub ItemState {
+        Charged = "charged",
+        Succeeded = "succeeded",
+        Refunded = "refunded",
+        Reclaimed = "reclaimed",
+        Cancelled = "cancelled",
+        /// A paid-out withdrawal that the receiving side sent back: the amount is credited again.
+        Returned = "returned",
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,58 +46,17 @@ pub struct Arrow {
     pub entry: Option<EntryKind>,
 }
 
-/// Why an item was refunded. A job-level success reclaims only `JobFailed` refunds: items the
-/// worker itself reported as failed were not delivered (spec §2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RefundReason {
-    JobFailed,
-    ItemFailed,
-    Cancelled,
-}
-
-impl RefundReason {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            RefundReason::JobFailed => "job_failed",
-            RefundReason::ItemFailed => "item_failed",
-            RefundReason::Cancelled => "cancelled",
-        }
-    }
-    pub fn parse(s: &str) -> Option<RefundReason> {
-        Some(match s {
-            "job_failed" => RefundReason::JobFailed,
-            "item_failed" => RefundReason::ItemFailed,
-            "cancelled" => RefundReason::Cancelled,
-            _ => return None,
-        })
+crate::names! {
+    /// Why an item was refunded. A job-level success reclaims only `JobFailed` refunds: items the
+    /// worker itself reported as failed were not delivered (spec §2).
+    pub RefundReason {
+        JobFailed = "job_failed",
+        ItemFailed = "item_failed",
+        Cancelled = "cancelled",
     }
 }
 
 impl ItemState {
-    pub const ALL: [ItemState; 6] = [
-        ItemState::Charged,
-        ItemState::Succeeded,
-        ItemState::Refunded,
-        ItemState::Reclaimed,
-        ItemState::Cancelled,
-        ItemState::Returned,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            ItemState::Charged => "charged",
-            ItemState::Succeeded => "succeeded",
-            ItemState::Refunded => "refunded",
-            ItemState::Reclaimed => "reclaimed",
-            ItemState::Cancelled => "cancelled",
-            ItemState::Returned => "returned",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ItemState> {
-        ItemState::ALL.into_iter().find(|state| state.as_str() == s)
-    }
-
     /// No job signal moves the item any more. (A succeeded payout may still be returned by the
     /// provider: that is the one arrow out of `succeeded`, and it is not a job signal.)
     pub const fn is_terminal(self) -> bool {

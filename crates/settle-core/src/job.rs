@@ -6,48 +6,22 @@ use crate::ids::FailCode;
 use crate::limits::{ATTEMPTS_MAX_DEFAULT, CONFIRM_WINDOW_SECONDS_DEFAULT, LEASE_SECONDS_DEFAULT};
 use std::collections::BTreeMap;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum JobState {
-    Queued,
-    Running,
-    Unknown,
-    Cancelling,
-    Succeeded,
-    Dead,
-    Cancelled,
-    /// A withdrawal paid out and then sent back by the receiving side; its amount was credited again.
-    Returned,
+crate::names! {
+    /// A job's state (spec §3).
+    pub JobState {
+        Queued = "queued",
+        Running = "running",
+        Unknown = "unknown",
+        Cancelling = "cancelling",
+        Succeeded = "succeeded",
+        Dead = "dead",
+        Cancelled = "cancelled",
+        /// A withdrawal paid out and then sent back by the receiving side; its amount was credited again.
+        Returned = "returned",
+    }
 }
 
 impl JobState {
-    pub const ALL: [JobState; 8] = [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Unknown,
-        JobState::Cancelling,
-        JobState::Succeeded,
-        JobState::Dead,
-        JobState::Cancelled,
-        JobState::Returned,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            JobState::Queued => "queued",
-            JobState::Running => "running",
-            JobState::Unknown => "unknown",
-            JobState::Cancelling => "cancelling",
-            JobState::Succeeded => "succeeded",
-            JobState::Dead => "dead",
-            JobState::Cancelled => "cancelled",
-            JobState::Returned => "returned",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<JobState> {
-        JobState::ALL.into_iter().find(|state| state.as_str() == s)
-    }
-
     /// `dead` is terminal for the queue, though a person may requeue it and a late success
     /// still recovers it.
     pub const fn is_terminal(self) -> bool {
@@ -73,27 +47,13 @@ pub fn lease_expiry_is_unknown(kind: &str, sending: bool, refund_on: RefundPolic
     cancel_requested && refund_on == RefundPolicy::FinalFailure
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RefundPolicy {
-    /// Refund at the first failure; reclaim if a retry or a late signal succeeds.
-    Failure,
-    /// Hold the charge while retries continue; refund only when the job is dead-lettered.
-    FinalFailure,
-}
-
-impl RefundPolicy {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            RefundPolicy::Failure => "failure",
-            RefundPolicy::FinalFailure => "final_failure",
-        }
-    }
-    pub fn parse(s: &str) -> Option<RefundPolicy> {
-        match s {
-            "failure" => Some(RefundPolicy::Failure),
-            "final_failure" => Some(RefundPolicy::FinalFailure),
-            _ => None,
-        }
+crate::names! {
+    /// When a failed job's charges are refunded.
+    pub RefundPolicy {
+        /// Refund at the first failure; reclaim if a retry or a late signal succeeds.
+        Failure = "failure",
+        /// Hold the charge while retries continue; refund only when the job is dead-lettered.
+        FinalFailure = "final_failure",
     }
 }
 

@@ -3,39 +3,17 @@
 
 use sha2::{Digest, Sha256};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum EntryKind {
-    Grant,
-    Charge,
-    Refund,
-    Reclaim,
-    Adjustment,
-    /// A payout the receiving side sent back: the withdrawn amount credited again (+).
-    PayoutReturn,
-}
-
-impl EntryKind {
-    pub const ALL: [EntryKind; 6] = [
-        EntryKind::Grant,
-        EntryKind::Charge,
-        EntryKind::Refund,
-        EntryKind::Reclaim,
-        EntryKind::Adjustment,
-        EntryKind::PayoutReturn,
-    ];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            EntryKind::Grant => "grant",
-            EntryKind::Charge => "charge",
-            EntryKind::Refund => "refund",
-            EntryKind::Reclaim => "reclaim",
-            EntryKind::Adjustment => "adjustment",
-            EntryKind::PayoutReturn => "payout_return",
-        }
-    }
-    pub fn parse(s: &str) -> Option<EntryKind> {
-        EntryKind::ALL.into_iter().find(|k| k.as_str() == s)
+crate::names! {
+    /// A ledger entry's kind; grants, refunds and payout returns credit, charges and reclaims debit,
+    /// an adjustment either way.
+    pub EntryKind {
+        Grant = "grant",
+        Charge = "charge",
+        Refund = "refund",
+        Reclaim = "reclaim",
+        Adjustment = "adjustment",
+        /// A payout the receiving side sent back: the withdrawn amount credited again (+).
+        PayoutReturn = "payout_return",
     }
 }
 

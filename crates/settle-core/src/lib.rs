@@ -12,6 +12,7 @@
 //! - [`clock`]: the injected `Clock`; nothing else reads the system time.
 //! - [`crash`]: the `CrashPoint` enum the crash-convergence harness iterates.
 //! - [`limits`]: every bound, named.
+//! - [`names`]: `names!`, the one way a closed set of names (states, kinds, codes) is written.
 //! - [`signature`]: HMAC-SHA256 and the webhook `Settle-Signature` header (sign, verify).
 
 pub mod backoff;
@@ -25,6 +26,7 @@ pub mod job;
 pub mod ledger;
 pub mod limits;
 pub mod money;
+pub mod names;
 pub mod scope;
 pub mod signature;
 
