@@ -71,7 +71,7 @@ def test_an_admin_finds_a_dead_job_reads_where_its_credits_went_and_requeues_it(
     # Requeue it, and see it queued with the action on the job.
     page.click("button:text('Requeue')")
     expect(page.locator("h1 .badge")).to_have_text("queued")
-    expect(page.locator("ol.timeline")).to_contain_text("operator ops-ana: requeue")
+    expect(page.locator("ol.timeline")).to_contain_text("operator ops-ana: job.requeue")
     # A requeue gives a fresh budget: the attempts count against it, not "2 of 1".
     expect(page.locator("section.facts dd").filter(has_text="since the requeue")).to_have_text(
         "0 of 1 since the requeue (1 in all)"

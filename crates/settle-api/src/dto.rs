@@ -277,7 +277,7 @@ impl From<store::Job> for Job {
                     state: i.state.as_str().to_owned(),
                     is_refunded: i.state.is_refunded(),
                     is_reclaimed: i.state.is_reclaimed(),
-                    refund_reason: i.refund_reason,
+                    refund_reason: i.refund_reason.map(|r| r.as_str().to_owned()),
                 })
                 .collect(),
             payload: json_text(&j.payload),
@@ -722,10 +722,10 @@ pub struct WebhookBreaker {
 
 impl From<store::BreakerStatus> for WebhookBreaker {
     fn from(b: store::BreakerStatus) -> WebhookBreaker {
-        let open = b.state != "closed";
+        let open = b.state != store::BreakerState::Closed;
         WebhookBreaker {
             endpoint_id: b.endpoint_id,
-            breaker: b.state,
+            breaker: b.state.as_str().to_owned(),
             failures: b.failures,
             opens: b.opens,
             next_probe_at: b.next_probe_at.filter(|_| open).map(rfc3339),
@@ -751,7 +751,7 @@ impl From<store::Delivery> for WebhookDelivery {
         WebhookDelivery {
             endpoint_id: d.endpoint_id,
             event: d.event.envelope(),
-            state: d.state,
+            state: d.state.as_str().to_owned(),
             attempts: d.attempts,
             next_attempt_at: rfc3339(d.next_attempt_at),
             last_status: d.last_status,

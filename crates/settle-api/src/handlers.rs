@@ -658,7 +658,7 @@ fn item_report(r: store::ItemReport) -> dto::ItemReport {
             id: r.item.id,
             cost: r.item.cost.get(),
             state: r.item.state.as_str().to_owned(),
-            refund_reason: r.item.refund_reason,
+            refund_reason: r.item.refund_reason.map(|r| r.as_str().to_owned()),
         },
         cancel_requested: r.cancel_requested,
     }
@@ -900,7 +900,10 @@ pub async fn resolve_withdrawal(
 pub async fn failure_summary(State(s): State<AppState>, auth: Auth<ClientRole>) -> ApiResult {
     let rows = s.store.failure_summary(&auth.actor.scope).await?;
     Ok(ok(dto::FailureSummary {
-        by_code: rows.into_iter().map(|f| dto::FailureCount { code: f.code, state: f.state, count: f.count }).collect(),
+        by_code: rows
+            .into_iter()
+            .map(|f| dto::FailureCount { code: f.code, state: f.state.as_str().to_owned(), count: f.count })
+            .collect(),
     }))
 }
 
@@ -951,15 +954,17 @@ pub async fn webhook_deliveries(
     Query(q): Query<dto::DeliveriesQuery>,
 ) -> ApiResult {
     let p = page(q.after, q.limit)?;
-    if let Some(st) = q.state.as_deref()
-        && !matches!(st, "pending" | "delivered" | "dead")
-    {
-        return Err(ApiError::invalid("state is pending, delivered or dead."));
-    }
+    let state = q
+        .state
+        .as_deref()
+        .map(|st| {
+            store::DeliveryState::parse(st).ok_or_else(|| ApiError::invalid("state is pending, delivered or dead."))
+        })
+        .transpose()?;
     if let Some(e) = q.endpoint.as_deref() {
         id(JobKind::parse, e)?;
     }
-    let filter = store::DeliveryFilter { endpoint_id: q.endpoint, state: q.state };
+    let filter = store::DeliveryFilter { endpoint_id: q.endpoint, state };
     let got = s.store.webhooks().deliveries(&filter, p.after, p.limit).await?;
     let breakers = s.store.webhooks().breakers().await?;
     Ok(ok(dto::WebhookDeliveryPage {
@@ -1083,7 +1088,7 @@ pub async fn metrics(State(s): State<AppState>) -> ApiResult {
     }
     // One row per configured endpoint: cheap enough to be current on every scrape.
     for b in s.store.webhooks().breakers().await? {
-        let open = if b.state == "closed" { 0.0 } else { 1.0 };
+        let open = if b.state == store::BreakerState::Closed { 0.0 } else { 1.0 };
         metrics::gauge!("settle_webhook_breaker_open", "endpoint" => b.endpoint_id).set(open);
     }
     let text = s.metrics.render();

@@ -126,7 +126,7 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     i.id,
                     i.cost,
                     i.state.as_str(),
-                    i.refund_reason.as_deref().unwrap_or("")
+                    i.refund_reason.map_or("", |r| r.as_str())
                 );
             }
             for a in store.attempts(&id).await? {

@@ -2,7 +2,7 @@
 
 use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
 use settle_core::ids::{AccountId, ArtifactKey, FailCode, ItemId, JobId, JobKind, RefId, WorkerName};
-use settle_core::item::ItemState;
+use settle_core::item::{ItemState, RefundReason};
 use settle_core::job::{JobState, RefundPolicy};
 use settle_core::ledger::EntryKind;
 use settle_core::{Credits, Timestamp};
@@ -162,7 +162,7 @@ pub struct Item {
     pub cost: Credits,
     pub state: ItemState,
     /// Why the refund happened, when one did: `job_failed`, `item_failed`, `cancelled`.
-    pub refund_reason: Option<String>,
+    pub refund_reason: Option<RefundReason>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -403,6 +403,43 @@ pub struct Withdrawal {
 /// Who acts when no person does (tests, the CLI's own store calls, the background loops).
 pub const SYSTEM_ACTOR: &str = "system";
 
+settle_core::names! {
+    /// What an operator did, as the action log records it: `domain.verb`, one spelling each.
+    pub ActionKind {
+        AccountCreate = "account.create",
+        AccountGrant = "account.grant",
+        AccountAdjust = "account.adjust",
+        JobCancel = "job.cancel",
+        JobRequeue = "job.requeue",
+        JobSucceed = "job.succeed",
+        WithdrawalResolve = "withdrawal.resolve",
+        WithdrawalReturn = "withdrawal.return",
+        WebhookRequeue = "webhook.requeue",
+        WebhookRequeueDead = "webhook.requeue_dead",
+        WebhookCloseBreaker = "webhook.close_breaker",
+        LedgerAudit = "ledger.audit",
+    }
+}
+
+impl ActionKind {
+    /// A stored action's name: as written now, or as it was written before the names took one
+    /// spelling (issue 21) — the log is append-only, so old rows keep their old text.
+    pub fn parse_stored(text: &str) -> Option<ActionKind> {
+        ActionKind::parse(text).or(match text {
+            "grant" => Some(ActionKind::AccountGrant),
+            "adjustment" => Some(ActionKind::AccountAdjust),
+            "cancel" => Some(ActionKind::JobCancel),
+            "requeue" => Some(ActionKind::JobRequeue),
+            "succeed" => Some(ActionKind::JobSucceed),
+            "withdrawal.resolved" => Some(ActionKind::WithdrawalResolve),
+            "withdrawal.returned" => Some(ActionKind::WithdrawalReturn),
+            "webhook.breaker_close" => Some(ActionKind::WebhookCloseBreaker),
+            "audit" => Some(ActionKind::LedgerAudit),
+            _ => None,
+        })
+    }
+}
+
 /// An admin action as recorded: who, what, when, on which job or account.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Action {
@@ -410,8 +447,7 @@ pub struct Action {
     pub at: Timestamp,
     /// The token's name (or `system`, `loopback`).
     pub actor: String,
-    /// `account.create`, `grant`, `adjustment`, `requeue`, `withdrawal.returned`, `webhook.requeue`.
-    pub action: String,
+    pub action: ActionKind,
     pub job_id: Option<String>,
     pub account_id: Option<String>,
     /// JSON text: what the action named (ids, amounts, reasons).
@@ -485,11 +521,20 @@ pub struct SignalRecord {
     pub received_at: Timestamp,
 }
 
+settle_core::names! {
+    /// Where the jobs of a failure summary's row are: given up, waiting for the reconciler, or
+    /// queued for a retry after a failure.
+    pub FailureState {
+        Dead = "dead",
+        Unknown = "unknown",
+        Retrying = "retrying",
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FailureCount {
     pub code: String,
-    /// `dead`, `unknown` or `retrying`.
-    pub state: String,
+    pub state: FailureState,
     pub count: i64,
 }
 
@@ -575,8 +620,7 @@ pub struct Stats {
 pub struct Delivery {
     pub endpoint_id: String,
     pub event: Event,
-    /// `pending`, `delivered`, `dead`.
-    pub state: String,
+    pub state: DeliveryState,
     pub attempts: u32,
     pub next_attempt_at: Timestamp,
     pub last_status: Option<u16>,
@@ -621,12 +665,29 @@ impl BreakerPolicy {
     }
 }
 
+settle_core::names! {
+    /// Where one event's delivery to one endpoint is.
+    pub DeliveryState {
+        Pending = "pending",
+        Delivered = "delivered",
+        Dead = "dead",
+    }
+}
+
+settle_core::names! {
+    /// A webhook endpoint's circuit breaker: sending, paused, or letting one probe through.
+    pub BreakerState {
+        Closed = "closed",
+        Open = "open",
+        HalfOpen = "half_open",
+    }
+}
+
 /// Where a webhook endpoint's breaker stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BreakerStatus {
     pub endpoint_id: String,
-    /// `closed`, `open` or `half_open`.
-    pub state: String,
+    pub state: BreakerState,
     /// Consecutive failed sends while closed.
     pub failures: i64,
     /// Consecutive openings without a success between them.
@@ -649,5 +710,33 @@ pub enum StartFrom {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeliveryFilter {
     pub endpoint_id: Option<String>,
-    pub state: Option<String>,
+    pub state: Option<DeliveryState>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The store's own closed sets: each name parses back to itself, and no two share a text (the
+    /// database's CHECK constraints spell the same texts).
+    #[test]
+    fn the_store_closed_sets_round_trip() {
+        macro_rules! round_trip {
+            ($($set:ident),+) => {$(
+                let texts: std::collections::BTreeSet<&str> = $set::ALL.iter().map(|v| v.as_str()).collect();
+                assert_eq!(texts.len(), $set::ALL.len(), "{}", stringify!($set));
+                for v in $set::ALL {
+                    assert_eq!($set::parse(v.as_str()), Some(v), "{}", stringify!($set));
+                }
+                assert_eq!($set::parse("not-a-name"), None);
+            )+};
+        }
+        round_trip!(FailureState, DeliveryState, BreakerState, ActionKind);
+        for (old, new) in [("grant", ActionKind::AccountGrant), ("audit", ActionKind::LedgerAudit)] {
+            assert_eq!(ActionKind::parse_stored(old), Some(new));
+        }
+        for k in ActionKind::ALL {
+            assert_eq!(ActionKind::parse_stored(k.as_str()), Some(k));
+        }
+    }
 }

@@ -186,12 +186,8 @@ pub trait Operators: Send + Sync {
     ) -> Result<Paged<LedgerEntry>, StoreError>;
     /// Records an operator action that moves nothing (an audit run from the console) in the
     /// action log: who, what, when, and what it found.
-    async fn record_action(
-        &self,
-        actor: &str,
-        action: &'static str,
-        detail: serde_json::Value,
-    ) -> Result<(), StoreError>;
+    async fn record_action(&self, actor: &str, action: ActionKind, detail: serde_json::Value)
+    -> Result<(), StoreError>;
     /// The admin actions on a job or an account (both `None`: all), oldest first, at most 1000.
     async fn actions(&self, job: Option<&JobId>, account: Option<&AccountId>) -> Result<Vec<Action>, StoreError>;
 }

@@ -249,7 +249,10 @@ async fn thousand_withdrawals(engine: Engine) {
         "{counts:?}"
     );
     let summary = store.failure_summary(&settle_core::scope::Scope::ALL).await.unwrap();
-    assert!(summary.iter().any(|f| f.code == "INVALID_ADDRESS" && f.state == "dead"), "{summary:?}");
+    assert!(
+        summary.iter().any(|f| f.code == "INVALID_ADDRESS" && f.state == settle_store::FailureState::Dead),
+        "{summary:?}"
+    );
     assert_eq!(amounts.len(), withdrawals.len());
 }
 

@@ -138,7 +138,11 @@ async fn deliver_everything(engine: &str) {
         deliverer.pass().await.unwrap();
         let pending = store
             .webhooks()
-            .deliveries(&DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("pending".into()) }, 0, 1000)
+            .deliveries(
+                &DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(settle_store::DeliveryState::Pending) },
+                0,
+                1000,
+            )
             .await
             .unwrap();
         if pending.rows.is_empty() && !receiver.got.lock().unwrap().is_empty() {
@@ -172,7 +176,11 @@ async fn deliver_everything(engine: &str) {
     // The first attempts failed and were retried: attempts are recorded.
     let delivered = store
         .webhooks()
-        .deliveries(&DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("delivered".into()) }, 0, 1000)
+        .deliveries(
+            &DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(settle_store::DeliveryState::Delivered) },
+            0,
+            1000,
+        )
         .await
         .unwrap();
     assert!(delivered.rows.iter().any(|d| d.attempts > 1), "the receiver was down for the first attempts");
@@ -215,7 +223,10 @@ async fn dead_deliveries_block_their_job_until_requeued() {
         deliverer.pass().await.unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let filter = |state: &str| DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(state.into()) };
+    let filter = |state: &str| DeliveryFilter {
+        endpoint_id: Some("ops".into()),
+        state: Some(settle_store::DeliveryState::parse(state).expect("a delivery state")),
+    };
     let dead = store.webhooks().deliveries(&filter("dead"), 0, 1000).await.unwrap().rows;
     assert!(!dead.is_empty());
     assert!(dead.iter().all(|d| d.attempts == 2 && d.last_status == Some(503)));
@@ -228,7 +239,10 @@ async fn dead_deliveries_block_their_job_until_requeued() {
     assert_eq!(store.webhooks().requeue_dead("ops", 1000, "ops-alice").await.unwrap(), dead.len() as u64);
     assert_eq!(store.webhooks().requeue_dead("ops", 1000, "ops-alice").await.unwrap(), 0);
     let actions = store.operators().actions(None, None).await.unwrap();
-    assert!(actions.iter().any(|a| a.action == "webhook.requeue_dead" && a.actor == "ops-alice"), "{actions:?}");
+    assert!(
+        actions.iter().any(|a| a.action == settle_store::ActionKind::WebhookRequeueDead && a.actor == "ops-alice"),
+        "{actions:?}"
+    );
     assert!(
         store.webhooks().requeue_one("ops", dead[0].event.seq, "system").await.is_ok(),
         "requeue of a pending one answers it"
@@ -482,7 +496,7 @@ async fn breaker_pauses_and_probes(engine: &str) {
     assert_eq!(breaker(&store).await.next_probe_at, Some(clock.now().plus_millis(40_000)), "capped at open_ms_max");
     let distinct: std::collections::BTreeSet<i64> = probed.iter().copied().collect();
     assert!(distinct.len() >= 3, "probes rotate through the due deliveries: {probed:?}");
-    let dead = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("dead".into()) };
+    let dead = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(settle_store::DeliveryState::Dead) };
     assert!(store.webhooks().deliveries(&dead, 0, 1000).await.unwrap().rows.is_empty(), "probes kill nothing");
 
     // Only one probe at a time, whoever asks: a second claim while it is out gets nothing; a
@@ -490,7 +504,7 @@ async fn breaker_pauses_and_probes(engine: &str) {
     clock.advance_seconds(40);
     let probe = store.webhooks().lease("ops", 10, 1_000, 4, policy).await.unwrap();
     assert_eq!(probe.len(), 1, "a half-open breaker lets one delivery through");
-    assert_eq!(breaker(&store).await.state, "half_open");
+    assert_eq!(breaker(&store).await.state, settle_store::BreakerState::HalfOpen);
     assert!(store.webhooks().lease("ops", 10, 1_000, 4, policy).await.unwrap().is_empty());
     clock.advance_seconds(2);
     let next = store.webhooks().lease("ops", 10, 1_000, 4, policy).await.unwrap();
@@ -506,10 +520,14 @@ async fn breaker_pauses_and_probes(engine: &str) {
     } else {
         assert!(!store.webhooks().report("ops", probe[0].event.seq, &first_token, late.clone(), policy).await.unwrap());
     }
-    assert_eq!(breaker(&store).await.state, "half_open", "only the current probe's report moves the breaker");
+    assert_eq!(
+        breaker(&store).await.state,
+        settle_store::BreakerState::HalfOpen,
+        "only the current probe's report moves the breaker"
+    );
     let token = next[0].lease_token.clone().unwrap();
     assert!(store.webhooks().report("ops", next[0].event.seq, &token, late, policy).await.unwrap());
-    assert_eq!(breaker(&store).await.state, "open");
+    assert_eq!(breaker(&store).await.state, settle_store::BreakerState::Open);
 
     // The receiver comes back: the next probe succeeds, the breaker closes and everything goes.
     *receiver.down_for.lock().unwrap() = 0;
@@ -520,15 +538,22 @@ async fn breaker_pauses_and_probes(engine: &str) {
     let b = breaker(&store).await;
     assert_eq!((b.state.as_str(), b.failures, b.opens, b.next_probe_at), ("closed", 0, 0, None), "{b:?}");
     let outbox = store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows.len();
-    let delivered = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("delivered".into()) };
+    let delivered =
+        DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(settle_store::DeliveryState::Delivered) };
     assert_eq!(store.webhooks().deliveries(&delivered, 0, 1000).await.unwrap().rows.len(), outbox);
     assert_eq!(receiver.got.lock().unwrap().len(), outbox);
 
     // An admin may close it by hand (recorded); an unknown endpoint is 404.
     assert!(matches!(store.webhooks().close_breaker("nope", "ops-alice").await, Err(StoreError::NotFound { .. })));
-    assert_eq!(store.webhooks().close_breaker("ops", "ops-alice").await.unwrap().state, "closed");
+    assert_eq!(
+        store.webhooks().close_breaker("ops", "ops-alice").await.unwrap().state,
+        settle_store::BreakerState::Closed
+    );
     let actions = store.operators().actions(None, None).await.unwrap();
-    assert!(actions.iter().any(|a| a.action == "webhook.breaker_close" && a.actor == "ops-alice"), "{actions:?}");
+    assert!(
+        actions.iter().any(|a| a.action == settle_store::ActionKind::WebhookCloseBreaker && a.actor == "ops-alice"),
+        "{actions:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -670,7 +695,7 @@ async fn lapsed_leases(engine: &str) {
     // The second sender dies too: the cap (2) is reached through lapsed leases alone.
     clock.advance_seconds(2);
     assert!(claim().await.unwrap().is_empty());
-    let dead = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some("dead".into()) };
+    let dead = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(settle_store::DeliveryState::Dead) };
     let dead = store.webhooks().deliveries(&dead, 0, 100).await.unwrap().rows;
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].attempts, dead[0].last_error.as_deref()), (2, Some("the sender stopped mid-send")));

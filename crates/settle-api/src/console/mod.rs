@@ -28,7 +28,7 @@ use settle_core::ledger::EntryKind;
 use settle_store::{DeliveryFilter, JobFilter, Page, StoreError, WithdrawalFilter};
 
 pub use key::SessionKey;
-pub use query::{BULK_MAX, EntriesQuery, JobsQuery};
+pub use query::{BULK_MAX, EntriesQuery, JobAction, JobsQuery};
 use query::{nonempty, urlencode};
 
 /// Jobs a page lists.
@@ -293,8 +293,14 @@ async fn overview(State(s): State<AppState>, session: Session) -> PageResult {
 
 async fn webhook_summary(s: &AppState) -> Result<pages::WebhookSummary, StoreError> {
     let backlog = s.store.webhooks().backlog().await?;
-    let mut endpoints: Vec<(String, String, i64, i64)> =
-        s.store.webhooks().breakers().await?.into_iter().map(|b| (b.endpoint_id, b.state, 0, 0)).collect();
+    let mut endpoints: Vec<(String, String, i64, i64)> = s
+        .store
+        .webhooks()
+        .breakers()
+        .await?
+        .into_iter()
+        .map(|b| (b.endpoint_id, b.state.as_str().to_owned(), 0, 0))
+        .collect();
     for (endpoint, pending, dead) in backlog {
         match endpoints.iter_mut().find(|e| e.0 == endpoint) {
             Some(e) => (e.2, e.3) = (pending, dead),
@@ -455,7 +461,7 @@ async fn webhooks(State(s): State<AppState>, session: Session) -> PageResult {
         ));
     }
     let summary = webhook_summary(&s).await.map_err(err)?;
-    let filter = DeliveryFilter { endpoint_id: None, state: Some("dead".into()) };
+    let filter = DeliveryFilter { endpoint_id: None, state: Some(settle_store::DeliveryState::Dead) };
     let dead = s.store.webhooks().deliveries(&filter, 0, PAGE_JOBS).await.map_err(err)?;
     Ok(page(StatusCode::OK, pages::webhooks(&session, &summary, &dead.rows)))
 }
@@ -472,10 +478,10 @@ async fn job_action(
     may_act(&session, &f.csrf)?;
     let id = job_id(&session, &id)?;
     let actor = session.actor.name.as_str();
-    let done = match action.as_str() {
-        "requeue" => s.store.requeue(&id, actor).await.map(drop),
-        "cancel" => s.store.cancel(&id, Some(actor)).await.map(drop),
-        _ => return Err(error_page(Some(&session), ApiError::not_found("No such action."))),
+    let done = match JobAction::parse(&action) {
+        Some(JobAction::Requeue) => s.store.requeue(&id, actor).await.map(drop),
+        Some(JobAction::Cancel) => s.store.cancel(&id, Some(actor)).await.map(drop),
+        None => return Err(error_page(Some(&session), ApiError::not_found("No such action."))),
     };
     done.map_err(|e| error_page(Some(&session), e))?;
     tracing::info!(actor = %session.actor, job = %id, action, "console: job action");
@@ -508,7 +514,7 @@ async fn audit(State(s): State<AppState>, session: Session, ConsoleForm(f): Cons
     });
     s.store
         .operators()
-        .record_action(&session.actor.name, "audit", detail)
+        .record_action(&session.actor.name, settle_store::ActionKind::LedgerAudit, detail)
         .await
         .map_err(|e| error_page(Some(&session), e))?;
     tracing::info!(actor = %session.actor, ok = report.violations.is_empty(), "console: audit");
@@ -522,23 +528,20 @@ struct BulkQuery {
     jobs: JobsQuery,
 }
 
-fn bulk_action(session: &Session, action: &str) -> Result<&'static str, Refused> {
-    match action {
-        "requeue" => Ok("requeue"),
-        "cancel" => Ok("cancel"),
-        _ => Err(error_page(Some(session), ApiError::invalid("A bulk action is requeue or cancel."))),
-    }
+fn bulk_action(session: &Session, action: &str) -> Result<JobAction, Refused> {
+    JobAction::parse(action)
+        .ok_or_else(|| error_page(Some(session), ApiError::invalid("A bulk action is requeue or cancel.")))
 }
 
 /// The filter a bulk action may take: requeue only dead jobs, cancel only queued or running ones.
-fn bulk_filter(session: &Session, action: &str, q: &JobsQuery) -> Result<JobFilter, Refused> {
+fn bulk_filter(session: &Session, action: JobAction, q: &JobsQuery) -> Result<JobFilter, Refused> {
     let filter = q.filter(&session.actor.scope).map_err(|e| error_page(Some(session), e))?;
     let allowed = match action {
-        "requeue" => filter.state == Some(JobState::Dead),
-        _ => matches!(filter.state, Some(JobState::Queued | JobState::Running)),
+        JobAction::Requeue => filter.state == Some(JobState::Dead),
+        JobAction::Cancel => matches!(filter.state, Some(JobState::Queued | JobState::Running)),
     };
     if !allowed {
-        let why = if action == "requeue" {
+        let why = if action == JobAction::Requeue {
             "Bulk requeue takes dead jobs: filter by state dead."
         } else {
             "Bulk cancel takes queued or running jobs: filter by one of those states."
@@ -609,12 +612,12 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
                 break 'pages;
             }
             let is_withdrawal = job.kind == settle_core::job::WITHDRAWAL_KIND;
-            let passed_over = if is_withdrawal && action == "requeue" {
+            let passed_over = if is_withdrawal && action == JobAction::Requeue {
                 // Its hold was refunded when it died: a re-run is a new withdrawal with a new key.
                 Some("a dead withdrawal is never requeued (its hold was refunded): create a new withdrawal")
             } else if is_withdrawal && !names_withdrawals {
                 Some("a withdrawal: act on withdrawals with a filter of kind withdrawal")
-            } else if action == "cancel" && job.cancel_requested {
+            } else if action == JobAction::Cancel && job.cancel_requested {
                 Some("already asked to cancel; it stops at its next item boundary")
             } else {
                 None
@@ -625,8 +628,8 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
             }
             let id = JobId::stored(&job.id);
             let outcome = match action {
-                "requeue" => s.store.requeue(&id, &session.actor.name).await.map(drop),
-                _ => s.store.cancel(&id, Some(&session.actor.name)).await.map(drop),
+                JobAction::Requeue => s.store.requeue(&id, &session.actor.name).await.map(drop),
+                JobAction::Cancel => s.store.cancel(&id, Some(&session.actor.name)).await.map(drop),
             };
             match outcome {
                 Ok(()) => done += 1,
@@ -638,7 +641,7 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
             None => break,
         }
     }
-    tracing::info!(actor = %session.actor, action, filter = %f.filter, done, skipped = skipped.len(), more, "console: bulk action");
+    tracing::info!(actor = %session.actor, action = action.as_str(), filter = %f.filter, done, skipped = skipped.len(), more, "console: bulk action");
     Ok(page(StatusCode::OK, pages::bulk_done(&session, action, done, &skipped, more)))
 }
 

@@ -222,7 +222,7 @@ fn failures_and_webhooks(failures: &[settle_store::FailureCount], webhooks: &Web
                 @for f in failures {
                     tr {
                         // With the state, so the jobs page offers the bulk action that fits them.
-                        td { a href={ "/console/jobs?fail_code=" (super::query::urlencode(&f.code)) "&state=" (if f.state == "retrying" { "queued" } else { f.state.as_str() }) } { code { (f.code) } } }
+                        td { a href={ "/console/jobs?fail_code=" (super::query::urlencode(&f.code)) "&state=" (if f.state == settle_store::FailureState::Retrying { "queued" } else { f.state.as_str() }) } { code { (f.code) } } }
                         td { (f.state) }
                         td class="num" { (credits(f.count)) }
                     }
@@ -468,7 +468,7 @@ fn job_records(p: &JobPage<'_>) -> Markup {
             thead { tr { th { "item" } th class="num" { "cost" } th { "state" } th { "refund reason" } } }
             tbody {
                 @for i in &j.items {
-                    tr { td { (i.id) } td class="num" { (credits(i.cost.get())) } td { (i.state.as_str()) } td { (i.refund_reason.as_deref().unwrap_or("")) } }
+                    tr { td { (i.id) } td class="num" { (credits(i.cost.get())) } td { (i.state.as_str()) } td { (i.refund_reason.map_or("", |r| r.as_str())) } }
                 }
             }
         } }
@@ -657,12 +657,12 @@ pub fn actions_table(actions: &[Action]) -> Markup {
 /// The confirmation of a bulk action: how many jobs and credits it will touch.
 pub fn bulk_confirm(
     session: &Session,
-    action: &str,
+    action: super::JobAction,
     filter: &JobFilter,
     filter_qs: &str,
     totals: &JobTotals,
 ) -> Markup {
-    let what = if action == "requeue" { "Requeue" } else { "Cancel" };
+    let what = if action == super::JobAction::Requeue { "Requeue" } else { "Cancel" };
     let body = html! {
         h1 { (what) " every matching job" }
         section class="card" {
@@ -671,8 +671,8 @@ pub fn bulk_confirm(
                 " matching " (describe(filter)) ", carrying " strong { (credits(totals.cost)) " credits" } " of cost"
                 @if let Some(net) = totals.net { " (" (credits(-net)) " held from their accounts now)" } "."
             }
-            @if action == "cancel" { p { "Queued jobs are cancelled and refunded at once; running jobs stop at their next item boundary." } }
-            @if action == "requeue" { p { "Each goes back to queued with a fresh attempt budget; what was refunded stays refunded until a success reclaims it." } }
+            @if action == super::JobAction::Cancel { p { "Queued jobs are cancelled and refunded at once; running jobs stop at their next item boundary." } }
+            @if action == super::JobAction::Requeue { p { "Each goes back to queued with a fresh attempt budget; what was refunded stays refunded until a success reclaims it." } }
             p class="muted" { "At most " (super::query::BULK_MAX) " jobs are acted on per submission; run it again for the rest." }
             form method="post" action="/console/bulk" {
                 input type="hidden" name="csrf" value=(session.csrf);
@@ -709,11 +709,17 @@ pub fn describe(f: &JobFilter) -> String {
     if parts.is_empty() { "every job".into() } else { parts.join(", ") }
 }
 
-pub fn bulk_done(session: &Session, action: &str, done: u64, skipped: &[(String, String)], more: bool) -> Markup {
+pub fn bulk_done(
+    session: &Session,
+    action: super::JobAction,
+    done: u64,
+    skipped: &[(String, String)],
+    more: bool,
+) -> Markup {
     let body = html! {
         h1 { "Done" }
         section class="card" {
-            p { strong { (done) } " jobs " (if action == "requeue" { "requeued" } else { "cancelled or asked to cancel" }) "." }
+            p { strong { (done) } " jobs " (if action == super::JobAction::Requeue { "requeued" } else { "cancelled or asked to cancel" }) "." }
             @if more { p { strong { "More jobs match than one submission takes (" (super::query::BULK_MAX) "): run it again." } } }
             @if !skipped.is_empty() {
                 p { (skipped.len()) " skipped:" }

@@ -7,6 +7,14 @@ use settle_core::ids::{AccountId, FailCode, JobKind};
 use settle_core::job::JobState;
 use settle_store::JobFilter;
 
+settle_core::names! {
+    /// What an operator does to jobs from the console, to one or to every job a filter matches.
+    pub JobAction {
+        Requeue = "requeue",
+        Cancel = "cancel",
+    }
+}
+
 /// Jobs one bulk submission acts on at most; the rest take another submission.
 pub const BULK_MAX: u32 = 1_000;
 
@@ -79,4 +87,18 @@ pub struct EntriesQuery {
     pub after: Option<i64>,
     /// Recompute the account's hash chain (`chain=true`).
     pub chain: Option<bool>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobAction;
+
+    #[test]
+    fn job_actions_round_trip() {
+        for a in JobAction::ALL {
+            assert_eq!(JobAction::parse(a.as_str()), Some(a));
+        }
+        assert_eq!(JobAction::ALL.map(JobAction::as_str), ["requeue", "cancel"]);
+        assert_eq!(JobAction::parse("delete"), None);
+    }
 }

@@ -254,7 +254,10 @@ async fn succeed_answers(e: Engine) {
     applied(&r);
     assert_eq!(r.body["state"], "succeeded");
     let acts = f.s.store_handle().operators().actions(Some(&JobId::parse(&fresh).unwrap()), None).await.unwrap();
-    assert!(acts.iter().any(|a| a.action == "succeed" && a.actor == "ops-alice"), "{acts:?}");
+    assert!(
+        acts.iter().any(|a| a.action == settle_store::ActionKind::JobSucceed && a.actor == "ops-alice"),
+        "{acts:?}"
+    );
     replayed(&f.s.send("POST", &path(&fresh), Some(json!({})), Some(ADMIN)).await);
 
     // An earlier attempt's token while another runs: the work exists, the success is applied.

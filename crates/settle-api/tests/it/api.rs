@@ -779,7 +779,7 @@ async fn admin_actions_record_their_actor(e: Engine) {
     let on_job = store.operators().actions(Some(&jid), None).await.unwrap();
     assert_eq!(
         on_job.iter().map(|a| (a.action.as_str(), a.actor.as_str())).collect::<Vec<_>>(),
-        vec![("requeue", "ops-alice")]
+        vec![("job.requeue", "ops-alice")]
     );
     let acc = settle_core::ids::AccountId::parse("a").unwrap();
     let on_account = store.operators().actions(None, Some(&acc)).await.unwrap();
@@ -788,9 +788,9 @@ async fn admin_actions_record_their_actor(e: Engine) {
         seen,
         vec![
             ("account.create", "ops-alice"),
-            ("grant", "ops-alice"),
-            ("adjustment", "ops-alice"),
-            ("requeue", "ops-alice")
+            ("account.grant", "ops-alice"),
+            ("account.adjust", "ops-alice"),
+            ("job.requeue", "ops-alice")
         ],
         "the replayed grant is not a second action"
     );

@@ -136,7 +136,7 @@ async fn an_admin_requeues_a_dead_job_and_the_action_is_on_the_job(e: Engine) {
     assert_eq!((status, location.as_str()), (303, "/console/jobs/j1"));
     assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "queued");
     let (_, html) = page(&b, &s, "/console/jobs/j1").await;
-    assert!(html.contains("operator <strong>ops-ana</strong>: requeue"), "the action is shown on the job");
+    assert!(html.contains("operator <strong>ops-ana</strong>: job.requeue"), "the action is shown on the job");
     // Issue 20: attempts count against the fresh budget, not "2 of 1".
     assert!(html.contains("0 of 1 since the requeue (1 in all)"), "{html}");
     // Cancel, from the console, is recorded too; the queued job's items are refunded at once.
@@ -145,13 +145,15 @@ async fn an_admin_requeues_a_dead_job_and_the_action_is_on_the_job(e: Engine) {
     assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "cancelled");
     assert_eq!(s.balance("acme").await, 100);
     let (_, html) = page(&b, &s, "/console/jobs/j1").await;
-    assert!(html.contains("operator <strong>ops-ana</strong>: cancel"), "{html}");
+    assert!(html.contains("operator <strong>ops-ana</strong>: job.cancel"), "{html}");
     // The audit, run from the console, shows its result and is recorded too.
     let (status, html) = post(&b, &s, "/console/audit", &[("csrf", &csrf_of(&html))]).await;
     assert_eq!(status, 200);
     assert!(html.contains("Clean."), "{html}");
     let actions = s.store_handle().operators().actions(None, None).await.unwrap();
-    assert!(actions.iter().any(|a| a.action == "audit" && a.actor == "ops-ana" && a.detail.contains(r#""ok":true"#)));
+    assert!(actions.iter().any(|a| a.action == settle_store::ActionKind::LedgerAudit
+        && a.actor == "ops-ana"
+        && a.detail.contains(r#""ok":true"#)));
     // Issue 20: a dead withdrawal offers no requeue (its hold was refunded; a new one is made).
     let r =
         s.post("/v1/withdrawals", json!({"id": "wd1", "account_id": "acme", "amount": 5, "destination": "bad"})).await;
@@ -216,7 +218,15 @@ async fn every_post_needs_the_sessions_csrf_token(e: Engine) {
         assert_eq!(status, 403, "{form:?}");
     }
     assert_eq!(s.get("/v1/jobs/j1").await.body["state"], "dead", "nothing was done");
-    assert!(s.store_handle().operators().actions(None, None).await.unwrap().iter().all(|a| a.action != "requeue"));
+    assert!(
+        s.store_handle()
+            .operators()
+            .actions(None, None)
+            .await
+            .unwrap()
+            .iter()
+            .all(|a| a.action != settle_store::ActionKind::JobRequeue)
+    );
     let (status, _) = post(&b, &s, "/console/jobs/j1/requeue", &[("csrf", &good)]).await;
     assert_eq!(status, 303);
 }
@@ -313,7 +323,10 @@ async fn bulk_requeue_acts_on_every_job_the_filter_matches(e: Engine) {
     assert_eq!(s.get("/v1/jobs/other-0").await.body["state"], "dead", "outside the filter: untouched");
     assert_eq!(s.get("/v1/jobs/acme-late").await.body["state"], "dead", "created after the confirmation: untouched");
     let actions = s.store_handle().operators().actions(None, None).await.unwrap();
-    assert_eq!(actions.iter().filter(|a| a.action == "requeue" && a.actor == "ops-ana").count(), 3);
+    assert_eq!(
+        actions.iter().filter(|a| a.action == settle_store::ActionKind::JobRequeue && a.actor == "ops-ana").count(),
+        3
+    );
 }
 
 async fn the_pages_show_where_the_credits_went(e: Engine) {

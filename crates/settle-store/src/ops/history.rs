@@ -182,7 +182,7 @@ pub(crate) async fn record_action(
     db: &mut Db<'_>,
     cx: &Cx,
     actor: &str,
-    action: &'static str,
+    action: crate::model::ActionKind,
     job_id: Option<&str>,
     account_id: Option<&str>,
     detail: serde_json::Value,
@@ -192,7 +192,7 @@ pub(crate) async fn record_action(
     }
     db.exec(
         "INSERT INTO actions (at, actor, action, job_id, account_id, detail) VALUES ($1, $2, $3, $4, $5, $6)",
-        args![cx.now.micros(), actor, action, job_id, account_id, detail.to_string()],
+        args![cx.now.micros(), actor, action.as_str(), job_id, account_id, detail.to_string()],
     )
     .await?;
     Ok(())

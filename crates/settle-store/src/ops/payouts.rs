@@ -235,7 +235,8 @@ pub(crate) async fn payout_resolve(
         }
     };
     cx.point(CrashPoint::AfterLedger)?;
-    super::record_action(db, cx, actor, "withdrawal.resolved", Some(&job.id), Some(&job.account_id), detail).await?;
+    super::record_action(db, cx, actor, ActionKind::WithdrawalResolve, Some(&job.id), Some(&job.account_id), detail)
+        .await?;
     let w = must_read_withdrawal(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: w, applied: true }, after))

@@ -6,7 +6,7 @@ use crate::error::StoreError;
 use crate::model::*;
 use settle_core::history::EventKind;
 use settle_core::ids::AccountId;
-use settle_core::item::ItemState;
+use settle_core::item::{ItemState, RefundReason};
 use settle_core::job::{self, JobState, RefundPolicy};
 use settle_core::ledger::EntryKind;
 use settle_core::{Credits, Timestamp};
@@ -181,7 +181,10 @@ pub(crate) fn item_from_row(r: &Row) -> Result<Item, StoreError> {
         id: r.text(C::item_id)?,
         cost: Credits::new(r.i64(C::cost)?),
         state: ItemState::parse(&state).ok_or_else(|| StoreError::internal(format!("bad item state {state}")))?,
-        refund_reason: r.opt_text(C::refund_reason)?,
+        refund_reason: r
+            .opt_text(C::refund_reason)?
+            .map(|t| name(RefundReason::parse, "refund reason", t))
+            .transpose()?,
     })
 }
 
@@ -237,7 +240,7 @@ pub(crate) const DELIVERY_SELECT: &str = "SELECT d.endpoint_id, d.state, d.attem
 pub(crate) fn delivery_from_row(r: &Row) -> Result<Delivery, StoreError> {
     Ok(Delivery {
         endpoint_id: r.text(0)?,
-        state: r.text(1)?,
+        state: name(DeliveryState::parse, "delivery state", r.text(1)?)?,
         attempts: u32::try_from(r.i64(2)?).map_err(StoreError::internal)?,
         next_attempt_at: Timestamp::from_micros(r.i64(3)?),
         last_status: r.opt_i64(4)?.map(|s| s as u16),

@@ -101,10 +101,7 @@ pub(crate) async fn item_report(
     // What the report asks for already holds.
     let holds = match failure {
         None => matches!(current.state, ItemState::Succeeded | ItemState::Reclaimed),
-        Some(_) => {
-            current.state == ItemState::Refunded
-                && current.refund_reason.as_deref() == Some(RefundReason::ItemFailed.as_str())
-        }
+        Some(_) => current.state == ItemState::Refunded && current.refund_reason == Some(RefundReason::ItemFailed),
     };
     if !holds_lease(&job, token) {
         return stale_item_report(db, cx, &job, current, token, heard, holds).await;
@@ -112,7 +109,7 @@ pub(crate) async fn item_report(
     let signal = if failure.is_some() { ItemSignal::Fail } else { ItemSignal::Succeed };
     let reason_only = signal == ItemSignal::Fail
         && current.state == ItemState::Refunded
-        && current.refund_reason.as_deref() != Some(RefundReason::ItemFailed.as_str());
+        && current.refund_reason != Some(RefundReason::ItemFailed);
     let applied = match item::arrow(current.state, signal) {
         // Already refunded by a job-level failure; the worker now says this item was not delivered,
         // so a later job-level success must not reclaim it (spec §2). No money moves.

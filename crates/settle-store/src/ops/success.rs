@@ -183,7 +183,8 @@ pub(crate) async fn succeed(
             }
             if let Reporter::Operator(actor) = by {
                 let detail = serde_json::json!({ "from": job.state.as_str(), "teardown": after == After::Teardown });
-                record_action(db, cx, actor, "succeed", Some(&job.id), Some(&job.account_id), detail).await?;
+                record_action(db, cx, actor, ActionKind::JobSucceed, Some(&job.id), Some(&job.account_id), detail)
+                    .await?;
             }
             ((applied, after), None)
         }

@@ -7,7 +7,7 @@ use super::Cx;
 use super::rows::delivery_from_row;
 use crate::db::{Db, Engine, args};
 use crate::error::StoreError;
-use crate::model::{BreakerPolicy, BreakerStatus, Delivery, DeliveryReport, LeaseToken};
+use crate::model::{BreakerPolicy, BreakerState, BreakerStatus, Delivery, DeliveryReport, DeliveryState, LeaseToken};
 use settle_core::Timestamp;
 use settle_core::crash::CrashPoint;
 use settle_core::limits;
@@ -411,7 +411,7 @@ pub(crate) async fn close_by_hand(db: &mut Db<'_>, cx: &Cx, endpoint: &str) -> R
     tracing::info!(endpoint, "webhook breaker closed by hand");
     Ok(BreakerStatus {
         endpoint_id: endpoint.to_owned(),
-        state: "closed".into(),
+        state: BreakerState::Closed,
         failures: 0,
         opens: 0,
         next_probe_at: None,
@@ -431,11 +431,11 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, endpoint: &str, seq: i64) 
         .await?
         .ok_or_else(|| StoreError::not_found("delivery", format!("{endpoint}/{seq}")))?;
     let d = delivery_from_row(&row)?;
-    if rows == 0 && d.state != "pending" {
+    if rows == 0 && d.state != DeliveryState::Pending {
         return Err(StoreError::InvalidTransition {
             job: format!("{endpoint}/{seq}"),
             action: "be requeued",
-            state: d.state,
+            state: d.state.as_str().to_owned(),
         });
     }
     Ok(d)

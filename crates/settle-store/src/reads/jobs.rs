@@ -131,7 +131,12 @@ pub(crate) async fn failure_summary(
             &a,
         )
         .await?;
-    rows.iter().map(|r| Ok(FailureCount { code: r.text(0)?, state: r.text(1)?, count: r.i64(2)? })).collect()
+    rows.iter()
+        .map(|r| {
+            let state = name(FailureState::parse, "failure state", r.text(1)?)?;
+            Ok(FailureCount { code: r.text(0)?, state, count: r.i64(2)? })
+        })
+        .collect()
 }
 
 /// Running jobs whose lease has expired, with the token the rescuer saw.

@@ -80,7 +80,7 @@ pub(crate) async fn actions(
                 id: r.i64(0)?,
                 at: Timestamp::from_micros(r.i64(1)?),
                 actor: r.text(2)?,
-                action: r.text(3)?,
+                action: name(crate::model::ActionKind::parse_stored, "action", r.text(3)?)?,
                 job_id: r.opt_text(4)?,
                 account_id: r.opt_text(5)?,
                 detail: r.text(6)?,

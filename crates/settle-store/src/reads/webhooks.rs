@@ -3,7 +3,8 @@
 
 use crate::db::{Db, args};
 use crate::error::StoreError;
-use crate::model::{BreakerStatus, Delivery, DeliveryFilter, Paged};
+use crate::model::{BreakerState, BreakerStatus, Delivery, DeliveryFilter, Paged};
+use crate::ops::name;
 use crate::ops::{DELIVERY_SELECT, delivery_from_row};
 use settle_core::{Timestamp, limits};
 
@@ -16,7 +17,7 @@ pub(crate) async fn breakers(db: &mut Db<'_>) -> Result<Vec<BreakerStatus>, Stor
         .map(|r| {
             Ok(BreakerStatus {
                 endpoint_id: r.text(0)?,
-                state: r.text(1)?,
+                state: name(BreakerState::parse, "breaker state", r.text(1)?)?,
                 failures: r.i64(2)?,
                 opens: r.i64(3)?,
                 next_probe_at: r.opt_i64(4)?.map(Timestamp::from_micros),

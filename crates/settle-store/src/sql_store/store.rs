@@ -63,8 +63,16 @@ impl Store for SqlStore {
                     let out = ops::create_account(db, cx, &req).await?;
                     if !out.replayed {
                         let detail = serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() });
-                        ops::record_action(db, cx, &actor, "account.create", None, Some(req.id.as_str()), detail)
-                            .await?;
+                        ops::record_action(
+                            db,
+                            cx,
+                            &actor,
+                            ActionKind::AccountCreate,
+                            None,
+                            Some(req.id.as_str()),
+                            detail,
+                        )
+                        .await?;
                     }
                     Ok(out)
                 }
@@ -99,7 +107,7 @@ impl Store for SqlStore {
                 .await?;
                 if !out.replayed {
                     let detail = serde_json::json!({ "id": req.id.as_str(), "amount": req.amount.get(), "seq": out.value.seq });
-                    ops::record_action(db, cx, &actor, "grant", None, Some(account.as_str()), detail).await?;
+                    ops::record_action(db, cx, &actor, ActionKind::AccountGrant, None, Some(account.as_str()), detail).await?;
                 }
                 Ok(out)
             }))
@@ -135,7 +143,7 @@ impl Store for SqlStore {
                     let detail = serde_json::json!({
                         "id": req.id.as_str(), "amount": req.amount.get(), "reason": req.reason, "seq": out.value.seq
                     });
-                    ops::record_action(db, cx, &actor, "adjustment", None, Some(account.as_str()), detail).await?;
+                    ops::record_action(db, cx, &actor, ActionKind::AccountAdjust, None, Some(account.as_str()), detail).await?;
                 }
                 Ok(out)
             }))
@@ -310,8 +318,16 @@ impl Store for SqlStore {
                     // A re-sent requeue answers the job again; only the one that moved it is an action.
                     if before == settle_core::job::JobState::Dead {
                         let detail = serde_json::json!({ "attempt": job.attempt });
-                        ops::record_action(db, cx, &actor, "requeue", Some(id.as_str()), Some(&job.account_id), detail)
-                            .await?;
+                        ops::record_action(
+                            db,
+                            cx,
+                            &actor,
+                            ActionKind::JobRequeue,
+                            Some(id.as_str()),
+                            Some(&job.account_id),
+                            detail,
+                        )
+                        .await?;
                     }
                     Ok(job)
                 }
@@ -456,7 +472,7 @@ impl Webhooks for SqlStore {
                 let n = ops::webhooks::requeue_dead(db, cx, &endpoint, limit).await?;
                 if n > 0 {
                     let detail = serde_json::json!({ "endpoint": endpoint, "requeued": n });
-                    ops::record_action(db, cx, &actor, "webhook.requeue_dead", None, None, detail).await?;
+                    ops::record_action(db, cx, &actor, ActionKind::WebhookRequeueDead, None, None, detail).await?;
                 }
                 Ok(n)
             }
@@ -520,7 +536,7 @@ impl Webhooks for SqlStore {
             cx | {
                 let b = ops::webhooks::close_by_hand(db, cx, &endpoint).await?;
                 let detail = serde_json::json!({ "endpoint": endpoint });
-                ops::record_action(db, cx, &actor, "webhook.breaker_close", None, None, detail).await?;
+                ops::record_action(db, cx, &actor, ActionKind::WebhookCloseBreaker, None, None, detail).await?;
                 Ok(b)
             }
         ))
@@ -534,7 +550,8 @@ impl Webhooks for SqlStore {
                 let d = ops::webhooks::requeue(db, cx, &endpoint, seq).await?;
                 let detail = serde_json::json!({ "endpoint": endpoint, "seq": seq });
                 let (job, account) = (d.event.job_id.clone(), d.event.account_id.clone());
-                ops::record_action(db, cx, &actor, "webhook.requeue", job.as_deref(), Some(&account), detail).await?;
+                ops::record_action(db, cx, &actor, ActionKind::WebhookRequeue, job.as_deref(), Some(&account), detail)
+                    .await?;
                 Ok(d)
             }
         ))
@@ -585,7 +602,7 @@ impl Operators for SqlStore {
     async fn record_action(
         &self,
         actor: &str,
-        action: &'static str,
+        action: ActionKind,
         detail: serde_json::Value,
     ) -> Result<(), StoreError> {
         let actor = actor.to_owned();

@@ -97,8 +97,16 @@ impl SqlStore {
                         && (job.state != before.state || job.cancel_requested != before.cancel_requested)
                     {
                         let detail = serde_json::json!({ "from": before.state.as_str(), "to": job.state.as_str() });
-                        ops::record_action(db, cx, actor, "cancel", Some(id.as_str()), Some(&job.account_id), detail)
-                            .await?;
+                        ops::record_action(
+                            db,
+                            cx,
+                            actor,
+                            ActionKind::JobCancel,
+                            Some(id.as_str()),
+                            Some(&job.account_id),
+                            detail,
+                        )
+                        .await?;
                     }
                     Ok((job, after))
                 }

@@ -5,7 +5,7 @@
 use crate::kit::*;
 use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
 use settle_core::ids::*;
-use settle_core::item::ItemState;
+use settle_core::item::{ItemState, RefundReason};
 use settle_core::job::{JobState, RefundPolicy};
 use settle_core::{Credits, Timestamp};
 use settle_store::*;
@@ -342,7 +342,7 @@ async fn item_arrows_and_their_no_ops(k: &Kit) {
     // charged → refunded (+20), and a second failure does nothing
     let r = k.store.item_fail(&j, &iid("i1"), &t, &code("TIMEOUT"), Some("gpu lost")).await.unwrap();
     assert!(r.applied && r.item.state == ItemState::Refunded);
-    assert_eq!(r.item.refund_reason.as_deref(), Some("item_failed"));
+    assert_eq!(r.item.refund_reason, Some(RefundReason::ItemFailed));
     assert!(!k.store.item_fail(&j, &iid("i1"), &t, &code("TIMEOUT"), None).await.unwrap().applied);
     // refunded → reclaimed (−20), and a second success does nothing
     let r = k.store.item_succeed(&j, &iid("i1"), &t).await.unwrap();
@@ -542,7 +542,7 @@ async fn job_success_keeps_item_failures_refunded(k: &Kit) {
     k.store.item_fail(&jid("j"), &iid("i1"), &t, &code("INVALID_INPUT"), None).await.unwrap();
     let done = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().value;
     assert_eq!(states(&done), ["succeeded", "refunded", "succeeded"]);
-    assert_eq!(done.items[1].refund_reason.as_deref(), Some("item_failed"));
+    assert_eq!(done.items[1].refund_reason, Some(RefundReason::ItemFailed));
     assert_eq!(k.balance(&a).await, 60);
 }
 
@@ -579,7 +579,7 @@ async fn retryable_failure_requeues_with_backoff_and_refunds(k: &Kit) {
     assert_eq!(j.not_before, Timestamp::from_micros(T0).plus_seconds(3).plus_millis(1_000));
     assert_eq!(j.last_error.as_ref().map(|e| e.code.as_str()), Some("NODE_DOWN"));
     assert_eq!(states(&j), ["refunded"]);
-    assert_eq!(j.items[0].refund_reason.as_deref(), Some("job_failed"));
+    assert_eq!(j.items[0].refund_reason, Some(RefundReason::JobFailed));
     assert_eq!(k.balance(&a).await, 100);
     assert!(k.store.claim(claim_req("w", 1)).await.unwrap().is_empty(), "not before its backoff");
     k.clock.advance_seconds(1);
@@ -1174,7 +1174,7 @@ async fn item_failure_after_a_job_refund_is_not_reclaimed(k: &Kit) {
     let t2 = k.claim_one("j").await;
     let r = k.store.item_fail(&jid("j"), &iid("i1"), &t2, &code("BAD_FRAME"), None).await.unwrap();
     assert!(r.applied);
-    assert_eq!((r.item.state, r.item.refund_reason.as_deref()), (ItemState::Refunded, Some("item_failed")));
+    assert_eq!((r.item.state, r.item.refund_reason), (ItemState::Refunded, Some(RefundReason::ItemFailed)));
     let done = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t2)), None).await.unwrap().value;
     assert_eq!(states(&done), ["reclaimed", "refunded"], "the item the worker failed stays refunded");
     assert_eq!(k.balance(&a).await, 90);

@@ -334,7 +334,7 @@ async fn deliver_the_rest(k: &Kit) -> Vec<i64> {
         let claimed = s.webhooks().lease("ops", 1, LEASE_MS, 10, NO_BREAKER).await.unwrap();
         if claimed.is_empty() {
             let rows = s.webhooks().deliveries(&all, 0, 1000).await.unwrap().rows;
-            if !rows.is_empty() && rows.iter().all(|d| d.state == "delivered") {
+            if !rows.is_empty() && rows.iter().all(|d| d.state == settle_store::DeliveryState::Delivered) {
                 return sent;
             }
             k.clock.advance_seconds(2);
@@ -406,7 +406,11 @@ async fn webhook_operations_converge(engine: EngineKind) {
             sent.extend(deliver_the_rest(&k).await);
             let all = DeliveryFilter { endpoint_id: Some("ops".into()), state: None };
             let rows = k.store.webhooks().deliveries(&all, 0, 1000).await.unwrap().rows;
-            let delivered: Vec<i64> = rows.iter().filter(|d| d.state == "delivered").map(|d| d.event.seq).collect();
+            let delivered: Vec<i64> = rows
+                .iter()
+                .filter(|d| d.state == settle_store::DeliveryState::Delivered)
+                .map(|d| d.event.seq)
+                .collect();
             assert_eq!(delivered, outbox, "{op:?} at {point:?}: every event delivered, once in the table");
             let mut distinct = sent.clone();
             distinct.sort();

@@ -240,7 +240,12 @@ async fn failures_follow_the_provider_codes(k: &Kit) {
     assert_state(&j, JobState::Dead);
     assert_eq!((states(&j), k.balance(&a).await), (vec!["refunded"], 100));
     let summary = k.store.failure_summary(&settle_core::scope::Scope::ALL).await.unwrap();
-    assert!(summary.iter().any(|f| f.code == "INVALID_ADDRESS" && f.state == "dead" && f.count == 1), "{summary:?}");
+    assert!(
+        summary
+            .iter()
+            .any(|f| f.code == "INVALID_ADDRESS" && f.state == settle_store::FailureState::Dead && f.count == 1),
+        "{summary:?}"
+    );
     let codes: Vec<_> = k.store.attempts(&jid("w")).await.unwrap().into_iter().map(|a| a.fail_code).collect();
     assert_eq!(codes.first().cloned().flatten().as_deref(), Some("NODE_DOWN"));
     assert_eq!(codes.last().cloned().flatten().as_deref(), Some("INVALID_ADDRESS"));
@@ -496,7 +501,7 @@ async fn an_operator_resolves_an_unknown_withdrawal_once(k: &Kit) {
     let actions = k.store.operators().actions(None, Some(&a)).await.unwrap();
     let resolved: Vec<(&str, &str)> = actions
         .iter()
-        .filter(|x| x.action == "withdrawal.resolved")
+        .filter(|x| x.action == settle_store::ActionKind::WithdrawalResolve)
         .map(|x| (x.actor.as_str(), x.job_id.as_deref().unwrap_or("")))
         .collect();
     assert_eq!(resolved, vec![("ops-ana", "sent"), ("ops-ana", "not-sent")]);
