@@ -47,14 +47,14 @@ fn take(pending: &Mutex<Pending>) -> Pending {
 }
 
 impl PgShared {
-    /// One PostgreSQL transaction (READ COMMITTED) for one operation, retried whole on the
-    /// retryable SQLSTATEs.
     /// Runs a batch's operation in a transaction of its own, and answers it.
     async fn run_alone(&self, op: Box<dyn BatchOp>) {
         let (run, answer) = op.alone();
         answer(self.transaction(run).await);
     }
 
+    /// One PostgreSQL transaction (READ COMMITTED) for one operation, retried whole on the
+    /// retryable SQLSTATEs.
     pub async fn transaction<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
         let mut attempt = 0;
         loop {

@@ -107,7 +107,6 @@ pub(crate) async fn insert_job(
     let refund_on = req.refund_on.unwrap_or(policy.refund_on);
     let not_before = req.not_before.unwrap_or(cx.now);
     insert_rows(db, cx, job, fp, max_attempts, refund_on, not_before).await?;
-    cx.point(CrashPoint::AfterGuard)?;
     charge_items(db, cx, job, check).await?;
     cx.point(CrashPoint::AfterLedger)?;
     emit(
@@ -129,7 +128,7 @@ pub(crate) async fn insert_job(
     Ok(job)
 }
 
-/// The job row, numbered, and its items `charged`.
+/// The job row, numbered (the `AfterGuard` crash point right after it), and its items `charged`.
 async fn insert_rows(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -166,6 +165,7 @@ async fn insert_rows(
         )
         .await?;
     guard_hit(inserted, "job insert")?;
+    cx.point(CrashPoint::AfterGuard)?;
     for (ord, item) in req.items.iter().enumerate() {
         db.exec(
             "INSERT INTO items (job_id, item_id, ord, cost, state) VALUES ($1, $2, $3, $4, 'charged')",
