@@ -4,13 +4,14 @@
 
 use super::filter::{Kinds, filter_sql, scope_sql};
 use super::{next_after, page_limit};
-use crate::db::{Db, Value, args};
+use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, Cx, entry_from_row, event_from_row, job_row, name};
 use settle_core::Timestamp;
 use settle_core::history::{AttemptResult, Signal, SignalEffect};
 use settle_core::limits;
+use std::sync::LazyLock;
 
 /// A page of jobs: at most `page.limit`, and no more than `PAGE_BYTES_MAX` of stored job text
 /// (payloads, results and items, estimated from their stored lengths) — a page ends early at the
@@ -66,48 +67,62 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
     Ok(Paged { rows: jobs, next_after: next })
 }
 
+columns! {
+    /// An attempt as the attempt log shows it.
+    AttemptCol { attempt_no, worker, started_at, finished_at, result, fail_code, message }
+}
+
+columns! {
+    /// A logged signal.
+    SignalCol { attempt_no, signal, fail_code, message, effect, received_at }
+}
+
+columns! {
+    /// A row of the failure summary.
+    FailureCol {
+        code = "COALESCE(last_error_code, 'NONE')",
+        bucket = "CASE WHEN state = 'queued' THEN 'retrying' ELSE state END",
+        count = "COUNT(*)",
+    }
+}
+
 pub(crate) async fn attempts(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Vec<Attempt>, StoreError> {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM attempts WHERE job_id = $1 ORDER BY attempt_no", AttemptCol::LIST));
     ops::must_read_job(db, cx, id).await?;
-    let rows = db
-        .all(
-            "SELECT attempt_no, worker, started_at, finished_at, result, fail_code, message FROM attempts \
-             WHERE job_id = $1 ORDER BY attempt_no",
-            args![id],
-        )
-        .await?;
+    let rows = db.all(&SQL, args![id]).await?;
     rows.iter()
         .map(|r| {
+            use AttemptCol as C;
             Ok(Attempt {
-                attempt_no: u32::try_from(r.i64(0)?).map_err(StoreError::internal)?,
-                worker: r.text(1)?,
-                started_at: Timestamp::from_micros(r.i64(2)?),
-                finished_at: r.opt_i64(3)?.map(Timestamp::from_micros),
-                result: r.opt_text(4)?.map(|t| name(AttemptResult::parse, "attempt result", t)).transpose()?,
-                fail_code: r.opt_text(5)?,
-                message: r.opt_text(6)?,
+                attempt_no: u32::try_from(r.i64(C::attempt_no)?).map_err(StoreError::internal)?,
+                worker: r.text(C::worker)?,
+                started_at: Timestamp::from_micros(r.i64(C::started_at)?),
+                finished_at: r.opt_i64(C::finished_at)?.map(Timestamp::from_micros),
+                result: r.opt_text(C::result)?.map(|t| name(AttemptResult::parse, "attempt result", t)).transpose()?,
+                fail_code: r.opt_text(C::fail_code)?,
+                message: r.opt_text(C::message)?,
             })
         })
         .collect()
 }
 
 pub(crate) async fn signals(db: &mut Db<'_>, id: &str) -> Result<Vec<SignalRecord>, StoreError> {
-    let rows = db
-        .all(
-            "SELECT attempt_no, signal, fail_code, message, effect, received_at FROM signals WHERE job_id = $1 \
-             ORDER BY id LIMIT $2",
-            // Recovered successes are kept past the bound: at most one per attempt beyond it.
-            args![id, (limits::SIGNALS_LOGGED_MAX + limits::ATTEMPTS_MAX_LIMIT as usize) as i64],
-        )
-        .await?;
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM signals WHERE job_id = $1 ORDER BY id LIMIT $2", SignalCol::LIST));
+    // Recovered successes are kept past the bound: at most one per attempt beyond it.
+    let bound = (limits::SIGNALS_LOGGED_MAX + limits::ATTEMPTS_MAX_LIMIT as usize) as i64;
+    let rows = db.all(&SQL, args![id, bound]).await?;
     rows.iter()
         .map(|r| {
+            use SignalCol as C;
             Ok(SignalRecord {
-                attempt_no: r.opt_i64(0)?.map(|n| n as u32),
-                signal: name(Signal::parse, "signal", r.text(1)?)?,
-                fail_code: r.opt_text(2)?,
-                message: r.opt_text(3)?,
-                effect: name(SignalEffect::parse, "signal effect", r.text(4)?)?,
-                received_at: Timestamp::from_micros(r.i64(5)?),
+                attempt_no: r.opt_i64(C::attempt_no)?.map(|n| n as u32),
+                signal: name(Signal::parse, "signal", r.text(C::signal)?)?,
+                fail_code: r.opt_text(C::fail_code)?,
+                message: r.opt_text(C::message)?,
+                effect: name(SignalEffect::parse, "signal effect", r.text(C::effect)?)?,
+                received_at: Timestamp::from_micros(r.i64(C::received_at)?),
             })
         })
         .collect()
@@ -123,18 +138,18 @@ pub(crate) async fn failure_summary(
     let rows = db
         .all_built(
             format!(
-                "SELECT COALESCE(last_error_code, 'NONE') AS code, \
-                        CASE WHEN state = 'queued' THEN 'retrying' ELSE state END AS bucket, COUNT(*) \
+                "SELECT {} \
                  FROM jobs WHERE (state IN ('dead', 'unknown') OR (state = 'queued' AND last_error_code IS NOT NULL)){scoped} \
-                 GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2"
+                 GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2",
+                FailureCol::LIST
             ),
             &a,
         )
         .await?;
     rows.iter()
         .map(|r| {
-            let state = name(FailureState::parse, "failure state", r.text(1)?)?;
-            Ok(FailureCount { code: r.text(0)?, state, count: r.i64(2)? })
+            let state = name(FailureState::parse, "failure state", r.text(FailureCol::bucket)?)?;
+            Ok(FailureCount { code: r.text(FailureCol::code)?, state, count: r.i64(FailureCol::count)? })
         })
         .collect()
 }
