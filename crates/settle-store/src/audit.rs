@@ -61,6 +61,26 @@ fn v(
 }
 
 columns! {
+    /// An account's stored figures.
+    AccountRow { id, balance, exposure, held }
+}
+
+columns! {
+    /// The newest ledger entry's number (0 for none).
+    LastSeqRow { seq = "COALESCE(MAX(seq), 0)" }
+}
+
+columns! {
+    /// A job and item some ledger entry names.
+    NamedItemRow { job_id = "e.job_id", item_id = "e.item_id" }
+}
+
+columns! {
+    /// An outbox event's number.
+    OutboxRow { seq }
+}
+
+columns! {
     /// What pass A reads of each ledger entry.
     EntryRow { seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, ref_id, reason }
 }
@@ -131,13 +151,18 @@ impl Audit<'_> {
     }
 
     async fn load_accounts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
-        for r in db.all("SELECT id, balance, exposure, held FROM accounts ORDER BY id", args![]).await? {
-            let (balance, exposure, held) = (r.i64(1)?, r.i64(2)?, r.i64(3)?);
+        static ACCOUNTS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM accounts ORDER BY id", AccountRow::LIST));
+        static LAST_SEQ: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM ledger_entries", LastSeqRow::LIST));
+        for r in db.all(&ACCOUNTS, args![]).await? {
+            use AccountRow as C;
+            let (balance, exposure, held) = (r.i64(C::balance)?, r.i64(C::exposure)?, r.i64(C::held)?);
             let acc =
                 Acc { balance, exposure, refunded_cost: 0, held, held_cost: 0, sum: 0, running: 0, prev: GENESIS_HASH };
-            self.accounts.insert(r.text(0)?, acc);
+            self.accounts.insert(r.text(C::id)?, acc);
         }
-        self.total = db.one("SELECT COALESCE(MAX(seq), 0) FROM ledger_entries", args![]).await?.i64(0)?.max(0) as u64;
+        self.total = db.one(&LAST_SEQ, args![]).await?.i64(LastSeqRow::seq)?.max(0) as u64;
         Ok(())
     }
 
@@ -312,16 +337,16 @@ impl Audit<'_> {
 
     /// L3: ledger entries that name an item that does not exist.
     async fn orphans(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
-        let orphans = db
-            .all(
-                "SELECT DISTINCT e.job_id, e.item_id FROM ledger_entries e WHERE e.job_id IS NOT NULL \
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT DISTINCT {} FROM ledger_entries e WHERE e.job_id IS NOT NULL \
                  AND NOT EXISTS (SELECT 1 FROM items i WHERE i.job_id = e.job_id AND i.item_id = e.item_id) \
                  ORDER BY e.job_id, e.item_id",
-                args![],
+                NamedItemRow::LIST
             )
-            .await?;
-        for r in &orphans {
-            let (job, item) = (r.text(0)?, r.text(1)?);
+        });
+        for r in &db.all(&SQL, args![]).await? {
+            let (job, item) = (r.text(NamedItemRow::job_id)?, r.text(NamedItemRow::item_id)?);
             self.push(
                 "L3",
                 None,
@@ -368,9 +393,10 @@ impl Audit<'_> {
 
     /// The outbox numbers, gap-free.
     async fn outbox(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM outbox ORDER BY seq", OutboxRow::LIST));
         let mut expected = 1i64;
-        db.each("SELECT seq FROM outbox ORDER BY seq", args![], |r| {
-            let seq = r.i64(0)?;
+        db.each(&SQL, args![], |r| {
+            let seq = r.i64(OutboxRow::seq)?;
             if seq != expected {
                 self.push("SEQ", None, None, None, format!("outbox seq {seq} follows {}", expected - 1));
             }

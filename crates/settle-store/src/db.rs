@@ -129,22 +129,17 @@ fn bind_pg<'q>(mut q: Query<'q, Postgres, PgArguments>, args: &[Value]) -> Query
     q
 }
 
-/// A column of a result row: its position. Plain `usize` positions for ad-hoc statements; the
-/// enums of [`columns!`] for the rows Settle reads everywhere, so they are decoded by name.
+/// A column of a result row: a variant of a [`columns!`] enum, so every row is decoded by column
+/// name from the list it was selected with. (There is deliberately no `Col` for a bare position.)
 pub(crate) trait Col {
     fn at(self) -> usize;
 }
 
-impl Col for usize {
-    fn at(self) -> usize {
-        self
-    }
-}
-
 /// A row's column list, written once: `columns!(JobCol { id, account_id, … })` defines an enum
 /// whose variants are the columns (`row.text(JobCol::id)`) and `JobCol::LIST`, the list to select
-/// them in that order. A column may name the SQL that selects it (`entry_kind = "e.kind"`), for
-/// joins.
+/// (or return) them in that order. A column may name the SQL that selects it (`entry_kind =
+/// "e.kind"` for joins, `total = "COUNT(*)"` for a computed one); `list_with` swaps one column's
+/// SQL at run time.
 macro_rules! columns {
     (@sql $col:ident) => { stringify!($col) };
     (@sql $col:ident = $sql:literal) => { $sql };
@@ -164,8 +159,16 @@ macro_rules! columns {
             /// The columns, comma-separated, in the order the variants name them.
             pub const LIST: &'static str =
                 concat!(columns!(@sql $first $(= $first_sql)?) $(, ", ", columns!(@sql $rest $(= $rest_sql)?))*);
-            /// How many columns there are (the position of a column selected after them).
-            pub const COUNT: usize = [stringify!($first) $(, stringify!($rest))*].len();
+            /// `LIST`, with `column` selected by `sql` instead: for a column whose SQL depends on
+            /// the engine or on what was asked.
+            pub fn list_with(column: Self, sql: &str) -> String {
+                [
+                    ($name::$first, columns!(@sql $first $(= $first_sql)?)),
+                    $(($name::$rest, columns!(@sql $rest $(= $rest_sql)?)),)*
+                ]
+                .map(|(c, default)| if c == column { sql } else { default })
+                .join(", ")
+            }
         }
 
         impl $crate::db::Col for $name {
@@ -177,7 +180,36 @@ macro_rules! columns {
 }
 pub(crate) use columns;
 
-/// One result row, decoded by column position (see [`Col`]).
+/// A column set that carries every column of the set `B`, under the same names, beside columns
+/// of its own (a join, a fingerprint, a sum): a row of it is decoded by `B`'s decoder, which reads
+/// `B`'s columns through `of` (`entry_from_row::<CreditCol>`). Every set holds itself; [`holds!`]
+/// writes the others.
+pub(crate) trait Holds<B>: Col + Copy {
+    fn of(column: B) -> Self;
+}
+
+impl<C: Col + Copy> Holds<C> for C {
+    fn of(column: C) -> C {
+        column
+    }
+}
+
+/// `holds!(DeliveryCol: EventCol { seq, kind, … })`: `DeliveryCol` holds every column of
+/// `EventCol` under the same name (the match is exhaustive, so a column left out does not compile).
+macro_rules! holds {
+    ($set:ident: $base:ident { $($col:ident),+ $(,)? }) => {
+        impl $crate::db::Holds<$base> for $set {
+            fn of(column: $base) -> $set {
+                match column {
+                    $($base::$col => $set::$col,)+
+                }
+            }
+        }
+    };
+}
+pub(crate) use holds;
+
+/// One result row, decoded by column (see [`Col`]).
 pub(crate) enum Row {
     Sqlite(SqliteRow),
     Pg(PgRow),
@@ -196,10 +228,12 @@ fn lite_type(i: usize, v: &rusqlite::types::Value, want: &str) -> StoreError {
 impl Row {
     pub fn i64(&self, c: impl Col) -> Result<i64, StoreError> {
         let i = c.at();
-        self.opt_i64(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
+        self.opt_i64_at(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
     }
     pub fn opt_i64(&self, c: impl Col) -> Result<Option<i64>, StoreError> {
-        let i = c.at();
+        self.opt_i64_at(c.at())
+    }
+    fn opt_i64_at(&self, i: usize) -> Result<Option<i64>, StoreError> {
         match self {
             Row::Sqlite(r) => Ok(r.try_get(i)?),
             Row::Pg(r) => Ok(r.try_get(i)?),
@@ -212,10 +246,12 @@ impl Row {
     }
     pub fn text(&self, c: impl Col) -> Result<String, StoreError> {
         let i = c.at();
-        self.opt_text(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
+        self.opt_text_at(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
     }
     pub fn opt_text(&self, c: impl Col) -> Result<Option<String>, StoreError> {
-        let i = c.at();
+        self.opt_text_at(c.at())
+    }
+    fn opt_text_at(&self, i: usize) -> Result<Option<String>, StoreError> {
         match self {
             Row::Sqlite(r) => Ok(r.try_get(i)?),
             Row::Pg(r) => Ok(r.try_get(i)?),

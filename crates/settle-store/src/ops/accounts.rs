@@ -4,7 +4,7 @@
 use super::{
     AccountCol, BalanceCheck, Cx, EntryCol, Line, SELECT_ACCOUNT, account_from_row, emit, entry_from_row, post_now,
 };
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns, holds};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::Credits;
@@ -36,7 +36,7 @@ pub(crate) async fn create_account(db: &mut Db<'_>, cx: &Cx, req: &NewAccount) -
     let row = db.one(&SELECT_ACCOUNT, args![req.id.as_str()]).await?;
     let account = account_from_row(&row)?;
     if inserted == 0 {
-        if row.blob(AccountCol::COUNT)? != fp {
+        if row.blob(AccountCol::request_hash)? != fp {
             return Err(StoreError::IdempotencyConflict { what: "account", id: req.id.to_string() });
         }
         return Ok(Created { value: account, replayed: true });
@@ -55,10 +55,19 @@ pub(crate) async fn create_account(db: &mut Db<'_>, cx: &Cx, req: &NewAccount) -
     Ok(Created { value: account, replayed: false })
 }
 
-/// A grant or adjustment by its id, with its request fingerprint after its columns.
-static SELECT_CREDIT: LazyLock<String> = LazyLock::new(|| {
-    format!("SELECT {}, request_hash FROM ledger_entries WHERE kind = $1 AND ref_id = $2", EntryCol::LIST)
+columns! {
+    /// A grant's or adjustment's entry and the fingerprint of the request that made it.
+    CreditCol {
+        seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash, request_hash,
+    }
+}
+holds!(CreditCol: EntryCol {
+    seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash,
 });
+
+/// A grant or adjustment by its id.
+static SELECT_CREDIT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE kind = $1 AND ref_id = $2", CreditCol::LIST));
 
 pub(crate) fn credit_fingerprint(
     kind: EntryKind,
@@ -88,14 +97,14 @@ pub(crate) async fn credit(
     debug_assert!(matches!(kind, EntryKind::Grant | EntryKind::Adjustment));
     let fp = credit_fingerprint(kind, account, id, amount, reason);
     if let Some(existing) = db.opt(&SELECT_CREDIT, args![kind.as_str(), id]).await? {
-        if existing.blob(EntryCol::COUNT)? != fp {
+        if existing.blob(CreditCol::request_hash)? != fp {
             // Ids are unique across accounts: say so when the id is another account's.
-            if entry_from_row(&existing)?.account_id != account.as_str() {
+            if entry_from_row::<CreditCol>(&existing)?.account_id != account.as_str() {
                 return Err(StoreError::IdTaken { what: kind.as_str(), id: id.to_owned() });
             }
             return Err(StoreError::IdempotencyConflict { what: kind.as_str(), id: id.to_owned() });
         }
-        return Ok(Created { value: entry_from_row(&existing)?, replayed: true });
+        return Ok(Created { value: entry_from_row::<CreditCol>(&existing)?, replayed: true });
     }
     let entries = post_now(
         db,

@@ -2,7 +2,7 @@
 //! one ledger line each, in one transaction with its `job.queued` event.
 
 use super::{BalanceCheck, Cx, Holds, Line, attach, emit, guard_hit, lock_job, next_seq, post};
-use crate::db::{Db, Engine, args};
+use crate::db::{Db, Engine, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -13,6 +13,7 @@ use settle_core::job::{self, JobState};
 use settle_core::ledger::EntryKind;
 use settle_core::limits;
 use settle_core::{Credits, Timestamp};
+use std::sync::LazyLock;
 
 pub(crate) fn job_fingerprint(req: &NewJob) -> [u8; 32] {
     let mut f = Fingerprint::new("job")
@@ -128,6 +129,13 @@ pub(crate) async fn insert_job(
     Ok(job)
 }
 
+columns! {
+    /// A new job's number, on PostgreSQL (from a sequence).
+    JobSeqCol { job_seq = "nextval('job_seq_numbers')" }
+}
+
+static NEXT_JOB_SEQ: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", JobSeqCol::LIST));
+
 /// The job row, numbered (the `AfterGuard` crash point right after it), and its items `charged`.
 async fn insert_rows(
     db: &mut Db<'_>,
@@ -141,7 +149,7 @@ async fn insert_rows(
     let req = &job.req;
     let job_seq = match db.engine() {
         Engine::Sqlite => next_seq(db, "job", 1).await?,
-        Engine::Postgres => db.one("SELECT nextval('job_seq_numbers')", &[]).await?.i64(0)?,
+        Engine::Postgres => db.one(&NEXT_JOB_SEQ, &[]).await?.i64(JobSeqCol::job_seq)?,
     };
     let inserted = db
         .exec(

@@ -6,7 +6,7 @@ use super::{
     holds_lease, lock_job, log_signal, move_items, must_lock_job, must_read_job, refusal, resume_if_cancelling, sum,
     token_attempt,
 };
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -15,6 +15,7 @@ use settle_core::ids::{FailCode, JobId};
 use settle_core::item::{ItemSignal, ItemState, RefundReason};
 use settle_core::job::{self, FailOutcome, JobState};
 use settle_core::limits;
+use std::sync::LazyLock;
 
 /// A failure as the failure path needs it.
 pub(crate) struct Failure<'a> {
@@ -187,6 +188,11 @@ pub(crate) async fn fail(
     Ok((Outcome { value: job, applied: true }, after, None))
 }
 
+columns! {
+    /// The attempt a withdrawal was marked as sending in, if any.
+    SendingCol { sending_attempt }
+}
+
 /// The lease rescuer's transition for one job it saw running with `seen_token` past its lease.
 pub(crate) async fn expire_lease(
     db: &mut Db<'_>,
@@ -200,8 +206,10 @@ pub(crate) async fn expire_lease(
         return Ok((false, After::Nothing));
     }
     let sending = if job.kind == job::WITHDRAWAL_KIND {
-        let marker = db.one("SELECT sending_attempt FROM withdrawals WHERE job_id = $1", args![&job.id]).await?;
-        marker.opt_i64(0)? == Some(job.attempt)
+        static SQL: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM withdrawals WHERE job_id = $1", SendingCol::LIST));
+        let marker = db.one(&SQL, args![&job.id]).await?;
+        marker.opt_i64(SendingCol::sending_attempt)? == Some(job.attempt)
     } else {
         false
     };

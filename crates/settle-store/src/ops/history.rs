@@ -2,10 +2,11 @@
 //! the operator actions.
 
 use super::{Cx, JobRow};
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use settle_core::history::{AttemptResult, Signal, SignalEffect};
 use settle_core::limits;
+use std::sync::LazyLock;
 
 /// A signal as received, for the signal log.
 pub(crate) struct Heard<'a> {
@@ -13,6 +14,29 @@ pub(crate) struct Heard<'a> {
     pub code: Option<&'a str>,
     pub message: Option<&'a str>,
 }
+
+columns! {
+    /// The attempt that held a lease token.
+    AttemptNoCol { attempt_no }
+}
+
+columns! {
+    /// How many signals of a job are logged, counted up to the bound.
+    KeptCol { kept = "count(*)" }
+}
+
+columns! {
+    /// How an attempt ended, as a stale report is judged against it.
+    TokenAttemptCol { attempt_no, result, reported, sent_code, finished_at, expired_at, success_at }
+}
+
+static ATTEMPT_NO: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM attempts WHERE job_id = $1 AND lease_token = $2", AttemptNoCol::LIST));
+static KEPT: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM (SELECT 1 FROM signals WHERE job_id = $1 LIMIT $2) AS kept", KeptCol::LIST)
+});
+static TOKEN_ATTEMPT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM attempts WHERE job_id = $1 AND lease_token = $2", TokenAttemptCol::LIST));
 
 pub(crate) async fn log_signal(
     db: &mut Db<'_>,
@@ -24,22 +48,14 @@ pub(crate) async fn log_signal(
 ) -> Result<(), StoreError> {
     let Heard { signal, code: fail_code, message } = heard;
     let attempt_no = match token {
-        Some(t) => db
-            .opt("SELECT attempt_no FROM attempts WHERE job_id = $1 AND lease_token = $2", args![&job.id, t])
-            .await?
-            .map(|r| r.i64(0))
-            .transpose()?,
+        Some(t) => {
+            db.opt(&ATTEMPT_NO, args![&job.id, t]).await?.map(|r| r.i64(AttemptNoCol::attempt_no)).transpose()?
+        }
         None => None,
     };
     // The log is bounded per job: the first signals are kept whole, the rest only counted. The
     // job row is locked by the caller, so the count and the insert cannot race.
-    let kept = db
-        .one(
-            "SELECT count(*) FROM (SELECT 1 FROM signals WHERE job_id = $1 LIMIT $2) AS kept",
-            args![&job.id, limits::SIGNALS_LOGGED_MAX as i64],
-        )
-        .await?
-        .i64(0)?;
+    let kept = db.one(&KEPT, args![&job.id, limits::SIGNALS_LOGGED_MAX as i64]).await?.i64(KeptCol::kept)?;
     // A late success that recovered the job is always kept: it is what support asks about, and
     // stale signals sent first must not push it out.
     if kept >= limits::SIGNALS_LOGGED_MAX as i64 && effect != SignalEffect::Recovered {
@@ -143,17 +159,9 @@ pub(crate) async fn token_attempt(
     job: &JobRow,
     token: &str,
 ) -> Result<Option<TokenAttempt>, StoreError> {
-    let Some(r) = db
-        .opt(
-            "SELECT attempt_no, result, reported, sent_code, finished_at, expired_at, success_at FROM attempts \
-             WHERE job_id = $1 AND lease_token = $2",
-            args![&job.id, token],
-        )
-        .await?
-    else {
-        return Ok(None);
-    };
-    let result = match r.opt_text(1)? {
+    use TokenAttemptCol as C;
+    let Some(r) = db.opt(&TOKEN_ATTEMPT, args![&job.id, token]).await? else { return Ok(None) };
+    let result = match r.opt_text(C::result)? {
         Some(s) => {
             Some(AttemptResult::parse(&s).ok_or_else(|| StoreError::internal(format!("bad attempt result {s}")))?)
         }
@@ -161,14 +169,14 @@ pub(crate) async fn token_attempt(
     };
     Ok(Some(TokenAttempt {
         end: crate::model::AttemptEnd {
-            attempt_no: u32::try_from(r.i64(0)?).unwrap_or(u32::MAX),
+            attempt_no: u32::try_from(r.i64(C::attempt_no)?).unwrap_or(u32::MAX),
             result,
-            reported: r.opt_text(2)?,
-            finished_at: r.opt_i64(4)?.map(settle_core::Timestamp::from_micros),
-            expired_at: r.opt_i64(5)?.map(settle_core::Timestamp::from_micros),
+            reported: r.opt_text(C::reported)?,
+            finished_at: r.opt_i64(C::finished_at)?.map(settle_core::Timestamp::from_micros),
+            expired_at: r.opt_i64(C::expired_at)?.map(settle_core::Timestamp::from_micros),
         },
-        sent_code: r.opt_text(3)?,
-        success: r.opt_i64(6)?.is_some(),
+        sent_code: r.opt_text(C::sent_code)?,
+        success: r.opt_i64(C::success_at)?.is_some(),
     }))
 }
 

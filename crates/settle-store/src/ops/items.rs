@@ -2,11 +2,39 @@
 //! account's held and exposed amounts, in the caller's transaction.
 
 use super::{BalanceCheck, Cx, Holds, JobRow, Line, post};
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use settle_core::Credits;
 use settle_core::item::{self, ItemSignal, ItemState, RefundReason};
 use settle_core::job::{self};
+use std::sync::LazyLock;
+
+columns! {
+    /// An item a transition moved, with its place in the job (ledger rows follow the items' order).
+    MovedCol { item_id, cost, ord }
+}
+
+static MOVE_ONE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE items SET state = $3, refund_reason = COALESCE($4, refund_reason), decided_attempt = $6 \
+         WHERE job_id = $1 AND item_id = $2 AND state = $5 RETURNING {}",
+        MovedCol::LIST
+    )
+});
+static RECLAIM_ALL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE items SET state = $2 WHERE job_id = $1 AND state = $3 AND refund_reason <> 'item_failed' \
+         RETURNING {}",
+        MovedCol::LIST
+    )
+});
+static MOVE_ALL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE items SET state = $2, refund_reason = COALESCE($3, refund_reason) \
+         WHERE job_id = $1 AND state = $4 RETURNING {}",
+        MovedCol::LIST
+    )
+});
 
 /// Applies `signal` to every item of `job_id` in the arrow's `from` state (optionally only
 /// `only_item`, and for reclaims only refunds that a job-level success may take back), writing one
@@ -21,37 +49,19 @@ pub(crate) async fn move_items(
     reason: Option<RefundReason>,
 ) -> Result<Vec<(String, Credits)>, StoreError> {
     let arrow = item::arrow(from, signal).expect("move_items is called only on listed arrows");
+    let (to, from_s, why) = (arrow.to.as_str(), from.as_str(), reason.map(|r| r.as_str()));
     let rows = match (only_item, signal) {
-        (Some(item_id), _) => {
-            db.all(
-                // An item report: its attempt is kept, so its re-send is told from a stale one.
-                "UPDATE items SET state = $3, refund_reason = COALESCE($4, refund_reason), decided_attempt = $6 \
-                 WHERE job_id = $1 AND item_id = $2 AND state = $5 RETURNING item_id, cost, ord",
-                args![&job.id, item_id, arrow.to.as_str(), reason.map(|r| r.as_str()), from.as_str(), job.attempt],
-            )
-            .await?
-        }
+        // An item report: its attempt is kept, so its re-send is told from a stale one.
+        (Some(item_id), _) => db.all(&MOVE_ONE, args![&job.id, item_id, to, why, from_s, job.attempt]).await?,
         // A job-level success reclaims every refund except those of items the worker itself failed.
         (None, ItemSignal::Succeed) if from == ItemState::Refunded => {
-            db.all(
-                "UPDATE items SET state = $2 WHERE job_id = $1 AND state = $3 AND refund_reason <> 'item_failed' \
-                 RETURNING item_id, cost, ord",
-                args![&job.id, arrow.to.as_str(), from.as_str()],
-            )
-            .await?
+            db.all(&RECLAIM_ALL, args![&job.id, to, from_s]).await?
         }
-        (None, _) => {
-            db.all(
-                "UPDATE items SET state = $2, refund_reason = COALESCE($3, refund_reason) \
-                 WHERE job_id = $1 AND state = $4 RETURNING item_id, cost, ord",
-                args![&job.id, arrow.to.as_str(), reason.map(|r| r.as_str()), from.as_str()],
-            )
-            .await?
-        }
+        (None, _) => db.all(&MOVE_ALL, args![&job.id, to, why, from_s]).await?,
     };
     let mut moved = Vec::with_capacity(rows.len());
     for r in &rows {
-        moved.push((r.i64(2)?, r.text(0)?, Credits::new(r.i64(1)?)));
+        moved.push((r.i64(MovedCol::ord)?, r.text(MovedCol::item_id)?, Credits::new(r.i64(MovedCol::cost)?)));
     }
     // RETURNING order is unspecified; ledger rows follow the job's item order on both engines.
     moved.sort();

@@ -3,12 +3,13 @@
 //! in the transaction's `Pending` and are numbered just before COMMIT (docs/decisions/0013).
 
 use super::{Cx, PendingLine, guard_hit, lock_pending, next_seq};
-use crate::db::{Db, Value, args};
+use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::Credits;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use settle_core::limits;
+use std::sync::LazyLock;
 
 /// How a balance change may be refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,24 +26,75 @@ pub(crate) enum BalanceCheck {
     Never,
 }
 
+columns! {
+    /// What a balance change returns: the balance after it.
+    BalanceCol { balance }
+}
+
+columns! {
+    /// Why a debit was refused: the balance and the overdraft it may use.
+    LimitCol { balance, overdraft_limit }
+}
+
+columns! {
+    /// An account's newest entry's hash.
+    HashCol { hash }
+}
+
+columns! {
+    /// Each account (of an array) and its newest entry's hash (NULL for none).
+    HeadCol { id = "a.id", hash = "(SELECT e.hash FROM ledger_entries e WHERE e.account_id = a.id ORDER BY e.seq DESC LIMIT 1)" }
+}
+
 // Debits (charges, negative adjustments) keep `balance − exposure ≥ −BALANCE_MAX`: the balance
 // after every possible reclaim stays inside i64 (docs/decisions/0003).
 // Each also moves `held` by $4 and `exposure` by $5 (`Holds`) in the same statement; the guards
 // read the values from before it, as when they were separate statements after the balance.
-const DEBIT_OVERDRAFT: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
-     WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 AND balance - exposure >= (0 - $3) - $2 \
-     RETURNING balance";
+static DEBIT_OVERDRAFT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
+         WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 AND balance - exposure >= (0 - $3) - $2 \
+         RETURNING {}",
+        BalanceCol::LIST
+    )
+});
 // As DEBIT_OVERDRAFT with the overdraft limit taken as zero, whatever the account's is.
-const DEBIT_CASH: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
-     WHERE id = $1 AND balance >= 0 - $2 AND balance - exposure >= (0 - $3) - $2 RETURNING balance";
+static DEBIT_CASH: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
+         WHERE id = $1 AND balance >= 0 - $2 AND balance - exposure >= (0 - $3) - $2 RETURNING {}",
+        BalanceCol::LIST
+    )
+});
 // Credits (grants, positive adjustments) keep `balance + held ≤ BALANCE_MAX`: the balance after every
 // refund and return still possible stays inside i64 (docs/decisions/0003).
-const CREDIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
-     WHERE id = $1 AND balance + held <= $3 - $2 RETURNING balance";
-const DEBIT_BOUNDED: &str = "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
-     WHERE id = $1 AND balance - exposure >= (0 - $3) - $2 RETURNING balance";
-const CREDIT_ANY: &str = "UPDATE accounts SET balance = balance + $2, held = held + $3, exposure = exposure + $4 \
-     WHERE id = $1 RETURNING balance";
+static CREDIT_BOUNDED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
+         WHERE id = $1 AND balance + held <= $3 - $2 RETURNING {}",
+        BalanceCol::LIST
+    )
+});
+static DEBIT_BOUNDED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
+         WHERE id = $1 AND balance - exposure >= (0 - $3) - $2 RETURNING {}",
+        BalanceCol::LIST
+    )
+});
+static CREDIT_ANY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE accounts SET balance = balance + $2, held = held + $3, exposure = exposure + $4 \
+         WHERE id = $1 RETURNING {}",
+        BalanceCol::LIST
+    )
+});
+static LIMITS: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", LimitCol::LIST));
+static CHAIN_HEAD: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM ledger_entries WHERE account_id = $1 ORDER BY seq DESC LIMIT 1", HashCol::LIST)
+});
+static CHAIN_HEADS: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM unnest($1::text[]) AS a(id)", HeadCol::LIST));
 const HOLDS_ONLY: &str = "UPDATE accounts SET held = held + $2, exposure = exposure + $3 WHERE id = $1";
 
 /// How a transition moves an account's `held` (what later refunds and returns could add back) and
@@ -126,38 +178,35 @@ async fn change_balance(
     let row = match check {
         BalanceCheck::Overdraft => {
             debug_assert!(!total.is_positive());
-            db.opt(DEBIT_OVERDRAFT, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
+            db.opt(&DEBIT_OVERDRAFT, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
         }
         BalanceCheck::Cash => {
             debug_assert!(!total.is_positive());
-            db.opt(DEBIT_CASH, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
+            db.opt(&DEBIT_CASH, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
         }
         BalanceCheck::Bounded if total.is_negative() => {
-            db.opt(DEBIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
+            db.opt(&DEBIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
         }
         BalanceCheck::Bounded => {
-            db.opt(CREDIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
+            db.opt(&CREDIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
         }
-        BalanceCheck::Never => db.opt(CREDIT_ANY, args![account_id, total.get(), held, exposure]).await?,
+        BalanceCheck::Never => db.opt(&CREDIT_ANY, args![account_id, total.get(), held, exposure]).await?,
     };
     let Some(row) = row else {
-        let current = db
-            .opt("SELECT balance, overdraft_limit FROM accounts WHERE id = $1", args![account_id])
-            .await?
-            .ok_or_else(|| StoreError::not_found("account", account_id))?;
+        let current =
+            db.opt(&LIMITS, args![account_id]).await?.ok_or_else(|| StoreError::not_found("account", account_id))?;
+        let balance = current.i64(LimitCol::balance)?;
         return Err(match check {
             BalanceCheck::Overdraft => StoreError::InsufficientCredits {
-                balance: current.i64(0)?,
-                overdraft_limit: current.i64(1)?,
+                balance,
+                overdraft_limit: current.i64(LimitCol::overdraft_limit)?,
                 needed: total.checked_neg()?.get(),
             },
-            BalanceCheck::Cash => {
-                StoreError::InsufficientBalance { balance: current.i64(0)?, needed: total.checked_neg()?.get() }
-            }
+            BalanceCheck::Cash => StoreError::InsufficientBalance { balance, needed: total.checked_neg()?.get() },
             _ => StoreError::Overflow,
         });
     };
-    row.i64(0)
+    row.i64(BalanceCol::balance)
 }
 
 /// `post`, with the lines numbered and written at once, for an answer that is the entry itself
@@ -254,11 +303,8 @@ async fn post_lines(
 
 /// The hash of an account's newest entry (the genesis hash for an account without entries).
 async fn chain_head(db: &mut Db<'_>, account_id: &str) -> Result<Hash32, StoreError> {
-    match db
-        .opt("SELECT hash FROM ledger_entries WHERE account_id = $1 ORDER BY seq DESC LIMIT 1", args![account_id])
-        .await?
-    {
-        Some(r) => r.blob(0)?.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes")),
+    match db.opt(&CHAIN_HEAD, args![account_id]).await? {
+        Some(r) => r.blob(HashCol::hash)?.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes")),
         None => Ok(GENESIS_HASH),
     }
 }
@@ -278,19 +324,13 @@ pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Resul
         }
     }
     let mut heads: std::collections::HashMap<String, Hash32> = std::collections::HashMap::new();
-    let rows = db
-        .all(
-            "SELECT a.id, (SELECT e.hash FROM ledger_entries e WHERE e.account_id = a.id ORDER BY e.seq DESC LIMIT 1) \
-             FROM unnest($1::text[]) AS a(id)",
-            &[Value::Texts(accounts.iter().map(|a| a.to_string()).collect())],
-        )
-        .await?;
+    let rows = db.all(&CHAIN_HEADS, &[Value::Texts(accounts.iter().map(|a| a.to_string()).collect())]).await?;
     for r in &rows {
-        let head = match r.opt_blob(1)? {
+        let head = match r.opt_blob(HeadCol::hash)? {
             Some(h) => h.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes"))?,
             None => GENESIS_HASH,
         };
-        heads.insert(r.text(0)?, head);
+        heads.insert(r.text(HeadCol::id)?, head);
     }
     let first = next_seq(db, "ledger", lines.len() as i64).await?;
     let n = lines.len();

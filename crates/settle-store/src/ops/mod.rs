@@ -59,7 +59,7 @@ pub(crate) use success::*;
 pub(crate) use teardown::*;
 pub(crate) use unknown::*;
 
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use settle_core::backoff::SplitMix64;
 use settle_core::crash::CrashPoint;
@@ -67,7 +67,7 @@ use settle_core::history::EventKind;
 use settle_core::job::Policies;
 use settle_core::ledger::EntryKind;
 use settle_core::{Credits, Timestamp};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 /// Asked at every crash point; answers whether to "crash" there.
 pub trait CrashHook: Send + Sync {
@@ -150,9 +150,15 @@ impl Cx {
 /// Reserves `n` numbers of a gap-free counter; returns the first.
 pub(crate) async fn next_seq(db: &mut Db<'_>, counter: &'static str, n: i64) -> Result<i64, StoreError> {
     debug_assert!(n >= 1);
-    let row =
-        db.one("UPDATE counters SET value = value + $2 WHERE name = $1 RETURNING value", args![counter, n]).await?;
-    Ok(row.i64(0)? - n + 1)
+    columns! {
+        /// A counter's value after a reservation.
+        CounterCol { value }
+    }
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!("UPDATE counters SET value = value + $2 WHERE name = $1 RETURNING {}", CounterCol::LIST)
+    });
+    let row = db.one(&SQL, args![counter, n]).await?;
+    Ok(row.i64(CounterCol::value)? - n + 1)
 }
 
 pub(crate) fn guard_hit(rows: u64, what: &'static str) -> Result<(), StoreError> {

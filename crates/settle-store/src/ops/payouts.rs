@@ -5,7 +5,7 @@
 //! reads are in `reads::payouts`.
 
 use super::{After, Caller, Cx};
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use crate::reads::payouts::must_read_withdrawal;
@@ -16,6 +16,7 @@ use settle_core::ids::{FailCode, ItemId, JobId, JobKind};
 use settle_core::item::{ItemSignal, ItemState};
 use settle_core::job::{self, JobState, RefundPolicy};
 use settle_core::limits;
+use std::sync::LazyLock;
 
 pub(crate) fn withdrawal_fingerprint(req: &NewWithdrawal) -> [u8; 32] {
     Fingerprint::new("withdrawal")
@@ -80,14 +81,22 @@ pub(crate) async fn create_withdrawal(
     Ok(Created { value: w, replayed: false })
 }
 
+columns! {
+    /// The provider's txid of a withdrawal, once known.
+    TxidCol { provider_txid }
+}
+
+static SELECT_TXID: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM withdrawals WHERE job_id = $1", TxidCol::LIST));
+
 /// Keeps the provider's txid once known; a txid already kept is never replaced.
 pub(crate) async fn record_txid(db: &mut Db<'_>, job_id: &str, txid: &str) -> Result<(), StoreError> {
     check_txid(txid)?;
     let kept = db
-        .opt("SELECT provider_txid FROM withdrawals WHERE job_id = $1", args![job_id])
+        .opt(&SELECT_TXID, args![job_id])
         .await?
         .ok_or_else(|| StoreError::internal(format!("withdrawal job {job_id} has no withdrawal row")))?
-        .opt_text(0)?;
+        .opt_text(TxidCol::provider_txid)?;
     match kept {
         None => {
             let rows = db
@@ -136,7 +145,7 @@ pub(crate) async fn payout_succeeded(
     // had already begun (`cancelling`) is left to finish.
     let reporter = token.map_or(Reporter::Reconciler, Reporter::Lease);
     let (mut applied, after) = super::apply_success(db, cx, &job, reporter, None).await?;
-    let kept = db.one("SELECT provider_txid FROM withdrawals WHERE job_id = $1", args![&job.id]).await?.opt_text(0)?;
+    let kept = db.one(&SELECT_TXID, args![&job.id]).await?.opt_text(TxidCol::provider_txid)?;
     if applied || matches!(job.state, JobState::Succeeded | JobState::Returned) {
         record_txid(db, &job.id, txid).await?;
     } else if kept.is_none() {
@@ -300,7 +309,7 @@ async fn apply_return(db: &mut Db<'_>, cx: &Cx, job: &super::JobRow, source: Ret
         )
         .await?;
     super::guard_hit(rows, "returned_at")?;
-    let txid = db.one("SELECT provider_txid FROM withdrawals WHERE job_id = $1", args![&job.id]).await?.opt_text(0)?;
+    let txid = db.one(&SELECT_TXID, args![&job.id]).await?.opt_text(TxidCol::provider_txid)?;
     super::emit(
         db,
         cx,

@@ -1,7 +1,7 @@
 //! Reading rows: every column list is written once, and rows are decoded by column name from it.
 
 use super::{Cx, lock_pending};
-use crate::db::{Db, Engine, Row, args, columns};
+use crate::db::{Db, Engine, Holds, Row, args, columns, holds};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::history::EventKind;
@@ -27,14 +27,42 @@ columns! {
 }
 
 columns! {
+    /// A job's items, each row carrying the job's net: the sum of its ledger entries (an
+    /// uncorrelated subquery, run once).
+    ItemNetCol {
+        item_id, cost, state, refund_reason,
+        net = "(SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = $1)",
+    }
+}
+holds!(ItemNetCol: ItemCol { item_id, cost, state, refund_reason });
+
+columns! {
     /// A ledger entry's columns, as `LedgerEntry` shows them.
     pub(crate) EntryCol { seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash }
 }
 
 columns! {
-    /// An account row's columns, as `Account` shows them.
-    pub(crate) AccountCol { id, balance, overdraft_limit, created_at }
+    /// An account row's columns, as `Account` shows them, and the fingerprint of the request that
+    /// created it (what a replay of the create is compared with).
+    pub(crate) AccountCol { id, balance, overdraft_limit, created_at, request_hash }
 }
+
+columns! {
+    /// An outbox event's columns, as `Event` shows them (`type` is a Rust keyword).
+    pub(crate) EventCol { seq, kind = "type", job_id, account_id, data, created_at }
+}
+
+columns! {
+    /// A webhook delivery joined with its event.
+    pub(crate) DeliveryCol {
+        endpoint_id = "d.endpoint_id", state = "d.state", attempts = "d.attempts",
+        next_attempt_at = "d.next_attempt_at", last_status = "d.last_status", last_error = "d.last_error",
+        delivered_at = "d.delivered_at",
+        seq = "o.seq", kind = "o.type", job_id = "o.job_id", account_id = "o.account_id", data = "o.data",
+        created_at = "o.created_at",
+    }
+}
+holds!(DeliveryCol: EventCol { seq, kind, job_id, account_id, data, created_at });
 
 /// A job row as stored, before its items are attached.
 #[derive(Debug, Clone)]
@@ -99,19 +127,14 @@ pub(crate) fn job_row(r: &Row) -> Result<JobRow, StoreError> {
 static SELECT_JOB: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM jobs WHERE id = $1", JobCol::LIST));
 static LOCK_JOB_PG: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM jobs WHERE id = $1 FOR UPDATE", JobCol::LIST));
-/// An account with its request fingerprint after its columns (at `AccountCol::COUNT`).
+/// An account with its request fingerprint.
 pub(crate) static SELECT_ACCOUNT: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {}, request_hash FROM accounts WHERE id = $1", AccountCol::LIST));
+    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", AccountCol::LIST));
 /// One item of a job.
 pub(crate) static SELECT_ITEM: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM items WHERE job_id = $1 AND item_id = $2", ItemCol::LIST));
-static JOB_ITEMS_AND_NET: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT {}, (SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = $1) \
-         FROM items WHERE job_id = $1 ORDER BY ord",
-        ItemCol::LIST
-    )
-});
+static JOB_ITEMS_AND_NET: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM items WHERE job_id = $1 ORDER BY ord", ItemNetCol::LIST));
 
 /// Reads the job row and, on PostgreSQL, locks it until commit. Every job transition starts here,
 /// so the decision below is made on a row no one else can change (lock order: job → items →
@@ -143,9 +166,9 @@ pub(crate) async fn must_read_job(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<
 pub(crate) async fn attach(db: &mut Db<'_>, cx: &Cx, row: JobRow) -> Result<Job, StoreError> {
     // One statement: the items, each row carrying the job's net (an uncorrelated subquery, run once).
     let rows = db.all(&JOB_ITEMS_AND_NET, args![&row.id]).await?;
-    let items = rows.iter().map(item_from_row).collect::<Result<Vec<_>, _>>()?;
+    let items = rows.iter().map(item_from_row::<ItemNetCol>).collect::<Result<Vec<_>, _>>()?;
     let mut net = match rows.first() {
-        Some(r) => Credits::new(r.i64(ItemCol::COUNT)?),
+        Some(r) => Credits::new(r.i64(ItemNetCol::net)?),
         None => Credits::ZERO,
     };
     if let Some(pending) = &cx.pending {
@@ -174,35 +197,37 @@ pub(crate) async fn attach(db: &mut Db<'_>, cx: &Cx, row: JobRow) -> Result<Job,
     })
 }
 
-pub(crate) fn item_from_row(r: &Row) -> Result<Item, StoreError> {
-    use ItemCol as C;
-    let state = r.text(C::state)?;
+/// An item, from a row of any column set that holds `ItemCol`.
+pub(crate) fn item_from_row<C: Holds<ItemCol>>(r: &Row) -> Result<Item, StoreError> {
+    use ItemCol as I;
+    let state = r.text(C::of(I::state))?;
     Ok(Item {
-        id: r.text(C::item_id)?,
-        cost: Credits::new(r.i64(C::cost)?),
+        id: r.text(C::of(I::item_id))?,
+        cost: Credits::new(r.i64(C::of(I::cost))?),
         state: ItemState::parse(&state).ok_or_else(|| StoreError::internal(format!("bad item state {state}")))?,
         refund_reason: r
-            .opt_text(C::refund_reason)?
+            .opt_text(C::of(I::refund_reason))?
             .map(|t| name(RefundReason::parse, "refund reason", t))
             .transpose()?,
     })
 }
 
-pub(crate) fn entry_from_row(r: &Row) -> Result<LedgerEntry, StoreError> {
-    use EntryCol as C;
-    let kind = r.text(C::kind)?;
-    let hash = r.blob(C::hash)?;
+/// A ledger entry, from a row of any column set that holds `EntryCol`.
+pub(crate) fn entry_from_row<C: Holds<EntryCol>>(r: &Row) -> Result<LedgerEntry, StoreError> {
+    use EntryCol as E;
+    let kind = r.text(C::of(E::kind))?;
+    let hash = r.blob(C::of(E::hash))?;
     Ok(LedgerEntry {
-        seq: r.i64(C::seq)?,
-        account_id: r.text(C::account_id)?,
+        seq: r.i64(C::of(E::seq))?,
+        account_id: r.text(C::of(E::account_id))?,
         kind: EntryKind::parse(&kind).ok_or_else(|| StoreError::internal(format!("bad entry kind {kind}")))?,
-        amount: Credits::new(r.i64(C::amount)?),
-        balance_after: Credits::new(r.i64(C::balance_after)?),
-        job_id: r.opt_text(C::job_id)?,
-        item_id: r.opt_text(C::item_id)?,
-        ref_id: r.opt_text(C::ref_id)?,
-        reason: r.opt_text(C::reason)?,
-        created_at: Timestamp::from_micros(r.i64(C::created_at)?),
+        amount: Credits::new(r.i64(C::of(E::amount))?),
+        balance_after: Credits::new(r.i64(C::of(E::balance_after))?),
+        job_id: r.opt_text(C::of(E::job_id))?,
+        item_id: r.opt_text(C::of(E::item_id))?,
+        ref_id: r.opt_text(C::of(E::ref_id))?,
+        reason: r.opt_text(C::of(E::reason))?,
+        created_at: Timestamp::from_micros(r.i64(C::of(E::created_at))?),
         hash: hash.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes"))?,
     })
 }
@@ -222,31 +247,35 @@ pub(crate) fn name<T>(parse: fn(&str) -> Option<T>, what: &str, text: String) ->
     parse(&text).ok_or_else(|| StoreError::internal(format!("bad {what} {text}")))
 }
 
-pub(crate) fn event_from_row(r: &Row, at: usize) -> Result<Event, StoreError> {
+/// An outbox event, from a row of any column set that holds `EventCol`.
+pub(crate) fn event_from_row<C: Holds<EventCol>>(r: &Row) -> Result<Event, StoreError> {
+    use EventCol as E;
     Ok(Event {
-        seq: r.i64(at)?,
-        kind: name(EventKind::parse, "event type", r.text(at + 1)?)?,
-        job_id: r.opt_text(at + 2)?,
-        account_id: r.text(at + 3)?,
-        data: r.text(at + 4)?,
-        created_at: Timestamp::from_micros(r.i64(at + 5)?),
+        seq: r.i64(C::of(E::seq))?,
+        kind: name(EventKind::parse, "event type", r.text(C::of(E::kind))?)?,
+        job_id: r.opt_text(C::of(E::job_id))?,
+        account_id: r.text(C::of(E::account_id))?,
+        data: r.text(C::of(E::data))?,
+        created_at: Timestamp::from_micros(r.i64(C::of(E::created_at))?),
     })
 }
 
-pub(crate) const DELIVERY_SELECT: &str = "SELECT d.endpoint_id, d.state, d.attempts, d.next_attempt_at, d.last_status, d.last_error, \
-     d.delivered_at, o.seq, o.type, o.job_id, o.account_id, o.data, o.created_at \
-     FROM webhook_deliveries d JOIN outbox o ON o.seq = d.event_seq";
+/// Deliveries with their events; a statement adds its `WHERE`.
+pub(crate) static DELIVERY_SELECT: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM webhook_deliveries d JOIN outbox o ON o.seq = d.event_seq", DeliveryCol::LIST)
+});
 
 pub(crate) fn delivery_from_row(r: &Row) -> Result<Delivery, StoreError> {
+    use DeliveryCol as C;
     Ok(Delivery {
-        endpoint_id: r.text(0)?,
-        state: name(DeliveryState::parse, "delivery state", r.text(1)?)?,
-        attempts: u32::try_from(r.i64(2)?).map_err(StoreError::internal)?,
-        next_attempt_at: Timestamp::from_micros(r.i64(3)?),
-        last_status: r.opt_i64(4)?.map(|s| s as u16),
-        last_error: r.opt_text(5)?,
-        delivered_at: r.opt_i64(6)?.map(Timestamp::from_micros),
-        event: event_from_row(r, 7)?,
+        endpoint_id: r.text(C::endpoint_id)?,
+        state: name(DeliveryState::parse, "delivery state", r.text(C::state)?)?,
+        attempts: u32::try_from(r.i64(C::attempts)?).map_err(StoreError::internal)?,
+        next_attempt_at: Timestamp::from_micros(r.i64(C::next_attempt_at)?),
+        last_status: r.opt_i64(C::last_status)?.map(|s| s as u16),
+        last_error: r.opt_text(C::last_error)?,
+        delivered_at: r.opt_i64(C::delivered_at)?.map(Timestamp::from_micros),
+        event: event_from_row::<DeliveryCol>(r)?,
         lease_token: None,
     })
 }

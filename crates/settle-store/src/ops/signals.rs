@@ -4,10 +4,10 @@
 //! token no attempt of the job ever held, which writes nothing (decision 0019).
 
 use super::{
-    Caller, Cx, Heard, JobRow, SELECT_ITEM, check_caller, emit, guard_hit, item_from_row, log_signal, move_items,
-    must_lock_job, refusal, token_attempt,
+    Caller, Cx, Heard, ItemCol, JobRow, SELECT_ITEM, check_caller, emit, guard_hit, item_from_row, log_signal,
+    move_items, must_lock_job, refusal, token_attempt,
 };
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -15,6 +15,7 @@ use settle_core::history::{EventKind, Signal, SignalEffect};
 use settle_core::ids::{FailCode, ItemId, JobId};
 use settle_core::item::{self, ItemSignal, ItemState, RefundReason};
 use settle_core::job::JobState;
+use std::sync::LazyLock;
 
 /// A signal refused because its lease is gone. It is logged in the same transaction, which then
 /// commits; the caller turns it into `LeaseLost` afterwards, so the log row survives.
@@ -97,7 +98,7 @@ pub(crate) async fn item_report(
         .opt(&SELECT_ITEM, args![&job.id, item_id.as_str()])
         .await?
         .ok_or_else(|| StoreError::not_found("item", item_id.as_str()))?;
-    let current = item_from_row(&current)?;
+    let current = item_from_row::<ItemCol>(&current)?;
     // What the report asks for already holds.
     let holds = match failure {
         None => matches!(current.state, ItemState::Succeeded | ItemState::Reclaimed),
@@ -142,9 +143,14 @@ pub(crate) async fn item_report(
             true
         }
     };
-    let item = item_from_row(&db.one(&SELECT_ITEM, args![&job.id, item_id.as_str()]).await?)?;
+    let item = item_from_row::<ItemCol>(&db.one(&SELECT_ITEM, args![&job.id, item_id.as_str()]).await?)?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Ok(ItemReport { item, cancel_requested: job.cancel_requested, applied }))
+}
+
+columns! {
+    /// The attempt whose report decided an item, if one did.
+    DecidedCol { decided_attempt }
 }
 
 /// An item report with a token that is not the current lease: a replay when the report's effect
@@ -160,10 +166,9 @@ async fn stale_item_report(
     heard: Heard<'_>,
     holds: bool,
 ) -> Result<Result<ItemReport, Refused>, StoreError> {
-    let decided = db
-        .one("SELECT decided_attempt FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, &current.id])
-        .await?
-        .opt_i64(0)?;
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM items WHERE job_id = $1 AND item_id = $2", DecidedCol::LIST));
+    let decided = db.one(&SQL, args![&job.id, &current.id]).await?.opt_i64(DecidedCol::decided_attempt)?;
     if let Some(att) = token_attempt(db, job, &token.0).await?
         && holds
         && decided.is_some_and(|d| d <= i64::from(att.end.attempt_no))

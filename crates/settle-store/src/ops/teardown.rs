@@ -4,7 +4,7 @@
 use super::{
     Cx, JobRow, Reported, attach, close_attempt, emit, guard_hit, move_items, must_lock_job, must_read_job, sum,
 };
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -12,6 +12,7 @@ use settle_core::history::{AttemptResult, EventKind};
 use settle_core::ids::{FailCode, JobId};
 use settle_core::item::{ItemSignal, ItemState, RefundReason};
 use settle_core::job::{self, JobState};
+use std::sync::LazyLock;
 
 /// What a transition left to do after its commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,17 +205,22 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job,
     Ok(job)
 }
 
+columns! {
+    /// An artifact to delete: where it lives and the store it was registered in.
+    CleanupCol { path = "COALESCE(a.path, a.key)", store = "a.store" }
+}
+
 /// Artifacts to delete for a job being torn down, each as (path, the store it was registered in):
 /// every item that ends undelivered (net 0), rescanned in full each time (seed 003: the marker, not
 /// "undecided").
 pub(crate) async fn cleanup_keys(db: &mut Db<'_>, id: &str) -> Result<Vec<(String, Option<String>)>, StoreError> {
-    let rows = db
-        .all(
-            "SELECT COALESCE(a.path, a.key), a.store FROM artifacts a \
-             JOIN items i ON i.job_id = a.job_id AND i.item_id = a.item_id \
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM artifacts a JOIN items i ON i.job_id = a.job_id AND i.item_id = a.item_id \
              WHERE a.job_id = $1 AND i.state IN ('cancelled', 'refunded') ORDER BY 1",
-            args![id],
+            CleanupCol::LIST
         )
-        .await?;
-    rows.iter().map(|r| Ok((r.text(0)?, r.opt_text(1)?))).collect()
+    });
+    let rows = db.all(&SQL, args![id]).await?;
+    rows.iter().map(|r| Ok((r.text(CleanupCol::path)?, r.opt_text(CleanupCol::store)?))).collect()
 }

@@ -4,13 +4,56 @@
 //! (deliveries, breakers, backlogs) are in `reads::webhooks`.
 
 use super::Cx;
-use super::rows::delivery_from_row;
-use crate::db::{Db, Engine, args};
+use super::rows::{DELIVERY_SELECT, delivery_from_row};
+use crate::db::{Db, Engine, args, columns};
 use crate::error::StoreError;
 use crate::model::{BreakerPolicy, BreakerState, BreakerStatus, Delivery, DeliveryReport, DeliveryState, LeaseToken};
 use settle_core::Timestamp;
 use settle_core::crash::CrashPoint;
 use settle_core::limits;
+use std::sync::LazyLock;
+
+columns! {
+    /// How far an endpoint's deliveries have been fanned out (an outbox seq).
+    CursorCol { last_seq }
+}
+
+columns! {
+    /// An outbox event to fan out, and the line its deliveries keep their order in (its job, or
+    /// its account for an account's own events).
+    FanOutCol { seq, order_key = "COALESCE(job_id, 'account:' || account_id)" }
+}
+
+columns! {
+    /// A breaker that is not closed, and the seq of its last probe.
+    OpenBreakerCol { state, probe_seq }
+}
+
+columns! {
+    /// A delivery just leased.
+    ClaimedCol { event_seq, attempts }
+}
+
+columns! {
+    /// A breaker as a failed send moves it.
+    BreakerLockCol { state, failures, opens, probe_token }
+}
+
+static CURSOR_SQLITE: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM webhook_cursors WHERE endpoint_id = $1", CursorCol::LIST));
+static CURSOR_PG: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM webhook_cursors WHERE endpoint_id = $1 FOR UPDATE SKIP LOCKED", CursorCol::LIST)
+});
+static FAN_OUT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM outbox WHERE seq > $1 ORDER BY seq LIMIT $2", FanOutCol::LIST));
+static OPEN_BREAKER: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM webhook_breakers WHERE endpoint_id = $1 AND state <> 'closed'", OpenBreakerCol::LIST)
+});
+static BREAKER_SQLITE: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM webhook_breakers WHERE endpoint_id = $1", BreakerLockCol::LIST));
+static BREAKER_PG: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM webhook_breakers WHERE endpoint_id = $1 FOR UPDATE", BreakerLockCol::LIST)
+});
 
 /// Begins an endpoint: its cursor at 0 (`Beginning`) or after the newest event (`Now`), unless it
 /// has one already. Returns whether it began now.
@@ -79,21 +122,16 @@ pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32
     .await?;
     // Another process fanning out this endpoint right now: leave it to them.
     let lock = match db.engine() {
-        Engine::Sqlite => "SELECT last_seq FROM webhook_cursors WHERE endpoint_id = $1",
-        Engine::Postgres => "SELECT last_seq FROM webhook_cursors WHERE endpoint_id = $1 FOR UPDATE SKIP LOCKED",
+        Engine::Sqlite => &*CURSOR_SQLITE,
+        Engine::Postgres => &*CURSOR_PG,
     };
     let Some(row) = db.opt(lock, args![endpoint]).await? else { return Ok(0) };
-    let old = row.i64(0)?;
-    let rows = db
-        .all(
-            "SELECT seq, COALESCE(job_id, 'account:' || account_id) FROM outbox WHERE seq > $1 ORDER BY seq LIMIT $2",
-            args![old, i64::from(batch.clamp(1, limits::PAGE_LIMIT_MAX))],
-        )
-        .await?;
+    let old = row.i64(CursorCol::last_seq)?;
+    let rows = db.all(&FAN_OUT, args![old, i64::from(batch.clamp(1, limits::PAGE_LIMIT_MAX))]).await?;
     let mut last = old;
     let mut created = 0;
     for r in &rows {
-        let (seq, key) = (r.i64(0)?, r.text(1)?);
+        let (seq, key) = (r.i64(FanOutCol::seq)?, r.text(FanOutCol::order_key)?);
         if seq != last + 1 {
             // Outbox seqs come from the locked counter row, so commit order is seq order and a gap
             // means rows are missing: stop rather than skip an event, and say so.
@@ -129,29 +167,27 @@ pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32
     Ok(created)
 }
 
-/// The claim statement; `$lock` is empty on SQLite (the single writer serialises) and
+/// The claim statement; `lock` is empty on SQLite (the single writer serialises) and
 /// `FOR UPDATE SKIP LOCKED` on PostgreSQL. The guard is repeated in the outer WHERE either way.
-macro_rules! claim_sql {
-    ($lock:literal) => {
-        concat!(
-            "UPDATE webhook_deliveries SET lease_token = $3, lease_expires_at = $4, attempts = attempts + 1, updated_at = $2 \
-             WHERE endpoint_id = $1 AND event_seq = ( \
-                SELECT d.event_seq FROM webhook_deliveries d \
-                WHERE d.endpoint_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 AND d.event_seq > $5 \
-                  AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2) \
-                  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e WHERE e.endpoint_id = d.endpoint_id \
-                                  AND e.order_key = d.order_key AND e.event_seq < d.event_seq AND e.state <> 'delivered') \
-                ORDER BY d.event_seq LIMIT 1 ",
-            $lock,
-            ") AND state = 'pending' AND next_attempt_at <= $2 AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
-             RETURNING event_seq, attempts"
-        )
-    };
+fn claim_sql(lock: &str) -> String {
+    format!(
+        "UPDATE webhook_deliveries SET lease_token = $3, lease_expires_at = $4, attempts = attempts + 1, updated_at = $2 \
+         WHERE endpoint_id = $1 AND event_seq = ( \
+            SELECT d.event_seq FROM webhook_deliveries d \
+            WHERE d.endpoint_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 AND d.event_seq > $5 \
+              AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2) \
+              AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e WHERE e.endpoint_id = d.endpoint_id \
+                              AND e.order_key = d.order_key AND e.event_seq < d.event_seq AND e.state <> 'delivered') \
+            ORDER BY d.event_seq LIMIT 1 {lock}) \
+         AND state = 'pending' AND next_attempt_at <= $2 AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
+         RETURNING {}",
+        ClaimedCol::LIST
+    )
 }
 
-const CLAIM_SQLITE: &str = claim_sql!("");
+static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| claim_sql(""));
 
-const CLAIM_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED");
+static CLAIM_PG: LazyLock<String> = LazyLock::new(|| claim_sql("FOR UPDATE SKIP LOCKED"));
 
 /// Leases up to `limit` deliveries that are due and at the head of their job's line. An attempt is
 /// counted when it is claimed, so a delivery whose sender keeps dying still reaches `attempts_max`.
@@ -175,15 +211,7 @@ pub(crate) async fn claim(
     )
     .await?;
     let expires = cx.now.plus_millis(lease_ms);
-    let open = if breaker.enabled() {
-        db.opt(
-            "SELECT state, probe_seq FROM webhook_breakers WHERE endpoint_id = $1 AND state <> 'closed'",
-            args![endpoint],
-        )
-        .await?
-    } else {
-        None
-    };
+    let open = if breaker.enabled() { db.opt(&OPEN_BREAKER, args![endpoint]).await? } else { None };
     let Some(row) = open else {
         let mut out = Vec::new();
         for _ in 0..limit.min(limits::CLAIM_LIMIT_MAX) {
@@ -215,7 +243,7 @@ pub(crate) async fn claim(
         return Ok(Vec::new());
     }
     // Probes rotate through the due deliveries: the next one after the last probe, wrapping round.
-    let after = row.opt_i64(1)?.unwrap_or(0);
+    let after = row.opt_i64(OpenBreakerCol::probe_seq)?.unwrap_or(0);
     let mut probe = claim_one(db, cx, endpoint, &token, expires, after).await?;
     if probe.is_none() && after > 0 {
         probe = claim_one(db, cx, endpoint, &token, expires, 0).await?;
@@ -252,23 +280,22 @@ async fn claim_one(
     after: i64,
 ) -> Result<Option<Delivery>, StoreError> {
     let sql = match db.engine() {
-        Engine::Sqlite => CLAIM_SQLITE,
-        Engine::Postgres => CLAIM_PG,
+        Engine::Sqlite => &*CLAIM_SQLITE,
+        Engine::Postgres => &*CLAIM_PG,
     };
     let Some(row) = db.opt(sql, args![endpoint, cx.now.micros(), &token.0, expires.micros(), after]).await? else {
         return Ok(None);
     };
     cx.point(CrashPoint::AfterGuard)?;
-    let seq = row.i64(0)?;
-    let r = db.one(SELECT_ONE, args![endpoint, seq]).await?;
+    let seq = row.i64(ClaimedCol::event_seq)?;
+    let r = db.one(&SELECT_ONE, args![endpoint, seq]).await?;
     let mut d = delivery_from_row(&r)?;
     d.lease_token = Some(token.clone());
     Ok(Some(d))
 }
 
-const SELECT_ONE: &str = "SELECT d.endpoint_id, d.state, d.attempts, d.next_attempt_at, d.last_status, d.last_error, \
-     d.delivered_at, o.seq, o.type, o.job_id, o.account_id, o.data, o.created_at \
-     FROM webhook_deliveries d JOIN outbox o ON o.seq = d.event_seq WHERE d.endpoint_id = $1 AND d.event_seq = $2";
+static SELECT_ONE: LazyLock<String> =
+    LazyLock::new(|| format!("{} WHERE d.endpoint_id = $1 AND d.event_seq = $2", *DELIVERY_SELECT));
 
 /// Records a send's outcome, guarded by the lease: a report from a lost lease changes nothing,
 /// the breaker included.
@@ -371,13 +398,13 @@ async fn breaker_failed(
 ) -> Result<(), StoreError> {
     ensure_breaker(db, endpoint, cx.now).await?;
     let lock = match db.engine() {
-        Engine::Sqlite => "SELECT state, failures, opens, probe_token FROM webhook_breakers WHERE endpoint_id = $1",
-        Engine::Postgres => {
-            "SELECT state, failures, opens, probe_token FROM webhook_breakers WHERE endpoint_id = $1 FOR UPDATE"
-        }
+        Engine::Sqlite => &*BREAKER_SQLITE,
+        Engine::Postgres => &*BREAKER_PG,
     };
     let row = db.one(lock, args![endpoint]).await?;
-    let (state, failures, opens, probe_token) = (row.text(0)?, row.i64(1)?, row.i64(2)?, row.opt_text(3)?);
+    use BreakerLockCol as C;
+    let (state, failures, opens) = (row.text(C::state)?, row.i64(C::failures)?, row.i64(C::opens)?);
+    let probe_token = row.opt_text(C::probe_token)?;
     let threshold = i64::from(breaker.failures);
     let (failures, opens) = match state.as_str() {
         "closed" if failures + 1 < threshold => {
@@ -427,7 +454,7 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, endpoint: &str, seq: i64) 
         )
         .await?;
     let row = db
-        .opt(SELECT_ONE, args![endpoint, seq])
+        .opt(&SELECT_ONE, args![endpoint, seq])
         .await?
         .ok_or_else(|| StoreError::not_found("delivery", format!("{endpoint}/{seq}")))?;
     let d = delivery_from_row(&row)?;

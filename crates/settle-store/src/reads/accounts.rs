@@ -2,10 +2,10 @@
 //! exposure beside the entries, and the hash chain verified from the rows.
 
 use super::{next_after, page_limit};
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
-use crate::ops::{self, entry_from_row, name};
+use crate::ops::{self, EntryCol, entry_from_row, name};
 use settle_core::Timestamp;
 use settle_core::ids::AccountId;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
@@ -20,74 +20,93 @@ pub(crate) async fn account(db: &mut Db<'_>, id: &AccountId) -> Result<Account, 
 }
 
 static LEDGER_PAGE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT {} FROM ledger_entries WHERE account_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-        ops::EntryCol::LIST
-    )
+    format!("SELECT {} FROM ledger_entries WHERE account_id = $1 AND seq > $2 ORDER BY seq LIMIT $3", EntryCol::LIST)
 });
 
 pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
     account(db, id).await?;
     let limit = page_limit(page.limit);
     let rows = db.all(&LEDGER_PAGE, args![id.as_str(), page.after, limit]).await?;
-    let entries = rows.iter().map(entry_from_row).collect::<Result<Vec<_>, _>>()?;
+    let entries = rows.iter().map(entry_from_row::<EntryCol>).collect::<Result<Vec<_>, _>>()?;
     let next = next_after(&entries, limit, |e| e.seq);
     Ok(Paged { rows: entries, next_after: next })
 }
 
+columns! {
+    /// What an account may still credit back (`held`) and what a later success may reclaim.
+    HoldsCol { held, exposure }
+}
+
+columns! {
+    /// How many entries an account's ledger holds.
+    EntriesCol { entries = "COUNT(*)" }
+}
+
+columns! {
+    /// What an account's charged items cost, still undecided.
+    PendingCol { pending = "CAST(COALESCE(SUM(i.cost), 0) AS bigint)" }
+}
+
 pub(crate) async fn account_detail(db: &mut Db<'_>, id: &str) -> Result<AccountDetail, StoreError> {
+    static HOLDS: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", HoldsCol::LIST));
+    static ENTRIES: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE account_id = $1", EntriesCol::LIST));
+    static PENDING: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id WHERE j.account_id = $1 AND i.state = 'charged'",
+            PendingCol::LIST
+        )
+    });
     let row = db.opt(&ops::SELECT_ACCOUNT, args![id]).await?.ok_or_else(|| StoreError::not_found("account", id))?;
     let account = ops::account_from_row(&row)?;
-    let holds = db.one("SELECT held, exposure FROM accounts WHERE id = $1", args![id]).await?;
-    let entries = db.one("SELECT COUNT(*) FROM ledger_entries WHERE account_id = $1", args![id]).await?.i64(0)?;
-    let pending = db
-        .one(
-            "SELECT CAST(COALESCE(SUM(i.cost), 0) AS bigint) FROM items i JOIN jobs j ON j.id = i.job_id \
-             WHERE j.account_id = $1 AND i.state = 'charged'",
-            args![id],
-        )
-        .await?
-        .i64(0)?;
-    Ok(AccountDetail { account, held: holds.i64(0)?, exposure: holds.i64(1)?, pending, entries })
+    let holds = db.one(&HOLDS, args![id]).await?;
+    let entries = db.one(&ENTRIES, args![id]).await?.i64(EntriesCol::entries)?;
+    let pending = db.one(&PENDING, args![id]).await?.i64(PendingCol::pending)?;
+    let (held, exposure) = (holds.i64(HoldsCol::held)?, holds.i64(HoldsCol::exposure)?);
+    Ok(AccountDetail { account, held, exposure, pending, entries })
+}
+
+columns! {
+    /// An entry as the hash chain covers it (the account is the one asked for), with the hashes.
+    ChainCol { seq, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, prev_hash, hash }
 }
 
 /// The account's chain recomputed from genesis, as the audit does for every account.
 pub(crate) async fn verify_chain(db: &mut Db<'_>, id: &str) -> Result<Option<i64>, StoreError> {
+    static CHAIN: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE account_id = $1 ORDER BY seq", ChainCol::LIST));
     db.opt("SELECT id FROM accounts WHERE id = $1", args![id])
         .await?
         .ok_or_else(|| StoreError::not_found("account", id))?;
     let (mut prev, mut chain_break): (Hash32, Option<i64>) = (GENESIS_HASH, None);
-    db.each(
-        "SELECT seq, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, prev_hash, hash \
-         FROM ledger_entries WHERE account_id = $1 ORDER BY seq",
-        args![id],
-        |r| {
-            let seq = r.i64(0)?;
-            let kind = name(EntryKind::parse, "entry kind", r.text(1)?)?;
-            let (job_id, item_id, ref_id, reason) = (r.opt_text(4)?, r.opt_text(5)?, r.opt_text(6)?, r.opt_text(7)?);
-            let fields = EntryFields {
-                seq,
-                account_id: id,
-                kind,
-                amount: r.i64(2)?,
-                balance_after: r.i64(3)?,
-                job_id: job_id.as_deref(),
-                item_id: item_id.as_deref(),
-                ref_id: ref_id.as_deref(),
-                reason: reason.as_deref(),
-                created_at: r.i64(8)?,
-            };
-            let (stored_prev, stored) = (r.blob(9)?, r.blob(10)?);
-            let computed = chain_hash(&prev, &fields);
-            if chain_break.is_none()
-                && (stored_prev.as_slice() != prev.as_slice() || stored.as_slice() != computed.as_slice())
-            {
-                chain_break = Some(seq);
-            }
-            prev = stored.as_slice().try_into().unwrap_or(computed);
-            Ok(())
-        },
-    )
+    db.each(&CHAIN, args![id], |r| {
+        use ChainCol as C;
+        let seq = r.i64(C::seq)?;
+        let kind = name(EntryKind::parse, "entry kind", r.text(C::kind)?)?;
+        let (job_id, item_id) = (r.opt_text(C::job_id)?, r.opt_text(C::item_id)?);
+        let (ref_id, reason) = (r.opt_text(C::ref_id)?, r.opt_text(C::reason)?);
+        let fields = EntryFields {
+            seq,
+            account_id: id,
+            kind,
+            amount: r.i64(C::amount)?,
+            balance_after: r.i64(C::balance_after)?,
+            job_id: job_id.as_deref(),
+            item_id: item_id.as_deref(),
+            ref_id: ref_id.as_deref(),
+            reason: reason.as_deref(),
+            created_at: r.i64(C::created_at)?,
+        };
+        let (stored_prev, stored) = (r.blob(C::prev_hash)?, r.blob(C::hash)?);
+        let computed = chain_hash(&prev, &fields);
+        if chain_break.is_none()
+            && (stored_prev.as_slice() != prev.as_slice() || stored.as_slice() != computed.as_slice())
+        {
+            chain_break = Some(seq);
+        }
+        prev = stored.as_slice().try_into().unwrap_or(computed);
+        Ok(())
+    })
     .await?;
     Ok(chain_break)
 }
@@ -109,12 +128,12 @@ pub(crate) async fn entries(
             format!(
                 "SELECT {} FROM ledger_entries WHERE account_id = $1 AND seq > $2 \
                  AND (CAST($3 AS TEXT) IS NULL OR kind = $3) AND created_at >= $4 ORDER BY seq LIMIT $5",
-                ops::EntryCol::LIST
+                EntryCol::LIST
             ),
             args![account, page.after, kind.map(|k| k.as_str()), since.map_or(i64::MIN, |t| t.micros()), limit],
         )
         .await?;
-    let entries = rows.iter().map(entry_from_row).collect::<Result<Vec<_>, _>>()?;
+    let entries = rows.iter().map(entry_from_row::<EntryCol>).collect::<Result<Vec<_>, _>>()?;
     let next = if entries.len() as i64 == limit { entries.last().map(|e| e.seq) } else { None };
     Ok(Paged { rows: entries, next_after: next })
 }

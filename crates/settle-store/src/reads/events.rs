@@ -5,7 +5,7 @@ use super::{next_after, page_limit};
 use crate::db::{Db, Value};
 use crate::error::StoreError;
 use crate::model::*;
-use crate::ops::event_from_row;
+use crate::ops::{EventCol, event_from_row};
 
 /// Events after `after` in `seq` order; for a scoped token only those of its accounts and kinds
 /// (an account's own events, such as grants, are of no kind).
@@ -19,12 +19,9 @@ pub(crate) async fn events(
     let mut a: Vec<Value> = vec![after.into()];
     let scoped = scope_sql(scope, &mut a, "account_id", Kinds::OfJob("job_id"));
     a.push(limit.into());
-    let sql = format!(
-        "SELECT seq, type, job_id, account_id, data, created_at FROM outbox WHERE seq > $1{scoped} ORDER BY seq LIMIT ${}",
-        a.len()
-    );
+    let sql = format!("SELECT {} FROM outbox WHERE seq > $1{scoped} ORDER BY seq LIMIT ${}", EventCol::LIST, a.len());
     let rows = db.all_built(sql, &a).await?;
-    let events = rows.iter().map(|r| event_from_row(r, 0)).collect::<Result<Vec<_>, StoreError>>()?;
+    let events = rows.iter().map(event_from_row::<EventCol>).collect::<Result<Vec<_>, StoreError>>()?;
     let next = next_after(&events, limit, |e| e.seq);
     Ok(Paged { rows: events, next_after: next })
 }

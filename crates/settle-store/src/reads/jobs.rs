@@ -7,11 +7,16 @@ use super::{next_after, page_limit};
 use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
-use crate::ops::{self, Cx, entry_from_row, event_from_row, job_row, name};
+use crate::ops::{self, Cx, EntryCol, EventCol, entry_from_row, event_from_row, job_row, name};
 use settle_core::Timestamp;
 use settle_core::history::{AttemptResult, Signal, SignalEffect};
 use settle_core::limits;
 use std::sync::LazyLock;
+
+columns! {
+    /// A job's number and its stored size (SQL given at run time: bytes are counted per engine).
+    SizeCol { job_seq, size }
+}
 
 /// A page of jobs: at most `page.limit`, and no more than `PAGE_BYTES_MAX` of stored job text
 /// (payloads, results and items, estimated from their stored lengths) — a page ends early at the
@@ -26,25 +31,25 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
         crate::db::Engine::Sqlite => format!("COALESCE(length(CAST({column} AS BLOB)), 0)"),
         crate::db::Engine::Postgres => format!("COALESCE(octet_length({column}), 0)"),
     };
-    let mut sizes = format!(
-        "SELECT job_seq, {} + {} + {} + {} * (SELECT count(*) FROM items WHERE items.job_id = jobs.id) \
-         FROM jobs WHERE job_seq > $1",
+    let size = format!(
+        "{} + {} + {} + {} * (SELECT count(*) FROM items WHERE items.job_id = jobs.id)",
         bytes("payload"),
         bytes("result"),
         bytes("last_error_message"),
         limits::ITEM_BYTES_ESTIMATE
     );
+    let mut sizes = format!("SELECT {} FROM jobs WHERE job_seq > $1", SizeCol::list_with(SizeCol::size, &size));
     sizes.push_str(&filter_sql(filter, &mut a));
     a.push(limit.into());
     sizes.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
     let sized = db.all_built(sizes, &a).await?;
     let (mut taken, mut bytes, mut last) = (0i64, 0i64, None);
     for r in &sized {
-        let size = r.i64(1)?.saturating_add(limits::JOB_BYTES_OVERHEAD);
+        let size = r.i64(SizeCol::size)?.saturating_add(limits::JOB_BYTES_OVERHEAD);
         if taken > 0 && bytes.saturating_add(size) > limits::PAGE_BYTES_MAX {
             break;
         }
-        (taken, bytes, last) = (taken + 1, bytes.saturating_add(size), Some(r.i64(0)?));
+        (taken, bytes, last) = (taken + 1, bytes.saturating_add(size), Some(r.i64(SizeCol::job_seq)?));
     }
     let Some(last) = last else { return Ok(Paged { rows: vec![], next_after: None }) };
     let cut_short = taken < sized.len() as i64;
@@ -154,6 +159,42 @@ pub(crate) async fn failure_summary(
         .collect()
 }
 
+columns! {
+    /// A running job and the lease the rescuer saw.
+    LeaseCol { job_seq, id, lease_token }
+}
+
+columns! {
+    /// A job, by number and id.
+    SeqIdCol { job_seq, id }
+}
+
+columns! {
+    /// The earliest time a queued job is due.
+    DueCol { not_before = "MIN(not_before)" }
+}
+
+columns! {
+    /// The totals of the jobs a filter selects; `net` (a sum over each job's entries) is selected
+    /// as `0` unless asked for.
+    TotalsCol {
+        jobs = "COUNT(*)",
+        cost = "CAST(COALESCE(SUM(cost), 0) AS bigint)",
+        net = "CAST(COALESCE(SUM((SELECT COALESCE(SUM(amount), 0) FROM ledger_entries e WHERE e.job_id = jobs.id)), 0) AS bigint)",
+        last_seq = "COALESCE(MAX(job_seq), 0)",
+    }
+}
+
+columns! {
+    /// An artifact as a job's history shows it.
+    ArtifactCol { item_id, key, path = "COALESCE(path, key)", created_at }
+}
+
+columns! {
+    /// How many of a job's signals were counted but not logged.
+    UnloggedCol { signals_unlogged }
+}
+
 /// Running jobs whose lease has expired, with the token the rescuer saw.
 /// Running jobs past their lease, after the cursor `after` (a job sequence number), in job order:
 /// `(job_seq, id, lease_token)`.
@@ -163,32 +204,35 @@ pub(crate) async fn expired_leases(
     after: i64,
     limit: u32,
 ) -> Result<Vec<(i64, String, String)>, StoreError> {
-    let rows = db
-        .all(
-            "SELECT job_seq, id, lease_token FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 \
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 \
              AND job_seq > $2 ORDER BY job_seq LIMIT $3",
-            args![now.micros(), after, page_limit(limit)],
+            LeaseCol::LIST
         )
-        .await?;
-    rows.iter().map(|r| Ok((r.i64(0)?, r.text(1)?, r.text(2)?))).collect()
+    });
+    let rows = db.all(&SQL, args![now.micros(), after, page_limit(limit)]).await?;
+    use LeaseCol as C;
+    rows.iter().map(|r| Ok((r.i64(C::job_seq)?, r.text(C::id)?, r.text(C::lease_token)?))).collect()
 }
 
 /// Jobs left `cancelling`, after the cursor `after`, in job order: `(job_seq, id)`.
 pub(crate) async fn cancelling(db: &mut Db<'_>, after: i64, limit: u32) -> Result<Vec<(i64, String)>, StoreError> {
-    let rows = db
-        .all(
-            "SELECT job_seq, id FROM jobs WHERE state = 'cancelling' AND job_seq > $1 ORDER BY job_seq LIMIT $2",
-            args![after, page_limit(limit)],
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM jobs WHERE state = 'cancelling' AND job_seq > $1 ORDER BY job_seq LIMIT $2",
+            SeqIdCol::LIST
         )
-        .await?;
-    rows.iter().map(|r| Ok((r.i64(0)?, r.text(1)?))).collect()
+    });
+    let rows = db.all(&SQL, args![after, page_limit(limit)]).await?;
+    rows.iter().map(|r| Ok((r.i64(SeqIdCol::job_seq)?, r.text(SeqIdCol::id)?))).collect()
 }
 
 pub(crate) async fn next_due_at(
     db: &mut Db<'_>,
     kinds: &[settle_core::ids::JobKind],
 ) -> Result<Option<Timestamp>, StoreError> {
-    let mut sql = String::from("SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND cancel_requested = 0");
+    let mut sql = format!("SELECT {} FROM jobs WHERE state = 'queued' AND cancel_requested = 0", DueCol::LIST);
     let mut a: Vec<Value> = Vec::new();
     if !kinds.is_empty() {
         let params: Vec<String> = (1..=kinds.len()).map(|i| format!("${i}")).collect();
@@ -197,68 +241,51 @@ pub(crate) async fn next_due_at(
     }
     let row = db.opt_built(sql, &a).await?;
     Ok(match row {
-        Some(r) => r.opt_i64(0)?.map(Timestamp::from_micros),
+        Some(r) => r.opt_i64(DueCol::not_before)?.map(Timestamp::from_micros),
         None => None,
     })
 }
 
 pub(crate) async fn job_totals(db: &mut Db<'_>, filter: &JobFilter, net: bool) -> Result<JobTotals, StoreError> {
+    use TotalsCol as C;
     let mut a = Vec::new();
-    let net_sql = if net {
-        "CAST(COALESCE(SUM((SELECT COALESCE(SUM(amount), 0) FROM ledger_entries e WHERE e.job_id = jobs.id)), 0) AS bigint)"
-    } else {
-        "0"
-    };
-    let sql = format!(
-        "SELECT COUNT(*), CAST(COALESCE(SUM(cost), 0) AS bigint), {net_sql}, COALESCE(MAX(job_seq), 0) FROM jobs WHERE 1 = 1{}",
-        filter_sql(filter, &mut a)
-    );
+    let list = if net { C::LIST.to_owned() } else { C::list_with(C::net, "0") };
+    let sql = format!("SELECT {list} FROM jobs WHERE 1 = 1{}", filter_sql(filter, &mut a));
     let row = db.opt_built(sql, &a).await?.ok_or_else(|| StoreError::internal("no totals row"))?;
     Ok(JobTotals {
-        jobs: row.i64(0)?,
-        cost: row.i64(1)?,
-        net: if net { Some(row.i64(2)?) } else { None },
-        last_seq: row.i64(3)?,
+        jobs: row.i64(C::jobs)?,
+        cost: row.i64(C::cost)?,
+        net: if net { Some(row.i64(C::net)?) } else { None },
+        last_seq: row.i64(C::last_seq)?,
     })
 }
 
 pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Result<JobHistory, StoreError> {
+    static ENTRIES: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE job_id = $1 ORDER BY seq", EntryCol::LIST));
+    static EVENTS: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM outbox WHERE job_id = $1 ORDER BY seq LIMIT 1000", EventCol::LIST));
+    static ARTIFACTS: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {} FROM artifacts WHERE job_id = $1 ORDER BY created_at, item_id, key", ArtifactCol::LIST)
+    });
+    static UNLOGGED: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM jobs WHERE id = $1", UnloggedCol::LIST));
     ops::must_read_job(db, cx, id).await?;
-    let entries = db
-        .all_built(
-            format!("SELECT {} FROM ledger_entries WHERE job_id = $1 ORDER BY seq", ops::EntryCol::LIST),
-            args![id],
-        )
-        .await?
-        .iter()
-        .map(entry_from_row)
-        .collect::<Result<Vec<_>, _>>()?;
-    let events = db
-        .all(
-            "SELECT seq, type, job_id, account_id, data, created_at FROM outbox WHERE job_id = $1 ORDER BY seq LIMIT 1000",
-            args![id],
-        )
-        .await?
-        .iter()
-        .map(|r| event_from_row(r, 0))
-        .collect::<Result<Vec<_>, _>>()?;
-    let artifacts = db
-        .all(
-            "SELECT item_id, key, COALESCE(path, key), created_at FROM artifacts WHERE job_id = $1 \
-             ORDER BY created_at, item_id, key",
-            args![id],
-        )
-        .await?
-        .iter()
+    let entries =
+        (db.all(&ENTRIES, args![id]).await?.iter()).map(entry_from_row::<EntryCol>).collect::<Result<Vec<_>, _>>()?;
+    let events =
+        (db.all(&EVENTS, args![id]).await?.iter()).map(event_from_row::<EventCol>).collect::<Result<Vec<_>, _>>()?;
+    let artifacts = (db.all(&ARTIFACTS, args![id]).await?.iter())
         .map(|r| {
+            use ArtifactCol as C;
             Ok(ArtifactRecord {
-                item_id: r.text(0)?,
-                key: r.text(1)?,
-                path: r.text(2)?,
-                created_at: Timestamp::from_micros(r.i64(3)?),
+                item_id: r.text(C::item_id)?,
+                key: r.text(C::key)?,
+                path: r.text(C::path)?,
+                created_at: Timestamp::from_micros(r.i64(C::created_at)?),
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
-    let signals_unlogged = db.one("SELECT signals_unlogged FROM jobs WHERE id = $1", args![id]).await?.i64(0)?;
+    let signals_unlogged = db.one(&UNLOGGED, args![id]).await?.i64(UnloggedCol::signals_unlogged)?;
     Ok(JobHistory { entries, events, artifacts, signals_unlogged })
 }

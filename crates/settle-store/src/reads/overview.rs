@@ -1,44 +1,80 @@
 //! The whole system at a glance: the console's overview (jobs by kind and state, what is due,
 //! transitions per minute) and the counters `/metrics` shows; the operator action log.
 
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::name;
 use settle_core::Timestamp;
 use settle_core::job::JobState;
+use std::sync::LazyLock;
+
+columns! {
+    /// How many jobs of a kind are in a state.
+    KindStateCol { kind, state, jobs = "COUNT(*)" }
+}
+
+columns! {
+    /// How many rows a statement counts.
+    CountCol { count = "COUNT(*)" }
+}
+
+columns! {
+    /// The newest outbox event's number (0 for none).
+    NewestCol { seq = "COALESCE(MAX(seq), 0)" }
+}
+
+columns! {
+    /// The outbox events of one minute: how many, and the first one's time.
+    MinuteCol { minute = "created_at / 60000000", events = "COUNT(*)", first_at = "MIN(created_at)" }
+}
+
+columns! {
+    /// How many jobs are in a state.
+    StateCountCol { state, jobs = "COUNT(*)" }
+}
+
+columns! {
+    /// How many ledger entries are of a kind.
+    KindCountCol { kind, entries = "COUNT(*)" }
+}
+
+columns! {
+    /// A row of the action log.
+    ActionCol { id, at, actor, action, job_id, account_id, detail }
+}
 
 pub(crate) async fn overview(db: &mut Db<'_>, now: Timestamp, since: Timestamp) -> Result<Overview, StoreError> {
-    let mut out = Overview::default();
-    for r in db.all("SELECT kind, state, COUNT(*) FROM jobs GROUP BY kind, state ORDER BY kind, state", args![]).await?
-    {
-        out.jobs.push((r.text(0)?, name(JobState::parse, "job state", r.text(1)?)?, r.i64(2)?));
-    }
-    out.due = db
-        .one(
-            "SELECT COUNT(*) FROM jobs WHERE state = 'queued' AND cancel_requested = 0 AND not_before <= $1",
-            args![now.micros()],
+    static JOBS: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM jobs GROUP BY kind, state ORDER BY kind, state", KindStateCol::LIST));
+    static DUE: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM jobs WHERE state = 'queued' AND cancel_requested = 0 AND not_before <= $1",
+            CountCol::LIST
         )
-        .await?
-        .i64(0)?;
+    });
+    static NEWEST: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM outbox", NewestCol::LIST));
+    // Counted by the engine, a row per minute (times are positive, so `/` is a floor).
+    static PER_MINUTE: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {} FROM outbox WHERE seq > $1 GROUP BY created_at / 60000000", MinuteCol::LIST)
+    });
+    let mut out = Overview::default();
+    for r in db.all(&JOBS, args![]).await? {
+        use KindStateCol as C;
+        out.jobs.push((r.text(C::kind)?, name(JobState::parse, "job state", r.text(C::state)?)?, r.i64(C::jobs)?));
+    }
+    out.due = db.one(&DUE, args![now.micros()]).await?.i64(CountCol::count)?;
     // The newest events by sequence (commit order), counted per minute back to `since`.
-    let newest = db.one("SELECT COALESCE(MAX(seq), 0) FROM outbox", args![]).await?.i64(0)?;
+    let newest = db.one(&NEWEST, args![]).await?.i64(NewestCol::seq)?;
     let from = (newest - OVERVIEW_EVENTS_MAX).max(0);
     let minute = 60_000_000;
     let first_minute = since.micros().div_euclid(minute);
     let minutes = (now.micros().div_euclid(minute) - first_minute + 1).clamp(1, 24 * 60) as usize;
     let mut counts = vec![0i64; minutes];
     let mut oldest_seen = i64::MAX;
-    // Counted by the engine, a row per minute (times are positive, so `/` is a floor).
-    let rows = db
-        .all(
-            "SELECT created_at / 60000000, COUNT(*), MIN(created_at) FROM outbox WHERE seq > $1 GROUP BY created_at / 60000000",
-            args![from],
-        )
-        .await?;
-    for r in &rows {
-        let (m, n) = (r.i64(0)? - first_minute, r.i64(1)?);
-        oldest_seen = oldest_seen.min(r.i64(2)?);
+    for r in &db.all(&PER_MINUTE, args![from]).await? {
+        let (m, n) = (r.i64(MinuteCol::minute)? - first_minute, r.i64(MinuteCol::events)?);
+        oldest_seen = oldest_seen.min(r.i64(MinuteCol::first_at)?);
         if (0..minutes as i64).contains(&m) {
             counts[m as usize] += n;
         }
@@ -53,12 +89,17 @@ pub(crate) async fn overview(db: &mut Db<'_>, now: Timestamp, since: Timestamp) 
 }
 
 pub(crate) async fn stats(db: &mut Db<'_>) -> Result<Stats, StoreError> {
-    let jobs = db.all("SELECT state, COUNT(*) FROM jobs GROUP BY state ORDER BY state", args![]).await?;
-    let entries = db.all("SELECT kind, COUNT(*) FROM ledger_entries GROUP BY kind ORDER BY kind", args![]).await?;
-    let pairs = |rows: Vec<crate::db::Row>| -> Result<Vec<(String, i64)>, StoreError> {
-        rows.iter().map(|r| Ok((r.text(0)?, r.i64(1)?))).collect()
-    };
-    Ok(Stats { jobs_by_state: pairs(jobs)?, entries_by_kind: pairs(entries)?, tx_retries: 0 })
+    static JOBS: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM jobs GROUP BY state ORDER BY state", StateCountCol::LIST));
+    static ENTRIES: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM ledger_entries GROUP BY kind ORDER BY kind", KindCountCol::LIST));
+    let jobs_by_state = (db.all(&JOBS, args![]).await?.iter())
+        .map(|r| Ok((r.text(StateCountCol::state)?, r.i64(StateCountCol::jobs)?)))
+        .collect::<Result<_, StoreError>>()?;
+    let entries_by_kind = (db.all(&ENTRIES, args![]).await?.iter())
+        .map(|r| Ok((r.text(KindCountCol::kind)?, r.i64(KindCountCol::entries)?)))
+        .collect::<Result<_, StoreError>>()?;
+    Ok(Stats { jobs_by_state, entries_by_kind, tx_retries: 0 })
 }
 
 /// The admin actions on a job (`job`) or an account (`account`), oldest first.
@@ -67,23 +108,25 @@ pub(crate) async fn actions(
     job: Option<&str>,
     account: Option<&str>,
 ) -> Result<Vec<crate::model::Action>, StoreError> {
-    let rows = db
-        .all(
-            "SELECT id, at, actor, action, job_id, account_id, detail FROM actions \
-             WHERE (CAST($1 AS TEXT) IS NULL OR job_id = $1) AND (CAST($2 AS TEXT) IS NULL OR account_id = $2) ORDER BY id LIMIT 1000",
-            args![job, account],
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM actions WHERE (CAST($1 AS TEXT) IS NULL OR job_id = $1) \
+             AND (CAST($2 AS TEXT) IS NULL OR account_id = $2) ORDER BY id LIMIT 1000",
+            ActionCol::LIST
         )
-        .await?;
+    });
+    let rows = db.all(&SQL, args![job, account]).await?;
     rows.iter()
         .map(|r| {
+            use ActionCol as C;
             Ok(crate::model::Action {
-                id: r.i64(0)?,
-                at: Timestamp::from_micros(r.i64(1)?),
-                actor: r.text(2)?,
-                action: name(crate::model::ActionKind::parse_stored, "action", r.text(3)?)?,
-                job_id: r.opt_text(4)?,
-                account_id: r.opt_text(5)?,
-                detail: r.text(6)?,
+                id: r.i64(C::id)?,
+                at: Timestamp::from_micros(r.i64(C::at)?),
+                actor: r.text(C::actor)?,
+                action: name(crate::model::ActionKind::parse_stored, "action", r.text(C::action)?)?,
+                job_id: r.opt_text(C::job_id)?,
+                account_id: r.opt_text(C::account_id)?,
+                detail: r.text(C::detail)?,
             })
         })
         .collect()

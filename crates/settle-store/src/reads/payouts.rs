@@ -2,27 +2,34 @@
 //! plus its `withdrawals` row).
 
 use super::filter::{Kinds, scope_sql};
-use crate::db::{Db, Value, args};
+use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, Cx};
 use settle_core::job;
 use settle_core::{Credits, Timestamp, limits};
+use std::sync::LazyLock;
 
-const WITHDRAWAL_ROW: &str =
-    "SELECT destination, amount, idempotency_key, provider_txid, returned_at FROM withdrawals WHERE job_id = $1";
+columns! {
+    /// A `withdrawals` row, as `Withdrawal` shows it beside its job.
+    WithdrawalCol { destination, amount, idempotency_key, provider_txid, returned_at }
+}
+
+static WITHDRAWAL_ROW: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM withdrawals WHERE job_id = $1", WithdrawalCol::LIST));
 
 async fn with_job(db: &mut Db<'_>, job: Job) -> Result<Withdrawal, StoreError> {
+    use WithdrawalCol as C;
     let r = db
-        .opt(WITHDRAWAL_ROW, args![&job.id])
+        .opt(&WITHDRAWAL_ROW, args![&job.id])
         .await?
         .ok_or_else(|| StoreError::internal(format!("withdrawal job {} has no withdrawal row", job.id)))?;
     Ok(Withdrawal {
-        destination: r.text(0)?,
-        amount: Credits::new(r.i64(1)?),
-        idempotency_key: r.text(2)?,
-        provider_txid: r.opt_text(3)?,
-        returned_at: r.opt_i64(4)?.map(Timestamp::from_micros),
+        destination: r.text(C::destination)?,
+        amount: Credits::new(r.i64(C::amount)?),
+        idempotency_key: r.text(C::idempotency_key)?,
+        provider_txid: r.opt_text(C::provider_txid)?,
+        returned_at: r.opt_i64(C::returned_at)?.map(Timestamp::from_micros),
         job,
     })
 }

@@ -1,26 +1,42 @@
 //! Webhook deliveries as operators read them: the list with filters, each endpoint's breaker and
 //! backlog.
 
-use crate::db::{Db, args};
+use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::{BreakerState, BreakerStatus, Delivery, DeliveryFilter, Paged};
 use crate::ops::name;
 use crate::ops::{DELIVERY_SELECT, delivery_from_row};
 use settle_core::{Timestamp, limits};
+use std::sync::LazyLock;
+
+columns! {
+    /// An endpoint's circuit breaker, as operators see it.
+    BreakerCol { endpoint_id, state, failures, opens, probe_at }
+}
+
+columns! {
+    /// An endpoint's undelivered deliveries, pending and dead.
+    BacklogCol {
+        endpoint_id,
+        pending = "CAST(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END) AS bigint)",
+        dead = "CAST(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END) AS bigint)",
+    }
+}
 
 /// Every endpoint's breaker, by endpoint id.
 pub(crate) async fn breakers(db: &mut Db<'_>) -> Result<Vec<BreakerStatus>, StoreError> {
-    let rows = db
-        .all("SELECT endpoint_id, state, failures, opens, probe_at FROM webhook_breakers ORDER BY endpoint_id", args![])
-        .await?;
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM webhook_breakers ORDER BY endpoint_id", BreakerCol::LIST));
+    let rows = db.all(&SQL, args![]).await?;
     rows.iter()
         .map(|r| {
+            use BreakerCol as C;
             Ok(BreakerStatus {
-                endpoint_id: r.text(0)?,
-                state: name(BreakerState::parse, "breaker state", r.text(1)?)?,
-                failures: r.i64(2)?,
-                opens: r.i64(3)?,
-                next_probe_at: r.opt_i64(4)?.map(Timestamp::from_micros),
+                endpoint_id: r.text(C::endpoint_id)?,
+                state: name(BreakerState::parse, "breaker state", r.text(C::state)?)?,
+                failures: r.i64(C::failures)?,
+                opens: r.i64(C::opens)?,
+                next_probe_at: r.opt_i64(C::probe_at)?.map(Timestamp::from_micros),
             })
         })
         .collect()
@@ -33,7 +49,7 @@ pub(crate) async fn list(
     limit: u32,
 ) -> Result<Paged<Delivery>, StoreError> {
     let limit = i64::from(limit.clamp(1, limits::PAGE_LIMIT_MAX));
-    let mut sql = format!("{DELIVERY_SELECT} WHERE d.event_seq > $1");
+    let mut sql = format!("{} WHERE d.event_seq > $1", *DELIVERY_SELECT);
     let mut a: Vec<crate::db::Value> = vec![after.into()];
     if let Some(e) = &filter.endpoint_id {
         a.push(e.as_str().into());
@@ -65,14 +81,13 @@ pub(crate) async fn list(
 
 /// Undelivered webhook deliveries by endpoint: (endpoint, pending, dead).
 pub(crate) async fn webhook_backlog(db: &mut Db<'_>) -> Result<Vec<(String, i64, i64)>, StoreError> {
-    let rows = db
-        .all(
-            "SELECT endpoint_id, \
-             CAST(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END) AS bigint), \
-             CAST(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END) AS bigint) \
-             FROM webhook_deliveries WHERE state <> 'delivered' GROUP BY endpoint_id ORDER BY endpoint_id",
-            args![],
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM webhook_deliveries WHERE state <> 'delivered' GROUP BY endpoint_id ORDER BY endpoint_id",
+            BacklogCol::LIST
         )
-        .await?;
-    rows.iter().map(|r| Ok((r.text(0)?, r.i64(1)?, r.i64(2)?))).collect()
+    });
+    let rows = db.all(&SQL, args![]).await?;
+    use BacklogCol as C;
+    rows.iter().map(|r| Ok((r.text(C::endpoint_id)?, r.i64(C::pending)?, r.i64(C::dead)?))).collect()
 }
