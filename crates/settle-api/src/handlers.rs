@@ -1044,7 +1044,7 @@ pub async fn audit(State(s): State<AppState>, _auth: Auth<AdminRole>) -> ApiResu
             .violations
             .into_iter()
             .map(|v| dto::Violation {
-                invariant: v.invariant.to_owned(),
+                invariant: v.invariant.as_str().to_owned(),
                 account_id: v.account_id,
                 job_id: v.job_id,
                 item_id: v.item_id,

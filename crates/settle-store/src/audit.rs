@@ -3,7 +3,7 @@
 
 use crate::db::{Db, args, columns};
 use crate::error::StoreError;
-use crate::model::{AuditReport, Violation};
+use crate::model::{AuditReport, Invariant, Violation};
 use settle_core::Credits;
 use settle_core::item::ItemState;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
@@ -44,13 +44,7 @@ pub struct AuditProgress {
 /// Rows between two progress calls.
 const PROGRESS_EVERY: u64 = 100_000;
 
-fn v(
-    invariant: &'static str,
-    account: Option<&str>,
-    job: Option<&str>,
-    item: Option<&str>,
-    message: String,
-) -> Violation {
+fn v(invariant: Invariant, account: Option<&str>, job: Option<&str>, item: Option<&str>, message: String) -> Violation {
     Violation {
         invariant,
         account_id: account.map(str::to_owned),
@@ -141,7 +135,7 @@ pub(crate) async fn audit(
 impl Audit<'_> {
     fn push(
         &mut self,
-        invariant: &'static str,
+        invariant: Invariant,
         account: Option<&str>,
         job: Option<&str>,
         item: Option<&str>,
@@ -181,7 +175,7 @@ impl Audit<'_> {
                 if seq != expected_seq {
                     let account = r.text(EntryRow::account_id)?;
                     self.push(
-                        "SEQ",
+                        Invariant::Seq,
                         Some(&account),
                         None,
                         None,
@@ -208,11 +202,11 @@ impl Audit<'_> {
         let (prev_hash, hash) = (r.blob(C::prev_hash)?, r.blob(C::hash)?);
         let (job, item) = (job_id.as_deref(), item_id.as_deref());
         let Some(kind) = EntryKind::parse(&kind_s) else {
-            self.push("L2", Some(&account_id), None, None, format!("entry {seq} has unknown kind {kind_s}"));
+            self.push(Invariant::L2, Some(&account_id), None, None, format!("entry {seq} has unknown kind {kind_s}"));
             return Ok(false);
         };
         let Some(acc) = self.accounts.get_mut(&account_id) else {
-            self.push("L1", Some(&account_id), None, None, format!("entry {seq} names a missing account"));
+            self.push(Invariant::L1, Some(&account_id), None, None, format!("entry {seq} names a missing account"));
             return Ok(false);
         };
         acc.sum += i128::from(amount);
@@ -238,10 +232,10 @@ impl Audit<'_> {
         acc.prev = hash.as_slice().try_into().unwrap_or(computed);
         if running != i128::from(balance_after) {
             let message = format!("entry {seq}: balance_after {balance_after} but the running sum is {running}");
-            self.push("L2", Some(&account_id), job, item, message);
+            self.push(Invariant::L2, Some(&account_id), job, item, message);
         }
         if !chained {
-            self.push("L2", Some(&account_id), job, item, format!("entry {seq}: hash chain does not verify"));
+            self.push(Invariant::L2, Some(&account_id), job, item, format!("entry {seq}: hash chain does not verify"));
         }
         Ok(job.is_some() && item.is_some())
     }
@@ -253,7 +247,7 @@ impl Audit<'_> {
             .map(|(id, acc)| (id.clone(), format!("balance {} but entries sum to {}", acc.balance, acc.sum)))
             .collect();
         for (id, message) in wrong {
-            self.push("L1", Some(&id), None, None, message);
+            self.push(Invariant::L1, Some(&id), None, None, message);
         }
     }
 
@@ -331,7 +325,7 @@ impl Audit<'_> {
             }
         }
         for (id, message) in found {
-            self.push("L1", Some(&id), None, None, message);
+            self.push(Invariant::L1, Some(&id), None, None, message);
         }
     }
 
@@ -348,7 +342,7 @@ impl Audit<'_> {
         for r in &db.all(&SQL, args![]).await? {
             let (job, item) = (r.text(NamedItemRow::job_id)?, r.text(NamedItemRow::item_id)?);
             self.push(
-                "L3",
+                Invariant::L3,
                 None,
                 Some(&job),
                 Some(&item),
@@ -385,7 +379,7 @@ impl Audit<'_> {
                 None
             };
             if let Some(message) = problem {
-                self.push("L3", None, Some(&job), None, message);
+                self.push(Invariant::L3, None, Some(&job), None, message);
             }
         }
         Ok(())
@@ -398,7 +392,7 @@ impl Audit<'_> {
         db.each(&SQL, args![], |r| {
             let seq = r.i64(OutboxRow::seq)?;
             if seq != expected {
-                self.push("SEQ", None, None, None, format!("outbox seq {seq} follows {}", expected - 1));
+                self.push(Invariant::Seq, None, None, None, format!("outbox seq {seq} follows {}", expected - 1));
             }
             expected = seq + 1;
             Ok(())
@@ -461,24 +455,24 @@ fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violat
         violations.push(v(invariant, account, Some(&job), Some(&item), message));
     };
     let Some(state) = ItemState::parse(&state_s) else {
-        found("L3", None, format!("unknown item state {state_s}"));
+        found(Invariant::L3, None, format!("unknown item state {state_s}"));
         return;
     };
     let t = tally(&entries);
     let net = state.net(Credits::new(cost)).map(|c| i128::from(c.get())).unwrap_or(i128::MIN);
     if t.sum != net {
-        found("L3", None, format!("entries sum to {} but state {state_s} nets {net}", t.sum));
+        found(Invariant::L3, None, format!("entries sum to {} but state {state_s} nets {net}", t.sum));
     }
     if t.charges > 1 || t.refunds > 1 || t.reclaims > 1 || t.returns > 1 {
         let (c, r, rc, pr) = (t.charges, t.refunds, t.reclaims, t.returns);
-        found("L4", None, format!("{c} charges, {r} refunds, {rc} reclaims, {pr} payout returns"));
+        found(Invariant::L4, None, format!("{c} charges, {r} refunds, {rc} reclaims, {pr} payout returns"));
     }
     if t.reclaim_before_refund {
-        found("L4", None, "a reclaim without an earlier refund".to_owned());
+        found(Invariant::L4, None, "a reclaim without an earlier refund".to_owned());
     }
     let kinds: Vec<EntryKind> = entries.iter().map(|e| e.1).collect();
     if kinds != expected_kinds(state, t.refunds) {
-        found("L3", None, format!("state {state_s} has entries {kinds:?}"));
+        found(Invariant::L3, None, format!("state {state_s} has entries {kinds:?}"));
     }
     if let Some(acc) = accounts.get_mut(&job_account) {
         if state == ItemState::Refunded {
@@ -494,10 +488,14 @@ fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violat
             _ => -i128::from(cost),
         };
         if i128::from(*amount) != want {
-            found("L3", Some(account), format!("{kind:?} of {amount} for an item of cost {cost}"));
+            found(Invariant::L3, Some(account), format!("{kind:?} of {amount} for an item of cost {cost}"));
         }
         if *account != job_account {
-            found("L3", Some(account), format!("{kind:?} posted to {account}, not the job's account {job_account}"));
+            found(
+                Invariant::L3,
+                Some(account),
+                format!("{kind:?} posted to {account}, not the job's account {job_account}"),
+            );
         }
     }
 }

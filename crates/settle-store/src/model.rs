@@ -575,10 +575,26 @@ impl Event {
     }
 }
 
+settle_core::names! {
+    /// What an audit violation breaks: one of the ledger invariants of `docs/semantics.md`, or the
+    /// gap-free numbering. The texts are what `GET /v1/audit`, the console and `settle audit` show.
+    pub Invariant {
+        /// A balance is the sum of its account's entries (and `held`, `exposure` what its items say).
+        L1 = "L1",
+        /// Each entry's `balance_after` is the running sum, and the account's hash chain verifies.
+        L2 = "L2",
+        /// Each item's entries sum to what its state nets; a withdrawal matches its row.
+        L3 = "L3",
+        /// At most one entry of each kind per item, and a reclaim only after a refund.
+        L4 = "L4",
+        /// A gap in the ledger's or the outbox's numbering.
+        Seq = "SEQ",
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// `L1` … `L4`, or `SEQ` for a gap in a sequence.
-    pub invariant: &'static str,
+    pub invariant: Invariant,
     pub account_id: Option<String>,
     pub job_id: Option<String>,
     pub item_id: Option<String>,
@@ -731,7 +747,9 @@ mod tests {
                 assert_eq!($set::parse("not-a-name"), None);
             )+};
         }
-        round_trip!(FailureState, DeliveryState, BreakerState, ActionKind);
+        round_trip!(FailureState, DeliveryState, BreakerState, ActionKind, Invariant);
+        // The audit's texts are on the wire (`GET /v1/audit`): exactly these.
+        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "SEQ"]);
         for (old, new) in [("grant", ActionKind::AccountGrant), ("audit", ActionKind::LedgerAudit)] {
             assert_eq!(ActionKind::parse_stored(old), Some(new));
         }

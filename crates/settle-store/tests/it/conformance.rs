@@ -1096,7 +1096,7 @@ async fn audit_names_tampering(k: &Kit) {
     k.drop_update_trigger().await;
     k.raw("UPDATE ledger_entries SET amount = -9 WHERE kind = 'charge'").await.unwrap();
     let report = k.store.audit(None).await.unwrap();
-    let found: Vec<_> = report.violations.iter().map(|v| v.invariant).collect();
+    let found: Vec<_> = report.violations.iter().map(|v| v.invariant.as_str()).collect();
     for inv in ["L1", "L2", "L3"] {
         assert!(found.contains(&inv), "{inv} not reported in {:#?}", report.violations);
     }
@@ -1284,7 +1284,7 @@ async fn the_audit_checks_what_is_held(k: &Kit) {
     k.raw("UPDATE accounts SET held = 3 WHERE id = 'a'").await.unwrap();
     let report = k.store.audit(None).await.unwrap();
     assert!(
-        report.violations.iter().any(|v| v.invariant == "L1" && v.message.contains("held 3")),
+        report.violations.iter().any(|v| v.invariant.as_str() == "L1" && v.message.contains("held 3")),
         "{:#?}",
         report.violations
     );

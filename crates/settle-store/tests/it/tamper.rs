@@ -62,7 +62,7 @@ async fn scenario(k: &Kit) {
 /// Audits and returns the violations as (invariant, message).
 async fn found(k: &Kit) -> Vec<(&'static str, String)> {
     let report = k.store.audit(None).await.unwrap();
-    report.violations.into_iter().map(|v| (v.invariant, v.message)).collect()
+    report.violations.into_iter().map(|v| (v.invariant.as_str(), v.message)).collect()
 }
 
 /// The audit finds exactly one violation, of `invariant`, whose message contains `says`.
