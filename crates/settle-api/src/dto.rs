@@ -112,7 +112,7 @@ impl From<store::LedgerEntry> for LedgerEntry {
     fn from(e: store::LedgerEntry) -> LedgerEntry {
         LedgerEntry {
             seq: e.seq,
-            account_id: e.account_id,
+            account_id: e.account_id.into(),
             kind: e.kind.as_str().to_owned(),
             amount: e.amount.get(),
             balance_after: e.balance_after.get(),
@@ -256,9 +256,9 @@ fn json_text(s: &str) -> serde_json::Value {
 impl From<store::Job> for Job {
     fn from(j: store::Job) -> Job {
         Job {
-            id: j.id,
-            account_id: j.account_id,
-            kind: j.kind,
+            id: j.id.into(),
+            account_id: j.account_id.into(),
+            kind: j.kind.into(),
             state: j.state.as_str().to_owned(),
             cost: j.cost.get(),
             net: j.net.get(),
@@ -272,7 +272,7 @@ impl From<store::Job> for Job {
                 .items
                 .into_iter()
                 .map(|i| Item {
-                    id: i.id,
+                    id: i.id.into(),
                     cost: i.cost.get(),
                     state: i.state.as_str().to_owned(),
                     is_refunded: i.state.is_refunded(),

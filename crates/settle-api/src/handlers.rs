@@ -182,7 +182,7 @@ async fn seen_job(s: &AppState, actor: &Actor, job: &JobId) -> Result<(), ApiErr
         return Ok(());
     }
     let j = s.store.job(job).await?;
-    if actor.scope.job(&j.account_id, &j.kind) {
+    if actor.scope.job(j.account_id.as_str(), j.kind.as_str()) {
         return Ok(());
     }
     Err(store::StoreError::not_found("job", job.as_str()).into())
@@ -349,7 +349,7 @@ pub async fn create_job(State(s): State<AppState>, auth: Auth<ClientRole>, Json(
     responses((status = 200, body = dto::Job), (status = 404, body = ErrorBody)))]
 pub async fn get_job(State(s): State<AppState>, auth: Auth<ClientRole>, Path(job): Path<String>) -> ApiResult {
     let j = s.store.job(&id(JobId::parse, &job)?).await?;
-    if !auth.actor.scope.job(&j.account_id, &j.kind) {
+    if !auth.actor.scope.job(j.account_id.as_str(), j.kind.as_str()) {
         return Err(store::StoreError::not_found("job", j.id).into());
     }
     Ok(ok(dto::Job::from(j)))
@@ -655,7 +655,7 @@ fn item_report(r: store::ItemReport) -> dto::ItemReport {
         item: dto::Item {
             is_refunded: r.item.state.is_refunded(),
             is_reclaimed: r.item.state.is_reclaimed(),
-            id: r.item.id,
+            id: r.item.id.into(),
             cost: r.item.cost.get(),
             state: r.item.state.as_str().to_owned(),
             refund_reason: r.item.refund_reason.map(|r| r.as_str().to_owned()),
@@ -798,7 +798,7 @@ pub async fn get_withdrawal(
     Path(withdrawal): Path<String>,
 ) -> ApiResult {
     let w = s.store.payouts().withdrawal(&id(JobId::parse, &withdrawal)?).await?;
-    if !auth.actor.scope.job(&w.job.account_id, &w.job.kind) {
+    if !auth.actor.scope.job(w.job.account_id.as_str(), w.job.kind.as_str()) {
         return Err(store::StoreError::not_found("withdrawal", w.job.id).into());
     }
     Ok(ok(dto::Withdrawal::from(w)))

@@ -340,13 +340,7 @@ async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &s
                 let claimed = store.claim(claim).await?;
                 // Another client may have claimed this one; succeed whatever we got, then ours from any attempt.
                 for got in &claimed {
-                    store
-                        .succeed(
-                            &JobId::parse(&got.job.id).expect("valid"),
-                            settle_store::Reporter::of(Some(&got.lease_token)),
-                            None,
-                        )
-                        .await?;
+                    store.succeed(&got.job.id, settle_store::Reporter::of(Some(&got.lease_token)), None).await?;
                 }
                 if claimed.is_empty() {
                     store.succeed(&id, settle_store::Reporter::of(None), None).await?;
@@ -568,7 +562,7 @@ async fn fill_console(store: &Arc<SqlStore>, fill: &AccountId, jobs: u64) -> any
                             retryable: Some(false),
                             retry_after_ms: None,
                         };
-                        store.fail(&JobId::parse(&c.job.id)?, signal).await?;
+                        store.fail(&c.job.id, signal).await?;
                     }
                 }
             }

@@ -493,7 +493,7 @@ async fn payouts_stories(
     };
     let show = |id: &'static str| async move {
         let w = d.store.payouts().withdrawal(&JobId::parse(id)?).await?;
-        let balance = d.balance(&AccountId::parse(&w.job.account_id)?).await?;
+        let balance = d.balance(&w.job.account_id).await?;
         d.say(format!(
             "{id} is {}; provider txid {}; bob's balance {balance}",
             w.job.state.as_str(),

@@ -169,9 +169,14 @@ async fn four_processes_share_one_postgres_ledger() {
     // after the previous one ended — or, for a lost worker, after its lease had expired.
     let mut lease_expired = 0;
     for j in &jobs {
-        let attempts = store.attempts(&JobId::parse(&j.id).unwrap()).await.unwrap();
+        let attempts = store.attempts(&j.id).await.unwrap();
         lease_expired += attempts.iter().filter(|a| a.result == Some(AttemptResult::LeaseExpired)).count();
-        assert_eq!(attempts.len() as u32, claims_per_job.get(&j.id).copied().unwrap_or(0), "claims of {}", j.id);
+        assert_eq!(
+            attempts.len() as u32,
+            claims_per_job.get(j.id.as_str()).copied().unwrap_or(0),
+            "claims of {}",
+            j.id
+        );
         for pair in attempts.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
             let free_from = match a.result {

@@ -53,6 +53,26 @@ macro_rules! client_id {
                 f.write_str(&self.0)
             }
         }
+
+        /// Its text, without a copy (a wire type's field).
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        /// Compared with its text, as a `String` is (`job.kind == WITHDRAWAL_KIND`).
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
     };
 }
 
@@ -213,6 +233,13 @@ mod tests {
         for fine in ["...", ".a", "a.", "..a", "a..b"] {
             assert!(JobId::parse(fine).is_ok(), "{fine}");
         }
+    }
+
+    #[test]
+    fn ids_compare_with_and_give_up_their_text() {
+        let kind = JobKind::parse("withdrawal").unwrap();
+        assert!(kind == "withdrawal" && kind == *"withdrawal" && kind != "render");
+        assert_eq!(String::from(JobId::parse("j-1").unwrap()), "j-1");
     }
 
     #[test]

@@ -88,6 +88,18 @@ impl From<&[u8; 32]> for Value {
     }
 }
 
+/// A typed id binds as its text (`args![&job.id]`).
+macro_rules! value_from_id {
+    ($($id:ident),+) => {$(
+        impl From<&settle_core::ids::$id> for Value {
+            fn from(v: &settle_core::ids::$id) -> Value {
+                Value::Text(v.as_str().to_owned())
+            }
+        }
+    )+};
+}
+value_from_id!(AccountId, JobId, ItemId, JobKind);
+
 /// `args![a, b, c]` → `&[Value]`.
 macro_rules! args {
     ($($e:expr),* $(,)?) => { &[$($crate::db::Value::from($e)),*][..] };

@@ -124,7 +124,7 @@ pub struct NewAdjustment {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerEntry {
     pub seq: i64,
-    pub account_id: String,
+    pub account_id: AccountId,
     pub kind: EntryKind,
     pub amount: Credits,
     pub balance_after: Credits,
@@ -158,7 +158,7 @@ pub struct NewJob {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
-    pub id: String,
+    pub id: ItemId,
     pub cost: Credits,
     pub state: ItemState,
     /// Why the refund happened, when one did: `job_failed`, `item_failed`, `cancelled`.
@@ -173,9 +173,9 @@ pub struct LastError {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Job {
-    pub id: String,
-    pub account_id: String,
-    pub kind: String,
+    pub id: JobId,
+    pub account_id: AccountId,
+    pub kind: JobKind,
     pub state: JobState,
     pub cost: Credits,
     /// Sum of the job's ledger entries (≤ 0).

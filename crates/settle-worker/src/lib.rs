@@ -15,7 +15,6 @@ pub mod payouts;
 pub mod webhooks;
 
 use async_trait::async_trait;
-use settle_core::ids::JobId;
 use settle_core::job::JobState;
 use settle_store::{Finding, Job, JobFilter, Page, Store, StoreError};
 use std::collections::BTreeMap;
@@ -94,7 +93,7 @@ impl Maintenance {
             if job.kind == settle_core::job::WITHDRAWAL_KIND {
                 continue;
             }
-            let finding = match self.checkers.get(&job.kind) {
+            let finding = match self.checkers.get(job.kind.as_str()) {
                 None => Finding::Absent,
                 Some(checker) => match checker.check(&job).await {
                     Ok(Some(f)) => f,
@@ -105,9 +104,8 @@ impl Maintenance {
                     }
                 },
             };
-            let id = JobId::stored(&job.id);
-            match self.store.reconcile(&id, finding).await {
-                Ok(out) if out.applied => resolved.push(job.id),
+            match self.store.reconcile(&job.id, finding).await {
+                Ok(out) if out.applied => resolved.push(job.id.into()),
                 Ok(_) => {}
                 Err(e) => tracing::error!(job = %job.id, error = %e, "reconcile failed; continuing"),
             }

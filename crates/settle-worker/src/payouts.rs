@@ -295,7 +295,7 @@ impl PayoutProcessor {
         let batch = self.settings.batch.clamp(1, limits::PAYOUTS_IN_FLIGHT_MAX);
         let claimed = self.store.payouts().claim_payouts(&self.worker, batch).await?;
         let attempts = claimed.into_iter().map(|c| async move {
-            let id = c.job.id.clone();
+            let id = String::from(c.job.id.clone());
             let end = self.attempt(c).await;
             (id, end)
         });
@@ -304,7 +304,7 @@ impl PayoutProcessor {
 
     /// One attempt of one claimed withdrawal: lookup, then (renew lease, mark sending) send, then record.
     pub async fn attempt(&self, claimed: ClaimedJob) -> AttemptEnd {
-        let id = JobId::stored(&claimed.job.id);
+        let id = claimed.job.id.clone();
         let token = claimed.lease_token.clone();
         match self.try_attempt(&id, &token, claimed).await {
             Ok(end) => end,
@@ -391,7 +391,7 @@ impl PayoutProcessor {
         let mut moved = Vec::new();
         for w in page.rows {
             match self.reconcile_one(&w).await {
-                Ok(true) => moved.push(w.job.id),
+                Ok(true) => moved.push(w.job.id.into()),
                 Ok(false) => {}
                 Err(e) => tracing::warn!(job = %w.job.id, error = %e, "reconcile failed; continuing"),
             }
@@ -400,13 +400,13 @@ impl PayoutProcessor {
     }
 
     async fn reconcile_one(&self, w: &Withdrawal) -> Result<bool, StoreError> {
-        let id = JobId::stored(&w.job.id);
+        let id = &w.job.id;
         match self.provider.lookup(&w.idempotency_key).await {
             Lookup::Found { txid, returned } => {
-                Ok(self.store.payouts().payout_succeeded(&id, None, &txid, returned).await?.applied)
+                Ok(self.store.payouts().payout_succeeded(id, None, &txid, returned).await?.applied)
             }
             // Applied only once the kind's confirm window has passed since the job went unknown.
-            Lookup::Absent => Ok(self.store.reconcile(&id, Finding::Absent).await?.applied),
+            Lookup::Absent => Ok(self.store.reconcile(id, Finding::Absent).await?.applied),
             Lookup::Failed { message } => {
                 tracing::warn!(job = %w.job.id, %message, "provider unreachable; the withdrawal stays unknown");
                 Ok(false)
@@ -442,12 +442,12 @@ impl PayoutProcessor {
             if state != JobState::Succeeded && (w.job.attempt == 0 || w.provider_txid.is_some()) {
                 continue;
             }
-            let id = JobId::stored(&w.job.id);
+            let id = &w.job.id;
             let applied = match (state, self.provider.lookup(&w.idempotency_key).await) {
                 (JobState::Succeeded, Lookup::Found { returned: true, .. }) => self
                     .store
                     .payouts()
-                    .payout_returned(&id, ReturnSource::Provider, settle_store::SYSTEM_ACTOR)
+                    .payout_returned(id, ReturnSource::Provider, settle_store::SYSTEM_ACTOR)
                     .await
                     .map(|o| o.applied),
                 (JobState::Dead | JobState::Cancelled, Lookup::Found { txid, returned }) => {
@@ -455,14 +455,14 @@ impl PayoutProcessor {
                     let before = w.provider_txid.is_some();
                     self.store
                         .payouts()
-                        .payout_succeeded(&id, None, &txid, returned)
+                        .payout_succeeded(id, None, &txid, returned)
                         .await
                         .map(|o| o.applied || (!before && o.value.provider_txid.is_some()))
                 }
                 _ => Ok(false),
             };
             match applied {
-                Ok(true) => moved.push(w.job.id),
+                Ok(true) => moved.push(w.job.id.into()),
                 Ok(false) => {}
                 Err(e) => tracing::warn!(job = %w.job.id, error = %e, "re-check failed; continuing"),
             }

@@ -429,7 +429,7 @@ async fn postgres_two_processors_never_send_one_key_at_once() {
     let workers: BTreeSet<String> = {
         let mut names = BTreeSet::new();
         for w in &ws {
-            for attempt in first.attempts(&JobId::parse(&w.job.id).unwrap()).await.unwrap() {
+            for attempt in first.attempts(&w.job.id).await.unwrap() {
                 names.insert(attempt.worker);
             }
         }

@@ -323,7 +323,7 @@ async fn find(State(s): State<AppState>, session: Session, Query(f): Query<FindQ
     let q = f.q.trim();
     let scope = &session.actor.scope;
     if let Ok(id) = JobId::parse(q)
-        && s.store.job(&id).await.is_ok_and(|j| scope.job(&j.account_id, &j.kind))
+        && s.store.job(&id).await.is_ok_and(|j| scope.job(j.account_id.as_str(), j.kind.as_str()))
     {
         return Redirect::to(&format!("/console/jobs/{q}")).into_response();
     }
@@ -370,7 +370,7 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
     let id = job_id(&session, &id)?;
     let err = |e: StoreError| error_page(Some(&session), e);
     let job = s.store.job(&id).await.map_err(err)?;
-    if !session.actor.scope.job(&job.account_id, &job.kind) {
+    if !session.actor.scope.job(job.account_id.as_str(), job.kind.as_str()) {
         return Err(err(StoreError::not_found("job", id.as_str())));
     }
     let attempts = s.store.attempts(&id).await.map_err(err)?;
@@ -626,10 +626,9 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
                 skipped.push((job.id.clone(), why.to_owned()));
                 continue;
             }
-            let id = JobId::stored(&job.id);
             let outcome = match action {
-                JobAction::Requeue => s.store.requeue(&id, &session.actor.name).await.map(drop),
-                JobAction::Cancel => s.store.cancel(&id, Some(&session.actor.name)).await.map(drop),
+                JobAction::Requeue => s.store.requeue(&job.id, &session.actor.name).await.map(drop),
+                JobAction::Cancel => s.store.cancel(&job.id, Some(&session.actor.name)).await.map(drop),
             };
             match outcome {
                 Ok(()) => done += 1,

@@ -4,6 +4,7 @@
 use super::session::Session;
 use maud::{DOCTYPE, Markup, html};
 use settle_core::Timestamp;
+use settle_core::ids::JobId;
 use settle_core::job::JobState;
 use settle_store::{
     AccountDetail, Action, Attempt, Job, JobFilter, JobHistory, JobTotals, LedgerEntry, Overview, SignalRecord,
@@ -713,7 +714,7 @@ pub fn bulk_done(
     session: &Session,
     action: super::JobAction,
     done: u64,
-    skipped: &[(String, String)],
+    skipped: &[(JobId, String)],
     more: bool,
 ) -> Markup {
     let body = html! {

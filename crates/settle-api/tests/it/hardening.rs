@@ -420,9 +420,9 @@ async fn sign_in_cookie(s: &Server, token: &str) -> String {
 async fn unknown_withdrawals(store: &dyn settle_store::Store) {
     let worker = settle_core::ids::WorkerName::parse("payouts").unwrap();
     for c in store.payouts().claim_payouts(&worker, 10).await.unwrap() {
-        let job = settle_core::ids::JobId::parse(&c.job.id).unwrap();
-        store.payouts().payout_heartbeat(&job, &c.lease_token).await.unwrap();
-        store.payouts().payout_unknown(&job, &c.lease_token, Some("no answer")).await.unwrap();
+        let job = &c.job.id;
+        store.payouts().payout_heartbeat(job, &c.lease_token).await.unwrap();
+        store.payouts().payout_unknown(job, &c.lease_token, Some("no answer")).await.unwrap();
     }
 }
 

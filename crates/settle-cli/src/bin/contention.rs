@@ -48,71 +48,70 @@ fn ok_or_benign<T>(r: Result<T, StoreError>) -> Result<(), StoreError> {
 }
 
 async fn play(store: &SqlStore, c: &ClaimedJob, rng: &mut SplitMix64) -> Result<(), StoreError> {
-    let id = JobId::parse(&c.job.id).expect("valid id");
+    let id = &c.job.id;
     let t = &c.lease_token;
-    let action = if c.job.attempt == 1 { h(&c.job.id) % 100 } else { rng.below_inclusive(99) };
+    let action = if c.job.attempt == 1 { h(c.job.id.as_str()) % 100 } else { rng.below_inclusive(99) };
     let twice = rng.below_inclusive(1) == 1;
     match action {
         0..=29 => {
-            ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
+            ok_or_benign(store.succeed(id, settle_store::Reporter::of(Some(t)), None).await)?;
             if twice {
-                ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
-                ok_or_benign(store.succeed(&id, settle_store::Reporter::of(None), None).await)?;
+                ok_or_benign(store.succeed(id, settle_store::Reporter::of(Some(t)), None).await)?;
+                ok_or_benign(store.succeed(id, settle_store::Reporter::of(None), None).await)?;
             }
         }
         30..=44 => {
-            ok_or_benign(store.fail(&id, sig(t, "TIMEOUT", None)).await)?;
+            ok_or_benign(store.fail(id, sig(t, "TIMEOUT", None)).await)?;
             if twice {
-                ok_or_benign(store.fail(&id, sig(t, "TIMEOUT", None)).await)?;
+                ok_or_benign(store.fail(id, sig(t, "TIMEOUT", None)).await)?;
             }
         }
         45..=54 => {
-            ok_or_benign(store.fail(&id, sig(t, "INVALID_ADDRESS", None)).await)?;
-            ok_or_benign(store.fail(&id, sig(t, "INVALID_ADDRESS", None)).await)?;
+            ok_or_benign(store.fail(id, sig(t, "INVALID_ADDRESS", None)).await)?;
+            ok_or_benign(store.fail(id, sig(t, "INVALID_ADDRESS", None)).await)?;
         }
         55..=64 => {
             // timed out and refunded … and then the result lands: reclaimed once
-            ok_or_benign(store.fail(&id, sig(t, "TIMEOUT", None)).await)?;
-            ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
+            ok_or_benign(store.fail(id, sig(t, "TIMEOUT", None)).await)?;
+            ok_or_benign(store.succeed(id, settle_store::Reporter::of(Some(t)), None).await)?;
             if twice {
-                ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
+                ok_or_benign(store.succeed(id, settle_store::Reporter::of(Some(t)), None).await)?;
             }
         }
         65..=74 => {
             // A cancel may meet a job another process already finished or left unknown: both are
             // answers, not failures of this process.
-            ok_or_benign(store.cancel(&id, None).await)?;
+            ok_or_benign(store.cancel(id, None).await)?;
             if twice {
-                ok_or_benign(store.cancel(&id, None).await)?;
+                ok_or_benign(store.cancel(id, None).await)?;
             }
-            ok_or_benign(store.item_succeed(&id, &ItemId::parse(&c.job.items[0].id).expect("valid"), t).await)?;
-            ok_or_benign(store.fail(&id, sig(t, "CANCELLED", None)).await)?;
+            ok_or_benign(store.item_succeed(id, &c.job.items[0].id, t).await)?;
+            ok_or_benign(store.fail(id, sig(t, "CANCELLED", None)).await)?;
         }
         75..=79 if c.job.attempt == 1 => {
-            ok_or_benign(store.mark_unknown(&id, t, Some("no answer")).await)?;
+            ok_or_benign(store.mark_unknown(id, t, Some("no answer")).await)?;
             if twice {
-                ok_or_benign(store.mark_unknown(&id, t, Some("no answer")).await)?;
+                ok_or_benign(store.mark_unknown(id, t, Some("no answer")).await)?;
             }
         }
         80..=89 => {
-            let first = ItemId::parse(&c.job.items[0].id).expect("valid");
-            ok_or_benign(store.item_succeed(&id, &first, t).await)?;
+            ok_or_benign(store.item_succeed(id, &c.job.items[0].id, t).await)?;
             if let Some(second) = c.job.items.get(1) {
-                let second = ItemId::parse(&second.id).expect("valid");
+                let second = &second.id;
                 ok_or_benign(
-                    store.item_fail(&id, &second, t, &FailCode::parse("BAD_FRAME").expect("valid"), None).await,
+                    store.item_fail(id, second, t, &FailCode::parse("BAD_FRAME").expect("valid"), None).await,
                 )?;
                 ok_or_benign(
-                    store.item_fail(&id, &second, t, &FailCode::parse("BAD_FRAME").expect("valid"), None).await,
+                    store.item_fail(id, second, t, &FailCode::parse("BAD_FRAME").expect("valid"), None).await,
                 )?;
             }
-            ok_or_benign(store.succeed(&id, settle_store::Reporter::of(Some(t)), None).await)?;
+            ok_or_benign(store.succeed(id, settle_store::Reporter::of(Some(t)), None).await)?;
         }
         90..=94 if c.job.attempt == 1 => {
             // The worker hangs past its lease: the rescuer of some process takes it back.
         }
         _ => {
-            ok_or_benign(store.fail(&id, sig(t, "RATE_LIMITED", Some(50))).await)?;
+            ok_or_benign(store.fail(id, sig(t, "RATE_LIMITED", Some(50))).await)?;
         }
     }
     Ok(())

@@ -99,7 +99,7 @@ pub(crate) async fn credit(
     if let Some(existing) = db.opt(&SELECT_CREDIT, args![kind.as_str(), id]).await? {
         if existing.blob(CreditCol::request_hash)? != fp {
             // Ids are unique across accounts: say so when the id is another account's.
-            if entry_from_row::<CreditCol>(&existing)?.account_id != account.as_str() {
+            if entry_from_row::<CreditCol>(&existing)?.account_id != *account {
                 return Err(StoreError::IdTaken { what: kind.as_str(), id: id.to_owned() });
             }
             return Err(StoreError::IdempotencyConflict { what: kind.as_str(), id: id.to_owned() });

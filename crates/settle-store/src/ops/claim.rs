@@ -110,7 +110,7 @@ pub(crate) async fn claim(
             cx,
             EventKind::JobClaimed,
             Some(&job_id),
-            &job.account_id,
+            job.account_id.as_str(),
             serde_json::json!({ "attempt": attempt, "worker": req.worker.as_str() }),
         )
         .await?;

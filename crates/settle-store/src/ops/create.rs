@@ -216,9 +216,9 @@ fn as_written(
 ) -> Result<Job, StoreError> {
     let req = &job.req;
     Ok(Job {
-        id: req.id.as_str().to_owned(),
-        account_id: req.account_id.as_str().to_owned(),
-        kind: req.kind.as_str().to_owned(),
+        id: req.id.clone(),
+        account_id: req.account_id.clone(),
+        kind: req.kind.clone(),
         state: JobState::Queued,
         cost: job.total,
         net: job.total.checked_neg()?,
@@ -233,12 +233,7 @@ fn as_written(
         items: req
             .items
             .iter()
-            .map(|i| Item {
-                id: i.id.as_str().to_owned(),
-                cost: i.cost,
-                state: ItemState::Charged,
-                refund_reason: None,
-            })
+            .map(|i| Item { id: i.id.clone(), cost: i.cost, state: ItemState::Charged, refund_reason: None })
             .collect(),
         payload: req.payload.clone(),
         result: None,

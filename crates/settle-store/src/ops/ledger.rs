@@ -7,6 +7,7 @@ use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::Credits;
+use settle_core::ids::AccountId;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use settle_core::limits;
 use std::sync::LazyLock;
@@ -284,7 +285,8 @@ async fn post_lines(
         .await?;
         out.push(LedgerEntry {
             seq,
-            account_id: account_id.to_owned(),
+            // The account the guarded balance change above just found by this id.
+            account_id: AccountId::stored(account_id),
             kind: line.kind,
             amount: line.amount,
             balance_after: balance,

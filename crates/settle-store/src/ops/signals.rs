@@ -191,18 +191,19 @@ async fn move_item(
 ) -> Result<(), StoreError> {
     let signal = if failure.is_some() { ItemSignal::Fail } else { ItemSignal::Succeed };
     let reason = failure.is_some().then_some(RefundReason::ItemFailed);
-    let moved = move_items(db, cx, job, arrow.from, signal, Some(&current.id), reason).await?;
+    let moved = move_items(db, cx, job, arrow.from, signal, Some(current.id.as_str()), reason).await?;
     guard_hit(moved.len() as u64, "item report")?;
     cx.point(CrashPoint::AfterLedger)?;
     let (event, data) = match (arrow.to, failure) {
         (ItemState::Refunded, Some((code, message))) => (
             EventKind::JobItemRefunded,
-            serde_json::json!({ "item_id": &current.id, "amount": current.cost.get(), "code": code.as_str(), "message": message }),
+            serde_json::json!({ "item_id": current.id.as_str(), "amount": current.cost.get(), "code": code.as_str(), "message": message }),
         ),
-        (ItemState::Reclaimed, _) => {
-            (EventKind::JobItemReclaimed, serde_json::json!({ "item_id": &current.id, "amount": current.cost.get() }))
-        }
-        _ => (EventKind::JobItemSucceeded, serde_json::json!({ "item_id": &current.id })),
+        (ItemState::Reclaimed, _) => (
+            EventKind::JobItemReclaimed,
+            serde_json::json!({ "item_id": current.id.as_str(), "amount": current.cost.get() }),
+        ),
+        _ => (EventKind::JobItemSucceeded, serde_json::json!({ "item_id": current.id.as_str() })),
     };
     emit(db, cx, event, Some(&job.id), &job.account_id, data).await?;
     cx.point(CrashPoint::AfterOutbox)

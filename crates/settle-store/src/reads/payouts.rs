@@ -36,7 +36,7 @@ async fn with_job(db: &mut Db<'_>, job: Job) -> Result<Withdrawal, StoreError> {
 
 pub(crate) async fn read_withdrawal(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Option<Withdrawal>, StoreError> {
     match ops::read_job(db, cx, id).await? {
-        Some(job) if job.kind == job::WITHDRAWAL_KIND => Ok(Some(with_job(db, job).await?)),
+        Some(job) if job.kind.as_str() == job::WITHDRAWAL_KIND => Ok(Some(with_job(db, job).await?)),
         _ => Ok(None),
     }
 }

@@ -119,7 +119,7 @@ impl Payouts for SqlStore {
                 if out.applied && source == ReturnSource::Admin {
                     let detail = serde_json::json!({ "amount": out.value.amount.get(), "provider_txid": out.value.provider_txid });
                     let account = out.value.job.account_id.clone();
-                    ops::record_action(db, cx, &actor, ActionKind::WithdrawalReturn, Some(id.as_str()), Some(&account), detail)
+                    ops::record_action(db, cx, &actor, ActionKind::WithdrawalReturn, Some(id.as_str()), Some(account.as_str()), detail)
                         .await?;
                 }
                 Ok(out)

@@ -324,7 +324,7 @@ impl Store for SqlStore {
                             &actor,
                             ActionKind::JobRequeue,
                             Some(id.as_str()),
-                            Some(&job.account_id),
+                            Some(job.account_id.as_str()),
                             detail,
                         )
                         .await?;

@@ -72,7 +72,7 @@ impl SqlStore {
     pub(super) async fn continue_after(&self, job: Job, after: After) -> Result<Job, StoreError> {
         match after {
             After::Nothing => Ok(job),
-            After::Teardown => match self.finish_teardown(&job.id).await {
+            After::Teardown => match self.finish_teardown(job.id.as_str()).await {
                 Ok(done) => Ok(done),
                 Err(StoreError::CleanupFailed { job: id, message }) => {
                     tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");
@@ -103,7 +103,7 @@ impl SqlStore {
                             actor,
                             ActionKind::JobCancel,
                             Some(id.as_str()),
-                            Some(&job.account_id),
+                            Some(job.account_id.as_str()),
                             detail,
                         )
                         .await?;
@@ -115,7 +115,7 @@ impl SqlStore {
         self.crash_point(CrashPoint::AfterCommit)?;
         let job = match after {
             After::Nothing => job,
-            After::Teardown => match self.finish_teardown(&job.id).await {
+            After::Teardown => match self.finish_teardown(job.id.as_str()).await {
                 Ok(done) => done,
                 Err(StoreError::CleanupFailed { job: id, message }) => {
                     tracing::warn!(job = %id, %message, "artifact cleanup failed; the job stays cancelling for the sweeper");

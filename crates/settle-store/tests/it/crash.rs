@@ -117,7 +117,7 @@ impl Runner<'_> {
             Step::Claim(n) => {
                 let got = s.claim(claim_req("w", *n)).await?;
                 for c in got {
-                    self.tokens.insert(c.job.id.clone(), c.lease_token);
+                    self.tokens.insert(c.job.id.into(), c.lease_token);
                 }
                 Ok(())
             }
@@ -173,7 +173,7 @@ async fn dump(k: &Kit) -> String {
     }
     for j in s.jobs(&JobFilter::ALL, settle_store::Page { after: 0, limit: 1000 }).await.unwrap().rows {
         out += &format!("{j:?}\n");
-        out += &format!("{:?}\n", s.attempts(&jid(&j.id)).await.unwrap());
+        out += &format!("{:?}\n", s.attempts(&j.id).await.unwrap());
     }
     for e in s.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows {
         out += &format!("{} {:?} {} {}\n", e.seq, e.job_id, e.kind, e.data);

@@ -116,7 +116,7 @@ async fn signals_race(k: Arc<Kit>, seed: u64) {
         let mut claims_by_attempt: HashMap<u32, usize> = HashMap::new();
         for h in handles {
             if let Some(c) = h.await.unwrap() {
-                assert_eq!(c.job.id, id);
+                assert_eq!(c.job.id.as_str(), id);
                 *claims_by_attempt.entry(c.job.attempt).or_default() += 1;
             }
         }

@@ -75,7 +75,7 @@ async fn create_holds_the_amount_and_replays(k: &Kit) {
     let j = k.job("j1", &a, 5).await;
     let e = k.store.payouts().create_withdrawal(new_withdrawal("j1", &a, 5, "acct-1")).await.unwrap_err();
     assert!(matches!(e, StoreError::IdempotencyConflict { .. }), "{e:?}");
-    assert!(matches!(k.store.payouts().withdrawal(&jid(&j.id)).await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(k.store.payouts().withdrawal(&j.id).await, Err(StoreError::NotFound { .. })));
 }
 
 async fn bad_withdrawals_write_nothing(k: &Kit) {
@@ -385,7 +385,7 @@ async fn withdrawals_list_by_state(k: &Kit) {
 
 async fn claim_payout_any(k: &Kit) -> (String, LeaseToken) {
     let claimed = k.store.payouts().claim_payouts(&WorkerName::parse("payouts").unwrap(), 1).await.unwrap();
-    (claimed[0].job.id.clone(), claimed[0].lease_token.clone())
+    (claimed[0].job.id.to_string(), claimed[0].lease_token.clone())
 }
 
 async fn late_executions(k: &Kit) -> usize {
@@ -480,7 +480,7 @@ async fn an_operator_resolves_an_unknown_withdrawal_once(k: &Kit) {
     let e = k.store.payouts().payout_resolve(&jid("nobody"), not_sent.clone(), "ops").await.unwrap_err();
     assert!(matches!(e, StoreError::NotFound { .. }), "{e:?}");
     let j = k.job("plain", &a, 1).await;
-    let e = k.store.payouts().payout_resolve(&jid(&j.id), not_sent.clone(), "ops").await.unwrap_err();
+    let e = k.store.payouts().payout_resolve(&j.id, not_sent.clone(), "ops").await.unwrap_err();
     assert!(matches!(e, StoreError::NotFound { .. }), "a job is no withdrawal: {e:?}");
     assert_state(&k.get("sent").await, JobState::Unknown);
     // Sent: the success path with the txid; the hold stays spent.
