@@ -57,42 +57,6 @@ fn page(after: Option<i64>, limit: Option<u32>) -> Result<store::Page, ApiError>
     Ok(store::Page { after, limit })
 }
 
-/// JSON text with object keys sorted at every level, so equal values fingerprint alike.
-fn canonical_json(v: &serde_json::Value) -> String {
-    fn write(v: &serde_json::Value, out: &mut String) {
-        match v {
-            serde_json::Value::Object(map) => {
-                let mut keys: Vec<&String> = map.keys().collect();
-                keys.sort();
-                out.push('{');
-                for (i, k) in keys.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(&serde_json::Value::String((*k).clone()).to_string());
-                    out.push(':');
-                    write(&map[*k], out);
-                }
-                out.push('}');
-            }
-            serde_json::Value::Array(items) => {
-                out.push('[');
-                for (i, item) in items.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    write(item, out);
-                }
-                out.push(']');
-            }
-            other => out.push_str(&other.to_string()),
-        }
-    }
-    let mut out = String::new();
-    write(v, &mut out);
-    out
-}
-
 /// Counts a long-poll in `settle_http_long_polls_waiting` while it sleeps between looks.
 struct Waiting;
 
@@ -331,7 +295,7 @@ pub async fn create_job(State(s): State<AppState>, auth: Auth<ClientRole>, Json(
         account_id: id(AccountId::parse, &b.account_id)?,
         kind: id(JobKind::parse, &b.kind)?,
         items,
-        payload: canonical_json(&b.payload.unwrap_or(serde_json::Value::Null)),
+        payload: b.payload.unwrap_or(serde_json::Value::Null),
         max_attempts: b.max_attempts,
         refund_on,
         not_before,
@@ -588,8 +552,7 @@ pub async fn succeed(
             ));
         }
     };
-    let result = b.result.as_ref().map(canonical_json);
-    let out = s.store.succeed(&id(JobId::parse, &job)?, by, result).await?;
+    let out = s.store.succeed(&id(JobId::parse, &job)?, by, b.result).await?;
     mark("succeed", out.applied);
     Ok(reported(dto::Job::from(out.value), out.applied))
 }
@@ -1110,17 +1073,4 @@ async fn read_store_gauges(s: &AppState) -> Result<(), ApiError> {
     metrics::gauge!("settle_dead_letters").set(count("dead") as f64);
     metrics::gauge!("settle_store_tx_retries_total", "engine" => s.store.engine_name()).set(stats.tx_retries as f64);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::canonical_json;
-
-    #[test]
-    fn canonical_json_sorts_keys_at_every_level() {
-        let a: serde_json::Value = serde_json::from_str(r#"{"b":1,"a":{"y":[{"d":1,"c":2}],"x":null}}"#).unwrap();
-        let b: serde_json::Value = serde_json::from_str(r#"{"a":{"x":null,"y":[{"c":2,"d":1}]},"b":1}"#).unwrap();
-        assert_eq!(canonical_json(&a), canonical_json(&b));
-        assert_eq!(canonical_json(&a), r#"{"a":{"x":null,"y":[{"c":2,"d":1}]},"b":1}"#);
-    }
 }

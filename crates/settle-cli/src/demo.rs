@@ -41,7 +41,7 @@ impl Demo {
                 .iter()
                 .map(|(i, c)| Ok(NewItem { id: ItemId::parse(i)?, cost: Credits::new(*c) }))
                 .collect::<anyhow::Result<_>>()?,
-            payload: "null".into(),
+            payload: serde_json::Value::Null,
             max_attempts: None,
             refund_on: None,
             not_before: None,

@@ -76,7 +76,7 @@ async fn four_processes_share_one_postgres_ledger() {
             account_id: accounts[n % ACCOUNTS].clone(),
             kind: JobKind::parse("render").unwrap(),
             items,
-            payload: format!("{{\"n\":{n}}}"),
+            payload: serde_json::json!({ "n": n }),
             max_attempts: None,
             refund_on: None,
             not_before: None,

@@ -1,5 +1,7 @@
 //! Request fingerprints for create-by-id idempotency: same id and same fingerprint → replay;
 //! same id and another fingerprint → `idempotency_conflict`. Fields are tagged and length-prefixed.
+//! JSON a request carries (a job's payload, a success's result) is fingerprinted and stored as
+//! [`canonical_json`].
 
 use sha2::{Digest, Sha256};
 
@@ -46,6 +48,42 @@ impl Fingerprint {
     }
 }
 
+/// JSON text with object keys sorted at every level, so equal values fingerprint alike.
+pub fn canonical_json(v: &serde_json::Value) -> String {
+    fn write(v: &serde_json::Value, out: &mut String) {
+        match v {
+            serde_json::Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&serde_json::Value::String((*k).clone()).to_string());
+                    out.push(':');
+                    write(&map[*k], out);
+                }
+                out.push('}');
+            }
+            serde_json::Value::Array(items) => {
+                out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(item, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(v, &mut out);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,5 +96,13 @@ mod tests {
         let n = Fingerprint::new("x").opt_i64("n", None).finish();
         let z = Fingerprint::new("x").opt_i64("n", Some(0)).finish();
         assert_ne!(n, z);
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys_at_every_level() {
+        let a: serde_json::Value = serde_json::from_str(r#"{"b":1,"a":{"y":[{"d":1,"c":2}],"x":null}}"#).unwrap();
+        let b: serde_json::Value = serde_json::from_str(r#"{"a":{"x":null,"y":[{"c":2,"d":1}]},"b":1}"#).unwrap();
+        assert_eq!(canonical_json(&a), canonical_json(&b));
+        assert_eq!(canonical_json(&a), r#"{"a":{"x":null,"y":[{"c":2,"d":1}]},"b":1}"#);
     }
 }

@@ -8,7 +8,7 @@
 //! - [`ledger`]: entry kinds and the per-account hash chain.
 //! - [`history`]: the names a job's history records (event types, attempt results, signals and their effects).
 //! - [`scope`]: what a scoped token may see and move (accounts by id or prefix, job kinds).
-//! - [`fingerprint`]: canonical request fingerprints for create-by-id idempotency.
+//! - [`fingerprint`]: canonical request fingerprints for create-by-id idempotency, and canonical JSON.
 //! - [`clock`]: the injected `Clock`; nothing else reads the system time.
 //! - [`crash`]: the `CrashPoint` enum the crash-convergence harness iterates.
 //! - [`limits`]: every bound, named.

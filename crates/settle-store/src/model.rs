@@ -149,8 +149,9 @@ pub struct NewJob {
     pub kind: JobKind,
     /// Non-empty; a job created with a plain `cost` has the single item `main`.
     pub items: Vec<NewItem>,
-    /// Canonical JSON text (object keys sorted), or `null`.
-    pub payload: String,
+    /// What the worker is given (`Null` for none); stored as canonical JSON text (object keys
+    /// sorted, `settle_core::fingerprint::canonical_json`), as the request's fingerprint takes it.
+    pub payload: serde_json::Value,
     pub max_attempts: Option<u32>,
     pub refund_on: Option<RefundPolicy>,
     pub not_before: Option<Timestamp>,

@@ -75,8 +75,14 @@ pub trait Store: Send + Sync {
     /// A success report (decision 0019): `applied` when it moved the job; not applied, a replay (the
     /// job had succeeded, or this attempt's success had lost to a cancel); `LeaseLost` for a token no
     /// attempt of this job held (nothing written) or a job no success can move (logged). An
-    /// operator's success is recorded in the action log; `job_finished` on a cancelled job.
-    async fn succeed(&self, job: &JobId, by: Reporter<'_>, result: Option<String>) -> Result<Outcome<Job>, StoreError>;
+    /// operator's success is recorded in the action log; `job_finished` on a cancelled job. The
+    /// `result` is kept as canonical JSON text (`Job.result`).
+    async fn succeed(
+        &self,
+        job: &JobId,
+        by: Reporter<'_>,
+        result: Option<serde_json::Value>,
+    ) -> Result<Outcome<Job>, StoreError>;
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
     async fn mark_unknown(
         &self,

@@ -22,7 +22,7 @@ fn job(id: &str, not_before: Option<settle_core::Timestamp>) -> NewJob {
         account_id: AccountId::parse("a").unwrap(),
         kind: JobKind::parse("render").unwrap(),
         items: vec![NewItem { id: ItemId::main(), cost: Credits::new(1) }],
-        payload: "null".into(),
+        payload: serde_json::Value::Null,
         max_attempts: None,
         refund_on: None,
         not_before,

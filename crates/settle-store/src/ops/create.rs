@@ -6,7 +6,7 @@ use crate::db::{Db, Engine, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
-use settle_core::fingerprint::Fingerprint;
+use settle_core::fingerprint::{Fingerprint, canonical_json};
 use settle_core::history::EventKind;
 use settle_core::item::ItemState;
 use settle_core::job::{self, JobState};
@@ -15,12 +15,13 @@ use settle_core::limits;
 use settle_core::{Credits, Timestamp};
 use std::sync::LazyLock;
 
-pub(crate) fn job_fingerprint(req: &NewJob) -> [u8; 32] {
+pub(crate) fn job_fingerprint(job: &ValidJob) -> [u8; 32] {
+    let req = &job.req;
     let mut f = Fingerprint::new("job")
         .str("id", req.id.as_str())
         .str("account_id", req.account_id.as_str())
         .str("kind", req.kind.as_str())
-        .str("payload", &req.payload)
+        .str("payload", &job.payload)
         .opt_i64("max_attempts", req.max_attempts.map(i64::from))
         .opt_str("refund_on", req.refund_on.map(|p| p.as_str()))
         .opt_i64("not_before", req.not_before.map(|t| t.micros()))
@@ -31,12 +32,14 @@ pub(crate) fn job_fingerprint(req: &NewJob) -> [u8; 32] {
     f.finish()
 }
 
-/// A job request that passed [`validate_job`], with its total cost: made only there, so the
-/// writes below take a request checked exactly once.
+/// A job request that passed [`validate_job`], with its total cost and its payload as stored:
+/// made only there, so the writes below take a request checked exactly once.
 #[derive(Debug, Clone)]
 pub(crate) struct ValidJob {
     pub req: NewJob,
     pub total: Credits,
+    /// `req.payload` as canonical JSON text: what is stored and fingerprinted.
+    pub payload: String,
 }
 
 pub(crate) fn validate_job(req: NewJob) -> Result<ValidJob, StoreError> {
@@ -60,10 +63,11 @@ pub(crate) fn validate_job(req: NewJob) -> Result<ValidJob, StoreError> {
     {
         return Err(StoreError::invalid(format!("max_attempts must be between 1 and {}", limits::ATTEMPTS_MAX_LIMIT)));
     }
-    if req.payload.len() > limits::PAYLOAD_BYTES_MAX {
+    let payload = canonical_json(&req.payload);
+    if payload.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(StoreError::invalid(format!("payload is larger than {} bytes", limits::PAYLOAD_BYTES_MAX)));
     }
-    Ok(ValidJob { req, total })
+    Ok(ValidJob { req, total, payload })
 }
 
 pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Result<Created<Job>, StoreError> {
@@ -73,7 +77,7 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
             "the job kind withdrawal is reserved: create withdrawals with POST /v1/withdrawals",
         ));
     }
-    let fp = job_fingerprint(req);
+    let fp = job_fingerprint(job);
     if db.opt("SELECT 1 FROM accounts WHERE id = $1", args![req.account_id.as_str()]).await?.is_none() {
         return Err(StoreError::not_found("account", req.account_id.as_str()));
     }
@@ -166,7 +170,7 @@ async fn insert_rows(
                 refund_on.as_str(),
                 not_before.micros(),
                 i64::from(limits::LEASE_SECONDS_DEFAULT),
-                &req.payload,
+                &job.payload,
                 fp,
                 cx.now.micros()
             ],
@@ -235,7 +239,7 @@ fn as_written(
             .iter()
             .map(|i| Item { id: i.id.clone(), cost: i.cost, state: ItemState::Charged, refund_reason: None })
             .collect(),
-        payload: req.payload.clone(),
+        payload: job.payload.clone(),
         result: None,
         created_at: cx.now,
         updated_at: cx.now,

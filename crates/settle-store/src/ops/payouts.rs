@@ -61,7 +61,7 @@ pub(crate) async fn create_withdrawal(
         account_id: req.account_id.clone(),
         kind: JobKind::parse(job::WITHDRAWAL_KIND).expect("the withdrawal kind is a valid kind"),
         items: vec![NewItem { id: ItemId::main(), cost: req.amount }],
-        payload: "null".to_owned(),
+        payload: serde_json::Value::Null,
         max_attempts: None,
         // Never handed back while it may still leave, whatever the kind's configuration says.
         refund_on: Some(RefundPolicy::FinalFailure),

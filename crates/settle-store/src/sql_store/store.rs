@@ -11,6 +11,7 @@ use crate::{audit, reads};
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 use settle_core::crash::CrashPoint;
+use settle_core::fingerprint::canonical_json;
 use settle_core::ids::{AccountId, FailCode, ItemId, JobId};
 use settle_core::ledger::EntryKind;
 use settle_core::{Credits, limits};
@@ -253,8 +254,13 @@ impl Store for SqlStore {
         out.map_err(lease_lost)
     }
 
-    async fn succeed(&self, job: &JobId, by: Reporter<'_>, result: Option<String>) -> Result<Outcome<Job>, StoreError> {
-        let id = job.clone();
+    async fn succeed(
+        &self,
+        job: &JobId,
+        by: Reporter<'_>,
+        result: Option<serde_json::Value>,
+    ) -> Result<Outcome<Job>, StoreError> {
+        let (id, result) = (job.clone(), result.as_ref().map(canonical_json));
         let (token, actor) = match by {
             Reporter::Lease(t) => (Some(t.clone()), None),
             Reporter::Operator(a) => (None, Some(a.to_owned())),

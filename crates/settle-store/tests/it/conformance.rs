@@ -41,6 +41,7 @@ conformance!(
     grant_overflow_writes_nothing,
     adjustment_needs_a_reason_and_may_be_negative,
     job_create_charges_every_item_and_replays,
+    payloads_and_results_are_kept_canonical,
     insufficient_credits_write_nothing,
     overdraft_allows_a_negative_balance,
     job_create_rejects_bad_items,
@@ -241,10 +242,29 @@ async fn job_create_charges_every_item_and_replays(k: &Kit) {
     let conflict = k.store.create_job(new_job("j1", &a, 41)).await;
     assert!(matches!(conflict, Err(StoreError::IdempotencyConflict { .. })));
     let mut other_payload = new_job("j1", &a, 40);
-    other_payload.payload = r#"{"x":1}"#.into();
+    other_payload.payload = serde_json::json!({ "x": 1 });
     assert!(matches!(k.store.create_job(other_payload).await, Err(StoreError::IdempotencyConflict { .. })));
     assert_eq!(k.balance(&a).await, 30);
     assert_eq!(k.event_types().await.iter().filter(|t| *t == "job.queued").count(), 2);
+}
+
+/// The store keeps JSON with its object keys sorted (`canonical_json`): a create re-sent with its
+/// keys in another order is the same request, and a success's result is stored the same way.
+async fn payloads_and_results_are_kept_canonical(k: &Kit) {
+    let a = k.account("a", 100).await;
+    let mut req = new_job("j", &a, 10);
+    req.payload = serde_json::from_str(r#"{"b":1,"a":{"d":[{"f":2,"e":1}],"c":null}}"#).unwrap();
+    let created = k.store.create_job(req.clone()).await.unwrap();
+    assert_eq!(created.value.payload, r#"{"a":{"c":null,"d":[{"e":1,"f":2}]},"b":1}"#);
+    req.payload = serde_json::from_str(r#"{"a":{"c":null,"d":[{"e":1,"f":2}]},"b":1}"#).unwrap();
+    let replay = k.store.create_job(req).await.unwrap();
+    assert!(replay.replayed);
+    assert_eq!(replay.value, created.value);
+    let t = k.claim_one("j").await;
+    let result = serde_json::json!({ "z": [3, { "y": true, "x": "s" }], "w": 0.5 });
+    let done = k.store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), Some(result)).await.unwrap();
+    assert_eq!(done.value.result.as_deref(), Some(r#"{"w":0.5,"z":[3,{"x":"s","y":true}]}"#));
+    assert_eq!(k.get("j").await.payload, created.value.payload);
 }
 
 async fn insufficient_credits_write_nothing(k: &Kit) {

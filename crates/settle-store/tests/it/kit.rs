@@ -283,7 +283,7 @@ pub fn new_job(id: &str, account: &AccountId, cost: i64) -> NewJob {
         account_id: account.clone(),
         kind: JobKind::parse("render").unwrap(),
         items: vec![NewItem { id: ItemId::main(), cost: Credits::new(cost) }],
-        payload: "null".into(),
+        payload: serde_json::Value::Null,
         max_attempts: None,
         refund_on: None,
         not_before: None,
