@@ -539,6 +539,10 @@ export interface LedgerEntry {
    */
   account_id: string;
   /**
+   * The entry's place in its account: 1, 2, 3, … without gaps, the order of its hash chain.
+   */
+  account_seq: number;
+  /**
    * Signed credits (minor units): charges and reclaims negative, grants, refunds and returns positive.
    */
   amount: number;
@@ -576,7 +580,8 @@ export interface LedgerEntry {
    */
   reason?: string | null;
   /**
-   * The entry's position in the whole ledger: increasing, gap-free, in commit order.
+   * The entry's number: unique, and increasing within its account in commit order (gaps
+   * allowed; no order across accounts). The ledger's `after` cursor.
    */
   seq: number;
 }

@@ -83,8 +83,11 @@ pub struct CreateAdjustment {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct LedgerEntry {
-    /// The entry's position in the whole ledger: increasing, gap-free, in commit order.
+    /// The entry's number: unique, and increasing within its account in commit order (gaps
+    /// allowed; no order across accounts). The ledger's `after` cursor.
     pub seq: i64,
+    /// The entry's place in its account: 1, 2, 3, … without gaps, the order of its hash chain.
+    pub account_seq: i64,
     /// The account the entry belongs to.
     pub account_id: String,
     /// `grant`, `adjustment`, `charge`, `refund`, `reclaim` or `payout_return`.
@@ -112,6 +115,7 @@ impl From<store::LedgerEntry> for LedgerEntry {
     fn from(e: store::LedgerEntry) -> LedgerEntry {
         LedgerEntry {
             seq: e.seq,
+            account_seq: e.account_seq,
             account_id: e.account_id.into(),
             kind: e.kind.as_str().to_owned(),
             amount: e.amount.get(),

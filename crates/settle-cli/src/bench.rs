@@ -17,7 +17,7 @@ pub struct BenchArgs {
     jobs: usize,
     /// Concurrent clients.
     #[arg(long, value_delimiter = ',', default_value = "1,32")]
-    concurrency: Vec<usize>,
+    pub concurrency: Vec<usize>,
     /// Largest write batch of the SQLite writer (1 disables batching).
     #[arg(long, value_delimiter = ',', default_value = "1,256")]
     batch: Vec<usize>,
@@ -27,7 +27,7 @@ pub struct BenchArgs {
     /// Measure PostgreSQL instead: the URL of a server (each run gets a fresh database there).
     /// Durability is the server's own (`synchronous_commit=on` is forced on Settle's sessions).
     #[arg(long)]
-    postgres: Option<String>,
+    pub postgres: Option<String>,
     /// Measure claim long-poll wake-up latency instead (over HTTP; with --postgres the job is
     /// created by a second store, so the wake-up crosses LISTEN/NOTIFY).
     #[arg(long)]
@@ -35,6 +35,11 @@ pub struct BenchArgs {
     /// Wake-ups measured per case with --wake.
     #[arg(long, default_value_t = 50)]
     samples: usize,
+    /// Measure event latency instead: from a create's commit to its event being read by a consumer
+    /// tailing the feed as the HTTP long-poll does (SQLite, or --postgres), p50/p99 when idle, at
+    /// half of the peak create rate and at the peak (--concurrency's last value writers).
+    #[arg(long)]
+    pub events: bool,
     /// Print only the engine's own one-row durable commit rate (SQLite `synchronous=FULL` in a
     /// file under --dir, or the --postgres server) and stop: the yardstick of scripts/bench-http.
     #[arg(long)]
@@ -237,7 +242,7 @@ async fn wait_for_long_poll(http: &reqwest::Client, base: &str) -> anyhow::Resul
     }
 }
 
-async fn fresh_pg_database(server: &str) -> anyhow::Result<String> {
+pub(crate) async fn fresh_pg_database(server: &str) -> anyhow::Result<String> {
     use std::sync::atomic::{AtomicU64, Ordering};
     static N: AtomicU64 = AtomicU64::new(0);
     let mut conn = sqlx::postgres::PgConnectOptions::from_str(server)?.connect().await?;

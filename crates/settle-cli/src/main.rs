@@ -2,6 +2,7 @@
 //! hands over to one command module. anyhow lives here and nowhere below.
 
 mod bench;
+mod bench_events;
 mod config;
 mod demo;
 mod operator;
@@ -188,6 +189,11 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Events { cmd, db } => {
             operator::events(&open_existing(&db).await?, cmd).await?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench(args) if args.events => {
+            bench_events::run_events(&args.postgres, args.concurrency.last().copied().unwrap_or(16))
+                .await
+                .map(|()| ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
     }

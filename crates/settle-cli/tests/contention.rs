@@ -2,7 +2,10 @@
 //! 20 accounts at once, sending every kind of signal and duplicates of each. Afterwards the ledger
 //! must be exact: every job ended (or deliberately `unknown`), `settle audit` clean, each balance
 //! equal to grants minus the items whose net is −cost, no item refunded or reclaimed twice, one
-//! winner per claim, and no job ever held under two unexpired leases at once.
+//! winner per claim, and no job ever held under two unexpired leases at once. Meanwhile this process
+//! tails the event feed the four write to (each numbering its own events after its commits,
+//! decision 0021): it never meets a gap or an event below its cursor, and what it read as it went is
+//! the whole feed read again at the end.
 
 use settle_core::Credits;
 use settle_core::history::AttemptResult;
@@ -13,6 +16,8 @@ use settle_core::ledger::EntryKind;
 use settle_store::*;
 use std::collections::{HashMap, HashSet};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 const PROCESSES: usize = 4;
 const JOBS: usize = 2_000;
@@ -37,10 +42,29 @@ async fn all_jobs(store: &SqlStore) -> Vec<Job> {
     }
 }
 
+/// Pages the feed after its cursor until `writing` is off and a page comes back empty; every page
+/// must start right after the cursor and run without a gap.
+async fn tail_events(store: Arc<SqlStore>, writing: Arc<AtomicBool>) -> Vec<(i64, String, Option<String>)> {
+    let mut seen: Vec<(i64, String, Option<String>)> = Vec::new();
+    loop {
+        let done = !writing.load(Ordering::SeqCst);
+        let after = seen.last().map_or(0, |e| e.0);
+        let page = store.events(after, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows;
+        for (i, e) in page.iter().enumerate() {
+            assert_eq!(e.seq, after + 1 + i as i64, "a gap, or an event below the cursor, after {after}");
+        }
+        if page.is_empty() && done {
+            return seen;
+        }
+        seen.extend(page.into_iter().map(|e| (e.seq, e.kind.as_str().to_owned(), e.job_id)));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_share_one_postgres_ledger() {
     let url = settle_testkit::fresh_database().await;
-    let store = SqlStore::open(&url, StoreOptions::default()).await.unwrap();
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     let accounts: Vec<AccountId> = (0..ACCOUNTS).map(|a| AccountId::parse(&format!("acct-{a}")).unwrap()).collect();
     for a in &accounts {
         store
@@ -85,6 +109,8 @@ async fn four_processes_share_one_postgres_ledger() {
     for n in 0..JOBS {
         assert!(!store.create_job(new_job(n)).await.unwrap().replayed);
     }
+    let writing = Arc::new(AtomicBool::new(true));
+    let reader = tokio::spawn(tail_events(store.clone(), writing.clone()));
     // Spawn the workers while duplicate creates arrive.
     let children: Vec<_> = (0..PROCESSES)
         .map(|p| {
@@ -102,7 +128,8 @@ async fn four_processes_share_one_postgres_ledger() {
     let mut claims: HashMap<(String, u32), String> = HashMap::new();
     let mut claims_per_job: HashMap<String, u32> = HashMap::new();
     for child in children {
-        let out = child.wait_with_output().unwrap();
+        // Waited for off the runtime's threads, so the reader goes on meanwhile.
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output()).await.unwrap().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -118,6 +145,24 @@ async fn four_processes_share_one_postgres_ledger() {
             *claims_per_job.entry(job).or_default() += 1;
         }
     }
+    writing.store(false, Ordering::SeqCst);
+    let tailed = reader.await.unwrap();
+    let mut whole = Vec::new();
+    loop {
+        let after = whole.last().map_or(0, |e: &(i64, String, Option<String>)| e.0);
+        let page = store.events(after, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows;
+        if page.is_empty() {
+            break;
+        }
+        whole.extend(page.into_iter().map(|e| (e.seq, e.kind.as_str().to_owned(), e.job_id)));
+    }
+    assert!(whole.len() > JOBS, "every job's events are in the feed");
+    assert!(
+        tailed == whole,
+        "the feed as tailed ({} events) is not the feed read whole ({})",
+        tailed.len(),
+        whole.len()
+    );
     // Every job ended, or was deliberately left unknown.
     let jobs = all_jobs(&store).await;
     assert_eq!(jobs.len(), JOBS);

@@ -12,6 +12,10 @@ use std::sync::LazyLock;
 
 struct Acc {
     balance: i64,
+    /// The account's stored count of entries (its last `account_seq`).
+    entries: i64,
+    /// The last `account_seq` met in the ledger pass.
+    position: i64,
     exposure: i64,
     refunded_cost: i128,
     held: i64,
@@ -56,12 +60,12 @@ fn v(invariant: Invariant, account: Option<&str>, job: Option<&str>, item: Optio
 
 columns! {
     /// An account's stored figures.
-    AccountRow { id, balance, exposure, held }
+    AccountRow { id, balance, exposure, held, entries }
 }
 
 columns! {
-    /// The newest ledger entry's number (0 for none).
-    LastSeqRow { seq = "COALESCE(MAX(seq), 0)" }
+    /// The `outbox` counter: the last event number given.
+    CounterRow { value }
 }
 
 columns! {
@@ -76,7 +80,10 @@ columns! {
 
 columns! {
     /// What pass A reads of each ledger entry.
-    EntryRow { seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, ref_id, reason }
+    EntryRow {
+        seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, ref_id,
+        reason,
+    }
 }
 
 columns! {
@@ -109,8 +116,9 @@ struct Audit<'p> {
 
 /// The whole audit in streaming passes over one snapshot, memory bounded by the number of
 /// accounts (not entries or items): the ledger in `seq` order (L1 sums, L2 running balances and
-/// hash chains, gap-free numbers); every item joined with its entries in key order (L3, L4, the
-/// held and exposure totals); entries of missing items; withdrawals; the outbox numbers.
+/// hash chains, each account's positions 1, 2, 3, … in `seq` order); every item joined with its entries in key order (L3, L4, the
+/// held and exposure totals); entries of missing items; withdrawals; the outbox numbers (gap-free up
+/// to the counter; events still waiting for theirs are not counted).
 /// `progress` is called every 100 000 rows.
 pub(crate) async fn audit(
     db: &mut Db<'_>,
@@ -147,16 +155,25 @@ impl Audit<'_> {
     async fn load_accounts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         static ACCOUNTS: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM accounts ORDER BY id", AccountRow::LIST));
-        static LAST_SEQ: LazyLock<String> =
-            LazyLock::new(|| format!("SELECT {} FROM ledger_entries", LastSeqRow::LIST));
         for r in db.all(&ACCOUNTS, args![]).await? {
             use AccountRow as C;
             let (balance, exposure, held) = (r.i64(C::balance)?, r.i64(C::exposure)?, r.i64(C::held)?);
-            let acc =
-                Acc { balance, exposure, refunded_cost: 0, held, held_cost: 0, sum: 0, running: 0, prev: GENESIS_HASH };
+            let entries = r.i64(C::entries)?;
+            self.total += entries.max(0) as u64;
+            let acc = Acc {
+                balance,
+                entries,
+                position: 0,
+                exposure,
+                refunded_cost: 0,
+                held,
+                held_cost: 0,
+                sum: 0,
+                running: 0,
+                prev: GENESIS_HASH,
+            };
             self.accounts.insert(r.text(C::id)?, acc);
         }
-        self.total = db.one(&LAST_SEQ, args![]).await?.i64(LastSeqRow::seq)?.max(0) as u64;
         Ok(())
     }
 
@@ -164,25 +181,13 @@ impl Audit<'_> {
     async fn ledger(&mut self, db: &mut Db<'_>) -> Result<(u64, u64), StoreError> {
         static SQL: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM ledger_entries ORDER BY seq", EntryRow::LIST));
-        let (mut expected_seq, mut item_entries, mut done) = (1i64, 0u64, 0u64);
+        let (mut item_entries, mut done) = (0u64, 0u64);
         let read = db
             .each(&SQL, args![], |r| {
                 done += 1;
                 if done.is_multiple_of(PROGRESS_EVERY) {
                     (self.progress)(AuditProgress { phase: "ledger", done, total: self.total });
                 }
-                let seq = r.i64(EntryRow::seq)?;
-                if seq != expected_seq {
-                    let account = r.text(EntryRow::account_id)?;
-                    self.push(
-                        Invariant::Seq,
-                        Some(&account),
-                        None,
-                        None,
-                        format!("ledger seq {seq} follows {}", expected_seq - 1),
-                    );
-                }
-                expected_seq = seq + 1;
                 if self.entry(r)? {
                     item_entries += 1;
                 }
@@ -205,10 +210,20 @@ impl Audit<'_> {
             self.push(Invariant::L2, Some(&account_id), None, None, format!("entry {seq} has unknown kind {kind_s}"));
             return Ok(false);
         };
+        let account_seq = r.i64(C::account_seq)?;
         let Some(acc) = self.accounts.get_mut(&account_id) else {
             self.push(Invariant::L1, Some(&account_id), None, None, format!("entry {seq} names a missing account"));
             return Ok(false);
         };
+        // In `seq` order, an account's entries are its chain positions 1, 2, 3, …: a gap is a
+        // missing entry, a step back an entry numbered out of commit order.
+        let position = acc.position;
+        acc.position = account_seq;
+        if account_seq != position + 1 {
+            let message = format!("entry {seq}: account_seq {account_seq} follows {position}");
+            self.push(Invariant::Seq, Some(&account_id), job, item, message);
+        }
+        let acc = self.accounts.get_mut(&account_id).expect("found above");
         acc.sum += i128::from(amount);
         acc.running += i128::from(amount);
         let running = acc.running;
@@ -248,6 +263,15 @@ impl Audit<'_> {
             .collect();
         for (id, message) in wrong {
             self.push(Invariant::L1, Some(&id), None, None, message);
+        }
+        let miscounted: Vec<(String, String)> = (self.accounts.iter())
+            .filter(|(_, acc)| acc.entries != acc.position)
+            .map(|(id, acc)| {
+                (id.clone(), format!("counts {} entries but its chain ends at {}", acc.entries, acc.position))
+            })
+            .collect();
+        for (id, message) in miscounted {
+            self.push(Invariant::Seq, Some(&id), None, None, message);
         }
     }
 
@@ -398,6 +422,12 @@ impl Audit<'_> {
             Ok(())
         })
         .await?;
+        let counter =
+            db.one("SELECT value FROM counters WHERE name = 'outbox'", args![]).await?.i64(CounterRow::value)?;
+        if counter != expected - 1 {
+            let message = format!("the outbox counter is at {counter} but the last event is {}", expected - 1);
+            self.push(Invariant::Seq, None, None, None, message);
+        }
         Ok(())
     }
 }

@@ -123,7 +123,11 @@ pub struct NewAdjustment {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerEntry {
+    /// Unique in the store; increases within an account in commit order (gaps allowed, no order
+    /// across accounts).
     pub seq: i64,
+    /// 1, 2, 3, … within the account, gap-free: the entry's place in the account's hash chain.
+    pub account_seq: i64,
     pub account_id: AccountId,
     pub kind: EntryKind,
     pub amount: Credits,

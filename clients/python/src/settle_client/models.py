@@ -46,7 +46,8 @@ class Account(_Replayable):
 
 
 class LedgerEntry(_Replayable):
-    seq: int
+    seq: int  # unique; increases within an account in commit order (gaps allowed)
+    account_seq: int  # 1, 2, 3, ... per account, gap-free: the entry's place in the hash chain
     account_id: str
     kind: str  # grant, charge, refund, reclaim, adjustment, payout_return
     amount: int

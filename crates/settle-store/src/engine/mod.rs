@@ -3,9 +3,11 @@
 //! COMMIT — and differ in who runs the batches:
 //! - `sqlite`: one writer thread owning the one connection that writes (rusqlite);
 //! - `postgres`: a few lanes, each a task committing batches on a pooled connection, and
-//!   single-operation transactions for what may not share one (docs/decisions/0013).
+//!   single-operation transactions for what may not share one (docs/decisions/0013); `sequencer`
+//!   numbers their events after they commit (docs/decisions/0021).
 
 pub(crate) mod postgres;
+pub(crate) mod sequencer;
 pub(crate) mod sqlite;
 
 use crate::db::Db;

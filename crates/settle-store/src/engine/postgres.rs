@@ -1,7 +1,8 @@
 //! PostgreSQL writes (docs/decisions/0013).
 //!
 //! - `PgShared::transaction`: one operation in one READ COMMITTED transaction, retried whole on the
-//!   retryable SQLSTATEs; its ledger lines and events are numbered by `ops::flush` just before COMMIT.
+//!   retryable SQLSTATEs; its ledger lines and events are written by `ops::flush` just before COMMIT,
+//!   and the sequencer is asked to number its events after it (docs/decisions/0021).
 //! - Lanes: `lanes` tasks sharing one queue. A lane takes the first waiting operation and whatever
 //!   else is waiting (up to `batch_max`, no timer), runs them in one transaction under a short lock
 //!   timeout, a savepoint each, flushes once, commits once, then answers every one. An operation
@@ -9,6 +10,7 @@
 //!   create) is rolled back to its savepoint and run again alone after the batch, so a batch never
 //!   waits long on another transaction and cannot hold a wait cycle for more than the short timeout.
 
+use super::sequencer::Sequencer;
 use super::{BatchOp, Env, OpFn, Ran};
 use crate::db::Db;
 use crate::error::StoreError;
@@ -33,9 +35,10 @@ pub(crate) struct PgShared {
     pub pool: PgPool,
     pub env: Env,
     pub tx_retries: AtomicU64,
-    /// The store's lock timeout, restored before the flush (the counters may be held by a
-    /// committing batch for a while).
+    /// The store's lock timeout, restored before the flush.
     pub lock_timeout: Duration,
+    /// Numbers the events of every COMMIT that wrote some.
+    pub sequencer: Arc<Sequencer>,
 }
 
 fn new_pending() -> Arc<Mutex<Pending>> {
@@ -67,7 +70,7 @@ impl PgShared {
             let out = {
                 let mut db = Db::Pg(&mut tx);
                 match f(&mut db, &cx).await {
-                    Ok(v) => ops::flush(&mut db, &take(&pending)).await.map(|()| v),
+                    Ok(v) => ops::flush(&mut db, &take(&pending)).await.map(|events| (v, events)),
                     Err(e) => Err(e),
                 }
             };
@@ -76,8 +79,13 @@ impl PgShared {
                     let _ = tx.rollback().await;
                     Err(e)
                 }
-                Ok(v) => match tx.commit().await {
-                    Ok(()) => Ok(v),
+                Ok((v, events)) => match tx.commit().await {
+                    Ok(()) => {
+                        if events {
+                            self.sequencer.poke();
+                        }
+                        Ok(v)
+                    }
                     Err(e) => Err(StoreError::from_commit(e)),
                 },
             };
@@ -198,6 +206,7 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
             _ => ran.push(op),
         }
     }
+    let mut events = false;
     if broken.is_none() {
         let restore = format!("SET LOCAL lock_timeout = '{}ms'", shared.lock_timeout.as_millis().max(1));
         let flushed = async {
@@ -206,7 +215,7 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
             ops::flush(&mut db, &take(&pending)).await
         };
         match AssertUnwindSafe(flushed).catch_unwind().await {
-            Ok(Ok(())) => {}
+            Ok(Ok(wrote)) => events = wrote,
             Ok(Err(e)) => broken = Some(e.to_string()),
             Err(_) => broken = Some("the flush panicked".into()),
         }
@@ -221,6 +230,9 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
     let committed = tx.commit().await.map_err(StoreError::from_commit);
     match committed {
         Ok(()) => {
+            if events {
+                shared.sequencer.poke();
+            }
             for op in ran {
                 op.deliver(Ok(()));
             }

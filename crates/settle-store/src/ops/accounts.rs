@@ -58,11 +58,12 @@ pub(crate) async fn create_account(db: &mut Db<'_>, cx: &Cx, req: &NewAccount) -
 columns! {
     /// A grant's or adjustment's entry and the fingerprint of the request that made it.
     CreditCol {
-        seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash, request_hash,
+        seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash,
+        request_hash,
     }
 }
 holds!(CreditCol: EntryCol {
-    seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash,
+    seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash,
 });
 
 /// A grant or adjustment by its id.

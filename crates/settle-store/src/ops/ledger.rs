@@ -1,9 +1,15 @@
 //! The ledger: guarded balance changes, and the lines that explain them, hash-chained per account.
-//! On SQLite lines are numbered at once from the gap-free `ledger` counter; on PostgreSQL they wait
-//! in the transaction's `Pending` and are numbered just before COMMIT (docs/decisions/0013).
+//!
+//! Each account numbers its own entries: the guarded balance UPDATE every posting makes also bumps
+//! `accounts.entries` by the posting's lines, so their `account_seq` (the chain position) is known
+//! at once from a row the transaction holds anyway. `seq` (unique, increasing within an account in
+//! commit order) comes on SQLite from the `ledger` counter, which only the single writer takes; on
+//! PostgreSQL from a plain sequence taken at the flush, after every account row of the transaction
+//! is locked, so no global row is held on the commit path (docs/decisions/0021). On PostgreSQL the
+//! lines wait in the transaction's `Pending` and are hashed and written by `flush_lines`.
 
 use super::{Cx, PendingLine, guard_hit, lock_pending, next_seq};
-use crate::db::{Db, Value, args, columns};
+use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::Credits;
@@ -28,8 +34,9 @@ pub(crate) enum BalanceCheck {
 }
 
 columns! {
-    /// What a balance change returns: the balance after it.
-    BalanceCol { balance }
+    /// What a balance change returns: the balance after it, and the account's entries counting the
+    /// posting's lines (its last line's `account_seq`).
+    BalanceCol { balance, entries }
 }
 
 columns! {
@@ -38,22 +45,32 @@ columns! {
 }
 
 columns! {
-    /// An account's newest entry's hash.
+    /// An account's entry's hash.
     HashCol { hash }
 }
 
 columns! {
-    /// Each account (of an array) and its newest entry's hash (NULL for none).
-    HeadCol { id = "a.id", hash = "(SELECT e.hash FROM ledger_entries e WHERE e.account_id = a.id ORDER BY e.seq DESC LIMIT 1)" }
+    /// Each account (of an array) and the hash of its entry at `a.prev` (NULL when `prev` is 0).
+    HeadCol {
+        id = "a.id",
+        prev = "a.prev",
+        hash = "(SELECT e.hash FROM ledger_entries e WHERE e.account_id = a.id AND e.account_seq = a.prev)",
+    }
+}
+
+columns! {
+    /// A number from PostgreSQL's ledger sequence.
+    SeqCol { seq = "nextval('ledger_seq_numbers')" }
 }
 
 // Debits (charges, negative adjustments) keep `balance − exposure ≥ −BALANCE_MAX`: the balance
 // after every possible reclaim stays inside i64 (docs/decisions/0003).
-// Each also moves `held` by $4 and `exposure` by $5 (`Holds`) in the same statement; the guards
-// read the values from before it, as when they were separate statements after the balance.
+// Each also moves `held` by $4 and `exposure` by $5 (`Holds`) in the same statement, and counts the
+// posting's $6 lines in `entries`; the guards read the values from before it, as when they were
+// separate statements after the balance.
 static DEBIT_OVERDRAFT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, entries = entries + $6 \
          WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 AND balance - exposure >= (0 - $3) - $2 \
          RETURNING {}",
         BalanceCol::LIST
@@ -62,7 +79,7 @@ static DEBIT_OVERDRAFT: LazyLock<String> = LazyLock::new(|| {
 // As DEBIT_OVERDRAFT with the overdraft limit taken as zero, whatever the account's is.
 static DEBIT_CASH: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, entries = entries + $6 \
          WHERE id = $1 AND balance >= 0 - $2 AND balance - exposure >= (0 - $3) - $2 RETURNING {}",
         BalanceCol::LIST
     )
@@ -71,31 +88,36 @@ static DEBIT_CASH: LazyLock<String> = LazyLock::new(|| {
 // refund and return still possible stays inside i64 (docs/decisions/0003).
 static CREDIT_BOUNDED: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, entries = entries + $6 \
          WHERE id = $1 AND balance + held <= $3 - $2 RETURNING {}",
         BalanceCol::LIST
     )
 });
 static DEBIT_BOUNDED: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5 \
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, entries = entries + $6 \
          WHERE id = $1 AND balance - exposure >= (0 - $3) - $2 RETURNING {}",
         BalanceCol::LIST
     )
 });
 static CREDIT_ANY: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE accounts SET balance = balance + $2, held = held + $3, exposure = exposure + $4 \
-         WHERE id = $1 RETURNING {}",
+        "UPDATE accounts SET balance = balance + $2, held = held + $3, exposure = exposure + $4, \
+         entries = entries + $5 WHERE id = $1 RETURNING {}",
         BalanceCol::LIST
     )
 });
 static LIMITS: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", LimitCol::LIST));
 static CHAIN_HEAD: LazyLock<String> = LazyLock::new(|| {
-    format!("SELECT {} FROM ledger_entries WHERE account_id = $1 ORDER BY seq DESC LIMIT 1", HashCol::LIST)
+    format!("SELECT {} FROM ledger_entries WHERE account_id = $1 AND account_seq = $2", HashCol::LIST)
 });
 static CHAIN_HEADS: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM unnest($1::text[]) AS a(id)", HeadCol::LIST));
+    LazyLock::new(|| format!("SELECT {} FROM unnest($1::text[], $2::bigint[]) AS a(id, prev)", HeadCol::LIST));
+static SEQ_NUMBERS: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM generate_series(1::bigint, $1::bigint)", SeqCol::LIST));
+const INSERT_ENTRY: &str = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, \
+     item_id, ref_id, reason, request_hash, created_at, prev_hash, hash) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 const HOLDS_ONLY: &str = "UPDATE accounts SET held = held + $2, exposure = exposure + $3 WHERE id = $1";
 
 /// How a transition moves an account's `held` (what later refunds and returns could add back) and
@@ -127,8 +149,9 @@ pub(crate) struct Line<'a> {
 }
 
 /// Appends `lines` to one account's ledger: one server-side balance change for their sum (guarded
-/// per `check`), then the lines themselves — at once on SQLite; on PostgreSQL queued for `flush`,
-/// which numbers and chains them just before COMMIT (docs/decisions/0013).
+/// per `check`, numbering them in the account), then the lines themselves — at once on SQLite; on
+/// PostgreSQL queued for `flush`, which gives them their `seq` and hashes just before COMMIT
+/// (docs/decisions/0021).
 pub(crate) async fn post(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -145,13 +168,14 @@ pub(crate) async fn post(
         return Ok(());
     };
     let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
-    let balance_end = change_balance(db, account_id, check, total, holds).await?;
-    let mut balance = Credits::new(balance_end).checked_sub(total)?;
+    let posted = change_balance(db, account_id, check, total, holds, lines.len()).await?;
+    let mut balance = Credits::new(posted.balance).checked_sub(total)?;
     let mut pending = lock_pending(pending);
-    for line in lines {
+    for (line, account_seq) in lines.iter().zip(posted.first_account_seq..) {
         balance = balance.checked_add(line.amount)?;
         pending.lines.push(PendingLine {
             account_id: account_id.to_owned(),
+            account_seq,
             kind: line.kind,
             amount: line.amount.get(),
             balance_after: balance.get(),
@@ -163,35 +187,44 @@ pub(crate) async fn post(
             created_at: cx.now.micros(),
         });
     }
-    assert_eq!(balance.get(), balance_end, "ledger lines must sum to the balance change");
+    assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
     Ok(())
 }
 
-/// The guarded balance change for a posting of `total`; returns the balance after it.
+/// What a guarded balance change left: the balance after it, and the `account_seq` of the first of
+/// the posting's lines.
+struct Posted {
+    balance: i64,
+    first_account_seq: i64,
+}
+
+/// The guarded balance change for a posting of `total` in `lines` lines.
 async fn change_balance(
     db: &mut Db<'_>,
     account_id: &str,
     check: BalanceCheck,
     total: Credits,
     holds: Holds,
-) -> Result<i64, StoreError> {
-    let (held, exposure) = (holds.held, holds.exposure);
+    lines: usize,
+) -> Result<Posted, StoreError> {
+    let (held, exposure, n) = (holds.held, holds.exposure, lines as i64);
+    let max = limits::BALANCE_MAX;
     let row = match check {
         BalanceCheck::Overdraft => {
             debug_assert!(!total.is_positive());
-            db.opt(&DEBIT_OVERDRAFT, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
+            db.opt(&DEBIT_OVERDRAFT, args![account_id, total.get(), max, held, exposure, n]).await?
         }
         BalanceCheck::Cash => {
             debug_assert!(!total.is_positive());
-            db.opt(&DEBIT_CASH, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
+            db.opt(&DEBIT_CASH, args![account_id, total.get(), max, held, exposure, n]).await?
         }
         BalanceCheck::Bounded if total.is_negative() => {
-            db.opt(&DEBIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
+            db.opt(&DEBIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n]).await?
         }
         BalanceCheck::Bounded => {
-            db.opt(&CREDIT_BOUNDED, args![account_id, total.get(), limits::BALANCE_MAX, held, exposure]).await?
+            db.opt(&CREDIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n]).await?
         }
-        BalanceCheck::Never => db.opt(&CREDIT_ANY, args![account_id, total.get(), held, exposure]).await?,
+        BalanceCheck::Never => db.opt(&CREDIT_ANY, args![account_id, total.get(), held, exposure, n]).await?,
     };
     let Some(row) = row else {
         let current =
@@ -207,12 +240,13 @@ async fn change_balance(
             _ => StoreError::Overflow,
         });
     };
-    row.i64(BalanceCol::balance)
+    let entries = row.i64(BalanceCol::entries)?;
+    Ok(Posted { balance: row.i64(BalanceCol::balance)?, first_account_seq: entries - n + 1 })
 }
 
 /// `post`, with the lines numbered and written at once, for an answer that is the entry itself
-/// (grants, adjustments). On PostgreSQL this takes the ledger counter now and holds it to COMMIT, so
-/// it runs in a transaction of its own; nothing may be queued before it.
+/// (grants, adjustments). It runs in a transaction of its own on PostgreSQL: nothing may be queued
+/// before it (the chain head it reads would miss the queued lines).
 pub(crate) async fn post_now(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -228,7 +262,29 @@ pub(crate) async fn post_now(
     post_lines(db, cx, account_id, check, lines, Holds::default()).await
 }
 
-/// Posts and writes `lines` at once, numbered from the `ledger` counter.
+/// `n` fresh `seq` numbers, ascending: SQLite's writer takes them from the `ledger` counter (it
+/// alone writes); PostgreSQL from the ledger sequence, called after the account rows are locked.
+async fn seq_numbers(db: &mut Db<'_>, n: usize) -> Result<Vec<i64>, StoreError> {
+    match db.engine() {
+        Engine::Sqlite => {
+            let first = next_seq(db, "ledger", n as i64).await?;
+            Ok((first..first + n as i64).collect())
+        }
+        Engine::Postgres => {
+            let rows = db.all(&SEQ_NUMBERS, args![n as i64]).await?;
+            let mut seqs = rows.iter().map(|r| r.i64(SeqCol::seq)).collect::<Result<Vec<_>, _>>()?;
+            // One statement's numbers come in the order it called nextval; sorted all the same,
+            // so an account's lines increase in the order they were posted whatever the plan.
+            seqs.sort_unstable();
+            if seqs.len() != n {
+                return Err(StoreError::internal(format!("asked for {n} ledger numbers, got {}", seqs.len())));
+            }
+            Ok(seqs)
+        }
+    }
+}
+
+/// Posts and writes `lines` at once.
 async fn post_lines(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -242,14 +298,13 @@ async fn post_lines(
         return Ok(Vec::new());
     }
     let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
-    let balance_end = change_balance(db, account_id, check, total, holds).await?;
-    let mut balance = Credits::new(balance_end).checked_sub(total)?;
-    let mut prev = chain_head(db, account_id).await?;
-    let first_seq = next_seq(db, "ledger", lines.len() as i64).await?;
+    let posted = change_balance(db, account_id, check, total, holds, lines.len()).await?;
+    let mut balance = Credits::new(posted.balance).checked_sub(total)?;
+    let mut prev = chain_head(db, account_id, posted.first_account_seq - 1).await?;
+    let seqs = seq_numbers(db, lines.len()).await?;
     let mut out = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
+    for ((line, seq), account_seq) in lines.iter().zip(seqs).zip(posted.first_account_seq..) {
         balance = balance.checked_add(line.amount)?;
-        let seq = first_seq + i as i64;
         let fields = EntryFields {
             seq,
             account_id,
@@ -264,10 +319,10 @@ async fn post_lines(
         };
         let hash = chain_hash(&prev, &fields);
         db.exec(
-            "INSERT INTO ledger_entries (seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, \
-             request_hash, created_at, prev_hash, hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+            INSERT_ENTRY,
             args![
                 seq,
+                account_seq,
                 account_id,
                 line.kind.as_str(),
                 line.amount.get(),
@@ -285,6 +340,7 @@ async fn post_lines(
         .await?;
         out.push(LedgerEntry {
             seq,
+            account_seq,
             // The account the guarded balance change above just found by this id.
             account_id: AccountId::stored(account_id),
             kind: line.kind,
@@ -299,47 +355,66 @@ async fn post_lines(
         });
         prev = hash;
     }
-    assert_eq!(balance.get(), balance_end, "ledger lines must sum to the balance change");
+    assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
     Ok(out)
 }
 
-/// The hash of an account's newest entry (the genesis hash for an account without entries).
-async fn chain_head(db: &mut Db<'_>, account_id: &str) -> Result<Hash32, StoreError> {
-    match db.opt(&CHAIN_HEAD, args![account_id]).await? {
-        Some(r) => r.blob(HashCol::hash)?.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes")),
-        None => Ok(GENESIS_HASH),
+fn hash32(h: Vec<u8>) -> Result<Hash32, StoreError> {
+    h.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes"))
+}
+
+/// The hash of an account's entry at `account_seq` — the genesis hash at 0. A position the account
+/// counts but the ledger lacks is an internal error, never a fresh chain.
+async fn chain_head(db: &mut Db<'_>, account_id: &str, account_seq: i64) -> Result<Hash32, StoreError> {
+    if account_seq == 0 {
+        return Ok(GENESIS_HASH);
+    }
+    match db.opt(&CHAIN_HEAD, args![account_id, account_seq]).await? {
+        Some(r) => hash32(r.blob(HashCol::hash)?),
+        None => Err(StoreError::internal(format!("account {account_id} has no ledger entry {account_seq}"))),
     }
 }
 
-/// PostgreSQL, just before COMMIT: numbers the transaction's queued lines from the `ledger`
-/// counter, chains them per account and writes them in one statement. The previous hash of each
-/// account is read before the counter is taken; it cannot change meanwhile, as this transaction
-/// holds the row of every account it posted to.
+/// PostgreSQL, just before COMMIT: gives the transaction's queued lines their `seq` from the ledger
+/// sequence, chains them per account and writes them in one statement. Each account's previous
+/// hash is its entry before the first queued line's `account_seq`; it cannot change meanwhile, as
+/// this transaction holds the row of every account it posted to.
 pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Result<(), StoreError> {
     if lines.is_empty() {
         return Ok(());
     }
-    let mut accounts: Vec<&str> = Vec::new();
+    // Each account's first queued position: the lines of one account were queued in order.
+    let mut firsts: Vec<(&str, i64)> = Vec::new();
     for line in lines {
-        if !accounts.contains(&line.account_id.as_str()) {
-            accounts.push(&line.account_id);
+        if !firsts.iter().any(|(a, _)| *a == line.account_id) {
+            firsts.push((&line.account_id, line.account_seq));
         }
     }
-    let mut heads: std::collections::HashMap<String, Hash32> = std::collections::HashMap::new();
-    let rows = db.all(&CHAIN_HEADS, &[Value::Texts(accounts.iter().map(|a| a.to_string()).collect())]).await?;
+    let rows = db
+        .all(
+            &CHAIN_HEADS,
+            &[
+                Value::Texts(firsts.iter().map(|(a, _)| a.to_string()).collect()),
+                Value::I64s(firsts.iter().map(|(_, first)| first - 1).collect()),
+            ],
+        )
+        .await?;
+    let mut heads: std::collections::HashMap<String, (i64, Hash32)> = std::collections::HashMap::new();
     for r in &rows {
-        let head = match r.opt_blob(HeadCol::hash)? {
-            Some(h) => h.try_into().map_err(|_| StoreError::internal("ledger hash is not 32 bytes"))?,
-            None => GENESIS_HASH,
+        let (account, prev) = (r.text(HeadCol::id)?, r.i64(HeadCol::prev)?);
+        let head = match (prev, r.opt_blob(HeadCol::hash)?) {
+            (0, _) => GENESIS_HASH,
+            (_, Some(h)) => hash32(h)?,
+            (_, None) => return Err(StoreError::internal(format!("account {account} has no ledger entry {prev}"))),
         };
-        heads.insert(r.text(HeadCol::id)?, head);
+        heads.insert(account, (prev, head));
     }
-    let first = next_seq(db, "ledger", lines.len() as i64).await?;
+    let seqs = seq_numbers(db, lines.len()).await?;
     let n = lines.len();
-    let (mut seqs, mut prevs, mut hashes) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
-    for (i, line) in lines.iter().enumerate() {
-        let seq = first + i as i64;
-        let head = heads.get_mut(&line.account_id).ok_or_else(|| StoreError::internal("no chain head"))?;
+    let (mut prevs, mut hashes) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for (line, &seq) in lines.iter().zip(&seqs) {
+        let (at, head) = heads.get_mut(&line.account_id).ok_or_else(|| StoreError::internal("no chain head"))?;
+        assert_eq!(line.account_seq, *at + 1, "an account's queued lines follow each other");
         let hash = chain_hash(
             head,
             &EntryFields {
@@ -355,18 +430,18 @@ pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Resul
                 created_at: line.created_at,
             },
         );
-        seqs.push(seq);
         prevs.push(head.to_vec());
         hashes.push(hash.to_vec());
-        *head = hash;
+        (*at, *head) = (line.account_seq, hash);
     }
     db.exec(
-        "INSERT INTO ledger_entries (seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, \
-         request_hash, created_at, prev_hash, hash) \
-         SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], \
-         $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bigint[], $12::bytea[], $13::bytea[])",
+        "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
+         ref_id, reason, request_hash, created_at, prev_hash, hash) \
+         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
+         $7::text[], $8::text[], $9::text[], $10::text[], $11::bytea[], $12::bigint[], $13::bytea[], $14::bytea[])",
         &[
             Value::I64s(seqs),
+            Value::I64s(lines.iter().map(|l| l.account_seq).collect()),
             Value::OptTexts(lines.iter().map(|l| Some(l.account_id.clone())).collect()),
             Value::OptTexts(lines.iter().map(|l| Some(l.kind.as_str().to_owned())).collect()),
             Value::I64s(lines.iter().map(|l| l.amount).collect()),

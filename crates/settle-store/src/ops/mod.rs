@@ -80,13 +80,13 @@ pub(crate) struct Cx {
     pub policy: Arc<Policies>,
     pub rng: Arc<Mutex<SplitMix64>>,
     pub crash: Option<Arc<dyn CrashHook>>,
-    /// PostgreSQL: the transaction's ledger lines and events, numbered by `flush` just before its
-    /// COMMIT (docs/decisions/0013). `None` on SQLite, whose single writer numbers them at once.
+    /// PostgreSQL: the transaction's ledger lines and events, written by `flush` just before its
+    /// COMMIT (docs/decisions/0021). `None` on SQLite, whose single writer numbers them at once.
     pub pending: Option<Arc<Mutex<Pending>>>,
 }
 
 /// Ledger lines and outbox events of one PostgreSQL transaction, in the order they were written,
-/// waiting for their numbers. Shared by every operation of a batch; the batch runner cuts it back
+/// waiting for their `seq` and hashes (lines) and their stamp (events). Shared by every operation of a batch; the batch runner cuts it back
 /// to the mark taken before an operation that fails.
 #[derive(Default)]
 pub(crate) struct Pending {
@@ -114,6 +114,8 @@ impl Pending {
 
 pub(crate) struct PendingLine {
     pub account_id: String,
+    /// Its place in the account's chain, from the balance UPDATE that posted it.
+    pub account_seq: i64,
     pub kind: EntryKind,
     pub amount: i64,
     pub balance_after: i64,

@@ -38,7 +38,7 @@ holds!(ItemNetCol: ItemCol { item_id, cost, state, refund_reason });
 
 columns! {
     /// A ledger entry's columns, as `LedgerEntry` shows them.
-    pub(crate) EntryCol { seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash }
+    pub(crate) EntryCol { seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash }
 }
 
 columns! {
@@ -219,6 +219,7 @@ pub(crate) fn entry_from_row<C: Holds<EntryCol>>(r: &Row) -> Result<LedgerEntry,
     let hash = r.blob(C::of(E::hash))?;
     Ok(LedgerEntry {
         seq: r.i64(C::of(E::seq))?,
+        account_seq: r.i64(C::of(E::account_seq))?,
         account_id: stored_id(AccountId::stored, "account id", &r.text(C::of(E::account_id))?)?,
         kind: EntryKind::parse(&kind).ok_or_else(|| StoreError::internal(format!("bad entry kind {kind}")))?,
         amount: Credits::new(r.i64(C::of(E::amount))?),

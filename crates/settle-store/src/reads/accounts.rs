@@ -33,13 +33,9 @@ pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Resul
 }
 
 columns! {
-    /// What an account may still credit back (`held`) and what a later success may reclaim.
-    HoldsCol { held, exposure }
-}
-
-columns! {
-    /// How many entries an account's ledger holds.
-    EntriesCol { entries = "COUNT(*)" }
+    /// What an account may still credit back (`held`), what a later success may reclaim, and how
+    /// many entries its ledger holds (its last `account_seq`).
+    HoldsCol { held, exposure, entries }
 }
 
 columns! {
@@ -49,8 +45,6 @@ columns! {
 
 pub(crate) async fn account_detail(db: &mut Db<'_>, id: &str) -> Result<AccountDetail, StoreError> {
     static HOLDS: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", HoldsCol::LIST));
-    static ENTRIES: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE account_id = $1", EntriesCol::LIST));
     static PENDING: LazyLock<String> = LazyLock::new(|| {
         format!(
             "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id WHERE j.account_id = $1 AND i.state = 'charged'",
@@ -60,7 +54,7 @@ pub(crate) async fn account_detail(db: &mut Db<'_>, id: &str) -> Result<AccountD
     let row = db.opt(&ops::SELECT_ACCOUNT, args![id]).await?.ok_or_else(|| StoreError::not_found("account", id))?;
     let account = ops::account_from_row(&row)?;
     let holds = db.one(&HOLDS, args![id]).await?;
-    let entries = db.one(&ENTRIES, args![id]).await?.i64(EntriesCol::entries)?;
+    let entries = holds.i64(HoldsCol::entries)?;
     let pending = db.one(&PENDING, args![id]).await?.i64(PendingCol::pending)?;
     let (held, exposure) = (holds.i64(HoldsCol::held)?, holds.i64(HoldsCol::exposure)?);
     Ok(AccountDetail { account, held, exposure, pending, entries })
@@ -68,20 +62,27 @@ pub(crate) async fn account_detail(db: &mut Db<'_>, id: &str) -> Result<AccountD
 
 columns! {
     /// An entry as the hash chain covers it (the account is the one asked for), with the hashes.
-    ChainCol { seq, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, prev_hash, hash }
+    ChainCol { seq, account_seq, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, prev_hash, hash }
 }
 
-/// The account's chain recomputed from genesis, as the audit does for every account.
+/// The account's chain recomputed from genesis in `account_seq` order, as the audit does for every
+/// account: the first entry whose hash, predecessor or position (1, 2, 3, …) is wrong.
 pub(crate) async fn verify_chain(db: &mut Db<'_>, id: &str) -> Result<Option<i64>, StoreError> {
-    static CHAIN: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE account_id = $1 ORDER BY seq", ChainCol::LIST));
+    static CHAIN: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {} FROM ledger_entries WHERE account_id = $1 ORDER BY account_seq", ChainCol::LIST)
+    });
     db.opt("SELECT id FROM accounts WHERE id = $1", args![id])
         .await?
         .ok_or_else(|| StoreError::not_found("account", id))?;
-    let (mut prev, mut chain_break): (Hash32, Option<i64>) = (GENESIS_HASH, None);
+    let (mut prev, mut chain_break, mut position): (Hash32, Option<i64>, i64) = (GENESIS_HASH, None, 0);
     db.each(&CHAIN, args![id], |r| {
         use ChainCol as C;
         let seq = r.i64(C::seq)?;
+        let account_seq = r.i64(C::account_seq)?;
+        if chain_break.is_none() && account_seq != position + 1 {
+            chain_break = Some(seq);
+        }
+        position = account_seq;
         let kind = name(EntryKind::parse, "entry kind", r.text(C::kind)?)?;
         let (job_id, item_id) = (r.opt_text(C::job_id)?, r.opt_text(C::item_id)?);
         let (ref_id, reason) = (r.opt_text(C::ref_id)?, r.opt_text(C::reason)?);

@@ -11,6 +11,7 @@
 use crate::artifacts::ArtifactStore;
 use crate::db::{Db, Engine};
 use crate::engine::postgres::PgShared;
+use crate::engine::sequencer::Sequencer;
 use crate::engine::{BatchOp, Env, Op, OpFn};
 use crate::error::StoreError;
 use crate::model::*;
@@ -62,7 +63,8 @@ pub struct SqlStore {
     env: Env,
     /// Woken when a job may have become due (here, or in any process via LISTEN/NOTIFY).
     wake: Arc<tokio::sync::Notify>,
-    /// Woken when this process appended outbox events.
+    /// Woken when events became readable: SQLite, after this process's writes that appended some;
+    /// PostgreSQL, after a sequencer pass numbered some (here, or in any process via LISTEN).
     events_wake: Arc<tokio::sync::Notify>,
     artifacts: Option<Arc<dyn ArtifactStore>>,
     /// The other stores artifacts were registered in (by location), opened when a teardown needs
@@ -170,9 +172,14 @@ impl SqlStore {
             .acquire_timeout(options.pg_acquire_timeout)
             .connect_with(connect.clone())
             .await?;
-        // LISTEN holds its connection for good: give it a pool of its own, so it never takes one of
-        // the `pg_max_connections` the transactions need.
-        let listen_pool = PgPoolOptions::new().max_connections(1).connect_lazy_with(connect);
+        // LISTEN holds its connection for good, and the sequencer's passes must never wait for one
+        // the writers hold: each has a pool of its own, outside the `pg_max_connections` the
+        // transactions need.
+        let listen_pool = PgPoolOptions::new().max_connections(1).connect_lazy_with(connect.clone());
+        let sequencer_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.pg_acquire_timeout)
+            .connect_lazy_with(connect);
         crate::identity::check_postgres(&pool, &POSTGRES_MIGRATOR).await?;
         POSTGRES_MIGRATOR.run(&pool).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
         let env = Env {
@@ -182,12 +189,15 @@ impl SqlStore {
             crash: options.crash.clone(),
         };
         let wake = Arc::new(tokio::sync::Notify::new());
-        tokio::spawn(listen_for_wakeups(listen_pool, Arc::downgrade(&wake)));
+        let events_wake = Arc::new(tokio::sync::Notify::new());
+        tokio::spawn(listen_for_wakeups(listen_pool, Arc::downgrade(&wake), Arc::downgrade(&events_wake)));
+        let sequencer = Sequencer::spawn(sequencer_pool, events_wake.clone());
         let shared = Arc::new(PgShared {
             pool,
             env: env.clone(),
             tx_retries: AtomicU64::new(0),
             lock_timeout: options.pg_lock_timeout,
+            sequencer,
         });
         let lanes =
             crate::engine::postgres::spawn_lanes(shared.clone(), options.pg_write_lanes, options.write_batch_max);
@@ -195,7 +205,7 @@ impl SqlStore {
             backend: Backend::Postgres { lanes, shared },
             env,
             wake,
-            events_wake: Arc::new(tokio::sync::Notify::new()),
+            events_wake,
             artifacts: options.artifacts,
             recorded: std::sync::Mutex::default(),
             rescue_after: Mutex::new(0),
@@ -221,13 +231,23 @@ impl SqlStore {
 
     /// Runs one write operation in its own transaction (SQLite: a savepoint in the writer's batch)
     /// and answers after the commit.
-    /// A write that appends outbox events when it succeeds: wakes the events long-polls.
+    /// A write that appends outbox events when it succeeds: wakes the events long-polls (on
+    /// PostgreSQL the sequencer does, once it has numbered them).
     async fn write<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
         let out = self.write_inner(f).await;
-        if out.is_ok() {
+        if out.is_ok() && self.engine() == Engine::Sqlite {
             self.events_wake.notify_waiters();
         }
         out
+    }
+
+    /// Returns once every event committed before the call is numbered, so a read that follows sees
+    /// them all (PostgreSQL numbers events after their commit; SQLite at once).
+    async fn events_ready(&self) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite { .. } => Ok(()),
+            Backend::Postgres { shared, .. } => shared.sequencer.sync().await,
+        }
     }
 
     /// A write that appends nothing to the outbox (heartbeats, webhook bookkeeping): wakes no one,
@@ -243,7 +263,7 @@ impl SqlStore {
             Backend::Sqlite { .. } => self.write_inner(f).await,
             Backend::Postgres { shared, .. } => shared.transaction(f).await,
         };
-        if out.is_ok() {
+        if out.is_ok() && self.engine() == Engine::Sqlite {
             self.events_wake.notify_waiters();
         }
         out
@@ -348,9 +368,15 @@ impl SqlStore {
     }
 }
 
-/// PostgreSQL LISTEN for `settle_wake`: wakes this process's long-polls when any process makes a
-/// job due. Reconnects after a lost connection; ends when the store is dropped.
-async fn listen_for_wakeups(pool: PgPool, wake: std::sync::Weak<tokio::sync::Notify>) {
+/// PostgreSQL LISTEN for `settle_wake` (a job may have become due in some process: wakes this
+/// process's long-polling claims) and `settle_events` (a sequencer numbered events: wakes the event
+/// long-polls, the webhook loop and `events tail`). Both are hints: every waiter also looks again on
+/// a timer. Reconnects after a lost connection; ends when the store is dropped.
+async fn listen_for_wakeups(
+    pool: PgPool,
+    wake: std::sync::Weak<tokio::sync::Notify>,
+    events_wake: std::sync::Weak<tokio::sync::Notify>,
+) {
     loop {
         let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
             Ok(l) => l,
@@ -363,15 +389,16 @@ async fn listen_for_wakeups(pool: PgPool, wake: std::sync::Weak<tokio::sync::Not
                 continue;
             }
         };
-        if let Err(e) = listener.listen("settle_wake").await {
-            tracing::warn!(error = %e, "LISTEN settle_wake failed; retrying");
+        if let Err(e) = listener.listen_all(["settle_wake", "settle_events"]).await {
+            tracing::warn!(error = %e, "LISTEN settle_wake, settle_events failed; retrying");
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         }
         loop {
             let next = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
-            let Some(w) = wake.upgrade() else { return };
+            let (Some(w), Some(ew)) = (wake.upgrade(), events_wake.upgrade()) else { return };
             match next {
+                Ok(Ok(n)) if n.channel() == "settle_events" => ew.notify_waiters(),
                 Ok(Ok(_)) => w.notify_waiters(),
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "wake-up listener lost its connection; reconnecting");

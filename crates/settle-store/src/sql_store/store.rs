@@ -419,6 +419,7 @@ impl Store for SqlStore {
         scope: &settle_core::scope::Scope,
     ) -> Result<Paged<Event>, StoreError> {
         let scope = scope.clone();
+        self.events_ready().await?;
         self.read(op!([scope] | db, _cx | reads::events(db, after, limit, &scope).await)).await
     }
 
@@ -468,6 +469,7 @@ impl Store for SqlStore {
 impl Webhooks for SqlStore {
     async fn start(&self, endpoint: &str, from: StartFrom) -> Result<bool, StoreError> {
         let endpoint = endpoint.to_owned();
+        self.events_ready().await?;
         self.write_quiet(op!([endpoint] | db, cx | ops::webhooks::start(db, cx, &endpoint, from).await)).await
     }
     async fn requeue_dead(&self, endpoint: &str, limit: u32, actor: &str) -> Result<u64, StoreError> {
@@ -490,6 +492,9 @@ impl Webhooks for SqlStore {
         self.write_quiet(op!([endpoint] | db, _cx | ops::webhooks::prune(db, &endpoint, before, limit).await)).await
     }
     async fn fan_out(&self, endpoint: &str, batch: u32) -> Result<u64, StoreError> {
+        // Numbered first, never inside a lane's batch (a money-moving batch never takes the
+        // counter the sequencer holds).
+        self.events_ready().await?;
         let endpoint = endpoint.to_owned();
         let created =
             self.write_quiet(op!([endpoint] | db, cx | ops::webhooks::fan_out(db, cx, &endpoint, batch).await)).await?;
@@ -575,6 +580,7 @@ impl Webhooks for SqlStore {
 #[async_trait]
 impl Operators for SqlStore {
     async fn overview(&self, since: settle_core::Timestamp) -> Result<Overview, StoreError> {
+        self.events_ready().await?;
         let now = self.now();
         self.read(op!([] | db, _cx | reads::overview(db, now, since).await)).await
     }
@@ -584,6 +590,7 @@ impl Operators for SqlStore {
         self.read(op!([filter] | db, _cx | reads::job_totals(db, &filter, net).await)).await
     }
     async fn job_history(&self, job: &JobId) -> Result<JobHistory, StoreError> {
+        self.events_ready().await?;
         let id = job.clone();
         self.read(op!([id] | db, cx | reads::job_history(db, cx, id.as_str()).await)).await
     }

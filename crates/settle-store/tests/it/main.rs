@@ -5,6 +5,7 @@ mod artifacts;
 #[macro_use]
 mod conformance;
 mod crash;
+mod feed;
 mod identity;
 mod kit;
 mod race;

@@ -30,6 +30,7 @@ per_engine!(
     a_changed_reason_breaks_only_the_hash_chain,
     a_changed_timestamp_breaks_only_the_hash_chain,
     a_deleted_entry_is_a_gap_in_the_sequence,
+    a_deleted_entry_inside_a_chain_is_a_gap_in_its_positions,
     a_deleted_event_is_a_gap_in_the_outbox,
     a_wrong_balance_is_l1,
     a_wrong_exposure_is_l1,
@@ -74,6 +75,9 @@ async fn only(k: &Kit, invariant: &str, says: &str) {
 }
 
 async fn tamper(k: &Kit, sql: &str) {
+    // Every event committed so far numbered first (PostgreSQL numbers them after their commit),
+    // so the rows tampered with are the ones the audit reads.
+    k.store.events(0, 1, &settle_core::scope::Scope::ALL).await.unwrap();
     k.raw_script(sql).await.unwrap();
 }
 
@@ -100,13 +104,24 @@ async fn a_changed_timestamp_breaks_only_the_hash_chain(k: &Kit) {
 
 async fn a_deleted_entry_is_a_gap_in_the_sequence(k: &Kit) {
     scenario(k).await;
-    // b's only entry, with b's balance covered up: sums, chains and items all still agree.
+    // b's only entry, with b's balance covered up: sums, chains and items all still agree, but b
+    // counts one entry its ledger no longer has.
     let sql = format!(
         "{} DELETE FROM ledger_entries WHERE seq = 1; UPDATE accounts SET balance = 0 WHERE id = 'b';",
         drop_ledger_guards(k)
     );
     tamper(k, &sql).await;
-    only(k, "SEQ", "ledger seq 2 follows 0").await;
+    only(k, "SEQ", "counts 1 entries but its chain ends at 0").await;
+}
+
+async fn a_deleted_entry_inside_a_chain_is_a_gap_in_its_positions(k: &Kit) {
+    scenario(k).await;
+    // a's second entry: its positions jump (and its chain and balances no longer add up).
+    let sql =
+        format!("{} DELETE FROM ledger_entries WHERE account_id = 'a' AND account_seq = 2;", drop_ledger_guards(k));
+    tamper(k, &sql).await;
+    let found = found(k).await;
+    assert!(found.iter().any(|(inv, m)| *inv == "SEQ" && m.contains("account_seq 3 follows 1")), "{found:#?}");
 }
 
 async fn a_deleted_event_is_a_gap_in_the_outbox(k: &Kit) {
@@ -137,9 +152,10 @@ async fn a_wrong_held_is_l1(k: &Kit) {
 fn copy_entry(from: i64, kind: &str) -> String {
     let drop = "DROP INDEX ledger_entries_item_kind; DROP INDEX ledger_entries_chain;";
     format!(
-        "{drop} INSERT INTO ledger_entries (seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, \
-         request_hash, created_at, prev_hash, hash) SELECT 6, account_id, '{kind}', amount, balance_after, job_id, item_id, \
-         ref_id, reason, request_hash, created_at, prev_hash, hash FROM ledger_entries WHERE seq = {from};"
+        "{drop} INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
+         ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, 100, account_id, '{kind}', amount, \
+         balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, prev_hash, hash FROM ledger_entries \
+         WHERE seq = {from};"
     )
 }
 
@@ -233,9 +249,10 @@ async fn the_database_refuses_duplicate_money_rows(k: &Kit) {
     scenario(k).await;
     let copy = |seq: i64, kind: &str, prev: &str| {
         format!(
-            "INSERT INTO ledger_entries (seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, \
-             request_hash, created_at, prev_hash, hash) SELECT 6, account_id, '{kind}', amount, balance_after, job_id, \
-             item_id, ref_id, reason, request_hash, created_at, {prev}, hash FROM ledger_entries WHERE seq = {seq}"
+            "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
+             ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, 100, account_id, '{kind}', amount, \
+             balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, {prev}, hash FROM ledger_entries \
+             WHERE seq = {seq}"
         )
     };
     // Each copy gets a chain link no entry has yet (after entry 5's hash), unless it is the fork,

@@ -48,3 +48,78 @@ async fn sqlite_a_database_from_before_migration_14_opens_and_verifies() {
 async fn postgres_a_database_from_before_migration_14_opens_and_verifies() {
     from_before_migration_14(EngineKind::Postgres).await;
 }
+
+/// Every entry of `account`, in `seq` order.
+async fn all_entries(store: &SqlStore, account: &settle_core::ids::AccountId) -> Vec<LedgerEntry> {
+    let page = Page { after: 0, limit: 1000 };
+    store.ledger(account, page).await.unwrap().rows
+}
+
+/// A database made by the release before migration 0015 (numbering without a global row,
+/// decision 0021) opens with this one, on both engines: its entries get their `account_seq` in
+/// their old order, the chains verify unchanged, the audit is clean, and new entries continue each
+/// chain (positions on from the count, `seq` above every old one) — events go on gap-free.
+async fn from_before_migration_15(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let (a, b) = (k.account("a", 100).await, k.account("b", 50).await);
+    // Entries of a and b interleaved in the one sequence the previous release numbered.
+    k.items_job("ja", &a, &[10, 20]).await;
+    k.items_job("jb", &b, &[5]).await;
+    let t = k.claim_one("ja").await;
+    k.fail("ja", &t, "TIMEOUT").await;
+    let events_before = k.event_types().await.len();
+    // The previous release's schema: migration 0015's columns, tables and record gone; the ledger
+    // counter where that release kept it.
+    let back = if k.is_sqlite() {
+        "DROP TRIGGER ledger_entries_account_seq; DROP INDEX ledger_entries_account_seq; \
+         ALTER TABLE ledger_entries DROP COLUMN account_seq; ALTER TABLE accounts DROP COLUMN entries; \
+         DROP TABLE outbox_pending; DELETE FROM _sqlx_migrations WHERE version = 15"
+    } else {
+        "ALTER TABLE ledger_entries DROP COLUMN account_seq; ALTER TABLE accounts DROP COLUMN entries; \
+         DROP TABLE outbox_pending; DROP SEQUENCE ledger_seq_numbers; DROP SEQUENCE outbox_stamps; \
+         UPDATE counters SET value = (SELECT MAX(seq) FROM ledger_entries) WHERE name = 'ledger'; \
+         DELETE FROM _sqlx_migrations WHERE version = 15"
+    };
+    k.raw_script(back).await.unwrap();
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    for account in [&a, &b] {
+        assert_eq!(store.operators().verify_chain(account).await.unwrap(), None, "the hash chain verifies");
+    }
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+    let old = all_entries(&store, &a).await;
+    assert_eq!(old.iter().map(|e| e.account_seq).collect::<Vec<_>>(), (1..=old.len() as i64).collect::<Vec<_>>());
+    let last_seq = old.iter().chain(&all_entries(&store, &b).await).map(|e| e.seq).max().unwrap();
+    // New entries continue both chains.
+    assert!(store.succeed(&jid("ja"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().applied);
+    store.create_job(new_job("jb2", &b, 7)).await.unwrap();
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+    for (account, grew) in [(&a, 2), (&b, 1)] {
+        let entries = all_entries(&store, account).await;
+        let positions: Vec<i64> = entries.iter().map(|e| e.account_seq).collect();
+        assert_eq!(positions, (1..=entries.len() as i64).collect::<Vec<_>>(), "positions 1, 2, 3, … in seq order");
+        let new: Vec<&LedgerEntry> = entries.iter().filter(|e| e.seq > last_seq).collect();
+        assert_eq!(new.len(), grew, "{entries:?}");
+        assert_eq!(store.operators().verify_chain(account).await.unwrap(), None);
+    }
+    assert_eq!(store.account(&a).await.unwrap().balance.get(), 70);
+    // Events go on from where the previous release stopped, gap-free.
+    let events = store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows;
+    assert!(events.len() > events_before);
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_database_from_before_migration_15_opens_and_continues_its_chains() {
+    from_before_migration_15(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_database_from_before_migration_15_opens_and_continues_its_chains() {
+    from_before_migration_15(EngineKind::Postgres).await;
+}
