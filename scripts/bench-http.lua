@@ -4,6 +4,8 @@
 --   -> the late success with the same lease token (reclaim)
 -- Each 2xx answer of those four is one guarded transition. Accounts bench-1..bench-N must exist
 -- with enough credit; BENCH_RUN (an env var) keeps job ids unique across runs on one database.
+-- BENCH_ACCOUNT=bench-1 puts every thread's jobs on that one account (a big customer's batch).
+-- BENCH_STORY=roundtrip plays the queue's round trip instead: create -> claim -> succeed.
 
 local threads = {}
 local counter = 0
@@ -17,13 +19,17 @@ end
 local step, n, job, token = 0, 0, nil, nil
 transitions, errors, empty = 0, 0, 0
 local run = os.getenv("BENCH_RUN") or "0"
+local one_account = os.getenv("BENCH_ACCOUNT")
+local roundtrip = os.getenv("BENCH_STORY") == "roundtrip"
+jobs_done = 0
 local headers = { ["Content-Type"] = "application/json" }
 
 function request()
   if step == 0 then
     n = n + 1
+    local account = one_account or string.format("bench-%d", tid)
     local body = string.format(
-      '{"id":"r%s-t%d-%d","account_id":"bench-%d","kind":"render","cost":10,"max_attempts":1}', run, tid, n, tid)
+      '{"id":"r%s-t%d-%d","account_id":"%s","kind":"render","cost":10,"max_attempts":1}', run, tid, n, account)
     return wrk.format("POST", "/v1/jobs", headers, body)
   elseif step == 1 then
     return wrk.format("POST", "/v1/claims", headers,
@@ -51,7 +57,7 @@ function response(status, hdrs, body)
     token = string.match(body, '"lease_token":"([^"]+)"')
     if job and token then
       transitions = transitions + 1
-      step = 2
+      step = roundtrip and 3 or 2
     else
       empty = empty + 1
       step = 0
@@ -61,18 +67,20 @@ function response(status, hdrs, body)
     step = 3
   else
     transitions = transitions + 1
+    jobs_done = jobs_done + 1
     step = 0
   end
 end
 
 function done(summary, latency, requests)
-  local t, e, m = 0, 0, 0
+  local t, e, m, j = 0, 0, 0, 0
   for _, thread in ipairs(threads) do
     t = t + thread:get("transitions")
     e = e + thread:get("errors")
     m = m + thread:get("empty")
+    j = j + thread:get("jobs_done")
   end
   local secs = summary.duration / 1e6
-  io.write(string.format("RESULT transitions=%d seconds=%.3f rate=%.1f p50_ms=%.2f p99_ms=%.2f errors=%d empty_claims=%d requests=%d\n",
-    t, secs, t / secs, latency:percentile(50) / 1000, latency:percentile(99) / 1000, e, m, summary.requests))
+  io.write(string.format("RESULT transitions=%d seconds=%.3f rate=%.1f p50_ms=%.2f p99_ms=%.2f errors=%d empty_claims=%d requests=%d jobs_per_s=%.1f\n",
+    t, secs, t / secs, latency:percentile(50) / 1000, latency:percentile(99) / 1000, e, m, summary.requests, j / secs))
 end

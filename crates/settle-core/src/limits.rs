@@ -43,16 +43,15 @@ pub const WRITE_QUEUE_MAX: usize = 4_096;
 /// Most times one PostgreSQL transaction is retried on a serialization failure or deadlock.
 pub const TX_ATTEMPTS_MAX: u32 = 5;
 /// PostgreSQL's event sequencer (docs/decisions/0021). One pass numbers the events of at most this
-/// many committed transactions; a round runs passes until one moves fewer, or this many passes
-/// have run (so a round under a constant stream of commits still ends, and its waiters are
-/// answered; the next round goes on).
+/// many committed transactions; a round runs passes until it has moved the newest stamp visible
+/// when it began (so it ends however fast commits keep coming: later ones are the next round's).
 pub const SEQUENCER_STAMPS_MAX: i64 = 1_000;
-pub const SEQUENCER_PASSES_MAX: u32 = 16;
 /// A process's sequencer looks for events nobody asked it to number (their process died between
 /// COMMIT and its pass) this often when idle; a look finding none writes nothing.
 pub const SEQUENCER_IDLE_MS: u64 = 200;
-/// The longest a read waits for the pass that makes every event committed before it readable;
-/// past it the read answers `unavailable`.
+/// The longest a read waits for the round that makes every event committed before it readable
+/// (past it the read answers `unavailable`), and the longest a round may take before it is given
+/// up and started afresh.
 pub const SEQUENCER_SYNC_WAIT_MS: u64 = 10_000;
 /// Backoff defaults (spec §3).
 pub const BACKOFF_MS_BASE_DEFAULT: u64 = 1_000;

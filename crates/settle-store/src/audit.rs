@@ -206,10 +206,6 @@ impl Audit<'_> {
         let (ref_id, reason) = (r.opt_text(C::ref_id)?, r.opt_text(C::reason)?);
         let (prev_hash, hash) = (r.blob(C::prev_hash)?, r.blob(C::hash)?);
         let (job, item) = (job_id.as_deref(), item_id.as_deref());
-        let Some(kind) = EntryKind::parse(&kind_s) else {
-            self.push(Invariant::L2, Some(&account_id), None, None, format!("entry {seq} has unknown kind {kind_s}"));
-            return Ok(false);
-        };
         let account_seq = r.i64(C::account_seq)?;
         let Some(acc) = self.accounts.get_mut(&account_id) else {
             self.push(Invariant::L1, Some(&account_id), None, None, format!("entry {seq} names a missing account"));
@@ -223,6 +219,10 @@ impl Audit<'_> {
             let message = format!("entry {seq}: account_seq {account_seq} follows {position}");
             self.push(Invariant::Seq, Some(&account_id), job, item, message);
         }
+        let Some(kind) = EntryKind::parse(&kind_s) else {
+            self.push(Invariant::L2, Some(&account_id), None, None, format!("entry {seq} has unknown kind {kind_s}"));
+            return Ok(false);
+        };
         let acc = self.accounts.get_mut(&account_id).expect("found above");
         acc.sum += i128::from(amount);
         acc.running += i128::from(amount);

@@ -8,8 +8,11 @@
 --
 -- Downtime: this migration holds `accounts` and `ledger_entries` while it backfills, in proportion
 -- to the ledger. It waits at most a minute for those locks and fails rather than queue every
--- statement behind it for longer.
+-- statement behind it for longer; once it has them, its statements run as long as the backfill
+-- takes (the store's statement timeout, meant for transitions, would cancel it on a large ledger
+-- on every start).
 SET LOCAL lock_timeout = '60s';
+SET LOCAL statement_timeout = 0;
 
 ALTER TABLE accounts ADD COLUMN entries bigint NOT NULL DEFAULT 0 CHECK (entries >= 0);
 UPDATE accounts a SET entries = c.n

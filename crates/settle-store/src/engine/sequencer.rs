@@ -5,7 +5,7 @@
 //!
 //! One task per process runs the passes, single-flight, on a connection of its own: after a commit
 //! of this process that wrote events (`poke`), on a timer for events whose process died between its
-//! COMMIT and its pass, and when a reader asks for a pass that starts after now (`sync`, which the
+//! COMMIT and its pass, and when a reader asks for a round that starts after now (`sync`, which the
 //! event feed, webhook fan-out and a job's history call before they read).
 
 use crate::db::Db;
@@ -13,16 +13,17 @@ use crate::error::StoreError;
 use crate::ops;
 use settle_core::limits;
 use sqlx::postgres::PgPool;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
 
-/// What the newest round of passes served: every ticket up to `ticket`, or its error.
+/// What the rounds have served: every ticket up to `ok_through` numbered everything committed
+/// before it; the newest failed round, which served tickets up to its own, and why.
 #[derive(Clone, Debug, Default)]
 struct Progress {
-    ticket: u64,
-    failed: Option<Arc<str>>,
+    ok_through: u64,
+    failed: Option<(u64, Arc<str>)>,
 }
 
 pub(crate) struct Sequencer {
@@ -30,8 +31,9 @@ pub(crate) struct Sequencer {
     pool: PgPool,
     /// Tickets handed out: a round that starts after ticket `t` was taken serves it.
     tickets: AtomicU64,
-    /// A permit: a poke while a round runs causes another round.
-    poked: Notify,
+    /// A permit: a poke while a round runs causes another round. Apart from the sequencer, so the
+    /// task can wait on it without keeping the store alive.
+    poked: Arc<Notify>,
     progress: watch::Sender<Progress>,
     /// This process's event long-polls, woken after a round numbered something.
     events_wake: Arc<Notify>,
@@ -41,15 +43,16 @@ pub(crate) struct Sequencer {
 
 impl Sequencer {
     pub fn spawn(pool: PgPool, events_wake: Arc<Notify>) -> Arc<Sequencer> {
+        let poked = Arc::new(Notify::new());
         let s = Arc::new(Sequencer {
             pool,
             tickets: AtomicU64::new(0),
-            poked: Notify::new(),
+            poked: poked.clone(),
             progress: watch::Sender::new(Progress::default()),
             events_wake,
             numbered: AtomicU64::new(0),
         });
-        tokio::spawn(run(Arc::downgrade(&s)));
+        tokio::spawn(run(Arc::downgrade(&s), poked));
         s
     }
 
@@ -60,48 +63,51 @@ impl Sequencer {
     }
 
     /// Returns once a round that began after this call has numbered every event committed before
-    /// it (read-your-writes for the feed), or its error.
+    /// it (read-your-writes for the feed), or with that round's error.
     pub async fn sync(&self) -> Result<(), StoreError> {
         let ticket = self.tickets.fetch_add(1, Ordering::SeqCst) + 1;
         self.poked.notify_one();
         let mut rx = self.progress.subscribe();
+        let wait = Duration::from_millis(limits::SEQUENCER_SYNC_WAIT_MS);
         let served = tokio::time::timeout(
-            Duration::from_millis(limits::SEQUENCER_SYNC_WAIT_MS),
-            rx.wait_for(|p| p.ticket >= ticket),
+            wait,
+            rx.wait_for(|p| p.ok_through >= ticket || p.failed.as_ref().is_some_and(|(t, _)| *t >= ticket)),
         )
         .await
         .map_err(|_| StoreError::Unavailable("the event sequencer did not answer in time".into()))?
         .map_err(|_| StoreError::Unavailable("the event sequencer has stopped".into()))?
         .clone();
         match served.failed {
-            None => Ok(()),
-            Some(e) => Err(StoreError::Unavailable(format!("numbering events failed: {e}"))),
+            Some((_, e)) if served.ok_through < ticket => {
+                Err(StoreError::Unavailable(format!("numbering events failed: {e}")))
+            }
+            _ => Ok(()),
         }
     }
 
-    /// One round: passes until nothing committed is left pending (at most
-    /// `SEQUENCER_PASSES_MAX`, so a round under a constant stream of commits still ends).
+    /// One round: every event visible when it starts (each committed before it) numbered. It takes
+    /// the newest visible stamp first, then runs passes — each moving whole stamps in stamp order —
+    /// until one moved that stamp or was not full. It ends however fast commits keep coming: later
+    /// stamps are the next round's.
     async fn round(&self) -> Result<(), StoreError> {
-        for _ in 0..limits::SEQUENCER_PASSES_MAX {
+        let newest: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(stamp) FROM outbox_pending").fetch_one(&self.pool).await?;
+        let Some(newest) = newest else { return Ok(()) };
+        loop {
             let n = self.pass().await?;
-            if n.stamps < limits::SEQUENCER_STAMPS_MAX {
+            if n.stamps < limits::SEQUENCER_STAMPS_MAX || n.last_stamp.is_none_or(|last| last >= newest) {
                 return Ok(());
             }
         }
-        Ok(())
     }
 
-    /// One pass: nothing written when nothing committed is pending; otherwise one transaction that
-    /// numbers up to `SEQUENCER_STAMPS_MAX` whole stamps, then the wake-ups — after COMMIT and in
-    /// statements of their own, so a full notification queue can never stop the numbering.
+    /// One pass in a transaction of its own (a short lock timeout: another process's pass holds the
+    /// counter only briefly), then the wake-ups — after COMMIT and in statements of their own, so a
+    /// full notification queue can never stop the numbering.
     async fn pass(&self) -> Result<ops::Numbered, StoreError> {
-        let pending: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_pending)").fetch_one(&self.pool).await?;
-        if !pending {
-            return Ok(ops::Numbered::default());
-        }
         let mut tx = self.pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
         let numbered = {
+            sqlx::raw_sql("SET LOCAL lock_timeout = '2s'").execute(&mut *tx).await?;
             let mut db = Db::Pg(&mut tx);
             ops::number_events(&mut db, limits::SEQUENCER_STAMPS_MAX).await?
         };
@@ -122,25 +128,30 @@ impl Sequencer {
     }
 }
 
-/// The task: a round after each poke, or after `SEQUENCER_IDLE_MS` without one; ends when the store is
-/// dropped.
-async fn run(sequencer: std::sync::Weak<Sequencer>) {
+/// The task: a round after each poke, or after `SEQUENCER_IDLE_MS` without one; ends when the store
+/// is dropped (it waits holding only the permit, never the store).
+async fn run(sequencer: Weak<Sequencer>, poked: Arc<Notify>) {
     loop {
+        let _ = tokio::time::timeout(Duration::from_millis(limits::SEQUENCER_IDLE_MS), poked.notified()).await;
         let Some(s) = sequencer.upgrade() else { return };
-        let _ = tokio::time::timeout(Duration::from_millis(limits::SEQUENCER_IDLE_MS), s.poked.notified()).await;
         let serving = s.tickets.load(Ordering::SeqCst);
-        let result = s.round().await;
-        let failed = match result {
-            Ok(()) => None,
+        // A round stuck on a half-open connection must not hold every reader of the feed: it is
+        // given up (its transaction dropped, so rolled back) and the next round starts afresh.
+        let limit = Duration::from_millis(limits::SEQUENCER_SYNC_WAIT_MS);
+        let result = match tokio::time::timeout(limit, s.round()).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable("an event sequencer round took too long".into())),
+        };
+        let failed = result.is_err();
+        s.progress.send_modify(|p| match result {
+            Ok(()) => p.ok_through = p.ok_through.max(serving),
             Err(e) => {
                 tracing::warn!(error = %e, "numbering events failed; trying again");
-                Some(Arc::<str>::from(e.to_string()))
+                p.failed = Some((serving, Arc::from(e.to_string())));
             }
-        };
-        let pause = failed.is_some();
-        s.progress.send_replace(Progress { ticket: serving, failed });
+        });
         drop(s);
-        if pause {
+        if failed {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

@@ -90,6 +90,7 @@ columns! {
     /// What one sequencer pass did.
     NumberedCol {
         stamps = "(SELECT COUNT(DISTINCT stamp) FROM numbered)",
+        last_stamp = "(SELECT MAX(stamp) FROM numbered)",
         events = "(SELECT COUNT(*) FROM ins)",
         last = "(SELECT MAX(seq) FROM ins)",
         wakes = "(SELECT COUNT(*) FROM ins WHERE type IN ('job.queued', 'job.retry_scheduled', 'job.requeued'))",
@@ -115,6 +116,8 @@ static NUMBER: LazyLock<String> = LazyLock::new(|| {
 pub(crate) struct Numbered {
     /// Whole transactions moved (at most the pass's limit: fewer means none was left).
     pub stamps: i64,
+    /// The newest of them (stamps move in order).
+    pub last_stamp: Option<i64>,
     pub events: i64,
     /// Whether one of them makes work due (claims in other processes are woken).
     pub wakes_claims: bool,
@@ -135,12 +138,18 @@ pub(crate) async fn number_events(db: &mut Db<'_>, stamps_max: i64) -> Result<Nu
     let r = db.one(&NUMBER, args![last, stamps_max]).await?;
     let numbered = Numbered {
         stamps: r.i64(NumberedCol::stamps)?,
+        last_stamp: r.opt_i64(NumberedCol::last_stamp)?,
         events: r.i64(NumberedCol::events)?,
         wakes_claims: r.i64(NumberedCol::wakes)? > 0,
     };
     if numbered.events > 0 {
         let new_last = r.i64(NumberedCol::last)?;
-        assert_eq!(new_last, last + numbered.events, "a pass numbers its events after the last, without a gap");
+        if new_last != last + numbered.events {
+            return Err(StoreError::internal(format!(
+                "a pass numbered {} events after {last} but ended at {new_last}",
+                numbered.events
+            )));
+        }
         db.exec("UPDATE counters SET value = $1 WHERE name = 'outbox'", args![new_last]).await?;
     }
     Ok(numbered)

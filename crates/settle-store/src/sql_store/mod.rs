@@ -235,10 +235,18 @@ impl SqlStore {
     /// PostgreSQL the sequencer does, once it has numbered them).
     async fn write<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
         let out = self.write_inner(f).await;
-        if out.is_ok() && self.engine() == Engine::Sqlite {
-            self.events_wake.notify_waiters();
+        if out.is_ok() {
+            self.events_appended();
         }
         out
+    }
+
+    /// A write of this process appended events: on SQLite they are readable now, so the event
+    /// long-polls are woken; on PostgreSQL the sequencer wakes them once it has numbered them.
+    fn events_appended(&self) {
+        if self.engine() == Engine::Sqlite {
+            self.events_wake.notify_waiters();
+        }
     }
 
     /// Returns once every event committed before the call is numbered, so a read that follows sees
@@ -263,8 +271,8 @@ impl SqlStore {
             Backend::Sqlite { .. } => self.write_inner(f).await,
             Backend::Postgres { shared, .. } => shared.transaction(f).await,
         };
-        if out.is_ok() && self.engine() == Engine::Sqlite {
-            self.events_wake.notify_waiters();
+        if out.is_ok() {
+            self.events_appended();
         }
         out
     }

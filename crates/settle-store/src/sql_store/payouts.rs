@@ -49,7 +49,7 @@ impl Payouts for SqlStore {
         let out =
             self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, Caller::PayoutProcessor).await)).await?;
         if !out.is_empty() {
-            self.events_wake.notify_waiters();
+            self.events_appended();
         }
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)

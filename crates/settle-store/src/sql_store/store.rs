@@ -195,7 +195,7 @@ impl Store for SqlStore {
         }
         let out = self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, Caller::Worker).await)).await?;
         if !out.is_empty() {
-            self.events_wake.notify_waiters();
+            self.events_appended();
         }
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)

@@ -31,6 +31,7 @@ per_engine!(
     a_changed_timestamp_breaks_only_the_hash_chain,
     a_deleted_entry_is_a_gap_in_the_sequence,
     a_deleted_entry_inside_a_chain_is_a_gap_in_its_positions,
+    positions_out_of_seq_order_are_a_step_back,
     a_deleted_event_is_a_gap_in_the_outbox,
     a_wrong_balance_is_l1,
     a_wrong_exposure_is_l1,
@@ -122,6 +123,20 @@ async fn a_deleted_entry_inside_a_chain_is_a_gap_in_its_positions(k: &Kit) {
     tamper(k, &sql).await;
     let found = found(k).await;
     assert!(found.iter().any(|(inv, m)| *inv == "SEQ" && m.contains("account_seq 3 follows 1")), "{found:#?}");
+}
+
+async fn positions_out_of_seq_order_are_a_step_back(k: &Kit) {
+    scenario(k).await;
+    // a's second and third entries swap places in the chain: in seq order, a step back.
+    let sql = format!(
+        "{} DROP INDEX ledger_entries_account_seq; \
+         UPDATE ledger_entries SET account_seq = 5 - account_seq WHERE account_id = 'a' AND account_seq IN (2, 3);",
+        drop_ledger_guards(k)
+    );
+    tamper(k, &sql).await;
+    let found = found(k).await;
+    assert!(found.iter().any(|(inv, m)| *inv == "SEQ" && m.contains("account_seq 2 follows 3")), "{found:#?}");
+    assert!(k.store.operators().verify_chain(&acc("a")).await.unwrap().is_some(), "the chain's positions break");
 }
 
 async fn a_deleted_event_is_a_gap_in_the_outbox(k: &Kit) {
