@@ -171,18 +171,7 @@ async fn run_wake(args: &BenchArgs) -> anyhow::Result<()> {
     store.grant(&account, grant, settle_store::SYSTEM_ACTOR).await?;
     let writer: &SqlStore = other.as_ref().unwrap_or(&store);
     let http = reqwest::Client::new();
-    let job = |id: String, not_before: Option<settle_core::Timestamp>| -> anyhow::Result<NewJob> {
-        Ok(NewJob {
-            id: JobId::parse(&id)?,
-            account_id: account.clone(),
-            kind: JobKind::parse("bench")?,
-            items: vec![NewItem { id: ItemId::main(), cost: Credits::new(1) }],
-            payload: serde_json::Value::Null,
-            max_attempts: None,
-            refund_on: None,
-            not_before,
-        })
-    };
+    let job = |id: String, not_before| bench_job(&id, &account, 1, not_before);
     let (mut created, mut due) = (Vec::new(), Vec::new());
     for n in 0..args.samples.max(1) {
         let waiter = {
@@ -240,6 +229,25 @@ async fn wait_for_long_poll(http: &reqwest::Client, base: &str) -> anyhow::Resul
         anyhow::ensure!(Instant::now() < deadline, "the claim never started waiting");
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
+}
+
+/// A job of kind `bench` with one item of `cost`.
+pub(crate) fn bench_job(
+    id: &str,
+    account: &AccountId,
+    cost: i64,
+    not_before: Option<settle_core::Timestamp>,
+) -> anyhow::Result<NewJob> {
+    Ok(NewJob {
+        id: JobId::parse(id)?,
+        account_id: account.clone(),
+        kind: JobKind::parse("bench")?,
+        items: vec![NewItem { id: ItemId::main(), cost: Credits::new(cost) }],
+        payload: serde_json::Value::Null,
+        max_attempts: None,
+        refund_on: None,
+        not_before,
+    })
 }
 
 pub(crate) async fn fresh_pg_database(server: &str) -> anyhow::Result<String> {

@@ -1,9 +1,10 @@
-//! `settle bench --events`: event latency, from a create's commit to a consumer reading its event
-//! from the feed (decision 0021: on PostgreSQL events are numbered after their commit by the
+//! `settle bench --events`: event latency, from a create's answer (its COMMIT came just before) to
+//! a consumer reading its event from the feed — 0 when the consumer read it before the creator had
+//! its answer (decision 0021: on PostgreSQL events are numbered after their commit by the
 //! sequencer). The consumer tails `events(after)` as the HTTP long-poll does — a look, then a wait on
 //! the store's wake-up (or 250 ms) when nothing new is there.
 
-use crate::bench::fresh_pg_database;
+use crate::bench::{bench_job, fresh_pg_database};
 use settle_core::Credits;
 use settle_core::history::EventKind;
 use settle_core::ids::*;
@@ -75,17 +76,7 @@ async fn phase(
                     next += pace;
                 }
                 let id = format!("{run}-{w}-{n}");
-                let job = NewJob {
-                    id: JobId::parse(&id)?,
-                    account_id: account.clone(),
-                    kind: JobKind::parse("bench")?,
-                    items: vec![NewItem { id: ItemId::main(), cost: Credits::new(1) }],
-                    payload: serde_json::Value::Null,
-                    max_attempts: None,
-                    refund_on: None,
-                    not_before: None,
-                };
-                store.create_job(job).await?;
+                store.create_job(bench_job(&id, &account, 1, None)?).await?;
                 committed.lock().expect("committed").insert(id, Instant::now());
             }
             anyhow::Ok(())
