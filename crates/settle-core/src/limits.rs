@@ -40,6 +40,10 @@ pub const JOB_BYTES_OVERHEAD: i64 = 1_024;
 pub const WRITE_BATCH_MAX: usize = 256;
 /// Operations waiting for the writer before callers wait for room.
 pub const WRITE_QUEUE_MAX: usize = 4_096;
+/// Jobs whose account a PostgreSQL store remembers, to queue their operations on the account's
+/// write lane; past it a job's slot is taken by a newer one, and the next operation on the older
+/// job reads its account once more.
+pub const JOB_ACCOUNTS_CACHED: usize = 1 << 14;
 /// Most times one PostgreSQL transaction is retried on a serialization failure or deadlock.
 pub const TX_ATTEMPTS_MAX: u32 = 5;
 /// PostgreSQL's event sequencer (docs/decisions/0021). One pass numbers the events of at most this

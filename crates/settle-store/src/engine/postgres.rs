@@ -3,8 +3,9 @@
 //! - `PgShared::transaction`: one operation in one READ COMMITTED transaction, retried whole on the
 //!   retryable SQLSTATEs; its ledger lines and events are written by `ops::flush` just before COMMIT,
 //!   and the sequencer is asked to number its events after it (docs/decisions/0021).
-//! - Lanes: `lanes` tasks sharing one queue. A lane takes the first waiting operation and whatever
-//!   else is waiting (up to `batch_max`, no timer), runs them in one transaction under a short lock
+//! - Lanes: `lanes` tasks, a queue each; an operation on an account always goes to that account's
+//!   lane, others to the shortest queue. A lane takes the first waiting operation and whatever else
+//!   is waiting (up to `batch_max`, no timer), runs them in one transaction under a short lock
 //!   timeout, a savepoint each, flushes once, commits once, then answers every one. An operation
 //!   that met a lock it may not wait for (or a deadlock, a serialization failure, a concurrent
 //!   create) is rolled back to its savepoint and run again alone after the batch, so a batch never
@@ -102,30 +103,56 @@ impl PgShared {
     }
 }
 
-/// Starts `lanes` lane tasks over one queue; they end when every sender is dropped.
-pub(crate) fn spawn_lanes(shared: Arc<PgShared>, lanes: usize, batch_max: usize) -> mpsc::Sender<Box<dyn BatchOp>> {
-    let (tx, rx) = mpsc::channel::<Box<dyn BatchOp>>(limits::WRITE_QUEUE_MAX);
-    let rx = Arc::new(tokio::sync::Mutex::new(rx));
-    for _ in 0..lanes.max(1) {
-        tokio::spawn(lane(shared.clone(), rx.clone(), batch_max.clamp(1, BATCH_MAX)));
-    }
-    tx
+/// The write lanes: a queue and a task each. An operation that names an account always goes to
+/// that account's lane, so operations on one account share batches instead of waiting for each
+/// other's row locks across lanes (a hot account's operations commit together); one that names none
+/// goes to the lane with the shortest queue.
+pub(crate) struct Lanes {
+    queues: Vec<mpsc::Sender<Box<dyn BatchOp>>>,
 }
 
-async fn lane(shared: Arc<PgShared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Box<dyn BatchOp>>>>, batch_max: usize) {
+impl Lanes {
+    /// Queues `op` on `account`'s lane (by a hash of the id), or on the least busy lane.
+    pub async fn send(&self, account: Option<&str>, op: Box<dyn BatchOp>) -> Result<(), StoreError> {
+        let queue = match account {
+            Some(a) => &self.queues[lane_of(a, self.queues.len())],
+            // `capacity` is the room left: the most room is the shortest queue.
+            None => self.queues.iter().max_by_key(|q| q.capacity()).expect("at least one lane"),
+        };
+        queue.send(op).await.map_err(|_| StoreError::Unavailable("the write lanes have stopped".into()))
+    }
+}
+
+/// An account's lane: FNV-1a of its id, so every process routes an account alike.
+fn lane_of(account: &str, lanes: usize) -> usize {
+    let h = account.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (h % lanes as u64) as usize
+}
+
+/// Starts `lanes` lane tasks, a queue each; they end when the `Lanes` are dropped.
+pub(crate) fn spawn_lanes(shared: Arc<PgShared>, lanes: usize, batch_max: usize) -> Lanes {
+    let lanes = lanes.max(1);
+    let queues = (0..lanes)
+        .map(|_| {
+            let (tx, rx) = mpsc::channel::<Box<dyn BatchOp>>((limits::WRITE_QUEUE_MAX / lanes).max(1));
+            tokio::spawn(lane(shared.clone(), rx, batch_max.clamp(1, BATCH_MAX)));
+            tx
+        })
+        .collect();
+    Lanes { queues }
+}
+
+async fn lane(shared: Arc<PgShared>, mut rx: mpsc::Receiver<Box<dyn BatchOp>>, batch_max: usize) {
     let mut batch: Vec<Box<dyn BatchOp>> = Vec::with_capacity(batch_max);
     loop {
-        {
-            let mut rx = rx.lock().await;
-            match rx.recv().await {
-                Some(op) => batch.push(op),
-                None => return,
-            }
-            while batch.len() < batch_max {
-                match rx.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
-                }
+        match rx.recv().await {
+            Some(op) => batch.push(op),
+            None => return,
+        }
+        while batch.len() < batch_max {
+            match rx.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
             }
         }
         if batch.len() == 1 {

@@ -44,8 +44,11 @@ macro_rules! op {
 
 // After `op!`, which they use.
 mod payouts;
+mod route;
 mod store;
 mod teardown;
+
+pub(crate) use route::Route;
 
 enum Backend {
     Sqlite {
@@ -54,8 +57,9 @@ enum Backend {
         /// The file, for reads that stream through a rusqlite connection of their own (the audit).
         path: std::path::PathBuf,
     },
-    /// `lanes` commits batches of operations; `shared.transaction` runs one operation alone.
-    Postgres { shared: Arc<PgShared>, lanes: mpsc::Sender<Box<dyn BatchOp>> },
+    /// `lanes` commits batches of operations, an account's on its own lane; `shared.transaction`
+    /// runs one operation alone; `jobs` remembers whose account a job is, for the lanes.
+    Postgres { shared: Arc<PgShared>, lanes: crate::engine::postgres::Lanes, jobs: route::JobAccounts },
 }
 
 pub struct SqlStore {
@@ -202,7 +206,7 @@ impl SqlStore {
         let lanes =
             crate::engine::postgres::spawn_lanes(shared.clone(), options.pg_write_lanes, options.write_batch_max);
         Ok(SqlStore {
-            backend: Backend::Postgres { lanes, shared },
+            backend: Backend::Postgres { lanes, shared, jobs: route::JobAccounts::new() },
             env,
             wake,
             events_wake,
@@ -234,7 +238,12 @@ impl SqlStore {
     /// A write that appends outbox events when it succeeds: wakes the events long-polls (on
     /// PostgreSQL the sequencer does, once it has numbered them).
     async fn write<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
-        let out = self.write_inner(f).await;
+        self.write_to(Route::Any, f).await
+    }
+
+    /// `write`, for an operation on `route`'s rows (on PostgreSQL, queued on its account's lane).
+    async fn write_to<T: Send + 'static>(&self, route: Route<'_>, f: OpFn<T>) -> Result<T, StoreError> {
+        let out = self.write_inner(route, f).await;
         if out.is_ok() {
             self.events_appended();
         }
@@ -261,14 +270,51 @@ impl SqlStore {
     /// A write that appends nothing to the outbox (heartbeats, webhook bookkeeping): wakes no one,
     /// so a loop that waits on a wake-up never wakes itself.
     async fn write_quiet<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
-        self.write_inner(f).await
+        self.write_inner(Route::Any, f).await
+    }
+
+    /// `write_quiet`, for an operation on `route`'s rows.
+    async fn write_quiet_to<T: Send + 'static>(&self, route: Route<'_>, f: OpFn<T>) -> Result<T, StoreError> {
+        self.write_inner(route, f).await
+    }
+
+    /// PostgreSQL: the job's account is `account`, for routing its later operations.
+    fn remember_job(&self, job: &str, account: &str) {
+        if let Backend::Postgres { jobs, .. } = &self.backend {
+            jobs.remember(job, account);
+        }
+    }
+
+    /// The account whose lane an operation on `route` queues on: the cache, else one read of the
+    /// job (none when it does not exist: the operation itself answers that).
+    async fn lane_account(&self, route: Route<'_>) -> Option<String> {
+        let Backend::Postgres { shared, jobs, .. } = &self.backend else { return None };
+        match route {
+            Route::Any => None,
+            Route::Account(a) => Some(a.to_owned()),
+            Route::Job(j) => {
+                if let Some(a) = jobs.get(j) {
+                    return Some(a);
+                }
+                let found: Option<String> = sqlx::query_scalar("SELECT account_id FROM jobs WHERE id = $1")
+                    .bind(j)
+                    .fetch_optional(&shared.pool)
+                    .await
+                    .ok()
+                    .flatten();
+                if let Some(a) = &found {
+                    jobs.remember(j, a);
+                }
+                found
+            }
+        }
     }
 
     /// A write whose answer is a ledger entry with its number (grants, adjustments: `ops::post_now`):
     /// on PostgreSQL in a transaction of its own, never in a lane's batch.
     async fn write_alone<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
         let out = match &self.backend {
-            Backend::Sqlite { .. } => self.write_inner(f).await,
+            Backend::Sqlite { .. } => self.write_inner(Route::Any, f).await,
             Backend::Postgres { shared, .. } => shared.transaction(f).await,
         };
         if out.is_ok() {
@@ -282,7 +328,8 @@ impl SqlStore {
         self.wake.notify_waiters();
     }
 
-    async fn write_inner<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+    async fn write_inner<T: Send + 'static>(&self, route: Route<'_>, f: OpFn<T>) -> Result<T, StoreError> {
+        let account = self.lane_account(route).await;
         match &self.backend {
             Backend::Sqlite { writer, .. } => {
                 let (op, answer) = Op::boxed(f);
@@ -291,7 +338,7 @@ impl SqlStore {
             }
             Backend::Postgres { lanes, .. } => {
                 let (op, answer) = Op::boxed(f);
-                lanes.send(op).await.map_err(|_| StoreError::Unavailable("the write lanes have stopped".into()))?;
+                lanes.send(account.as_deref(), op).await?;
                 answer.await.map_err(|_| StoreError::Unavailable("the write lanes dropped the operation".into()))?
             }
         }
@@ -336,8 +383,12 @@ impl SqlStore {
     async fn fail_as(&self, job: &JobId, signal: FailSignal, caller: Caller) -> Result<Outcome<Job>, StoreError> {
         check_text("message", signal.message.as_deref(), false)?;
         let id = job.clone();
-        let (outcome, after, refused) =
-            self.write(op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, caller).await)).await?;
+        let (outcome, after, refused) = self
+            .write_to(
+                Route::Job(job.as_str()),
+                op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, caller).await),
+            )
+            .await?;
         if outcome.applied {
             self.work_due();
         }
@@ -355,10 +406,13 @@ impl SqlStore {
         check_text("message", message, false)?;
         let (id, token, message) = (job.clone(), token.clone(), message.map(str::to_owned));
         let (out, refused) = self
-            .write(op!(
-                [id, token, message] | db,
-                cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref(), caller).await
-            ))
+            .write_to(
+                Route::Job(job.as_str()),
+                op!(
+                    [id, token, message] | db,
+                    cx | ops::mark_unknown(db, cx, &id, &token, message.as_deref(), caller).await
+                ),
+            )
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         match refused {
@@ -368,9 +422,11 @@ impl SqlStore {
     }
 
     async fn heartbeat_as(&self, job: &JobId, token: &LeaseToken, caller: Caller) -> Result<Heartbeat, StoreError> {
+        let route = Route::Job(job.as_str());
         let (job, token) = (job.clone(), token.clone());
-        let out =
-            self.write_quiet(op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token, caller).await)).await?;
+        let out = self
+            .write_quiet_to(route, op!([job, token] | db, cx | ops::heartbeat(db, cx, &job, &token, caller).await))
+            .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         out.map_err(lease_lost)
     }

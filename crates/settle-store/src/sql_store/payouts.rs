@@ -1,7 +1,7 @@
 //! `Payouts` for `SqlStore`: the payout processor's claims and settlements, and returns recorded
 //! by an operator (docs/decisions/0010).
 
-use super::SqlStore;
+use super::{Route, SqlStore};
 use crate::db::Db;
 use crate::error::StoreError;
 use crate::model::*;
@@ -19,7 +19,14 @@ use std::sync::Arc;
 impl Payouts for SqlStore {
     async fn create_withdrawal(&self, req: NewWithdrawal) -> Result<Created<Withdrawal>, StoreError> {
         ops::payouts::validate_withdrawal(&req)?;
-        let out = self.write(op!([req] | db, cx | ops::payouts::create_withdrawal(db, cx, &req).await)).await?;
+        let (id, account) = (req.id.as_str().to_owned(), req.account_id.as_str().to_owned());
+        self.remember_job(&id, &account);
+        let out = self
+            .write_to(
+                Route::Account(&account),
+                op!([req] | db, cx | ops::payouts::create_withdrawal(db, cx, &req).await),
+            )
+            .await?;
         if !out.replayed {
             self.work_due();
         }
@@ -51,6 +58,9 @@ impl Payouts for SqlStore {
         if !out.is_empty() {
             self.events_appended();
         }
+        for c in &out {
+            self.remember_job(c.job.id.as_str(), c.job.account_id.as_str());
+        }
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
@@ -69,10 +79,13 @@ impl Payouts for SqlStore {
         ops::payouts::check_txid(txid)?;
         let (id, token, txid) = (job.clone(), token.cloned(), txid.to_owned());
         let (out, after) = self
-            .write(op!(
-                [id, token, txid] | db,
-                cx | ops::payouts::payout_succeeded(db, cx, &id, token.as_ref(), &txid, returned).await
-            ))
+            .write_to(
+                Route::Job(job.as_str()),
+                op!(
+                    [id, token, txid] | db,
+                    cx | ops::payouts::payout_succeeded(db, cx, &id, token.as_ref(), &txid, returned).await
+                ),
+            )
             .await?;
         self.finish_withdrawal(job, out, after).await
     }
@@ -98,10 +111,13 @@ impl Payouts for SqlStore {
     ) -> Result<Outcome<Withdrawal>, StoreError> {
         let (id, actor) = (job.clone(), actor.to_owned());
         let (out, after) = self
-            .write(op!(
-                [id, resolution, actor] | db,
-                cx | ops::payouts::payout_resolve(db, cx, &id, &resolution, &actor).await
-            ))
+            .write_to(
+                Route::Job(job.as_str()),
+                op!(
+                    [id, resolution, actor] | db,
+                    cx | ops::payouts::payout_resolve(db, cx, &id, &resolution, &actor).await
+                ),
+            )
             .await?;
         self.finish_withdrawal(job, out, after).await
     }
@@ -114,7 +130,7 @@ impl Payouts for SqlStore {
     ) -> Result<Outcome<Withdrawal>, StoreError> {
         let (id, actor) = (job.clone(), actor.to_owned());
         let out = self
-            .write(op!([id, actor] | db, cx | {
+            .write_to(Route::Job(job.as_str()), op!([id, actor] | db, cx | {
                 let out = ops::payouts::payout_returned(db, cx, &id, source).await?;
                 if out.applied && source == ReturnSource::Admin {
                     let detail = serde_json::json!({ "amount": out.value.amount.get(), "provider_txid": out.value.provider_txid });

@@ -1,7 +1,7 @@
 //! `Store` for `SqlStore`: every method validates what the store must, then runs its transition
 //! from `ops` as one operation, and continues after the commit where the transition says so.
 
-use super::{Backend, SqlStore, check_text, lease_lost, next_cursor};
+use super::{Backend, Route, SqlStore, check_text, lease_lost, next_cursor};
 use crate::db::Db;
 use crate::error::StoreError;
 use crate::model::*;
@@ -57,27 +57,31 @@ impl Store for SqlStore {
 
     async fn create_account(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError> {
         let actor = actor.to_owned();
+        let route = req.id.as_str().to_owned();
         let out = self
-            .write(op!(
-                [req, actor] | db,
-                cx | {
-                    let out = ops::create_account(db, cx, &req).await?;
-                    if !out.replayed {
-                        let detail = serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() });
-                        ops::record_action(
-                            db,
-                            cx,
-                            &actor,
-                            ActionKind::AccountCreate,
-                            None,
-                            Some(req.id.as_str()),
-                            detail,
-                        )
-                        .await?;
+            .write_to(
+                Route::Account(&route),
+                op!(
+                    [req, actor] | db,
+                    cx | {
+                        let out = ops::create_account(db, cx, &req).await?;
+                        if !out.replayed {
+                            let detail = serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() });
+                            ops::record_action(
+                                db,
+                                cx,
+                                &actor,
+                                ActionKind::AccountCreate,
+                                None,
+                                Some(req.id.as_str()),
+                                detail,
+                            )
+                            .await?;
+                        }
+                        Ok(out)
                     }
-                    Ok(out)
-                }
-            ))
+                ),
+            )
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -160,7 +164,10 @@ impl Store for SqlStore {
 
     async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError> {
         let job = ops::validate_job(req)?;
-        let out = self.write(op!([job] | db, cx | ops::create_job(db, cx, &job).await)).await?;
+        let (id, account) = (job.req.id.as_str().to_owned(), job.req.account_id.as_str().to_owned());
+        self.remember_job(&id, &account);
+        let out =
+            self.write_to(Route::Account(&account), op!([job] | db, cx | ops::create_job(db, cx, &job).await)).await?;
         if !out.replayed {
             self.work_due();
         }
@@ -197,6 +204,9 @@ impl Store for SqlStore {
         if !out.is_empty() {
             self.events_appended();
         }
+        for c in &out {
+            self.remember_job(c.job.id.as_str(), c.job.account_id.as_str());
+        }
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
     }
@@ -206,9 +216,13 @@ impl Store for SqlStore {
     }
 
     async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError> {
+        let route = Route::Job(job.as_str());
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
         let out = self
-            .write(op!([job, item, token] | db, cx | ops::item_report(db, cx, &job, &item, &token, None).await))
+            .write_to(
+                route,
+                op!([job, item, token] | db, cx | ops::item_report(db, cx, &job, &item, &token, None).await),
+            )
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         out.map_err(lease_lost)
@@ -223,13 +237,17 @@ impl Store for SqlStore {
         message: Option<&str>,
     ) -> Result<ItemReport, StoreError> {
         check_text("message", message, false)?;
+        let route = Route::Job(job.as_str());
         let (job, item, token, code) = (job.clone(), item.clone(), token.clone(), code.clone());
         let message = message.map(str::to_owned);
         let out = self
-            .write(op!(
-                [job, item, token, code, message] | db,
-                cx | ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref()))).await
-            ))
+            .write_to(
+                route,
+                op!(
+                    [job, item, token, code, message] | db,
+                    cx | ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref()))).await
+                ),
+            )
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         out.map_err(lease_lost)
@@ -242,13 +260,17 @@ impl Store for SqlStore {
         token: &LeaseToken,
         artifact: NewArtifact,
     ) -> Result<bool, StoreError> {
+        let route = Route::Job(job.as_str());
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
         let store = self.artifacts.as_ref().map(|a| a.location());
         let out = self
-            .write_quiet(op!(
-                [job, item, token, artifact, store] | db,
-                cx | ops::register_artifact(db, cx, &job, &item, &token, &artifact, store.as_deref()).await
-            ))
+            .write_quiet_to(
+                route,
+                op!(
+                    [job, item, token, artifact, store] | db,
+                    cx | ops::register_artifact(db, cx, &job, &item, &token, &artifact, store.as_deref()).await
+                ),
+            )
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         out.map_err(lease_lost)
@@ -270,16 +292,19 @@ impl Store for SqlStore {
             }
         };
         let (outcome, after, refused) = self
-            .write(op!(
-                [id, token, actor, result] | db,
-                cx | {
-                    let by = match (&token, &actor) {
-                        (Some(t), _) => Reporter::Lease(t),
-                        (None, a) => Reporter::Operator(a.as_deref().unwrap_or(SYSTEM_ACTOR)),
-                    };
-                    ops::succeed(db, cx, &id, by, result.as_deref()).await
-                }
-            ))
+            .write_to(
+                Route::Job(job.as_str()),
+                op!(
+                    [id, token, actor, result] | db,
+                    cx | {
+                        let by = match (&token, &actor) {
+                            (Some(t), _) => Reporter::Lease(t),
+                            (None, a) => Reporter::Operator(a.as_deref().unwrap_or(SYSTEM_ACTOR)),
+                        };
+                        ops::succeed(db, cx, &id, by, result.as_deref()).await
+                    }
+                ),
+            )
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         super::answer(self.continue_after(outcome.value, after).await, outcome.applied, refused)
@@ -300,7 +325,9 @@ impl Store for SqlStore {
 
     async fn reconcile(&self, job: &JobId, finding: Finding) -> Result<Outcome<Job>, StoreError> {
         let id = job.clone();
-        let (outcome, after) = self.write(op!([id] | db, cx | ops::reconcile(db, cx, &id, finding).await)).await?;
+        let (outcome, after) = self
+            .write_to(Route::Job(job.as_str()), op!([id] | db, cx | ops::reconcile(db, cx, &id, finding).await))
+            .await?;
         if outcome.applied {
             self.work_due();
         }
@@ -316,28 +343,31 @@ impl Store for SqlStore {
     async fn requeue(&self, job: &JobId, actor: &str) -> Result<Job, StoreError> {
         let (id, actor) = (job.clone(), actor.to_owned());
         let out = self
-            .write(op!(
-                [id, actor] | db,
-                cx | {
-                    let before = ops::must_lock_job(db, id.as_str()).await?.state;
-                    let job = ops::requeue(db, cx, &id).await?;
-                    // A re-sent requeue answers the job again; only the one that moved it is an action.
-                    if before == settle_core::job::JobState::Dead {
-                        let detail = serde_json::json!({ "attempt": job.attempt });
-                        ops::record_action(
-                            db,
-                            cx,
-                            &actor,
-                            ActionKind::JobRequeue,
-                            Some(id.as_str()),
-                            Some(job.account_id.as_str()),
-                            detail,
-                        )
-                        .await?;
+            .write_to(
+                Route::Job(job.as_str()),
+                op!(
+                    [id, actor] | db,
+                    cx | {
+                        let before = ops::must_lock_job(db, id.as_str()).await?.state;
+                        let job = ops::requeue(db, cx, &id).await?;
+                        // A re-sent requeue answers the job again; only the one that moved it is an action.
+                        if before == settle_core::job::JobState::Dead {
+                            let detail = serde_json::json!({ "attempt": job.attempt });
+                            ops::record_action(
+                                db,
+                                cx,
+                                &actor,
+                                ActionKind::JobRequeue,
+                                Some(id.as_str()),
+                                Some(job.account_id.as_str()),
+                                detail,
+                            )
+                            .await?;
+                        }
+                        Ok(job)
                     }
-                    Ok(job)
-                }
-            ))
+                ),
+            )
             .await?;
         self.work_due();
         self.crash_point(CrashPoint::AfterCommit)?;
@@ -355,7 +385,10 @@ impl Store for SqlStore {
             let job_id = id.clone();
             let rescued_one = async {
                 let (applied, after) = self
-                    .write(op!([job_id, token] | db, cx | ops::expire_lease(db, cx, &job_id, &token).await))
+                    .write_to(
+                        Route::Job(&id),
+                        op!([job_id, token] | db, cx | ops::expire_lease(db, cx, &job_id, &token).await),
+                    )
                     .await?;
                 if applied && after == After::Teardown {
                     let job = self.job(&JobId::stored(&id)).await?;

@@ -1,7 +1,7 @@
 //! Teardown steps 2 and 3 of a cancelling job (seed 003), after step 1's refunds committed:
 //! artifacts deleted outside any transaction, then the terminal state written last.
 
-use super::SqlStore;
+use super::{Route, SqlStore};
 use crate::artifacts::ArtifactStore;
 use crate::db::Db;
 use crate::error::StoreError;
@@ -49,7 +49,8 @@ impl SqlStore {
         }
         self.crash_point(CrashPoint::TeardownAfterCleanup)?;
         let owned = id.to_owned();
-        let job = self.write(op!([owned] | db, cx | ops::finish_teardown(db, cx, &owned).await)).await?;
+        let job =
+            self.write_to(Route::Job(id), op!([owned] | db, cx | ops::finish_teardown(db, cx, &owned).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(job)
     }
@@ -86,31 +87,35 @@ impl SqlStore {
     /// Cancel, per the spec's table, then teardown steps 2–3 if step 1 left the job `cancelling`.
     /// With an `actor`, a cancel that moved the job is recorded in the action log, in its transaction.
     pub(super) async fn cancel_as(&self, job: &JobId, actor: Option<&str>) -> Result<CancelOutcome, StoreError> {
+        let route = Route::Job(job.as_str());
         let (id, actor) = (job.clone(), actor.map(str::to_owned));
         let (job, after) = self
-            .write(op!(
-                [id, actor] | db,
-                cx | {
-                    let before = ops::must_lock_job(db, id.as_str()).await?;
-                    let (job, after) = ops::cancel(db, cx, &id).await?;
-                    if let Some(actor) = &actor
-                        && (job.state != before.state || job.cancel_requested != before.cancel_requested)
-                    {
-                        let detail = serde_json::json!({ "from": before.state.as_str(), "to": job.state.as_str() });
-                        ops::record_action(
-                            db,
-                            cx,
-                            actor,
-                            ActionKind::JobCancel,
-                            Some(id.as_str()),
-                            Some(job.account_id.as_str()),
-                            detail,
-                        )
-                        .await?;
+            .write_to(
+                route,
+                op!(
+                    [id, actor] | db,
+                    cx | {
+                        let before = ops::must_lock_job(db, id.as_str()).await?;
+                        let (job, after) = ops::cancel(db, cx, &id).await?;
+                        if let Some(actor) = &actor
+                            && (job.state != before.state || job.cancel_requested != before.cancel_requested)
+                        {
+                            let detail = serde_json::json!({ "from": before.state.as_str(), "to": job.state.as_str() });
+                            ops::record_action(
+                                db,
+                                cx,
+                                actor,
+                                ActionKind::JobCancel,
+                                Some(id.as_str()),
+                                Some(job.account_id.as_str()),
+                                detail,
+                            )
+                            .await?;
+                        }
+                        Ok((job, after))
                     }
-                    Ok((job, after))
-                }
-            ))
+                ),
+            )
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         let job = match after {
