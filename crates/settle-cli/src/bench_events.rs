@@ -26,7 +26,7 @@ pub async fn run_events(postgres: &Option<String>, writers: usize) -> anyhow::Re
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await?);
     let writers = writers.max(1);
     println!(
-        "settle bench --events: {engine}, commit → readable by a tailing consumer, {CREATES_PER_WRITER} creates per writer"
+        "settle bench --events: {engine}, a create answered → its event read by a tailing consumer, {CREATES_PER_WRITER} creates per writer"
     );
     println!("{:<22} {:>8} {:>10} {:>10} {:>10} {:>10}", "load", "writers", "creates/s", "p50", "p99", "max");
     let (peak, peak_lat) = phase(&store, writers, None, "peak").await?;
