@@ -19,14 +19,14 @@ use std::sync::Arc;
 impl Payouts for SqlStore {
     async fn create_withdrawal(&self, req: NewWithdrawal) -> Result<Created<Withdrawal>, StoreError> {
         ops::payouts::validate_withdrawal(&req)?;
-        let (id, account) = (req.id.as_str().to_owned(), req.account_id.as_str().to_owned());
-        self.remember_job(&id, &account);
+        let account = req.account_id.as_str().to_owned();
         let out = self
             .write_to(
                 Route::Account(&account),
                 op!([req] | db, cx | ops::payouts::create_withdrawal(db, cx, &req).await),
             )
             .await?;
+        self.remember_job(out.value.job.id.as_str(), out.value.job.account_id.as_str());
         if !out.replayed {
             self.work_due();
         }

@@ -164,10 +164,11 @@ impl Store for SqlStore {
 
     async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError> {
         let job = ops::validate_job(req)?;
-        let (id, account) = (job.req.id.as_str().to_owned(), job.req.account_id.as_str().to_owned());
-        self.remember_job(&id, &account);
+        let account = job.req.account_id.as_str().to_owned();
         let out =
             self.write_to(Route::Account(&account), op!([job] | db, cx | ops::create_job(db, cx, &job).await)).await?;
+        // The job as stored (a replay answers the original), never the request that may have been refused.
+        self.remember_job(out.value.id.as_str(), out.value.account_id.as_str());
         if !out.replayed {
             self.work_due();
         }
