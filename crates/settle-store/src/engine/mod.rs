@@ -139,6 +139,7 @@ impl Env {
             rng: self.rng.clone(),
             crash: self.crash.clone(),
             pending,
+            counters: None,
         }
     }
 }

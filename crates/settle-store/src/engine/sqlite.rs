@@ -4,9 +4,11 @@
 use super::{BatchOp, Env, Ran};
 use crate::db::Db;
 use crate::error::StoreError;
+use crate::ops::Counters;
 use crate::options::{Durability, StoreOptions};
 use futures_util::FutureExt;
 use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 /// The SQLite writer: one OS thread owning the one connection that writes (rusqlite), so every
@@ -117,24 +119,33 @@ pub(crate) fn open_writer(path: &std::path::Path, options: &StoreOptions) -> Res
     Ok(conn)
 }
 
-/// One transaction for the whole batch, one savepoint per operation. Replies go out only after
-/// COMMIT returns; if the transaction is lost midway (the engine rolled it back on its own, a
-/// panic), every operation of the batch is answered with an error — none was acknowledged.
+/// One transaction for the whole batch, one savepoint per operation, the counters read once after
+/// BEGIN and written back once before COMMIT. Replies go out only after COMMIT returns; if the
+/// transaction is lost midway (the engine rolled it back on its own, a panic), every operation of
+/// the batch is answered with an error — none was acknowledged.
 async fn run_batch(conn: &mut rusqlite::Connection, env: &Env, batch: &mut Vec<Box<dyn BatchOp>>) {
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
-        let e = StoreError::from_sqlite(e);
-        for op in batch.drain(..) {
-            op.deliver(Err(StoreError::Unavailable(e.to_string())));
+    let counters = match conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| read_counters(conn)) {
+        Ok(values) => Arc::new(Mutex::new(Counters::new(values))),
+        Err(e) => {
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            let e = StoreError::from_sqlite(e);
+            for op in batch.drain(..) {
+                op.deliver(Err(StoreError::Unavailable(e.to_string())));
+            }
+            return;
         }
-        return;
-    }
+    };
     let mut broken: Option<String> = None;
     for op in batch.iter_mut() {
         if let Err(e) = run(conn, "SAVEPOINT op") {
             broken = Some(e.to_string());
             break;
         }
-        let cx = env.cx(None);
+        let mark = lock(&counters).mark();
+        let mut cx = env.cx(None);
+        cx.counters = Some(counters.clone());
         let result = {
             let mut db = Db::Lite(&mut *conn);
             AssertUnwindSafe(op.run(&mut db, &cx)).catch_unwind().await
@@ -142,10 +153,14 @@ async fn run_batch(conn: &mut rusqlite::Connection, env: &Env, batch: &mut Vec<B
         let step = match result {
             Ok(Ran::Done) => run(conn, "RELEASE op"),
             // One writer: nothing to wait for, so no operation is run again elsewhere.
-            Ok(Ran::Failed | Ran::Again) => run(conn, "ROLLBACK TO op").and_then(|()| run(conn, "RELEASE op")),
+            Ok(Ran::Failed | Ran::Again) => {
+                lock(&counters).restore(&mark);
+                run(conn, "ROLLBACK TO op").and_then(|()| run(conn, "RELEASE op"))
+            }
             Err(_) => {
                 // A programmer error in one operation: undo it alone; the others in the batch go on.
                 tracing::error!("a write operation panicked; it is rolled back");
+                lock(&counters).restore(&mark);
                 run(conn, "ROLLBACK TO op").and_then(|()| run(conn, "RELEASE op"))
             }
         };
@@ -153,6 +168,11 @@ async fn run_batch(conn: &mut rusqlite::Connection, env: &Env, batch: &mut Vec<B
             broken = Some(e.to_string());
             break;
         }
+    }
+    if broken.is_none()
+        && let Err(e) = write_counters(conn, &lock(&counters))
+    {
+        broken = Some(e.to_string());
     }
     let committed = match broken {
         Some(msg) => {
@@ -176,6 +196,30 @@ async fn run_batch(conn: &mut rusqlite::Connection, env: &Env, batch: &mut Vec<B
             Err(msg) => op.deliver(Err(StoreError::Unavailable(format!("the write batch was rolled back: {msg}")))),
         }
     }
+}
+
+fn lock(counters: &Mutex<Counters>) -> std::sync::MutexGuard<'_, Counters> {
+    counters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Every counter, as the batch's write lock found them.
+fn read_counters(conn: &rusqlite::Connection) -> Result<Vec<(String, i64)>, rusqlite::Error> {
+    let mut stmt = conn.prepare_cached("SELECT name, value FROM counters")?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    rows.collect()
+}
+
+/// The counters the batch moved, written back in its transaction.
+fn write_counters(conn: &rusqlite::Connection, counters: &Counters) -> Result<(), rusqlite::Error> {
+    for (name, value) in counters.changed() {
+        let n = conn
+            .prepare_cached("UPDATE counters SET value = ?1 WHERE name = ?2")?
+            .execute(rusqlite::params![value, name])?;
+        if n != 1 {
+            return Err(rusqlite::Error::StatementChangedRows(n));
+        }
+    }
+    Ok(())
 }
 
 /// A transaction-control statement, prepared once.

@@ -152,7 +152,7 @@ async fn insert_rows(
 ) -> Result<(), StoreError> {
     let req = &job.req;
     let job_seq = match db.engine() {
-        Engine::Sqlite => next_seq(db, "job", 1).await?,
+        Engine::Sqlite => next_seq(cx, "job", 1)?,
         Engine::Postgres => db.one(&NEXT_JOB_SEQ, &[]).await?.i64(JobSeqCol::job_seq)?,
     };
     let inserted = db

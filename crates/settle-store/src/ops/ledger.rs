@@ -262,26 +262,30 @@ pub(crate) async fn post_now(
     post_lines(db, cx, account_id, check, lines, Holds::default()).await
 }
 
-/// `n` fresh `seq` numbers, ascending: SQLite's writer takes them from the `ledger` counter (it
-/// alone writes); PostgreSQL from the ledger sequence, called after the account rows are locked.
-async fn seq_numbers(db: &mut Db<'_>, n: usize) -> Result<Vec<i64>, StoreError> {
+/// `n` fresh `seq` numbers, ascending: SQLite's writer takes them from the batch's `ledger`
+/// counter (it alone writes); PostgreSQL from the ledger sequence, called after the account rows
+/// are locked.
+async fn seq_numbers(db: &mut Db<'_>, cx: &Cx, n: usize) -> Result<Vec<i64>, StoreError> {
     match db.engine() {
         Engine::Sqlite => {
-            let first = next_seq(db, "ledger", n as i64).await?;
+            let first = next_seq(cx, "ledger", n as i64)?;
             Ok((first..first + n as i64).collect())
         }
-        Engine::Postgres => {
-            let rows = db.all(&SEQ_NUMBERS, args![n as i64]).await?;
-            let mut seqs = rows.iter().map(|r| r.i64(SeqCol::seq)).collect::<Result<Vec<_>, _>>()?;
-            // One statement's numbers come in the order it called nextval; sorted all the same,
-            // so an account's lines increase in the order they were posted whatever the plan.
-            seqs.sort_unstable();
-            if seqs.len() != n {
-                return Err(StoreError::internal(format!("asked for {n} ledger numbers, got {}", seqs.len())));
-            }
-            Ok(seqs)
-        }
+        Engine::Postgres => sequence_numbers(db, n).await,
     }
+}
+
+/// `n` numbers from PostgreSQL's ledger sequence, ascending.
+async fn sequence_numbers(db: &mut Db<'_>, n: usize) -> Result<Vec<i64>, StoreError> {
+    let rows = db.all(&SEQ_NUMBERS, args![n as i64]).await?;
+    let mut seqs = rows.iter().map(|r| r.i64(SeqCol::seq)).collect::<Result<Vec<_>, _>>()?;
+    // One statement's numbers come in the order it called nextval; sorted all the same, so an
+    // account's lines increase in the order they were posted whatever the plan.
+    seqs.sort_unstable();
+    if seqs.len() != n {
+        return Err(StoreError::internal(format!("asked for {n} ledger numbers, got {}", seqs.len())));
+    }
+    Ok(seqs)
 }
 
 /// Posts and writes `lines` at once.
@@ -301,7 +305,7 @@ async fn post_lines(
     let posted = change_balance(db, account_id, check, total, holds, lines.len()).await?;
     let mut balance = Credits::new(posted.balance).checked_sub(total)?;
     let mut prev = chain_head(db, account_id, posted.first_account_seq - 1).await?;
-    let seqs = seq_numbers(db, lines.len()).await?;
+    let seqs = seq_numbers(db, cx, lines.len()).await?;
     let mut out = Vec::with_capacity(lines.len());
     for ((line, seq), account_seq) in lines.iter().zip(seqs).zip(posted.first_account_seq..) {
         balance = balance.checked_add(line.amount)?;
@@ -409,7 +413,7 @@ pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Resul
         };
         heads.insert(account, (prev, head));
     }
-    let seqs = seq_numbers(db, lines.len()).await?;
+    let seqs = sequence_numbers(db, lines.len()).await?;
     let n = lines.len();
     let (mut prevs, mut hashes) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for (line, &seq) in lines.iter().zip(&seqs) {

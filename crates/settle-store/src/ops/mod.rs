@@ -59,7 +59,6 @@ pub(crate) use success::*;
 pub(crate) use teardown::*;
 pub(crate) use unknown::*;
 
-use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use settle_core::backoff::SplitMix64;
 use settle_core::crash::CrashPoint;
@@ -67,7 +66,7 @@ use settle_core::history::EventKind;
 use settle_core::job::Policies;
 use settle_core::ledger::EntryKind;
 use settle_core::{Credits, Timestamp};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 
 /// Asked at every crash point; answers whether to "crash" there.
 pub trait CrashHook: Send + Sync {
@@ -83,6 +82,52 @@ pub(crate) struct Cx {
     /// PostgreSQL: the transaction's ledger lines and events, written by `flush` just before its
     /// COMMIT (docs/decisions/0021). `None` on SQLite, whose single writer numbers them at once.
     pub pending: Option<Arc<Mutex<Pending>>>,
+    /// SQLite: the writer batch's gap-free counters, read once after its `BEGIN IMMEDIATE` and
+    /// written back once before its COMMIT. `None` on PostgreSQL and for reads.
+    pub counters: Option<Arc<Mutex<Counters>>>,
+}
+
+/// The `counters` rows (job, ledger and outbox numbers) as one SQLite writer batch holds them: the
+/// batch holds the database's write lock from its `BEGIN IMMEDIATE` to its COMMIT, so numbers are
+/// taken here in memory instead of by a statement each, and written back once. The writer takes a
+/// mark before each operation and restores it when the operation is rolled back to its savepoint,
+/// so the numbers stay gap-free.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    values: Vec<(String, i64)>,
+    read: Vec<i64>,
+}
+
+impl Counters {
+    /// The counters as read at the start of the batch.
+    pub fn new(values: Vec<(String, i64)>) -> Self {
+        let read = values.iter().map(|(_, v)| *v).collect();
+        Counters { values, read }
+    }
+
+    pub fn mark(&self) -> Vec<i64> {
+        self.values.iter().map(|(_, v)| *v).collect()
+    }
+
+    pub fn restore(&mut self, mark: &[i64]) {
+        for ((_, v), m) in self.values.iter_mut().zip(mark) {
+            *v = *m;
+        }
+    }
+
+    /// The counters the batch moved, with their new values: to write back before COMMIT.
+    pub fn changed(&self) -> impl Iterator<Item = (&str, i64)> {
+        self.values.iter().zip(&self.read).filter(|((_, v), r)| v != *r).map(|((n, v), _)| (n.as_str(), *v))
+    }
+
+    /// Reserves `n` numbers of `name`; returns the first.
+    fn take(&mut self, name: &str, n: i64) -> Result<i64, StoreError> {
+        let (_, value) = (self.values.iter_mut().find(|(c, _)| c == name))
+            .ok_or_else(|| StoreError::internal(format!("no counter named {name}")))?;
+        let first = value.checked_add(1).ok_or(StoreError::Overflow)?;
+        *value = value.checked_add(n).ok_or(StoreError::Overflow)?;
+        Ok(first)
+    }
 }
 
 /// Ledger lines and outbox events of one PostgreSQL transaction, in the order they were written,
@@ -149,18 +194,13 @@ impl Cx {
     }
 }
 
-/// Reserves `n` numbers of a gap-free counter; returns the first.
-pub(crate) async fn next_seq(db: &mut Db<'_>, counter: &'static str, n: i64) -> Result<i64, StoreError> {
+/// Reserves `n` numbers of a gap-free counter (SQLite: from the writer batch's `Counters`); returns
+/// the first.
+pub(crate) fn next_seq(cx: &Cx, counter: &'static str, n: i64) -> Result<i64, StoreError> {
     debug_assert!(n >= 1);
-    columns! {
-        /// A counter's value after a reservation.
-        CounterCol { value }
-    }
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!("UPDATE counters SET value = value + $2 WHERE name = $1 RETURNING {}", CounterCol::LIST)
-    });
-    let row = db.one(&SQL, args![counter, n]).await?;
-    Ok(row.i64(CounterCol::value)? - n + 1)
+    let counters = (cx.counters.as_ref())
+        .ok_or_else(|| StoreError::internal(format!("the {counter} counter taken outside the SQLite writer")))?;
+    counters.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take(counter, n)
 }
 
 pub(crate) fn guard_hit(rows: u64, what: &'static str) -> Result<(), StoreError> {

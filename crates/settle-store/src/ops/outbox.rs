@@ -38,7 +38,7 @@ pub(crate) async fn emit(
         // would take the counter on the commit path.
         return Err(StoreError::internal("a PostgreSQL event written outside a transaction's queue"));
     }
-    let seq = next_seq(db, "outbox", 1).await?;
+    let seq = next_seq(cx, "outbox", 1)?;
     db.exec(
         "INSERT INTO outbox (seq, type, job_id, account_id, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
         args![seq, kind.as_str(), job_id, account_id, data.to_string(), cx.now.micros()],

@@ -130,3 +130,51 @@ async fn postgres_events_of_a_process_that_died_after_commit_are_numbered_by_the
     assert_eq!(events.len(), before + 1);
     assert_eq!(events.last().map(String::as_str), Some("account.granted"));
 }
+
+/// Operations that fail inside a batch after their events were numbered (a crash injected after
+/// the outbox write, which rolls the operation back) and operations refused before (a charge the
+/// balance cannot cover) give back the numbers they took: the creates that committed are numbered
+/// one after another in the feed, one `job.queued` each, and the stored counters end where the
+/// feed does (the audit).
+async fn refused_operations_in_a_batch_leave_no_gap(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let poor = k.account("poor", 30).await;
+    let before = k.store.events(0, 1000, &Scope::ALL).await.unwrap().rows.len() as i64;
+    let k = Arc::new(k);
+    let (mut created, mut crashed) = (0, 0);
+    for round in 0..8 {
+        // The next create to pass the point fails there, after its event was written.
+        k.crasher.arm(settle_core::crash::CrashPoint::AfterOutbox);
+        let creates: Vec<_> = (0..8)
+            .map(|n| {
+                let (k, poor) = (k.clone(), poor.clone());
+                tokio::spawn(async move { k.store.create_job(new_job(&format!("j-{round}-{n}"), &poor, 1)).await })
+            })
+            .collect();
+        for c in creates {
+            match c.await.unwrap() {
+                Ok(_) => created += 1,
+                Err(StoreError::InsufficientCredits { .. }) => {}
+                Err(StoreError::InjectedCrash(_)) => crashed += 1,
+                Err(e) => panic!("create: {e}"),
+            }
+        }
+    }
+    assert_eq!(created, 30, "the balance covers exactly 30 one-credit jobs");
+    assert!(crashed > 0);
+    let events = k.store.events(before, 1000, &Scope::ALL).await.unwrap().rows;
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (before + 1..=before + created).collect::<Vec<i64>>());
+    assert!(events.iter().all(|e| e.kind == EventKind::JobQueued));
+    k.assert_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_refused_operations_in_a_batch_leave_no_gap() {
+    refused_operations_in_a_batch_leave_no_gap(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_refused_operations_in_a_batch_leave_no_gap() {
+    refused_operations_in_a_batch_leave_no_gap(EngineKind::Postgres).await;
+}
