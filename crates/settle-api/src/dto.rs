@@ -147,8 +147,16 @@ pub struct NewItem {
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub id: String,
     /// The item's price in credits (minor units), 0 or more; charged when the job is created.
+    /// Exactly one of `cost` and `hold`.
+    #[serde(default)]
     #[schema(minimum = 0)]
-    pub cost: i64,
+    pub cost: Option<i64>,
+    /// For an item priced by what the work used: credits held (charged) when the job is created,
+    /// more than 0. The first success prices the item (`0 ≤ cost ≤ hold`) and releases the rest.
+    /// Exactly one of `cost` and `hold`.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub hold: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -164,12 +172,19 @@ pub struct CreateJob {
     /// What kind of work (1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`); workers claim by kind.
     #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
     pub kind: String,
-    /// A single-item job (item `main`) of this price in credits, 0 or more. Exactly one of `cost` and
-    /// `items`.
+    /// A single-item job (item `main`) of this price in credits, 0 or more. Exactly one of `cost`,
+    /// `hold` and `items`.
     #[serde(default)]
     #[schema(minimum = 0)]
     pub cost: Option<i64>,
-    /// The billable items, 1 to 1,000, each charged on creation. Exactly one of `cost` and `items`.
+    /// A single-item job (item `main`) priced by what the work used: credits held (charged) on
+    /// creation, more than 0; the success says the price (at most the hold) and the rest is
+    /// released. Exactly one of `cost`, `hold` and `items`.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub hold: Option<i64>,
+    /// The billable items, 1 to 1,000, each charged (or held) on creation. Exactly one of `cost`,
+    /// `hold` and `items`.
     #[serde(default)]
     pub items: Option<Vec<NewItem>>,
     /// Any JSON, up to 256 KiB, handed to the worker as is.
@@ -193,8 +208,10 @@ pub struct CreateJob {
 pub struct Item {
     /// The item's id within its job.
     pub id: String,
-    /// The item's price in credits (minor units).
-    pub cost: i64,
+    /// The item's price in credits (minor units); null for a held item until a success prices it.
+    pub cost: Option<i64>,
+    /// What a held item holds (was charged at creation); null for a fixed-price item.
+    pub hold: Option<i64>,
     /// `charged`, `succeeded`, `refunded`, `reclaimed`, `cancelled`, or `returned` (a withdrawal paid out
     /// and sent back).
     pub state: String,
@@ -225,8 +242,10 @@ pub struct Job {
     /// `queued`, `running`, `unknown`, `cancelling`, `succeeded`, `dead`, `cancelled`, and for withdrawals
     /// `returned`.
     pub state: String,
-    /// The sum of its items' prices, in credits (minor units).
-    pub cost: i64,
+    /// The sum of its items' prices, in credits (minor units); null while a held item is unpriced.
+    pub cost: Option<i64>,
+    /// The sum of its held items' holds; null when it has none.
+    pub hold: Option<i64>,
     /// The sum of the job's ledger entries, in credits (≤ 0): what the job costs the account now.
     pub net: i64,
     /// How many attempts have started (0 before the first claim).
@@ -253,6 +272,32 @@ pub struct Job {
     pub updated_at: String,
 }
 
+impl From<store::Item> for Item {
+    fn from(i: store::Item) -> Item {
+        Item {
+            cost: i.priced_cost().map(|c| c.get()),
+            hold: i.hold.map(|h| h.get()),
+            is_refunded: i.state.is_refunded(),
+            is_reclaimed: i.state.is_reclaimed(),
+            id: i.id.into(),
+            state: i.state.as_str().to_owned(),
+            refund_reason: i.refund_reason.map(|r| r.as_str().to_owned()),
+        }
+    }
+}
+
+/// The sum of the items' prices; null while one is unpriced. Within i64: each is at most what
+/// create took, and their total was checked there.
+fn job_cost(items: &[store::Item]) -> Option<i64> {
+    items.iter().map(|i| i.priced_cost().map(|c| c.get())).sum()
+}
+
+/// The sum of the held items' holds; null when none is held.
+fn job_hold(items: &[store::Item]) -> Option<i64> {
+    let holds: Vec<i64> = items.iter().filter_map(|i| i.hold.map(|h| h.get())).collect();
+    (!holds.is_empty()).then(|| holds.iter().sum())
+}
+
 fn json_text(s: &str) -> serde_json::Value {
     serde_json::from_str(s).unwrap_or(serde_json::Value::Null)
 }
@@ -264,7 +309,8 @@ impl From<store::Job> for Job {
             account_id: j.account_id.into(),
             kind: j.kind.into(),
             state: j.state.as_str().to_owned(),
-            cost: j.cost.get(),
+            cost: job_cost(&j.items),
+            hold: job_hold(&j.items),
             net: j.net.get(),
             attempt: j.attempt,
             max_attempts: j.max_attempts,
@@ -272,18 +318,7 @@ impl From<store::Job> for Job {
             cancel_requested: j.cancel_requested,
             not_before: rfc3339(j.not_before),
             last_error: j.last_error.map(|e| LastError { code: e.code, message: e.message }),
-            items: j
-                .items
-                .into_iter()
-                .map(|i| Item {
-                    id: i.id.into(),
-                    cost: i.cost.get(),
-                    state: i.state.as_str().to_owned(),
-                    is_refunded: i.state.is_refunded(),
-                    is_reclaimed: i.state.is_reclaimed(),
-                    refund_reason: i.refund_reason.map(|r| r.as_str().to_owned()),
-                })
-                .collect(),
+            items: j.items.into_iter().map(Item::from).collect(),
             payload: json_text(&j.payload),
             result: j.result.as_deref().map(json_text),
             created_at: rfc3339(j.created_at),
@@ -477,6 +512,26 @@ pub struct Succeed {
     /// Any JSON the job produced, kept with the job.
     #[serde(default)]
     pub result: Option<serde_json::Value>,
+    /// The price of a held job's `main` item: what the work used, `0 ≤ cost ≤ hold`. Required when
+    /// this success delivers or reclaims a held item; not with `costs`.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub cost: Option<i64>,
+    /// The prices of the held items this success decides, by item id (`0 ≤ cost ≤ hold` each).
+    #[serde(default)]
+    pub costs: Option<std::collections::BTreeMap<String, i64>>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ItemSucceed {
+    /// The lease token the claim answered.
+    pub lease_token: String,
+    /// A held item's price: what the work used, `0 ≤ cost ≤ hold`. Required for a held item; for a
+    /// fixed item, if given, its cost.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub cost: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

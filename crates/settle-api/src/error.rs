@@ -119,6 +119,12 @@ impl From<StoreError> for ApiError {
             StoreError::IdempotencyConflict { .. } | StoreError::IdTaken { .. } | StoreError::ReportConflict(_) => {
                 ApiError::new(S::CONFLICT, "idempotency_conflict", sentence(e.to_string()))
             }
+            StoreError::CostRequired { .. } => {
+                ApiError::new(S::UNPROCESSABLE_ENTITY, "cost_required", sentence(e.to_string()))
+            }
+            StoreError::CostExceedsHold { .. } => {
+                ApiError::new(S::UNPROCESSABLE_ENTITY, "cost_exceeds_hold", sentence(e.to_string()))
+            }
             StoreError::JobFinished(_) => ApiError::new(S::CONFLICT, "job_finished", sentence(e.to_string())),
             StoreError::OutcomeUnknown(_) => ApiError::new(S::CONFLICT, "outcome_unknown", sentence(e.to_string())),
             StoreError::LeaseLost(lost) => ApiError {

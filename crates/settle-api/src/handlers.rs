@@ -272,13 +272,25 @@ pub async fn get_ledger(
               (status = 400, body = ErrorBody), (status = 402, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody)))]
 pub async fn create_job(State(s): State<AppState>, auth: Auth<ClientRole>, Json(b): Json<dto::CreateJob>) -> ApiResult {
-    let items = match (b.cost, b.items) {
-        (Some(cost), None) => vec![store::NewItem { id: ItemId::main(), cost: Credits::new(cost) }],
-        (None, Some(items)) => items
+    let items = match (b.cost, b.hold, b.items) {
+        (Some(cost), None, None) => {
+            vec![store::NewItem { id: ItemId::main(), price: store::Price::Cost(Credits::new(cost)) }]
+        }
+        (None, Some(hold), None) => {
+            vec![store::NewItem { id: ItemId::main(), price: store::Price::Hold(Credits::new(hold)) }]
+        }
+        (None, None, Some(items)) => items
             .into_iter()
-            .map(|i| Ok(store::NewItem { id: id(ItemId::parse, &i.id)?, cost: Credits::new(i.cost) }))
+            .map(|i| {
+                let price = match (i.cost, i.hold) {
+                    (Some(c), None) => store::Price::Cost(Credits::new(c)),
+                    (None, Some(h)) => store::Price::Hold(Credits::new(h)),
+                    _ => return Err(ApiError::invalid(format!("Item {} has exactly one of cost and hold.", i.id))),
+                };
+                Ok(store::NewItem { id: id(ItemId::parse, &i.id)?, price })
+            })
             .collect::<Result<Vec<_>, ApiError>>()?,
-        _ => return Err(ApiError::invalid("A job has exactly one of cost and items.")),
+        _ => return Err(ApiError::invalid("A job has exactly one of cost, hold and items.")),
     };
     let refund_on = match b.refund_on.as_deref() {
         None => None,
@@ -552,7 +564,17 @@ pub async fn succeed(
             ));
         }
     };
-    let out = s.store.succeed(&id(JobId::parse, &job)?, by, b.result).await?;
+    let costs = match (b.cost, b.costs) {
+        (None, None) => store::Costs::default(),
+        (Some(c), None) => store::Costs::main(Credits::new(c)),
+        (None, Some(map)) => store::Costs(
+            map.into_iter()
+                .map(|(item, c)| Ok((id(ItemId::parse, &item)?, Credits::new(c))))
+                .collect::<Result<_, ApiError>>()?,
+        ),
+        (Some(_), Some(_)) => return Err(ApiError::invalid("A success has at most one of cost and costs.")),
+    };
+    let out = s.store.succeed_priced(&id(JobId::parse, &job)?, by, b.result, &costs).await?;
     mark("succeed", out.applied);
     Ok(reported(dto::Job::from(out.value), out.applied))
 }
@@ -614,17 +636,7 @@ pub async fn unknown(
 }
 
 fn item_report(r: store::ItemReport) -> dto::ItemReport {
-    dto::ItemReport {
-        item: dto::Item {
-            is_refunded: r.item.state.is_refunded(),
-            is_reclaimed: r.item.state.is_reclaimed(),
-            id: r.item.id.into(),
-            cost: r.item.cost.get(),
-            state: r.item.state.as_str().to_owned(),
-            refund_reason: r.item.refund_reason.map(|r| r.as_str().to_owned()),
-        },
-        cancel_requested: r.cancel_requested,
-    }
+    dto::ItemReport { item: dto::Item::from(r.item), cancel_requested: r.cancel_requested }
 }
 
 /// Report an item delivered
@@ -634,18 +646,20 @@ fn item_report(r: store::ItemReport) -> dto::ItemReport {
 /// true`); a token that is not the current lease is `409 lease_lost` unless its attempt decided
 /// the item (then a replay); an item cancelled is `409 invalid_transition`.
 #[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/succeed", tag = "workers",
-    params(("id" = String, Path), ("item" = String, Path)), request_body = dto::LeaseOnly,
+    params(("id" = String, Path), ("item" = String, Path)), request_body = dto::ItemSucceed,
     responses((status = 200, description = "applied, or a replay (header Idempotent-Replayed: true)", body = dto::ItemReport),
-              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 422, description = "cost_required (a held item without its price) or cost_exceeds_hold", body = ErrorBody)))]
 pub async fn item_succeed(
     State(s): State<AppState>,
     auth: Auth<WorkerRole>,
     Path((job, item)): Path<(String, String)>,
-    Json(b): Json<dto::LeaseOnly>,
+    Json(b): Json<dto::ItemSucceed>,
 ) -> ApiResult {
     // A worker token scoped to kinds reports only on jobs of those kinds.
     seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
-    let r = s.store.item_succeed(&id(JobId::parse, &job)?, &id(ItemId::parse, &item)?, &token(b.lease_token)?).await?;
+    let (job, item) = (id(JobId::parse, &job)?, id(ItemId::parse, &item)?);
+    let r = s.store.item_succeed_priced(&job, &item, &token(b.lease_token)?, b.cost.map(Credits::new)).await?;
     mark("item_succeed", r.applied);
     let applied = r.applied;
     Ok(reported(item_report(r), applied))

@@ -242,7 +242,7 @@ pub(crate) fn bench_job(
         id: JobId::parse(id)?,
         account_id: account.clone(),
         kind: JobKind::parse("bench")?,
-        items: vec![NewItem { id: ItemId::main(), cost: Credits::new(cost) }],
+        items: vec![NewItem { id: ItemId::main(), price: Price::Cost(Credits::new(cost)) }],
         payload: serde_json::Value::Null,
         max_attempts: None,
         refund_on: None,
@@ -337,7 +337,7 @@ async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &s
                     id: id.clone(),
                     account_id: account.clone(),
                     kind: kind.clone(),
-                    items: vec![NewItem { id: ItemId::main(), cost: Credits::new(3) }],
+                    items: vec![NewItem { id: ItemId::main(), price: Price::Cost(Credits::new(3)) }],
                     payload: serde_json::Value::Null,
                     max_attempts: None,
                     refund_on: None,
@@ -411,7 +411,10 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
                 let later = store.now().plus_seconds(10 * 365 * 24 * 3600);
                 for n in 0..count {
                     let items = (0..10)
-                        .map(|i| NewItem { id: ItemId::parse(&format!("i{i}")).expect("valid"), cost: Credits::new(1) })
+                        .map(|i| NewItem {
+                            id: ItemId::parse(&format!("i{i}")).expect("valid"),
+                            price: Price::Cost(Credits::new(1)),
+                        })
                         .collect();
                     let req = NewJob {
                         id: JobId::parse(&format!("f{round}-{t}-{n}")).expect("valid id"),
@@ -482,7 +485,8 @@ async fn run_teardown(args: &BenchArgs) -> anyhow::Result<()> {
     let worker = WorkerName::parse("bench")?;
     for (round, &n) in args.teardown.iter().enumerate() {
         let id = JobId::parse(&format!("teardown-{round}"))?;
-        let items = (0..n).map(|i| Ok(NewItem { id: ItemId::parse(&format!("i{i}"))?, cost: Credits::new(1) }));
+        let items =
+            (0..n).map(|i| Ok(NewItem { id: ItemId::parse(&format!("i{i}"))?, price: Price::Cost(Credits::new(1)) }));
         let req = NewJob {
             id: id.clone(),
             account_id: a.clone(),
@@ -548,7 +552,10 @@ async fn fill_console(store: &Arc<SqlStore>, fill: &AccountId, jobs: u64) -> any
                 let dead = n % 10 == 0;
                 let kind = JobKind::parse(if dead { "render" } else { "fill" }).expect("valid kind");
                 let items = (0..10)
-                    .map(|i| NewItem { id: ItemId::parse(&format!("i{i}")).expect("valid"), cost: Credits::new(1) })
+                    .map(|i| NewItem {
+                        id: ItemId::parse(&format!("i{i}")).expect("valid"),
+                        price: Price::Cost(Credits::new(1)),
+                    })
                     .collect();
                 let id = JobId::parse(&format!("job-{t}-{n}")).expect("valid id");
                 let req = NewJob {

@@ -39,7 +39,7 @@ impl Demo {
             kind: JobKind::parse("render")?,
             items: items
                 .iter()
-                .map(|(i, c)| Ok(NewItem { id: ItemId::parse(i)?, cost: Credits::new(*c) }))
+                .map(|(i, c)| Ok(NewItem { id: ItemId::parse(i)?, price: Price::Cost(Credits::new(*c)) }))
                 .collect::<anyhow::Result<_>>()?,
             payload: serde_json::Value::Null,
             max_attempts: None,

@@ -89,11 +89,11 @@ async fn four_processes_share_one_postgres_ledger() {
             (0..3)
                 .map(|i| NewItem {
                     id: ItemId::parse(&format!("frame-{i}")).unwrap(),
-                    cost: Credits::new(1 + (n % 7) as i64),
+                    price: Price::Cost(Credits::new(1 + (n % 7) as i64)),
                 })
                 .collect()
         } else {
-            vec![NewItem { id: ItemId::main(), cost: Credits::new(5 + (n % 40) as i64) }]
+            vec![NewItem { id: ItemId::main(), price: Price::Cost(Credits::new(5 + (n % 40) as i64)) }]
         };
         NewJob {
             id: JobId::parse(&format!("job-{n}")).unwrap(),

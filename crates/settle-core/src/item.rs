@@ -110,7 +110,7 @@ pub const fn arrow(state: ItemState, signal: ItemSignal) -> Option<Arrow> {
 /// The signed ledger amount of an arrow's entry for an item of `cost`.
 pub fn entry_amount(kind: EntryKind, cost: Credits) -> Result<Credits, MoneyError> {
     match kind {
-        EntryKind::Refund | EntryKind::PayoutReturn => Ok(cost),
+        EntryKind::Refund | EntryKind::PayoutReturn | EntryKind::Release => Ok(cost),
         EntryKind::Charge | EntryKind::Reclaim => cost.checked_neg(),
         EntryKind::Grant | EntryKind::Adjustment => Ok(cost),
     }

@@ -14,6 +14,9 @@ crate::names! {
         Adjustment = "adjustment",
         /// A payout the receiving side sent back: the withdrawn amount credited again (+).
         PayoutReturn = "payout_return",
+        /// The part of a held item's hold its price did not use, credited back when the first
+        /// success prices it (+).
+        Release = "release",
     }
 }
 
@@ -95,7 +98,7 @@ mod tests {
     #[test]
     fn entry_kind_names_are_the_storage_format() {
         let names: Vec<&str> = EntryKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["grant", "charge", "refund", "reclaim", "adjustment", "payout_return"]);
+        assert_eq!(names, ["grant", "charge", "refund", "reclaim", "adjustment", "payout_return", "release"]);
         for k in EntryKind::ALL {
             assert_eq!(EntryKind::parse(k.as_str()), Some(k));
         }

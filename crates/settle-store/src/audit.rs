@@ -30,6 +30,8 @@ struct ItemGroup {
     job: String,
     item: String,
     cost: i64,
+    /// A held item's hold (docs/decisions/0022).
+    hold: Option<i64>,
     state: String,
     job_account: String,
     job_kind: String,
@@ -89,7 +91,7 @@ columns! {
 columns! {
     /// What pass B reads: an item, its job, and one of its entries (none: `entry_seq` NULL).
     ItemRow {
-        job_id = "i.job_id", item_id = "i.item_id", cost = "i.cost", state = "i.state",
+        job_id = "i.job_id", item_id = "i.item_id", cost = "i.cost", hold = "i.hold", state = "i.state",
         job_account = "j.account_id", job_kind = "j.kind",
         entry_seq = "e.seq", entry_kind = "e.kind", entry_amount = "e.amount", entry_account = "e.account_id",
     }
@@ -301,9 +303,9 @@ impl Audit<'_> {
                     items_checked += 1;
                     check_item(done, &mut self.accounts, &mut self.violations);
                 }
-                let (cost, state) = (r.i64(C::cost)?, r.text(C::state)?);
+                let (cost, hold, state) = (r.i64(C::cost)?, r.opt_i64(C::hold)?, r.text(C::state)?);
                 let (job_account, job_kind) = (r.text(C::job_account)?, r.text(C::job_kind)?);
-                current = Some(ItemGroup { job, item, cost, state, job_account, job_kind, entries: Vec::new() });
+                current = Some(ItemGroup { job, item, cost, hold, state, job_account, job_kind, entries: Vec::new() });
             }
             if let Some(seq) = r.opt_i64(C::entry_seq)? {
                 joined += 1;
@@ -440,6 +442,7 @@ struct Tally {
     refunds: u32,
     reclaims: u32,
     returns: u32,
+    releases: u32,
     reclaim_before_refund: bool,
 }
 
@@ -455,15 +458,18 @@ fn tally(entries: &[(i64, EntryKind, i64, String)]) -> Tally {
                 t.reclaims += 1;
             }
             EntryKind::PayoutReturn => t.returns += 1,
+            EntryKind::Release => t.releases += 1,
             EntryKind::Grant | EntryKind::Adjustment => {}
         }
     }
     t
 }
 
-/// The exact entries each item state requires, in order (each for exactly ±cost).
-fn expected_kinds(state: ItemState, refunds: u32) -> &'static [EntryKind] {
+/// The exact entries each item state requires, in order. A held item priced below its hold
+/// (`released`) was succeeded from `charged` with its release.
+fn expected_kinds(state: ItemState, refunds: u32, released: bool) -> &'static [EntryKind] {
     match state {
+        ItemState::Succeeded if released => &[EntryKind::Charge, EntryKind::Release],
         ItemState::Charged | ItemState::Succeeded => &[EntryKind::Charge],
         ItemState::Refunded | ItemState::Cancelled => &[EntryKind::Charge, EntryKind::Refund],
         ItemState::Reclaimed => &[EntryKind::Charge, EntryKind::Refund, EntryKind::Reclaim],
@@ -480,7 +486,7 @@ fn expected_kinds(state: ItemState, refunds: u32) -> &'static [EntryKind] {
 /// account's totals.
 fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violations: &mut Vec<Violation>) {
     group.entries.sort_by_key(|e| e.0);
-    let ItemGroup { job, item, cost, state: state_s, job_account, job_kind, entries } = group;
+    let ItemGroup { job, item, cost, hold, state: state_s, job_account, job_kind, entries } = group;
     let mut found = |invariant, account: Option<&str>, message| {
         violations.push(v(invariant, account, Some(&job), Some(&item), message));
     };
@@ -493,15 +499,33 @@ fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violat
     if t.sum != net {
         found(Invariant::L3, None, format!("entries sum to {} but state {state_s} nets {net}", t.sum));
     }
-    if t.charges > 1 || t.refunds > 1 || t.reclaims > 1 || t.returns > 1 {
-        let (c, r, rc, pr) = (t.charges, t.refunds, t.reclaims, t.returns);
-        found(Invariant::L4, None, format!("{c} charges, {r} refunds, {rc} reclaims, {pr} payout returns"));
+    if t.charges > 1 || t.refunds > 1 || t.reclaims > 1 || t.returns > 1 || t.releases > 1 {
+        let (c, r, rc, pr, rl) = (t.charges, t.refunds, t.reclaims, t.returns, t.releases);
+        found(
+            Invariant::L4,
+            None,
+            format!("{c} charges, {r} refunds, {rc} reclaims, {pr} payout returns, {rl} releases"),
+        );
     }
     if t.reclaim_before_refund {
         found(Invariant::L4, None, "a reclaim without an earlier refund".to_owned());
     }
+    if t.releases > 0 && (hold.is_none() || t.refunds > 0) {
+        found(Invariant::L4, None, "a release not made from charged on a held item".to_owned());
+    }
+    if let Some(hold) = hold {
+        // Priced (delivered) items cost at most their hold; the others are still at their hold.
+        let priced = matches!(state, ItemState::Succeeded | ItemState::Reclaimed);
+        if !(0..=hold).contains(&cost) || (!priced && cost != hold) {
+            found(Invariant::L3, None, format!("state {state_s} with cost {cost} and hold {hold}"));
+        }
+        if state == ItemState::Returned || job_kind == settle_core::job::WITHDRAWAL_KIND {
+            found(Invariant::L3, None, "a held item in a withdrawal".to_owned());
+        }
+    }
+    let released = hold.is_some_and(|h| cost < h) && state == ItemState::Succeeded;
     let kinds: Vec<EntryKind> = entries.iter().map(|e| e.1).collect();
-    if kinds != expected_kinds(state, t.refunds) {
+    if kinds != expected_kinds(state, t.refunds, released) {
         found(Invariant::L3, None, format!("state {state_s} has entries {kinds:?}"));
     }
     if let Some(acc) = accounts.get_mut(&job_account) {
@@ -512,9 +536,15 @@ fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violat
             acc.held_cost += i128::from(cost);
         }
     }
+    // A held item's charge and refund move its hold, its reclaim its price, its release the
+    // difference; a fixed item's entries all move its cost.
+    let taken = i128::from(hold.unwrap_or(cost));
     for (_, kind, amount, account) in &entries {
         let want = match kind {
-            EntryKind::Refund | EntryKind::PayoutReturn => i128::from(cost),
+            EntryKind::Refund => taken,
+            EntryKind::Charge => -taken,
+            EntryKind::Release => taken - i128::from(cost),
+            EntryKind::PayoutReturn => i128::from(cost),
             _ => -i128::from(cost),
         };
         if i128::from(*amount) != want {

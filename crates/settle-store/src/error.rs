@@ -21,6 +21,12 @@ pub enum StoreError {
     /// another code): nothing was written.
     #[error("{0}")]
     ReportConflict(String),
+    /// A success that decides a held item without its price (docs/decisions/0022): nothing written.
+    #[error("item {item} is held: its success must say what it cost (0 up to its hold of {hold})")]
+    CostRequired { item: String, hold: i64 },
+    /// A held item's reported price above its hold: nothing written.
+    #[error("item {item} cost {cost} exceeds its hold of {hold}")]
+    CostExceedsHold { item: String, cost: i64, hold: i64 },
     #[error("the {what} id {id} is taken by another account's {what}; {what} ids are unique across all accounts")]
     IdTaken { what: &'static str, id: String },
     #[error("job {0} is finished")]

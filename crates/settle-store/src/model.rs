@@ -143,7 +143,46 @@ pub struct LedgerEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewItem {
     pub id: ItemId,
-    pub cost: Credits,
+    pub price: Price,
+}
+
+/// What a success says its held items cost (docs/decisions/0022): item → price. Empty for a job
+/// of fixed-price items.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Costs(pub std::collections::BTreeMap<ItemId, Credits>);
+
+impl Costs {
+    /// One price, for the job's `main` item.
+    pub fn main(cost: Credits) -> Costs {
+        Costs([(ItemId::main(), cost)].into_iter().collect())
+    }
+}
+
+/// How an item is priced at create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Price {
+    /// A fixed cost, charged at create.
+    Cost(Credits),
+    /// A held item (docs/decisions/0022): the hold is charged at create; the first success prices
+    /// the item at most the hold and releases the rest.
+    Hold(Credits),
+}
+
+impl Price {
+    /// What create charges: the cost, or the hold.
+    pub fn charged(self) -> Credits {
+        match self {
+            Price::Cost(c) | Price::Hold(c) => c,
+        }
+    }
+
+    /// The hold of a held item.
+    pub fn hold(self) -> Option<Credits> {
+        match self {
+            Price::Hold(n) => Some(n),
+            Price::Cost(_) => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,10 +203,26 @@ pub struct NewJob {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Item {
     pub id: ItemId,
+    /// The amount at stake: a fixed item's cost; a held item's hold until a success prices it,
+    /// then its price (docs/decisions/0022).
     pub cost: Credits,
+    /// A held item's hold (`None`: a fixed price).
+    pub hold: Option<Credits>,
     pub state: ItemState,
     /// Why the refund happened, when one did: `job_failed`, `item_failed`, `cancelled`.
     pub refund_reason: Option<RefundReason>,
+}
+
+impl Item {
+    /// The price a held item was given by its first success; a fixed item's cost. `None` while a
+    /// held item is unpriced: it is priced exactly when it was delivered (`succeeded`, `reclaimed`).
+    pub fn priced_cost(&self) -> Option<Credits> {
+        match self.hold {
+            None => Some(self.cost),
+            Some(_) if matches!(self.state, ItemState::Succeeded | ItemState::Reclaimed) => Some(self.cost),
+            Some(_) => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

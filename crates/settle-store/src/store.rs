@@ -54,7 +54,17 @@ pub trait Store: Send + Sync {
 
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<ClaimedJob>, StoreError>;
     async fn heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError>;
-    async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError>;
+    async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError> {
+        self.item_succeed_priced(job, item, token, None).await
+    }
+    /// An item's success with its price: required for a held item (docs/decisions/0022).
+    async fn item_succeed_priced(
+        &self,
+        job: &JobId,
+        item: &ItemId,
+        token: &LeaseToken,
+        cost: Option<settle_core::Credits>,
+    ) -> Result<ItemReport, StoreError>;
     async fn item_fail(
         &self,
         job: &JobId,
@@ -82,6 +92,16 @@ pub trait Store: Send + Sync {
         job: &JobId,
         by: Reporter<'_>,
         result: Option<serde_json::Value>,
+    ) -> Result<Outcome<Job>, StoreError> {
+        self.succeed_priced(job, by, result, &Costs::default()).await
+    }
+    /// A job's success with the prices of the held items it decides (docs/decisions/0022).
+    async fn succeed_priced(
+        &self,
+        job: &JobId,
+        by: Reporter<'_>,
+        result: Option<serde_json::Value>,
+        costs: &Costs,
     ) -> Result<Outcome<Job>, StoreError>;
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
     async fn mark_unknown(

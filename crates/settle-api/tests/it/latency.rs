@@ -8,7 +8,7 @@ use crate::kit::*;
 use serde_json::json;
 use settle_core::Credits;
 use settle_core::ids::*;
-use settle_store::{NewItem, NewJob, SqlStore, Store, StoreOptions};
+use settle_store::{NewItem, NewJob, Price, SqlStore, Store, StoreOptions};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ fn job(id: &str, not_before: Option<settle_core::Timestamp>) -> NewJob {
         id: JobId::parse(id).unwrap(),
         account_id: AccountId::parse("a").unwrap(),
         kind: JobKind::parse("render").unwrap(),
-        items: vec![NewItem { id: ItemId::main(), cost: Credits::new(1) }],
+        items: vec![NewItem { id: ItemId::main(), price: Price::Cost(Credits::new(1)) }],
         payload: serde_json::Value::Null,
         max_attempts: None,
         refund_on: None,

@@ -27,7 +27,12 @@ pub(crate) fn job_fingerprint(job: &ValidJob) -> [u8; 32] {
         .opt_i64("not_before", req.not_before.map(|t| t.micros()))
         .i64("items", req.items.len() as i64);
     for item in &req.items {
-        f = f.str("item", item.id.as_str()).i64("cost", item.cost.get());
+        f = f.str("item", item.id.as_str());
+        // A fixed item's field is what it was before held items, so earlier creates still replay.
+        f = match item.price {
+            Price::Cost(c) => f.i64("cost", c.get()),
+            Price::Hold(n) => f.i64("hold", n.get()),
+        };
     }
     f.finish()
 }
@@ -51,10 +56,14 @@ pub(crate) fn validate_job(req: NewJob) -> Result<ValidJob, StoreError> {
     if ids.windows(2).any(|w| w[0] == w[1]) {
         return Err(StoreError::invalid("item ids must be unique within a job"));
     }
-    if req.items.iter().any(|i| i.cost.is_negative()) {
-        return Err(StoreError::invalid("item cost must be zero or more"));
+    for item in &req.items {
+        match item.price {
+            Price::Cost(c) if c.is_negative() => return Err(StoreError::invalid("item cost must be zero or more")),
+            Price::Hold(n) if !n.is_positive() => return Err(StoreError::invalid("item hold must be more than zero")),
+            _ => {}
+        }
     }
-    let total = Credits::checked_sum(req.items.iter().map(|i| i.cost))?;
+    let total = Credits::checked_sum(req.items.iter().map(|i| i.price.charged()))?;
     if total.get() > limits::BALANCE_MAX {
         return Err(StoreError::Overflow);
     }
@@ -180,8 +189,14 @@ async fn insert_rows(
     cx.point(CrashPoint::AfterGuard)?;
     for (ord, item) in req.items.iter().enumerate() {
         db.exec(
-            "INSERT INTO items (job_id, item_id, ord, cost, state) VALUES ($1, $2, $3, $4, 'charged')",
-            args![req.id.as_str(), item.id.as_str(), ord as i64, item.cost.get()],
+            "INSERT INTO items (job_id, item_id, ord, cost, hold, state) VALUES ($1, $2, $3, $4, $5, 'charged')",
+            args![
+                req.id.as_str(),
+                item.id.as_str(),
+                ord as i64,
+                item.price.charged().get(),
+                item.price.hold().map(|n| n.get())
+            ],
         )
         .await?;
     }
@@ -197,7 +212,7 @@ async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, check: BalanceCh
         .map(|i| {
             Ok(Line {
                 kind: EntryKind::Charge,
-                amount: i.cost.checked_neg()?,
+                amount: i.price.charged().checked_neg()?,
                 job_id: Some(req.id.as_str()),
                 item_id: Some(i.id.as_str()),
                 ref_id: None,
@@ -237,7 +252,13 @@ fn as_written(
         items: req
             .items
             .iter()
-            .map(|i| Item { id: i.id.clone(), cost: i.cost, state: ItemState::Charged, refund_reason: None })
+            .map(|i| Item {
+                id: i.id.clone(),
+                cost: i.price.charged(),
+                hold: i.price.hold(),
+                state: ItemState::Charged,
+                refund_reason: None,
+            })
             .collect(),
         payload: job.payload.clone(),
         result: None,

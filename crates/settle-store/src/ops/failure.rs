@@ -2,9 +2,9 @@
 //! policy, then schedules a retry with backoff or ends the job `dead`.
 
 use super::{
-    After, Caller, Cx, Heard, JobRow, Reported, attach, begin_teardown, check_caller, close_attempt, emit, guard_hit,
-    holds_lease, lock_job, log_signal, move_items, must_lock_job, must_read_job, refusal, resume_if_cancelling, sum,
-    token_attempt,
+    After, Caller, Cx, Heard, JobRow, Move, Reported, attach, begin_teardown, check_caller, close_attempt, emit,
+    guard_hit, holds_lease, lock_job, log_signal, move_items, must_lock_job, must_read_job, refusal,
+    resume_if_cancelling, sum, token_attempt,
 };
 use crate::db::{Db, args, columns};
 use crate::error::StoreError;
@@ -91,7 +91,8 @@ pub(crate) async fn apply_failure(
     close_attempt(db, cx, job, attempt_result, Some(code.as_str()), message, reported).await?;
     cx.point(CrashPoint::AfterGuard)?;
     let moved = if job::refunds_on(job.refund_on, outcome) {
-        move_items(db, cx, job, ItemState::Charged, ItemSignal::Fail, None, Some(RefundReason::JobFailed)).await?
+        let refund = Move::all(ItemState::Charged, ItemSignal::Fail).because(Some(RefundReason::JobFailed));
+        move_items(db, cx, job, refund).await?
     } else {
         Vec::new()
     };
@@ -103,7 +104,7 @@ pub(crate) async fn apply_failure(
             EventKind::JobRefunded,
             Some(&job.id),
             &job.account_id,
-            serde_json::json!({ "reason": "job_failed", "code": code.as_str(), "amount": sum(&moved)?.get(), "items": moved.iter().map(|m| m.0.as_str()).collect::<Vec<_>>() }),
+            serde_json::json!({ "reason": "job_failed", "code": code.as_str(), "amount": sum(&moved)?.get(), "items": moved.iter().map(|m| m.id.as_str()).collect::<Vec<_>>() }),
         )
         .await?;
     }

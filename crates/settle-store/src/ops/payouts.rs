@@ -60,7 +60,7 @@ pub(crate) async fn create_withdrawal(
         id: req.id.clone(),
         account_id: req.account_id.clone(),
         kind: JobKind::parse(job::WITHDRAWAL_KIND).expect("the withdrawal kind is a valid kind"),
-        items: vec![NewItem { id: ItemId::main(), cost: req.amount }],
+        items: vec![NewItem { id: ItemId::main(), price: Price::Cost(req.amount) }],
         payload: serde_json::Value::Null,
         max_attempts: None,
         // Never handed back while it may still leave, whatever the kind's configuration says.
@@ -144,7 +144,7 @@ pub(crate) async fn payout_succeeded(
     // A withdrawal is `final_failure`: its success wins over a cancel request. Only a teardown that
     // had already begun (`cancelling`) is left to finish.
     let reporter = token.map_or(Reporter::Reconciler, Reporter::Lease);
-    let (mut applied, after) = super::apply_success(db, cx, &job, reporter, None).await?;
+    let (mut applied, after) = super::apply_success(db, cx, &job, reporter, None, &Costs::default()).await?;
     let kept = db.one(&SELECT_TXID, args![&job.id]).await?.opt_text(TxidCol::provider_txid)?;
     if applied || matches!(job.state, JobState::Succeeded | JobState::Returned) {
         record_txid(db, &job.id, txid).await?;
@@ -213,7 +213,8 @@ pub(crate) async fn payout_resolve(
     }
     let (after, detail) = match &resolution.outcome {
         ResolvedOutcome::Sent { provider_txid } => {
-            let (applied, after) = super::apply_success(db, cx, &job, Reporter::Operator(actor), None).await?;
+            let (applied, after) =
+                super::apply_success(db, cx, &job, Reporter::Operator(actor), None, &Costs::default()).await?;
             // From `unknown` the success always applies: the state was checked under the lock.
             super::guard_hit(u64::from(applied), "operator's success")?;
             record_txid(db, &job.id, provider_txid).await?;
@@ -293,8 +294,8 @@ async fn apply_return(db: &mut Db<'_>, cx: &Cx, job: &super::JobRow, source: Ret
     super::guard_hit(rows, "return")?;
     cx.point(CrashPoint::AfterGuard)?;
     // Paid items: succeeded, or reclaimed (a late execution found after the hold was refunded).
-    let mut moved = super::move_items(db, cx, job, ItemState::Succeeded, ItemSignal::Return, None, None).await?;
-    moved.extend(super::move_items(db, cx, job, ItemState::Reclaimed, ItemSignal::Return, None, None).await?);
+    let mut moved = super::move_items(db, cx, job, super::Move::all(ItemState::Succeeded, ItemSignal::Return)).await?;
+    moved.extend(super::move_items(db, cx, job, super::Move::all(ItemState::Reclaimed, ItemSignal::Return)).await?);
     if super::sum(&moved)?.get() != job.cost {
         return Err(StoreError::internal(format!(
             "return of {} credited {:?}, not its cost {}",

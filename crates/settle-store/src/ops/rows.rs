@@ -23,18 +23,18 @@ columns! {
 
 columns! {
     /// An item row's columns, as a job shows them.
-    pub(crate) ItemCol { item_id, cost, state, refund_reason }
+    pub(crate) ItemCol { item_id, cost, hold, state, refund_reason }
 }
 
 columns! {
     /// A job's items, each row carrying the job's net: the sum of its ledger entries (an
     /// uncorrelated subquery, run once).
     ItemNetCol {
-        item_id, cost, state, refund_reason,
+        item_id, cost, hold, state, refund_reason,
         net = "(SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = $1)",
     }
 }
-holds!(ItemNetCol: ItemCol { item_id, cost, state, refund_reason });
+holds!(ItemNetCol: ItemCol { item_id, cost, hold, state, refund_reason });
 
 columns! {
     /// A ledger entry's columns, as `LedgerEntry` shows them.
@@ -204,6 +204,7 @@ pub(crate) fn item_from_row<C: Holds<ItemCol>>(r: &Row) -> Result<Item, StoreErr
     Ok(Item {
         id: stored_id(ItemId::stored, "item id", &r.text(C::of(I::item_id))?)?,
         cost: Credits::new(r.i64(C::of(I::cost))?),
+        hold: r.opt_i64(C::of(I::hold))?.map(Credits::new),
         state: ItemState::parse(&state).ok_or_else(|| StoreError::internal(format!("bad item state {state}")))?,
         refund_reason: r
             .opt_text(C::of(I::refund_reason))?

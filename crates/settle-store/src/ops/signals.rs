@@ -4,12 +4,13 @@
 //! token no attempt of the job ever held, which writes nothing (decision 0019).
 
 use super::{
-    Caller, Cx, Heard, ItemCol, JobRow, SELECT_ITEM, check_caller, emit, guard_hit, item_from_row, log_signal,
-    move_items, must_lock_job, refusal, token_attempt,
+    Caller, Cx, Heard, ItemCol, JobRow, Move, SELECT_ITEM, check_caller, check_costs, emit, guard_hit, item_from_row,
+    log_signal, move_items, must_lock_job, refusal, token_attempt,
 };
 use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
+use settle_core::Credits;
 use settle_core::crash::CrashPoint;
 use settle_core::history::{EventKind, Signal, SignalEffect};
 use settle_core::ids::{FailCode, ItemId, JobId};
@@ -88,6 +89,7 @@ pub(crate) async fn item_report(
     item_id: &ItemId,
     token: &LeaseToken,
     failure: Option<(&FailCode, Option<&str>)>,
+    cost: Option<Credits>,
 ) -> Result<Result<ItemReport, Refused>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, Caller::Worker)?;
@@ -99,14 +101,15 @@ pub(crate) async fn item_report(
         .await?
         .ok_or_else(|| StoreError::not_found("item", item_id.as_str()))?;
     let current = item_from_row::<ItemCol>(&current)?;
-    // What the report asks for already holds.
-    let holds = match failure {
-        None => matches!(current.state, ItemState::Succeeded | ItemState::Reclaimed),
-        Some(_) => current.state == ItemState::Refunded && current.refund_reason == Some(RefundReason::ItemFailed),
-    };
-    if !holds_lease(&job, token) {
-        return stale_item_report(db, cx, &job, current, token, heard, holds).await;
+    let costs = Costs(cost.map(|c| (item_id.clone(), c)).into_iter().collect());
+    if failure.is_some() && cost.is_some() {
+        return Err(StoreError::invalid("a failure report carries no cost"));
     }
+    let holds = already_holds(&current, failure.is_some());
+    if !holds_lease(&job, token) {
+        return stale_item_report(db, cx, &job, current, token, heard, &costs).await;
+    }
+    check_costs(std::slice::from_ref(&current), &costs)?;
     let signal = if failure.is_some() { ItemSignal::Fail } else { ItemSignal::Succeed };
     let reason_only = signal == ItemSignal::Fail
         && current.state == ItemState::Refunded
@@ -139,7 +142,7 @@ pub(crate) async fn item_report(
             });
         }
         Some(arrow) => {
-            move_item(db, cx, &job, &current, arrow, failure).await?;
+            move_item(db, cx, &job, &current, arrow, failure, &costs).await?;
             true
         }
     };
@@ -164,8 +167,9 @@ async fn stale_item_report(
     current: Item,
     token: &LeaseToken,
     heard: Heard<'_>,
-    holds: bool,
+    costs: &Costs,
 ) -> Result<Result<ItemReport, Refused>, StoreError> {
+    let holds = already_holds(&current, heard.signal == Signal::ItemFail);
     static SQL: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM items WHERE job_id = $1 AND item_id = $2", DecidedCol::LIST));
     let decided = db.one(&SQL, args![&job.id, &current.id]).await?.opt_i64(DecidedCol::decided_attempt)?;
@@ -173,11 +177,21 @@ async fn stale_item_report(
         && holds
         && decided.is_some_and(|d| d <= i64::from(att.end.attempt_no))
     {
+        check_costs(std::slice::from_ref(&current), costs)?;
         log_signal(db, cx, job, Some(&token.0), heard, SignalEffect::Noop).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok(Ok(ItemReport { item: current, cancel_requested: job.cancel_requested, applied: false }));
     }
     Ok(Err(refuse(db, cx, job, token, heard).await?))
+}
+
+/// Whether what an item report asks for (a failure, or a success) already holds.
+fn already_holds(item: &Item, failure: bool) -> bool {
+    if failure {
+        item.state == ItemState::Refunded && item.refund_reason == Some(RefundReason::ItemFailed)
+    } else {
+        matches!(item.state, ItemState::Succeeded | ItemState::Reclaimed)
+    }
 }
 
 /// The item arrow an item report takes, with its ledger line and event.
@@ -188,22 +202,34 @@ async fn move_item(
     current: &Item,
     arrow: item::Arrow,
     failure: Option<(&FailCode, Option<&str>)>,
+    costs: &Costs,
 ) -> Result<(), StoreError> {
     let signal = if failure.is_some() { ItemSignal::Fail } else { ItemSignal::Succeed };
     let reason = failure.is_some().then_some(RefundReason::ItemFailed);
-    let moved = move_items(db, cx, job, arrow.from, signal, Some(current.id.as_str()), reason).await?;
+    let moved =
+        move_items(db, cx, job, Move::all(arrow.from, signal).only(current.id.as_str()).because(reason).priced(costs))
+            .await?;
     guard_hit(moved.len() as u64, "item report")?;
+    let moved = &moved[0];
     cx.point(CrashPoint::AfterLedger)?;
     let (event, data) = match (arrow.to, failure) {
         (ItemState::Refunded, Some((code, message))) => (
             EventKind::JobItemRefunded,
-            serde_json::json!({ "item_id": current.id.as_str(), "amount": current.cost.get(), "code": code.as_str(), "message": message }),
+            serde_json::json!({ "item_id": current.id.as_str(), "amount": moved.cost.get(), "code": code.as_str(), "message": message }),
         ),
         (ItemState::Reclaimed, _) => (
             EventKind::JobItemReclaimed,
-            serde_json::json!({ "item_id": current.id.as_str(), "amount": current.cost.get() }),
+            serde_json::json!({ "item_id": current.id.as_str(), "amount": moved.cost.get() }),
         ),
-        _ => (EventKind::JobItemSucceeded, serde_json::json!({ "item_id": current.id.as_str() })),
+        _ => {
+            let mut data = serde_json::json!({ "item_id": current.id.as_str() });
+            if let Some(hold) = moved.hold {
+                data["hold"] = hold.get().into();
+                data["cost"] = moved.cost.get().into();
+                data["released"] = moved.released.get().into();
+            }
+            (EventKind::JobItemSucceeded, data)
+        }
     };
     emit(db, cx, event, Some(&job.id), &job.account_id, data).await?;
     cx.point(CrashPoint::AfterOutbox)

@@ -2,9 +2,9 @@
 //! attempt it overtakes is closed as superseded.
 
 use super::{
-    After, Caller, Cx, Heard, JobRow, Reported, begin_teardown, check_caller, close_attempt, emit, guard_hit,
-    holds_lease, log_signal, mark_reported_success, move_items, must_lock_job, must_read_job, record_action, refusal,
-    resume_if_cancelling, sum, token_attempt,
+    After, Caller, Cx, Heard, JobRow, Move, Reported, begin_teardown, check_caller, check_costs, close_attempt, emit,
+    guard_hit, holds_lease, job_items, log_signal, mark_reported_success, move_items, must_lock_job, must_read_job,
+    record_action, refusal, resume_if_cancelling, sum, token_attempt,
 };
 use crate::db::{Db, args};
 use crate::error::StoreError;
@@ -25,6 +25,7 @@ pub(crate) async fn apply_success(
     job: &JobRow,
     by: Reporter<'_>,
     result: Option<&str>,
+    costs: &Costs,
 ) -> Result<(bool, After), StoreError> {
     let token = match by {
         Reporter::Lease(t) => Some(t),
@@ -58,6 +59,9 @@ pub(crate) async fn apply_success(
         .await?;
         return Ok((false, resume_if_cancelling(job)));
     }
+    if !costs.0.is_empty() {
+        check_costs(&job_items(db, job).await?, costs)?;
+    }
     let rows = db
         .exec(
             "UPDATE jobs SET state = 'succeeded', lease_token = NULL, lease_expires_at = NULL, lease_worker = NULL, \
@@ -87,15 +91,16 @@ pub(crate) async fn apply_success(
         .await?;
     }
     cx.point(CrashPoint::AfterGuard)?;
-    settle_items(db, cx, job).await?;
+    settle_items(db, cx, job, costs).await?;
     Ok((true, After::Nothing))
 }
 
-/// A success's money and events: every charged item delivered, every refunded one reclaimed
-/// (spec §2), `job.reclaimed` when anything was, then `job.succeeded`.
-async fn settle_items(db: &mut Db<'_>, cx: &Cx, job: &JobRow) -> Result<(), StoreError> {
-    move_items(db, cx, job, ItemState::Charged, ItemSignal::Succeed, None, None).await?;
-    let reclaimed = move_items(db, cx, job, ItemState::Refunded, ItemSignal::Succeed, None, None).await?;
+/// A success's money and events: every charged item delivered (a held one priced, the rest of its
+/// hold released), every refunded one reclaimed (spec §2), `job.reclaimed` when anything was, then
+/// `job.succeeded` (with the held items' hold, price and release).
+async fn settle_items(db: &mut Db<'_>, cx: &Cx, job: &JobRow, costs: &Costs) -> Result<(), StoreError> {
+    let delivered = move_items(db, cx, job, Move::all(ItemState::Charged, ItemSignal::Succeed).priced(costs)).await?;
+    let reclaimed = move_items(db, cx, job, Move::all(ItemState::Refunded, ItemSignal::Succeed).priced(costs)).await?;
     cx.point(CrashPoint::AfterLedger)?;
     if !reclaimed.is_empty() {
         emit(
@@ -104,19 +109,16 @@ async fn settle_items(db: &mut Db<'_>, cx: &Cx, job: &JobRow) -> Result<(), Stor
             EventKind::JobReclaimed,
             Some(&job.id),
             &job.account_id,
-            serde_json::json!({ "amount": sum(&reclaimed)?.get(), "items": reclaimed.iter().map(|m| m.0.as_str()).collect::<Vec<_>>() }),
+            serde_json::json!({ "amount": sum(&reclaimed)?.get(), "items": reclaimed.iter().map(|m| m.id.as_str()).collect::<Vec<_>>() }),
         )
         .await?;
     }
-    emit(
-        db,
-        cx,
-        EventKind::JobSucceeded,
-        Some(&job.id),
-        &job.account_id,
-        serde_json::json!({ "from": job.state.as_str(), "attempt": job.attempt }),
-    )
-    .await?;
+    let mut data = serde_json::json!({ "from": job.state.as_str(), "attempt": job.attempt });
+    let priced: Vec<serde_json::Value> = delivered.iter().chain(&reclaimed).filter_map(|m| m.priced()).collect();
+    if !priced.is_empty() {
+        data["items"] = serde_json::Value::Array(priced);
+    }
+    emit(db, cx, EventKind::JobSucceeded, Some(&job.id), &job.account_id, data).await?;
     cx.point(CrashPoint::AfterOutbox)
 }
 
@@ -130,6 +132,7 @@ pub(crate) async fn succeed(
     id: &JobId,
     by: Reporter<'_>,
     result: Option<&str>,
+    costs: &Costs,
 ) -> Result<(Outcome<Job>, After, Option<Box<LeaseLost>>), StoreError> {
     if result.is_some_and(|r| r.len() > limits::PAYLOAD_BYTES_MAX) {
         return Err(StoreError::invalid(format!("result is larger than {} bytes", limits::PAYLOAD_BYTES_MAX)));
@@ -144,6 +147,7 @@ pub(crate) async fn succeed(
             Some(att) => {
                 let cancel_won = matches!(job.state, JobState::Cancelling | JobState::Cancelled);
                 if job.state == JobState::Succeeded || (cancel_won && att.success) {
+                    check_replayed_costs(db, &job, costs).await?;
                     log_signal(db, cx, &job, Some(&t.0), heard(), SignalEffect::Noop).await?;
                     Some((unmoved(resume_if_cancelling(&job)), None))
                 } else if !JobState::SUCCEED_FROM.contains(&job.state) {
@@ -156,7 +160,10 @@ pub(crate) async fn succeed(
         },
         Reporter::Lease(_) => None,
         Reporter::Operator(_) | Reporter::Reconciler => match job.state {
-            JobState::Succeeded => Some((unmoved(After::Nothing), None)),
+            JobState::Succeeded => {
+                check_replayed_costs(db, &job, costs).await?;
+                Some((unmoved(After::Nothing), None))
+            }
             JobState::Cancelled => return Err(StoreError::JobFinished(job.id)),
             s if !JobState::SUCCEED_FROM.contains(&s) => {
                 return Err(StoreError::InvalidTransition {
@@ -171,7 +178,7 @@ pub(crate) async fn succeed(
     let ((applied, after), refused) = match decided {
         Some(d) => d,
         None => {
-            let (applied, after) = apply_success(db, cx, &job, by, result).await?;
+            let (applied, after) = apply_success(db, cx, &job, by, result, costs).await?;
             if !applied {
                 // Only a withdrawal waits queued or dead with a cancel pending, and this route
                 // refuses withdrawals: a success here would be heard and lost.
@@ -192,4 +199,13 @@ pub(crate) async fn succeed(
     let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: job, applied }, after, refused))
+}
+
+/// A success re-sent or late after the job succeeded changes nothing — its items keep the prices
+/// the first success gave them — but a malformed price is refused all the same (docs/decisions/0022).
+async fn check_replayed_costs(db: &mut Db<'_>, job: &JobRow, costs: &Costs) -> Result<(), StoreError> {
+    if costs.0.is_empty() {
+        return Ok(());
+    }
+    check_costs(&job_items(db, job).await?, costs)
 }

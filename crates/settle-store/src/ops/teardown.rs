@@ -2,7 +2,7 @@
 //! after the commit, the terminal state written last (seed 003).
 
 use super::{
-    Cx, JobRow, Reported, attach, close_attempt, emit, guard_hit, move_items, must_lock_job, must_read_job, sum,
+    Cx, JobRow, Move, Reported, attach, close_attempt, emit, guard_hit, move_items, must_lock_job, must_read_job, sum,
 };
 use crate::db::{Db, args, columns};
 use crate::error::StoreError;
@@ -45,8 +45,8 @@ pub(super) async fn begin_teardown(
         close_attempt(db, cx, job, result, Some(code.as_str()), None, reported).await?;
     }
     cx.point(CrashPoint::AfterGuard)?;
-    let moved =
-        move_items(db, cx, job, ItemState::Charged, ItemSignal::Cancel, None, Some(RefundReason::Cancelled)).await?;
+    let refund = Move::all(ItemState::Charged, ItemSignal::Cancel).because(Some(RefundReason::Cancelled));
+    let moved = move_items(db, cx, job, refund).await?;
     cx.point(CrashPoint::AfterLedger)?;
     emit(
         db,
@@ -64,7 +64,7 @@ pub(super) async fn begin_teardown(
             EventKind::JobRefunded,
             Some(&job.id),
             &job.account_id,
-            serde_json::json!({ "reason": "cancelled", "amount": sum(&moved)?.get(), "items": moved.iter().map(|m| m.0.as_str()).collect::<Vec<_>>() }),
+            serde_json::json!({ "reason": "cancelled", "amount": sum(&moved)?.get(), "items": moved.iter().map(|m| m.id.as_str()).collect::<Vec<_>>() }),
         )
         .await?;
     }

@@ -82,7 +82,7 @@ pub(crate) async fn reconcile(
             Finding::Present if job.kind == job::WITHDRAWAL_KIND => {
                 return Err(StoreError::invalid("a withdrawal found at the provider is recorded with its txid"));
             }
-            Finding::Present => apply_success(db, cx, &job, Reporter::Reconciler, None).await?,
+            Finding::Present => apply_success(db, cx, &job, Reporter::Reconciler, None, &Costs::default()).await?,
             Finding::Absent => {
                 let since = job.unknown_since.unwrap_or(job.updated_at);
                 let window_over = Timestamp::from_micros(since)

@@ -216,13 +216,19 @@ impl Store for SqlStore {
         self.heartbeat_as(job, token, Caller::Worker).await
     }
 
-    async fn item_succeed(&self, job: &JobId, item: &ItemId, token: &LeaseToken) -> Result<ItemReport, StoreError> {
+    async fn item_succeed_priced(
+        &self,
+        job: &JobId,
+        item: &ItemId,
+        token: &LeaseToken,
+        cost: Option<settle_core::Credits>,
+    ) -> Result<ItemReport, StoreError> {
         let route = Route::Job(job.as_str());
         let (job, item, token) = (job.clone(), item.clone(), token.clone());
         let out = self
             .write_to(
                 route,
-                op!([job, item, token] | db, cx | ops::item_report(db, cx, &job, &item, &token, None).await),
+                op!([job, item, token] | db, cx | ops::item_report(db, cx, &job, &item, &token, None, cost).await),
             )
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
@@ -246,7 +252,7 @@ impl Store for SqlStore {
                 route,
                 op!(
                     [job, item, token, code, message] | db,
-                    cx | ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref()))).await
+                    cx | ops::item_report(db, cx, &job, &item, &token, Some((&code, message.as_deref())), None).await
                 ),
             )
             .await?;
@@ -277,13 +283,14 @@ impl Store for SqlStore {
         out.map_err(lease_lost)
     }
 
-    async fn succeed(
+    async fn succeed_priced(
         &self,
         job: &JobId,
         by: Reporter<'_>,
         result: Option<serde_json::Value>,
+        costs: &Costs,
     ) -> Result<Outcome<Job>, StoreError> {
-        let (id, result) = (job.clone(), result.as_ref().map(canonical_json));
+        let (id, result, costs) = (job.clone(), result.as_ref().map(canonical_json), costs.clone());
         let (token, actor) = match by {
             Reporter::Lease(t) => (Some(t.clone()), None),
             Reporter::Operator(a) => (None, Some(a.to_owned())),
@@ -296,13 +303,13 @@ impl Store for SqlStore {
             .write_to(
                 Route::Job(job.as_str()),
                 op!(
-                    [id, token, actor, result] | db,
+                    [id, token, actor, result, costs] | db,
                     cx | {
                         let by = match (&token, &actor) {
                             (Some(t), _) => Reporter::Lease(t),
                             (None, a) => Reporter::Operator(a.as_deref().unwrap_or(SYSTEM_ACTOR)),
                         };
-                        ops::succeed(db, cx, &id, by, result.as_deref()).await
+                        ops::succeed(db, cx, &id, by, result.as_deref(), &costs).await
                     }
                 ),
             )

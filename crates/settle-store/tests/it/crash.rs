@@ -30,6 +30,10 @@ enum Step {
     Cancel(&'static str),
     Requeue(&'static str),
     Advance(u64),
+    /// A job of held items (docs/decisions/0022), and successes that price them.
+    HeldJob(&'static str, &'static [i64]),
+    SucceedPriced(&'static str, &'static [(&'static str, i64)]),
+    ItemSucceedPriced(&'static str, &'static str, i64),
     /// One tick of the background loops: the lease rescuer, then the teardown sweeper.
     Maintenance,
 }
@@ -81,6 +85,16 @@ fn scenario() -> Vec<Step> {
         Claim(1),
         Unknown("j6"),
         Reconcile("j6", Finding::Present),
+        // Held items: captured with a release, captured whole by an item report, refunded by a
+        // timeout and recovered at the reported price.
+        HeldJob("h1", &[100]),
+        HeldJob("h2", &[50, 60]),
+        Claim(2),
+        SucceedPriced("h1", &[("i0", 37)]),
+        ItemSucceedPriced("h2", "i0", 50),
+        Fail("h2", "TIMEOUT"),
+        Advance(2),
+        SucceedPriced("h2", &[("i1", 41)]),
     ]
 }
 
@@ -149,6 +163,23 @@ impl Runner<'_> {
             Step::Reconcile(j, f) => s.reconcile(&jid(j), *f).await.map(drop),
             Step::Cancel(j) => s.cancel(&jid(j), None).await.map(drop),
             Step::Requeue(j) => s.requeue(&jid(j), settle_store::SYSTEM_ACTOR).await.map(drop),
+            Step::HeldJob(id, holds) => {
+                let items = holds
+                    .iter()
+                    .enumerate()
+                    .map(|(i, h)| NewItem { id: iid(&format!("i{i}")), price: Price::Hold(Credits::new(*h)) })
+                    .collect();
+                s.create_job(NewJob { items, ..new_job(id, &acc("a"), 0) }).await.map(drop)
+            }
+            Step::SucceedPriced(j, prices) => {
+                let costs = Costs(prices.iter().map(|(i, c)| (iid(i), Credits::new(*c))).collect());
+                s.succeed_priced(&jid(j), settle_store::Reporter::of(Some(&self.tokens[*j])), None, &costs)
+                    .await
+                    .map(drop)
+            }
+            Step::ItemSucceedPriced(j, i, c) => {
+                s.item_succeed_priced(&jid(j), &iid(i), &self.tokens[*j], Some(Credits::new(*c))).await.map(drop)
+            }
             Step::Advance(secs) => {
                 self.k.clock.advance_seconds(*secs);
                 Ok(())

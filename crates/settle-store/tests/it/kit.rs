@@ -282,7 +282,7 @@ pub fn new_job(id: &str, account: &AccountId, cost: i64) -> NewJob {
         id: jid(id),
         account_id: account.clone(),
         kind: JobKind::parse("render").unwrap(),
-        items: vec![NewItem { id: ItemId::main(), cost: Credits::new(cost) }],
+        items: vec![NewItem { id: ItemId::main(), price: Price::Cost(Credits::new(cost)) }],
         payload: serde_json::Value::Null,
         max_attempts: None,
         refund_on: None,
@@ -295,7 +295,7 @@ pub fn items_job(id: &str, account: &AccountId, costs: &[i64]) -> NewJob {
         items: costs
             .iter()
             .enumerate()
-            .map(|(i, c)| NewItem { id: iid(&format!("i{i}")), cost: Credits::new(*c) })
+            .map(|(i, c)| NewItem { id: iid(&format!("i{i}")), price: Price::Cost(Credits::new(*c)) })
             .collect(),
         ..new_job(id, account, 0)
     }

@@ -71,11 +71,13 @@ async fn from_before_migration_15(engine: EngineKind) {
     // The previous release's schema: migration 0015's columns, tables and record gone; the ledger
     // counter where that release kept it.
     let back = if k.is_sqlite() {
-        "DROP TRIGGER ledger_entries_account_seq; DROP INDEX ledger_entries_account_seq; \
+        "ALTER TABLE items DROP COLUMN hold; DELETE FROM _sqlx_migrations WHERE version = 16; \
+         DROP TRIGGER ledger_entries_account_seq; DROP INDEX ledger_entries_account_seq; \
          ALTER TABLE ledger_entries DROP COLUMN account_seq; ALTER TABLE accounts DROP COLUMN entries; \
          DROP TABLE outbox_pending; DELETE FROM _sqlx_migrations WHERE version = 15"
     } else {
-        "ALTER TABLE ledger_entries DROP COLUMN account_seq; ALTER TABLE accounts DROP COLUMN entries; \
+        "ALTER TABLE items DROP COLUMN hold; DELETE FROM _sqlx_migrations WHERE version = 16; \
+         ALTER TABLE ledger_entries DROP COLUMN account_seq; ALTER TABLE accounts DROP COLUMN entries; \
          DROP TABLE outbox_pending; DROP SEQUENCE ledger_seq_numbers; DROP SEQUENCE outbox_stamps; \
          UPDATE counters SET value = (SELECT MAX(seq) FROM ledger_entries) WHERE name = 'ledger'; \
          DELETE FROM _sqlx_migrations WHERE version = 15"
