@@ -7,6 +7,7 @@ mod answers;
 mod console;
 mod events;
 mod hardening;
+mod held;
 mod http_limits;
 mod kit;
 mod latency;
