@@ -192,17 +192,24 @@ export interface CreateJob {
    */
   account_id: string;
   /**
-   * A single-item job (item `main`) of this price in credits, 0 or more. Exactly one of `cost` and
-   * `items`.
+   * A single-item job (item `main`) of this price in credits, 0 or more. Exactly one of `cost`,
+   * `hold` and `items`.
    */
   cost?: number | null;
+  /**
+   * A single-item job (item `main`) priced by what the work used: credits held (charged) on
+   * creation, more than 0; the success says the price (at most the hold) and the rest is
+   * released. Exactly one of `cost`, `hold` and `items`.
+   */
+  hold?: number | null;
   /**
    * The job's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
    * idempotent.
    */
   id: string;
   /**
-   * The billable items, 1 to 1,000, each charged on creation. Exactly one of `cost` and `items`.
+   * The billable items, 1 to 1,000, each charged (or held) on creation. Exactly one of `cost`,
+   * `hold` and `items`.
    */
   items?: Array<NewItem> | null;
   /**
@@ -383,9 +390,13 @@ export interface Heartbeat {
 
 export interface Item {
   /**
-   * The item's price in credits (minor units).
+   * The item's price in credits (minor units); null for a held item until a success prices it.
    */
-  cost: number;
+  cost?: number | null;
+  /**
+   * What a held item holds (was charged at creation); null for a fixed-price item.
+   */
+  hold?: number | null;
   /**
    * The item's id within its job.
    */
@@ -435,6 +446,18 @@ export interface ItemReport {
   item: Item;
 }
 
+export interface ItemSucceed {
+  /**
+   * A held item's price: what the work used, `0 ≤ cost ≤ hold`. Required for a held item; for a
+   * fixed item, if given, its cost.
+   */
+  cost?: number | null;
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+}
+
 export interface Job {
   /**
    * The account charged.
@@ -449,13 +472,17 @@ export interface Job {
    */
   cancel_requested: boolean;
   /**
-   * The sum of its items' prices, in credits (minor units).
+   * The sum of its items' prices, in credits (minor units); null while a held item is unpriced.
    */
-  cost: number;
+  cost?: number | null;
   /**
    * When the job was created (RFC 3339 UTC time).
    */
   created_at: string;
+  /**
+   * The sum of its held items' holds; null when it has none.
+   */
+  hold?: number | null;
   /**
    * The job's id.
    */
@@ -600,8 +627,15 @@ export interface LedgerPage {
 export interface NewItem {
   /**
    * The item's price in credits (minor units), 0 or more; charged when the job is created.
+   * Exactly one of `cost` and `hold`.
    */
-  cost: number;
+  cost?: number | null;
+  /**
+   * For an item priced by what the work used: credits held (charged) when the job is created,
+   * more than 0. The first success prices the item (`0 ≤ cost ≤ hold`) and releases the rest.
+   * Exactly one of `cost` and `hold`.
+   */
+  hold?: number | null;
   /**
    * The item's id, unique within the job: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`.
    */
@@ -647,6 +681,15 @@ export interface ResolveWithdrawal {
 }
 
 export interface Succeed {
+  /**
+   * The price of a held job's `main` item: what the work used, `0 ≤ cost ≤ hold`. Required when
+   * this success delivers or reclaims a held item; not with `costs`.
+   */
+  cost?: number | null;
+  /**
+   * The prices of the held items this success decides, by item id (`0 ≤ cost ≤ hold` each).
+   */
+  costs?: Record<string, unknown> | null;
   /**
    * The attempt's lease token; optional, since a success is accepted from any attempt.
    */

@@ -32,10 +32,13 @@ export interface NewJob {
   id: string;
   accountId: string;
   kind: string;
-  /** A one-item job of this price (its item is `main`); or `items`. */
+  /** A one-item job of this price (its item is `main`); or `hold`, or `items`. */
   cost?: number;
-  /** Items and their prices, in order. */
-  items?: Array<{ id: string; cost: number }>;
+  /** A one-item job priced by what the work used: this much is held (charged) at create, the
+   * worker's success says the price (at most the hold) and the rest is released. */
+  hold?: number;
+  /** Items and their prices (`cost`) or holds (`hold`), in order. */
+  items?: Array<{ id: string; cost: number } | { id: string; hold: number }>;
   payload?: unknown;
   maxAttempts?: number;
   /** `failure` (default) or `final_failure`. */
@@ -159,6 +162,7 @@ export class Settle {
   async createJob(job: NewJob): Promise<Created<Job>> {
     const body: Record<string, unknown> = { id: job.id, account_id: job.accountId, kind: job.kind };
     if (job.cost !== undefined) body.cost = job.cost;
+    if (job.hold !== undefined) body.hold = job.hold;
     if (job.items !== undefined) body.items = job.items;
     if (job.payload !== undefined) body.payload = job.payload;
     if (job.maxAttempts !== undefined) body.max_attempts = job.maxAttempts;

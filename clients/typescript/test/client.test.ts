@@ -71,6 +71,20 @@ test("a Node backend charges for a job in ten lines", async () => {
   assert.equal((await settle.audit()).ok, true);
 });
 
+test("a held job is charged its hold, and a cancel refunds the hold", async () => {
+  await admin.createAccount("heldy");
+  await admin.grant("heldy", { id: "welcome-heldy", amount: 100 });
+  const job = await admin.createJob({ id: "gpu-1", accountId: "heldy", kind: "render", hold: 60 });
+  assert.equal(job.hold, 60);
+  assert.equal(job.cost, null, "priced only by the worker's success");
+  assert.equal(job.items[0]?.cost, null);
+  assert.equal((await admin.account("heldy")).balance, 40);
+  const mixed = await admin.createJob({ id: "gpu-2", accountId: "heldy", kind: "render", items: [{ id: "a", cost: 5 }, { id: "b", hold: 10 }] });
+  assert.equal(mixed.hold, 10);
+  assert.equal((await admin.cancel("gpu-1")).state, "cancelled");
+  assert.equal((await admin.account("heldy")).balance, 85);
+});
+
 test("errors are typed and carry the API code; bad ids are never sent", async () => {
   await admin.createAccount("bob");
   await admin.grant("bob", { id: "welcome-bob", amount: 10 });
