@@ -126,7 +126,13 @@ fn segment<'a>(what: &str, id: &'a str) -> Result<&'a str, ClientError> {
 #[derive(Debug, Clone, Deserialize)]
 pub struct Item {
     pub id: String,
-    pub cost: i64,
+    /// Its price; null for a held item until a success prices it.
+    #[serde(default)]
+    pub cost: Option<i64>,
+    /// A held item's hold: its price is what the work used, at most this (report it with
+    /// `JobContext::item_done_at`, or `Outcome::Priced`).
+    #[serde(default)]
+    pub hold: Option<i64>,
     pub state: String,
     /// `job_failed`, `item_failed`, `cancelled`, or null.
     #[serde(default)]
@@ -266,9 +272,24 @@ impl Client {
 
     /// Answers the job (a cancel that won the race: its `state` is `cancelling` or `cancelled`).
     pub async fn succeed(&self, job: &str, token: &str, result: Option<Value>) -> Result<Report<Value>, ClientError> {
+        self.succeed_priced(job, token, result, &Costs::new()).await
+    }
+
+    /// A success with the prices of the held items it decides (item id → credits, at most each
+    /// item's hold): what the work used.
+    pub async fn succeed_priced(
+        &self,
+        job: &str,
+        token: &str,
+        result: Option<Value>,
+        costs: &Costs,
+    ) -> Result<Report<Value>, ClientError> {
         let mut body = json!({"lease_token": token});
         if let Some(r) = result {
             body["result"] = r;
+        }
+        if !costs.is_empty() {
+            body["costs"] = json!(costs);
         }
         self.report(&format!("/v1/jobs/{}/succeed", segment("job id", job)?), body).await
     }
@@ -291,8 +312,24 @@ impl Client {
 
     /// Answers whether a cancel has been requested.
     pub async fn item_succeed(&self, job: &str, item: &str, token: &str) -> Result<Report<bool>, ClientError> {
+        self.item_succeed_priced(job, item, token, None).await
+    }
+
+    /// An item delivered, with its price when it is held (required then: at most its hold).
+    /// Answers whether a cancel has been requested.
+    pub async fn item_succeed_priced(
+        &self,
+        job: &str,
+        item: &str,
+        token: &str,
+        cost: Option<i64>,
+    ) -> Result<Report<bool>, ClientError> {
         let (job, item) = (segment("job id", job)?, segment("item id", item)?);
-        let r = self.report(&format!("/v1/jobs/{job}/items/{item}/succeed"), json!({"lease_token": token})).await?;
+        let mut body = json!({"lease_token": token});
+        if let Some(c) = cost {
+            body["cost"] = json!(c);
+        }
+        let r = self.report(&format!("/v1/jobs/{job}/items/{item}/succeed"), body).await?;
         Ok(r.map(cancel_requested))
     }
 
@@ -349,10 +386,16 @@ pub struct Failure {
     pub retry_after_ms: Option<u64>,
 }
 
+/// The prices of a job's held items (item id → credits): what the work used, at most each hold.
+pub type Costs = std::collections::BTreeMap<String, i64>;
+
 /// What a handler's work came to.
 #[derive(Debug, Clone)]
 pub enum Outcome {
     Succeeded(Option<Value>),
+    /// Succeeded, with the prices of the job's held items (a job made with `hold`: its item is
+    /// `main`).
+    Priced(Option<Value>, Costs),
     Failed(Failure),
     /// The work may or may not have happened (a timeout after sending): never retried automatically.
     Unknown(String),
@@ -385,8 +428,15 @@ impl JobContext {
     /// Reports `item` delivered. A report the item's state contradicts (an earlier attempt failed
     /// it, a cancel ended it) changed nothing and is logged: the job goes on.
     pub async fn item_done(&self, item: &str) -> Result<Flow, ClientError> {
+        self.item_done_at(item, None).await
+    }
+
+    /// Reports a held `item` delivered at `cost` (what its work used, at most its hold); the rest
+    /// of its hold is released.
+    pub async fn item_done_at(&self, item: &str, cost: Option<i64>) -> Result<Flow, ClientError> {
         let (id, token) = (&self.job.id, &self.job.lease_token);
-        let cancel = retrying(&self.outage, "item report", || self.client.item_succeed(id, item, token)).await;
+        let cancel =
+            retrying(&self.outage, "item report", || self.client.item_succeed_priced(id, item, token, cost)).await;
         self.item_answer(item, cancel)
     }
 
@@ -590,7 +640,8 @@ async fn run_one(
     // After the lease was lost only a success is reported (accepted from any attempt): a lost lease
     // is not a cancel, and a failure or an unknown outcome would be refused — the job is the
     // rescuer's now.
-    if ctx.lease_lost() && !matches!(outcome, Outcome::Succeeded(_)) {
+    let success = matches!(outcome, Outcome::Succeeded(_) | Outcome::Priced(..));
+    if ctx.lease_lost() && !success {
         if matches!(outcome, Outcome::Unknown(_)) {
             tracing::error!(job = %id, "lease lost with the outcome unknown: the job was rescued and may run again");
         } else {
@@ -599,7 +650,6 @@ async fn run_one(
         return;
     }
     let unknown = matches!(outcome, Outcome::Unknown(_));
-    let success = matches!(outcome, Outcome::Succeeded(_));
     let cancelled = Failure {
         code: "CANCELLED".into(),
         message: "stopped at an item boundary".into(),
@@ -610,6 +660,7 @@ async fn run_one(
     let reported = retrying(&outage, "report", || async {
         match &outcome {
             Outcome::Succeeded(result) => client.succeed(id, token, result.clone()).await,
+            Outcome::Priced(result, costs) => client.succeed_priced(id, token, result.clone(), costs).await,
             Outcome::Failed(f) => client.fail(id, token, f).await,
             Outcome::Unknown(m) => client.unknown(id, token, m).await,
             Outcome::Cancelled => client.fail(id, token, &cancelled).await,

@@ -7,6 +7,8 @@ use tokio_util::sync::CancellationToken;
 
 pub struct Served {
     pub base: String,
+    /// The server's store, for what a test does behind the API (the lease rescuer's pass).
+    pub store: Arc<settle_store::SqlStore>,
     serving: CancellationToken,
     _dir: tempfile::TempDir,
 }
@@ -18,12 +20,22 @@ impl Drop for Served {
 }
 
 pub async fn serve() -> Served {
+    serve_on(false).await
+}
+
+/// As `serve`, on a fresh PostgreSQL database (the test kit's cluster) when `postgres`.
+pub async fn serve_on(postgres: bool) -> Served {
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("sdk.db").display());
+    let url = if postgres {
+        settle_testkit::fresh_database().await
+    } else {
+        format!("sqlite://{}", dir.path().join("sdk.db").display())
+    };
     let store = Arc::new(settle_store::SqlStore::open(&url, settle_store::StoreOptions::default()).await.unwrap());
-    let app = settle_api::Application::build("127.0.0.1:0", store, settle_api::Tokens::default()).await.unwrap();
+    let app =
+        settle_api::Application::build("127.0.0.1:0", store.clone(), settle_api::Tokens::default()).await.unwrap();
     let base = format!("http://{}", app.local_addr());
     let serving = CancellationToken::new();
     tokio::spawn(app.run_until(serving.clone().cancelled_owned()));
-    Served { base, serving, _dir: dir }
+    Served { base, store, serving, _dir: dir }
 }
