@@ -503,3 +503,71 @@ def test_a_worker_with_a_refused_token_stops_with_a_clear_error(server):
         t.join(5)
         w.stop()
         assert not t.is_alive() and len(raised) == 1 and isinstance(raised[0], Unauthorized), raised
+
+
+def test_a_worker_prices_held_jobs_by_what_the_work_used(admin, worker_client):
+    """Held items (issue 23): the hold is charged at create; the handler reports what the work
+    used, per job (`Succeeded(cost=…)`) or per item (`item_done(item, cost=…)`), and the rest of
+    each hold is released."""
+    account(admin, "metered", 1_000)
+    job = admin.create_job("gpu-1", "metered", "gpu", hold=100, payload={"seconds": 37})
+    assert (job["hold"], job["cost"], job["items"][0]["cost"]) == (100, None, None)
+    admin.create_job("frames-1", "metered", "gpu", items=[{"id": "f0", "hold": 10}, ("f1", 4)], payload={"seconds": 6})
+    assert admin.account("metered")["balance"] == 1_000 - 114
+
+    def handler(job):
+        seconds = job.payload["seconds"]
+        if len(job.items) == 1:
+            return Succeeded({"seconds": seconds}, cost=seconds)
+        for item in job.items_to_do():
+            held = item["hold"] is not None
+            assert job.item_done(item["id"], cost=seconds if held else None) is Flow.CONTINUE
+        return Succeeded()
+
+    Worker(worker_client, kind="gpu", handler=handler, name="py-gpu", wait_seconds=1).run(max_jobs=2)
+    gpu, frames = admin.job("gpu-1"), admin.job("frames-1")
+    assert (gpu["state"], gpu["cost"], gpu["net"]) == (JobState.SUCCEEDED, 37, -37)
+    assert (frames["state"], frames["cost"], frames["net"]) == (JobState.SUCCEEDED, 10, -10)
+    kinds = [(e["kind"], e["amount"]) for e in admin.ledger("metered")["entries"] if e["job_id"] == "gpu-1"]
+    assert kinds == [("charge", -100), ("release", 63)]
+    assert admin.account("metered")["balance"] == 1_000 - 47
+    with pytest.raises(SettleError) as refused:
+        admin.create_job("gpu-bad", "metered", "gpu", hold=0)
+    assert refused.value.status == 400
+
+
+def test_a_held_job_that_timed_out_recovers_at_its_reported_cost(admin, worker_client):
+    """The seed's story, priced: the lease lapses, the rescuer refunds the hold, and the late
+    success reclaims what the work used — never the whole hold, never twice."""
+    account(admin, "late", 1_000)
+    admin.create_job("late-1", "late", "late", hold=100, max_attempts=3)
+    [claimed] = worker_client.claim("py-slow", kinds=["late"], lease_seconds=1)
+    deadline = time.time() + 20
+    while admin.job("late-1")["net"] != 0:
+        assert time.time() < deadline, "the rescuer did not refund the hold"
+        time.sleep(0.1)
+    with pytest.raises(SettleError) as missing:
+        worker_client.succeed("late-1", claimed["lease_token"])
+    assert (missing.value.status, missing.value.code) == (422, "cost_required")
+    answer = worker_client.succeed("late-1", claimed["lease_token"], cost=41)
+    assert isinstance(answer, Applied)
+    job = admin.job("late-1")
+    assert (job["state"], job["cost"], job["net"]) == (JobState.SUCCEEDED, 41, -41)
+    assert admin.account("late")["balance"] == 959
+    assert admin.audit()["ok"]
+
+
+async def test_the_asyncio_worker_prices_held_items(server, admin):
+    base, _ = server
+    account(admin, "aio-held", 100)
+    admin.create_job("aio-held-1", "aio-held", "aio-held", items=[{"id": "a", "hold": 30}, {"id": "b", "hold": 30}])
+
+    async def handler(job):
+        assert await job.item_done("a", cost=12) is Flow.CONTINUE
+        return Succeeded(costs={"b": 30})
+
+    async with AsyncClient(base, token=WORKER) as c:
+        assert await AsyncWorker(c, kind="aio-held", handler=handler, name="py-aio-held", wait_seconds=1).run(max_jobs=1) == 1
+    job = admin.job("aio-held-1")
+    assert (job["state"], job["cost"], job["net"]) == (JobState.SUCCEEDED, 42, -42)
+    assert admin.account("aio-held")["balance"] == 58

@@ -127,19 +127,23 @@ class _ops:
         account_id: str,
         kind: str,
         cost: int | None,
-        items: Sequence[tuple[str, int]] | None,
+        hold: int | None,
+        items: Sequence[tuple[str, int] | Json] | None,
         payload: Any,
         max_attempts: int | None,
         refund_on: str | None,
         not_before: str | None,
     ) -> _Req:
-        if (cost is None) == (items is None):
-            raise ValueError("a job has exactly one of cost and items")
+        if sum(x is not None for x in (cost, hold, items)) != 1:
+            raise ValueError("a job has exactly one of cost, hold and items")
         body: Json = {"id": id, "account_id": account_id, "kind": kind}
         if cost is not None:
             body["cost"] = cost
+        elif hold is not None:
+            body["hold"] = hold
         else:
-            body["items"] = [{"id": item_id, "cost": item_cost} for item_id, item_cost in items or ()]
+            # (id, cost) for a fixed price, or {"id": …, "hold": …} for a held item.
+            body["items"] = [dict(i) if isinstance(i, dict) else {"id": i[0], "cost": i[1]} for i in items or ()]
         body |= _drop_none(payload=payload, max_attempts=max_attempts, refund_on=refund_on, not_before=not_before)
         return _Req("POST", "/v1/jobs", body)
 
@@ -195,8 +199,9 @@ class _ops:
 
     # The reports: each answers Applied or Replayed.
     @staticmethod
-    def succeed(id: str, lease_token: str | None, result: Any) -> _Req:
-        return _Req("POST", f"/v1/jobs/{_seg(id)}/succeed", _drop_none(lease_token=lease_token, result=result), then=_reported)
+    def succeed(id: str, lease_token: str | None, result: Any, cost: int | None = None, costs: dict[str, int] | None = None) -> _Req:
+        body = _drop_none(lease_token=lease_token, result=result, cost=cost, costs=costs)
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/succeed", body, then=_reported)
 
     @staticmethod
     def fail(id: str, lease_token: str, code: str, message: str | None, retryable: bool | None, retry_after_ms: int | None) -> _Req:
@@ -211,8 +216,9 @@ class _ops:
         return _Req("POST", f"/v1/jobs/{_seg(id)}/unknown", body, then=_reported)
 
     @staticmethod
-    def item_succeed(id: str, item: str, lease_token: str) -> _Req:
-        return _Req("POST", f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", {"lease_token": lease_token}, then=_reported)
+    def item_succeed(id: str, item: str, lease_token: str, cost: int | None = None) -> _Req:
+        body = {"lease_token": lease_token} | _drop_none(cost=cost)
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", body, then=_reported)
 
     @staticmethod
     def item_fail(id: str, item: str, lease_token: str, code: str, message: str | None) -> _Req:
@@ -274,13 +280,14 @@ class Client:
         kind: str,
         *,
         cost: int | None = None,
-        items: Sequence[tuple[str, int]] | None = None,
+        hold: int | None = None,
+        items: Sequence[tuple[str, int] | Json] | None = None,
         payload: Any = None,
         max_attempts: int | None = None,
         refund_on: str | None = None,
         not_before: str | None = None,
     ) -> Job:
-        return self._send(_ops.create_job(id, account_id, kind, cost, items, payload, max_attempts, refund_on, not_before))
+        return self._send(_ops.create_job(id, account_id, kind, cost, hold, items, payload, max_attempts, refund_on, not_before))
 
     def job(self, id: str) -> Job:
         return self._send(_ops.job(id))
@@ -341,8 +348,12 @@ class Client:
     def heartbeat(self, id: str, lease_token: str) -> Heartbeat:
         return self._send(_ops.heartbeat(id, lease_token))
 
-    def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Applied | Replayed:
-        return self._send(_ops.succeed(id, lease_token, result))
+    def succeed(
+        self, id: str, lease_token: str | None = None, result: Any = None, cost: int | None = None, costs: dict[str, int] | None = None
+    ) -> Applied | Replayed:
+        """`cost` prices a held job's `main` item, `costs` each held item by id (what the work used,
+        at most the hold): required for every held item this success decides."""
+        return self._send(_ops.succeed(id, lease_token, result, cost, costs))
 
     def fail(
         self, id: str, lease_token: str, code: str, message: str | None = None, retryable: bool | None = None, retry_after_ms: int | None = None
@@ -352,8 +363,9 @@ class Client:
     def unknown(self, id: str, lease_token: str, message: str | None = None) -> Applied | Replayed:
         return self._send(_ops.unknown(id, lease_token, message))
 
-    def item_succeed(self, id: str, item: str, lease_token: str) -> Applied | Replayed:
-        return self._send(_ops.item_succeed(id, item, lease_token))
+    def item_succeed(self, id: str, item: str, lease_token: str, cost: int | None = None) -> Applied | Replayed:
+        """`cost` is a held item's price (required then, at most its hold)."""
+        return self._send(_ops.item_succeed(id, item, lease_token, cost))
 
     def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Applied | Replayed:
         return self._send(_ops.item_fail(id, item, lease_token, code, message))
@@ -406,13 +418,14 @@ class AsyncClient:
         kind: str,
         *,
         cost: int | None = None,
-        items: Sequence[tuple[str, int]] | None = None,
+        hold: int | None = None,
+        items: Sequence[tuple[str, int] | Json] | None = None,
         payload: Any = None,
         max_attempts: int | None = None,
         refund_on: str | None = None,
         not_before: str | None = None,
     ) -> Job:
-        return await self._send(_ops.create_job(id, account_id, kind, cost, items, payload, max_attempts, refund_on, not_before))
+        return await self._send(_ops.create_job(id, account_id, kind, cost, hold, items, payload, max_attempts, refund_on, not_before))
 
     async def job(self, id: str) -> Job:
         return await self._send(_ops.job(id))
@@ -474,8 +487,12 @@ class AsyncClient:
     async def heartbeat(self, id: str, lease_token: str) -> Heartbeat:
         return await self._send(_ops.heartbeat(id, lease_token))
 
-    async def succeed(self, id: str, lease_token: str | None = None, result: Any = None) -> Applied | Replayed:
-        return await self._send(_ops.succeed(id, lease_token, result))
+    async def succeed(
+        self, id: str, lease_token: str | None = None, result: Any = None, cost: int | None = None, costs: dict[str, int] | None = None
+    ) -> Applied | Replayed:
+        """`cost` prices a held job's `main` item, `costs` each held item by id (what the work used,
+        at most the hold): required for every held item this success decides."""
+        return await self._send(_ops.succeed(id, lease_token, result, cost, costs))
 
     async def fail(
         self, id: str, lease_token: str, code: str, message: str | None = None, retryable: bool | None = None, retry_after_ms: int | None = None
@@ -485,8 +502,9 @@ class AsyncClient:
     async def unknown(self, id: str, lease_token: str, message: str | None = None) -> Applied | Replayed:
         return await self._send(_ops.unknown(id, lease_token, message))
 
-    async def item_succeed(self, id: str, item: str, lease_token: str) -> Applied | Replayed:
-        return await self._send(_ops.item_succeed(id, item, lease_token))
+    async def item_succeed(self, id: str, item: str, lease_token: str, cost: int | None = None) -> Applied | Replayed:
+        """`cost` is a held item's price (required then, at most its hold)."""
+        return await self._send(_ops.item_succeed(id, item, lease_token, cost))
 
     async def item_fail(self, id: str, item: str, lease_token: str, code: str, message: str | None = None) -> Applied | Replayed:
         return await self._send(_ops.item_fail(id, item, lease_token, code, message))

@@ -67,7 +67,8 @@ class LedgerPage(TypedDict):
 
 class Item(TypedDict):
     id: str
-    cost: int
+    cost: int | None  # None for a held item until a success prices it
+    hold: int | None  # a held item's hold; None for a fixed price
     state: str  # an ItemState
     is_refunded: bool
     is_reclaimed: bool
@@ -84,7 +85,8 @@ class Job(_Replayable):
     account_id: str
     kind: str
     state: str  # a JobState
-    cost: int
+    cost: int | None  # None while a held item is unpriced
+    hold: int | None  # the sum of its holds; None when it has none
     net: int
     attempt: int
     max_attempts: int

@@ -144,7 +144,12 @@ class Flow(enum.Enum):
 
 @dataclass
 class Succeeded:
+    """Done. For a held job, `cost` is what the work used (its `main` item's price, at most the
+    hold) or `costs` each held item's by id; the rest of each hold is released."""
+
     result: Any = None
+    cost: int | None = None
+    costs: dict[str, int] | None = None
 
 
 @dataclass
@@ -227,9 +232,10 @@ class JobContext(_JobView):
             self._cancel.set()
         return Flow.STOP if self.cancel_requested else Flow.CONTINUE
 
-    def item_done(self, item: str) -> Flow:
+    def item_done(self, item: str, cost: int | None = None) -> Flow:
+        """Reports `item` delivered; `cost` is a held item's price (what its work used)."""
         try:
-            call = lambda: self.client.item_succeed(self.id, item, self.lease_token)  # noqa: E731
+            call = lambda: self.client.item_succeed(self.id, item, self.lease_token, cost)  # noqa: E731
             return self._flow(_retrying(call, "item report", self._outage))
         except LeaseLost:
             self._lost.set()
@@ -306,8 +312,8 @@ def _report(client: Client, job: Json, outcome: Outcome | None) -> Json:
     match outcome:
         case None:
             return client.succeed(id, token)
-        case Succeeded(result=result):
-            return client.succeed(id, token, result)
+        case Succeeded(result=result, cost=cost, costs=costs):
+            return client.succeed(id, token, result, cost, costs)
         case Failed(code=code, message=message, retryable=retryable, retry_after_ms=retry_after_ms):
             return client.fail(id, token, code, message, retryable, retry_after_ms)
         case Unknown(message=message):
@@ -432,9 +438,10 @@ class AsyncJobContext(_JobView):
     def cancel_requested(self) -> bool:
         return self._cancel or self._lost
 
-    async def item_done(self, item: str) -> Flow:
+    async def item_done(self, item: str, cost: int | None = None) -> Flow:
+        """Reports `item` delivered; `cost` is a held item's price (what its work used)."""
         try:
-            call = lambda: self.client.item_succeed(self.id, item, self.lease_token)  # noqa: E731
+            call = lambda: self.client.item_succeed(self.id, item, self.lease_token, cost)  # noqa: E731
             answer = await _aretrying(call, "item report", self._outage)
         except LeaseLost:
             self._lost = True
@@ -546,8 +553,8 @@ class AsyncWorker:
             match outcome:
                 case None:
                     return await self.client.succeed(id, token)
-                case Succeeded(result=result):
-                    return await self.client.succeed(id, token, result)
+                case Succeeded(result=result, cost=cost, costs=costs):
+                    return await self.client.succeed(id, token, result, cost, costs)
                 case Failed(code=code, message=message, retryable=retryable, retry_after_ms=retry_after_ms):
                     return await self.client.fail(id, token, code, message, retryable, retry_after_ms)
                 case Unknown(message=message):
