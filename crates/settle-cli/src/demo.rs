@@ -119,6 +119,8 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
 
     payouts(&d).await?;
 
+    priced_at_the_end(&d).await?;
+
     println!("\nThe ledger (append-only; the balance is the sum of its rows):");
     print::ledger(d.store.as_ref(), &alice).await?;
     let report = d.store.audit(None).await?;
@@ -586,4 +588,59 @@ async fn payouts_report(d: &Demo, sim: &settle_sim::Sim, bob: &AccountId) -> any
     println!("\n   Bob's ledger:");
     print::ledger(d.store.as_ref(), bob).await?;
     Ok(())
+}
+
+/// Issue 23: work priced by what it used. A hold is charged at create; the worker's success says
+/// the price and the rest is released; a timed-out job is refunded its hold and its late success
+/// reclaims only the price.
+async fn priced_at_the_end(d: &Demo) -> anyhow::Result<()> {
+    println!("\n8. Priced at the end (issue 23): renders billed by the GPU-second, 1 credit a second");
+    let carol = AccountId::parse("carol")?;
+    let s = &d.store;
+    s.create_account(NewAccount { id: carol.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await?;
+    let grant = NewGrant { id: RefId::parse("carol-credits")?, amount: Credits::new(300), reason: None };
+    s.grant(&carol, grant, settle_store::SYSTEM_ACTOR).await?;
+    d.say("account carol created and granted 300 credits");
+    let held = |id: &str| -> anyhow::Result<NewJob> {
+        Ok(NewJob {
+            id: JobId::parse(id)?,
+            account_id: carol.clone(),
+            kind: JobKind::parse("render")?,
+            items: vec![NewItem { id: ItemId::main(), price: Price::Hold(Credits::new(100)) }],
+            payload: serde_json::Value::Null,
+            max_attempts: None,
+            refund_on: None,
+            not_before: None,
+        })
+    };
+    let main_at = |cost: i64| Costs::main(Credits::new(cost));
+    s.create_job(held("render-held")?).await?;
+    d.say(format!("render-held submitted with a hold of 100 credits; balance {}", d.balance(&carol).await?));
+    let c = d.claim("gpu-worker-7").await?;
+    d.clock.advance_seconds(37);
+    let by = settle_store::Reporter::of(Some(&c.lease_token));
+    let j = s.succeed_priced(&JobId::parse("render-held")?, by, None, &main_at(37)).await?.value;
+    d.say(format!("done after 37 s: captured 37, released 63; balance {}", d.balance(&carol).await?));
+    ensure!(j.net.get() == -37, "render-held must net -37");
+
+    s.create_job(held("render-late")?).await?;
+    let c = d.claim("gpu-worker-8").await?;
+    d.clock.advance_seconds(30);
+    let id = JobId::parse("render-late")?;
+    s.fail(&id, fail(&c.lease_token, "TIMEOUT", "no result after 30 s")?).await?;
+    d.say(format!("render-late times out at 30 s: its hold is refunded; balance {}", d.balance(&carol).await?));
+    d.clock.advance_seconds(11);
+    let by = settle_store::Reporter::of(Some(&c.lease_token));
+    let j = s.succeed_priced(&id, by, None, &main_at(41)).await?.value;
+    d.say(format!("its result lands at 41 s: recovered at 41, not 100; balance {}", d.balance(&carol).await?));
+    let again = s.succeed_priced(&id, by, None, &main_at(55)).await?;
+    d.say(format!(
+        "the same success again, saying 55: applied = {}, the price stays {}",
+        again.applied,
+        again.value.items[0].cost.get()
+    ));
+    ensure!(j.net.get() == -41 && !again.applied, "render-late must net -41");
+    println!("\n   Carol's ledger:");
+    print::ledger(s.as_ref(), &carol).await
 }

@@ -37,6 +37,20 @@ fn demo_plays_the_stories_and_ends_clean() {
     let kinds: Vec<&str> = render.iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
     assert_eq!(kinds, ["charge", "refund", "reclaim"], "{render:#?}");
     assert!(render[0].contains("-40") && render[1].contains("+40") && render[2].contains("-40"));
+    // Issue 23: the held render captured at 37 with 63 released; the timed-out one recovered at 41.
+    let lines = |job: &str| -> Vec<(String, String)> {
+        out.lines()
+            .filter(|l| l.split_whitespace().next().is_some_and(|seq| seq.parse::<u64>().is_ok()))
+            .filter(|l| l.contains(&format!(" {job} ")))
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f[1].to_owned(), f[2].to_owned())
+            })
+            .collect()
+    };
+    let pairs = |v: &[(&str, &str)]| v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect::<Vec<_>>();
+    assert_eq!(lines("render-held"), pairs(&[("charge", "-100"), ("release", "+63")]), "{out}");
+    assert_eq!(lines("render-late"), pairs(&[("charge", "-100"), ("refund", "+100"), ("reclaim", "-41")]), "{out}");
     // Seed 003: the running batch cancelled mid-way by the Rust SDK worker over HTTP.
     for line in [
         "items delivered and kept charged  3 (15 credits), their artifacts kept: 3",
