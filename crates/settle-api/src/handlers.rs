@@ -261,8 +261,10 @@ pub async fn get_ledger(
 
 /// Create a job and charge it
 ///
-/// Creates a job of `kind` with either one `cost` or a list of billable `items`, and charges every item
-/// in the same transaction (one `charge` ledger entry each). When the balance cannot cover it the
+/// Creates a job of `kind` with one `cost`, one `hold`, or a list of billable `items` (each a `cost`
+/// or a `hold`), and charges every item in the same transaction (one `charge` ledger entry each). A
+/// held item is charged its hold; the worker's success prices it (at most the hold) and releases
+/// the rest. When the balance cannot cover it the
 /// answer is `402 insufficient_credits` and nothing is written. The job id is the client's: a replay
 /// with the same body answers `200` with `Idempotent-Replayed: true` and the job as it is now; a
 /// different body is `409 idempotency_conflict`. Optional: `payload` (JSON kept for the worker),
@@ -535,7 +537,10 @@ pub async fn heartbeat(
 /// after a failure refunded the job reclaims that refund (the seed's timeout-at-30 s, result-at-32 s
 /// case). If a cancel won the race, the job goes to teardown instead (the answer's `state` is
 /// `cancelling`). A repeat, or a success after the job succeeded, is a replay: `200` with
-/// `Idempotent-Replayed: true`, nothing changed. A token no attempt of this job ever held is
+/// `Idempotent-Replayed: true`, nothing changed (a held item keeps the price its first success
+/// gave it, whatever a later one says). A held item this success delivers or reclaims needs its
+/// price: `cost` for a job made with `hold`, `costs` by item id otherwise (what the work used, at
+/// most the hold); the rest of the hold is released. A token no attempt of this job ever held is
 /// `409 lease_lost` and writes nothing. Without a token a success is an operator's act: admin role
 /// only, recorded in the action log.
 #[utoipa::path(post, path = "/v1/jobs/{id}/succeed", tag = "workers", params(("id" = String, Path)),
@@ -543,7 +548,9 @@ pub async fn heartbeat(
     responses((status = 200, description = "applied, or a replay (header Idempotent-Replayed: true)", body = dto::Job),
               (status = 403, description = "no lease token, and not the admin role", body = ErrorBody),
               (status = 404, body = ErrorBody),
-              (status = 409, description = "lease_lost (a token no attempt held, or a job no success moves), job_finished, or a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
+              (status = 409, description = "lease_lost (a token no attempt held, or a job no success moves), job_finished, or a withdrawal (moved only by the payout processor)", body = ErrorBody),
+              (status = 400, description = "a malformed price: below zero, for an item the job lacks, or other than a fixed item's cost", body = ErrorBody),
+              (status = 422, description = "cost_required (a held item this success decides, without its price) or cost_exceeds_hold", body = ErrorBody)))]
 pub async fn succeed(
     State(s): State<AppState>,
     auth: Auth<WorkerRole>,
@@ -642,9 +649,12 @@ fn item_report(r: store::ItemReport) -> dto::ItemReport {
 /// Report an item delivered
 ///
 /// Marks one item delivered (it stays charged) and answers whether a cancel was requested, so the
-/// worker can stop at the item boundary. A repeat is a replay (`200` with `Idempotent-Replayed:
-/// true`); a token that is not the current lease is `409 lease_lost` unless its attempt decided
-/// the item (then a replay); an item cancelled is `409 invalid_transition`.
+/// worker can stop at the item boundary. A held item needs its `cost` (what its work used, at most
+/// its hold): it is priced at that and the rest of its hold released (`422 cost_required` /
+/// `cost_exceeds_hold` otherwise, nothing written). A repeat is a replay (`200` with
+/// `Idempotent-Replayed: true`; a price the item already has stays); a token that is not the
+/// current lease is `409 lease_lost` unless its attempt decided the item (then a replay); an item
+/// cancelled is `409 invalid_transition`.
 #[utoipa::path(post, path = "/v1/jobs/{id}/items/{item}/succeed", tag = "workers",
     params(("id" = String, Path), ("item" = String, Path)), request_body = dto::ItemSucceed,
     responses((status = 200, description = "applied, or a replay (header Idempotent-Replayed: true)", body = dto::ItemReport),

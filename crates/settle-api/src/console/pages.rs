@@ -6,6 +6,7 @@ use maud::{DOCTYPE, Markup, html};
 use settle_core::Timestamp;
 use settle_core::ids::JobId;
 use settle_core::job::JobState;
+use settle_core::ledger::EntryKind;
 use settle_store::{
     AccountDetail, Action, Attempt, Job, JobFilter, JobHistory, JobTotals, LedgerEntry, Overview, SignalRecord,
 };
@@ -367,7 +368,15 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
                     dt { "idempotency key" } dd { code { (w.idempotency_key) } }
                     @if let Some(t) = w.returned_at { dt { "returned" } dd { (time(t)) } }
                 }
-                dt { "cost" } dd { (credits(j.cost.get())) " credits" }
+                @if j.items.iter().any(|i| i.hold.is_some()) {
+                    dt { "held at create" } dd { (credits(j.cost.get())) " credits" }
+                    dt { "priced" } dd {
+                        @let priced: Vec<i64> = j.items.iter().filter_map(|i| i.priced_cost().map(|c| c.get())).collect();
+                        (credits(priced.iter().sum())) " credits, " (priced.len()) " of " (j.items.len()) " item(s)"
+                    }
+                } @else {
+                    dt { "cost" } dd { (credits(j.cost.get())) " credits" }
+                }
                 dt { "net now" } dd { (signed(j.net.get())) " credits" }
                 dt { "attempts" } dd {
                     // A requeue gives a fresh budget: count the attempts against it.
@@ -459,6 +468,14 @@ fn job_reports(p: &JobPage<'_>) -> Markup {
     }
 }
 
+/// What a held item's price left of its hold, released when it was delivered.
+fn released(i: &settle_store::Item) -> Markup {
+    match i.hold {
+        Some(h) if i.state == settle_core::item::ItemState::Succeeded => html! { (credits(h.get() - i.cost.get())) },
+        _ => html! { "" },
+    }
+}
+
 /// A job's items, ledger entries, artifacts and events.
 fn job_records(p: &JobPage<'_>) -> Markup {
     let j = p.job;
@@ -466,10 +483,17 @@ fn job_records(p: &JobPage<'_>) -> Markup {
     section class="card" {
         h2 { "Items" }
         div class="scroll" { table {
-            thead { tr { th { "item" } th class="num" { "cost" } th { "state" } th { "refund reason" } } }
+            thead { tr { th { "item" } th class="num" { "hold" } th class="num" { "cost" } th class="num" { "released" } th { "state" } th { "refund reason" } } }
             tbody {
                 @for i in &j.items {
-                    tr { td { (i.id) } td class="num" { (credits(i.cost.get())) } td { (i.state.as_str()) } td { (i.refund_reason.map_or("", |r| r.as_str())) } }
+                    tr {
+                        td { (i.id) }
+                        td class="num" { @if let Some(h) = i.hold { (credits(h.get())) } @else { span class="muted" { "fixed" } } }
+                        td class="num" { @if let Some(c) = i.priced_cost() { (credits(c.get())) } @else { span class="muted" { "not priced" } } }
+                        td class="num" { (released(i)) }
+                        td { (i.state.as_str()) }
+                        td { (i.refund_reason.map_or("", |r| r.as_str())) }
+                    }
                 }
             }
         } }
@@ -573,12 +597,40 @@ fn entries_table(entries: &[LedgerEntry], with_job: bool) -> Markup {
                             }
                         }
                         td { (e.item_id.as_deref().unwrap_or("")) }
-                        td { (e.reason.as_deref().unwrap_or("")) }
+                        td { (e.reason.as_deref().unwrap_or("")) (hold_note(e, entries)) }
                     }
                 }
                 @if entries.is_empty() { tr { td colspan="8" class="muted" { "No entries." } } }
             }
         } }
+    }
+}
+
+/// A held item's charge and its release, told as a pair (docs/decisions/0022): the charge was the
+/// hold, the release what its price did not use.
+fn hold_note(e: &LedgerEntry, entries: &[LedgerEntry]) -> Markup {
+    let pair = |kind: EntryKind| {
+        entries.iter().find(|o| o.kind == kind && o.job_id == e.job_id && o.item_id == e.item_id && e.job_id.is_some())
+    };
+    html! {
+        @match e.kind {
+            EntryKind::Release => {
+                span class="muted" { "the unused rest of a hold" }
+                @if let Some(c) = pair(EntryKind::Charge) {
+                    span class="muted" {
+                        ": held " (credits(-c.amount.get())) " at " a href={ "#e" (c.seq) } { "#" (c.seq) }
+                        ", priced at " (credits(-c.amount.get() - e.amount.get()))
+                    }
+                }
+            }
+            EntryKind::Charge => @if let Some(r) = pair(EntryKind::Release) {
+                span class="muted" {
+                    "a hold: " (credits(r.amount.get())) " released at " a href={ "#e" (r.seq) } { "#" (r.seq) }
+                    ", priced at " (credits(-e.amount.get() - r.amount.get()))
+                }
+            },
+            _ => {}
+        }
     }
 }
 
@@ -592,7 +644,7 @@ pub fn account(
     actions: &[Action],
 ) -> Markup {
     let a = &d.account;
-    let kinds = ["grant", "adjustment", "charge", "refund", "reclaim", "payout_return"];
+    let kinds = ["grant", "adjustment", "charge", "refund", "reclaim", "release", "payout_return"];
     let body = html! {
         h1 { "Account " code { (a.id.as_str()) } }
         section class="tiles" {

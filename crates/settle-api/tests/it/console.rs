@@ -14,6 +14,7 @@ on_both_engines!(
     a_client_token_reads_but_cannot_act,
     bulk_requeue_acts_on_every_job_the_filter_matches,
     the_pages_show_where_the_credits_went,
+    a_held_item_shows_its_hold_price_and_release,
     a_signed_out_or_rotated_session_is_no_session,
     cross_site_posts_and_foreign_hosts_are_refused,
 );
@@ -363,6 +364,29 @@ async fn the_pages_show_where_the_credits_went(e: Engine) {
         let (_, html) = page(&b, &s, path).await;
         assert!(!html.contains("src=\"http") && !html.contains("href=\"http"), "{path} loads from elsewhere");
     }
+}
+
+async fn a_held_item_shows_its_hold_price_and_release(e: Engine) {
+    let s = server(e).await;
+    s.account("gpu", 500).await;
+    let body = serde_json::json!({"id": "render-h", "account_id": "gpu", "kind": "render",
+        "items": [{"id": "f1", "hold": 100}, {"id": "f2", "hold": 50}, {"id": "f3", "cost": 5}]});
+    assert_eq!(s.post("/v1/jobs", body).await.status, 201);
+    let r = s.send("POST", "/v1/claims", Some(serde_json::json!({"worker": "gpu-1"})), Some(WORKER)).await;
+    let token = r.body["jobs"][0]["lease_token"].as_str().unwrap().to_owned();
+    let priced = serde_json::json!({"lease_token": token, "cost": 37});
+    assert_eq!(s.send("POST", "/v1/jobs/render-h/items/f1/succeed", Some(priced), Some(WORKER)).await.status, 200);
+    let (b, _) = sign_in(&s, CLIENT).await;
+    let (_, html) = page(&b, &s, "/console/jobs/render-h").await;
+    let row =
+        |item: &str| html.split(&format!("<td>{item}</td>")).nth(1).unwrap().split("</tr>").next().unwrap().to_owned();
+    let f1 = row("f1");
+    assert!(f1.contains(">100<") && f1.contains(">37<") && f1.contains(">63<"), "hold, price, release: {f1}");
+    assert!(row("f2").contains("not priced"), "{}", row("f2"));
+    assert!(row("f3").contains("fixed"), "{}", row("f3"));
+    let (_, html) = page(&b, &s, "/console/accounts/gpu").await;
+    assert!(html.contains("the unused rest of a hold") && html.contains(", priced at 37"), "the release explained");
+    assert!(html.contains("a hold: 63 released at"), "the charge paired with its release");
 }
 
 async fn a_signed_out_or_rotated_session_is_no_session(e: Engine) {
