@@ -63,6 +63,11 @@ pub struct BenchArgs {
     /// AWS environment); a directory under --dir if not given.
     #[arg(long)]
     artifacts: Option<String>,
+    /// Measure the cost of a held job's capture beside a plain success instead: the same create →
+    /// claim → succeed story, once with fixed-price jobs and once with held ones (a hold of 10
+    /// priced at 3 by the success: a release entry each), SQLite (FULL, in --dir) or --postgres.
+    #[arg(long)]
+    held: bool,
     /// Where --raw-commits puts its SQLite file (a real disk, not tmpfs, or fsync costs nothing).
     #[arg(long, default_value = ".")]
     dir: std::path::PathBuf,
@@ -80,6 +85,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if !args.teardown.is_empty() {
         return run_teardown(&args).await;
+    }
+    if args.held {
+        return run_held(&args).await;
     }
     if args.raw_commits {
         let rate = match &args.postgres {
@@ -304,6 +312,17 @@ async fn drive(store: Arc<SqlStore>, concurrency: usize, jobs: usize) -> anyhow:
 
 /// `drive`, with ids prefixed by `run` so it can run again on the same store.
 async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &str) -> anyhow::Result<f64> {
+    drive_priced(store, concurrency, jobs, run, false).await
+}
+
+/// `drive_on`; with `held`, each job holds 10 and its success prices it at 3 (7 released).
+async fn drive_priced(
+    store: Arc<SqlStore>,
+    concurrency: usize,
+    jobs: usize,
+    run: &str,
+    held: bool,
+) -> anyhow::Result<f64> {
     let mut accounts = Vec::new();
     for a in 0..concurrency {
         let id = AccountId::parse(&format!("{run}acct-{a}"))?;
@@ -331,13 +350,15 @@ async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &s
         let run = run.to_owned();
         handles.push(tokio::spawn(async move {
             let kind = JobKind::parse("bench").expect("valid kind");
+            let price = if held { Price::Hold(Credits::new(10)) } else { Price::Cost(Credits::new(3)) };
+            let costs = if held { Costs::main(Credits::new(3)) } else { Costs::default() };
             for n in 0..per_client {
                 let id = JobId::parse(&format!("{run}j-{c}-{n}")).expect("valid id");
                 let req = NewJob {
                     id: id.clone(),
                     account_id: account.clone(),
                     kind: kind.clone(),
-                    items: vec![NewItem { id: ItemId::main(), price: Price::Cost(Credits::new(3)) }],
+                    items: vec![NewItem { id: ItemId::main(), price }],
                     payload: serde_json::Value::Null,
                     max_attempts: None,
                     refund_on: None,
@@ -353,10 +374,11 @@ async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &s
                 let claimed = store.claim(claim).await?;
                 // Another client may have claimed this one; succeed whatever we got, then ours from any attempt.
                 for got in &claimed {
-                    store.succeed(&got.job.id, settle_store::Reporter::of(Some(&got.lease_token)), None).await?;
+                    let by = settle_store::Reporter::of(Some(&got.lease_token));
+                    store.succeed_priced(&got.job.id, by, None, &costs).await?;
                 }
                 if claimed.is_empty() {
-                    store.succeed(&id, settle_store::Reporter::of(None), None).await?;
+                    store.succeed_priced(&id, settle_store::Reporter::of(None), None, &costs).await?;
                 }
             }
             Ok::<(), StoreError>(())
@@ -369,6 +391,44 @@ async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &s
     let report = store.audit(None).await?;
     anyhow::ensure!(report.ok(), "audit failed after the benchmark: {:?}", report.violations);
     Ok((per_client * concurrency * 3) as f64 / elapsed)
+}
+
+/// `settle bench --held`: a held job's capture (a release entry more) beside a plain success.
+async fn run_held(args: &BenchArgs) -> anyhow::Result<()> {
+    let concurrency = args.concurrency.last().copied().unwrap_or(32).max(1);
+    let engine = match &args.postgres {
+        Some(server) => format!("PostgreSQL at {server} (synchronous_commit=on)"),
+        None => format!("SQLite (WAL, synchronous=FULL) in {}", args.dir.display()),
+    };
+    println!(
+        "settle bench --held: {engine}, {} jobs, {concurrency} clients, create → claim → succeed; held jobs hold 10 \
+         and are priced at 3 (a release of 7 each)",
+        args.jobs
+    );
+    println!("{:<8} {:>14} {:>9}", "jobs", "transitions/s", "ratio");
+    let mut plain = 0.0;
+    for held in [false, true] {
+        let dir = tempfile::tempdir_in(&args.dir)?;
+        let store = match &args.postgres {
+            Some(server) => {
+                let url = fresh_pg_database(server).await?;
+                let options =
+                    StoreOptions { pg_max_connections: concurrency.clamp(1, 64) as u32, ..StoreOptions::default() };
+                Arc::new(SqlStore::open(&url, options).await?)
+            }
+            None => {
+                let url = format!("sqlite://{}", dir.path().join("held.db").display());
+                Arc::new(SqlStore::open(&url, StoreOptions::default()).await?)
+            }
+        };
+        let rate = drive_priced(store, concurrency, args.jobs, "", held).await?;
+        if !held {
+            plain = rate;
+        }
+        let name = if held { "held" } else { "plain" };
+        println!("{name:<8} {rate:>14.0} {:>9.2}", rate / plain);
+    }
+    Ok(())
 }
 
 /// `settle bench --scale`: per-transition cost and audit speed as the ledger grows.
