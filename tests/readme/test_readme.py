@@ -69,6 +69,7 @@ CLAIMS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "serve": ("sh", lambda t: t == "cargo run --release -- serve\n"),
     "test": ("sh", lambda t: t == "scripts/test\n"),
     "first_session": ("sh", lambda t: "/v1/accounts/alice/grants" in t),
+    "held_session": ("sh", lambda t: '"hold":100' in t),
     "payouts_serve": ("sh", lambda t: "provider-sim" in t),
     "payouts_session": ("sh", lambda t: "/v1/withdrawals -H" in t),
     "python_worker": ("python", lambda t: "Worker(" in t),
@@ -271,6 +272,13 @@ def test_first_session_then_payouts(env: Env) -> None:
         entries = http("GET", env.s + "/v1/accounts/alice/ledger")[1]["entries"]
         assert [e["kind"] for e in entries] == ["grant", "charge", "refund", "reclaim"]
         assert [e["balance_after"] for e in entries] == [100, 60, 100, 60]
+        setup = "".join(line + "\n" for line in block("first_session").splitlines() if re.match(r"^[SJ]=", line))
+        out = run_sh(env, setup + block("held_session"))
+        assert '"code":"cost_required"' in out, out
+        assert http("GET", env.s + "/v1/accounts/bob")[1]["balance"] == 163
+        entries = http("GET", env.s + "/v1/accounts/bob/ledger")[1]["entries"]
+        assert [(e["kind"], e["amount"]) for e in entries] == [("grant", 200), ("charge", -100), ("release", 63)]
+        assert http("GET", env.s + "/v1/jobs/render-2")[1]["cost"] == 37
 
     # The payouts step restarts settle serve on the same ./settle.db, pointed at the simulator.
     setup = "".join(line + "\n" for line in block("first_session").splitlines() if re.match(r"^[SJ]=", line))

@@ -176,6 +176,29 @@ async fn items_mix_fixed_and_held(engine: EngineKind) {
     k.assert_clean().await;
 }
 
+/// An earlier attempt's failure refunded the holds; the next attempt delivers each item, reported
+/// one by one (twice each): each is reclaimed at its own price.
+async fn a_retry_reclaims_each_item_at_its_price(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 1_000).await;
+    k.store.create_job(held_job("h", &a, &[100, 50])).await.unwrap();
+    let t1 = k.claim_one("h").await;
+    k.fail("h", &t1, "NODE_DOWN").await;
+    assert_eq!(k.balance(&a).await, 1_000);
+    k.clock.advance_seconds(60);
+    let t2 = k.claim_one("h").await;
+    for _ in 0..2 {
+        let r = k.store.item_succeed_priced(&jid("h"), &iid("i0"), &t2, Some(Credits::new(20))).await.unwrap();
+        assert_eq!((r.item.state, r.item.priced_cost()), (ItemState::Reclaimed, Some(Credits::new(20))));
+    }
+    let done = k.store.succeed_priced(&jid("h"), Reporter::of(Some(&t2)), None, &costs(&[("i1", 50)])).await.unwrap();
+    assert_eq!(done.value.net.get(), -70);
+    let kinds = k.ledger_kinds(&a).await;
+    let reclaims: Vec<i64> = kinds.iter().filter(|(kind, _)| kind == "reclaim").map(|(_, n)| *n).collect();
+    assert_eq!(reclaims, [-20, -50]);
+    k.assert_clean().await;
+}
+
 async fn a_cancel_refunds_the_hold(engine: EngineKind) {
     let k = Kit::new(engine).await;
     let a = k.account("a", 1_000).await;
@@ -286,6 +309,7 @@ both_engines!(
     a_timeout_refunds_the_hold_and_a_late_success_reclaims_the_price,
     items_mix_fixed_and_held,
     a_cancel_refunds_the_hold,
+    a_retry_reclaims_each_item_at_its_price,
     fifty_successes_price_once,
     races_end_at_the_price_or_nothing,
 );

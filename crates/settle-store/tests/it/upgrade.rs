@@ -125,3 +125,67 @@ async fn sqlite_a_database_from_before_migration_15_opens_and_continues_its_chai
 async fn postgres_a_database_from_before_migration_15_opens_and_continues_its_chains() {
     from_before_migration_15(EngineKind::Postgres).await;
 }
+
+/// A database made by the release before migration 0016 (held items, decision 0022) opens with
+/// this one, on both engines: SQLite's ledger is rebuilt with its rows unchanged, the chains verify,
+/// the audit is clean, the old jobs answer as before (a fixed cost, no hold), and held jobs then
+/// continue the same chains.
+async fn from_before_migration_16(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 100).await;
+    k.items_job("ja", &a, &[10, 20]).await;
+    let t = k.claim_one("ja").await;
+    k.fail("ja", &t, "TIMEOUT").await;
+    let back = if k.is_sqlite() {
+        "ALTER TABLE items DROP COLUMN hold; DELETE FROM _sqlx_migrations WHERE version = 16"
+    } else {
+        "ALTER TABLE items DROP COLUMN hold; \
+         ALTER TABLE ledger_entries DROP CONSTRAINT ledger_entries_kind_check, \
+           ADD CONSTRAINT ledger_entries_kind_check \
+           CHECK (kind IN ('grant', 'charge', 'refund', 'reclaim', 'adjustment', 'payout_return')), \
+           DROP CONSTRAINT ledger_entries_ref_check, \
+           ADD CONSTRAINT ledger_entries_ref_check CHECK ((kind IN ('grant', 'adjustment')) = (ref_id IS NOT NULL)), \
+           DROP CONSTRAINT ledger_entries_job_check, \
+           ADD CONSTRAINT ledger_entries_job_check CHECK ((kind IN ('charge', 'refund', 'reclaim', 'payout_return')) \
+             = (job_id IS NOT NULL AND item_id IS NOT NULL)); \
+         DELETE FROM _sqlx_migrations WHERE version = 16"
+    };
+    k.raw_script(back).await.unwrap();
+    let before = all_entries(&k.store, &a).await;
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    assert_eq!(all_entries(&store, &a).await, before, "every entry as it was: numbers, positions, hashes");
+    assert_eq!(store.operators().verify_chain(&a).await.unwrap(), None);
+    let old = store.job(&jid("ja")).await.unwrap();
+    assert!(old.items.iter().all(|i| i.hold.is_none() && i.priced_cost().is_some()), "{old:?}");
+    let held = NewJob {
+        items: vec![NewItem { id: iid("main"), price: Price::Hold(settle_core::Credits::new(40)) }],
+        ..new_job("jh", &a, 0)
+    };
+    store.create_job(held).await.unwrap();
+    store.succeed(&jid("ja"), settle_store::Reporter::of(Some(&t)), None).await.unwrap();
+    let claimed = store.claim(claim_req("w2", 1)).await.unwrap();
+    let by = settle_store::Reporter::of(Some(&claimed[0].lease_token));
+    let priced = Costs::main(settle_core::Credits::new(15));
+    store.succeed_priced(&jid("jh"), by, None, &priced).await.unwrap();
+    let entries = all_entries(&store, &a).await;
+    let positions: Vec<i64> = entries.iter().map(|e| e.account_seq).collect();
+    assert_eq!(positions, (1..=entries.len() as i64).collect::<Vec<_>>());
+    assert_eq!(entries.last().unwrap().kind, settle_core::ledger::EntryKind::Release);
+    assert_eq!(store.operators().verify_chain(&a).await.unwrap(), None);
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+    assert_eq!(store.account(&a).await.unwrap().balance.get(), 100 - 30 - 15);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_database_from_before_migration_16_opens_and_continues_its_chains() {
+    from_before_migration_16(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_database_from_before_migration_16_opens_and_continues_its_chains() {
+    from_before_migration_16(EngineKind::Postgres).await;
+}
