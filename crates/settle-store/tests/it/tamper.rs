@@ -47,6 +47,9 @@ per_engine!(
     balance_plus_held_past_the_largest_is_l1,
     a_withdrawal_row_that_disagrees_with_its_job_is_l3,
     the_database_refuses_duplicate_money_rows,
+    a_second_release_is_l4,
+    an_unpriced_held_item_off_its_hold_is_l3,
+    the_database_refuses_a_price_above_the_hold,
 );
 
 /// Ledger: 1 grant b 5 · 2 grant a 100 · 3 charge j/i0 −10 · 4 refund j/i0 +10 · 5 charge k/i0 −7.
@@ -316,5 +319,40 @@ async fn the_database_refuses_duplicate_money_rows(k: &Kit) {
         let message = k.raw_script("TRUNCATE ledger_entries CASCADE").await.expect_err("truncate").to_string();
         assert!(message.contains("append-only"), "truncate: {message}");
     }
+    k.assert_clean().await;
+}
+
+/// Held items (decision 0022). Ledger: 1 grant a 100 · 2 charge h/main −40 · 3 release h/main +25
+/// (priced at 15) · 4 charge g/main −30 (held, unpriced).
+async fn held_scenario(k: &Kit) {
+    let a = k.account("a", 100).await;
+    let held = |id: &str, hold: i64| NewJob {
+        items: vec![NewItem { id: iid("main"), price: Price::Hold(settle_core::Credits::new(hold)) }],
+        ..new_job(id, &a, 0)
+    };
+    k.store.create_job(held("h", 40)).await.unwrap();
+    let t = k.claim_one("h").await;
+    let priced = Costs::main(settle_core::Credits::new(15));
+    k.store.succeed_priced(&jid("h"), Reporter::of(Some(&t)), None, &priced).await.unwrap();
+    k.store.create_job(held("g", 30)).await.unwrap();
+    k.assert_clean().await;
+}
+
+async fn a_second_release_is_l4(k: &Kit) {
+    held_scenario(k).await;
+    tamper(k, &copy_entry(3, "release")).await;
+    names(k, "L4", "0 reclaims, 0 payout returns, 2 releases").await;
+}
+
+async fn an_unpriced_held_item_off_its_hold_is_l3(k: &Kit) {
+    held_scenario(k).await;
+    tamper(k, "UPDATE items SET cost = 20 WHERE job_id = 'g'").await;
+    names(k, "L3", "state charged with cost 20 and hold 30").await;
+}
+
+async fn the_database_refuses_a_price_above_the_hold(k: &Kit) {
+    held_scenario(k).await;
+    let refused = k.raw("UPDATE items SET cost = 41 WHERE job_id = 'h'").await;
+    assert!(refused.is_err(), "a price above the hold is refused by the database itself");
     k.assert_clean().await;
 }
