@@ -10,6 +10,7 @@ use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_ha
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
+#[derive(Clone)]
 struct Acc {
     balance: i64,
     /// The account's stored count of entries (its last `account_seq`).
@@ -108,7 +109,7 @@ columns! {
 
 /// The audit's state between passes: each account's stored figures beside what the rows add up
 /// to, and what is wrong so far.
-struct Audit<'p> {
+pub(crate) struct Audit<'p> {
     accounts: BTreeMap<String, Acc>,
     violations: Vec<Violation>,
     progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
@@ -126,23 +127,70 @@ pub(crate) async fn audit(
     db: &mut Db<'_>,
     progress: &(dyn Fn(AuditProgress) + Send + Sync),
 ) -> Result<AuditReport, StoreError> {
-    let mut audit = Audit { accounts: BTreeMap::new(), violations: Vec::new(), progress, total: 0 };
-    audit.load_accounts(db).await?;
-    let (entries_checked, item_entries) = audit.ledger(db).await?;
-    audit.balances();
-    let (items_checked, joined_entries) = audit.items(db).await?;
-    audit.holds();
-    // Entries of items that do not exist: only looked for when pass B met fewer than pass A counted.
-    if joined_entries != item_entries {
-        audit.orphans(db).await?;
-    }
-    audit.withdrawals(db).await?;
-    audit.outbox(db).await?;
-    let Audit { accounts, violations, .. } = audit;
-    Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
+    let mut audit = Audit::start(db, progress).await?;
+    let ledger = audit.ledger_pass(db).await?;
+    let mut part = audit.items_part();
+    let items = part.items(db).await?;
+    audit.absorb(part);
+    audit.finish(db, ledger, items).await
 }
 
-impl Audit<'_> {
+/// What a pass read: rows, and how many of them name an item (or met one).
+pub(crate) type Counted = (u64, u64);
+
+impl<'p> Audit<'p> {
+    /// The audit's start: every account's stored figures.
+    pub(crate) async fn start(
+        db: &mut Db<'_>,
+        progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
+    ) -> Result<Audit<'p>, StoreError> {
+        let mut audit = Audit { accounts: BTreeMap::new(), violations: Vec::new(), progress, total: 0 };
+        audit.load_accounts(db).await?;
+        Ok(audit)
+    }
+
+    /// Pass A and L1 over its sums. Returns the entries read and how many name an item.
+    pub(crate) async fn ledger_pass(&mut self, db: &mut Db<'_>) -> Result<Counted, StoreError> {
+        let counted = self.ledger(db).await?;
+        self.balances();
+        Ok(counted)
+    }
+
+    /// What pass B needs to run apart (on a second connection of the same snapshot, in parallel
+    /// with pass A): the accounts as loaded, and violations of its own.
+    pub(crate) fn items_part(&self) -> Audit<'p> {
+        Audit { accounts: self.accounts.clone(), violations: Vec::new(), progress: self.progress, total: self.total }
+    }
+
+    /// Pass B's totals and findings, taken into the audit (after pass A's).
+    pub(crate) fn absorb(&mut self, part: Audit<'_>) {
+        for (id, acc) in &mut self.accounts {
+            if let Some(done) = part.accounts.get(id) {
+                (acc.held_cost, acc.refunded_cost) = (done.held_cost, done.refunded_cost);
+            }
+        }
+        self.violations.extend(part.violations);
+    }
+
+    /// What follows both passes: the held and exposure totals, entries of missing items,
+    /// withdrawals and the outbox.
+    pub(crate) async fn finish(
+        mut self,
+        db: &mut Db<'_>,
+        (entries_checked, item_entries): Counted,
+        (items_checked, joined_entries): Counted,
+    ) -> Result<AuditReport, StoreError> {
+        self.holds();
+        // Entries of items that do not exist: only looked for when pass B met fewer than pass A counted.
+        if joined_entries != item_entries {
+            self.orphans(db).await?;
+        }
+        self.withdrawals(db).await?;
+        self.outbox(db).await?;
+        let Audit { accounts, violations, .. } = self;
+        Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
+    }
+
     fn push(
         &mut self,
         invariant: Invariant,
@@ -202,15 +250,15 @@ impl Audit<'_> {
     /// One ledger entry against its account's running sum and hash chain; whether it names an item.
     fn entry(&mut self, r: &crate::db::Row) -> Result<bool, StoreError> {
         use EntryRow as C;
-        let (seq, account_id, kind_s) = (r.i64(C::seq)?, r.text(C::account_id)?, r.text(C::kind)?);
+        // Borrowed from the row: nothing is copied per column of the million rows of a pass.
+        let (seq, account_id, kind_s) = (r.i64(C::seq)?, r.str(C::account_id)?, r.str(C::kind)?);
         let (amount, balance_after, created_at) = (r.i64(C::amount)?, r.i64(C::balance_after)?, r.i64(C::created_at)?);
-        let (job_id, item_id) = (r.opt_text(C::job_id)?, r.opt_text(C::item_id)?);
-        let (ref_id, reason) = (r.opt_text(C::ref_id)?, r.opt_text(C::reason)?);
-        let (prev_hash, hash) = (r.blob(C::prev_hash)?, r.blob(C::hash)?);
-        let (job, item) = (job_id.as_deref(), item_id.as_deref());
+        let (job, item) = (r.opt_str(C::job_id)?, r.opt_str(C::item_id)?);
+        let (ref_id, reason) = (r.opt_str(C::ref_id)?, r.opt_str(C::reason)?);
+        let (prev_hash, hash) = (r.bytes(C::prev_hash)?, r.bytes(C::hash)?);
         let account_seq = r.i64(C::account_seq)?;
-        let Some(acc) = self.accounts.get_mut(&account_id) else {
-            self.push(Invariant::L1, Some(&account_id), None, None, format!("entry {seq} names a missing account"));
+        let Some(acc) = self.accounts.get_mut(account_id) else {
+            self.push(Invariant::L1, Some(account_id), None, None, format!("entry {seq} names a missing account"));
             return Ok(false);
         };
         // In `seq` order, an account's entries are its chain positions 1, 2, 3, …: a gap is a
@@ -219,13 +267,13 @@ impl Audit<'_> {
         acc.position = account_seq;
         if account_seq != position + 1 {
             let message = format!("entry {seq}: account_seq {account_seq} follows {position}");
-            self.push(Invariant::Seq, Some(&account_id), job, item, message);
+            self.push(Invariant::Seq, Some(account_id), job, item, message);
         }
-        let Some(kind) = EntryKind::parse(&kind_s) else {
-            self.push(Invariant::L2, Some(&account_id), None, None, format!("entry {seq} has unknown kind {kind_s}"));
+        let Some(kind) = EntryKind::parse(kind_s) else {
+            self.push(Invariant::L2, Some(account_id), None, None, format!("entry {seq} has unknown kind {kind_s}"));
             return Ok(false);
         };
-        let acc = self.accounts.get_mut(&account_id).expect("found above");
+        let acc = self.accounts.get_mut(account_id).expect("found above");
         acc.sum += i128::from(amount);
         acc.running += i128::from(amount);
         let running = acc.running;
@@ -234,25 +282,25 @@ impl Audit<'_> {
         }
         let fields = EntryFields {
             seq,
-            account_id: &account_id,
+            account_id,
             kind,
             amount,
             balance_after,
             job_id: job,
             item_id: item,
-            ref_id: ref_id.as_deref(),
-            reason: reason.as_deref(),
+            ref_id,
+            reason,
             created_at,
         };
         let computed = chain_hash(&acc.prev, &fields);
-        let chained = prev_hash.as_slice() == acc.prev.as_slice() && hash.as_slice() == computed.as_slice();
-        acc.prev = hash.as_slice().try_into().unwrap_or(computed);
+        let chained = prev_hash == acc.prev.as_slice() && hash == computed.as_slice();
+        acc.prev = hash.try_into().unwrap_or(computed);
         if running != i128::from(balance_after) {
             let message = format!("entry {seq}: balance_after {balance_after} but the running sum is {running}");
-            self.push(Invariant::L2, Some(&account_id), job, item, message);
+            self.push(Invariant::L2, Some(account_id), job, item, message);
         }
         if !chained {
-            self.push(Invariant::L2, Some(&account_id), job, item, format!("entry {seq}: hash chain does not verify"));
+            self.push(Invariant::L2, Some(account_id), job, item, format!("entry {seq}: hash chain does not verify"));
         }
         Ok(job.is_some() && item.is_some())
     }
@@ -280,7 +328,7 @@ impl Audit<'_> {
     /// Pass B: each item with its entries, in key order (the items' primary key, then the entries'
     /// (job, item, kind) index): one item in memory at a time. Returns the items checked and the
     /// entries met.
-    async fn items(&mut self, db: &mut Db<'_>) -> Result<(u64, u64), StoreError> {
+    pub(crate) async fn items(&mut self, db: &mut Db<'_>) -> Result<Counted, StoreError> {
         static SQL: LazyLock<String> = LazyLock::new(|| {
             format!(
                 "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id \
@@ -297,7 +345,7 @@ impl Audit<'_> {
             if rows.is_multiple_of(PROGRESS_EVERY) {
                 (self.progress)(AuditProgress { phase: "items", done: rows, total: self.total });
             }
-            let (job, item) = (r.text(C::job_id)?, r.text(C::item_id)?);
+            let (job, item) = (r.str(C::job_id)?, r.str(C::item_id)?);
             if !current.as_ref().is_some_and(|g| g.job == job && g.item == item) {
                 if let Some(done) = current.take() {
                     items_checked += 1;
@@ -305,17 +353,18 @@ impl Audit<'_> {
                 }
                 let (cost, hold, state) = (r.i64(C::cost)?, r.opt_i64(C::hold)?, r.text(C::state)?);
                 let (job_account, job_kind) = (r.text(C::job_account)?, r.text(C::job_kind)?);
+                let (job, item) = (job.to_owned(), item.to_owned());
                 current = Some(ItemGroup { job, item, cost, hold, state, job_account, job_kind, entries: Vec::new() });
             }
             if let Some(seq) = r.opt_i64(C::entry_seq)? {
                 joined += 1;
-                let (kind, account) = (r.text(C::entry_kind)?, r.text(C::entry_account)?);
+                let (kind, account) = (r.str(C::entry_kind)?, r.str(C::entry_account)?);
                 // Entries pass A could not place (unknown kind, missing account) are reported there.
-                if let Some(kind) = EntryKind::parse(&kind)
-                    && self.accounts.contains_key(&account)
+                if let Some(kind) = EntryKind::parse(kind)
+                    && self.accounts.contains_key(account)
                     && let Some(group) = current.as_mut()
                 {
-                    group.entries.push((seq, kind, r.i64(C::entry_amount)?, account));
+                    group.entries.push((seq, kind, r.i64(C::entry_amount)?, account.to_owned()));
                 }
             }
             Ok(())

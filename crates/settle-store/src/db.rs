@@ -274,6 +274,37 @@ impl Row {
             },
         }
     }
+    /// A text column, borrowed from the row (the audit's streaming passes: no copy per column).
+    pub fn str(&self, c: impl Col) -> Result<&str, StoreError> {
+        let i = c.at();
+        self.opt_str_at(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
+    }
+    pub fn opt_str(&self, c: impl Col) -> Result<Option<&str>, StoreError> {
+        self.opt_str_at(c.at())
+    }
+    fn opt_str_at(&self, i: usize) -> Result<Option<&str>, StoreError> {
+        match self {
+            Row::Sqlite(r) => Ok(r.try_get(i)?),
+            Row::Pg(r) => Ok(r.try_get(i)?),
+            Row::Lite(r) => match lite_value(r, i)? {
+                rusqlite::types::Value::Text(v) => Ok(Some(v.as_str())),
+                rusqlite::types::Value::Null => Ok(None),
+                v => Err(lite_type(i, v, "text")),
+            },
+        }
+    }
+    /// A blob column, borrowed from the row.
+    pub fn bytes(&self, c: impl Col) -> Result<&[u8], StoreError> {
+        let i = c.at();
+        match self {
+            Row::Sqlite(r) => Ok(r.try_get(i)?),
+            Row::Pg(r) => Ok(r.try_get(i)?),
+            Row::Lite(r) => match lite_value(r, i)? {
+                rusqlite::types::Value::Blob(v) => Ok(v.as_slice()),
+                v => Err(lite_type(i, v, "a blob")),
+            },
+        }
+    }
     pub fn opt_blob(&self, c: impl Col) -> Result<Option<Vec<u8>>, StoreError> {
         let i = c.at();
         match self {

@@ -476,30 +476,15 @@ impl Store for SqlStore {
     ) -> Result<AuditReport, StoreError> {
         let progress = progress.unwrap_or_else(|| Arc::new(|_| {}));
         match &self.backend {
-            // Streamed through rusqlite on a blocking thread: sqlx-sqlite sends every row from its
-            // worker thread to the caller, which costs far more than SQLite reading it.
+            // Streamed through rusqlite on blocking threads: sqlx-sqlite sends every row from its
+            // worker thread to the caller, which costs far more than SQLite reading it. The ledger
+            // pass and the items pass run at once on two connections of one snapshot.
             Backend::Sqlite { path, .. } => {
                 let path = path.clone();
                 let runtime = tokio::runtime::Handle::current();
-                tokio::task::spawn_blocking(move || {
-                    let mut conn = rusqlite::Connection::open_with_flags(
-                        &path,
-                        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                    )
-                    .map_err(StoreError::from_sqlite)?;
-                    // Pages mapped rather than copied in, a large cache for the index lookups of the
-                    // items pass; then one snapshot (WAL) for every statement of the audit.
-                    conn.execute_batch("PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -262144; BEGIN")
-                        .map_err(StoreError::from_sqlite)?;
-                    let report = runtime.block_on(async {
-                        let mut db = Db::Lite(&mut conn);
-                        audit::audit(&mut db, &*progress).await
-                    });
-                    let _ = conn.execute_batch("ROLLBACK");
-                    report
-                })
-                .await
-                .map_err(|e| StoreError::internal(format!("the audit thread failed: {e}")))?
+                tokio::task::spawn_blocking(move || sqlite_audit(&path, &runtime, &*progress))
+                    .await
+                    .map_err(|e| StoreError::internal(format!("the audit thread failed: {e}")))?
             }
             Backend::Postgres { .. } => self.read(op!([progress] | db, _cx | audit::audit(db, &*progress).await)).await,
         }
@@ -667,4 +652,76 @@ impl Operators for SqlStore {
         let (job, account) = (job.map(|j| j.as_str().to_owned()), account.map(|a| a.as_str().to_owned()));
         self.read(op!([job, account] | db, _cx | reads::actions(db, job.as_deref(), account.as_deref()).await)).await
     }
+}
+
+/// A read-only connection for the audit: pages mapped rather than copied in, a large cache for the
+/// index lookups of the items pass.
+fn audit_connection(path: &std::path::Path) -> Result<rusqlite::Connection, StoreError> {
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(StoreError::from_sqlite)?;
+    conn.execute_batch("PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -262144; BEGIN")
+        .map_err(StoreError::from_sqlite)?;
+    Ok(conn)
+}
+
+/// Starts the connection's read transaction: its snapshot is taken at its first read (WAL).
+fn pin_snapshot(conn: &rusqlite::Connection) -> Result<(), StoreError> {
+    conn.query_row("SELECT COUNT(*) FROM counters", [], |_| Ok(())).map_err(StoreError::from_sqlite)
+}
+
+/// Two connections on one snapshot: both read transactions begin while a third connection holds
+/// the write lock for an instant, so no commit can fall between them. `None` for the second when
+/// the write lock cannot be had (a read-only file, a writer holding it past the wait): the audit
+/// then runs its passes one after the other on the first.
+fn snapshot_pair(path: &std::path::Path) -> Result<(rusqlite::Connection, Option<rusqlite::Connection>), StoreError> {
+    let first = audit_connection(path)?;
+    let lock = rusqlite::Connection::open_with_flags(
+        path,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .and_then(|c| c.busy_timeout(std::time::Duration::from_secs(5)).map(|()| c))
+    .and_then(|c| c.execute_batch("BEGIN IMMEDIATE").map(|()| c));
+    let Ok(lock) = lock else {
+        pin_snapshot(&first)?;
+        return Ok((first, None));
+    };
+    let pinned = pin_snapshot(&first);
+    let second = match pinned {
+        Ok(()) => audit_connection(path).and_then(|c| pin_snapshot(&c).map(|()| c)).ok(),
+        Err(_) => None,
+    };
+    let _ = lock.execute_batch("ROLLBACK");
+    pinned?;
+    Ok((first, second))
+}
+
+/// The SQLite audit: pass A (the ledger) on one connection while pass B (the items) runs on the
+/// other, on one snapshot; the rest after both.
+fn sqlite_audit(
+    path: &std::path::Path,
+    runtime: &tokio::runtime::Handle,
+    progress: &(dyn Fn(audit::AuditProgress) + Send + Sync),
+) -> Result<AuditReport, StoreError> {
+    let (mut first, second) = snapshot_pair(path)?;
+    let mut audit = runtime.block_on(audit::Audit::start(&mut Db::Lite(&mut first), progress))?;
+    let mut part = audit.items_part();
+    let (ledger, items) = match second {
+        Some(mut second) => std::thread::scope(|scope| {
+            let items = scope.spawn(|| runtime.block_on(part.items(&mut Db::Lite(&mut second))));
+            let ledger = runtime.block_on(audit.ledger_pass(&mut Db::Lite(&mut first)));
+            let items = items.join().map_err(|_| StoreError::internal("the audit's items pass panicked"))?;
+            Ok::<_, StoreError>((ledger?, items?))
+        })?,
+        None => {
+            let ledger = runtime.block_on(audit.ledger_pass(&mut Db::Lite(&mut first)))?;
+            (ledger, runtime.block_on(part.items(&mut Db::Lite(&mut first)))?)
+        }
+    };
+    audit.absorb(part);
+    let report = runtime.block_on(audit.finish(&mut Db::Lite(&mut first), ledger, items));
+    let _ = first.execute_batch("ROLLBACK");
+    report
 }
