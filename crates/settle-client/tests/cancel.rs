@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::call;
+
 use serde_json::{Value, json};
 use settle_client::{Client, Flow, Handler, JobContext, Outcome, Worker};
 use std::sync::{Arc, Mutex};
@@ -34,15 +36,6 @@ impl Handler for Batch {
         }
         Outcome::Succeeded(None)
     }
-}
-
-async fn call(http: &reqwest::Client, method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
-    let mut req = http.request(method, url);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::call;
+
 use serde_json::{Value, json};
 use settle_client::{Client, Costs, Flow, Handler, JobContext, Outcome, Worker};
 use settle_store::Store;
@@ -29,15 +31,6 @@ impl Handler for Meter {
         }
         Outcome::Priced(Some(json!({"seconds": used})), Costs::from([("main".to_owned(), used)]))
     }
-}
-
-async fn call(http: &reqwest::Client, method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
-    let mut req = http.request(method, url);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let r = req.send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
 async fn until_done(http: &reqwest::Client, base: &str, job: &str) -> Value {

@@ -2,6 +2,7 @@
 //! over a SQLite file, until the returned server is dropped.
 #![allow(dead_code)]
 
+use serde_json::Value;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -38,4 +39,14 @@ pub async fn serve_on(postgres: bool) -> Served {
     let serving = CancellationToken::new();
     tokio::spawn(app.run_until(serving.clone().cancelled_owned()));
     Served { base, store, serving, _dir: dir }
+}
+
+/// One HTTP request: the status and the JSON answer (null when there is none).
+pub async fn call(http: &reqwest::Client, method: reqwest::Method, url: String, body: Option<Value>) -> (u16, Value) {
+    let mut req = http.request(method, url);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
