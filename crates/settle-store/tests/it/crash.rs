@@ -163,14 +163,7 @@ impl Runner<'_> {
             Step::Reconcile(j, f) => s.reconcile(&jid(j), *f).await.map(drop),
             Step::Cancel(j) => s.cancel(&jid(j), None).await.map(drop),
             Step::Requeue(j) => s.requeue(&jid(j), settle_store::SYSTEM_ACTOR).await.map(drop),
-            Step::HeldJob(id, holds) => {
-                let items = holds
-                    .iter()
-                    .enumerate()
-                    .map(|(i, h)| NewItem { id: iid(&format!("i{i}")), price: Price::Hold(Credits::new(*h)) })
-                    .collect();
-                s.create_job(NewJob { items, ..new_job(id, &acc("a"), 0) }).await.map(drop)
-            }
+            Step::HeldJob(id, holds) => s.create_job(held_job(id, &acc("a"), holds)).await.map(drop),
             Step::SucceedPriced(j, prices) => {
                 let costs = Costs(prices.iter().map(|(i, c)| (iid(i), Credits::new(*c))).collect());
                 s.succeed_priced(&jid(j), settle_store::Reporter::of(Some(&self.tokens[*j])), None, &costs)

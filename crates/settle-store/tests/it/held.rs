@@ -11,17 +11,6 @@ use settle_core::job::JobState;
 use settle_store::*;
 use std::sync::Arc;
 
-fn held_job(id: &str, account: &AccountId, holds: &[i64]) -> NewJob {
-    NewJob {
-        items: holds
-            .iter()
-            .enumerate()
-            .map(|(i, h)| NewItem { id: iid(&format!("i{i}")), price: Price::Hold(Credits::new(*h)) })
-            .collect(),
-        ..new_job(id, account, 0)
-    }
-}
-
 fn costs(pairs: &[(&str, i64)]) -> Costs {
     Costs(pairs.iter().map(|(i, c)| (iid(i), Credits::new(*c))).collect())
 }

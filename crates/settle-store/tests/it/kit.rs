@@ -291,11 +291,20 @@ pub fn new_job(id: &str, account: &AccountId, cost: i64) -> NewJob {
 }
 
 pub fn items_job(id: &str, account: &AccountId, costs: &[i64]) -> NewJob {
+    priced_job(id, account, costs, Price::Cost)
+}
+
+/// A job of held items `i0`, `i1`, … (docs/decisions/0022).
+pub fn held_job(id: &str, account: &AccountId, holds: &[i64]) -> NewJob {
+    priced_job(id, account, holds, Price::Hold)
+}
+
+fn priced_job(id: &str, account: &AccountId, amounts: &[i64], price: fn(Credits) -> Price) -> NewJob {
     NewJob {
-        items: costs
+        items: amounts
             .iter()
             .enumerate()
-            .map(|(i, c)| NewItem { id: iid(&format!("i{i}")), price: Price::Cost(Credits::new(*c)) })
+            .map(|(i, c)| NewItem { id: iid(&format!("i{i}")), price: price(Credits::new(*c)) })
             .collect(),
         ..new_job(id, account, 0)
     }
