@@ -66,7 +66,7 @@ pub enum Events {
 fn job_line(j: &Job) -> String {
     let err = j.last_error.as_ref().map(|e| format!(" {}", e.code)).unwrap_or_default();
     format!(
-        "{:<24} {:<10} {:<11} {:<12} cost {:>6} net {:>7} attempt {}/{}{}{}",
+        "{:<24} {:<10} {:<11} {:<12} charged {:>6} net {:>7} attempt {}/{}{}{}",
         j.id,
         j.kind,
         j.state.as_str(),
@@ -121,10 +121,15 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                 println!("  last error {}: {}", e.code, e.message.as_deref().unwrap_or(""));
             }
             for i in &j.items {
+                // A held item (decision 0022): its hold, and its price once a success gave it one.
+                let price = match (i.hold, i.priced_cost()) {
+                    (None, _) => format!("cost {:>6}", i.cost.get()),
+                    (Some(h), Some(c)) => format!("cost {:>6} of a hold of {}", c.get(), h.get()),
+                    (Some(h), None) => format!("held {:>6}, not priced", h.get()),
+                };
                 println!(
-                    "  item {:<16} cost {:>6} {:<10} {}",
+                    "  item {:<16} {price} {:<10} {}",
                     i.id,
-                    i.cost,
                     i.state.as_str(),
                     i.refund_reason.map_or("", |r| r.as_str())
                 );

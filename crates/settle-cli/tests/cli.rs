@@ -209,6 +209,10 @@ fn operator_commands_read_and_requeue() {
     let (code, out, _) = settle(&["jobs", "show", "export-1", "--db", &url]);
     assert_eq!(code, 0);
     assert!(out.contains("attempt  1") && out.contains("INVALID_ADDRESS") && out.contains("succeeded"), "{out}");
+    // A held item shows its hold and the price its success gave it.
+    let (code, out, _) = settle(&["jobs", "show", "render-late", "--db", &url]);
+    assert_eq!(code, 0);
+    assert!(out.contains("cost     41 of a hold of 100") && out.contains("reclaimed"), "{out}");
     let (_, out, _) = settle(&["dead-letters", "list", "--db", &url]);
     assert!(out.contains("transcribe-1"), "{out}");
     let (_, out, _) = settle(&["failures", "--db", &url]);
