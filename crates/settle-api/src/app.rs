@@ -105,7 +105,7 @@ fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(BaseOpenApi::openapi())
         .routes(routes!(h::create_account))
         .routes(routes!(h::get_account))
-        .routes(routes!(h::create_grant))
+        .routes(routes!(h::create_grant, h::list_grants))
         .routes(routes!(h::create_adjustment))
         .routes(routes!(h::get_ledger))
         .routes(routes!(h::create_job, h::list_jobs))

@@ -65,6 +65,60 @@ pub struct CreateGrant {
     /// Why, for people reading the ledger: up to 2,000 bytes.
     #[serde(default)]
     pub reason: Option<String>,
+    /// When what is left of the grant expires (RFC 3339, after now); absent: never. At that instant
+    /// the rest is taken by one `expire` entry, and credits given back to it later expire at once.
+    #[serde(default)]
+    pub expires_at: Option<String>,
+    /// 0–100, default 50: charges take from the lowest priority first, then the soonest expiry
+    /// (never-expiring last), then the oldest grant.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 100)]
+    pub priority: Option<i64>,
+}
+
+/// A source of an account's credit: a grant, a positive adjustment, or the balance the account had
+/// before grants were tracked (`origin` `opening`, its id the account's).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Grant {
+    /// The grant's (or adjustment's) id.
+    pub id: String,
+    /// `grant`, `adjustment` or `opening`.
+    pub origin: String,
+    /// Credits it gave.
+    pub amount: i64,
+    /// Credits it has left to spend (0 once expired).
+    pub remaining: i64,
+    /// RFC 3339; null: never expires.
+    pub expires_at: Option<String>,
+    /// 0–100, lower spent first.
+    pub priority: i64,
+    /// `active`, `used` (nothing left) or `expired` (from its expiry instant on).
+    pub state: String,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+impl From<store::Grant> for Grant {
+    fn from(g: store::Grant) -> Self {
+        Grant {
+            id: g.id,
+            origin: g.origin,
+            amount: g.amount.get(),
+            remaining: g.remaining.get(),
+            expires_at: g.expires_at.map(rfc3339),
+            priority: g.priority,
+            state: g.state.as_str().to_owned(),
+            created_at: rfc3339(g.created_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GrantList {
+    /// In the order they were made.
+    pub grants: Vec<Grant>,
+    /// Pass as `after` for the next page; null at the end.
+    pub next_after: Option<i64>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]

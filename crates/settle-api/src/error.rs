@@ -113,7 +113,9 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Invalid(m) => ApiError::invalid(sentence(m)),
             StoreError::NotFound { .. } => ApiError::not_found(sentence(e.to_string())),
-            StoreError::InsufficientCredits { .. } | StoreError::InsufficientBalance { .. } => {
+            StoreError::InsufficientCredits { .. }
+            | StoreError::InsufficientBalance { .. }
+            | StoreError::InsufficientCash { .. } => {
                 ApiError::new(S::PAYMENT_REQUIRED, "insufficient_credits", sentence(e.to_string()))
             }
             StoreError::IdempotencyConflict { .. } | StoreError::IdTaken { .. } | StoreError::ReportConflict(_) => {

@@ -211,9 +211,39 @@ pub async fn create_grant(
     Json(b): Json<dto::CreateGrant>,
 ) -> ApiResult {
     let account = id(AccountId::parse, &account)?;
-    let req = store::NewGrant { id: id(RefId::parse, &b.id)?, amount: Credits::new(b.amount), reason: b.reason };
+    let expires_at = match b.expires_at.as_deref() {
+        None => None,
+        Some(t) => Some(parse_rfc3339(t).ok_or_else(|| ApiError::invalid("expires_at must be an RFC 3339 time."))?),
+    };
+    let req = store::NewGrant {
+        id: id(RefId::parse, &b.id)?,
+        amount: Credits::new(b.amount),
+        reason: b.reason,
+        expires_at,
+        priority: b.priority,
+    };
     tracing::info!(actor = %auth.actor, %account, grant = %req.id, amount = req.amount.get(), "grant");
     Ok(created(s.store.grant(&account, req, &auth.actor.name).await?, dto::LedgerEntry::from))
+}
+
+/// List an account's grants
+///
+/// The sources of the account's credit in the order they were made — its grants, its positive
+/// adjustments, and (`origin` `opening`) the balance it had before grants were tracked — each with
+/// what it has left, its priority and its expiry. Charges take from `active` grants by priority, then
+/// soonest expiry, then oldest; `remaining` summed over active grants, less any debt, is the balance.
+#[utoipa::path(get, path = "/v1/accounts/{id}/grants", tag = "accounts", params(("id" = String, Path), dto::PageQuery),
+    responses((status = 200, body = dto::GrantList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn list_grants(
+    State(s): State<AppState>,
+    auth: Auth<ClientRole>,
+    Path(account): Path<String>,
+    Query(q): Query<dto::PageQuery>,
+) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    let p = s.store.grants(&account, page(q.after, q.limit)?).await?;
+    Ok(ok(dto::GrantList { grants: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
 }
 
 /// Adjust an account's balance by hand
@@ -1016,9 +1046,10 @@ pub async fn requeue_dead_deliveries(
 
 /// Audit the ledger
 ///
-/// Recomputes invariants L1–L4 from the stored rows: every balance is the sum of its entries, every
-/// item's money state matches its entries, each account's hash chain is intact, and every event matches
-/// its transition. Answers `ok` and the violations found. Admin only.
+/// Recomputes invariants L1–L5 from the stored rows: every balance is the sum of its entries, every
+/// item's money state matches its entries, each account's hash chain is intact, every account's live
+/// grants less its debt are its balance, and every event matches its transition. Answers `ok` and the
+/// violations found. Admin only.
 #[utoipa::path(get, path = "/v1/audit", tag = "operations", responses((status = 200, body = dto::Audit)))]
 pub async fn audit(State(s): State<AppState>, _auth: Auth<AdminRole>) -> ApiResult {
     let r = s.store.audit(None).await?;

@@ -175,7 +175,13 @@ async fn run_wake(args: &BenchArgs) -> anyhow::Result<()> {
     store
         .create_account(NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
         .await?;
-    let grant = NewGrant { id: RefId::parse("g")?, amount: Credits::new(1_000_000), reason: None };
+    let grant = NewGrant {
+        id: RefId::parse("g")?,
+        amount: Credits::new(1_000_000),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
     store.grant(&account, grant, settle_store::SYSTEM_ACTOR).await?;
     let writer: &SqlStore = other.as_ref().unwrap_or(&store);
     let http = reqwest::Client::new();
@@ -336,6 +342,8 @@ async fn drive_priced(
                     id: RefId::parse(&format!("{run}g-{a}"))?,
                     amount: Credits::new(1_000_000_000),
                     reason: None,
+                    expires_at: None,
+                    priority: None,
                 },
                 settle_store::SYSTEM_ACTOR,
             )

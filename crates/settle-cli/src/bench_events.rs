@@ -66,8 +66,13 @@ async fn phase(
             let account = AccountId::parse(&format!("{run}-acct-{w}"))?;
             let new = NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO };
             store.create_account(new, settle_store::SYSTEM_ACTOR).await?;
-            let grant =
-                NewGrant { id: RefId::parse(&format!("{run}-g-{w}"))?, amount: Credits::new(1 << 40), reason: None };
+            let grant = NewGrant {
+                id: RefId::parse(&format!("{run}-g-{w}"))?,
+                amount: Credits::new(1 << 40),
+                reason: None,
+                expires_at: None,
+                priority: None,
+            };
             store.grant(&account, grant, settle_store::SYSTEM_ACTOR).await?;
             let mut next = Instant::now();
             for n in 0..CREATES_PER_WRITER {

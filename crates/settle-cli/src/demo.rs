@@ -103,6 +103,8 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
                 id: RefId::parse("welcome")?,
                 amount: Credits::new(500),
                 reason: Some("welcome credits".into()),
+                expires_at: None,
+                priority: None,
             },
             settle_store::SYSTEM_ACTOR,
         )
@@ -464,7 +466,13 @@ async fn payouts_setup(
     d.store
         .create_account(NewAccount { id: bob.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
         .await?;
-    let grant = NewGrant { id: RefId::parse("bob-salary")?, amount: Credits::new(1_000), reason: None };
+    let grant = NewGrant {
+        id: RefId::parse("bob-salary")?,
+        amount: Credits::new(1_000),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
     d.store.grant(&bob, grant, settle_store::SYSTEM_ACTOR).await?;
     d.say(format!("account bob granted 1000 credits; the provider simulator listens on {}", sim.url()));
     Ok((sim, processor, bob))
@@ -599,7 +607,13 @@ async fn priced_at_the_end(d: &Demo) -> anyhow::Result<()> {
     let s = &d.store;
     s.create_account(NewAccount { id: carol.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
         .await?;
-    let grant = NewGrant { id: RefId::parse("carol-credits")?, amount: Credits::new(300), reason: None };
+    let grant = NewGrant {
+        id: RefId::parse("carol-credits")?,
+        amount: Credits::new(300),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
     s.grant(&carol, grant, settle_store::SYSTEM_ACTOR).await?;
     d.say("account carol created and granted 300 credits");
     let held = |id: &str| -> anyhow::Result<NewJob> {

@@ -47,7 +47,7 @@ pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()
 pub fn audit(report: &AuditReport) {
     if report.ok() {
         println!(
-            "audit: clean ({} accounts, {} items, {} ledger entries checked; L1-L4 hold)",
+            "audit: clean ({} accounts, {} items, {} ledger entries checked; L1-L5 hold)",
             report.accounts_checked, report.items_checked, report.entries_checked
         );
         return;

@@ -78,6 +78,8 @@ async fn four_processes_share_one_postgres_ledger() {
                     id: RefId::parse(&format!("grant-{a}")).unwrap(),
                     amount: Credits::new(GRANT),
                     reason: None,
+                    expires_at: None,
+                    priority: None,
                 },
                 settle_store::SYSTEM_ACTOR,
             )

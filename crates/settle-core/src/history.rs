@@ -25,6 +25,7 @@ crate::names! {
         JobRequeued = "job.requeued",
         WithdrawalLateExecution = "withdrawal.late_execution",
         WithdrawalReturned = "withdrawal.returned",
+        GrantExpired = "grant.expired",
     }
 }
 

@@ -111,7 +111,7 @@ pub const fn arrow(state: ItemState, signal: ItemSignal) -> Option<Arrow> {
 pub fn entry_amount(kind: EntryKind, cost: Credits) -> Result<Credits, MoneyError> {
     match kind {
         EntryKind::Refund | EntryKind::PayoutReturn | EntryKind::Release => Ok(cost),
-        EntryKind::Charge | EntryKind::Reclaim => cost.checked_neg(),
+        EntryKind::Charge | EntryKind::Reclaim | EntryKind::Expire => cost.checked_neg(),
         EntryKind::Grant | EntryKind::Adjustment => Ok(cost),
     }
 }

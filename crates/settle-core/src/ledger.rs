@@ -17,6 +17,9 @@ crate::names! {
         /// The part of a held item's hold its price did not use, credited back when the first
         /// success prices it (+).
         Release = "release",
+        /// What an expired grant had left, taken when it expires; or a part given back to a grant
+        /// that had already expired, expiring at once (−). Names its grant in `ref_id`.
+        Expire = "expire",
     }
 }
 

@@ -1,4 +1,4 @@
-//! `settle audit`: the ledger invariants L1–L4 of the spec, recomputed from the rows.
+//! `settle audit`: the ledger invariants L1–L5 of the spec, recomputed from the rows.
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
 use crate::db::{Db, args, columns};
@@ -63,7 +63,7 @@ fn v(invariant: Invariant, account: Option<&str>, job: Option<&str>, item: Optio
 
 columns! {
     /// An account's stored figures.
-    AccountRow { id, balance, exposure, held, entries }
+    AccountRow { id, balance, exposure, held, entries = "last_account_seq" }
 }
 
 columns! {
@@ -105,6 +105,45 @@ columns! {
         returned_at = "w.returned_at",
         not_returned = "(SELECT COUNT(*) FROM items i WHERE i.job_id = j.id AND i.state <> 'returned')",
     }
+}
+
+columns! {
+    /// A grant as L5 reads it.
+    GrantRow { key, account_id, origin, source_id, amount, remaining, expired_at, expired_seq }
+}
+
+columns! {
+    /// An allocation as L5 reads it.
+    AllocationRow { id, account_id, grant_key, kind, account_seq, taken, given_back, settled, paid_part }
+}
+
+columns! {
+    /// An `expire` entry.
+    ExpiryRow { account_id, ref_id, amount, account_seq }
+}
+
+columns! {
+    /// An account's debt beside its balance.
+    DebtRow { id, balance, debt }
+}
+
+/// One grant's figures as L5 adds them up.
+#[derive(Default)]
+struct GrantTally {
+    account: String,
+    source: String,
+    amount: i64,
+    remaining: i64,
+    live: bool,
+    expired_seq: Option<i64>,
+    consumed: i128,
+    returned: i128,
+    expired: i128,
+    /// The last position that took from it.
+    last_take: i64,
+    /// Its own `expire` entries (not those of parts returned after it expired) and the last one's position.
+    expire_entries: u32,
+    expire_seq: Option<i64>,
 }
 
 /// The audit's state between passes: each account's stored figures beside what the rows add up
@@ -186,6 +225,7 @@ impl<'p> Audit<'p> {
             self.orphans(db).await?;
         }
         self.withdrawals(db).await?;
+        self.grants(db).await?;
         self.outbox(db).await?;
         let Audit { accounts, violations, .. } = self;
         Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
@@ -460,6 +500,157 @@ impl<'p> Audit<'p> {
         Ok(())
     }
 
+    /// L5 (docs/decisions/0023): per grant, what it gave and got back (its allocations) and what
+    /// expired (its `expire` entries) account for its amount and what it has left, and nothing was
+    /// taken from it after it expired; per debt part, what paid it is its open settlements; per
+    /// account, the live grants' remaining less the debt is the balance, and the debt is its unpaid
+    /// debt parts.
+    async fn grants(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static GRANTS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM grants ORDER BY key", GrantRow::LIST));
+        static PARTS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM allocations ORDER BY id", AllocationRow::LIST));
+        static EXPIRIES: LazyLock<String> = LazyLock::new(|| {
+            format!("SELECT {} FROM ledger_entries WHERE kind = 'expire' ORDER BY seq", ExpiryRow::LIST)
+        });
+        static DEBTS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM accounts ORDER BY id", DebtRow::LIST));
+        let mut grants: BTreeMap<i64, GrantTally> = BTreeMap::new();
+        let mut by_source: BTreeMap<String, i64> = BTreeMap::new();
+        for r in &db.all(&GRANTS, args![]).await? {
+            use GrantRow as C;
+            let key = r.i64(C::key)?;
+            if r.text(C::origin)? == "grant" {
+                by_source.insert(r.text(C::source_id)?, key);
+            }
+            let tally = GrantTally {
+                account: r.text(C::account_id)?,
+                source: r.text(C::source_id)?,
+                amount: r.i64(C::amount)?,
+                remaining: r.i64(C::remaining)?,
+                live: r.opt_i64(C::expired_at)?.is_none(),
+                expired_seq: r.opt_i64(C::expired_seq)?,
+                ..GrantTally::default()
+            };
+            grants.insert(key, tally);
+        }
+        // Per account: Σ unpaid debt parts; per debt part: what it says is paid, what pays it.
+        let mut unpaid: BTreeMap<String, i128> = BTreeMap::new();
+        let mut settled: BTreeMap<i64, (String, i128, i128)> = BTreeMap::new();
+        let mut found = Vec::new();
+        db.each(&PARTS, args![], |r| {
+            use AllocationRow as C;
+            let (taken, given_back) = (i128::from(r.i64(C::taken)?), i128::from(r.i64(C::given_back)?));
+            let account = r.str(C::account_id)?;
+            match r.opt_i64(C::grant_key)? {
+                None => {
+                    let part_settled = i128::from(r.i64(C::settled)?);
+                    *unpaid.entry(account.to_owned()).or_default() += taken - given_back - part_settled;
+                    settled.entry(r.i64(C::id)?).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
+                }
+                Some(key) => {
+                    let Some(g) = grants.get_mut(&key) else {
+                        found.push((
+                            account.to_owned(),
+                            format!("allocation {} of a grant {key} that does not exist", r.i64(C::id)?),
+                        ));
+                        return Ok(());
+                    };
+                    g.consumed += taken;
+                    g.returned += given_back;
+                    let kind = r.str(C::kind)?;
+                    if matches!(kind, "charge" | "reclaim" | "adjustment") {
+                        g.last_take = g.last_take.max(r.i64(C::account_seq)?);
+                    }
+                    if let Some(paid) = r.opt_i64(C::paid_part)? {
+                        settled.entry(paid).or_insert_with(|| (account.to_owned(), 0, 0)).2 += taken - given_back;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        for (account, message) in found {
+            self.push(Invariant::L5, Some(&account), None, None, message);
+        }
+        let mut stray = Vec::new();
+        db.each(&EXPIRIES, args![], |r| {
+            let refs = r.str(ExpiryRow::ref_id)?;
+            let (source, own) = match refs.split_once('#') {
+                Some((source, _)) => (source, false),
+                None => (refs, true),
+            };
+            match by_source.get(source).and_then(|k| grants.get_mut(k)) {
+                Some(g) => {
+                    g.expired -= i128::from(r.i64(ExpiryRow::amount)?);
+                    if own {
+                        g.expire_entries += 1;
+                        g.expire_seq = Some(r.i64(ExpiryRow::account_seq)?);
+                    }
+                }
+                None => stray.push((r.text(ExpiryRow::account_id)?, format!("an expire entry of {refs}, no grant's"))),
+            }
+            Ok(())
+        })
+        .await?;
+        for (account, message) in stray {
+            self.push(Invariant::L5, Some(&account), None, None, message);
+        }
+        let mut live: BTreeMap<String, i128> = BTreeMap::new();
+        let mut problems = Vec::new();
+        for g in grants.values() {
+            let (amount, remaining) = (i128::from(g.amount), i128::from(g.remaining));
+            if g.live {
+                *live.entry(g.account.clone()).or_default() += remaining;
+            }
+            let mut say = |m: String| problems.push((g.account.clone(), format!("grant {}: {m}", g.source)));
+            if amount + g.returned != g.consumed + g.expired + remaining {
+                say(format!(
+                    "amount {amount} + returned {} ≠ consumed {} + expired {} + remaining {remaining}",
+                    g.returned, g.consumed, g.expired
+                ));
+            }
+            if !g.live && remaining != 0 {
+                say(format!("expired with {remaining} left"));
+            }
+            if g.expire_entries > 1 {
+                say(format!("{} expire entries of its own", g.expire_entries));
+            }
+            if g.expire_entries == 1 && g.expire_seq != g.expired_seq {
+                say(format!("expired at position {:?}, its expire entry at {:?}", g.expired_seq, g.expire_seq));
+            }
+            if let Some(at) = g.expired_seq
+                && g.last_take > at
+            {
+                say(format!("taken from at position {} after it expired at {at}", g.last_take));
+            }
+        }
+        for (part, (account, says, paid)) in &settled {
+            if says != paid {
+                problems.push((account.clone(), format!("debt part {part} says {says} paid, its settlements {paid}")));
+            }
+        }
+        for r in &db.all(&DEBTS, args![]).await? {
+            let account = r.text(DebtRow::id)?;
+            let (debt, balance) = (i128::from(r.i64(DebtRow::debt)?), i128::from(r.i64(DebtRow::balance)?));
+            let live = live.get(&account).copied().unwrap_or(0);
+            if live - debt != balance {
+                problems.push((
+                    account.clone(),
+                    format!("live grants hold {live}, debt {debt}, but the balance is {balance}"),
+                ));
+            }
+            let owed = unpaid.get(&account).copied().unwrap_or(0);
+            if owed != debt {
+                problems.push((account.clone(), format!("debt {debt} but its unpaid debt parts are {owed}")));
+            }
+        }
+        for (account, message) in problems {
+            self.push(Invariant::L5, Some(&account), None, None, message);
+        }
+        Ok(())
+    }
+
     /// The outbox numbers, gap-free.
     async fn outbox(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         static SQL: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM outbox ORDER BY seq", OutboxRow::LIST));
@@ -508,7 +699,7 @@ fn tally(entries: &[(i64, EntryKind, i64, String)]) -> Tally {
             }
             EntryKind::PayoutReturn => t.returns += 1,
             EntryKind::Release => t.releases += 1,
-            EntryKind::Grant | EntryKind::Adjustment => {}
+            EntryKind::Grant | EntryKind::Adjustment | EntryKind::Expire => {}
         }
     }
     t

@@ -32,6 +32,7 @@ pub(crate) enum Value {
     OptBlob(Option<Vec<u8>>),
     // Arrays, for PostgreSQL's `unnest($1::bigint[], …)` multi-row inserts only.
     I64s(Vec<i64>),
+    OptI64s(Vec<Option<i64>>),
     Texts(Vec<String>),
     OptTexts(Vec<Option<String>>),
     OptBlobs(Vec<Option<Vec<u8>>>),
@@ -115,7 +116,7 @@ fn bind_sqlite<'q>(mut q: Query<'q, Sqlite, SqliteArguments>, args: &[Value]) ->
             Value::OptText(v) => q.bind(v),
             Value::Blob(v) => q.bind(v),
             Value::OptBlob(v) => q.bind(v),
-            Value::I64s(_) | Value::Texts(_) | Value::OptTexts(_) | Value::OptBlobs(_) => {
+            Value::I64s(_) | Value::OptI64s(_) | Value::Texts(_) | Value::OptTexts(_) | Value::OptBlobs(_) => {
                 unreachable!("arrays are bound on PostgreSQL only")
             }
         };
@@ -133,6 +134,7 @@ fn bind_pg<'q>(mut q: Query<'q, Postgres, PgArguments>, args: &[Value]) -> Query
             Value::Blob(v) => q.bind(v),
             Value::OptBlob(v) => q.bind(v),
             Value::I64s(v) => q.bind(v),
+            Value::OptI64s(v) => q.bind(v),
             Value::Texts(v) => q.bind(v),
             Value::OptTexts(v) => q.bind(v),
             Value::OptBlobs(v) => q.bind(v),
@@ -466,7 +468,7 @@ fn lite_bind(stmt: &mut rusqlite::CachedStatement<'_>, args: &[Value]) -> Result
             Value::Text(v) | Value::OptText(Some(v)) => stmt.raw_bind_parameter(index, v.as_str()),
             Value::Blob(v) | Value::OptBlob(Some(v)) => stmt.raw_bind_parameter(index, v.as_slice()),
             Value::OptI64(None) | Value::OptText(None) | Value::OptBlob(None) => stmt.raw_bind_parameter(index, Null),
-            Value::I64s(_) | Value::Texts(_) | Value::OptTexts(_) | Value::OptBlobs(_) => {
+            Value::I64s(_) | Value::OptI64s(_) | Value::Texts(_) | Value::OptTexts(_) | Value::OptBlobs(_) => {
                 return Err(StoreError::internal("arrays are bound on PostgreSQL only"));
             }
         };

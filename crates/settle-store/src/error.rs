@@ -15,6 +15,12 @@ pub enum StoreError {
         "insufficient credits for a withdrawal: balance {balance}, needed {needed}; a withdrawal never draws on the overdraft"
     )]
     InsufficientBalance { balance: i64, needed: i64 },
+    /// A withdrawal larger than the account's credit that never expires: promotional (expiring)
+    /// credit is never cash (docs/decisions/0023). Nothing was written.
+    #[error(
+        "insufficient credits for a withdrawal: {available} of the {needed} needed is credit that never expires; credit with an expiry is never withdrawn"
+    )]
+    InsufficientCash { available: i64, needed: i64 },
     #[error("{what} {id} already exists with a different request")]
     IdempotencyConflict { what: &'static str, id: String },
     /// A worker's report re-sent with another body than the one that took effect (a `fail` with

@@ -112,6 +112,53 @@ pub struct NewGrant {
     pub id: RefId,
     pub amount: Credits,
     pub reason: Option<String>,
+    /// When what is left of it expires (after the store's now); `None`: never (docs/decisions/0023).
+    pub expires_at: Option<Timestamp>,
+    /// 0–100, lower taken first; `None`: 50.
+    pub priority: Option<i64>,
+}
+
+/// A source of an account's credit (docs/decisions/0023): a grant, a positive adjustment, or the
+/// balance the account had before grants were tracked (`opening`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The grant's or adjustment's id; the account's id for its opening balance.
+    pub id: String,
+    /// `grant`, `adjustment` or `opening`.
+    pub origin: String,
+    pub amount: Credits,
+    pub remaining: Credits,
+    pub priority: i64,
+    pub expires_at: Option<Timestamp>,
+    /// When the expiry closed it (what it had left then was taken by an `expire` entry).
+    pub expired_at: Option<Timestamp>,
+    pub state: GrantState,
+    pub created_at: Timestamp,
+}
+
+settle_core::names! {
+    /// A grant as the API shows it: `expired` from its expiry instant on (whether or not the
+    /// expiry pass has closed it yet), `used` when nothing is left, else `active`.
+    pub GrantState {
+        Active = "active",
+        Used = "used",
+        Expired = "expired",
+    }
+}
+
+/// What paid for part of a movement (a charge, a reclaim, a negative adjustment, a grant's payment
+/// of debt) and how much of it was given back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocation {
+    /// The grant's id (`None`: the part no grant covered, debt).
+    pub grant_id: Option<String>,
+    pub origin: Option<String>,
+    /// `charge`, `reclaim`, `adjustment`, `settle_debt` or `opening`.
+    pub kind: String,
+    pub job_id: Option<String>,
+    pub item_id: Option<String>,
+    pub taken: Credits,
+    pub given_back: Credits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -647,6 +694,9 @@ settle_core::names! {
         L3 = "L3",
         /// At most one entry of each kind per item, and a reclaim only after a refund.
         L4 = "L4",
+        /// The account's live grants less its debt are its balance; every grant's amount is what it
+        /// gave, got back, lost to expiry and has left; nothing is taken from a grant after it expired.
+        L5 = "L5",
         /// A gap in the ledger's or the outbox's numbering.
         Seq = "SEQ",
     }
@@ -809,7 +859,7 @@ mod tests {
         }
         round_trip!(FailureState, DeliveryState, BreakerState, ActionKind, Invariant);
         // The audit's texts are on the wire (`GET /v1/audit`): exactly these.
-        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "SEQ"]);
+        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "L5", "SEQ"]);
         for (old, new) in [("grant", ActionKind::AccountGrant), ("audit", ActionKind::LedgerAudit)] {
             assert_eq!(ActionKind::parse_stored(old), Some(new));
         }

@@ -46,6 +46,11 @@ pub trait Store: Send + Sync {
     ) -> Result<Created<LedgerEntry>, StoreError>;
     /// Entries in `seq` order after `page.after`.
     async fn ledger(&self, account: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError>;
+    /// An account's sources of credit — grants, positive adjustments, its opening balance — in the
+    /// order they were made (docs/decisions/0023).
+    async fn grants(&self, account: &AccountId, page: Page) -> Result<Paged<Grant>, StoreError>;
+    /// Which sources of credit paid for a job's items, in the order they were taken.
+    async fn allocations(&self, job: &JobId) -> Result<Vec<Allocation>, StoreError>;
 
     /// Creates a job and charges every item in the same transaction; `insufficient_credits` writes nothing.
     async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError>;
@@ -121,6 +126,9 @@ pub trait Store: Send + Sync {
     async fn rescue_expired_leases(&self, limit: u32) -> Result<Vec<String>, StoreError>;
     /// The teardown sweeper's pass: finishes jobs left `cancelling`. Returns those now `cancelled`.
     async fn resume_teardowns(&self, limit: u32) -> Result<Vec<String>, StoreError>;
+    /// The expiry pass: expires what is due on up to `limit` accounts with a grant due, each in one
+    /// guarded transition on its account. Returns the accounts it expired grants on.
+    async fn expire_grants(&self, limit: u32) -> Result<Vec<String>, StoreError>;
 
     async fn attempts(&self, job: &JobId) -> Result<Vec<Attempt>, StoreError>;
     async fn signals(&self, job: &JobId) -> Result<Vec<SignalRecord>, StoreError>;
@@ -135,7 +143,7 @@ pub trait Store: Send + Sync {
     ) -> Result<Paged<Event>, StoreError>;
     /// Jobs by state and ledger entries by kind (for metrics).
     async fn stats(&self) -> Result<Stats, StoreError>;
-    /// L1–L4 and gap-free sequences, over one consistent snapshot; `progress` is called as it
+    /// L1–L5 and gap-free sequences, over one consistent snapshot; `progress` is called as it
     /// streams through the ledger and the items.
     async fn audit(
         &self,

@@ -5,6 +5,8 @@
 //! - lease rescuer: `running` past its lease → the failure path (`LEASE_EXPIRED`, retryable), or
 //!   teardown after a cancel request (`unknown` for `final_failure` jobs);
 //! - teardown sweeper: finishes every job left `cancelling`;
+//! - grant expiry (at the sweeper's pace): expires what is left of every grant past its
+//!   `expires_at`, one guarded transition per account (docs/decisions/0023);
 //! - reconciler: asks a kind's `OutcomeChecker` about each `unknown` job; without a checker, or when
 //!   the checker finds nothing, "absent" — which the store turns into `TIMEOUT_CONFIRMED_NOT_SENT`
 //!   (retryable) only once the kind's confirm window has passed. Withdrawals are left to the payout
@@ -81,6 +83,11 @@ impl Maintenance {
         self.store.resume_teardowns(self.settings.batch).await
     }
 
+    /// One expiry pass; returns the accounts whose grants it expired.
+    pub async fn expire_pass(&self) -> Result<Vec<String>, StoreError> {
+        self.store.expire_grants(self.settings.batch).await
+    }
+
     /// One reconciler pass over at most `batch` unknown jobs; returns the ids it resolved.
     pub async fn reconcile_pass(&self) -> Result<Vec<String>, StoreError> {
         let filter = JobFilter { state: Some(JobState::Unknown), ..JobFilter::ALL };
@@ -113,11 +120,11 @@ impl Maintenance {
         Ok(resolved)
     }
 
-    /// Runs the three loops until `cancel`; each pass's errors are logged and the loop goes on.
+    /// Runs the four loops until `cancel`; each pass's errors are logged and the loop goes on.
     pub fn spawn(self, cancel: CancellationToken) -> Vec<JoinHandle<()>> {
         let this = Arc::new(self);
         let mut handles = Vec::new();
-        for which in [Loop::Rescue, Loop::Sweep, Loop::Reconcile] {
+        for which in [Loop::Rescue, Loop::Sweep, Loop::Expire, Loop::Reconcile] {
             let (this, cancel) = (this.clone(), cancel.clone());
             handles.push(tokio::spawn(async move { this.run_loop(which, cancel).await }));
         }
@@ -127,7 +134,7 @@ impl Maintenance {
     async fn run_loop(&self, which: Loop, cancel: CancellationToken) {
         let every = match which {
             Loop::Rescue => self.settings.rescue_every,
-            Loop::Sweep => self.settings.sweep_every,
+            Loop::Sweep | Loop::Expire => self.settings.sweep_every,
             Loop::Reconcile => self.settings.reconcile_every,
         };
         loop {
@@ -138,11 +145,12 @@ impl Maintenance {
             let result = match which {
                 Loop::Rescue => self.rescue_pass().await,
                 Loop::Sweep => self.sweep_pass().await,
+                Loop::Expire => self.expire_pass().await,
                 Loop::Reconcile => self.reconcile_pass().await,
             };
             match result {
                 Ok(ids) if !ids.is_empty() => {
-                    tracing::info!(pass = which.name(), count = ids.len(), "background pass moved jobs")
+                    tracing::info!(pass = which.name(), count = ids.len(), "background pass moved jobs or grants")
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(pass = which.name(), error = %e, "background pass failed; will try again"),
@@ -155,6 +163,7 @@ impl Maintenance {
 enum Loop {
     Rescue,
     Sweep,
+    Expire,
     Reconcile,
 }
 
@@ -163,6 +172,7 @@ impl Loop {
         match self {
             Loop::Rescue => "lease_rescue",
             Loop::Sweep => "teardown_sweep",
+            Loop::Expire => "grant_expiry",
             Loop::Reconcile => "reconcile",
         }
     }

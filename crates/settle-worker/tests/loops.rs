@@ -35,7 +35,13 @@ async fn fixture() -> Fixture {
     store
         .grant(
             &a,
-            NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(100), reason: None },
+            NewGrant {
+                id: RefId::parse("g").unwrap(),
+                amount: Credits::new(100),
+                reason: None,
+                expires_at: None,
+                priority: None,
+            },
             settle_store::SYSTEM_ACTOR,
         )
         .await

@@ -69,7 +69,13 @@ async fn account(store: &SqlStore, id: &str, grant: i64) -> AccountId {
         .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
         .await
         .unwrap();
-    let g = NewGrant { id: RefId::parse(&format!("g-{id}")).unwrap(), amount: Credits::new(grant), reason: None };
+    let g = NewGrant {
+        id: RefId::parse(&format!("g-{id}")).unwrap(),
+        amount: Credits::new(grant),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
     store.grant(&a, g, settle_store::SYSTEM_ACTOR).await.unwrap();
     a
 }

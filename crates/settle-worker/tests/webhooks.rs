@@ -78,7 +78,13 @@ async fn scenario(store: &SqlStore) {
     store
         .grant(
             &a,
-            NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(100), reason: None },
+            NewGrant {
+                id: RefId::parse("g").unwrap(),
+                amount: Credits::new(100),
+                reason: None,
+                expires_at: None,
+                priority: None,
+            },
             settle_store::SYSTEM_ACTOR,
         )
         .await
@@ -635,7 +641,13 @@ async fn scenario_named(store: &SqlStore, round: u32) {
         .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
         .await
         .unwrap();
-    let grant = NewGrant { id: RefId::parse(&format!("g{round}")).unwrap(), amount: Credits::new(100), reason: None };
+    let grant = NewGrant {
+        id: RefId::parse(&format!("g{round}")).unwrap(),
+        amount: Credits::new(100),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
     store.grant(&a, grant, settle_store::SYSTEM_ACTOR).await.unwrap();
     for n in 0..3 {
         let id = JobId::parse(&format!("r{round}-j{n}")).unwrap();

@@ -6,6 +6,7 @@ mod api;
 mod answers;
 mod console;
 mod events;
+mod grants;
 mod hardening;
 mod held;
 mod http_limits;

@@ -11,6 +11,7 @@ const TABLE: &[(&str, &str, Option<Role>)] = &[
     ("POST", "/v1/accounts", Some(Role::Admin)),
     ("GET", "/v1/accounts/{id}", Some(Role::Client)),
     ("POST", "/v1/accounts/{id}/grants", Some(Role::Admin)),
+    ("GET", "/v1/accounts/{id}/grants", Some(Role::Client)),
     ("POST", "/v1/accounts/{id}/adjustments", Some(Role::Admin)),
     ("GET", "/v1/accounts/{id}/ledger", Some(Role::Client)),
     ("POST", "/v1/jobs", Some(Role::Client)),

@@ -1,6 +1,7 @@
 //! Accounts, grants and adjustments: the only writes that create credits from nothing, each answered
 //! with its ledger entry.
 
+use super::grants::{PRIORITY_DEFAULT, Terms};
 use super::{
     AccountCol, BalanceCheck, Cx, EntryCol, Line, SELECT_ACCOUNT, account_from_row, emit, entry_from_row, post_now,
 };
@@ -70,22 +71,46 @@ holds!(CreditCol: EntryCol {
 static SELECT_CREDIT: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE kind = $1 AND ref_id = $2", CreditCol::LIST));
 
+/// A grant's or adjustment's fingerprint. A grant's terms join it only when given (a priority only
+/// when not the default), so grants made before grants could expire still replay.
 pub(crate) fn credit_fingerprint(
     kind: EntryKind,
     account: &AccountId,
     id: &str,
     amount: Credits,
     reason: Option<&str>,
+    terms: Terms,
 ) -> [u8; 32] {
-    Fingerprint::new(kind.as_str())
+    let mut f = Fingerprint::new(kind.as_str())
         .str("account_id", account.as_str())
         .str("id", id)
         .i64("amount", amount.get())
-        .opt_str("reason", reason)
-        .finish()
+        .opt_str("reason", reason);
+    if let Some(at) = terms.expires_at {
+        f = f.i64("expires_at", at.micros());
+    }
+    if terms.priority != PRIORITY_DEFAULT {
+        f = f.i64("priority", terms.priority);
+    }
+    f.finish()
 }
 
-/// Grants (`amount > 0`) and adjustments (`amount ≠ 0`, reason required), created by id.
+/// A grant's terms as asked: a priority of 0–100, an expiry (checked against the clock later, after
+/// the replay check, so an old grant's replay still answers).
+pub(crate) fn grant_terms(
+    expires_at: Option<settle_core::Timestamp>,
+    priority: Option<i64>,
+) -> Result<Terms, StoreError> {
+    let priority = priority.unwrap_or(PRIORITY_DEFAULT);
+    if !(0..=100).contains(&priority) {
+        return Err(StoreError::invalid("priority must be between 0 and 100"));
+    }
+    Ok(Terms { priority, expires_at })
+}
+
+/// Grants (`amount > 0`, on `terms`) and adjustments (`amount ≠ 0`, reason required, default
+/// terms), created by id.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn credit(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -94,9 +119,10 @@ pub(crate) async fn credit(
     id: &str,
     amount: Credits,
     reason: Option<&str>,
+    terms: Terms,
 ) -> Result<Created<LedgerEntry>, StoreError> {
     debug_assert!(matches!(kind, EntryKind::Grant | EntryKind::Adjustment));
-    let fp = credit_fingerprint(kind, account, id, amount, reason);
+    let fp = credit_fingerprint(kind, account, id, amount, reason, terms);
     if let Some(existing) = db.opt(&SELECT_CREDIT, args![kind.as_str(), id]).await? {
         if existing.blob(CreditCol::request_hash)? != fp {
             // Ids are unique across accounts: say so when the id is another account's.
@@ -107,12 +133,18 @@ pub(crate) async fn credit(
         }
         return Ok(Created { value: entry_from_row::<CreditCol>(&existing)?, replayed: true });
     }
+    if let Some(at) = terms.expires_at
+        && at <= cx.now
+    {
+        return Err(StoreError::invalid(format!("expires_at ({}) must be in the future", at.rfc3339())));
+    }
     let entries = post_now(
         db,
         cx,
         account.as_str(),
         BalanceCheck::Bounded,
         &[Line { kind, amount, job_id: None, item_id: None, ref_id: Some(id), reason, request_hash: Some(&fp) }],
+        terms,
     )
     .await?;
     cx.point(CrashPoint::AfterLedger)?;

@@ -1,18 +1,20 @@
 //! The ledger: guarded balance changes, and the lines that explain them, hash-chained per account.
 //!
 //! Each account numbers its own entries: the guarded balance UPDATE every posting makes also bumps
-//! `accounts.entries` by the posting's lines, so their `account_seq` (the chain position) is known
+//! `accounts.last_account_seq` by the posting's lines, so their `account_seq` (the chain position) is known
 //! at once from a row the transaction holds anyway. `seq` (unique, increasing within an account in
 //! commit order) comes on SQLite from the `ledger` counter, which only the single writer takes; on
 //! PostgreSQL from a plain sequence taken at the flush, after every account row of the transaction
 //! is locked, so no global row is held on the commit path (docs/decisions/0021). On PostgreSQL the
 //! lines wait in the transaction's `Pending` and are hashed and written by `flush_lines`.
 
-use super::{Cx, PendingLine, guard_hit, lock_pending, next_seq};
+use super::grants::{self, Books, Terms};
+use super::{Cx, PendingLine, emit, guard_hit, lock_pending, next_seq};
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::Credits;
+use settle_core::history::EventKind;
 use settle_core::ids::AccountId;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use settle_core::limits;
@@ -36,12 +38,12 @@ pub(crate) enum BalanceCheck {
 columns! {
     /// What a balance change returns: the balance after it, and the account's entries counting the
     /// posting's lines (its last line's `account_seq`).
-    BalanceCol { balance, entries }
+    BalanceCol { balance, entries = "last_account_seq", debt }
 }
 
 columns! {
     /// Why a debit was refused: the balance and the overdraft it may use.
-    LimitCol { balance, overdraft_limit }
+    LimitCol { balance, overdraft_limit, next_expiry }
 }
 
 columns! {
@@ -70,17 +72,18 @@ columns! {
 // separate statements after the balance.
 static DEBIT_OVERDRAFT: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, entries = entries + $6 \
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, last_account_seq = last_account_seq + $6 \
          WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 AND balance - exposure >= (0 - $3) - $2 \
-         RETURNING {}",
+         AND next_expiry > $7 RETURNING {}",
         BalanceCol::LIST
     )
 });
 // As DEBIT_OVERDRAFT with the overdraft limit taken as zero, whatever the account's is.
 static DEBIT_CASH: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, entries = entries + $6 \
-         WHERE id = $1 AND balance >= 0 - $2 AND balance - exposure >= (0 - $3) - $2 RETURNING {}",
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, last_account_seq = last_account_seq + $6 \
+         WHERE id = $1 AND balance >= 0 - $2 AND balance - exposure >= (0 - $3) - $2 AND next_expiry > $7 \
+         RETURNING {}",
         BalanceCol::LIST
     )
 });
@@ -88,22 +91,22 @@ static DEBIT_CASH: LazyLock<String> = LazyLock::new(|| {
 // refund and return still possible stays inside i64 (docs/decisions/0003).
 static CREDIT_BOUNDED: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, entries = entries + $6 \
-         WHERE id = $1 AND balance + held <= $3 - $2 RETURNING {}",
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, last_account_seq = last_account_seq + $6 \
+         WHERE id = $1 AND balance + held <= $3 - $2 AND next_expiry > $7 RETURNING {}",
         BalanceCol::LIST
     )
 });
 static DEBIT_BOUNDED: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, entries = entries + $6 \
-         WHERE id = $1 AND balance - exposure >= (0 - $3) - $2 RETURNING {}",
+        "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, last_account_seq = last_account_seq + $6 \
+         WHERE id = $1 AND balance - exposure >= (0 - $3) - $2 AND next_expiry > $7 RETURNING {}",
         BalanceCol::LIST
     )
 });
 static CREDIT_ANY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE accounts SET balance = balance + $2, held = held + $3, exposure = exposure + $4, \
-         entries = entries + $5 WHERE id = $1 RETURNING {}",
+         last_account_seq = last_account_seq + $5 WHERE id = $1 AND next_expiry > $6 RETURNING {}",
         BalanceCol::LIST
     )
 });
@@ -151,7 +154,8 @@ pub(crate) struct Line<'a> {
 /// Appends `lines` to one account's ledger: one server-side balance change for their sum (guarded
 /// per `check`, numbering them in the account), then the lines themselves — at once on SQLite; on
 /// PostgreSQL queued for `flush`, which gives them their `seq` and hashes just before COMMIT
-/// (docs/decisions/0021).
+/// (docs/decisions/0021) — and the grants' side of it: which grant paid for each debit, where each
+/// return goes back to (docs/decisions/0023).
 pub(crate) async fn post(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -160,15 +164,123 @@ pub(crate) async fn post(
     lines: &[Line<'_>],
     holds: Holds,
 ) -> Result<(), StoreError> {
-    if lines.is_empty() {
-        return change_holds(db, account_id, holds).await;
+    post_with(db, cx, account_id, check, lines, holds, Terms::default(), false).await.map(|_| ())
+}
+
+/// `post`, with the lines numbered and written at once, for an answer that is the entry itself
+/// (grants, adjustments; a grant line opens a grant on `terms`). It runs in a transaction of its
+/// own on PostgreSQL: nothing may be queued before it (the chain head it reads would miss the
+/// queued lines).
+pub(crate) async fn post_now(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    check: BalanceCheck,
+    lines: &[Line<'_>],
+    terms: Terms,
+) -> Result<Vec<LedgerEntry>, StoreError> {
+    if let Some(pending) = &cx.pending
+        && !lock_pending(pending).lines.is_empty()
+    {
+        return Err(StoreError::internal("post_now after queued ledger lines would fork the chain"));
     }
-    let Some(pending) = &cx.pending else {
-        post_lines(db, cx, account_id, check, lines, holds).await?;
+    post_with(db, cx, account_id, check, lines, Holds::default(), terms, true).await
+}
+
+/// The `expire` lines of grants the expiry just closed: no check, no clock guard (the expiry is
+/// what the guard waits for), and no grants' side (the expiry moved its grants itself).
+pub(crate) async fn post_expiries(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    lines: &[Line<'_>],
+    now: bool,
+) -> Result<(), StoreError> {
+    if lines.is_empty() {
         return Ok(());
+    }
+    append(db, cx, account_id, BalanceCheck::Never, lines, Holds::default(), Guard::Off, now).await.map(|_| ())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn post_with(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    check: BalanceCheck,
+    lines: &[Line<'_>],
+    holds: Holds,
+    terms: Terms,
+    now: bool,
+) -> Result<Vec<LedgerEntry>, StoreError> {
+    if lines.is_empty() {
+        change_holds(db, account_id, holds).await?;
+        return Ok(Vec::new());
+    }
+    let (posted, mut entries) = append(db, cx, account_id, check, lines, holds, Guard::Clock, now).await?;
+    let mut books = Books::new(account_id, posted.debt);
+    grants::account_for(db, cx, &mut books, lines, posted.first_account_seq, terms, check == BalanceCheck::Cash)
+        .await?;
+    let after = posted.first_account_seq + lines.len() as i64;
+    let reexpired = grants::reexpiry_refs(db, &mut books, after).await?;
+    if !reexpired.is_empty() {
+        // Parts given back to expired grants expire at once, right after the posting's lines, on
+        // the account row this operation still holds.
+        let lines: Vec<Line<'_>> = reexpired
+            .iter()
+            .map(|(r, _, amount)| Line {
+                kind: EntryKind::Expire,
+                amount: Credits::new(-*amount),
+                job_id: None,
+                item_id: None,
+                ref_id: Some(r),
+                reason: None,
+                request_hash: None,
+            })
+            .collect();
+        let (again, more) =
+            append(db, cx, account_id, BalanceCheck::Never, &lines, Holds::default(), Guard::Off, now).await?;
+        if again.first_account_seq != after {
+            return Err(StoreError::internal("an account moved between two postings of one operation"));
+        }
+        entries.extend(more);
+        for (r, source, amount) in &reexpired {
+            let data = serde_json::json!({ "grant": source, "amount": amount, "ref_id": r, "on_return": true });
+            emit(db, cx, EventKind::GrantExpired, None, account_id, data).await?;
+        }
+    }
+    grants::close(db, &books).await?;
+    Ok(entries)
+}
+
+/// Whether a balance change waits for the account's due grants to expire first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// Every posting: no check may count a grant past its expiry (docs/decisions/0023).
+    Clock,
+    /// The expiry's own lines.
+    Off,
+}
+
+/// The guarded balance change and the lines: written at once (`now`, or SQLite), else queued.
+/// Returns the posting's place and, when written, its entries.
+#[allow(clippy::too_many_arguments)]
+async fn append(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    check: BalanceCheck,
+    lines: &[Line<'_>],
+    holds: Holds,
+    guard: Guard,
+    now: bool,
+) -> Result<(Posted, Vec<LedgerEntry>), StoreError> {
+    let pending = match &cx.pending {
+        Some(p) if !now => p,
+        _ => return post_lines(db, cx, account_id, check, lines, holds, guard, now).await,
     };
     let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
-    let posted = change_balance(db, account_id, check, total, holds, lines.len()).await?;
+    let posted = change_balance(db, cx, account_id, check, total, holds, lines.len(), guard, now).await?;
     let mut balance = Credits::new(posted.balance).checked_sub(total)?;
     let mut pending = lock_pending(pending);
     for (line, account_seq) in lines.iter().zip(posted.first_account_seq..) {
@@ -188,47 +300,75 @@ pub(crate) async fn post(
         });
     }
     assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
-    Ok(())
+    Ok((posted, Vec::new()))
 }
 
-/// What a guarded balance change left: the balance after it, and the `account_seq` of the first of
-/// the posting's lines.
+/// What a guarded balance change left: the balance after it, the `account_seq` of the first of
+/// the posting's lines, and the account's debt (which the change itself does not move).
 struct Posted {
     balance: i64,
     first_account_seq: i64,
+    debt: i64,
 }
 
-/// The guarded balance change for a posting of `total` in `lines` lines.
+/// The guarded balance change for a posting of `total` in `lines` lines. Under `Guard::Clock` an
+/// account with a grant due matches nothing: its due grants are expired first (in this
+/// transaction, on the account row), and the change is tried again.
+#[allow(clippy::too_many_arguments)]
 async fn change_balance(
     db: &mut Db<'_>,
+    cx: &Cx,
     account_id: &str,
     check: BalanceCheck,
     total: Credits,
     holds: Holds,
     lines: usize,
+    guard: Guard,
+    now: bool,
 ) -> Result<Posted, StoreError> {
     let (held, exposure, n) = (holds.held, holds.exposure, lines as i64);
     let max = limits::BALANCE_MAX;
-    let row = match check {
-        BalanceCheck::Overdraft => {
-            debug_assert!(!total.is_positive());
-            db.opt(&DEBIT_OVERDRAFT, args![account_id, total.get(), max, held, exposure, n]).await?
-        }
-        BalanceCheck::Cash => {
-            debug_assert!(!total.is_positive());
-            db.opt(&DEBIT_CASH, args![account_id, total.get(), max, held, exposure, n]).await?
-        }
-        BalanceCheck::Bounded if total.is_negative() => {
-            db.opt(&DEBIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n]).await?
-        }
-        BalanceCheck::Bounded => {
-            db.opt(&CREDIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n]).await?
-        }
-        BalanceCheck::Never => db.opt(&CREDIT_ANY, args![account_id, total.get(), held, exposure, n]).await?,
+    let clock = match guard {
+        Guard::Clock => cx.now.micros(),
+        Guard::Off => i64::MIN,
     };
-    let Some(row) = row else {
+    let mut expired_first = false;
+    loop {
+        let row = match check {
+            BalanceCheck::Overdraft => {
+                debug_assert!(!total.is_positive());
+                db.opt(&DEBIT_OVERDRAFT, args![account_id, total.get(), max, held, exposure, n, clock]).await?
+            }
+            BalanceCheck::Cash => {
+                debug_assert!(!total.is_positive());
+                db.opt(&DEBIT_CASH, args![account_id, total.get(), max, held, exposure, n, clock]).await?
+            }
+            BalanceCheck::Bounded if total.is_negative() => {
+                db.opt(&DEBIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n, clock]).await?
+            }
+            BalanceCheck::Bounded => {
+                db.opt(&CREDIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n, clock]).await?
+            }
+            BalanceCheck::Never => {
+                db.opt(&CREDIT_ANY, args![account_id, total.get(), held, exposure, n, clock]).await?
+            }
+        };
+        if let Some(row) = row {
+            let entries = row.i64(BalanceCol::entries)?;
+            return Ok(Posted {
+                balance: row.i64(BalanceCol::balance)?,
+                first_account_seq: entries - n + 1,
+                debt: row.i64(BalanceCol::debt)?,
+            });
+        }
         let current =
             db.opt(&LIMITS, args![account_id]).await?.ok_or_else(|| StoreError::not_found("account", account_id))?;
+        if current.i64(LimitCol::next_expiry)? <= clock && !expired_first {
+            // Boxed: the expiry posts its own lines through `append`.
+            Box::pin(grants::expire_due(db, cx, account_id, now)).await?;
+            expired_first = true;
+            continue;
+        }
         let balance = current.i64(LimitCol::balance)?;
         return Err(match check {
             BalanceCheck::Overdraft => StoreError::InsufficientCredits {
@@ -239,27 +379,7 @@ async fn change_balance(
             BalanceCheck::Cash => StoreError::InsufficientBalance { balance, needed: total.checked_neg()?.get() },
             _ => StoreError::Overflow,
         });
-    };
-    let entries = row.i64(BalanceCol::entries)?;
-    Ok(Posted { balance: row.i64(BalanceCol::balance)?, first_account_seq: entries - n + 1 })
-}
-
-/// `post`, with the lines numbered and written at once, for an answer that is the entry itself
-/// (grants, adjustments). It runs in a transaction of its own on PostgreSQL: nothing may be queued
-/// before it (the chain head it reads would miss the queued lines).
-pub(crate) async fn post_now(
-    db: &mut Db<'_>,
-    cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
-    lines: &[Line<'_>],
-) -> Result<Vec<LedgerEntry>, StoreError> {
-    if let Some(pending) = &cx.pending
-        && !lock_pending(pending).lines.is_empty()
-    {
-        return Err(StoreError::internal("post_now after queued ledger lines would fork the chain"));
     }
-    post_lines(db, cx, account_id, check, lines, Holds::default()).await
 }
 
 /// `n` fresh `seq` numbers, ascending: SQLite's writer takes them from the batch's `ledger`
@@ -289,6 +409,7 @@ async fn sequence_numbers(db: &mut Db<'_>, n: usize) -> Result<Vec<i64>, StoreEr
 }
 
 /// Posts and writes `lines` at once.
+#[allow(clippy::too_many_arguments)]
 async fn post_lines(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -296,13 +417,11 @@ async fn post_lines(
     check: BalanceCheck,
     lines: &[Line<'_>],
     holds: Holds,
-) -> Result<Vec<LedgerEntry>, StoreError> {
-    if lines.is_empty() {
-        change_holds(db, account_id, holds).await?;
-        return Ok(Vec::new());
-    }
+    guard: Guard,
+    now: bool,
+) -> Result<(Posted, Vec<LedgerEntry>), StoreError> {
     let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
-    let posted = change_balance(db, account_id, check, total, holds, lines.len()).await?;
+    let posted = change_balance(db, cx, account_id, check, total, holds, lines.len(), guard, now).await?;
     let mut balance = Credits::new(posted.balance).checked_sub(total)?;
     let mut prev = chain_head(db, account_id, posted.first_account_seq - 1).await?;
     let seqs = seq_numbers(db, cx, lines.len()).await?;
@@ -360,7 +479,7 @@ async fn post_lines(
         prev = hash;
     }
     assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
-    Ok(out)
+    Ok((posted, out))
 }
 
 fn hash32(h: Vec<u8>) -> Result<Hash32, StoreError> {

@@ -33,6 +33,7 @@ mod accounts;
 mod claim;
 mod create;
 mod failure;
+pub(crate) mod grants;
 mod history;
 mod items;
 mod ledger;

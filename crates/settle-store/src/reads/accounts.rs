@@ -6,9 +6,9 @@ use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, EntryCol, entry_from_row, name};
-use settle_core::Timestamp;
 use settle_core::ids::AccountId;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
+use settle_core::{Credits, Timestamp};
 use std::sync::LazyLock;
 
 pub(crate) async fn account(db: &mut Db<'_>, id: &AccountId) -> Result<Account, StoreError> {
@@ -35,7 +35,7 @@ pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Resul
 columns! {
     /// What an account may still credit back (`held`), what a later success may reclaim, and how
     /// many entries its ledger holds (its last `account_seq`).
-    HoldsCol { held, exposure, entries }
+    HoldsCol { held, exposure, entries = "last_account_seq" }
 }
 
 columns! {
@@ -137,4 +137,98 @@ pub(crate) async fn entries(
     let entries = rows.iter().map(entry_from_row::<EntryCol>).collect::<Result<Vec<_>, _>>()?;
     let next = if entries.len() as i64 == limit { entries.last().map(|e| e.seq) } else { None };
     Ok(Paged { rows: entries, next_after: next })
+}
+
+columns! {
+    /// A source of an account's credit, as listed.
+    GrantCol { key, source_id, origin, amount, remaining, priority, expires_at, expired_at, created_at }
+}
+
+/// An account's grants in the order they were made, page by page (`after`: a grant's key).
+pub(crate) async fn grants(
+    db: &mut Db<'_>,
+    id: &AccountId,
+    now: Timestamp,
+    page: Page,
+) -> Result<Paged<Grant>, StoreError> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {} FROM grants WHERE account_id = $1 AND key > $2 ORDER BY key LIMIT $3", GrantCol::LIST)
+    });
+    account(db, id).await?;
+    let limit = page_limit(page.limit);
+    let rows = db.all(&SQL, args![id.as_str(), page.after, limit]).await?;
+    let mut keyed = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let expires_at = r.opt_i64(GrantCol::expires_at)?.map(Timestamp::from_micros);
+        let expired_at = r.opt_i64(GrantCol::expired_at)?.map(Timestamp::from_micros);
+        let remaining = Credits::new(r.i64(GrantCol::remaining)?);
+        let state = if expired_at.is_some() || expires_at.is_some_and(|at| at <= now) {
+            GrantState::Expired
+        } else if remaining == Credits::ZERO {
+            GrantState::Used
+        } else {
+            GrantState::Active
+        };
+        let grant = Grant {
+            id: r.text(GrantCol::source_id)?,
+            origin: r.text(GrantCol::origin)?,
+            amount: Credits::new(r.i64(GrantCol::amount)?),
+            // What a grant past its instant still holds is no longer the account's to spend.
+            remaining: if state == GrantState::Expired { Credits::ZERO } else { remaining },
+            priority: r.i64(GrantCol::priority)?,
+            expires_at,
+            expired_at,
+            state,
+            created_at: Timestamp::from_micros(r.i64(GrantCol::created_at)?),
+        };
+        keyed.push((r.i64(GrantCol::key)?, grant));
+    }
+    let next = next_after(&keyed, limit, |(k, _)| *k);
+    Ok(Paged { rows: keyed.into_iter().map(|(_, g)| g).collect(), next_after: next })
+}
+
+columns! {
+    /// A part of a movement and the source that paid it.
+    AllocationCol {
+        grant_id = "g.source_id", origin = "g.origin", kind = "a.kind", job_id = "a.job_id",
+        item_id = "a.item_id", taken = "a.taken", given_back = "a.given_back",
+    }
+}
+
+/// Which sources of credit paid for a job's items, in the order they were taken.
+pub(crate) async fn job_allocations(db: &mut Db<'_>, job: &str) -> Result<Vec<Allocation>, StoreError> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM allocations a LEFT JOIN grants g ON g.key = a.grant_key WHERE a.job_id = $1 ORDER BY a.id",
+            AllocationCol::LIST
+        )
+    });
+    let rows = db.all(&SQL, args![job]).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Allocation {
+                grant_id: r.opt_text(AllocationCol::grant_id)?,
+                origin: r.opt_text(AllocationCol::origin)?,
+                kind: r.text(AllocationCol::kind)?,
+                job_id: r.opt_text(AllocationCol::job_id)?,
+                item_id: r.opt_text(AllocationCol::item_id)?,
+                taken: Credits::new(r.i64(AllocationCol::taken)?),
+                given_back: Credits::new(r.i64(AllocationCol::given_back)?),
+            })
+        })
+        .collect()
+}
+
+columns! {
+    /// An account with a grant due.
+    DueAccountCol { id, next_expiry }
+}
+
+/// Accounts with a grant due at `now`, soonest first: `(next_expiry, id)`.
+pub(crate) async fn accounts_due(db: &mut Db<'_>, now: Timestamp, limit: u32) -> Result<Vec<String>, StoreError> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {} FROM accounts WHERE next_expiry <= $1 ORDER BY next_expiry LIMIT $2", DueAccountCol::LIST)
+    });
+    let rows = db.all(&SQL, args![now.micros(), page_limit(limit)]).await?;
+    rows.iter().map(|r| r.text(DueAccountCol::id)).collect()
 }

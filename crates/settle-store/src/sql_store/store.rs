@@ -97,6 +97,7 @@ impl Store for SqlStore {
             return Err(StoreError::invalid("a grant's amount must be greater than zero"));
         }
         check_text("reason", req.reason.as_deref(), false)?;
+        let terms = ops::grant_terms(req.expires_at, req.priority)?;
         let (account, actor) = (account.clone(), actor.to_owned());
         let out = self
             .write_alone(op!([account, req, actor] | db, cx | {
@@ -108,6 +109,7 @@ impl Store for SqlStore {
                     req.id.as_str(),
                     req.amount,
                     req.reason.as_deref(),
+                    terms,
                 )
                 .await?;
                 if !out.replayed {
@@ -142,6 +144,7 @@ impl Store for SqlStore {
                     req.id.as_str(),
                     req.amount,
                     Some(&req.reason),
+                    ops::grants::Terms::default(),
                 )
                 .await?;
                 if !out.replayed {
@@ -160,6 +163,23 @@ impl Store for SqlStore {
     async fn ledger(&self, account: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
         let account = account.clone();
         self.read(op!([account] | db, _cx | reads::ledger(db, &account, page).await)).await
+    }
+
+    async fn grants(&self, account: &AccountId, page: Page) -> Result<Paged<Grant>, StoreError> {
+        let account = account.clone();
+        self.read(op!([account] | db, cx | reads::grants(db, &account, cx.now, page).await)).await
+    }
+
+    async fn allocations(&self, job: &JobId) -> Result<Vec<Allocation>, StoreError> {
+        let job = job.clone();
+        self.read(op!(
+            [job] | db,
+            _cx | {
+                ops::must_read_job(db, _cx, job.as_str()).await?;
+                reads::job_allocations(db, job.as_str()).await
+            }
+        ))
+        .await
     }
 
     async fn create_job(&self, req: NewJob) -> Result<Created<Job>, StoreError> {
@@ -380,6 +400,31 @@ impl Store for SqlStore {
         self.work_due();
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
+    }
+
+    async fn expire_grants(&self, limit: u32) -> Result<Vec<String>, StoreError> {
+        let now = self.env.clock.now();
+        let due = self.read(op!([] | db, _cx | reads::accounts_due(db, now, limit).await)).await?;
+        let mut expired = Vec::new();
+        for id in due {
+            let account = id.clone();
+            match self
+                .write_to(
+                    Route::Account(&id),
+                    op!([account] | db, cx | ops::grants::expire_due(db, cx, &account, false).await),
+                )
+                .await
+            {
+                Ok(0) => {}
+                Ok(_) => expired.push(id),
+                Err(e @ (StoreError::InjectedCrash(_) | StoreError::Unavailable(_))) => return Err(e),
+                // One account that fails every time must not stop the expiry of those behind it.
+                Err(e) => {
+                    tracing::error!(account = %id, error = %e, "grant expiry failed; continuing with the next account")
+                }
+            }
+        }
+        Ok(expired)
     }
 
     async fn rescue_expired_leases(&self, limit: u32) -> Result<Vec<String>, StoreError> {

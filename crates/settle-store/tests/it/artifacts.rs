@@ -195,7 +195,13 @@ async fn a_teardown_deletes_artifacts_in_the_store_they_were_registered_in() {
         .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
         .await
         .unwrap();
-    let grant = NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(20), reason: None };
+    let grant = NewGrant {
+        id: RefId::parse("g").unwrap(),
+        amount: Credits::new(20),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
     first.grant(&a, grant, settle_store::SYSTEM_ACTOR).await.unwrap();
     let mut tokens = Vec::new();
     for j in ["j1", "j2"] {

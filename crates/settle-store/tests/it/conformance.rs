@@ -1,6 +1,6 @@
 //! The conformance suite: every check is written once against the `Store` trait (plus the kit's
 //! clock and raw-SQL door) and instantiated for every engine by `conformance!`.
-//! Each check ends with `assert_clean` — the audit (L1–L4, gap-free sequences) after every scenario.
+//! Each check ends with `assert_clean` — the audit (L1–L5, gap-free sequences) after every scenario.
 
 use crate::kit::*;
 use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
@@ -115,7 +115,13 @@ async fn account_create_is_idempotent_by_id(k: &Kit) {
 
 async fn grant_validates_and_replays(k: &Kit) {
     let a = k.account("a", 0).await;
-    let g = NewGrant { id: RefId::parse("g1").unwrap(), amount: Credits::new(100), reason: Some("welcome".into()) };
+    let g = NewGrant {
+        id: RefId::parse("g1").unwrap(),
+        amount: Credits::new(100),
+        reason: Some("welcome".into()),
+        expires_at: None,
+        priority: None,
+    };
     let first = k.store.grant(&a, g.clone(), settle_store::SYSTEM_ACTOR).await.unwrap();
     assert!(!first.replayed);
     assert_eq!((first.value.amount.get(), first.value.balance_after.get()), (100, 100));
@@ -130,7 +136,13 @@ async fn grant_validates_and_replays(k: &Kit) {
             .store
             .grant(
                 &a,
-                NewGrant { id: RefId::parse("g2").unwrap(), amount: Credits::new(bad), reason: None },
+                NewGrant {
+                    id: RefId::parse("g2").unwrap(),
+                    amount: Credits::new(bad),
+                    reason: None,
+                    expires_at: None,
+                    priority: None,
+                },
                 settle_store::SYSTEM_ACTOR,
             )
             .await;
@@ -157,6 +169,8 @@ async fn grant_overflow_writes_nothing(k: &Kit) {
                     id: RefId::parse(&format!("big{amount}")).unwrap(),
                     amount: Credits::new(amount),
                     reason: None,
+                    expires_at: None,
+                    priority: None,
                 },
                 settle_store::SYSTEM_ACTOR,
             )
@@ -283,7 +297,13 @@ async fn insufficient_credits_write_nothing(k: &Kit) {
     k.store
         .grant(
             &a,
-            NewGrant { id: RefId::parse("more").unwrap(), amount: Credits::new(10), reason: None },
+            NewGrant {
+                id: RefId::parse("more").unwrap(),
+                amount: Credits::new(10),
+                reason: None,
+                expires_at: None,
+                priority: None,
+            },
             settle_store::SYSTEM_ACTOR,
         )
         .await
@@ -1248,7 +1268,13 @@ async fn reclaims_can_never_overflow(k: &Kit) {
     k.store
         .grant(
             &a,
-            NewGrant { id: RefId::parse("g").unwrap(), amount: Credits::new(5), reason: None },
+            NewGrant {
+                id: RefId::parse("g").unwrap(),
+                amount: Credits::new(5),
+                reason: None,
+                expires_at: None,
+                priority: None,
+            },
             settle_store::SYSTEM_ACTOR,
         )
         .await
@@ -1267,7 +1293,13 @@ async fn refunds_can_never_overflow(k: &Kit) {
         .unwrap();
     let mut tokens = Vec::new();
     for i in 0..4 {
-        let g = NewGrant { id: RefId::parse(&format!("g{i}")).unwrap(), amount: Credits::new(big), reason: None };
+        let g = NewGrant {
+            id: RefId::parse(&format!("g{i}")).unwrap(),
+            amount: Credits::new(big),
+            reason: None,
+            expires_at: None,
+            priority: None,
+        };
         let granted = k.store.grant(&a, g, settle_store::SYSTEM_ACTOR).await;
         // Only the first grant fits: the outstanding charge may still come back as a refund.
         assert_eq!(granted.is_ok(), i == 0, "grant {i}: {granted:?}");
@@ -1285,7 +1317,13 @@ async fn refunds_can_never_overflow(k: &Kit) {
     assert_state(&j, JobState::Dead);
     assert_eq!(k.balance(&a).await, big);
     // With nothing held, the balance is what bounds a grant.
-    let g = NewGrant { id: RefId::parse("g-more").unwrap(), amount: Credits::new(1), reason: None };
+    let g = NewGrant {
+        id: RefId::parse("g-more").unwrap(),
+        amount: Credits::new(1),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
     assert!(matches!(k.store.grant(&a, g, settle_store::SYSTEM_ACTOR).await, Err(StoreError::Overflow)));
     // A positive adjustment is bounded the same way; a negative one frees room.
     let adj = |id: &str, amount: i64| NewAdjustment {

@@ -114,7 +114,13 @@ impl Runner<'_> {
             Step::Grant(a, n) => s
                 .grant(
                     &acc(a),
-                    NewGrant { id: RefId::parse("g1").unwrap(), amount: Credits::new(*n), reason: None },
+                    NewGrant {
+                        id: RefId::parse("g1").unwrap(),
+                        amount: Credits::new(*n),
+                        reason: None,
+                        expires_at: None,
+                        priority: None,
+                    },
                     settle_store::SYSTEM_ACTOR,
                 )
                 .await

@@ -153,6 +153,8 @@ impl Kit {
                         id: RefId::parse(&format!("g-{id}")).unwrap(),
                         amount: Credits::new(grant),
                         reason: None,
+                        expires_at: None,
+                        priority: None,
                     },
                     settle_store::SYSTEM_ACTOR,
                 )

@@ -6,6 +6,7 @@ mod artifacts;
 mod conformance;
 mod crash;
 mod feed;
+mod grants;
 mod held;
 mod identity;
 mod kit;

@@ -337,6 +337,8 @@ async fn overdraft_boundary(engine: EngineKind) {
         id: settle_core::ids::RefId::parse("g").unwrap(),
         amount: settle_core::Credits::new(100),
         reason: None,
+        expires_at: None,
+        priority: None,
     };
     k.store.grant(&a, grant, settle_store::SYSTEM_ACTOR).await.unwrap();
     let mut handles = Vec::new();

@@ -34,6 +34,9 @@ per_engine!(
     positions_out_of_seq_order_are_a_step_back,
     a_deleted_event_is_a_gap_in_the_outbox,
     a_wrong_balance_is_l1,
+    a_grant_with_more_left_than_it_gave_is_l5,
+    an_allocation_that_took_less_is_l5,
+    a_debt_nobody_owes_is_l5,
     a_wrong_exposure_is_l1,
     a_wrong_held_is_l1,
     a_second_charge_is_l4,
@@ -78,6 +81,16 @@ async fn only(k: &Kit, invariant: &str, says: &str) {
     assert!(found[0].1.contains(says), "{found:#?}");
 }
 
+/// The audit finds exactly these violations, in this order: (invariant, part of its message).
+async fn exactly(k: &Kit, want: &[(&str, &str)]) {
+    let found = found(k).await;
+    assert_eq!(found.len(), want.len(), "{found:#?}");
+    for ((inv, says), (got, message)) in want.iter().zip(&found) {
+        assert_eq!(inv, got, "{found:#?}");
+        assert!(message.contains(says), "{found:#?}");
+    }
+}
+
 async fn tamper(k: &Kit, sql: &str) {
     // Every event committed so far numbered first (PostgreSQL numbers them after their commit),
     // so the rows tampered with are the ones the audit reads.
@@ -115,7 +128,15 @@ async fn a_deleted_entry_is_a_gap_in_the_sequence(k: &Kit) {
         drop_ledger_guards(k)
     );
     tamper(k, &sql).await;
-    only(k, "SEQ", "counts 1 entries but its chain ends at 0").await;
+    // The balance covered up no longer matches what b's grant holds (L5).
+    exactly(
+        k,
+        &[
+            ("SEQ", "counts 1 entries but its chain ends at 0"),
+            ("L5", "live grants hold 5, debt 0, but the balance is 0"),
+        ],
+    )
+    .await;
 }
 
 async fn a_deleted_entry_inside_a_chain_is_a_gap_in_its_positions(k: &Kit) {
@@ -151,7 +172,40 @@ async fn a_deleted_event_is_a_gap_in_the_outbox(k: &Kit) {
 async fn a_wrong_balance_is_l1(k: &Kit) {
     scenario(k).await;
     tamper(k, "UPDATE accounts SET balance = balance + 1 WHERE id = 'a'").await;
-    only(k, "L1", "balance 94 but entries sum to 93").await;
+    exactly(
+        k,
+        &[("L1", "balance 94 but entries sum to 93"), ("L5", "live grants hold 93, debt 0, but the balance is 94")],
+    )
+    .await;
+}
+
+async fn a_grant_with_more_left_than_it_gave_is_l5(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE grants SET remaining = remaining + 1 WHERE source_id = 'g-a'").await;
+    exactly(
+        k,
+        &[
+            ("L5", "grant g-a: amount 100 + returned 10 ≠ consumed 17 + expired 0 + remaining 94"),
+            ("L5", "live grants hold 94, debt 0, but the balance is 93"),
+        ],
+    )
+    .await;
+}
+
+async fn an_allocation_that_took_less_is_l5(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE allocations SET taken = taken - 1 WHERE job_id = 'k'").await;
+    only(k, "L5", "grant g-a: amount 100 + returned 10 ≠ consumed 16 + expired 0 + remaining 93").await;
+}
+
+async fn a_debt_nobody_owes_is_l5(k: &Kit) {
+    scenario(k).await;
+    tamper(k, "UPDATE accounts SET debt = 3 WHERE id = 'b'").await;
+    exactly(
+        k,
+        &[("L5", "live grants hold 5, debt 3, but the balance is 5"), ("L5", "debt 3 but its unpaid debt parts are 0")],
+    )
+    .await;
 }
 
 async fn a_wrong_exposure_is_l1(k: &Kit) {

@@ -3,6 +3,8 @@
 //! an attempt that closed before the upgrade is refused, never replayed (decision 0019).
 
 use crate::kit::*;
+use settle_core::Credits;
+use settle_core::ids::{AccountId, RefId};
 use settle_store::*;
 
 async fn from_before_migration_14(engine: EngineKind) {
@@ -49,6 +51,11 @@ async fn postgres_a_database_from_before_migration_14_opens_and_verifies() {
     from_before_migration_14(EngineKind::Postgres).await;
 }
 
+/// Takes a database back to before migration 0017 (grants, decision 0023).
+pub(crate) const UNDO_17: &str = "DROP TABLE allocations; DROP TABLE grants; DROP INDEX accounts_next_expiry; \
+     ALTER TABLE accounts DROP COLUMN next_expiry; ALTER TABLE accounts DROP COLUMN debt; \
+     ALTER TABLE accounts RENAME COLUMN last_account_seq TO entries; DELETE FROM _sqlx_migrations WHERE version = 17";
+
 /// Every entry of `account`, in `seq` order.
 async fn all_entries(store: &SqlStore, account: &settle_core::ids::AccountId) -> Vec<LedgerEntry> {
     let page = Page { after: 0, limit: 1000 };
@@ -70,6 +77,7 @@ async fn from_before_migration_15(engine: EngineKind) {
     let events_before = k.event_types().await.len();
     // The previous release's schema: migration 0015's columns, tables and record gone; the ledger
     // counter where that release kept it.
+    k.raw_script(UNDO_17).await.unwrap();
     let back = if k.is_sqlite() {
         "ALTER TABLE items DROP COLUMN hold; DELETE FROM _sqlx_migrations WHERE version = 16; \
          DROP TRIGGER ledger_entries_account_seq; DROP INDEX ledger_entries_account_seq; \
@@ -188,4 +196,68 @@ async fn sqlite_a_database_from_before_migration_16_opens_and_continues_its_chai
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_database_from_before_migration_16_opens_and_continues_its_chains() {
     from_before_migration_16(EngineKind::Postgres).await;
+}
+
+/// A database made by the release before migration 0017 (grants, decision 0023) opens with this
+/// one, on both engines: each account's balance and what it could still get back become its opening
+/// grant (an overdrawn account's debt a debt part), L1–L5 hold, a refund of a charge made before the
+/// upgrade goes back to the opening grant, and a new grant pays the old debt first.
+async fn from_before_migration_17(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 100).await;
+    k.items_job("ja", &a, &[10, 20]).await;
+    let b = acc("b");
+    k.store
+        .create_account(NewAccount { id: b.clone(), overdraft_limit: Credits::new(50) }, SYSTEM_ACTOR)
+        .await
+        .unwrap();
+    k.job("jb", &b, 30).await;
+    k.raw_script(UNDO_17).await.unwrap();
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+    let grants = |account: AccountId| {
+        let store = &store;
+        async move {
+            let rows = store.grants(&account, Page { after: 0, limit: 100 }).await.unwrap().rows;
+            rows.into_iter().map(|g| (g.id, g.origin, g.amount.get(), g.remaining.get())).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(grants(a.clone()).await, [("a".to_owned(), "opening".to_owned(), 100, 70)]);
+    // b spent 30 on the overdraft: its charge may still come back (the opening grant holds it), and
+    // its -30 is debt.
+    assert_eq!(grants(b.clone()).await, [("b".to_owned(), "opening".to_owned(), 30, 0)]);
+    // A refund of a charge made before the upgrade goes back to the opening grant.
+    let claimed = store.claim(claim_req("w", 1)).await.unwrap();
+    store.fail(&jid("ja"), fail_sig(&claimed[0].lease_token, "BAD_INPUT")).await.unwrap();
+    assert_eq!(grants(a.clone()).await, [("a".to_owned(), "opening".to_owned(), 100, 100)]);
+    // The old debt is paid by b's next grant.
+    let g = NewGrant {
+        id: RefId::parse("gb").unwrap(),
+        amount: Credits::new(50),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
+    store.grant(&b, g, SYSTEM_ACTOR).await.unwrap();
+    assert_eq!(
+        grants(b.clone()).await,
+        [("b".to_owned(), "opening".to_owned(), 30, 0), ("gb".to_owned(), "grant".to_owned(), 50, 20)]
+    );
+    assert_eq!(store.account(&b).await.unwrap().balance.get(), 20);
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_database_from_before_migration_17_opens_with_opening_grants() {
+    from_before_migration_17(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_database_from_before_migration_17_opens_with_opening_grants() {
+    from_before_migration_17(EngineKind::Postgres).await;
 }

@@ -1,5 +1,5 @@
 //! Withdrawals, written once against the `Store` and `Payouts` traits and run on both engines like
-//! the conformance suite (its `conformance!` macro); each check ends with the audit (L1–L4, including
+//! the conformance suite (its `conformance!` macro); each check ends with the audit (L1–L5, including
 //! `payout_return`).
 
 use crate::kit::*;
@@ -400,7 +400,13 @@ async fn payout_returns_can_never_overflow(k: &Kit) {
     k.store.payouts().payout_succeeded(&jid("w"), Some(&t), "tx", false).await.unwrap();
     assert_eq!(k.balance(&a).await, 0);
     // The paid amount may still come back: a grant that would not fit beside it is refused.
-    let g = NewGrant { id: RefId::parse("g2").unwrap(), amount: Credits::new(big), reason: None };
+    let g = NewGrant {
+        id: RefId::parse("g2").unwrap(),
+        amount: Credits::new(big),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
     assert!(matches!(k.store.grant(&a, g, settle_store::SYSTEM_ACTOR).await, Err(StoreError::Overflow)));
     let back =
         k.store.payouts().payout_returned(&jid("w"), ReturnSource::Admin, settle_store::SYSTEM_ACTOR).await.unwrap();
@@ -426,7 +432,13 @@ async fn withdrawals_never_draw_on_the_overdraft(k: &Kit) {
     k.store
         .grant(
             &a,
-            NewGrant { id: RefId::parse("g-od").unwrap(), amount: Credits::new(700), reason: None },
+            NewGrant {
+                id: RefId::parse("g-od").unwrap(),
+                amount: Credits::new(700),
+                reason: None,
+                expires_at: None,
+                priority: None,
+            },
             settle_store::SYSTEM_ACTOR,
         )
         .await

@@ -1,0 +1,638 @@
+//! Which source of credit paid for each movement (docs/decisions/0023): grants burned down in order,
+//! every return back to where it came from, debt, and expiry.
+//!
+//! Everything here runs inside `ledger::post`, after the posting's guarded balance UPDATE: that
+//! UPDATE holds the account row (PostgreSQL) or the single writer holds everything (SQLite), so no
+//! other transaction moves this account's grants, allocations or debt meanwhile. The lock order is
+//! job → account → grants everywhere; the expiry takes the account row first too.
+
+use super::{Cx, Line, emit, guard_hit};
+use crate::db::{Db, Engine, Value, args, columns};
+use crate::error::StoreError;
+use settle_core::Timestamp;
+use settle_core::history::EventKind;
+use settle_core::ledger::EntryKind;
+use std::sync::LazyLock;
+
+/// `expiry_key` of a grant that never expires, and `next_expiry` of an account with none due.
+pub(crate) const NEVER: i64 = i64::MAX;
+/// Priority of a grant that names none, of adjustments and of opening balances.
+pub(crate) const PRIORITY_DEFAULT: i64 = 50;
+/// How many grants one read of the burn-down order takes.
+const HEAD_ROWS: i64 = 16;
+
+/// Where a new source of credit comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    Grant,
+    Adjustment,
+}
+
+impl Origin {
+    const fn as_str(self) -> &'static str {
+        match self {
+            Origin::Grant => "grant",
+            Origin::Adjustment => "adjustment",
+        }
+    }
+}
+
+/// A grant's terms: its priority and when it expires (never, for `None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Terms {
+    pub priority: i64,
+    pub expires_at: Option<Timestamp>,
+}
+
+impl Default for Terms {
+    fn default() -> Terms {
+        Terms { priority: PRIORITY_DEFAULT, expires_at: None }
+    }
+}
+
+columns! {
+    /// One grant at the head of the burn-down order.
+    HeadCol { key, remaining, priority, expiry_key }
+}
+
+columns! {
+    /// A movement's part still open: what may be given back, to which grant (none: debt), and for
+    /// a debt part what later credit has paid of it.
+    PartCol { id, grant_key, item_id, open = "taken - given_back", settled }
+}
+
+columns! {
+    /// A debt part not yet paid.
+    UnpaidCol { id, unpaid = "taken - given_back - settled" }
+}
+
+columns! {
+    /// A due grant.
+    DueCol { key, source_id, remaining, expires_at }
+}
+
+columns! {
+    /// A grant's id, for the ref of an expiry.
+    SourceCol { source_id }
+}
+
+columns! {
+    /// The account's soonest unexpired grant.
+    NextCol { next = "MIN(expiry_key)" }
+}
+
+columns! {
+    /// The account row as the expiry locks it.
+    LockCol { next_expiry, last_account_seq }
+}
+
+static HEAD: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM grants WHERE account_id = $1 AND remaining > 0 AND expired_at IS NULL \
+         AND (priority, expiry_key, key) > ($2, $3, $4) ORDER BY priority, expiry_key, key LIMIT $5",
+        HeadCol::LIST
+    )
+});
+// A withdrawal's: only credit that never expires is cash (docs/decisions/0023).
+static CASH_HEAD: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM grants WHERE account_id = $1 AND remaining > 0 AND expired_at IS NULL \
+         AND (priority, expiry_key, key) > ($2, $3, $4) AND expiry_key = 9223372036854775807 \
+         ORDER BY priority, expiry_key, key LIMIT $5",
+        HeadCol::LIST
+    )
+});
+static UNPAID: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM allocations WHERE account_id = $1 AND grant_key IS NULL AND given_back + settled < taken \
+         ORDER BY id LIMIT $2",
+        UnpaidCol::LIST
+    )
+});
+static SETTLEMENTS_OF: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM allocations WHERE paid_part = $1 AND given_back < taken ORDER BY id DESC", PartCol::LIST)
+});
+static OPEN_PARTS: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM allocations WHERE job_id = $1 AND given_back < taken ORDER BY id DESC", PartCol::LIST)
+});
+static DUE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM grants WHERE account_id = $1 AND expired_at IS NULL AND expiry_key <= $2 ORDER BY expiry_key, key",
+        DueCol::LIST
+    )
+});
+static SOURCE: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM grants WHERE key = $1", SourceCol::LIST));
+static NEXT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM grants WHERE account_id = $1 AND expired_at IS NULL", NextCol::LIST));
+static LOCK_ACCOUNT_PG: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1 FOR UPDATE", LockCol::LIST));
+static READ_ACCOUNT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", LockCol::LIST));
+
+const TAKE: &str =
+    "UPDATE grants SET remaining = remaining - $2 WHERE key = $1 AND remaining >= $2 AND expired_at IS NULL";
+const RETURN_LIVE: &str = "UPDATE grants SET remaining = remaining + $2 WHERE key = $1 AND expired_at IS NULL";
+const GIVE_BACK: &str =
+    "UPDATE allocations SET given_back = given_back + $2 WHERE id = $1 AND given_back + $2 <= taken";
+const EXPIRE: &str = "UPDATE grants SET expired_at = $2, expired_seq = $4, remaining = 0 \
+     WHERE key = $1 AND expired_at IS NULL AND remaining = $3";
+const SETTLE: &str = "UPDATE allocations SET settled = settled + $2 WHERE id = $1 AND grant_key IS NULL \
+     AND given_back + settled + $2 <= taken";
+// A debt part given back: what it returns beyond its unpaid rest un-pays it ($3), as its
+// settlements are given back to the grants that paid them.
+const GIVE_BACK_DEBT: &str = "UPDATE allocations SET given_back = given_back + $2, settled = settled - $3 \
+     WHERE id = $1 AND grant_key IS NULL AND settled >= $3 AND given_back + $2 + settled - $3 <= taken";
+const SET_DEBT: &str = "UPDATE accounts SET debt = $2 WHERE id = $1";
+const SET_NEXT_EXPIRY: &str = "UPDATE accounts SET next_expiry = $2 WHERE id = $1";
+const INSERT_ALLOCATION: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
+     account_seq, taken, paid_part, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const INSERT_ALLOCATIONS_PG: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
+     account_seq, taken, paid_part, created_at) SELECT $1, g, k, j, i, r, s, t, p, $2 FROM unnest($3::bigint[], \
+     $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[]) \
+     AS a(g, k, j, i, r, s, t, p)";
+const INSERT_GRANT: &str = "INSERT INTO grants (account_id, origin, source_id, amount, priority, expires_at, \
+     expiry_key, remaining, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING key";
+
+columns! {
+    /// A new grant's key.
+    KeyCol { key }
+}
+
+fn add(a: i64, b: i64) -> Result<i64, StoreError> {
+    a.checked_add(b).ok_or(StoreError::Overflow)
+}
+
+fn sub(a: i64, b: i64) -> Result<i64, StoreError> {
+    a.checked_sub(b).ok_or(StoreError::Overflow)
+}
+
+/// One allocation row to insert.
+struct Part<'a> {
+    grant_key: Option<i64>,
+    kind: &'static str,
+    job_id: Option<&'a str>,
+    item_id: Option<&'a str>,
+    ref_id: Option<&'a str>,
+    account_seq: i64,
+    taken: i64,
+    /// A settlement's debt part.
+    paid_part: Option<i64>,
+}
+
+/// A part of a return that landed on a grant already expired: expired again at once.
+struct Reexpiry {
+    grant_key: i64,
+    amount: i64,
+}
+
+/// The account as a posting leaves it, for the grants: what it owes, and what must expire at once.
+pub(crate) struct Books<'a> {
+    account_id: &'a str,
+    debt: i64,
+    debt_read: i64,
+    reexpiries: Vec<Reexpiry>,
+}
+
+impl<'a> Books<'a> {
+    pub fn new(account_id: &'a str, debt: i64) -> Books<'a> {
+        Books { account_id, debt, debt_read: debt, reexpiries: Vec::new() }
+    }
+}
+
+/// The grants' side of one posting: `lines`, numbered from `first_account_seq`. Debits take in
+/// burn-down order; returns go back to their parts; new credit pays debt first and becomes a grant
+/// (`terms` for a grant line). Returns the expire lines owed for parts returned to expired grants,
+/// with their refs, for the caller to post right after.
+pub(crate) async fn account_for(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    books: &mut Books<'_>,
+    lines: &[Line<'_>],
+    first_account_seq: i64,
+    terms: Terms,
+    cash: bool,
+) -> Result<(), StoreError> {
+    let mut takes: Vec<(&Line<'_>, i64)> = Vec::new();
+    let mut returns: Vec<&Line<'_>> = Vec::new();
+    for (line, account_seq) in lines.iter().zip(first_account_seq..) {
+        let amount = line.amount.get();
+        match line.kind {
+            EntryKind::Charge | EntryKind::Reclaim => takes.push((line, account_seq)),
+            EntryKind::Adjustment if amount < 0 => takes.push((line, account_seq)),
+            EntryKind::Refund | EntryKind::Release | EntryKind::PayoutReturn => returns.push(line),
+            EntryKind::Grant => open(db, cx, books, Origin::Grant, line, account_seq, terms).await?,
+            EntryKind::Adjustment => {
+                open(db, cx, books, Origin::Adjustment, line, account_seq, Terms::default()).await?
+            }
+            // Written by the expiry itself, which moves its grants.
+            EntryKind::Expire => {}
+        }
+    }
+    if !takes.is_empty() {
+        take(db, cx, books, &takes, cash).await?;
+    }
+    if !returns.is_empty() {
+        give_back(db, books, &returns).await?;
+    }
+    Ok(())
+}
+
+/// Writes what the posting changed on the account row (its debt).
+pub(crate) async fn close(db: &mut Db<'_>, books: &Books<'_>) -> Result<(), StoreError> {
+    if books.debt != books.debt_read {
+        let rows = db.exec(SET_DEBT, args![books.account_id, books.debt]).await?;
+        guard_hit(rows, "account debt")?;
+    }
+    Ok(())
+}
+
+/// The expire lines owed by returns to expired grants, with the grants' ids for their refs
+/// (`{grant}#{account_seq}`, numbered from `first_account_seq`).
+pub(crate) async fn reexpiry_refs(
+    db: &mut Db<'_>,
+    books: &mut Books<'_>,
+    first_account_seq: i64,
+) -> Result<Vec<(String, String, i64)>, StoreError> {
+    let mut out = Vec::with_capacity(books.reexpiries.len());
+    for (r, account_seq) in books.reexpiries.drain(..).zip(first_account_seq..) {
+        let source = db.one(&SOURCE, args![r.grant_key]).await?.text(SourceCol::source_id)?;
+        out.push((format!("{source}#{account_seq}"), source, r.amount));
+    }
+    Ok(out)
+}
+
+/// A new grant or positive adjustment: pays the account's debt first — its unpaid debt parts,
+/// oldest first, each settlement naming the part it paid — and the rest is its remaining.
+async fn open(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    books: &mut Books<'_>,
+    origin: Origin,
+    line: &Line<'_>,
+    account_seq: i64,
+    terms: Terms,
+) -> Result<(), StoreError> {
+    let amount = line.amount.get();
+    let source = line.ref_id.ok_or_else(|| StoreError::internal("a grant line without its id"))?;
+    let settling = amount.min(books.debt);
+    let expires_at = terms.expires_at.map(Timestamp::micros);
+    let row = db
+        .one(
+            INSERT_GRANT,
+            args![
+                books.account_id,
+                origin.as_str(),
+                source,
+                amount,
+                terms.priority,
+                expires_at,
+                expires_at.unwrap_or(NEVER),
+                sub(amount, settling)?,
+                cx.now.micros()
+            ],
+        )
+        .await?;
+    let key = row.i64(KeyCol::key)?;
+    let mut rest = settling;
+    let mut parts = Vec::new();
+    while rest > 0 {
+        let rows = db.all(&UNPAID, args![books.account_id, HEAD_ROWS]).await?;
+        if rows.is_empty() {
+            return Err(StoreError::internal(format!(
+                "account {} owes {rest} more than its debt parts",
+                books.account_id
+            )));
+        }
+        for r in &rows {
+            let (id, unpaid) = (r.i64(UnpaidCol::id)?, r.i64(UnpaidCol::unpaid)?);
+            let x = rest.min(unpaid);
+            guard_hit(db.exec(SETTLE, args![id, x]).await?, "debt settlement")?;
+            parts.push(Part {
+                grant_key: Some(key),
+                kind: "settle_debt",
+                job_id: None,
+                item_id: None,
+                ref_id: Some(source),
+                account_seq,
+                taken: x,
+                paid_part: Some(id),
+            });
+            rest -= x;
+            if rest == 0 {
+                break;
+            }
+        }
+    }
+    books.debt = sub(books.debt, settling)?;
+    insert_parts(db, cx, books.account_id, &parts).await?;
+    if let Some(at) = expires_at {
+        // The account row is held: the soonest expiry moves only under it.
+        let current = db.one(&READ_ACCOUNT, args![books.account_id]).await?.i64(LockCol::next_expiry)?;
+        if at < current {
+            let rows = db.exec(SET_NEXT_EXPIRY, args![books.account_id, at]).await?;
+            guard_hit(rows, "account next expiry")?;
+        }
+    }
+    Ok(())
+}
+
+/// Takes the debits of one posting from the live grants in burn-down order (priority, soonest
+/// expiry, oldest), reading the head of the order a few grants at a time; what no grant covers is
+/// debt. Each grant is updated once, and each line records what paid for it.
+/// A withdrawal (`cash`) takes only from grants that never expire and never goes into debt: cash
+/// leaves only from credit that was never promotional (docs/decisions/0023).
+async fn take(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    books: &mut Books<'_>,
+    takes: &[(&Line<'_>, i64)],
+    cash: bool,
+) -> Result<(), StoreError> {
+    let head: &'static str = if cash { &CASH_HEAD } else { &HEAD };
+    // (key, what it had, what this posting takes from it)
+    let mut grants: Vec<(i64, i64, i64)> = Vec::new();
+    let mut cursor = (-1_i64, i64::MIN, i64::MIN);
+    let mut exhausted = false;
+    let mut at = 0usize;
+    let mut parts: Vec<Part<'_>> = Vec::new();
+    for (line, account_seq) in takes {
+        let mut need = line.amount.get().checked_neg().ok_or(StoreError::Overflow)?;
+        let kind = match line.kind {
+            EntryKind::Charge => "charge",
+            EntryKind::Reclaim => "reclaim",
+            _ => "adjustment",
+        };
+        while need > 0 {
+            if at == grants.len() {
+                if exhausted {
+                    break;
+                }
+                let rows = db.all(head, args![books.account_id, cursor.0, cursor.1, cursor.2, HEAD_ROWS]).await?;
+                exhausted = (rows.len() as i64) < HEAD_ROWS;
+                for r in &rows {
+                    let key = r.i64(HeadCol::key)?;
+                    grants.push((key, r.i64(HeadCol::remaining)?, 0));
+                    cursor = (r.i64(HeadCol::priority)?, r.i64(HeadCol::expiry_key)?, key);
+                }
+                if rows.is_empty() {
+                    break;
+                }
+            }
+            let (key, had, taken) = &mut grants[at];
+            let t = need.min(*had - *taken);
+            *taken += t;
+            need -= t;
+            parts.push(Part {
+                grant_key: Some(*key),
+                kind,
+                job_id: line.job_id,
+                item_id: line.item_id,
+                ref_id: line.ref_id,
+                account_seq: *account_seq,
+                taken: t,
+                paid_part: None,
+            });
+            if *taken == *had {
+                at += 1;
+            }
+        }
+        if need > 0 && cash {
+            let asked = line.amount.get().checked_neg().ok_or(StoreError::Overflow)?;
+            return Err(StoreError::InsufficientCash { available: sub(asked, need)?, needed: asked });
+        }
+        if need > 0 {
+            books.debt = add(books.debt, need)?;
+            parts.push(Part {
+                grant_key: None,
+                kind,
+                job_id: line.job_id,
+                item_id: line.item_id,
+                ref_id: line.ref_id,
+                account_seq: *account_seq,
+                taken: need,
+                paid_part: None,
+            });
+        }
+    }
+    for (key, _, taken) in grants.iter().filter(|g| g.2 > 0) {
+        let rows = db.exec(TAKE, args![*key, *taken]).await?;
+        guard_hit(rows, "grant burn-down")?;
+    }
+    insert_parts(db, cx, books.account_id, &parts).await
+}
+
+async fn insert_parts(db: &mut Db<'_>, cx: &Cx, account_id: &str, parts: &[Part<'_>]) -> Result<(), StoreError> {
+    match db.engine() {
+        Engine::Postgres if parts.len() > 1 => {
+            fn owned<'p>(parts: &'p [Part<'p>], f: impl Fn(&'p Part<'p>) -> Option<&'p str>) -> Vec<Option<String>> {
+                parts.iter().map(|p| f(p).map(str::to_owned)).collect()
+            }
+            db.exec(
+                INSERT_ALLOCATIONS_PG,
+                &[
+                    Value::from(account_id),
+                    Value::I64(cx.now.micros()),
+                    Value::OptI64s(parts.iter().map(|p| p.grant_key).collect()),
+                    Value::OptTexts(parts.iter().map(|p| Some(p.kind.to_owned())).collect()),
+                    Value::OptTexts(owned(parts, |p| p.job_id)),
+                    Value::OptTexts(owned(parts, |p| p.item_id)),
+                    Value::OptTexts(owned(parts, |p| p.ref_id)),
+                    Value::I64s(parts.iter().map(|p| p.account_seq).collect()),
+                    Value::I64s(parts.iter().map(|p| p.taken).collect()),
+                    Value::OptI64s(parts.iter().map(|p| p.paid_part).collect()),
+                ],
+            )
+            .await?;
+        }
+        _ => {
+            for p in parts {
+                db.exec(
+                    INSERT_ALLOCATION,
+                    args![
+                        account_id,
+                        p.grant_key,
+                        p.kind,
+                        p.job_id,
+                        p.item_id,
+                        p.ref_id,
+                        p.account_seq,
+                        p.taken,
+                        p.paid_part,
+                        cx.now.micros()
+                    ],
+                )
+                .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An open part of a movement, as read.
+struct Open {
+    id: i64,
+    grant_key: Option<i64>,
+    item_id: Option<String>,
+    open: i64,
+    settled: i64,
+}
+
+fn open_part(r: &crate::db::Row) -> Result<Open, StoreError> {
+    Ok(Open {
+        id: r.i64(PartCol::id)?,
+        grant_key: r.opt_i64(PartCol::grant_key)?,
+        item_id: r.opt_text(PartCol::item_id)?,
+        open: r.i64(PartCol::open)?,
+        settled: r.i64(PartCol::settled)?,
+    })
+}
+
+/// Gives the returns of one posting back to the parts that paid for their items, last taken
+/// first: to a live grant, to an expired one (expired again at once), or to debt. A debt part
+/// lowers the debt by what of it is still unpaid; the rest had been paid by later credit, whose
+/// settlements of this very part are given back to the grants that paid them.
+async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]) -> Result<(), StoreError> {
+    let mut jobs: Vec<&str> = Vec::new();
+    for line in returns {
+        let job = line.job_id.ok_or_else(|| StoreError::internal("a return without its job"))?;
+        if !jobs.contains(&job) {
+            jobs.push(job);
+        }
+    }
+    let mut parts: Vec<(String, Open)> = Vec::new();
+    for job in jobs {
+        for r in db.all(&OPEN_PARTS, args![job]).await? {
+            parts.push((job.to_owned(), open_part(&r)?));
+        }
+    }
+    // (grant key, returned)
+    let mut to_grants: Vec<(i64, i64)> = Vec::new();
+    let mut credit = |key: i64, x: i64| -> Result<(), StoreError> {
+        match to_grants.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, sum)) => *sum = add(*sum, x)?,
+            None => to_grants.push((key, x)),
+        }
+        Ok(())
+    };
+    for line in returns {
+        let (job, item) = (line.job_id.unwrap_or_default(), line.item_id);
+        let mut need = line.amount.get();
+        for (j, part) in parts.iter_mut() {
+            if need == 0 {
+                break;
+            }
+            if j != job || part.item_id.as_deref() != item || part.open == 0 {
+                continue;
+            }
+            let x = need.min(part.open);
+            part.open -= x;
+            need -= x;
+            let Some(key) = part.grant_key else {
+                let unpaid = sub(add(part.open, x)?, part.settled)?;
+                let lowered = x.min(unpaid);
+                let unpay = sub(x, lowered)?;
+                guard_hit(db.exec(GIVE_BACK_DEBT, args![part.id, x, unpay]).await?, "debt give-back")?;
+                part.settled = sub(part.settled, unpay)?;
+                books.debt = sub(books.debt, lowered)?;
+                let mut rest = unpay;
+                if rest > 0 {
+                    for r in db.all(&SETTLEMENTS_OF, args![part.id]).await? {
+                        let settlement = open_part(&r)?;
+                        let y = rest.min(settlement.open);
+                        guard_hit(db.exec(GIVE_BACK, args![settlement.id, y]).await?, "settlement give-back")?;
+                        let key = settlement
+                            .grant_key
+                            .ok_or_else(|| StoreError::internal("a settlement without its grant"))?;
+                        credit(key, y)?;
+                        rest -= y;
+                        if rest == 0 {
+                            break;
+                        }
+                    }
+                }
+                if rest > 0 {
+                    return Err(StoreError::internal(format!(
+                        "debt part {} un-pays {rest} more than its settlements",
+                        part.id
+                    )));
+                }
+                continue;
+            };
+            guard_hit(db.exec(GIVE_BACK, args![part.id, x]).await?, "allocation give-back")?;
+            credit(key, x)?;
+        }
+        if need > 0 {
+            return Err(StoreError::internal(format!(
+                "job {job} item {} returns {need} more than its parts hold",
+                item.unwrap_or_default()
+            )));
+        }
+    }
+    for (key, x) in to_grants {
+        if db.exec(RETURN_LIVE, args![key, x]).await? == 0 {
+            // Expired (every posting expires what is due first, so the clock agrees): the part is
+            // credited and expires at once.
+            books.reexpiries.push(Reexpiry { grant_key: key, amount: x });
+        }
+    }
+    Ok(())
+}
+
+/// Expires every grant of the account that is due at `cx.now`: one guarded update per grant, one
+/// `expire` entry of what it had left (none when nothing), one `grant.expired` event each, and the
+/// account's next expiry. Locks the account row first; nothing when nothing is due (another pass or
+/// posting got there first). Returns how many grants it expired.
+/// `now`: write the lines at once (inside `post_now`) rather than queue them.
+pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, now: bool) -> Result<u32, StoreError> {
+    let lock = match db.engine() {
+        Engine::Postgres => &*LOCK_ACCOUNT_PG,
+        Engine::Sqlite => &*READ_ACCOUNT,
+    };
+    let Some(row) = db.opt(lock, args![account_id]).await? else {
+        return Err(StoreError::not_found("account", account_id));
+    };
+    let at = cx.now.micros();
+    if row.i64(LockCol::next_expiry)? > at {
+        return Ok(0);
+    }
+    // Each grant's `expired_seq`: its `expire` entry's position, or the account's last one when it
+    // had nothing left (the lines below are posted in this order).
+    let mut last = row.i64(LockCol::last_account_seq)?;
+    let due = db.all(&DUE, args![account_id, at]).await?;
+    let mut expired = Vec::with_capacity(due.len());
+    for r in &due {
+        let (key, source, remaining) = (r.i64(DueCol::key)?, r.text(DueCol::source_id)?, r.i64(DueCol::remaining)?);
+        if remaining > 0 {
+            last += 1;
+        }
+        let rows = db.exec(EXPIRE, args![key, at, remaining, last]).await?;
+        guard_hit(rows, "grant expiry")?;
+        expired.push((source, remaining, r.opt_i64(DueCol::expires_at)?));
+    }
+    let lines: Vec<Line<'_>> = expired
+        .iter()
+        .filter(|(_, remaining, _)| *remaining > 0)
+        .map(|(source, remaining, _)| Line {
+            kind: EntryKind::Expire,
+            amount: settle_core::Credits::new(-*remaining),
+            job_id: None,
+            item_id: None,
+            ref_id: Some(source),
+            reason: None,
+            request_hash: None,
+        })
+        .collect();
+    super::post_expiries(db, cx, account_id, &lines, now).await?;
+    let next = db.one(&NEXT, args![account_id]).await?.opt_i64(NextCol::next)?.unwrap_or(NEVER);
+    let rows = db.exec(SET_NEXT_EXPIRY, args![account_id, next]).await?;
+    guard_hit(rows, "account next expiry")?;
+    for (source, remaining, expires_at) in &expired {
+        let data = serde_json::json!({
+            "grant": source,
+            "amount": remaining,
+            "expires_at": expires_at.map(|t| Timestamp::from_micros(t).rfc3339()),
+        });
+        emit(db, cx, EventKind::GrantExpired, None, account_id, data).await?;
+    }
+    Ok(expired.len() as u32)
+}

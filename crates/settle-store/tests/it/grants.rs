@@ -1,0 +1,378 @@
+//! Expiring grants (issue 24, docs/decisions/0023): burn-down across priorities and expiries,
+//! refunds home to live and expired grants, releases of held items, reclaims after an expiry, debt
+//! met by new grants, withdrawals from credit that never expires, the expiry pass once whatever
+//! races it — on both engines, L1–L5 clean after each.
+
+use crate::kit::*;
+use settle_core::ids::{AccountId, Destination, RefId};
+use settle_core::{Clock, Credits, Timestamp};
+use settle_store::*;
+use std::sync::Arc;
+
+const MINUTE: i64 = 60_000_000;
+
+async fn grant(k: &Kit, account: &AccountId, id: &str, amount: i64, priority: Option<i64>, expires_in: Option<i64>) {
+    let expires_at = expires_in.map(|us| Timestamp::from_micros(k.clock.now().micros() + us));
+    let req =
+        NewGrant { id: RefId::parse(id).unwrap(), amount: Credits::new(amount), reason: None, expires_at, priority };
+    k.store.grant(account, req, SYSTEM_ACTOR).await.unwrap();
+}
+
+async fn open_account(k: &Kit, id: &str, overdraft: i64) -> AccountId {
+    let a = acc(id);
+    let req = NewAccount { id: a.clone(), overdraft_limit: Credits::new(overdraft) };
+    k.store.create_account(req, SYSTEM_ACTOR).await.unwrap();
+    a
+}
+
+/// `(id, remaining, state)` of every grant of the account, in the order they were made.
+async fn left(k: &Kit, account: &AccountId) -> Vec<(String, i64, &'static str)> {
+    let page = Page { after: 0, limit: 1000 };
+    let grants = k.store.grants(account, page).await.unwrap().rows;
+    grants.into_iter().map(|g| (g.id, g.remaining.get(), g.state.as_str())).collect()
+}
+
+fn row(id: &str, remaining: i64, state: &'static str) -> (String, i64, &'static str) {
+    (id.to_owned(), remaining, state)
+}
+
+/// `(grant, item, taken, given back)` of a job's allocations, in the order they were taken.
+async fn paid_by(k: &Kit, job: &str) -> Vec<(Option<String>, Option<String>, i64, i64)> {
+    let parts = k.store.allocations(&jid(job)).await.unwrap();
+    parts.into_iter().map(|p| (p.grant_id, p.item_id, p.taken.get(), p.given_back.get())).collect()
+}
+
+fn part(grant: Option<&str>, item: &str, taken: i64, back: i64) -> (Option<String>, Option<String>, i64, i64) {
+    (grant.map(str::to_owned), Some(item.to_owned()), taken, back)
+}
+
+async fn burn_down_follows_priority_then_expiry_then_age(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "never", 100, None, None).await;
+    grant(&k, &a, "promo", 50, Some(10), Some(60 * MINUTE)).await;
+    grant(&k, &a, "later", 100, None, Some(120 * MINUTE)).await;
+    grant(&k, &a, "sooner", 30, None, Some(60 * MINUTE)).await;
+    k.items_job("j", &a, &[60, 60]).await;
+    assert_eq!(
+        paid_by(&k, "j").await,
+        [
+            part(Some("promo"), "i0", 50, 0),
+            part(Some("sooner"), "i0", 10, 0),
+            part(Some("sooner"), "i1", 20, 0),
+            part(Some("later"), "i1", 40, 0),
+        ]
+    );
+    assert_eq!(
+        left(&k, &a).await,
+        [row("never", 100, "active"), row("promo", 0, "used"), row("later", 60, "active"), row("sooner", 0, "used")]
+    );
+    // A failure refunds each part to the grant it came from.
+    let t = k.claim_one("j").await;
+    k.fail("j", &t, "BAD_INPUT").await;
+    assert_eq!(
+        left(&k, &a).await,
+        [
+            row("never", 100, "active"),
+            row("promo", 50, "active"),
+            row("later", 100, "active"),
+            row("sooner", 30, "active")
+        ]
+    );
+    assert!(paid_by(&k, "j").await.iter().all(|p| p.2 == p.3), "every part given back");
+    assert_eq!(k.balance(&a).await, 280);
+    k.assert_clean().await;
+}
+
+async fn a_refund_to_an_expired_grant_expires_at_once(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "trial", 100, Some(0), Some(MINUTE)).await;
+    grant(&k, &a, "bought", 100, None, None).await;
+    k.job("j", &a, 80).await;
+    let t = k.claim_one("j").await;
+    k.clock.advance_seconds(61);
+    assert_eq!(k.store.expire_grants(100).await.unwrap(), vec!["a".to_owned()]);
+    assert_eq!(k.balance(&a).await, 100, "the trial's unused 20 expired");
+    // Twice: nothing more.
+    assert!(k.store.expire_grants(100).await.unwrap().is_empty());
+    k.fail("j", &t, "BAD_INPUT").await;
+    assert_eq!(k.balance(&a).await, 100, "the refund lands on the expired trial and expires with it");
+    let kinds = k.ledger_kinds(&a).await;
+    assert_eq!(
+        kinds.iter().map(|(k, n)| (k.as_str(), *n)).collect::<Vec<_>>(),
+        [("grant", 100), ("grant", 100), ("charge", -80), ("expire", -20), ("refund", 80), ("expire", -80)]
+    );
+    assert_eq!(left(&k, &a).await, [row("trial", 0, "expired"), row("bought", 100, "active")]);
+    let events = k.store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows;
+    let expired: Vec<serde_json::Value> = events
+        .iter()
+        .filter(|e| e.kind == settle_core::history::EventKind::GrantExpired)
+        .map(|e| serde_json::from_str(&e.data).unwrap())
+        .collect();
+    assert_eq!(expired.len(), 2, "{expired:?}");
+    assert_eq!((expired[0]["grant"].as_str(), expired[0]["amount"].as_i64()), (Some("trial"), Some(20)));
+    assert_eq!((expired[1]["amount"].as_i64(), expired[1]["on_return"].as_bool()), (Some(80), Some(true)));
+    k.assert_clean().await;
+}
+
+async fn the_clock_expires_before_a_charge_counts_the_balance(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "trial", 100, None, Some(MINUTE)).await;
+    grant(&k, &a, "bought", 50, None, None).await;
+    k.clock.advance_seconds(61);
+    // No pass has run, but the trial is past its instant: it does not pay.
+    let e = k.store.create_job(new_job("big", &a, 120)).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientCredits { .. }), "{e:?}");
+    k.job("small", &a, 40).await;
+    assert_eq!(paid_by(&k, "small").await, [part(Some("bought"), "main", 40, 0)]);
+    assert_eq!(k.balance(&a).await, 10, "the charge expired the trial first");
+    assert_eq!(left(&k, &a).await, [row("trial", 0, "expired"), row("bought", 10, "active")]);
+    assert!(k.store.expire_grants(100).await.unwrap().is_empty(), "nothing left for the pass");
+    k.assert_clean().await;
+}
+
+async fn a_reclaim_after_an_expiry_takes_in_the_current_order(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "trial", 100, None, Some(MINUTE)).await;
+    grant(&k, &a, "bought", 100, None, None).await;
+    k.job("j", &a, 80).await;
+    let t = k.claim_one("j").await;
+    k.fail("j", &t, "TIMEOUT").await;
+    assert_eq!(left(&k, &a).await, [row("trial", 100, "active"), row("bought", 100, "active")]);
+    k.clock.advance_seconds(61);
+    // The late success reclaims: the trial expires first, so the bought credit pays.
+    assert!(k.store.succeed(&jid("j"), Reporter::of(Some(&t)), None).await.unwrap().applied);
+    assert_eq!(k.balance(&a).await, 20);
+    assert_eq!(left(&k, &a).await, [row("trial", 0, "expired"), row("bought", 20, "active")]);
+    k.assert_clean().await;
+}
+
+async fn a_release_gives_back_the_last_taken_first(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "promo", 100, Some(0), None).await;
+    grant(&k, &a, "bought", 100, None, None).await;
+    k.store.create_job(held_job("h", &a, &[150])).await.unwrap();
+    assert_eq!(paid_by(&k, "h").await, [part(Some("promo"), "i0", 100, 0), part(Some("bought"), "i0", 50, 0)]);
+    let t = k.claim_one("h").await;
+    let costs = Costs([(iid("i0"), Credits::new(30))].into_iter().collect());
+    k.store.succeed_priced(&jid("h"), Reporter::of(Some(&t)), None, &costs).await.unwrap();
+    // What charging 30 alone would have taken: 30 of the promo.
+    assert_eq!(left(&k, &a).await, [row("promo", 70, "active"), row("bought", 100, "active")]);
+    assert_eq!(k.balance(&a).await, 170);
+    k.assert_clean().await;
+}
+
+async fn debt_is_paid_by_the_next_grant_and_given_back_to_it(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 100).await;
+    k.job("j", &a, 60).await;
+    assert_eq!(paid_by(&k, "j").await, [part(None, "main", 60, 0)], "the overdraft: debt");
+    assert_eq!(k.balance(&a).await, -60);
+    grant(&k, &a, "g", 100, None, None).await;
+    assert_eq!(left(&k, &a).await, [row("g", 40, "active")], "the grant paid the debt first");
+    assert_eq!(k.balance(&a).await, 40);
+    k.assert_clean().await;
+    // The charge the debt came from is refunded: the grant gets back what it paid.
+    let t = k.claim_one("j").await;
+    k.fail("j", &t, "BAD_INPUT").await;
+    assert_eq!(left(&k, &a).await, [row("g", 100, "active")]);
+    assert_eq!(k.balance(&a).await, 100);
+    k.assert_clean().await;
+}
+
+/// Each debt part names what paid it: a refund of the first debt gives back the grant that paid
+/// that debt, not the newest one (which has expired meanwhile).
+async fn a_debt_refund_goes_back_to_the_grant_that_paid_it(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 200).await;
+    k.job("first", &a, 100).await;
+    grant(&k, &a, "lasting", 100, None, None).await;
+    k.job("second", &a, 100).await;
+    grant(&k, &a, "promo", 100, None, Some(MINUTE)).await;
+    assert_eq!(k.balance(&a).await, 0);
+    k.clock.advance_seconds(61);
+    k.store.expire_grants(100).await.unwrap();
+    let t = k.claim_one("first").await;
+    k.fail("first", &t, "BAD_INPUT").await;
+    assert_eq!(k.balance(&a).await, 100);
+    assert_eq!(left(&k, &a).await, [row("lasting", 100, "active"), row("promo", 0, "expired")]);
+    k.assert_clean().await;
+    // The second debt's refund goes to the promo, which expired: it expires at once.
+    let t = k.claim_one("second").await;
+    k.fail("second", &t, "BAD_INPUT").await;
+    assert_eq!(k.balance(&a).await, 100);
+    k.assert_clean().await;
+}
+
+async fn a_refund_part_of_it_still_owed_lowers_the_debt(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 100).await;
+    k.job("j", &a, 80).await;
+    grant(&k, &a, "g", 30, None, None).await;
+    assert_eq!(k.balance(&a).await, -50);
+    let t = k.claim_one("j").await;
+    k.fail("j", &t, "BAD_INPUT").await;
+    // 50 of the refund forgives what was still owed, 30 goes back to the grant that paid.
+    assert_eq!(k.balance(&a).await, 30);
+    assert_eq!(left(&k, &a).await, [row("g", 30, "active")]);
+    k.assert_clean().await;
+}
+
+async fn withdrawals_draw_only_on_credit_that_never_expires(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "trial", 100, Some(0), Some(60 * MINUTE)).await;
+    grant(&k, &a, "bought", 50, None, None).await;
+    let wd = |id: &str, amount: i64| NewWithdrawal {
+        id: jid(id),
+        account_id: a.clone(),
+        amount: Credits::new(amount),
+        destination: Destination::parse("acct-1").unwrap(),
+    };
+    let e = k.store.payouts().create_withdrawal(wd("w1", 80)).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientCash { available: 50, needed: 80 }), "{e:?}");
+    assert_eq!(k.balance(&a).await, 150, "nothing written");
+    k.store.payouts().create_withdrawal(wd("w2", 50)).await.unwrap();
+    assert_eq!(paid_by(&k, "w2").await, [part(Some("bought"), "main", 50, 0)]);
+    assert_eq!(left(&k, &a).await, [row("trial", 100, "active"), row("bought", 0, "used")]);
+    k.assert_clean().await;
+}
+
+async fn grant_terms_are_checked_and_replay(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 0).await;
+    let at = |us: i64| Some(Timestamp::from_micros(k.clock.now().micros() + us));
+    let req = |expires_at, priority| NewGrant {
+        id: RefId::parse("g").unwrap(),
+        amount: Credits::new(10),
+        reason: None,
+        expires_at,
+        priority,
+    };
+    for (expires_at, priority) in [(at(0), None), (at(-1), None), (None, Some(101)), (None, Some(-1))] {
+        let e = k.store.grant(&a, req(expires_at, priority), SYSTEM_ACTOR).await.unwrap_err();
+        assert!(matches!(e, StoreError::Invalid(_)), "{e:?}");
+    }
+    assert!(left(&k, &a).await.is_empty(), "nothing written");
+    let first = k.store.grant(&a, req(at(MINUTE), Some(5)), SYSTEM_ACTOR).await.unwrap();
+    assert!(!first.replayed);
+    let again = k.store.grant(&a, req(at(MINUTE), Some(5)), SYSTEM_ACTOR).await.unwrap();
+    assert!(again.replayed);
+    for (expires_at, priority) in [(at(2 * MINUTE), Some(5)), (at(MINUTE), Some(6)), (None, Some(5))] {
+        let e = k.store.grant(&a, req(expires_at, priority), SYSTEM_ACTOR).await.unwrap_err();
+        assert!(matches!(e, StoreError::IdempotencyConflict { .. }), "{e:?}");
+    }
+    // A grant's replay after its expiry still answers.
+    k.clock.advance_seconds(120);
+    assert!(k.store.grant(&a, req(at(-MINUTE), Some(5)), SYSTEM_ACTOR).await.unwrap().replayed);
+    // An explicit default priority is the same request as none.
+    let plain = NewGrant { id: RefId::parse("p").unwrap(), ..req(None, None) };
+    k.store.grant(&a, plain.clone(), SYSTEM_ACTOR).await.unwrap();
+    assert!(k.store.grant(&a, NewGrant { priority: Some(50), ..plain }, SYSTEM_ACTOR).await.unwrap().replayed);
+    k.assert_clean().await;
+}
+
+/// Two expiry passes at once, across the instant, with charges racing them: one `expire` entry
+/// per grant, every credit accounted once.
+async fn the_expiry_pass_twice_at_once_expires_once(engine: EngineKind) {
+    let k = Arc::new(Kit::new(engine).await);
+    let a = open_account(&k, "a", 0).await;
+    for i in 0..5 {
+        grant(&k, &a, &format!("t{i}"), 100, None, Some(MINUTE)).await;
+    }
+    grant(&k, &a, "bought", 1_000, None, None).await;
+    k.clock.advance_seconds(61);
+    let passes: Vec<_> = (0..2)
+        .map(|_| {
+            let k = k.clone();
+            tokio::spawn(async move { k.store.expire_grants(100).await.unwrap() })
+        })
+        .collect();
+    let mut accounts = 0;
+    for p in passes {
+        accounts += p.await.unwrap().len();
+    }
+    assert_eq!(accounts, 1, "one pass expired the account's grants, the other found nothing due");
+    let expires = k.ledger_kinds(&a).await.into_iter().filter(|(kind, _)| kind == "expire").count();
+    assert_eq!(expires, 5);
+    assert_eq!(k.balance(&a).await, 1_000);
+    k.assert_clean().await;
+}
+
+/// 200 charges racing the instant their grant expires at: those that ran before it took from the
+/// trial, the rest from what never expires; every credit is accounted once.
+async fn charges_race_the_expiry_instant(engine: EngineKind) {
+    let k = Arc::new(Kit::new(engine).await);
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "trial", 150, Some(0), Some(MINUTE)).await;
+    grant(&k, &a, "bought", 1_000, None, None).await;
+    k.clock.advance_seconds(59);
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let k = k.clone();
+        let a = a.clone();
+        tasks.push(tokio::spawn(async move {
+            if i == 100 {
+                k.clock.advance_seconds(2);
+            }
+            if i % 50 == 0 {
+                k.store.expire_grants(100).await.unwrap();
+            }
+            k.store.create_job(new_job(&format!("j{i}"), &a, 5)).await.map(|_| ())
+        }));
+    }
+    let mut made = 0;
+    for t in tasks {
+        if t.await.unwrap().is_ok() {
+            made += 1;
+        }
+    }
+    k.store.expire_grants(100).await.unwrap();
+    let grants = left(&k, &a).await;
+    assert_eq!(grants[0].2, "expired");
+    let trial_paid: i64 = {
+        let mut sum = 0;
+        for i in 0..200 {
+            if let Ok(parts) = k.store.allocations(&jid(&format!("j{i}"))).await {
+                sum +=
+                    parts.iter().filter(|p| p.grant_id.as_deref() == Some("trial")).map(|p| p.taken.get()).sum::<i64>();
+            }
+        }
+        sum
+    };
+    assert!(trial_paid <= 150);
+    assert_eq!(k.balance(&a).await, 1_150 - 5 * made - (150 - trial_paid), "made {made}, trial paid {trial_paid}");
+    k.assert_clean().await;
+}
+
+macro_rules! both_engines {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() { super::$name(crate::kit::EngineKind::Sqlite).await }) *
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() { super::$name(crate::kit::EngineKind::Postgres).await }) *
+        }
+    };
+}
+
+both_engines!(
+    burn_down_follows_priority_then_expiry_then_age,
+    a_refund_to_an_expired_grant_expires_at_once,
+    the_clock_expires_before_a_charge_counts_the_balance,
+    a_reclaim_after_an_expiry_takes_in_the_current_order,
+    a_release_gives_back_the_last_taken_first,
+    debt_is_paid_by_the_next_grant_and_given_back_to_it,
+    a_debt_refund_goes_back_to_the_grant_that_paid_it,
+    a_refund_part_of_it_still_owed_lowers_the_debt,
+    withdrawals_draw_only_on_credit_that_never_expires,
+    grant_terms_are_checked_and_replay,
+    the_expiry_pass_twice_at_once_expires_once,
+    charges_race_the_expiry_instant,
+);
