@@ -10,6 +10,7 @@ use super::{Cx, Line, emit, guard_hit};
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use settle_core::Timestamp;
+use settle_core::crash::CrashPoint;
 use settle_core::history::EventKind;
 use settle_core::ledger::EntryKind;
 use std::sync::LazyLock;
@@ -609,6 +610,7 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, now: 
         guard_hit(rows, "grant expiry")?;
         expired.push((source, remaining, r.opt_i64(DueCol::expires_at)?));
     }
+    cx.point(CrashPoint::AfterGuard)?;
     let lines: Vec<Line<'_>> = expired
         .iter()
         .filter(|(_, remaining, _)| *remaining > 0)
@@ -623,6 +625,7 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, now: 
         })
         .collect();
     super::post_expiries(db, cx, account_id, &lines, now).await?;
+    cx.point(CrashPoint::AfterLedger)?;
     let next = db.one(&NEXT, args![account_id]).await?.opt_i64(NextCol::next)?.unwrap_or(NEVER);
     let rows = db.exec(SET_NEXT_EXPIRY, args![account_id, next]).await?;
     guard_hit(rows, "account next expiry")?;
@@ -634,5 +637,7 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, now: 
         });
         emit(db, cx, EventKind::GrantExpired, None, account_id, data).await?;
     }
+    cx.point(CrashPoint::AfterOutbox)?;
+    cx.point(CrashPoint::BeforeCommit)?;
     Ok(expired.len() as u32)
 }

@@ -4,10 +4,10 @@
 //! compared with the clean run. Audit must be clean in every run.
 
 use crate::kit::*;
-use settle_core::Credits;
 use settle_core::crash::CrashPoint;
 use settle_core::ids::{ArtifactKey, RefId};
 use settle_core::job::RefundPolicy;
+use settle_core::{Clock, Credits};
 use settle_store::*;
 
 use std::collections::{BTreeSet, HashMap};
@@ -36,6 +36,9 @@ enum Step {
     ItemSucceedPriced(&'static str, &'static str, i64),
     /// One tick of the background loops: the lease rescuer, then the teardown sweeper.
     Maintenance,
+    /// A grant with a priority and an expiry `secs` from now (docs/decisions/0023), and the expiry pass.
+    GrantTerms(&'static str, i64, i64, u64),
+    ExpirePass,
 }
 
 #[allow(non_upper_case_globals)]
@@ -95,6 +98,18 @@ fn scenario() -> Vec<Step> {
         Fail("h2", "TIMEOUT"),
         Advance(2),
         SucceedPriced("h2", &[("i1", 41)]),
+        // Expiring grants: a trial pays first, expires by the pass with some left, and a refund
+        // lands on it after; a promo past its instant is expired by the charge that meets it.
+        GrantTerms("trial", 200, 0, 100),
+        Job("j7", &[30, 20], FailedOnlyP),
+        Claim(1),
+        Advance(101),
+        ExpirePass,
+        Fail("j7", "BAD_INPUT"),
+        GrantTerms("promo", 50, 0, 10),
+        Advance(11),
+        Job("j8", &[5], FailedOnlyP),
+        ExpirePass,
     ]
 }
 
@@ -187,6 +202,18 @@ impl Runner<'_> {
                 s.rescue_expired_leases(100).await?;
                 s.resume_teardowns(100).await.map(drop)
             }
+            Step::GrantTerms(id, n, priority, secs) => {
+                let at = settle_core::Timestamp::from_micros(self.k.clock.now().micros() + *secs as i64 * 1_000_000);
+                let g = NewGrant {
+                    id: RefId::parse(id).unwrap(),
+                    amount: Credits::new(*n),
+                    reason: None,
+                    expires_at: Some(at),
+                    priority: Some(*priority),
+                };
+                s.grant(&acc("a"), g, settle_store::SYSTEM_ACTOR).await.map(drop)
+            }
+            Step::ExpirePass => s.expire_grants(100).await.map(drop),
         }
     }
 }
@@ -225,6 +252,10 @@ async fn dump(k: &Kit) -> String {
     for j in s.jobs(&JobFilter::ALL, settle_store::Page { after: 0, limit: 1000 }).await.unwrap().rows {
         out += &format!("{j:?}\n");
         out += &format!("{:?}\n", s.attempts(&j.id).await.unwrap());
+        out += &format!("{:?}\n", s.allocations(&j.id).await.unwrap());
+    }
+    for g in s.grants(&acc("a"), settle_store::Page { after: 0, limit: 1000 }).await.unwrap().rows {
+        out += &format!("{g:?}\n");
     }
     for e in s.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows {
         // A grant's or adjustment's event names its entry by `seq`: compared by the entry's place.
