@@ -123,6 +123,8 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
 
     priced_at_the_end(&d).await?;
 
+    credits_that_expire(&d).await?;
+
     println!("\nThe ledger (append-only; the balance is the sum of its rows):");
     print::ledger(d.store.as_ref(), &alice).await?;
     let report = d.store.audit(None).await?;
@@ -657,4 +659,57 @@ async fn priced_at_the_end(d: &Demo) -> anyhow::Result<()> {
     ensure!(j.net.get() == -41 && !again.applied, "render-late must net -41");
     println!("\n   Carol's ledger:");
     print::ledger(s.as_ref(), &carol).await
+}
+
+/// Issue 24: a trial that expires with part of it unused, spent before the bought credits, and a
+/// refund that lands on it after it expired — expiring at once instead of reviving it.
+async fn credits_that_expire(d: &Demo) -> anyhow::Result<()> {
+    println!("\n9. Credits that expire (issue 24): a 100-credit trial for one hour, spent first");
+    let dave = AccountId::parse("dave")?;
+    let s = &d.store;
+    s.create_account(NewAccount { id: dave.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .await?;
+    let hour = Timestamp::from_micros(d.clock.now().micros() + 3_600_000_000);
+    let trial = NewGrant {
+        id: RefId::parse("dave-trial")?,
+        amount: Credits::new(100),
+        reason: Some("trial".into()),
+        expires_at: Some(hour),
+        priority: Some(10),
+    };
+    s.grant(&dave, trial, settle_store::SYSTEM_ACTOR).await?;
+    let bought = NewGrant {
+        id: RefId::parse("dave-pack")?,
+        amount: Credits::new(200),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
+    s.grant(&dave, bought, settle_store::SYSTEM_ACTOR).await?;
+    d.say(format!(
+        "account dave: a trial of 100 (priority 10, expires in an hour) and a pack of 200 bought; balance {}",
+        d.balance(&dave).await?
+    ));
+    d.job("clip-1", &dave, &[("main", 30)]).await?;
+    let c = d.claim("gpu-worker-9").await?;
+    d.say("clip-1's 30 credits came from the trial: priority 10 is spent before the pack's default of 50");
+    d.clock.advance_seconds(3_600);
+    let expired = s.expire_grants(100).await?;
+    d.say(format!(
+        "an hour on, the expiry pass closes the trial on {}: its unused 70 expire; balance {}",
+        expired.join(", "),
+        d.balance(&dave).await?
+    ));
+    let id = JobId::parse("clip-1")?;
+    s.fail(&id, fail(&c.lease_token, "BAD_INPUT", "the source clip is corrupt")?).await?;
+    d.say(format!(
+        "clip-1 fails for good: its 30 go back to the trial they came from — expired, so they expire at once; balance {}",
+        d.balance(&dave).await?
+    ));
+    ensure!(d.balance(&dave).await? == 200, "dave keeps exactly the pack he bought");
+    for g in s.grants(&dave, Page { after: 0, limit: 10 }).await?.rows {
+        d.say(format!("grant {}: {} of {} left, {}", g.id, g.remaining.get(), g.amount.get(), g.state.as_str()));
+    }
+    println!("\n   Dave's ledger:");
+    print::ledger(s.as_ref(), &dave).await
 }

@@ -65,6 +65,19 @@ enum Command {
         )]
         db: String,
     },
+    /// Shows an account with its grants.
+    Accounts {
+        #[command(subcommand)]
+        cmd: operator::Accounts,
+        #[arg(
+            long,
+            env = "SETTLE_DATABASE_URL",
+            hide_env_values = true,
+            default_value = "sqlite://settle.db",
+            global = true
+        )]
+        db: String,
+    },
     /// Lists or requeues dead letters.
     DeadLetters {
         #[command(subcommand)]
@@ -171,6 +184,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Jobs { cmd, db } => {
             operator::jobs(&open_existing(&db).await?, cmd).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Accounts { cmd, db } => {
+            operator::accounts(&open_existing(&db).await?, cmd).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::DeadLetters { cmd, db } => {

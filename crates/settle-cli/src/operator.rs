@@ -27,6 +27,13 @@ pub enum Jobs {
 }
 
 #[derive(clap::Subcommand)]
+pub enum Accounts {
+    /// One account: its balance, debt and holds, and its grants — what each has left and when it
+    /// expires, in the order charges take from them.
+    Show { id: String },
+}
+
+#[derive(clap::Subcommand)]
 pub enum Withdrawals {
     /// Withdrawals, oldest first, with optional filters.
     List {
@@ -134,6 +141,21 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     i.refund_reason.map_or("", |r| r.as_str())
                 );
             }
+            // Which grants paid (docs/decisions/0023), and what of it went back.
+            for p in store.allocations(&id).await? {
+                let from = match (&p.grant_id, p.kind.as_str()) {
+                    (None, _) => "debt (no grant covered it)".to_owned(),
+                    (Some(g), _) if p.origin.as_deref() == Some("opening") => format!("the opening balance of {g}"),
+                    (Some(g), _) => format!("{} {g}", p.origin.as_deref().unwrap_or("grant")),
+                };
+                println!(
+                    "  paid {:>6} by {from:<32} {:<8} item {:<12} given back {}",
+                    p.taken.get(),
+                    p.kind,
+                    p.item_id.as_deref().unwrap_or("-"),
+                    p.given_back.get()
+                );
+            }
             for a in store.attempts(&id).await? {
                 println!(
                     "  attempt {:>2} {:<16} started {} finished {} {} {} {}",
@@ -159,6 +181,50 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     s.fail_code.as_deref().unwrap_or(""),
                     s.message.as_deref().unwrap_or("")
                 );
+            }
+        }
+    }
+    Ok(())
+}
+
+pub async fn accounts(store: &dyn Store, cmd: Accounts) -> anyhow::Result<()> {
+    match cmd {
+        Accounts::Show { id } => {
+            let id = AccountId::parse(&id)?;
+            let d = store.operators().account_detail(&id).await?;
+            println!(
+                "{}  balance {}  overdraft limit {}  debt {}  held {}  exposure {}  entries {}",
+                d.account.id,
+                d.account.balance.get(),
+                d.account.overdraft_limit.get(),
+                d.debt,
+                d.held,
+                d.exposure,
+                d.entries
+            );
+            let mut page = Page { after: 0, limit: 1000 };
+            loop {
+                let p = store.grants(&id, page).await?;
+                for g in &p.rows {
+                    println!(
+                        "  {:<10} {:<24} amount {:>8}  left {:>8}  priority {:>3}  {:<8} {}",
+                        g.origin,
+                        g.id,
+                        g.amount.get(),
+                        g.remaining.get(),
+                        g.priority,
+                        g.state.as_str(),
+                        match (g.expires_at, g.expired_at) {
+                            (None, _) => "never expires".to_owned(),
+                            (Some(at), None) => format!("expires {}", print::time(at)),
+                            (Some(at), Some(_)) => format!("expired {}", print::time(at)),
+                        }
+                    );
+                }
+                match p.next_after {
+                    Some(a) => page.after = a,
+                    None => break,
+                }
             }
         }
     }

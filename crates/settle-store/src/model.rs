@@ -396,6 +396,9 @@ pub struct AccountDetail {
     pub pending: i64,
     /// How many ledger entries the account has.
     pub entries: i64,
+    /// What the balance owes that no grant holds (docs/decisions/0023): the live grants' remaining
+    /// less this is the balance.
+    pub debt: i64,
 }
 
 /// `after` is the opaque cursor of the previous page (a sequence number), `limit` ≤ `PAGE_LIMIT_MAX`.

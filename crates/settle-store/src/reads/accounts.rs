@@ -35,7 +35,7 @@ pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Resul
 columns! {
     /// What an account may still credit back (`held`), what a later success may reclaim, and how
     /// many entries its ledger holds (its last `account_seq`).
-    HoldsCol { held, exposure, entries = "last_account_seq" }
+    HoldsCol { held, exposure, entries = "last_account_seq", debt }
 }
 
 columns! {
@@ -57,7 +57,8 @@ pub(crate) async fn account_detail(db: &mut Db<'_>, id: &str) -> Result<AccountD
     let entries = holds.i64(HoldsCol::entries)?;
     let pending = db.one(&PENDING, args![id]).await?.i64(PendingCol::pending)?;
     let (held, exposure) = (holds.i64(HoldsCol::held)?, holds.i64(HoldsCol::exposure)?);
-    Ok(AccountDetail { account, held, exposure, pending, entries })
+    let debt = holds.i64(HoldsCol::debt)?;
+    Ok(AccountDetail { account, held, exposure, pending, entries, debt })
 }
 
 columns! {
