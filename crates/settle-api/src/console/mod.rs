@@ -377,6 +377,7 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
     let signals = s.store.signals(&id).await.map_err(err)?;
     let history = s.store.operators().job_history(&id).await.map_err(err)?;
     let actions = s.store.operators().actions(Some(&id), None).await.map_err(err)?;
+    let paid_by = s.store.allocations(&id).await.map_err(err)?;
     // A withdrawal's page shows where the money goes and what the provider knows it by.
     let withdrawal = if job.kind.as_str() == settle_core::job::WITHDRAWAL_KIND {
         Some(s.store.payouts().withdrawal(&id).await.map_err(err)?)
@@ -390,6 +391,7 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
         history: &history,
         actions: &actions,
         withdrawal: withdrawal.as_ref(),
+        paid_by: &paid_by,
     };
     Ok(page(StatusCode::OK, pages::job(&session, &p)))
 }
@@ -428,10 +430,16 @@ async fn account(
     let page = Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS };
     let entries = s.store.operators().entries(&id, kind, since, page).await.map_err(|e| err(e.into()))?;
     let actions = s.store.operators().actions(None, Some(&id)).await.map_err(|e| err(e.into()))?;
-    Ok(self::page(
-        StatusCode::OK,
-        pages::account(&session, &detail, chain, &q, &entries.rows, entries.next_after, &actions),
-    ))
+    let grants = s.store.grants(&id, Page { after: 0, limit: 1000 }).await.map_err(|e| err(e.into()))?;
+    let p = pages::AccountPage {
+        detail: &detail,
+        chain,
+        grants: &grants.rows,
+        entries: &entries.rows,
+        next: entries.next_after,
+        actions: &actions,
+    };
+    Ok(self::page(StatusCode::OK, pages::account(&session, &p, &q)))
 }
 
 #[derive(Deserialize)]

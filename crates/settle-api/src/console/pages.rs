@@ -350,6 +350,8 @@ pub struct JobPage<'a> {
     pub actions: &'a [Action],
     /// The withdrawal's own facts, when the job is one.
     pub withdrawal: Option<&'a settle_store::Withdrawal>,
+    /// Which grants paid for its items (docs/decisions/0023).
+    pub paid_by: &'a [settle_store::Allocation],
 }
 
 pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
@@ -410,10 +412,42 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
             h2 { "Timeline" }
             (timeline(p))
         }
+        (paid_by(p))
         (job_reports(p))
         (job_records(p))
     };
     layout(&format!("Job {}", j.id), Some(session), body)
+}
+
+/// Which grants paid for the job's items, and what of it went back (docs/decisions/0023).
+fn paid_by(p: &JobPage<'_>) -> Markup {
+    html! {
+    section class="card" {
+        h2 { "Paid by" }
+        p class="muted" { "Each charge takes from the account's grants by priority, then soonest expiry, then age; a refund gives each part back to its grant (and expires at once on a grant that has expired)." }
+        div class="scroll" { table {
+            thead { tr { th { "item" } th { "taken by" } th { "from" } th class="num" { "credits" } th class="num" { "given back" } } }
+            tbody {
+                @for a in p.paid_by {
+                    tr {
+                        td { code { (a.item_id.as_deref().unwrap_or("")) } }
+                        td { (a.kind) }
+                        td {
+                            @match (&a.grant_id, a.origin.as_deref()) {
+                                (None, _) => span class="muted" { "debt (no grant covered it)" },
+                                (Some(g), Some("opening")) => { "the opening balance of " code { (g) } },
+                                (Some(g), origin) => { (origin.unwrap_or("grant")) " " code { (g) } },
+                            }
+                        }
+                        td class="num" { (credits(a.taken.get())) }
+                        td class="num" { (credits(a.given_back.get())) }
+                    }
+                }
+                @if p.paid_by.is_empty() { tr { td colspan="5" class="muted" { "Nothing charged." } } }
+            }
+        } }
+    }
+    }
 }
 
 /// A job's attempts, and the signals that changed nothing.
@@ -634,17 +668,20 @@ fn hold_note(e: &LedgerEntry, entries: &[LedgerEntry]) -> Markup {
     }
 }
 
-pub fn account(
-    session: &Session,
-    d: &AccountDetail,
-    chain: Option<Option<i64>>,
-    q: &super::query::EntriesQuery,
-    entries: &[LedgerEntry],
-    next: Option<i64>,
-    actions: &[Action],
-) -> Markup {
+/// What the account page shows beside the account's stored figures.
+pub struct AccountPage<'a> {
+    pub detail: &'a AccountDetail,
+    pub chain: Option<Option<i64>>,
+    pub grants: &'a [settle_store::Grant],
+    pub entries: &'a [LedgerEntry],
+    pub next: Option<i64>,
+    pub actions: &'a [Action],
+}
+
+pub fn account(session: &Session, p: &AccountPage<'_>, q: &super::query::EntriesQuery) -> Markup {
+    let (d, chain, entries, next, actions) = (p.detail, p.chain, p.entries, p.next, p.actions);
     let a = &d.account;
-    let kinds = ["grant", "adjustment", "charge", "refund", "reclaim", "release", "payout_return"];
+    let kinds = ["grant", "adjustment", "charge", "refund", "reclaim", "release", "payout_return", "expire"];
     let body = html! {
         h1 { "Account " code { (a.id.as_str()) } }
         section class="tiles" {
@@ -652,6 +689,30 @@ pub fn account(
             div class="tile" { span class="n" { (credits(a.overdraft_limit.get())) } span { "overdraft limit" } }
             div class="tile" { span class="n" { (credits(d.pending)) } span { "charged to work not decided yet (jobs, unpaid withdrawals)" } }
             div class="tile" { span class="n" { (credits(d.exposure)) } span { "refunded, reclaimable by a late success" } }
+            @if d.debt > 0 {
+                div class="tile" { span class="n" { (credits(d.debt)) } span { "debt: spent on the overdraft, paid by the next grant" } }
+            }
+        }
+        section class="card" {
+            h2 { "Grants" }
+            p class="muted" { "Charges take from active grants by priority (lowest first), then soonest expiry, then age. What an expired grant had left is taken by one expire entry; credit given back to it later expires at once." }
+            div class="scroll" { table {
+                thead { tr { th { "grant" } th { "from" } th class="num" { "amount" } th class="num" { "left" } th class="num" { "priority" } th { "expires" } th { "state" } } }
+                tbody {
+                    @for g in p.grants {
+                        tr {
+                            td { code { (g.id) } }
+                            td { (g.origin) }
+                            td class="num" { (credits(g.amount.get())) }
+                            td class="num" { (credits(g.remaining.get())) }
+                            td class="num" { (g.priority) }
+                            td class="nowrap" { @if let Some(t) = g.expires_at { (time(t)) } @else { span class="muted" { "never" } } }
+                            td { (g.state.as_str()) }
+                        }
+                    }
+                    @if p.grants.is_empty() { tr { td colspan="7" class="muted" { "None." } } }
+                }
+            } }
         }
         section class="card" {
             h2 { "Why the balance is what it is" }

@@ -346,7 +346,11 @@ async fn the_pages_show_where_the_credits_went(e: Engine) {
     for what in ["attempt 1 claimed by <strong>gpu-1</strong>", "job.refunded", "job_failed", "<code>TIMEOUT</code>"] {
         assert!(html.contains(what), "job page shows {what}");
     }
+    // Issue 24: which grant paid, and what went back to it.
+    assert!(html.contains("<h2>Paid by</h2>"), "{html}");
+    assert!(html.contains("grant <code>g-acme</code>"), "{html}");
     let (_, html) = page(&b, &s, "/console/accounts/acme").await;
+    assert!(html.contains("<h2>Grants</h2>") && html.contains("<code>g-acme</code>"), "{html}");
     assert!(html.contains("?chain=true\">check it</a>"), "the chain is checked on demand");
     let (_, checked) = page(&b, &s, "/console/accounts/acme?chain=true").await;
     assert!(checked.contains("<strong class=\"ok\">intact</strong>"), "the chain is checked");
