@@ -70,6 +70,7 @@ CLAIMS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "test": ("sh", lambda t: t == "scripts/test\n"),
     "first_session": ("sh", lambda t: "/v1/accounts/alice/grants" in t),
     "held_session": ("sh", lambda t: '"hold":100' in t),
+    "grants_session": ("sh", lambda t: "dave-trial" in t),
     "payouts_serve": ("sh", lambda t: "provider-sim" in t),
     "payouts_session": ("sh", lambda t: "/v1/withdrawals -H" in t),
     "python_worker": ("python", lambda t: "Worker(" in t),
@@ -279,6 +280,12 @@ def test_first_session_then_payouts(env: Env) -> None:
         entries = http("GET", env.s + "/v1/accounts/bob/ledger")[1]["entries"]
         assert [(e["kind"], e["amount"]) for e in entries] == [("grant", 200), ("charge", -100), ("release", 63)]
         assert http("GET", env.s + "/v1/jobs/render-2")[1]["cost"] == 37
+        out = run_sh(env, setup + block("grants_session"))
+        grants = http("GET", env.s + "/v1/accounts/dave/grants")[1]["grants"]
+        shown = [(g["id"], g["remaining"], g["amount"], g["state"]) for g in grants]
+        assert shown == [("dave-pack", 200, 200, "active"), ("dave-trial", 70, 100, "active")], out
+        assert grants[1]["expires_at"] and grants[1]["priority"] == 10, grants
+        assert http("GET", env.s + "/v1/accounts/dave")[1]["balance"] == 270
 
     # The payouts step restarts settle serve on the same ./settle.db, pointed at the simulator.
     setup = "".join(line + "\n" for line in block("first_session").splitlines() if re.match(r"^[SJ]=", line))

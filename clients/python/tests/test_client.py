@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
@@ -218,6 +219,20 @@ def test_a_retry_redoes_the_items_a_failed_attempt_refunded(admin, worker_client
     assert seen[1][0] == 2 and seen[1][1] == ["r1", "r2"], f"the refunded items are worked again: {seen}"
     assert [i["state"] for i in job["items"]] == ["succeeded", "reclaimed", "reclaimed"], job["items"]
     assert admin.account("redo")["balance"] == 70, "each item charged once in the end"
+
+
+def test_a_trial_grant_is_spent_first_and_listed(admin):
+    admin.create_account("trialp")
+    admin.grant("trialp", "pack-trialp", 100)
+    soon = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)).isoformat()
+    admin.grant("trialp", "trial-trialp", 50, expires_at=soon, priority=10)
+    admin.create_job("trialp-1", "trialp", "render", cost=30)
+    grants = admin.grants("trialp")["grants"]
+    shown = [(g["id"], g["remaining"], g["state"], g["priority"]) for g in grants]
+    assert shown == [("pack-trialp", 100, "active", 50), ("trial-trialp", 20, "active", 10)]
+    with pytest.raises(SettleError) as e:
+        admin.grant("trialp", "late", 5, expires_at="2001-01-01T00:00:00Z")
+    assert e.value.code == "invalid_request"
 
 
 def test_a_real_webhook_delivery_verifies(admin, hooks):

@@ -176,10 +176,20 @@ export interface CreateGrant {
    */
   amount: number;
   /**
+   * When what is left of the grant expires (RFC 3339, after now); absent: never. At that instant
+   * the rest is taken by one `expire` entry, and credits given back to it later expire at once.
+   */
+  expires_at?: string | null;
+  /**
    * The grant's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`. Makes the request
    * idempotent.
    */
   id: string;
+  /**
+   * 0–100, default 50: charges take from the lowest priority first, then the soonest expiry
+   * (never-expiring last), then the oldest grant.
+   */
+  priority?: number | null;
   /**
    * Why, for people reading the ledger: up to 2,000 bytes.
    */
@@ -368,6 +378,56 @@ export interface FailureSummary {
    * One row per fail code and state, most jobs first.
    */
   by_code: Array<FailureCount>;
+}
+
+/**
+ * A source of an account's credit: a grant, a positive adjustment, or the balance the account had
+ * before grants were tracked (`origin` `opening`, its id the account's).
+ */
+export interface Grant {
+  /**
+   * Credits it gave.
+   */
+  amount: number;
+  /**
+   * RFC 3339.
+   */
+  created_at: string;
+  /**
+   * RFC 3339; null: never expires.
+   */
+  expires_at?: string | null;
+  /**
+   * The grant's (or adjustment's) id.
+   */
+  id: string;
+  /**
+   * `grant`, `adjustment` or `opening`.
+   */
+  origin: string;
+  /**
+   * 0–100, lower spent first.
+   */
+  priority: number;
+  /**
+   * Credits it has left to spend (0 once expired).
+   */
+  remaining: number;
+  /**
+   * `active`, `used` (nothing left) or `expired` (from its expiry instant on).
+   */
+  state: string;
+}
+
+export interface GrantList {
+  /**
+   * In the order they were made.
+   */
+  grants: Array<Grant>;
+  /**
+   * Pass as `after` for the next page; null at the end.
+   */
+  next_after?: number | null;
 }
 
 export interface Health {

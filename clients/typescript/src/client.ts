@@ -5,6 +5,8 @@ import type {
   Audit,
   Event,
   EventPage,
+  Grant,
+  GrantList,
   Job,
   JobPage,
   LedgerEntry,
@@ -131,9 +133,29 @@ export class Settle {
     return this.#get(`/v1/accounts/${seg("account id", id)}`);
   }
 
-  /** Credits an account; grant ids are unique across all accounts. */
-  async grant(accountId: string, grant: { id: string; amount: number; reason?: string }): Promise<Created<LedgerEntry>> {
+  /** Credits an account; grant ids are unique across all accounts. `expires_at` (RFC 3339, in the
+   * future): what is left then expires; `priority` (0-100, default 50): charges take from the
+   * lowest first, then the soonest expiry, then the oldest grant. */
+  async grant(
+    accountId: string,
+    grant: { id: string; amount: number; reason?: string; expires_at?: string; priority?: number },
+  ): Promise<Created<LedgerEntry>> {
     return this.#create(`/v1/accounts/${seg("account id", accountId)}/grants`, grant);
+  }
+
+  /** One page of an account's grants in the order they were made, after `after`. */
+  async grantsPage(accountId: string, after = 0, limit?: number): Promise<GrantList> {
+    return this.#get(`/v1/accounts/${seg("account id", accountId)}/grants${query({ after, limit })}`);
+  }
+
+  /** Every grant of an account — what each has left, its priority, its expiry — page by page. */
+  async *grants(accountId: string, after = 0): AsyncGenerator<Grant> {
+    let cursor: number | null | undefined = after;
+    while (cursor !== null && cursor !== undefined) {
+      const page: GrantList = await this.grantsPage(accountId, cursor);
+      yield* page.grants;
+      cursor = page.next_after;
+    }
   }
 
   /** An admin's signed correction, with its reason. */

@@ -85,6 +85,18 @@ test("a held job is charged its hold, and a cancel refunds the hold", async () =
   assert.equal((await admin.account("heldy")).balance, 85);
 });
 
+test("a trial grant is spent first and listed with what it has left", async () => {
+  await admin.createAccount("trialy");
+  await admin.grant("trialy", { id: "pack-trialy", amount: 100 });
+  const expires = new Date(Date.now() + 3_600_000).toISOString();
+  await admin.grant("trialy", { id: "trial-trialy", amount: 50, expires_at: expires, priority: 10 });
+  await admin.createJob({ id: "clip-t", accountId: "trialy", kind: "render", cost: 30 });
+  const grants = [];
+  for await (const g of admin.grants("trialy")) grants.push(`${g.id} ${g.remaining}/${g.amount} ${g.state} p${g.priority}`);
+  assert.deepEqual(grants, ["pack-trialy 100/100 active p50", "trial-trialy 20/50 active p10"]);
+  await assert.rejects(admin.grant("trialy", { id: "late", amount: 5, expires_at: "2001-01-01T00:00:00Z" }), /future/);
+});
+
 test("errors are typed and carry the API code; bad ids are never sent", async () => {
   await admin.createAccount("bob");
   await admin.grant("bob", { id: "welcome-bob", amount: 10 });

@@ -146,6 +146,170 @@ struct GrantTally {
     expire_seq: Option<i64>,
 }
 
+/// L5's tallies: every grant's, every debt part's, every account's unpaid debt; and what is wrong,
+/// by account.
+#[derive(Default)]
+struct L5 {
+    grants: BTreeMap<i64, GrantTally>,
+    /// A grant (origin `grant`) by its id, for its `expire` entries.
+    by_source: BTreeMap<String, i64>,
+    unpaid: BTreeMap<String, i128>,
+    /// Per debt part: its account, what it says is paid, what its open settlements pay.
+    settled: BTreeMap<i64, (String, i128, i128)>,
+    found: Vec<(String, String)>,
+}
+
+impl L5 {
+    async fn load(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static GRANTS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM grants ORDER BY key", GrantRow::LIST));
+        for r in &db.all(&GRANTS, args![]).await? {
+            use GrantRow as C;
+            let key = r.i64(C::key)?;
+            if r.text(C::origin)? == "grant" {
+                self.by_source.insert(r.text(C::source_id)?, key);
+            }
+            let tally = GrantTally {
+                account: r.text(C::account_id)?,
+                source: r.text(C::source_id)?,
+                amount: r.i64(C::amount)?,
+                remaining: r.i64(C::remaining)?,
+                live: r.opt_i64(C::expired_at)?.is_none(),
+                expired_seq: r.opt_i64(C::expired_seq)?,
+                ..GrantTally::default()
+            };
+            self.grants.insert(key, tally);
+        }
+        Ok(())
+    }
+
+    /// Every allocation: into its grant's consumed and returned, its debt part's unpaid rest, or
+    /// the settlements of the debt part it paid.
+    async fn parts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static PARTS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM allocations ORDER BY id", AllocationRow::LIST));
+        let L5 { grants, unpaid, settled, found, .. } = self;
+        db.each(&PARTS, args![], |r| {
+            use AllocationRow as C;
+            let (taken, given_back) = (i128::from(r.i64(C::taken)?), i128::from(r.i64(C::given_back)?));
+            let account = r.str(C::account_id)?;
+            let Some(key) = r.opt_i64(C::grant_key)? else {
+                let part_settled = i128::from(r.i64(C::settled)?);
+                *unpaid.entry(account.to_owned()).or_default() += taken - given_back - part_settled;
+                settled.entry(r.i64(C::id)?).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
+                return Ok(());
+            };
+            let Some(g) = grants.get_mut(&key) else {
+                found.push((
+                    account.to_owned(),
+                    format!("allocation {} of a grant {key} that does not exist", r.i64(C::id)?),
+                ));
+                return Ok(());
+            };
+            g.consumed += taken;
+            g.returned += given_back;
+            if matches!(r.str(C::kind)?, "charge" | "reclaim" | "adjustment") {
+                g.last_take = g.last_take.max(r.i64(C::account_seq)?);
+            }
+            if let Some(paid) = r.opt_i64(C::paid_part)? {
+                settled.entry(paid).or_insert_with(|| (account.to_owned(), 0, 0)).2 += taken - given_back;
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Every `expire` entry, into its grant's expired (the pass's own, `{grant}`, and the parts
+    /// returned after, `{grant}#{n}`).
+    async fn expiries(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static EXPIRIES: LazyLock<String> = LazyLock::new(|| {
+            format!("SELECT {} FROM ledger_entries WHERE kind = 'expire' ORDER BY seq", ExpiryRow::LIST)
+        });
+        let L5 { grants, by_source, found, .. } = self;
+        db.each(&EXPIRIES, args![], |r| {
+            let refs = r.str(ExpiryRow::ref_id)?;
+            let (source, own) = match refs.split_once('#') {
+                Some((source, _)) => (source, false),
+                None => (refs, true),
+            };
+            match by_source.get(source).and_then(|k| grants.get_mut(k)) {
+                Some(g) => {
+                    g.expired -= i128::from(r.i64(ExpiryRow::amount)?);
+                    if own {
+                        g.expire_entries += 1;
+                        g.expire_seq = Some(r.i64(ExpiryRow::account_seq)?);
+                    }
+                }
+                None => found.push((r.text(ExpiryRow::account_id)?, format!("an expire entry of {refs}, no grant's"))),
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(())
+    }
+
+    fn judge_grants(&mut self) {
+        for g in self.grants.values() {
+            let (amount, remaining) = (i128::from(g.amount), i128::from(g.remaining));
+            let mut say = |m: String| self.found.push((g.account.clone(), format!("grant {}: {m}", g.source)));
+            if amount + g.returned != g.consumed + g.expired + remaining {
+                say(format!(
+                    "amount {amount} + returned {} ≠ consumed {} + expired {} + remaining {remaining}",
+                    g.returned, g.consumed, g.expired
+                ));
+            }
+            if !g.live && remaining != 0 {
+                say(format!("expired with {remaining} left"));
+            }
+            if g.expire_entries > 1 {
+                say(format!("{} expire entries of its own", g.expire_entries));
+            }
+            if g.expire_entries == 1 && g.expire_seq != g.expired_seq {
+                say(format!("expired at position {:?}, its expire entry at {:?}", g.expired_seq, g.expire_seq));
+            }
+            if let Some(at) = g.expired_seq
+                && g.last_take > at
+            {
+                say(format!("taken from at position {} after it expired at {at}", g.last_take));
+            }
+        }
+        for (part, (account, says, paid)) in &self.settled {
+            if says != paid {
+                self.found
+                    .push((account.clone(), format!("debt part {part} says {says} paid, its settlements {paid}")));
+            }
+        }
+    }
+
+    async fn judge_accounts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static DEBTS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM accounts ORDER BY id", DebtRow::LIST));
+        let mut live: BTreeMap<&str, i128> = BTreeMap::new();
+        for g in self.grants.values().filter(|g| g.live) {
+            *live.entry(&g.account).or_default() += i128::from(g.remaining);
+        }
+        let mut found = Vec::new();
+        for r in &db.all(&DEBTS, args![]).await? {
+            let account = r.text(DebtRow::id)?;
+            let (debt, balance) = (i128::from(r.i64(DebtRow::debt)?), i128::from(r.i64(DebtRow::balance)?));
+            let live = live.get(account.as_str()).copied().unwrap_or(0);
+            if live - debt != balance {
+                found.push((
+                    account.clone(),
+                    format!("live grants hold {live}, debt {debt}, but the balance is {balance}"),
+                ));
+            }
+            let owed = self.unpaid.get(&account).copied().unwrap_or(0);
+            if owed != debt {
+                found.push((account, format!("debt {debt} but its unpaid debt parts are {owed}")));
+            }
+        }
+        self.found.extend(found);
+        Ok(())
+    }
+}
+
 /// The audit's state between passes: each account's stored figures beside what the rows add up
 /// to, and what is wrong so far.
 pub(crate) struct Audit<'p> {
@@ -506,146 +670,13 @@ impl<'p> Audit<'p> {
     /// account, the live grants' remaining less the debt is the balance, and the debt is its unpaid
     /// debt parts.
     async fn grants(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
-        static GRANTS: LazyLock<String> =
-            LazyLock::new(|| format!("SELECT {} FROM grants ORDER BY key", GrantRow::LIST));
-        static PARTS: LazyLock<String> =
-            LazyLock::new(|| format!("SELECT {} FROM allocations ORDER BY id", AllocationRow::LIST));
-        static EXPIRIES: LazyLock<String> = LazyLock::new(|| {
-            format!("SELECT {} FROM ledger_entries WHERE kind = 'expire' ORDER BY seq", ExpiryRow::LIST)
-        });
-        static DEBTS: LazyLock<String> =
-            LazyLock::new(|| format!("SELECT {} FROM accounts ORDER BY id", DebtRow::LIST));
-        let mut grants: BTreeMap<i64, GrantTally> = BTreeMap::new();
-        let mut by_source: BTreeMap<String, i64> = BTreeMap::new();
-        for r in &db.all(&GRANTS, args![]).await? {
-            use GrantRow as C;
-            let key = r.i64(C::key)?;
-            if r.text(C::origin)? == "grant" {
-                by_source.insert(r.text(C::source_id)?, key);
-            }
-            let tally = GrantTally {
-                account: r.text(C::account_id)?,
-                source: r.text(C::source_id)?,
-                amount: r.i64(C::amount)?,
-                remaining: r.i64(C::remaining)?,
-                live: r.opt_i64(C::expired_at)?.is_none(),
-                expired_seq: r.opt_i64(C::expired_seq)?,
-                ..GrantTally::default()
-            };
-            grants.insert(key, tally);
-        }
-        // Per account: Σ unpaid debt parts; per debt part: what it says is paid, what pays it.
-        let mut unpaid: BTreeMap<String, i128> = BTreeMap::new();
-        let mut settled: BTreeMap<i64, (String, i128, i128)> = BTreeMap::new();
-        let mut found = Vec::new();
-        db.each(&PARTS, args![], |r| {
-            use AllocationRow as C;
-            let (taken, given_back) = (i128::from(r.i64(C::taken)?), i128::from(r.i64(C::given_back)?));
-            let account = r.str(C::account_id)?;
-            match r.opt_i64(C::grant_key)? {
-                None => {
-                    let part_settled = i128::from(r.i64(C::settled)?);
-                    *unpaid.entry(account.to_owned()).or_default() += taken - given_back - part_settled;
-                    settled.entry(r.i64(C::id)?).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
-                }
-                Some(key) => {
-                    let Some(g) = grants.get_mut(&key) else {
-                        found.push((
-                            account.to_owned(),
-                            format!("allocation {} of a grant {key} that does not exist", r.i64(C::id)?),
-                        ));
-                        return Ok(());
-                    };
-                    g.consumed += taken;
-                    g.returned += given_back;
-                    let kind = r.str(C::kind)?;
-                    if matches!(kind, "charge" | "reclaim" | "adjustment") {
-                        g.last_take = g.last_take.max(r.i64(C::account_seq)?);
-                    }
-                    if let Some(paid) = r.opt_i64(C::paid_part)? {
-                        settled.entry(paid).or_insert_with(|| (account.to_owned(), 0, 0)).2 += taken - given_back;
-                    }
-                }
-            }
-            Ok(())
-        })
-        .await?;
-        for (account, message) in found {
-            self.push(Invariant::L5, Some(&account), None, None, message);
-        }
-        let mut stray = Vec::new();
-        db.each(&EXPIRIES, args![], |r| {
-            let refs = r.str(ExpiryRow::ref_id)?;
-            let (source, own) = match refs.split_once('#') {
-                Some((source, _)) => (source, false),
-                None => (refs, true),
-            };
-            match by_source.get(source).and_then(|k| grants.get_mut(k)) {
-                Some(g) => {
-                    g.expired -= i128::from(r.i64(ExpiryRow::amount)?);
-                    if own {
-                        g.expire_entries += 1;
-                        g.expire_seq = Some(r.i64(ExpiryRow::account_seq)?);
-                    }
-                }
-                None => stray.push((r.text(ExpiryRow::account_id)?, format!("an expire entry of {refs}, no grant's"))),
-            }
-            Ok(())
-        })
-        .await?;
-        for (account, message) in stray {
-            self.push(Invariant::L5, Some(&account), None, None, message);
-        }
-        let mut live: BTreeMap<String, i128> = BTreeMap::new();
-        let mut problems = Vec::new();
-        for g in grants.values() {
-            let (amount, remaining) = (i128::from(g.amount), i128::from(g.remaining));
-            if g.live {
-                *live.entry(g.account.clone()).or_default() += remaining;
-            }
-            let mut say = |m: String| problems.push((g.account.clone(), format!("grant {}: {m}", g.source)));
-            if amount + g.returned != g.consumed + g.expired + remaining {
-                say(format!(
-                    "amount {amount} + returned {} ≠ consumed {} + expired {} + remaining {remaining}",
-                    g.returned, g.consumed, g.expired
-                ));
-            }
-            if !g.live && remaining != 0 {
-                say(format!("expired with {remaining} left"));
-            }
-            if g.expire_entries > 1 {
-                say(format!("{} expire entries of its own", g.expire_entries));
-            }
-            if g.expire_entries == 1 && g.expire_seq != g.expired_seq {
-                say(format!("expired at position {:?}, its expire entry at {:?}", g.expired_seq, g.expire_seq));
-            }
-            if let Some(at) = g.expired_seq
-                && g.last_take > at
-            {
-                say(format!("taken from at position {} after it expired at {at}", g.last_take));
-            }
-        }
-        for (part, (account, says, paid)) in &settled {
-            if says != paid {
-                problems.push((account.clone(), format!("debt part {part} says {says} paid, its settlements {paid}")));
-            }
-        }
-        for r in &db.all(&DEBTS, args![]).await? {
-            let account = r.text(DebtRow::id)?;
-            let (debt, balance) = (i128::from(r.i64(DebtRow::debt)?), i128::from(r.i64(DebtRow::balance)?));
-            let live = live.get(&account).copied().unwrap_or(0);
-            if live - debt != balance {
-                problems.push((
-                    account.clone(),
-                    format!("live grants hold {live}, debt {debt}, but the balance is {balance}"),
-                ));
-            }
-            let owed = unpaid.get(&account).copied().unwrap_or(0);
-            if owed != debt {
-                problems.push((account.clone(), format!("debt {debt} but its unpaid debt parts are {owed}")));
-            }
-        }
-        for (account, message) in problems {
+        let mut l5 = L5::default();
+        l5.load(db).await?;
+        l5.parts(db).await?;
+        l5.expiries(db).await?;
+        l5.judge_grants();
+        l5.judge_accounts(db).await?;
+        for (account, message) in l5.found {
             self.push(Invariant::L5, Some(&account), None, None, message);
         }
         Ok(())

@@ -24,6 +24,7 @@ from .models import (
     ClaimedJob,
     EventPage,
     FailureCount,
+    GrantPage,
     Heartbeat,
     Job,
     LedgerEntry,
@@ -110,8 +111,15 @@ class _ops:
         return _Req("GET", f"/v1/accounts/{_seg(id)}")
 
     @staticmethod
-    def grant(account_id: str, id: str, amount: int, reason: str | None) -> _Req:
-        return _Req("POST", f"/v1/accounts/{_seg(account_id)}/grants", _drop_none(id=id, amount=amount, reason=reason))
+    def grant(
+        account_id: str, id: str, amount: int, reason: str | None, expires_at: str | None, priority: int | None
+    ) -> _Req:
+        body = _drop_none(id=id, amount=amount, reason=reason, expires_at=expires_at, priority=priority)
+        return _Req("POST", f"/v1/accounts/{_seg(account_id)}/grants", body)
+
+    @staticmethod
+    def grants(account_id: str, after: int, limit: int | None) -> _Req:
+        return _Req("GET", f"/v1/accounts/{_seg(account_id)}/grants", params=_drop_none(after=after, limit=limit))
 
     @staticmethod
     def adjust(account_id: str, id: str, amount: int, reason: str) -> _Req:
@@ -263,8 +271,23 @@ class Client:
     def account(self, id: str) -> Account:
         return self._send(_ops.account(id))
 
-    def grant(self, account_id: str, id: str, amount: int, reason: str | None = None) -> LedgerEntry:
-        return self._send(_ops.grant(account_id, id, amount, reason))
+    def grant(
+        self,
+        account_id: str,
+        id: str,
+        amount: int,
+        reason: str | None = None,
+        *,
+        expires_at: str | None = None,
+        priority: int | None = None,
+    ) -> LedgerEntry:
+        """Credits an account. ``expires_at`` (RFC 3339, in the future): what is left then expires;
+        ``priority`` (0-100, default 50): charges take from the lowest first."""
+        return self._send(_ops.grant(account_id, id, amount, reason, expires_at, priority))
+
+    def grants(self, account_id: str, after: int = 0, limit: int | None = None) -> GrantPage:
+        """The account's grants in the order they were made, each with what it has left."""
+        return self._send(_ops.grants(account_id, after, limit))
 
     def adjust(self, account_id: str, id: str, amount: int, reason: str) -> LedgerEntry:
         return self._send(_ops.adjust(account_id, id, amount, reason))
@@ -401,8 +424,23 @@ class AsyncClient:
     async def account(self, id: str) -> Account:
         return await self._send(_ops.account(id))
 
-    async def grant(self, account_id: str, id: str, amount: int, reason: str | None = None) -> LedgerEntry:
-        return await self._send(_ops.grant(account_id, id, amount, reason))
+    async def grant(
+        self,
+        account_id: str,
+        id: str,
+        amount: int,
+        reason: str | None = None,
+        *,
+        expires_at: str | None = None,
+        priority: int | None = None,
+    ) -> LedgerEntry:
+        """Credits an account. ``expires_at`` (RFC 3339, in the future): what is left then expires;
+        ``priority`` (0-100, default 50): charges take from the lowest first."""
+        return await self._send(_ops.grant(account_id, id, amount, reason, expires_at, priority))
+
+    async def grants(self, account_id: str, after: int = 0, limit: int | None = None) -> GrantPage:
+        """The account's grants in the order they were made, each with what it has left."""
+        return await self._send(_ops.grants(account_id, after, limit))
 
     async def adjust(self, account_id: str, id: str, amount: int, reason: str) -> LedgerEntry:
         return await self._send(_ops.adjust(account_id, id, amount, reason))

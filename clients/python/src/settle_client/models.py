@@ -49,7 +49,7 @@ class LedgerEntry(_Replayable):
     seq: int  # unique; increases within an account in commit order (gaps allowed)
     account_seq: int  # 1, 2, 3, ... per account, gap-free: the entry's place in the hash chain
     account_id: str
-    kind: str  # grant, charge, refund, reclaim, adjustment, payout_return
+    kind: str  # grant, charge, refund, reclaim, adjustment, payout_return, release, expire
     amount: int
     balance_after: int
     job_id: str | None
@@ -62,6 +62,22 @@ class LedgerEntry(_Replayable):
 
 class LedgerPage(TypedDict):
     entries: list[LedgerEntry]
+    next_after: int | None
+
+
+class Grant(TypedDict):
+    id: str
+    origin: str  # grant, adjustment, or opening (the balance from before grants were tracked)
+    amount: int
+    remaining: int  # 0 once expired
+    expires_at: str | None  # RFC 3339; None: never
+    priority: int  # 0-100, lower spent first
+    state: str  # active, used, expired
+    created_at: str
+
+
+class GrantPage(TypedDict):
+    grants: list[Grant]
     next_after: int | None
 
 

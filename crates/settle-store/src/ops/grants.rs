@@ -624,7 +624,7 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, now: 
             request_hash: None,
         })
         .collect();
-    super::post_expiries(db, cx, account_id, &lines, now).await?;
+    super::ledger::post_expiries(db, cx, account_id, &lines, now).await?;
     cx.point(CrashPoint::AfterLedger)?;
     let next = db.one(&NEXT, args![account_id]).await?.opt_i64(NextCol::next)?.unwrap_or(NEVER);
     let rows = db.exec(SET_NEXT_EXPIRY, args![account_id, next]).await?;

@@ -8,13 +8,11 @@
 //! is locked, so no global row is held on the commit path (docs/decisions/0021). On PostgreSQL the
 //! lines wait in the transaction's `Pending` and are hashed and written by `flush_lines`.
 
-use super::grants::{self, Books, Terms};
-use super::{Cx, PendingLine, emit, guard_hit, lock_pending, next_seq};
+use super::{Cx, PendingLine, guard_hit, lock_pending, next_seq};
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::Credits;
-use settle_core::history::EventKind;
 use settle_core::ids::AccountId;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use settle_core::limits;
@@ -132,7 +130,7 @@ pub(crate) struct Holds {
 }
 
 /// `holds` alone, for a transition that moves no money (an item succeeding leaves the held set).
-async fn change_holds(db: &mut Db<'_>, account_id: &str, holds: Holds) -> Result<(), StoreError> {
+pub(crate) async fn change_holds(db: &mut Db<'_>, account_id: &str, holds: Holds) -> Result<(), StoreError> {
     if holds == Holds::default() {
         return Ok(());
     }
@@ -151,42 +149,6 @@ pub(crate) struct Line<'a> {
     pub request_hash: Option<&'a [u8; 32]>,
 }
 
-/// Appends `lines` to one account's ledger: one server-side balance change for their sum (guarded
-/// per `check`, numbering them in the account), then the lines themselves — at once on SQLite; on
-/// PostgreSQL queued for `flush`, which gives them their `seq` and hashes just before COMMIT
-/// (docs/decisions/0021) — and the grants' side of it: which grant paid for each debit, where each
-/// return goes back to (docs/decisions/0023).
-pub(crate) async fn post(
-    db: &mut Db<'_>,
-    cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
-    lines: &[Line<'_>],
-    holds: Holds,
-) -> Result<(), StoreError> {
-    post_with(db, cx, account_id, check, lines, holds, Terms::default(), false).await.map(|_| ())
-}
-
-/// `post`, with the lines numbered and written at once, for an answer that is the entry itself
-/// (grants, adjustments; a grant line opens a grant on `terms`). It runs in a transaction of its
-/// own on PostgreSQL: nothing may be queued before it (the chain head it reads would miss the
-/// queued lines).
-pub(crate) async fn post_now(
-    db: &mut Db<'_>,
-    cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
-    lines: &[Line<'_>],
-    terms: Terms,
-) -> Result<Vec<LedgerEntry>, StoreError> {
-    if let Some(pending) = &cx.pending
-        && !lock_pending(pending).lines.is_empty()
-    {
-        return Err(StoreError::internal("post_now after queued ledger lines would fork the chain"));
-    }
-    post_with(db, cx, account_id, check, lines, Holds::default(), terms, true).await
-}
-
 /// The `expire` lines of grants the expiry just closed: no check, no clock guard (the expiry is
 /// what the guard waits for), and no grants' side (the expiry moved its grants itself).
 pub(crate) async fn post_expiries(
@@ -199,63 +161,13 @@ pub(crate) async fn post_expiries(
     if lines.is_empty() {
         return Ok(());
     }
-    append(db, cx, account_id, BalanceCheck::Never, lines, Holds::default(), Guard::Off, now).await.map(|_| ())
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn post_with(
-    db: &mut Db<'_>,
-    cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
-    lines: &[Line<'_>],
-    holds: Holds,
-    terms: Terms,
-    now: bool,
-) -> Result<Vec<LedgerEntry>, StoreError> {
-    if lines.is_empty() {
-        change_holds(db, account_id, holds).await?;
-        return Ok(Vec::new());
-    }
-    let (posted, mut entries) = append(db, cx, account_id, check, lines, holds, Guard::Clock, now).await?;
-    let mut books = Books::new(account_id, posted.debt);
-    grants::account_for(db, cx, &mut books, lines, posted.first_account_seq, terms, check == BalanceCheck::Cash)
-        .await?;
-    let after = posted.first_account_seq + lines.len() as i64;
-    let reexpired = grants::reexpiry_refs(db, &mut books, after).await?;
-    if !reexpired.is_empty() {
-        // Parts given back to expired grants expire at once, right after the posting's lines, on
-        // the account row this operation still holds.
-        let lines: Vec<Line<'_>> = reexpired
-            .iter()
-            .map(|(r, _, amount)| Line {
-                kind: EntryKind::Expire,
-                amount: Credits::new(-*amount),
-                job_id: None,
-                item_id: None,
-                ref_id: Some(r),
-                reason: None,
-                request_hash: None,
-            })
-            .collect();
-        let (again, more) =
-            append(db, cx, account_id, BalanceCheck::Never, &lines, Holds::default(), Guard::Off, now).await?;
-        if again.first_account_seq != after {
-            return Err(StoreError::internal("an account moved between two postings of one operation"));
-        }
-        entries.extend(more);
-        for (r, source, amount) in &reexpired {
-            let data = serde_json::json!({ "grant": source, "amount": amount, "ref_id": r, "on_return": true });
-            emit(db, cx, EventKind::GrantExpired, None, account_id, data).await?;
-        }
-    }
-    grants::close(db, &books).await?;
-    Ok(entries)
+    let appended = append(db, cx, account_id, BalanceCheck::Never, lines, Holds::default(), Guard::Off, now).await?;
+    appended.map(drop).ok_or_else(|| StoreError::internal("an unguarded posting waited for an expiry"))
 }
 
 /// Whether a balance change waits for the account's due grants to expire first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Guard {
+pub(crate) enum Guard {
     /// Every posting: no check may count a grant past its expiry (docs/decisions/0023).
     Clock,
     /// The expiry's own lines.
@@ -263,9 +175,11 @@ enum Guard {
 }
 
 /// The guarded balance change and the lines: written at once (`now`, or SQLite), else queued.
-/// Returns the posting's place and, when written, its entries.
+/// Returns the posting's place and, when written, its entries — or `None` under `Guard::Clock` when
+/// the account has a grant due and not expired yet: nothing was written, and the caller expires
+/// the account's due grants first (`grants::expire_due`) and posts again.
 #[allow(clippy::too_many_arguments)]
-async fn append(
+pub(crate) async fn append(
     db: &mut Db<'_>,
     cx: &Cx,
     account_id: &str,
@@ -274,13 +188,15 @@ async fn append(
     holds: Holds,
     guard: Guard,
     now: bool,
-) -> Result<(Posted, Vec<LedgerEntry>), StoreError> {
+) -> Result<Option<(Posted, Vec<LedgerEntry>)>, StoreError> {
     let pending = match &cx.pending {
         Some(p) if !now => p,
-        _ => return post_lines(db, cx, account_id, check, lines, holds, guard, now).await,
+        _ => return post_lines(db, cx, account_id, check, lines, holds, guard).await,
     };
     let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
-    let posted = change_balance(db, cx, account_id, check, total, holds, lines.len(), guard, now).await?;
+    let Some(posted) = change_balance(db, cx, account_id, check, total, holds, lines.len(), guard).await? else {
+        return Ok(None);
+    };
     let mut balance = Credits::new(posted.balance).checked_sub(total)?;
     let mut pending = lock_pending(pending);
     for (line, account_seq) in lines.iter().zip(posted.first_account_seq..) {
@@ -300,20 +216,19 @@ async fn append(
         });
     }
     assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
-    Ok((posted, Vec::new()))
+    Ok(Some((posted, Vec::new())))
 }
 
 /// What a guarded balance change left: the balance after it, the `account_seq` of the first of
 /// the posting's lines, and the account's debt (which the change itself does not move).
-struct Posted {
-    balance: i64,
-    first_account_seq: i64,
-    debt: i64,
+pub(crate) struct Posted {
+    pub balance: i64,
+    pub first_account_seq: i64,
+    pub debt: i64,
 }
 
 /// The guarded balance change for a posting of `total` in `lines` lines. Under `Guard::Clock` an
-/// account with a grant due matches nothing: its due grants are expired first (in this
-/// transaction, on the account row), and the change is tried again.
+/// account with a grant due matches nothing: `None`, for the caller to expire its due grants first.
 #[allow(clippy::too_many_arguments)]
 async fn change_balance(
     db: &mut Db<'_>,
@@ -324,62 +239,53 @@ async fn change_balance(
     holds: Holds,
     lines: usize,
     guard: Guard,
-    now: bool,
-) -> Result<Posted, StoreError> {
+) -> Result<Option<Posted>, StoreError> {
     let (held, exposure, n) = (holds.held, holds.exposure, lines as i64);
     let max = limits::BALANCE_MAX;
     let clock = match guard {
         Guard::Clock => cx.now.micros(),
         Guard::Off => i64::MIN,
     };
-    let mut expired_first = false;
-    loop {
-        let row = match check {
-            BalanceCheck::Overdraft => {
-                debug_assert!(!total.is_positive());
-                db.opt(&DEBIT_OVERDRAFT, args![account_id, total.get(), max, held, exposure, n, clock]).await?
-            }
-            BalanceCheck::Cash => {
-                debug_assert!(!total.is_positive());
-                db.opt(&DEBIT_CASH, args![account_id, total.get(), max, held, exposure, n, clock]).await?
-            }
-            BalanceCheck::Bounded if total.is_negative() => {
-                db.opt(&DEBIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n, clock]).await?
-            }
-            BalanceCheck::Bounded => {
-                db.opt(&CREDIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n, clock]).await?
-            }
-            BalanceCheck::Never => {
-                db.opt(&CREDIT_ANY, args![account_id, total.get(), held, exposure, n, clock]).await?
-            }
-        };
-        if let Some(row) = row {
-            let entries = row.i64(BalanceCol::entries)?;
-            return Ok(Posted {
-                balance: row.i64(BalanceCol::balance)?,
-                first_account_seq: entries - n + 1,
-                debt: row.i64(BalanceCol::debt)?,
-            });
+    let row = match check {
+        BalanceCheck::Overdraft => {
+            debug_assert!(!total.is_positive());
+            db.opt(&DEBIT_OVERDRAFT, args![account_id, total.get(), max, held, exposure, n, clock]).await?
         }
-        let current =
-            db.opt(&LIMITS, args![account_id]).await?.ok_or_else(|| StoreError::not_found("account", account_id))?;
-        if current.i64(LimitCol::next_expiry)? <= clock && !expired_first {
-            // Boxed: the expiry posts its own lines through `append`.
-            Box::pin(grants::expire_due(db, cx, account_id, now)).await?;
-            expired_first = true;
-            continue;
+        BalanceCheck::Cash => {
+            debug_assert!(!total.is_positive());
+            db.opt(&DEBIT_CASH, args![account_id, total.get(), max, held, exposure, n, clock]).await?
         }
-        let balance = current.i64(LimitCol::balance)?;
-        return Err(match check {
-            BalanceCheck::Overdraft => StoreError::InsufficientCredits {
-                balance,
-                overdraft_limit: current.i64(LimitCol::overdraft_limit)?,
-                needed: total.checked_neg()?.get(),
-            },
-            BalanceCheck::Cash => StoreError::InsufficientBalance { balance, needed: total.checked_neg()?.get() },
-            _ => StoreError::Overflow,
-        });
+        BalanceCheck::Bounded if total.is_negative() => {
+            db.opt(&DEBIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n, clock]).await?
+        }
+        BalanceCheck::Bounded => {
+            db.opt(&CREDIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n, clock]).await?
+        }
+        BalanceCheck::Never => db.opt(&CREDIT_ANY, args![account_id, total.get(), held, exposure, n, clock]).await?,
+    };
+    if let Some(row) = row {
+        let entries = row.i64(BalanceCol::entries)?;
+        return Ok(Some(Posted {
+            balance: row.i64(BalanceCol::balance)?,
+            first_account_seq: entries - n + 1,
+            debt: row.i64(BalanceCol::debt)?,
+        }));
     }
+    let current =
+        db.opt(&LIMITS, args![account_id]).await?.ok_or_else(|| StoreError::not_found("account", account_id))?;
+    if current.i64(LimitCol::next_expiry)? <= clock {
+        return Ok(None);
+    }
+    let balance = current.i64(LimitCol::balance)?;
+    Err(match check {
+        BalanceCheck::Overdraft => StoreError::InsufficientCredits {
+            balance,
+            overdraft_limit: current.i64(LimitCol::overdraft_limit)?,
+            needed: total.checked_neg()?.get(),
+        },
+        BalanceCheck::Cash => StoreError::InsufficientBalance { balance, needed: total.checked_neg()?.get() },
+        _ => StoreError::Overflow,
+    })
 }
 
 /// `n` fresh `seq` numbers, ascending: SQLite's writer takes them from the batch's `ledger`
@@ -418,10 +324,11 @@ async fn post_lines(
     lines: &[Line<'_>],
     holds: Holds,
     guard: Guard,
-    now: bool,
-) -> Result<(Posted, Vec<LedgerEntry>), StoreError> {
+) -> Result<Option<(Posted, Vec<LedgerEntry>)>, StoreError> {
     let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
-    let posted = change_balance(db, cx, account_id, check, total, holds, lines.len(), guard, now).await?;
+    let Some(posted) = change_balance(db, cx, account_id, check, total, holds, lines.len(), guard).await? else {
+        return Ok(None);
+    };
     let mut balance = Credits::new(posted.balance).checked_sub(total)?;
     let mut prev = chain_head(db, account_id, posted.first_account_seq - 1).await?;
     let seqs = seq_numbers(db, cx, lines.len()).await?;
@@ -479,7 +386,7 @@ async fn post_lines(
         prev = hash;
     }
     assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
-    Ok((posted, out))
+    Ok(Some((posted, out)))
 }
 
 fn hash32(h: Vec<u8>) -> Result<Hash32, StoreError> {

@@ -1,0 +1,122 @@
+//! A posting: the ledger lines of one operation on one account (`ledger`), and the grants' side of
+//! them (`grants`): which grant paid for each debit, where each return goes back to, and what
+//! expires first (docs/decisions/0021, 0023).
+//!
+//! Every balance change waits for the clock: an account with a grant past its instant and not yet
+//! expired posts nothing until its due grants are expired, in the same transaction on the same
+//! account row, so no check counts credit that is already dead.
+
+use super::grants::{self, Books, Terms};
+use super::{BalanceCheck, Cx, Guard, Holds, Line, Posted, append, change_holds, emit, lock_pending};
+use crate::db::Db;
+use crate::error::StoreError;
+use crate::model::LedgerEntry;
+use settle_core::Credits;
+use settle_core::history::EventKind;
+use settle_core::ledger::EntryKind;
+
+/// Appends `lines` to one account's ledger: one server-side balance change for their sum (guarded
+/// per `check`, numbering them in the account), then the lines themselves — at once on SQLite; on
+/// PostgreSQL queued for `flush`, which gives them their `seq` and hashes just before COMMIT — and
+/// the grants' side of it.
+pub(crate) async fn post(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    check: BalanceCheck,
+    lines: &[Line<'_>],
+    holds: Holds,
+) -> Result<(), StoreError> {
+    post_with(db, cx, account_id, check, lines, holds, Terms::default(), false).await.map(|_| ())
+}
+
+/// `post`, with the lines numbered and written at once, for an answer that is the entry itself
+/// (grants, adjustments; a grant line opens a grant on `terms`). It runs in a transaction of its
+/// own on PostgreSQL: nothing may be queued before it (the chain head it reads would miss the
+/// queued lines).
+pub(crate) async fn post_now(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    check: BalanceCheck,
+    lines: &[Line<'_>],
+    terms: Terms,
+) -> Result<Vec<LedgerEntry>, StoreError> {
+    if let Some(pending) = &cx.pending
+        && !lock_pending(pending).lines.is_empty()
+    {
+        return Err(StoreError::internal("post_now after queued ledger lines would fork the chain"));
+    }
+    post_with(db, cx, account_id, check, lines, Holds::default(), terms, true).await
+}
+
+/// The balance change and lines, after the account's due grants have expired.
+#[allow(clippy::too_many_arguments)]
+async fn post_on_the_clock(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    check: BalanceCheck,
+    lines: &[Line<'_>],
+    holds: Holds,
+    now: bool,
+) -> Result<(Posted, Vec<LedgerEntry>), StoreError> {
+    if let Some(done) = append(db, cx, account_id, check, lines, holds, Guard::Clock, now).await? {
+        return Ok(done);
+    }
+    grants::expire_due(db, cx, account_id, now).await?;
+    append(db, cx, account_id, check, lines, holds, Guard::Clock, now)
+        .await?
+        .ok_or_else(|| StoreError::internal(format!("account {account_id} still has a grant due after its expiry")))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn post_with(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    account_id: &str,
+    check: BalanceCheck,
+    lines: &[Line<'_>],
+    holds: Holds,
+    terms: Terms,
+    now: bool,
+) -> Result<Vec<LedgerEntry>, StoreError> {
+    if lines.is_empty() {
+        change_holds(db, account_id, holds).await?;
+        return Ok(Vec::new());
+    }
+    let (posted, mut entries) = post_on_the_clock(db, cx, account_id, check, lines, holds, now).await?;
+    let mut books = Books::new(account_id, posted.debt);
+    let cash = check == BalanceCheck::Cash;
+    grants::account_for(db, cx, &mut books, lines, posted.first_account_seq, terms, cash).await?;
+    let after = posted.first_account_seq + lines.len() as i64;
+    let reexpired = grants::reexpiry_refs(db, &mut books, after).await?;
+    if !reexpired.is_empty() {
+        // Parts given back to expired grants expire at once, right after the posting's lines, on
+        // the account row this operation still holds.
+        let lines: Vec<Line<'_>> = reexpired
+            .iter()
+            .map(|(r, _, amount)| Line {
+                kind: EntryKind::Expire,
+                amount: Credits::new(-*amount),
+                job_id: None,
+                item_id: None,
+                ref_id: Some(r),
+                reason: None,
+                request_hash: None,
+            })
+            .collect();
+        let unguarded = append(db, cx, account_id, BalanceCheck::Never, &lines, Holds::default(), Guard::Off, now);
+        let (again, more) = unguarded.await?.ok_or_else(|| StoreError::internal("an unguarded posting waited"))?;
+        if again.first_account_seq != after {
+            return Err(StoreError::internal("an account moved between two postings of one operation"));
+        }
+        entries.extend(more);
+        for (r, source, amount) in &reexpired {
+            let data = serde_json::json!({ "grant": source, "amount": amount, "ref_id": r, "on_return": true });
+            emit(db, cx, EventKind::GrantExpired, None, account_id, data).await?;
+        }
+    }
+    grants::close(db, &books).await?;
+    Ok(entries)
+}
