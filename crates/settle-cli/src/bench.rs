@@ -2,8 +2,8 @@
 //! engine's own limit (empty commits of one row) measured in the same run.
 
 use anyhow::Context;
-use settle_core::Credits;
 use settle_core::ids::*;
+use settle_core::{Credits, Timestamp};
 use settle_store::*;
 use sqlx::{ConnectOptions, Connection};
 use std::str::FromStr;
@@ -68,6 +68,12 @@ pub struct BenchArgs {
     /// priced at 3 by the success: a release entry each), SQLite (FULL, in --dir) or --postgres.
     #[arg(long)]
     held: bool,
+    /// Measure the cost of a charge as an account's active grants grow instead: for each number N,
+    /// every client's account holds N grants (mixed priorities and expiries, the head of the
+    /// burn-down order paying every charge) and runs create → claim → succeed, SQLite (FULL, in
+    /// --dir) or --postgres (docs/decisions/0023).
+    #[arg(long, value_delimiter = ',')]
+    grants: Vec<usize>,
     /// Where --raw-commits puts its SQLite file (a real disk, not tmpfs, or fsync costs nothing).
     #[arg(long, default_value = ".")]
     dir: std::path::PathBuf,
@@ -88,6 +94,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if args.held {
         return run_held(&args).await;
+    }
+    if !args.grants.is_empty() {
+        return run_grants(&args).await;
     }
     if args.raw_commits {
         let rate = match &args.postgres {
@@ -318,37 +327,57 @@ async fn drive(store: Arc<SqlStore>, concurrency: usize, jobs: usize) -> anyhow:
 
 /// `drive`, with ids prefixed by `run` so it can run again on the same store.
 async fn drive_on(store: Arc<SqlStore>, concurrency: usize, jobs: usize, run: &str) -> anyhow::Result<f64> {
-    drive_priced(store, concurrency, jobs, run, false).await
+    drive_priced(store, concurrency, jobs, run, false, 1).await
 }
 
-/// `drive_on`; with `held`, each job holds 10 and its success prices it at 3 (7 released).
+/// Gives `account` `grants` grants of 10^9: the first (priority 0, never expiring) is the head of
+/// the burn-down order; the rest have priorities 1–100 and expiries a year or more away.
+async fn fill_grants(store: &SqlStore, account: &AccountId, run: &str, a: usize, grants: usize) -> anyhow::Result<()> {
+    let now = settle_core::Clock::now(&settle_core::SystemClock);
+    for g in 0..grants {
+        let (priority, expires_at) = match g {
+            0 => (0, None),
+            _ => {
+                let days = 365 + (g * 7 % 365) as i64;
+                (1 + (g * 37 % 100) as i64, Some(Timestamp::from_micros(now.micros() + days * 86_400_000_000)))
+            }
+        };
+        let req = NewGrant {
+            id: RefId::parse(&format!("{run}g-{a}-{g}"))?,
+            amount: Credits::new(1_000_000_000),
+            reason: None,
+            expires_at: if grants == 1 { None } else { expires_at },
+            priority: Some(priority),
+        };
+        store.grant(account, req, settle_store::SYSTEM_ACTOR).await?;
+    }
+    Ok(())
+}
+
+/// `drive_on`; with `held`, each job holds 10 and its success prices it at 3 (7 released); each
+/// client's account holds `grants` grants (`fill_grants`), made before the clock starts.
 async fn drive_priced(
     store: Arc<SqlStore>,
     concurrency: usize,
     jobs: usize,
     run: &str,
     held: bool,
+    grants: usize,
 ) -> anyhow::Result<f64> {
-    let mut accounts = Vec::new();
+    let mut fills = Vec::new();
     for a in 0..concurrency {
-        let id = AccountId::parse(&format!("{run}acct-{a}"))?;
-        store
-            .create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
-            .await?;
-        store
-            .grant(
-                &id,
-                NewGrant {
-                    id: RefId::parse(&format!("{run}g-{a}"))?,
-                    amount: Credits::new(1_000_000_000),
-                    reason: None,
-                    expires_at: None,
-                    priority: None,
-                },
-                settle_store::SYSTEM_ACTOR,
-            )
-            .await?;
-        accounts.push(id);
+        let (store, run) = (store.clone(), run.to_owned());
+        fills.push(tokio::spawn(async move {
+            let id = AccountId::parse(&format!("{run}acct-{a}"))?;
+            let account = NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO };
+            store.create_account(account, settle_store::SYSTEM_ACTOR).await?;
+            fill_grants(&store, &id, &run, a, grants.max(1)).await?;
+            Ok::<AccountId, anyhow::Error>(id)
+        }));
+    }
+    let mut accounts = Vec::new();
+    for f in fills {
+        accounts.push(f.await.context("bench setup")??);
     }
     let per_client = jobs / concurrency;
     let started = Instant::now();
@@ -429,12 +458,47 @@ async fn run_held(args: &BenchArgs) -> anyhow::Result<()> {
                 Arc::new(SqlStore::open(&url, StoreOptions::default()).await?)
             }
         };
-        let rate = drive_priced(store, concurrency, args.jobs, "", held).await?;
+        let rate = drive_priced(store, concurrency, args.jobs, "", held, 1).await?;
         if !held {
             plain = rate;
         }
         let name = if held { "held" } else { "plain" };
         println!("{name:<8} {rate:>14.0} {:>9.2}", rate / plain);
+    }
+    Ok(())
+}
+
+/// `settle bench --grants`: the same story as an account's active grants grow.
+async fn run_grants(args: &BenchArgs) -> anyhow::Result<()> {
+    let concurrency = args.concurrency.last().copied().unwrap_or(32).max(1);
+    let engine = match &args.postgres {
+        Some(server) => format!("PostgreSQL at {server} (synchronous_commit=on)"),
+        None => format!("SQLite (WAL, synchronous=FULL) in {}", args.dir.display()),
+    };
+    println!(
+        "settle bench --grants: {engine}, {} jobs of 3 credits, {concurrency} clients (an account each), \
+         create → claim → succeed; each account holds N active grants, the head of the order paying",
+        args.jobs
+    );
+    println!("{:<8} {:>14} {:>9}", "grants", "transitions/s", "÷ first");
+    let mut first = None;
+    for &n in &args.grants {
+        let dir = tempfile::tempdir_in(&args.dir)?;
+        let store = match &args.postgres {
+            Some(server) => {
+                let url = fresh_pg_database(server).await?;
+                let options =
+                    StoreOptions { pg_max_connections: concurrency.clamp(1, 64) as u32, ..StoreOptions::default() };
+                Arc::new(SqlStore::open(&url, options).await?)
+            }
+            None => {
+                let url = format!("sqlite://{}", dir.path().join("grants.db").display());
+                Arc::new(SqlStore::open(&url, StoreOptions::default()).await?)
+            }
+        };
+        let rate = drive_priced(store, concurrency, args.jobs, "", false, n).await?;
+        let base = *first.get_or_insert(rate);
+        println!("{n:<8} {rate:>14.0} {:>9.2}", rate / base);
     }
     Ok(())
 }

@@ -57,7 +57,7 @@ CREATE TABLE allocations (
 ) STRICT;
 CREATE INDEX allocations_item ON allocations (job_id, item_id, id) WHERE job_id IS NOT NULL;
 -- Debt not yet paid, oldest first (what new credit pays), and the settlements of one debt part.
-CREATE INDEX allocations_unpaid ON allocations (account_id, id) WHERE grant_key IS NULL AND given_back + settled < taken;
+CREATE INDEX allocations_unpaid ON allocations (account_id, id) WHERE grant_key IS NULL AND taken > given_back + settled;
 CREATE INDEX allocations_paid ON allocations (paid_part) WHERE paid_part IS NOT NULL;
 
 ALTER TABLE accounts ADD COLUMN debt INTEGER NOT NULL DEFAULT 0 CHECK (debt >= 0);

@@ -105,7 +105,7 @@ static CASH_HEAD: LazyLock<String> = LazyLock::new(|| {
 });
 static UNPAID: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM allocations WHERE account_id = $1 AND grant_key IS NULL AND given_back + settled < taken \
+        "SELECT {} FROM allocations WHERE account_id = $1 AND grant_key IS NULL AND taken > given_back + settled \
          ORDER BY id LIMIT $2",
         UnpaidCol::LIST
     )
@@ -114,7 +114,12 @@ static SETTLEMENTS_OF: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {} FROM allocations WHERE paid_part = $1 AND given_back < taken ORDER BY id DESC", PartCol::LIST)
 });
 static OPEN_PARTS: LazyLock<String> = LazyLock::new(|| {
-    format!("SELECT {} FROM allocations WHERE job_id = $1 AND given_back < taken ORDER BY id DESC", PartCol::LIST)
+    // Each item's parts last taken first; the order across items does not matter (and lets the
+    // index `(job_id, item_id, id)` give the rows in order, read backwards).
+    format!(
+        "SELECT {} FROM allocations WHERE job_id = $1 AND given_back < taken ORDER BY item_id DESC, id DESC",
+        PartCol::LIST
+    )
 });
 static DUE: LazyLock<String> = LazyLock::new(|| {
     format!(

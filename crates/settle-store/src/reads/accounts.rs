@@ -228,7 +228,12 @@ columns! {
 /// Accounts with a grant due at `now`, soonest first: `(next_expiry, id)`.
 pub(crate) async fn accounts_due(db: &mut Db<'_>, now: Timestamp, limit: u32) -> Result<Vec<String>, StoreError> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!("SELECT {} FROM accounts WHERE next_expiry <= $1 ORDER BY next_expiry LIMIT $2", DueAccountCol::LIST)
+        // The literal bound lets SQLite use the partial index of accounts with a grant to expire.
+        format!(
+            "SELECT {} FROM accounts WHERE next_expiry <= $1 AND next_expiry < 9223372036854775807 \
+             ORDER BY next_expiry LIMIT $2",
+            DueAccountCol::LIST
+        )
     });
     let rows = db.all(&SQL, args![now.micros(), page_limit(limit)]).await?;
     rows.iter().map(|r| r.text(DueAccountCol::id)).collect()

@@ -349,6 +349,42 @@ async fn charges_race_the_expiry_instant(engine: EngineKind) {
     k.assert_clean().await;
 }
 
+/// 50 refunds racing the instant their grant expires at, and expiry passes among them: each refund
+/// lands on the live trial (which then expires with it) or on the expired one (expiring at once), so
+/// the account ends with exactly what it bought, and every credit is accounted once.
+async fn refunds_race_the_expiry(engine: EngineKind) {
+    let k = Arc::new(Kit::new(engine).await);
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "trial", 500, Some(0), Some(MINUTE)).await;
+    grant(&k, &a, "bought", 300, None, None).await;
+    for i in 0..50 {
+        k.job(&format!("j{i}"), &a, 10).await;
+    }
+    let claimed = k.store.claim(claim_req("w", 100)).await.unwrap();
+    assert_eq!(claimed.len(), 50);
+    k.clock.advance_seconds(59);
+    let mut tasks = Vec::new();
+    for (i, c) in claimed.into_iter().enumerate() {
+        let k = k.clone();
+        tasks.push(tokio::spawn(async move {
+            if i == 25 {
+                k.clock.advance_seconds(2);
+            }
+            if i % 10 == 0 {
+                k.store.expire_grants(100).await.unwrap();
+            }
+            k.store.fail(&c.job.id, fail_sig(&c.lease_token, "BAD_INPUT")).await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    k.store.expire_grants(100).await.unwrap();
+    assert_eq!(k.balance(&a).await, 300, "the trial is gone, refunds and all; the bought credit is whole");
+    assert_eq!(left(&k, &a).await, [row("trial", 0, "expired"), row("bought", 300, "active")]);
+    k.assert_clean().await;
+}
+
 macro_rules! both_engines {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -375,4 +411,5 @@ both_engines!(
     grant_terms_are_checked_and_replay,
     the_expiry_pass_twice_at_once_expires_once,
     charges_race_the_expiry_instant,
+    refunds_race_the_expiry,
 );
