@@ -8,7 +8,7 @@ on_both_engines!(grants_carry_terms_and_are_listed, bad_terms_write_nothing);
 
 /// RFC 3339, `seconds` from now.
 fn in_seconds(seconds: i64) -> String {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as i64;
+    let now = settle_core::Clock::now(&settle_core::SystemClock).micros();
     settle_core::Timestamp::from_micros(now + seconds * 1_000_000).rfc3339()
 }
 

@@ -156,6 +156,23 @@ const INSERT_ALLOCATIONS_PG: &str = "INSERT INTO allocations (account_id, grant_
      account_seq, taken, paid_part, created_at) SELECT $1, g, k, j, i, r, s, t, p, $2 FROM unnest($3::bigint[], \
      $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[]) \
      AS a(g, k, j, i, r, s, t, p)";
+/// `TAKE` and `INSERT_ALLOCATION` of the head grant in one statement: the head (as `HEAD` orders
+/// it) takes $2 if it has that much, and its part is recorded; no row when it has not.
+macro_rules! take_from_head_pg {
+    ($filter:literal) => {
+        concat!(
+            "WITH head AS (SELECT key FROM grants WHERE account_id = $1 AND remaining > 0 AND expired_at IS NULL ",
+            $filter,
+            " ORDER BY priority, expiry_key, key LIMIT 1), \
+             took AS (UPDATE grants g SET remaining = g.remaining - $2 FROM head \
+             WHERE g.key = head.key AND g.remaining >= $2 RETURNING g.key) \
+             INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, account_seq, taken, created_at) \
+             SELECT $1, took.key, $3, $4, $5, $6, $7, $2, $8 FROM took"
+        )
+    };
+}
+const TAKE_FROM_HEAD_PG: &str = take_from_head_pg!("");
+const TAKE_FROM_CASH_HEAD_PG: &str = take_from_head_pg!("AND expiry_key = 9223372036854775807");
 const INSERT_GRANT: &str = "INSERT INTO grants (account_id, origin, source_id, amount, priority, expires_at, \
      expiry_key, remaining, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING key";
 
@@ -354,6 +371,13 @@ async fn take(
     takes: &[(&Line<'_>, i64)],
     cash: bool,
 ) -> Result<(), StoreError> {
+    if let [(line, account_seq)] = takes
+        && db.engine() == Engine::Postgres
+        && take_from_head(db, cx, books, line, *account_seq, cash).await?
+    {
+        return Ok(());
+    }
+
     let head: &'static str = if cash { &CASH_HEAD } else { &HEAD };
     // (key, what it had, what this posting takes from it)
     let mut grants: Vec<(i64, i64, i64)> = Vec::new();
@@ -363,11 +387,7 @@ async fn take(
     let mut parts: Vec<Part<'_>> = Vec::new();
     for (line, account_seq) in takes {
         let mut need = line.amount.get().checked_neg().ok_or(StoreError::Overflow)?;
-        let kind = match line.kind {
-            EntryKind::Charge => "charge",
-            EntryKind::Reclaim => "reclaim",
-            _ => "adjustment",
-        };
+        let kind = take_kind(line.kind);
         while need > 0 {
             if at == grants.len() {
                 if exhausted {
@@ -425,6 +445,37 @@ async fn take(
         guard_hit(rows, "grant burn-down")?;
     }
     insert_parts(db, cx, books.account_id, &parts).await
+}
+
+/// PostgreSQL's common case in one round trip: a posting of one debit that the head of the burn-down
+/// order covers takes it and records its part in one statement (the account row is held, so the
+/// head it reads is current). `false`: nothing written, the head does not cover it (or there is
+/// none) — the caller takes the general way.
+async fn take_from_head(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    books: &Books<'_>,
+    line: &Line<'_>,
+    account_seq: i64,
+    cash: bool,
+) -> Result<bool, StoreError> {
+    let need = line.amount.get().checked_neg().ok_or(StoreError::Overflow)?;
+    if need <= 0 {
+        return Ok(false);
+    }
+    let sql = if cash { TAKE_FROM_CASH_HEAD_PG } else { TAKE_FROM_HEAD_PG };
+    let kind = take_kind(line.kind);
+    let args =
+        args![books.account_id, need, kind, line.job_id, line.item_id, line.ref_id, account_seq, cx.now.micros()];
+    Ok(db.exec(sql, args).await? == 1)
+}
+
+fn take_kind(kind: EntryKind) -> &'static str {
+    match kind {
+        EntryKind::Charge => "charge",
+        EntryKind::Reclaim => "reclaim",
+        _ => "adjustment",
+    }
 }
 
 async fn insert_parts(db: &mut Db<'_>, cx: &Cx, account_id: &str, parts: &[Part<'_>]) -> Result<(), StoreError> {
