@@ -101,7 +101,7 @@ mod tests {
     #[test]
     fn entry_kind_names_are_the_storage_format() {
         let names: Vec<&str> = EntryKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["grant", "charge", "refund", "reclaim", "adjustment", "payout_return", "release"]);
+        assert_eq!(names, ["grant", "charge", "refund", "reclaim", "adjustment", "payout_return", "release", "expire"]);
         for k in EntryKind::ALL {
             assert_eq!(EntryKind::parse(k.as_str()), Some(k));
         }

@@ -109,7 +109,7 @@ columns! {
 
 columns! {
     /// A grant as L5 reads it.
-    GrantRow { key, account_id, origin, source_id, amount, remaining, expired_at, expired_seq }
+    GrantRow { key, account_id, origin, source_id, amount, remaining, expiry_key, expired_at, expired_seq }
 }
 
 columns! {
@@ -123,8 +123,16 @@ columns! {
 }
 
 columns! {
-    /// An account's debt beside its balance.
-    DebtRow { id, balance, debt }
+    /// An account's debt beside its balance, and its next expiry.
+    DebtRow { id, balance, debt, next_expiry }
+}
+
+columns! {
+    /// An item beside what of its parts is still open (none: NULL).
+    ItemPartsRow {
+        job_id = "i.job_id", item_id = "i.item_id", state = "i.state", cost = "i.cost", job_kind = "j.kind",
+        open = "p.open", parts = "p.n",
+    }
 }
 
 /// One grant's figures as L5 adds them up.
@@ -134,6 +142,7 @@ struct GrantTally {
     source: String,
     amount: i64,
     remaining: i64,
+    expiry_key: i64,
     live: bool,
     expired_seq: Option<i64>,
     consumed: i128,
@@ -157,6 +166,8 @@ struct L5 {
     /// Per debt part: its account, what it says is paid, what its open settlements pay.
     settled: BTreeMap<i64, (String, i128, i128)>,
     found: Vec<(String, String)>,
+    /// Items whose open parts disagree with their state: (job, item, what).
+    items_found: Vec<(String, String, String)>,
 }
 
 impl L5 {
@@ -174,6 +185,7 @@ impl L5 {
                 source: r.text(C::source_id)?,
                 amount: r.i64(C::amount)?,
                 remaining: r.i64(C::remaining)?,
+                expiry_key: r.i64(C::expiry_key)?,
                 live: r.opt_i64(C::expired_at)?.is_none(),
                 expired_seq: r.opt_i64(C::expired_seq)?,
                 ..GrantTally::default()
@@ -199,20 +211,28 @@ impl L5 {
                 settled.entry(r.i64(C::id)?).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
                 return Ok(());
             };
+            let id = r.i64(C::id)?;
             let Some(g) = grants.get_mut(&key) else {
-                found.push((
-                    account.to_owned(),
-                    format!("allocation {} of a grant {key} that does not exist", r.i64(C::id)?),
-                ));
+                found.push((account.to_owned(), format!("allocation {id} of a grant {key} that does not exist")));
                 return Ok(());
             };
+            if g.account != account {
+                found.push((
+                    account.to_owned(),
+                    format!("allocation {id} takes from {}'s grant {}", g.account, g.source),
+                ));
+            }
             g.consumed += taken;
             g.returned += given_back;
             if matches!(r.str(C::kind)?, "charge" | "reclaim" | "adjustment") {
                 g.last_take = g.last_take.max(r.i64(C::account_seq)?);
             }
             if let Some(paid) = r.opt_i64(C::paid_part)? {
-                settled.entry(paid).or_insert_with(|| (account.to_owned(), 0, 0)).2 += taken - given_back;
+                let part = settled.entry(paid).or_insert_with(|| (account.to_owned(), 0, 0));
+                part.2 += taken - given_back;
+                if part.0 != account {
+                    found.push((account.to_owned(), format!("settlement {id} pays {}'s debt part {paid}", part.0)));
+                }
             }
             Ok(())
         })
@@ -282,12 +302,48 @@ impl L5 {
         }
     }
 
+    /// Every item's open parts are what it still costs its account (what a refund would give back):
+    /// its stake while it is held, charged or delivered; nothing once refunded, cancelled or
+    /// returned. Items decided before grants were tracked have no parts and are not judged.
+    async fn items(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id LEFT JOIN (SELECT job_id, item_id, \
+                 CAST(SUM(taken - given_back) AS bigint) AS open, COUNT(*) AS n FROM allocations \
+                 WHERE job_id IS NOT NULL GROUP BY job_id, item_id) p ON p.job_id = i.job_id AND p.item_id = i.item_id",
+                ItemPartsRow::LIST
+            )
+        });
+        let found = &mut self.items_found;
+        db.each(&SQL, args![], |r| {
+            use ItemPartsRow as C;
+            let Some(state) = ItemState::parse(r.str(C::state)?) else { return Ok(()) };
+            let cost = r.i64(C::cost)?;
+            let returnable = state.is_held(r.str(C::job_kind)? == settle_core::job::WITHDRAWAL_KIND);
+            let (open, parts) = (r.opt_i64(C::open)?.unwrap_or(0), r.opt_i64(C::parts)?.unwrap_or(0));
+            if parts == 0 && !returnable {
+                return Ok(());
+            }
+            let want = state.net(Credits::new(cost)).map(|n| -n.get()).unwrap_or(i64::MIN);
+            if open != want {
+                let what = format!("its open parts hold {open}, its state {} costs {want}", state.as_str());
+                found.push((r.text(C::job_id)?, r.text(C::item_id)?, what));
+            }
+            Ok(())
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn judge_accounts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         static DEBTS: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM accounts ORDER BY id", DebtRow::LIST));
         let mut live: BTreeMap<&str, i128> = BTreeMap::new();
+        let mut soonest: BTreeMap<&str, i64> = BTreeMap::new();
         for g in self.grants.values().filter(|g| g.live) {
             *live.entry(&g.account).or_default() += i128::from(g.remaining);
+            let next = soonest.entry(&g.account).or_insert(i64::MAX);
+            *next = (*next).min(g.expiry_key);
         }
         let mut found = Vec::new();
         for r in &db.all(&DEBTS, args![]).await? {
@@ -302,7 +358,15 @@ impl L5 {
             }
             let owed = self.unpaid.get(&account).copied().unwrap_or(0);
             if owed != debt {
-                found.push((account, format!("debt {debt} but its unpaid debt parts are {owed}")));
+                found.push((account.clone(), format!("debt {debt} but its unpaid debt parts are {owed}")));
+            }
+            // The clock guard waits for this: a next expiry later than a live grant's would let a
+            // posting count dead credit.
+            let (stored, want) =
+                (r.i64(DebtRow::next_expiry)?, soonest.get(account.as_str()).copied().unwrap_or(i64::MAX));
+            if stored != want {
+                found
+                    .push((account, format!("next expiry {stored} but its soonest unexpired grant expires at {want}")));
             }
         }
         self.found.extend(found);
@@ -676,8 +740,12 @@ impl<'p> Audit<'p> {
         l5.expiries(db).await?;
         l5.judge_grants();
         l5.judge_accounts(db).await?;
+        l5.items(db).await?;
         for (account, message) in l5.found {
             self.push(Invariant::L5, Some(&account), None, None, message);
+        }
+        for (job, item, message) in l5.items_found {
+            self.push(Invariant::L5, None, Some(&job), Some(&item), message);
         }
         Ok(())
     }

@@ -1,6 +1,7 @@
 //! Creating a job: validated, fingerprinted for create-by-id replays, its items inserted and charged
 //! one ledger line each, in one transaction with its `job.queued` event.
 
+use super::grants::Spend;
 use super::{BalanceCheck, Cx, Holds, Line, attach, emit, guard_hit, lock_job, next_seq, post};
 use crate::db::{Db, Engine, args, columns};
 use crate::error::StoreError;
@@ -222,7 +223,9 @@ async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, check: BalanceCh
         })
         .collect::<Result<_, StoreError>>()?;
     let holds = Holds { held: job.total.get(), exposure: 0 };
-    post(db, cx, req.account_id.as_str(), check, &lines, holds).await
+    // A withdrawal being made draws only on credit that never expires, and is refused otherwise.
+    let spend = if check == BalanceCheck::Cash { Spend::CashOnly } else { Spend::Any };
+    post(db, cx, req.account_id.as_str(), check, &lines, holds, spend).await
 }
 
 /// The job as `insert_job` wrote it, built from the request.

@@ -13,6 +13,7 @@ use settle_core::Timestamp;
 use settle_core::crash::CrashPoint;
 use settle_core::history::EventKind;
 use settle_core::ledger::EntryKind;
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 /// `expiry_key` of a grant that never expires, and `next_expiry` of an account with none due.
@@ -36,6 +37,28 @@ impl Origin {
             Origin::Adjustment => "adjustment",
         }
     }
+}
+
+/// Who expires an account's due grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    /// The background pass, in an operation of its own.
+    Pass,
+    /// A posting that met them; `now`: it writes its lines at once (`post_now`), so must the expiry.
+    Met { now: bool },
+}
+
+/// Which grants a debit may take from (docs/decisions/0023).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Spend {
+    /// Any active grant, in burn-down order; what they do not cover is debt.
+    Any,
+    /// A withdrawal's money: only grants that never expire (expiring credit is never cash); what
+    /// they do not cover is debt (a reclaim of a payout that went out after all).
+    Cash,
+    /// A withdrawal being made: only grants that never expire, and refused whole
+    /// (`InsufficientCash`) when they do not cover it.
+    CashOnly,
 }
 
 /// A grant's terms: its priority and when it expires (never, for `None`).
@@ -112,6 +135,12 @@ static UNPAID: LazyLock<String> = LazyLock::new(|| {
 });
 static SETTLEMENTS_OF: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {} FROM allocations WHERE paid_part = $1 AND given_back < taken ORDER BY id DESC", PartCol::LIST)
+});
+static OPEN_ITEM_PARTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM allocations WHERE job_id = $1 AND item_id = $2 AND given_back < taken ORDER BY id DESC",
+        PartCol::LIST
+    )
 });
 static OPEN_PARTS: LazyLock<String> = LazyLock::new(|| {
     // Each item's parts last taken first; the order across items does not matter (and lets the
@@ -233,7 +262,7 @@ pub(crate) async fn account_for(
     lines: &[Line<'_>],
     first_account_seq: i64,
     terms: Terms,
-    cash: bool,
+    spend: Spend,
 ) -> Result<(), StoreError> {
     let mut takes: Vec<(&Line<'_>, i64)> = Vec::new();
     let mut returns: Vec<&Line<'_>> = Vec::new();
@@ -252,7 +281,7 @@ pub(crate) async fn account_for(
         }
     }
     if !takes.is_empty() {
-        take(db, cx, books, &takes, cash).await?;
+        take(db, cx, books, &takes, spend).await?;
     }
     if !returns.is_empty() {
         give_back(db, books, &returns).await?;
@@ -362,15 +391,16 @@ async fn open(
 /// Takes the debits of one posting from the live grants in burn-down order (priority, soonest
 /// expiry, oldest), reading the head of the order a few grants at a time; what no grant covers is
 /// debt. Each grant is updated once, and each line records what paid for it.
-/// A withdrawal (`cash`) takes only from grants that never expire and never goes into debt: cash
-/// leaves only from credit that was never promotional (docs/decisions/0023).
+/// A withdrawal's money (`Spend::Cash`, `Spend::CashOnly`) comes only from grants that never expire:
+/// cash leaves only from credit that was never promotional (docs/decisions/0023).
 async fn take(
     db: &mut Db<'_>,
     cx: &Cx,
     books: &mut Books<'_>,
     takes: &[(&Line<'_>, i64)],
-    cash: bool,
+    spend: Spend,
 ) -> Result<(), StoreError> {
+    let cash = spend != Spend::Any;
     if let [(line, account_seq)] = takes
         && db.engine() == Engine::Postgres
         && take_from_head(db, cx, books, line, *account_seq, cash).await?
@@ -422,7 +452,7 @@ async fn take(
                 at += 1;
             }
         }
-        if need > 0 && cash {
+        if need > 0 && spend == Spend::CashOnly {
             let asked = line.amount.get().checked_neg().ok_or(StoreError::Overflow)?;
             return Err(StoreError::InsufficientCash { available: sub(asked, need)?, needed: asked });
         }
@@ -549,17 +579,30 @@ fn open_part(r: &crate::db::Row) -> Result<Open, StoreError> {
 /// lowers the debt by what of it is still unpaid; the rest had been paid by later credit, whose
 /// settlements of this very part are given back to the grants that paid them.
 async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]) -> Result<(), StoreError> {
-    let mut jobs: Vec<&str> = Vec::new();
-    for line in returns {
-        let job = line.job_id.ok_or_else(|| StoreError::internal("a return without its job"))?;
-        if !jobs.contains(&job) {
-            jobs.push(job);
+    // Each returned item's open parts, last taken first: one item's alone when one item returns
+    // (an item report), else every open part of the job at once (a job's failure or cancel).
+    let mut parts: HashMap<(String, String), Vec<Open>> = HashMap::new();
+    let mut read = |rows: Vec<crate::db::Row>, job: &str| -> Result<(), StoreError> {
+        for r in &rows {
+            let part = open_part(r)?;
+            let item = part.item_id.clone().unwrap_or_default();
+            parts.entry((job.to_owned(), item)).or_default().push(part);
         }
-    }
-    let mut parts: Vec<(String, Open)> = Vec::new();
-    for job in jobs {
-        for r in db.all(&OPEN_PARTS, args![job]).await? {
-            parts.push((job.to_owned(), open_part(&r)?));
+        Ok(())
+    };
+    if let [line] = returns {
+        let job = line.job_id.ok_or_else(|| StoreError::internal("a return without its job"))?;
+        read(db.all(&OPEN_ITEM_PARTS, args![job, line.item_id]).await?, job)?;
+    } else {
+        let mut jobs: Vec<&str> = Vec::new();
+        for line in returns {
+            let job = line.job_id.ok_or_else(|| StoreError::internal("a return without its job"))?;
+            if !jobs.contains(&job) {
+                jobs.push(job);
+            }
+        }
+        for job in jobs {
+            read(db.all(&OPEN_PARTS, args![job]).await?, job)?;
         }
     }
     // (grant key, returned)
@@ -574,11 +617,12 @@ async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]
     for line in returns {
         let (job, item) = (line.job_id.unwrap_or_default(), line.item_id);
         let mut need = line.amount.get();
-        for (j, part) in parts.iter_mut() {
+        let key = (job.to_owned(), item.unwrap_or_default().to_owned());
+        for part in parts.get_mut(&key).map(Vec::as_mut_slice).unwrap_or_default() {
             if need == 0 {
                 break;
             }
-            if j != job || part.item_id.as_deref() != item || part.open == 0 {
+            if part.open == 0 {
                 continue;
             }
             let x = need.min(part.open);
@@ -640,7 +684,10 @@ async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]
 /// account's next expiry. Locks the account row first; nothing when nothing is due (another pass or
 /// posting got there first). Returns how many grants it expired.
 /// `now`: write the lines at once (inside `post_now`) rather than queue them.
-pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, now: bool) -> Result<u32, StoreError> {
+pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, how: Expiry) -> Result<u32, StoreError> {
+    // The crash points are the pass's own: a posting that meets a grant due crashes at its own.
+    let point = |p: CrashPoint| if how == Expiry::Pass { cx.point(p) } else { Ok(()) };
+    let now = how == (Expiry::Met { now: true });
     let lock = match db.engine() {
         Engine::Postgres => &*LOCK_ACCOUNT_PG,
         Engine::Sqlite => &*READ_ACCOUNT,
@@ -666,7 +713,7 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, now: 
         guard_hit(rows, "grant expiry")?;
         expired.push((source, remaining, r.opt_i64(DueCol::expires_at)?));
     }
-    cx.point(CrashPoint::AfterGuard)?;
+    point(CrashPoint::AfterGuard)?;
     let lines: Vec<Line<'_>> = expired
         .iter()
         .filter(|(_, remaining, _)| *remaining > 0)
@@ -681,7 +728,7 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, now: 
         })
         .collect();
     super::ledger::post_expiries(db, cx, account_id, &lines, now).await?;
-    cx.point(CrashPoint::AfterLedger)?;
+    point(CrashPoint::AfterLedger)?;
     let next = db.one(&NEXT, args![account_id]).await?.opt_i64(NextCol::next)?.unwrap_or(NEVER);
     let rows = db.exec(SET_NEXT_EXPIRY, args![account_id, next]).await?;
     guard_hit(rows, "account next expiry")?;
@@ -693,7 +740,7 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, now: 
         });
         emit(db, cx, EventKind::GrantExpired, None, account_id, data).await?;
     }
-    cx.point(CrashPoint::AfterOutbox)?;
-    cx.point(CrashPoint::BeforeCommit)?;
+    point(CrashPoint::AfterOutbox)?;
+    point(CrashPoint::BeforeCommit)?;
     Ok(expired.len() as u32)
 }

@@ -1,6 +1,7 @@
 //! The item arrows of `settle_core::item`, applied to a job's items with their ledger lines and the
 //! account's held and exposed amounts, in the caller's transaction.
 
+use super::grants::Spend;
 use super::{BalanceCheck, Cx, Holds, JobRow, Line, guard_hit, post, price_of};
 use crate::db::{Db, args, columns};
 use crate::error::StoreError;
@@ -167,7 +168,10 @@ pub(crate) async fn move_items(db: &mut Db<'_>, cx: &Cx, job: &JobRow, m: Move<'
             lines.push(line(EntryKind::Release, m.released));
         }
     }
-    post(db, cx, &job.account_id, BalanceCheck::Never, &lines, holds).await?;
+    // A withdrawal's item moves cash: its reclaim (the payout went out after all) takes only from
+    // credit that never expires (docs/decisions/0023).
+    let spend = if returnable { Spend::Cash } else { Spend::Any };
+    post(db, cx, &job.account_id, BalanceCheck::Never, &lines, holds, spend).await?;
     Ok(moved)
 }
 

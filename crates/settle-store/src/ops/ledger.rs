@@ -109,6 +109,8 @@ static CREDIT_ANY: LazyLock<String> = LazyLock::new(|| {
     )
 });
 static LIMITS: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", LimitCol::LIST));
+static LOCK_LIMITS_PG: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1 FOR UPDATE", LimitCol::LIST));
 static CHAIN_HEAD: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {} FROM ledger_entries WHERE account_id = $1 AND account_seq = $2", HashCol::LIST)
 });
@@ -246,46 +248,55 @@ async fn change_balance(
         Guard::Clock => cx.now.micros(),
         Guard::Off => i64::MIN,
     };
-    let row = match check {
-        BalanceCheck::Overdraft => {
-            debug_assert!(!total.is_positive());
-            db.opt(&DEBIT_OVERDRAFT, args![account_id, total.get(), max, held, exposure, n, clock]).await?
-        }
-        BalanceCheck::Cash => {
-            debug_assert!(!total.is_positive());
-            db.opt(&DEBIT_CASH, args![account_id, total.get(), max, held, exposure, n, clock]).await?
-        }
-        BalanceCheck::Bounded if total.is_negative() => {
-            db.opt(&DEBIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n, clock]).await?
-        }
-        BalanceCheck::Bounded => {
-            db.opt(&CREDIT_BOUNDED, args![account_id, total.get(), max, held, exposure, n, clock]).await?
-        }
-        BalanceCheck::Never => db.opt(&CREDIT_ANY, args![account_id, total.get(), held, exposure, n, clock]).await?,
+    let args = match check {
+        BalanceCheck::Never => args![account_id, total.get(), held, exposure, n, clock].to_vec(),
+        _ => args![account_id, total.get(), max, held, exposure, n, clock].to_vec(),
     };
-    if let Some(row) = row {
-        let entries = row.i64(BalanceCol::entries)?;
-        return Ok(Some(Posted {
-            balance: row.i64(BalanceCol::balance)?,
-            first_account_seq: entries - n + 1,
-            debt: row.i64(BalanceCol::debt)?,
-        }));
+    let sql: &'static str = match check {
+        BalanceCheck::Overdraft => &DEBIT_OVERDRAFT,
+        BalanceCheck::Cash => &DEBIT_CASH,
+        BalanceCheck::Bounded if total.is_negative() => &DEBIT_BOUNDED,
+        BalanceCheck::Bounded => &CREDIT_BOUNDED,
+        BalanceCheck::Never => &CREDIT_ANY,
+    };
+    debug_assert!(!matches!(check, BalanceCheck::Overdraft | BalanceCheck::Cash) || !total.is_positive());
+    // A miss is judged on the locked row: the UPDATE that missed took no lock, so another
+    // transaction (an expiry, a grant) may have moved the account since. Under the lock, a grant
+    // due answers `None`; anything else is tried once more before it is refused.
+    let mut locked = false;
+    loop {
+        if let Some(row) = db.opt(sql, &args).await? {
+            let entries = row.i64(BalanceCol::entries)?;
+            return Ok(Some(Posted {
+                balance: row.i64(BalanceCol::balance)?,
+                first_account_seq: entries - n + 1,
+                debt: row.i64(BalanceCol::debt)?,
+            }));
+        }
+        let limits: &'static str = match db.engine() {
+            Engine::Postgres => &LOCK_LIMITS_PG,
+            Engine::Sqlite => &LIMITS,
+        };
+        let current =
+            db.opt(limits, args![account_id]).await?.ok_or_else(|| StoreError::not_found("account", account_id))?;
+        if current.i64(LimitCol::next_expiry)? <= clock {
+            return Ok(None);
+        }
+        if !locked {
+            locked = true;
+            continue;
+        }
+        let balance = current.i64(LimitCol::balance)?;
+        return Err(match check {
+            BalanceCheck::Overdraft => StoreError::InsufficientCredits {
+                balance,
+                overdraft_limit: current.i64(LimitCol::overdraft_limit)?,
+                needed: total.checked_neg()?.get(),
+            },
+            BalanceCheck::Cash => StoreError::InsufficientBalance { balance, needed: total.checked_neg()?.get() },
+            _ => StoreError::Overflow,
+        });
     }
-    let current =
-        db.opt(&LIMITS, args![account_id]).await?.ok_or_else(|| StoreError::not_found("account", account_id))?;
-    if current.i64(LimitCol::next_expiry)? <= clock {
-        return Ok(None);
-    }
-    let balance = current.i64(LimitCol::balance)?;
-    Err(match check {
-        BalanceCheck::Overdraft => StoreError::InsufficientCredits {
-            balance,
-            overdraft_limit: current.i64(LimitCol::overdraft_limit)?,
-            needed: total.checked_neg()?.get(),
-        },
-        BalanceCheck::Cash => StoreError::InsufficientBalance { balance, needed: total.checked_neg()?.get() },
-        _ => StoreError::Overflow,
-    })
 }
 
 /// `n` fresh `seq` numbers, ascending: SQLite's writer takes them from the batch's `ledger`

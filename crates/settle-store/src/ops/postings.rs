@@ -6,7 +6,7 @@
 //! expired posts nothing until its due grants are expired, in the same transaction on the same
 //! account row, so no check counts credit that is already dead.
 
-use super::grants::{self, Books, Terms};
+use super::grants::{self, Books, Spend, Terms};
 use super::{BalanceCheck, Cx, Guard, Holds, Line, Posted, append, change_holds, emit, lock_pending};
 use crate::db::Db;
 use crate::error::StoreError;
@@ -18,7 +18,7 @@ use settle_core::ledger::EntryKind;
 /// Appends `lines` to one account's ledger: one server-side balance change for their sum (guarded
 /// per `check`, numbering them in the account), then the lines themselves — at once on SQLite; on
 /// PostgreSQL queued for `flush`, which gives them their `seq` and hashes just before COMMIT — and
-/// the grants' side of it.
+/// the grants' side of it: its debits taken from the grants `spend` allows.
 pub(crate) async fn post(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -26,8 +26,17 @@ pub(crate) async fn post(
     check: BalanceCheck,
     lines: &[Line<'_>],
     holds: Holds,
+    spend: Spend,
 ) -> Result<(), StoreError> {
-    post_with(db, cx, account_id, check, lines, holds, Terms::default(), false).await.map(|_| ())
+    let side = Side { terms: Terms::default(), spend };
+    post_with(db, cx, account_id, check, lines, holds, side, false).await.map(|_| ())
+}
+
+/// The grants' side of a posting: a grant line's terms, which grants its debits take from.
+#[derive(Debug, Clone, Copy)]
+struct Side {
+    terms: Terms,
+    spend: Spend,
 }
 
 /// `post`, with the lines numbered and written at once, for an answer that is the entry itself
@@ -47,7 +56,8 @@ pub(crate) async fn post_now(
     {
         return Err(StoreError::internal("post_now after queued ledger lines would fork the chain"));
     }
-    post_with(db, cx, account_id, check, lines, Holds::default(), terms, true).await
+    let side = Side { terms, spend: Spend::Any };
+    post_with(db, cx, account_id, check, lines, Holds::default(), side, true).await
 }
 
 /// The balance change and lines, after the account's due grants have expired.
@@ -64,7 +74,7 @@ async fn post_on_the_clock(
     if let Some(done) = append(db, cx, account_id, check, lines, holds, Guard::Clock, now).await? {
         return Ok(done);
     }
-    grants::expire_due(db, cx, account_id, now).await?;
+    grants::expire_due(db, cx, account_id, grants::Expiry::Met { now }).await?;
     append(db, cx, account_id, check, lines, holds, Guard::Clock, now)
         .await?
         .ok_or_else(|| StoreError::internal(format!("account {account_id} still has a grant due after its expiry")))
@@ -78,7 +88,7 @@ async fn post_with(
     check: BalanceCheck,
     lines: &[Line<'_>],
     holds: Holds,
-    terms: Terms,
+    side: Side,
     now: bool,
 ) -> Result<Vec<LedgerEntry>, StoreError> {
     if lines.is_empty() {
@@ -87,8 +97,7 @@ async fn post_with(
     }
     let (posted, mut entries) = post_on_the_clock(db, cx, account_id, check, lines, holds, now).await?;
     let mut books = Books::new(account_id, posted.debt);
-    let cash = check == BalanceCheck::Cash;
-    grants::account_for(db, cx, &mut books, lines, posted.first_account_seq, terms, cash).await?;
+    grants::account_for(db, cx, &mut books, lines, posted.first_account_seq, side.terms, side.spend).await?;
     let after = posted.first_account_seq + lines.len() as i64;
     let reexpired = grants::reexpiry_refs(db, &mut books, after).await?;
     if !reexpired.is_empty() {

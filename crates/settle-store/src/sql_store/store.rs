@@ -411,7 +411,10 @@ impl Store for SqlStore {
             match self
                 .write_to(
                     Route::Account(&id),
-                    op!([account] | db, cx | ops::grants::expire_due(db, cx, &account, false).await),
+                    op!(
+                        [account] | db,
+                        cx | ops::grants::expire_due(db, cx, &account, ops::grants::Expiry::Pass).await
+                    ),
                 )
                 .await
             {

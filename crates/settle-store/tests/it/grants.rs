@@ -242,6 +242,31 @@ async fn withdrawals_draw_only_on_credit_that_never_expires(engine: EngineKind) 
     k.assert_clean().await;
 }
 
+/// A dead withdrawal's late execution takes its amount back from credit that never expires — never
+/// from a trial, which would turn promotional credit into cash — and goes into debt for the rest.
+async fn a_late_payout_reclaims_from_credit_that_never_expires(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "bought", 100, None, None).await;
+    let wd = NewWithdrawal {
+        id: jid("w"),
+        account_id: a.clone(),
+        amount: Credits::new(100),
+        destination: Destination::parse("acct-1").unwrap(),
+    };
+    k.store.payouts().create_withdrawal(wd).await.unwrap();
+    let worker = settle_core::ids::WorkerName::parse("p").unwrap();
+    let claimed = k.store.payouts().claim_payouts(&worker, 10).await.unwrap();
+    k.store.payouts().payout_failed(&jid("w"), fail_sig(&claimed[0].lease_token, "INVALID_ADDRESS")).await.unwrap();
+    assert_eq!(left(&k, &a).await, [row("bought", 100, "active")], "the dead withdrawal refunded home");
+    grant(&k, &a, "trial", 100, Some(0), Some(60 * MINUTE)).await;
+    // The provider executed it after all: 100 left as cash, taken from what was bought.
+    k.store.payouts().payout_succeeded(&jid("w"), None, "tx-late", false).await.unwrap();
+    assert_eq!(left(&k, &a).await, [row("bought", 0, "used"), row("trial", 100, "active")]);
+    assert_eq!(paid_by(&k, "w").await.last().map(|p| p.0.clone()), Some(Some("bought".to_owned())));
+    k.assert_clean().await;
+}
+
 async fn grant_terms_are_checked_and_replay(engine: EngineKind) {
     let k = Kit::new(engine).await;
     let a = open_account(&k, "a", 0).await;
@@ -385,6 +410,52 @@ async fn refunds_race_the_expiry(engine: EngineKind) {
     k.assert_clean().await;
 }
 
+/// Two processes on one PostgreSQL: one refunds (on its lanes) while the other grants and runs the
+/// expiry pass, all just after a trial's instant. Every refund and grant goes through — a posting
+/// that missed because a grant was due never reports the miss as an overflow or a refusal once
+/// another process has expired the grant (the miss is judged on the locked row).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_two_processes_race_refunds_and_grants_across_the_instant() {
+    let k = Arc::new(Kit::new(EngineKind::Postgres).await);
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "trial", 1_000, Some(0), Some(MINUTE)).await;
+    for i in 0..40 {
+        k.job(&format!("j{i}"), &a, 10).await;
+    }
+    let claimed = k.store.claim(claim_req("w", 100)).await.unwrap();
+    let options = StoreOptions { clock: k.clock.clone(), policy: test_policy().into(), ..StoreOptions::default() };
+    let other = Arc::new(SqlStore::open(&k.url, options).await.unwrap());
+    k.clock.advance_seconds(61);
+    let mut tasks = Vec::new();
+    for c in claimed {
+        let other = other.clone();
+        tasks.push(tokio::spawn(async move {
+            other.fail(&c.job.id, fail_sig(&c.lease_token, "BAD_INPUT")).await.map(drop)
+        }));
+    }
+    for i in 0..10 {
+        let (k, a) = (k.clone(), a.clone());
+        tasks.push(tokio::spawn(async move {
+            if i % 3 == 0 {
+                k.store.expire_grants(100).await?;
+            }
+            let g = NewGrant {
+                id: RefId::parse(&format!("g{i}")).unwrap(),
+                amount: Credits::new(7),
+                reason: None,
+                expires_at: None,
+                priority: None,
+            };
+            k.store.grant(&a, g, SYSTEM_ACTOR).await.map(drop)
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(k.balance(&a).await, 70, "the trial expired with its refunds; the ten grants stay");
+    k.assert_clean().await;
+}
+
 macro_rules! both_engines {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
@@ -408,6 +479,7 @@ both_engines!(
     a_debt_refund_goes_back_to_the_grant_that_paid_it,
     a_refund_part_of_it_still_owed_lowers_the_debt,
     withdrawals_draw_only_on_credit_that_never_expires,
+    a_late_payout_reclaims_from_credit_that_never_expires,
     grant_terms_are_checked_and_replay,
     the_expiry_pass_twice_at_once_expires_once,
     charges_race_the_expiry_instant,
