@@ -430,6 +430,22 @@ async fn drive_priced(
     Ok((per_client * concurrency * 3) as f64 / elapsed)
 }
 
+/// A fresh store for one configuration of a story: a database of its own on --postgres, or a
+/// SQLite file (FULL) in `dir`.
+async fn story_store(args: &BenchArgs, dir: &std::path::Path, concurrency: usize) -> anyhow::Result<Arc<SqlStore>> {
+    Ok(Arc::new(match &args.postgres {
+        Some(server) => {
+            let url = fresh_pg_database(server).await?;
+            let options =
+                StoreOptions { pg_max_connections: concurrency.clamp(1, 64) as u32, ..StoreOptions::default() };
+            SqlStore::open(&url, options).await?
+        }
+        None => {
+            SqlStore::open(&format!("sqlite://{}", dir.join("story.db").display()), StoreOptions::default()).await?
+        }
+    }))
+}
+
 /// `settle bench --held`: a held job's capture (a release entry more) beside a plain success.
 async fn run_held(args: &BenchArgs) -> anyhow::Result<()> {
     let concurrency = args.concurrency.last().copied().unwrap_or(32).max(1);
@@ -446,18 +462,7 @@ async fn run_held(args: &BenchArgs) -> anyhow::Result<()> {
     let mut plain = 0.0;
     for held in [false, true] {
         let dir = tempfile::tempdir_in(&args.dir)?;
-        let store = match &args.postgres {
-            Some(server) => {
-                let url = fresh_pg_database(server).await?;
-                let options =
-                    StoreOptions { pg_max_connections: concurrency.clamp(1, 64) as u32, ..StoreOptions::default() };
-                Arc::new(SqlStore::open(&url, options).await?)
-            }
-            None => {
-                let url = format!("sqlite://{}", dir.path().join("held.db").display());
-                Arc::new(SqlStore::open(&url, StoreOptions::default()).await?)
-            }
-        };
+        let store = story_store(args, dir.path(), concurrency).await?;
         let rate = drive_priced(store, concurrency, args.jobs, "", held, 1).await?;
         if !held {
             plain = rate;
@@ -484,18 +489,7 @@ async fn run_grants(args: &BenchArgs) -> anyhow::Result<()> {
     let mut first = None;
     for &n in &args.grants {
         let dir = tempfile::tempdir_in(&args.dir)?;
-        let store = match &args.postgres {
-            Some(server) => {
-                let url = fresh_pg_database(server).await?;
-                let options =
-                    StoreOptions { pg_max_connections: concurrency.clamp(1, 64) as u32, ..StoreOptions::default() };
-                Arc::new(SqlStore::open(&url, options).await?)
-            }
-            None => {
-                let url = format!("sqlite://{}", dir.path().join("grants.db").display());
-                Arc::new(SqlStore::open(&url, StoreOptions::default()).await?)
-            }
-        };
+        let store = story_store(args, dir.path(), concurrency).await?;
         let rate = drive_priced(store, concurrency, args.jobs, "", false, n).await?;
         let base = *first.get_or_insert(rate);
         println!("{n:<8} {rate:>14.0} {:>9.2}", rate / base);

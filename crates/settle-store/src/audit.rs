@@ -128,10 +128,11 @@ columns! {
 }
 
 columns! {
-    /// An item beside what of its parts is still open (none: NULL).
+    /// An item beside what of its parts is still open (NULL: it has no parts), an index seek each.
     ItemPartsRow {
         job_id = "i.job_id", item_id = "i.item_id", state = "i.state", cost = "i.cost", job_kind = "j.kind",
-        open = "p.open", parts = "p.n",
+        open = "(SELECT CAST(SUM(a.taken - a.given_back) AS bigint) FROM allocations a \
+                 WHERE a.job_id = i.job_id AND a.item_id = i.item_id)",
     }
 }
 
@@ -306,24 +307,17 @@ impl L5 {
     /// its stake while it is held, charged or delivered; nothing once refunded, cancelled or
     /// returned. Items decided before grants were tracked have no parts and are not judged.
     async fn items(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
-        static SQL: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id LEFT JOIN (SELECT job_id, item_id, \
-                 CAST(SUM(taken - given_back) AS bigint) AS open, COUNT(*) AS n FROM allocations \
-                 WHERE job_id IS NOT NULL GROUP BY job_id, item_id) p ON p.job_id = i.job_id AND p.item_id = i.item_id",
-                ItemPartsRow::LIST
-            )
-        });
+        static SQL: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id", ItemPartsRow::LIST));
         let found = &mut self.items_found;
         db.each(&SQL, args![], |r| {
             use ItemPartsRow as C;
             let Some(state) = ItemState::parse(r.str(C::state)?) else { return Ok(()) };
             let cost = r.i64(C::cost)?;
             let returnable = state.is_held(r.str(C::job_kind)? == settle_core::job::WITHDRAWAL_KIND);
-            let (open, parts) = (r.opt_i64(C::open)?.unwrap_or(0), r.opt_i64(C::parts)?.unwrap_or(0));
-            if parts == 0 && !returnable {
+            let Some(open) = r.opt_i64(C::open)?.or(returnable.then_some(0)) else {
                 return Ok(());
-            }
+            };
             let want = state.net(Credits::new(cost)).map(|n| -n.get()).unwrap_or(i64::MIN);
             if open != want {
                 let what = format!("its open parts hold {open}, its state {} costs {want}", state.as_str());

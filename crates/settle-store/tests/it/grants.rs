@@ -456,19 +456,6 @@ async fn postgres_two_processes_race_refunds_and_grants_across_the_instant() {
     k.assert_clean().await;
 }
 
-macro_rules! both_engines {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { super::$name(crate::kit::EngineKind::Sqlite).await }) *
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { super::$name(crate::kit::EngineKind::Postgres).await }) *
-        }
-    };
-}
-
 both_engines!(
     burn_down_follows_priority_then_expiry_then_age,
     a_refund_to_an_expired_grant_expires_at_once,

@@ -278,19 +278,6 @@ async fn races_end_at_the_price_or_nothing(engine: EngineKind) {
     k.assert_clean().await;
 }
 
-macro_rules! both_engines {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { super::$name(crate::kit::EngineKind::Sqlite).await }) *
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { super::$name(crate::kit::EngineKind::Postgres).await }) *
-        }
-    };
-}
-
 both_engines!(
     capture_releases_the_rest,
     capture_at_the_hold_releases_nothing,

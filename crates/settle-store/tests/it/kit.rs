@@ -77,6 +77,20 @@ impl CrashHook for Crasher {
     }
 }
 
+/// `both_engines!(scenario, …)`: a test per engine of each `async fn scenario(EngineKind)`.
+macro_rules! both_engines {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() { super::$name(crate::kit::EngineKind::Sqlite).await }) *
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() { super::$name(crate::kit::EngineKind::Postgres).await }) *
+        }
+    };
+}
+
 pub struct Kit {
     pub store: SqlStore,
     pub clock: Arc<FakeClock>,

@@ -3,13 +3,14 @@
 
 mod artifacts;
 #[macro_use]
+mod kit;
+#[macro_use]
 mod conformance;
 mod crash;
 mod feed;
 mod grants;
 mod held;
 mod identity;
-mod kit;
 mod race;
 mod schema;
 mod tamper;
