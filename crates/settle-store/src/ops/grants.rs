@@ -252,9 +252,9 @@ impl<'a> Books<'a> {
 }
 
 /// The grants' side of one posting: `lines`, numbered from `first_account_seq`. Debits take in
-/// burn-down order; returns go back to their parts; new credit pays debt first and becomes a grant
-/// (`terms` for a grant line). Returns the expire lines owed for parts returned to expired grants,
-/// with their refs, for the caller to post right after.
+/// burn-down order from the grants `spend` allows; returns go back to their parts; new credit pays
+/// debt first and becomes a grant (`terms` for a grant line). Parts returned to grants that have
+/// expired are left in `books`, for `reexpiries` and the caller's posting right after.
 pub(crate) async fn account_for(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -298,17 +298,25 @@ pub(crate) async fn close(db: &mut Db<'_>, books: &Books<'_>) -> Result<(), Stor
     Ok(())
 }
 
-/// The expire lines owed by returns to expired grants, with the grants' ids for their refs
-/// (`{grant}#{account_seq}`, numbered from `first_account_seq`).
-pub(crate) async fn reexpiry_refs(
+/// An `expire` line owed by a part given back to a grant that had expired.
+pub(crate) struct Reexpired {
+    /// `{grant}#{account_seq}`: the line's own position makes it unique.
+    pub ref_id: String,
+    /// The grant's id.
+    pub grant: String,
+    pub amount: i64,
+}
+
+/// The expire lines owed by returns to expired grants, numbered from `first_account_seq`.
+pub(crate) async fn reexpiries(
     db: &mut Db<'_>,
     books: &mut Books<'_>,
     first_account_seq: i64,
-) -> Result<Vec<(String, String, i64)>, StoreError> {
+) -> Result<Vec<Reexpired>, StoreError> {
     let mut out = Vec::with_capacity(books.reexpiries.len());
     for (r, account_seq) in books.reexpiries.drain(..).zip(first_account_seq..) {
-        let source = db.one(&SOURCE, args![r.grant_key]).await?.text(SourceCol::source_id)?;
-        out.push((format!("{source}#{account_seq}"), source, r.amount));
+        let grant = db.one(&SOURCE, args![r.grant_key]).await?.text(SourceCol::source_id)?;
+        out.push(Reexpired { ref_id: format!("{grant}#{account_seq}"), grant, amount: r.amount });
     }
     Ok(out)
 }

@@ -99,18 +99,18 @@ async fn post_with(
     let mut books = Books::new(account_id, posted.debt);
     grants::account_for(db, cx, &mut books, lines, posted.first_account_seq, side.terms, side.spend).await?;
     let after = posted.first_account_seq + lines.len() as i64;
-    let reexpired = grants::reexpiry_refs(db, &mut books, after).await?;
+    let reexpired = grants::reexpiries(db, &mut books, after).await?;
     if !reexpired.is_empty() {
         // Parts given back to expired grants expire at once, right after the posting's lines, on
         // the account row this operation still holds.
         let lines: Vec<Line<'_>> = reexpired
             .iter()
-            .map(|(r, _, amount)| Line {
+            .map(|r| Line {
                 kind: EntryKind::Expire,
-                amount: Credits::new(-*amount),
+                amount: Credits::new(-r.amount),
                 job_id: None,
                 item_id: None,
-                ref_id: Some(r),
+                ref_id: Some(&r.ref_id),
                 reason: None,
                 request_hash: None,
             })
@@ -121,8 +121,9 @@ async fn post_with(
             return Err(StoreError::internal("an account moved between two postings of one operation"));
         }
         entries.extend(more);
-        for (r, source, amount) in &reexpired {
-            let data = serde_json::json!({ "grant": source, "amount": amount, "ref_id": r, "on_return": true });
+        for r in &reexpired {
+            let data =
+                serde_json::json!({ "grant": r.grant, "amount": r.amount, "ref_id": r.ref_id, "on_return": true });
             emit(db, cx, EventKind::GrantExpired, None, account_id, data).await?;
         }
     }
