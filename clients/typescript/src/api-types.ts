@@ -630,7 +630,8 @@ export interface LedgerEntry {
    */
   account_seq: number;
   /**
-   * Signed credits (minor units): charges and reclaims negative, grants, refunds and returns positive.
+   * Signed credits (minor units): charges, reclaims and expiries negative; grants, refunds,
+   * releases and returns positive.
    */
   amount: number;
   /**
@@ -646,19 +647,22 @@ export interface LedgerEntry {
    */
   hash: string;
   /**
-   * The grant's or adjustment's id; null for job entries.
+   * The grant's or adjustment's id; an expiry's grant (`{grant}#{account_seq}` for a part given
+   * back after the grant expired); null for job entries.
    */
   id?: string | null;
   /**
-   * The job's item the entry moves; null for grants and adjustments.
+   * The job's item the entry moves; null for grants, adjustments and expiries.
    */
   item_id?: string | null;
   /**
-   * The job the entry charges, refunds or reclaims; null for grants and adjustments.
+   * The job the entry charges, refunds or reclaims; null for grants, adjustments and expiries.
    */
   job_id?: string | null;
   /**
-   * `grant`, `adjustment`, `charge`, `refund`, `reclaim` or `payout_return`.
+   * `grant`, `adjustment`, `charge`, `refund`, `reclaim`, `payout_return`, `release` (what a held
+   * item's price did not use) or `expire` (what an expired grant had left, or a part given back to
+   * it after it expired).
    */
   kind: string;
   /**

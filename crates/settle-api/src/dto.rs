@@ -144,17 +144,21 @@ pub struct LedgerEntry {
     pub account_seq: i64,
     /// The account the entry belongs to.
     pub account_id: String,
-    /// `grant`, `adjustment`, `charge`, `refund`, `reclaim` or `payout_return`.
+    /// `grant`, `adjustment`, `charge`, `refund`, `reclaim`, `payout_return`, `release` (what a held
+    /// item's price did not use) or `expire` (what an expired grant had left, or a part given back to
+    /// it after it expired).
     pub kind: String,
-    /// Signed credits (minor units): charges and reclaims negative, grants, refunds and returns positive.
+    /// Signed credits (minor units): charges, reclaims and expiries negative; grants, refunds,
+    /// releases and returns positive.
     pub amount: i64,
     /// The account's balance right after this entry, in credits.
     pub balance_after: i64,
-    /// The job the entry charges, refunds or reclaims; null for grants and adjustments.
+    /// The job the entry charges, refunds or reclaims; null for grants, adjustments and expiries.
     pub job_id: Option<String>,
-    /// The job's item the entry moves; null for grants and adjustments.
+    /// The job's item the entry moves; null for grants, adjustments and expiries.
     pub item_id: Option<String>,
-    /// The grant's or adjustment's id; null for job entries.
+    /// The grant's or adjustment's id; an expiry's grant (`{grant}#{account_seq}` for a part given
+    /// back after the grant expired); null for job entries.
     pub id: Option<String>,
     /// Why: the grant's or adjustment's reason, or a refund's reason (`job_failed`, `item_failed`,
     /// `cancelled`).

@@ -271,8 +271,8 @@ pub async fn create_adjustment(
 ///
 /// The account's append-only ledger in `seq` order, one page at a time: pass the answer's `next_after`
 /// as `after` for the next page (`null` when there is none). Each entry carries its kind (`grant`,
-/// `adjustment`, `charge`, `refund`, `reclaim`, `payout_return`), signed amount, the balance after it,
-/// the job and item it belongs to, and its hash in the account's chain.
+/// `adjustment`, `charge`, `refund`, `reclaim`, `payout_return`, `release`, `expire`), signed amount,
+/// the balance after it, the job and item it belongs to, and its hash in the account's chain.
 #[utoipa::path(get, path = "/v1/accounts/{id}/ledger", tag = "accounts", params(("id" = String, Path), dto::PageQuery),
     responses((status = 200, body = dto::LedgerPage), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn get_ledger(
