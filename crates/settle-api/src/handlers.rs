@@ -1082,10 +1082,13 @@ pub async fn healthz() -> Response {
 
 /// Readiness
 ///
-/// Answers `200` when the database answers a query, `503` otherwise.
+/// Answers `200` when the database takes writes — on PostgreSQL, the server Settle's connections
+/// lead to is the primary — and events can be read; `503` otherwise (no primary answers, or one
+/// answers as a standby).
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses((status = 200, body = dto::Health), (status = 503, body = ErrorBody)))]
 pub async fn readyz(State(s): State<AppState>) -> ApiResult {
+    s.store.ready().await?;
     s.store.events(0, 1, &settle_core::scope::Scope::ALL).await?;
     Ok(ok(dto::Health { status: "ready".into() }))
 }
@@ -1093,21 +1096,32 @@ pub async fn readyz(State(s): State<AppState>) -> ApiResult {
 /// Prometheus metrics
 ///
 /// Request counts and latencies by route, long-polls waiting, rate-limited requests, retries of
-/// database transactions, in the Prometheus text format.
+/// database transactions, PostgreSQL connections opened and failovers seen, in the Prometheus
+/// text format. Answers while the database is away (`settle_up 0`, the last gauges read).
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(s): State<AppState>) -> ApiResult {
+    // In memory, so they are there while the database is away.
+    let db = s.store.database_stats();
+    metrics::gauge!("settle_pg_connections_opened_total").set(db.connections_opened as f64);
+    metrics::gauge!("settle_pg_failover_signals_total").set(db.failover_signals as f64);
+    metrics::gauge!("settle_pg_primary_changes_total").set(db.primary_changes as f64);
     // One reader at a time, at most once per METRICS_REFRESH; the others render what is there.
     if let Ok(mut read_at) = s.gauges_read_at.try_lock()
         && read_at.is_none_or(|t| t.elapsed() >= crate::state::METRICS_REFRESH)
     {
-        read_store_gauges(&s).await?;
+        // A scrape while the database is away still answers, with the gauges it read last time
+        // and `settle_up 0`: a failover is when an operator most needs the counters above.
+        let up = read_store_gauges(&s).await.is_ok();
+        metrics::gauge!("settle_up").set(if up { 1.0 } else { 0.0 });
         *read_at = Some(std::time::Instant::now());
     }
     // One row per configured endpoint: cheap enough to be current on every scrape.
-    for b in s.store.webhooks().breakers().await? {
-        let open = if b.state == store::BreakerState::Closed { 0.0 } else { 1.0 };
-        metrics::gauge!("settle_webhook_breaker_open", "endpoint" => b.endpoint_id).set(open);
+    if let Ok(breakers) = s.store.webhooks().breakers().await {
+        for b in breakers {
+            let open = if b.state == store::BreakerState::Closed { 0.0 } else { 1.0 };
+            metrics::gauge!("settle_webhook_breaker_open", "endpoint" => b.endpoint_id).set(open);
+        }
     }
     let text = s.metrics.render();
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())

@@ -107,9 +107,10 @@ const PG_CREATE_RACES: [&str; 3] = ["accounts_pkey", "jobs_pkey", "ledger_entrie
 
 /// PostgreSQL answers that mean "the database is not there for us now", not "your request is
 /// wrong": connection exceptions (class 08), shutdown (57P01–57P03), too many connections (53300),
-/// a database that does not exist (3D000).
+/// a database that does not exist (3D000), and a read-only transaction (25006: the server is a
+/// standby now, after a failover — docs/decisions/0024).
 fn is_unavailable_sqlstate(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "3D000")
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "3D000" | "25006")
 }
 
 /// PostgreSQL's lock timeout (`55P03`) and statement timeout (`57014`), and SQLite's busy answers
@@ -140,6 +141,11 @@ impl StoreError {
             return StoreError::Retryable(e.to_string());
         }
         match e {
+            // The server went away while the COMMIT waited (a shutdown while it waited for the
+            // standby, a demotion): it may have committed.
+            sqlx::Error::Database(ref db) if db.code().is_some_and(|c| is_unavailable_sqlstate(&c)) => {
+                StoreError::Unavailable(format!("commit outcome unknown: {e}"))
+            }
             sqlx::Error::Database(_) => StoreError::Internal(e.to_string()),
             other => StoreError::Unavailable(format!("commit outcome unknown: {other}")),
         }
@@ -168,7 +174,7 @@ impl From<sqlx::Error> for StoreError {
             return StoreError::Busy(e.to_string());
         }
         match e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Protocol(_) => {
                 StoreError::Unavailable(e.to_string())
             }
             other => StoreError::Internal(other.to_string()),

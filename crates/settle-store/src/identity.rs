@@ -123,7 +123,13 @@ pub(crate) async fn check_postgres(pool: &sqlx::PgPool, migrator: &Migrator) -> 
     let db: String = sqlx::query("SELECT current_database()").fetch_one(&mut *conn).await?.try_get(0)?;
     let what = format!("PostgreSQL database {db}");
     let tables: Vec<String> = sqlx::query(
-        "SELECT table_name::text FROM information_schema.tables WHERE table_schema = current_schema() ORDER BY 1",
+        // Relations an extension owns (pg_stat_statements' views, which pg_auto_failover installs in
+        // every database it makes) are the server's, not another program's data.
+        "SELECT c.relname::text FROM pg_class c \
+         WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'f') \
+           AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass \
+                           AND d.objid = c.oid AND d.deptype = 'e') \
+         ORDER BY 1",
     )
     .fetch_all(&mut *conn)
     .await?

@@ -734,6 +734,20 @@ pub struct NewArtifact {
     pub key: ArtifactKey,
 }
 
+/// What this process saw of its PostgreSQL connections (docs/decisions/0024); zeros on SQLite.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DatabaseStats {
+    /// Connections the pools opened (each checked to lead to the primary).
+    pub connections_opened: u64,
+    /// Answers that said the server may no longer be the primary (a read-only transaction, a
+    /// shutdown, a cut connection): each closed the pooled connections and looked for the primary.
+    pub failover_signals: u64,
+    /// Times the primary was found on another host than before.
+    pub primary_changes: u64,
+    /// The host connections go to now (`host:port` as the URL wrote it).
+    pub primary: Option<String>,
+}
+
 /// Counts for metrics: jobs by state, ledger entries by kind.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Stats {

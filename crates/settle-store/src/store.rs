@@ -143,6 +143,11 @@ pub trait Store: Send + Sync {
     ) -> Result<Paged<Event>, StoreError>;
     /// Jobs by state and ledger entries by kind (for metrics).
     async fn stats(&self) -> Result<Stats, StoreError>;
+    /// Whether the store can take writes now: on PostgreSQL, a connection of the writers' pool
+    /// answers and its server is the primary (not in recovery).
+    async fn ready(&self) -> Result<(), StoreError>;
+    /// The connection counters (`/metrics`), kept in memory so they answer while the database is away.
+    fn database_stats(&self) -> DatabaseStats;
     /// L1–L5 and gap-free sequences, over one consistent snapshot; `progress` is called as it
     /// streams through the ledger and the items.
     async fn audit(

@@ -9,9 +9,10 @@
 //!   stopped is begun afresh, so the tests' databases never pile up in the temp dir.
 //! - A PostgreSQL that cannot be reached or started fails the test: no test skips for lack of one.
 //!
-//! And an S3 API for the artifact tests (`s3`): moto's standalone server, installed and started
+//! And a pg_auto_failover formation (`formation`) for the failover tests; an S3 API for the artifact tests (`s3`): moto's standalone server, installed and started
 //! the same way; and the tests' Python venv (`python`).
 
+pub mod formation;
 pub mod python;
 pub mod s3;
 

@@ -7,6 +7,7 @@
 //!   numbers their events after they commit (docs/decisions/0021).
 
 pub(crate) mod postgres;
+pub(crate) mod primary;
 pub(crate) mod sequencer;
 pub(crate) mod sqlite;
 

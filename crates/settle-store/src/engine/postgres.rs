@@ -11,6 +11,7 @@
 //!   create) is rolled back to its savepoint and run again alone after the batch, so a batch never
 //!   waits long on another transaction and cannot hold a wait cycle for more than the short timeout.
 
+use super::primary::Primary;
 use super::sequencer::Sequencer;
 use super::{BatchOp, Env, OpFn, Ran};
 use crate::db::Db;
@@ -38,9 +39,21 @@ pub(crate) struct PgShared {
     pub tx_retries: AtomicU64,
     /// The store's lock timeout, restored before the flush.
     pub lock_timeout: Duration,
+    /// The server's `statement_timeout` for Settle's sessions.
+    pub statement_timeout: Duration,
     /// Numbers the events of every COMMIT that wrote some.
     pub sequencer: Arc<Sequencer>,
+    /// Which host is the primary; told of every failover signal (docs/decisions/0024).
+    pub primary: Arc<Primary>,
 }
+
+/// Sent just before COMMIT: the COMMIT may wait for a synchronous standby, and a wait cancelled by
+/// `statement_timeout` is not a rollback — PostgreSQL would answer success for a commit only this
+/// server holds (docs/decisions/0024).
+pub(crate) const BEFORE_COMMIT: &str = "SET LOCAL statement_timeout = 0";
+/// How much longer than the statement timeout a transaction may go without an answer before its
+/// connection is given up (a host gone without a word: no RST, no FIN).
+const ANSWER_GRACE: Duration = Duration::from_secs(30);
 
 fn new_pending() -> Arc<Mutex<Pending>> {
     Arc::new(Mutex::new(Pending::default()))
@@ -51,6 +64,28 @@ fn take(pending: &Mutex<Pending>) -> Pending {
 }
 
 impl PgShared {
+    /// A failover signal (an `Unavailable` answer: a read-only transaction, a shutdown, a cut
+    /// connection, no connection in time) is told to the primary's watcher.
+    pub fn observe<T>(&self, result: &Result<T, StoreError>) {
+        if let Err(StoreError::Unavailable(_)) = result {
+            self.primary.signal();
+        }
+    }
+
+    /// `observe`, passing the result on.
+    pub fn observed_result<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        self.observe(&result);
+        result
+    }
+
+    /// `observe`, for an error on its way out.
+    pub fn observed(&self, e: StoreError) -> StoreError {
+        if let StoreError::Unavailable(_) = e {
+            self.primary.signal();
+        }
+        e
+    }
+
     /// Runs a batch's operation in a transaction of its own, and answers it.
     async fn run_alone(&self, op: Box<dyn BatchOp>) {
         let (run, answer) = op.alone();
@@ -63,33 +98,24 @@ impl PgShared {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            // A `Transaction` rolls back if this future is dropped midway (a client hanging up, a
-            // timeout): a pooled connection never goes back with a transaction open.
-            let mut tx = self.pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
-            let pending = new_pending();
-            let cx = self.env.cx(Some(pending.clone()));
-            let out = {
-                let mut db = Db::Pg(&mut tx);
-                match f(&mut db, &cx).await {
-                    Ok(v) => ops::flush(&mut db, &take(&pending)).await.map(|events| (v, events)),
-                    Err(e) => Err(e),
-                }
+            let mut conn = self.pool.acquire().await.map_err(|e| self.observed(e.into()))?;
+            // A deadline that closes the connection instead of cancelling anything: the server
+            // goes on with a COMMIT it has (a closed socket cuts no wait for a standby short), and
+            // the answer is `Unavailable` — the outcome unknown, never "not done".
+            let limit = self.attempt_limit();
+            let outcome = match tokio::time::timeout(limit, self.attempt(&mut conn, &f)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(StoreError::Unavailable(format!(
+                    "no answer from PostgreSQL in {} s; the outcome is unknown",
+                    limit.as_secs()
+                ))),
             };
-            let outcome = match out {
-                Err(e) => {
-                    let _ = tx.rollback().await;
-                    Err(e)
-                }
-                Ok((v, events)) => match tx.commit().await {
-                    Ok(()) => {
-                        if events {
-                            self.sequencer.poke();
-                        }
-                        Ok(v)
-                    }
-                    Err(e) => Err(StoreError::from_commit(e)),
-                },
-            };
+            if let Err(StoreError::Unavailable(_)) = &outcome {
+                // The connection that met a failover signal is never used again (docs/decisions/0024).
+                conn.close_on_drop();
+            }
+            drop(conn);
+            self.observe(&outcome);
             match outcome {
                 Err(e) if attempt < limits::TX_ATTEMPTS_MAX && e.is_pg_retryable() => {
                     self.tx_retries.fetch_add(1, Ordering::Relaxed);
@@ -98,6 +124,49 @@ impl PgShared {
                     tokio::time::sleep(Duration::from_millis(pause_ms)).await;
                 }
                 other => return other,
+            }
+        }
+    }
+
+    /// How long one transaction may go without an answer before its connection is given up: past
+    /// the statement timeout (which bounds every statement but the COMMIT) and past a failover.
+    fn attempt_limit(&self) -> Duration {
+        self.statement_timeout + ANSWER_GRACE
+    }
+
+    /// One attempt of `transaction`, on `conn`.
+    async fn attempt<T: Send + 'static>(
+        &self,
+        conn: &mut sqlx::pool::PoolConnection<sqlx::Postgres>,
+        f: &OpFn<T>,
+    ) -> Result<T, StoreError> {
+        // A `Transaction` rolls back if this future is dropped midway (a client hanging up, a
+        // timeout): a pooled connection never goes back with a transaction open.
+        let mut tx = sqlx::Connection::begin_with(&mut **conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+        let pending = new_pending();
+        let cx = self.env.cx(Some(pending.clone()));
+        let out = {
+            let mut db = Db::Pg(&mut tx);
+            match f(&mut db, &cx).await {
+                Ok(v) => ops::flush(&mut db, &take(&pending)).await.map(|events| (v, events)),
+                Err(e) => Err(e),
+            }
+        };
+        let out = match out {
+            Ok(v) => exec(&mut tx, BEFORE_COMMIT).await.map(|()| v).map_err(StoreError::from),
+            Err(e) => Err(e),
+        };
+        match out {
+            Err(e) => {
+                let _ = tx.rollback().await;
+                Err(e)
+            }
+            Ok((v, events)) => {
+                tx.commit().await.map_err(StoreError::from_commit)?;
+                if events {
+                    self.sequencer.poke();
+                }
+                Ok(v)
             }
         }
     }
@@ -162,7 +231,13 @@ async fn lane(shared: Arc<PgShared>, mut rx: mpsc::Receiver<Box<dyn BatchOp>>, b
             shared.run_alone(op).await;
             continue;
         }
-        run_batch(&shared, &mut batch).await;
+        // A batch that gets no answer (a host gone without a word) is given up: its operations'
+        // callers hear `Unavailable` (the outcome unknown), and the lane goes on.
+        if tokio::time::timeout(shared.attempt_limit(), run_batch(&shared, &mut batch)).await.is_err() {
+            tracing::warn!("a write batch got no answer from PostgreSQL in time; its outcome is unknown");
+            batch.clear();
+            shared.primary.signal();
+        }
     }
 }
 
@@ -186,7 +261,7 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
     let mut tx = match shared.pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await {
         Ok(tx) => tx,
         Err(e) => {
-            let e = StoreError::from(e);
+            let e = shared.observed(StoreError::from(e));
             for op in batch.drain(..) {
                 op.deliver(Err(StoreError::Unavailable(e.to_string())));
             }
@@ -235,7 +310,8 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
     }
     let mut events = false;
     if broken.is_none() {
-        let restore = format!("SET LOCAL lock_timeout = '{}ms'", shared.lock_timeout.as_millis().max(1));
+        let restore =
+            format!("SET LOCAL lock_timeout = '{}ms'; {BEFORE_COMMIT}", shared.lock_timeout.as_millis().max(1));
         let flushed = async {
             exec(&mut tx, &restore).await?;
             let mut db = Db::Pg(&mut tx);
@@ -255,6 +331,7 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
         return;
     }
     let committed = tx.commit().await.map_err(StoreError::from_commit);
+    shared.observe(&committed);
     match committed {
         Ok(()) => {
             if events {

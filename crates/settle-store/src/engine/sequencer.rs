@@ -39,10 +39,12 @@ pub(crate) struct Sequencer {
     events_wake: Arc<Notify>,
     /// Events numbered by this process (a metric).
     pub numbered: AtomicU64,
+    /// Told of a pass that met a failover signal.
+    primary: Arc<super::primary::Primary>,
 }
 
 impl Sequencer {
-    pub fn spawn(pool: PgPool, events_wake: Arc<Notify>) -> Arc<Sequencer> {
+    pub fn spawn(pool: PgPool, events_wake: Arc<Notify>, primary: Arc<super::primary::Primary>) -> Arc<Sequencer> {
         let poked = Arc::new(Notify::new());
         let s = Arc::new(Sequencer {
             pool,
@@ -51,6 +53,7 @@ impl Sequencer {
             progress: watch::Sender::new(Progress::default()),
             events_wake,
             numbered: AtomicU64::new(0),
+            primary,
         });
         tokio::spawn(run(Arc::downgrade(&s), poked));
         s
@@ -107,7 +110,8 @@ impl Sequencer {
     async fn pass(&self) -> Result<ops::Numbered, StoreError> {
         let mut tx = self.pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
         let numbered = {
-            sqlx::raw_sql("SET LOCAL lock_timeout = '2s'").execute(&mut *tx).await?;
+            // The COMMIT may wait for a synchronous standby: never cancelled (docs/decisions/0024).
+            sqlx::raw_sql("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = 0").execute(&mut *tx).await?;
             let mut db = Db::Pg(&mut tx);
             ops::number_events(&mut db, limits::SEQUENCER_STAMPS_MAX).await?
         };
@@ -146,6 +150,9 @@ async fn run(sequencer: Weak<Sequencer>, poked: Arc<Notify>) {
         s.progress.send_modify(|p| match result {
             Ok(()) => p.ok_through = p.ok_through.max(serving),
             Err(e) => {
+                if let StoreError::Unavailable(_) = e {
+                    s.primary.signal();
+                }
                 tracing::warn!(error = %e, "numbering events failed; trying again");
                 p.failed = Some((serving, Arc::from(e.to_string())));
             }

@@ -11,6 +11,7 @@
 use crate::artifacts::ArtifactStore;
 use crate::db::{Db, Engine};
 use crate::engine::postgres::PgShared;
+use crate::engine::primary::{Hosts, Primary};
 use crate::engine::sequencer::Sequencer;
 use crate::engine::{BatchOp, Env, Op, OpFn};
 use crate::error::StoreError;
@@ -22,7 +23,7 @@ use settle_core::backoff::SplitMix64;
 use settle_core::crash::CrashPoint;
 use settle_core::ids::JobId;
 use settle_core::limits;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection};
 use std::str::FromStr;
@@ -163,15 +164,20 @@ impl SqlStore {
     }
 
     async fn open_postgres(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
-        let connect = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::invalid(format!("bad postgres url: {e}")))?
-            // Durability is the server's: every commit waits for its WAL flush.
-            .options([
+        let hosts = Hosts::parse(url)?.map(|o| {
+            // Durability is the server's: every commit waits for its WAL flush (and, on a
+            // formation, for a synchronous standby).
+            o.options([
                 ("synchronous_commit", "on".to_owned()),
                 ("lock_timeout", format!("{}ms", options.pg_lock_timeout.as_millis().max(1))),
                 ("statement_timeout", format!("{}ms", options.pg_statement_timeout.as_millis().max(1))),
-            ]);
-        let pool = PgPoolOptions::new()
+            ])
+        });
+        // The writable primary among the URL's hosts (docs/decisions/0024); none is a refusal.
+        let primary = Primary::find(hosts).await?;
+        let connect = primary.options();
+        let pool = primary
+            .pool_options()
             .max_connections(options.pg_max_connections)
             .acquire_timeout(options.pg_acquire_timeout)
             .connect_with(connect.clone())
@@ -179,11 +185,17 @@ impl SqlStore {
         // LISTEN holds its connection for good, and the sequencer's passes must never wait for one
         // the writers hold: each has a pool of its own, outside the `pg_max_connections` the
         // transactions need.
-        let listen_pool = PgPoolOptions::new().max_connections(1).connect_lazy_with(connect.clone());
-        let sequencer_pool = PgPoolOptions::new()
-            .max_connections(1)
+        // Two each: a connection given up (a round past its limit, a listener that reconnects) is
+        // closed in the background, and must not hold the only place while it is.
+        let listen_pool = primary.pool_options().max_connections(2).connect_lazy_with(connect.clone());
+        let sequencer_pool = primary
+            .pool_options()
+            .max_connections(2)
             .acquire_timeout(options.pg_acquire_timeout)
             .connect_lazy_with(connect);
+        for p in [&pool, &listen_pool, &sequencer_pool] {
+            primary.follow(p);
+        }
         crate::identity::check_postgres(&pool, &POSTGRES_MIGRATOR).await?;
         POSTGRES_MIGRATOR.run(&pool).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
         let env = Env {
@@ -194,14 +206,21 @@ impl SqlStore {
         };
         let wake = Arc::new(tokio::sync::Notify::new());
         let events_wake = Arc::new(tokio::sync::Notify::new());
-        tokio::spawn(listen_for_wakeups(listen_pool, Arc::downgrade(&wake), Arc::downgrade(&events_wake)));
-        let sequencer = Sequencer::spawn(sequencer_pool, events_wake.clone());
+        tokio::spawn(listen_for_wakeups(
+            listen_pool,
+            primary.clone(),
+            Arc::downgrade(&wake),
+            Arc::downgrade(&events_wake),
+        ));
+        let sequencer = Sequencer::spawn(sequencer_pool, events_wake.clone(), primary.clone());
         let shared = Arc::new(PgShared {
             pool,
             env: env.clone(),
             tx_retries: AtomicU64::new(0),
             lock_timeout: options.pg_lock_timeout,
+            statement_timeout: options.pg_statement_timeout,
             sequencer,
+            primary,
         });
         let lanes =
             crate::engine::postgres::spawn_lanes(shared.clone(), options.pg_write_lanes, options.write_batch_max);
@@ -221,6 +240,45 @@ impl SqlStore {
         match self.backend {
             Backend::Sqlite { .. } => Engine::Sqlite,
             Backend::Postgres { .. } => Engine::Postgres,
+        }
+    }
+
+    /// On PostgreSQL, a connection of the writers' pool answers and its server is not in recovery;
+    /// on SQLite, a read answers.
+    async fn ready_for_writes(&self) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite { readers, .. } => {
+                sqlx::query("SELECT 1").execute(readers).await?;
+                Ok(())
+            }
+            Backend::Postgres { shared, .. } => {
+                let asked: Result<bool, StoreError> = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                    .fetch_one(&shared.pool)
+                    .await
+                    .map_err(StoreError::from);
+                match shared.observed_result(asked)? {
+                    false => Ok(()),
+                    true => Err(shared.observed(StoreError::Unavailable(format!(
+                        "{} is a standby (in recovery), not the primary",
+                        shared.primary.host()
+                    )))),
+                }
+            }
+        }
+    }
+
+    fn connection_stats(&self) -> DatabaseStats {
+        match &self.backend {
+            Backend::Sqlite { .. } => DatabaseStats::default(),
+            Backend::Postgres { shared, .. } => {
+                let c = &shared.primary.counters;
+                DatabaseStats {
+                    connections_opened: c.connections_opened.load(Ordering::Relaxed),
+                    failover_signals: c.failover_signals.load(Ordering::Relaxed),
+                    primary_changes: c.primary_changes.load(Ordering::Relaxed),
+                    primary: Some(shared.primary.host()),
+                }
+            }
         }
     }
 
@@ -360,13 +418,17 @@ impl SqlStore {
             Backend::Postgres { shared, .. } => {
                 let pool = &shared.pool;
                 // One snapshot for every statement of the read (the audit above all).
-                let mut tx = pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
+                let mut tx = match pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await {
+                    Ok(tx) => tx,
+                    Err(e) => return Err(shared.observed(e.into())),
+                };
                 let cx = self.env.cx(None);
                 let out = {
                     let mut db = Db::Pg(&mut tx);
                     f(&mut db, &cx).await
                 };
-                tx.rollback().await?;
+                shared.observe(&out);
+                tx.rollback().await.map_err(|e| shared.observed(e.into()))?;
                 out
             }
         }
@@ -435,31 +497,35 @@ impl SqlStore {
 /// PostgreSQL LISTEN for `settle_wake` (a job may have become due in some process: wakes this
 /// process's long-polling claims) and `settle_events` (a sequencer numbered events: wakes the event
 /// long-polls, the webhook loop and `events tail`). Both are hints: every waiter also looks again on
-/// a timer. Reconnects after a lost connection; ends when the store is dropped.
+/// a timer. Reconnects after a lost connection, and after a failover signal newer than its
+/// connection (the server it listens on may be a standby now: docs/decisions/0024); ends when the
+/// store is dropped.
 async fn listen_for_wakeups(
     pool: PgPool,
+    primary: Arc<Primary>,
     wake: std::sync::Weak<tokio::sync::Notify>,
     events_wake: std::sync::Weak<tokio::sync::Notify>,
 ) {
     loop {
+        if wake.strong_count() == 0 {
+            return;
+        }
         let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot LISTEN for wake-ups; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                if wake.strong_count() == 0 {
-                    return;
-                }
                 continue;
             }
         };
+        let since = std::time::Instant::now();
         if let Err(e) = listener.listen_all(["settle_wake", "settle_events"]).await {
             tracing::warn!(error = %e, "LISTEN settle_wake, settle_events failed; retrying");
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         }
         loop {
-            let next = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await;
+            let next = tokio::time::timeout(Duration::from_secs(1), listener.recv()).await;
             let (Some(w), Some(ew)) = (wake.upgrade(), events_wake.upgrade()) else { return };
             match next {
                 Ok(Ok(n)) if n.channel() == "settle_events" => ew.notify_waiters(),
@@ -468,7 +534,14 @@ async fn listen_for_wakeups(
                     tracing::warn!(error = %e, "wake-up listener lost its connection; reconnecting");
                     break;
                 }
-                Err(_) => {} // no notification for 5 s: look again whether the store still exists
+                Err(_) => {} // no notification for 1 s: look again whether the store still exists
+            }
+            if !primary.is_after_epoch(since.elapsed()) {
+                tracing::info!("a failover signal since LISTEN began; listening again on the primary");
+                // Wakes every waiter: a notification may have been lost with the old server.
+                w.notify_waiters();
+                ew.notify_waiters();
+                break;
             }
         }
     }

@@ -512,6 +512,14 @@ impl Store for SqlStore {
         self.read(op!([scope] | db, _cx | reads::events(db, after, limit, &scope).await)).await
     }
 
+    async fn ready(&self) -> Result<(), StoreError> {
+        self.ready_for_writes().await
+    }
+
+    fn database_stats(&self) -> DatabaseStats {
+        self.connection_stats()
+    }
+
     async fn stats(&self) -> Result<Stats, StoreError> {
         let mut stats = self.read(op!([] | db, _cx | reads::stats(db).await)).await?;
         stats.tx_retries = self.tx_retries();

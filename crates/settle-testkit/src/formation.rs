@@ -1,0 +1,268 @@
+//! A pg_auto_failover formation of the test's own (docs/operations/high-availability.md): a
+//! monitor, a primary and two synchronous standbys on loopback ports, as the `postgres` user, the
+//! Debian packages installed when missing (as root). Its nodes are killed, restarted and switched
+//! over by the failover tests; on drop every process it started is ended and every file it made —
+//! the folder and the state pg_autoctl keeps per data folder under the `postgres` user's home — is
+//! removed.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PACKAGES: [&str; 2] = ["postgresql-15-auto-failover", "pg-auto-failover-cli"];
+
+/// One node's place in the formation, as the monitor reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    pub name: String,
+    pub port: u16,
+    pub reported: String,
+    pub assigned: String,
+}
+
+pub struct Formation {
+    root: PathBuf,
+    path: String,
+    monitor_port: u16,
+    ports: Vec<u16>,
+    /// `pg_autoctl run` per data folder (index 0 is the monitor), each in a process group of its own.
+    keepers: Vec<Option<Child>>,
+}
+
+/// Installs pg_auto_failover unless `pg_autoctl` is there.
+fn ensure_installed() {
+    if !Path::new("/usr/bin/pg_autoctl").exists() {
+        install();
+    }
+}
+
+/// Installs pg_auto_failover from Debian's packages (root only).
+fn install() {
+    assert!(crate::is_root(), "pg_auto_failover is missing; install {} (as root)", PACKAGES.join(" "));
+    eprintln!("settle-testkit: installing {}", PACKAGES.join(" "));
+    let update = Command::new("apt-get").args(["update", "-qq"]).status().expect("apt-get");
+    assert!(update.success(), "apt-get update failed");
+    let st = Command::new("apt-get")
+        .args(["install", "-y", "-qq"])
+        .args(PACKAGES)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .expect("apt-get install");
+    assert!(st.success(), "apt-get install {} failed", PACKAGES.join(" "));
+}
+
+fn free_ports(n: usize) -> Vec<u16> {
+    // Held together, so no two are the same.
+    let held: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+impl Formation {
+    /// A monitor and three nodes; returns once one is primary and two are secondaries.
+    pub fn start() -> Formation {
+        ensure_installed();
+        let root = std::env::temp_dir().join(format!("settle-test-ha-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&root).unwrap();
+        if crate::is_root() {
+            let st = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&root).status().unwrap();
+            assert!(st.success(), "chown of the formation folder failed");
+        }
+        let ports = free_ports(4);
+        let mut f = Formation {
+            path: std::env::var("PATH").unwrap_or_default(),
+            root,
+            monitor_port: ports[0],
+            ports: ports[1..].to_vec(),
+            keepers: vec![None, None, None, None],
+        };
+        f.autoctl(&[
+            "create", "monitor", "--pgdata", &f.data(0), "--pgport", &f.monitor_port.to_string(),
+            "--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl",
+        ]);
+        f.run(0);
+        let monitor = format!("postgres://autoctl_node@127.0.0.1:{}/pg_auto_failover?sslmode=disable", f.monitor_port);
+        for node in 1..=3 {
+            f.autoctl(&[
+                "create", "postgres", "--pgdata", &f.data(node), "--pgport", &f.ports[node - 1].to_string(),
+                "--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl", "--monitor", &monitor,
+                "--name", &format!("node{node}"), "--dbname", "settle",
+            ]);
+            f.run(node);
+            // Each node joins before the next is created (the recipe's order).
+            f.wait(120, &format!("node{node} to join"), |s| {
+                s.iter()
+                    .filter(|n| n.reported == n.assigned && ["single", "primary", "secondary"].contains(&n.reported.as_str()))
+                    .count()
+                    == node
+            });
+        }
+        f
+    }
+
+    fn data(&self, node: usize) -> String {
+        let name = if node == 0 { "monitor".to_owned() } else { format!("node{node}") };
+        self.root.join(name).to_string_lossy().into_owned()
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let path = format!("/usr/lib/postgresql/15/bin:{}", self.path);
+        let mut c = if crate::is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", "env"]).arg(format!("PATH={path}")).arg("pg_autoctl");
+            c
+        } else {
+            let mut c = Command::new("pg_autoctl");
+            c.env("PATH", path);
+            c
+        };
+        c.args(args).current_dir(&self.root);
+        c
+    }
+
+    fn autoctl(&self, args: &[&str]) -> String {
+        let out = self.command(args).output().expect("pg_autoctl");
+        assert!(
+            out.status.success(),
+            "pg_autoctl {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Starts node `node`'s keeper (0: the monitor), which starts its PostgreSQL.
+    pub fn run(&mut self, node: usize) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join(format!("keeper{node}.log")))
+            .unwrap();
+        let child = self
+            .command(&["run", "--pgdata", &self.data(node)])
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .process_group(0)
+            .spawn()
+            .expect("pg_autoctl run");
+        self.keepers[node] = Some(child);
+    }
+
+    /// The multi-host URL of the `settle` database, as `pg_autoctl show uri` gives it (user `postgres`).
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        format!("postgres://postgres@{}/settle?target_session_attrs=read-write&sslmode=disable", hosts.join(","))
+    }
+
+    /// One node's own URL (`node` 1–3).
+    pub fn node_url(&self, node: usize) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/settle?sslmode=disable", self.ports[node - 1])
+    }
+
+    /// The nodes as the monitor reports them.
+    pub fn state(&self) -> Vec<NodeState> {
+        let out = self.command(&["show", "state", "--pgdata", &self.data(0), "--json"]).output().expect("pg_autoctl");
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else { return Vec::new() };
+        v.as_array()
+            .map(|nodes| {
+                nodes
+                    .iter()
+                    .map(|n| NodeState {
+                        name: n["nodename"].as_str().unwrap_or_default().to_owned(),
+                        port: n["nodeport"].as_u64().unwrap_or_default() as u16,
+                        reported: n["current_group_state"].as_str().unwrap_or_default().to_owned(),
+                        assigned: n["assigned_group_state"].as_str().unwrap_or_default().to_owned(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits until `done(state)` holds, at most `secs`; panics with the last state otherwise.
+    pub fn wait(&self, secs: u64, what: &str, done: impl Fn(&[NodeState]) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let s = self.state();
+            if done(&s) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the formation did not get to {what} in {secs} s: {s:?}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The node (1–3) the monitor has as primary, if one is.
+    pub fn primary(&self) -> Option<usize> {
+        let s = self.state();
+        let p = s.iter().find(|n| n.assigned == "primary" && n.reported == "primary")?;
+        self.ports.iter().position(|&port| port == p.port).map(|i| i + 1)
+    }
+
+    /// Every node (1–3) that is a secondary, settled.
+    pub fn secondaries(&self) -> Vec<usize> {
+        let s = self.state();
+        s.iter()
+            .filter(|n| n.assigned == "secondary" && n.reported == "secondary")
+            .filter_map(|n| self.ports.iter().position(|&port| port == n.port).map(|i| i + 1))
+            .collect()
+    }
+
+    /// SIGKILL of node `node`'s keeper and its PostgreSQL: every process of the keeper's group, and
+    /// any other whose command line names the node's data folder.
+    pub fn kill(&mut self, node: usize) {
+        if let Some(mut child) = self.keepers[node].take() {
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
+            let _ = child.wait();
+        }
+        kill_naming(&self.data(node));
+    }
+
+    /// `pg_autoctl perform switchover`: the monitor promotes a standby after the primary drained.
+    pub fn switchover(&self) {
+        self.autoctl(&["perform", "switchover", "--pgdata", &self.data(0)]);
+    }
+}
+
+/// SIGKILL of every process whose command line contains `needle`.
+fn kill_naming(needle: &str) {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+        if String::from_utf8_lossy(&cmd).contains(needle) {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
+    }
+}
+
+impl Drop for Formation {
+    fn drop(&mut self) {
+        for node in (0..self.keepers.len()).rev() {
+            if let Some(mut child) = self.keepers[node].take() {
+                let _ = Command::new("kill").args(["-TERM", "--", &format!("-{}", child.id())]).status();
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
+                let _ = child.wait();
+            }
+        }
+        kill_naming(&self.root.to_string_lossy());
+        let _ = std::fs::remove_dir_all(&self.root);
+        // pg_autoctl's state per data folder, under the postgres user's home.
+        let home = if crate::is_root() {
+            PathBuf::from("/var/lib/postgresql")
+        } else {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default())
+        };
+        let rel = self.root.strip_prefix("/").unwrap_or(&self.root).to_owned();
+        for base in [".config/pg_autoctl", ".local/share/pg_autoctl"] {
+            let _ = std::fs::remove_dir_all(home.join(base).join(&rel));
+        }
+    }
+}
