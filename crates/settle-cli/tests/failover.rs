@@ -115,7 +115,8 @@ impl Load {
         let server = (client + i + 1) % self.servers.len();
         let id = format!("b{client}-{i}");
         let items: Vec<Value> = (0..3).map(|n| json!({"id": format!("i{n}"), "cost": 2})).collect();
-        let body = json!({"id": id, "account_id": format!("acct{}", client % ACCOUNTS), "kind": "batch", "items": items});
+        let body =
+            json!({"id": id, "account_id": format!("acct{}", client % ACCOUNTS), "kind": "batch", "items": items});
         let Some((status, _)) = self.write(http, server, "/v1/jobs", body).await else { return };
         assert!(matches!(status, 200 | 201), "create {id}: {status}");
         self.log.lock().unwrap().created.insert(id.clone());
@@ -186,7 +187,7 @@ fn start_load(load: &Arc<Load>) -> Vec<tokio::task::JoinHandle<()>> {
                         return;
                     }
                     match i % 5 {
-                        0 | 1 | 2 => load.story(&http, client, i).await,
+                        0..=2 => load.story(&http, client, i).await,
                         3 => load.batch(&http, client, i).await,
                         _ => load.withdrawal(&http, client, i).await,
                     }
@@ -256,7 +257,11 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
         let grant = json!({"id": format!("g{n}"), "amount": GRANT});
         assert_eq!(call(&http, "POST", &format!("{base_b}/v1/accounts/{id}/grants"), Some(grant)).await.0, 201);
     }
-    let load = Arc::new(Load { servers: vec![base_a.clone(), base_b.clone()], log: Mutex::default(), stop: AtomicBool::new(false) });
+    let load = Arc::new(Load {
+        servers: vec![base_a.clone(), base_b.clone()],
+        log: Mutex::default(),
+        stop: AtomicBool::new(false),
+    });
     let tasks = start_load(&load);
     until_oks(&load, Instant::now(), 100, 60, "writes before any fault").await;
 
@@ -265,7 +270,10 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
     let t = Instant::now();
     formation.kill(standby);
     until_oks(&load, t, 100, 60, "writes with a standby down").await;
-    println!("standby node{standby} killed (SIGKILL): longest time without a 2xx write {:.2} s", load.longest_gap(t).as_secs_f64());
+    println!(
+        "standby node{standby} killed (SIGKILL): longest time without a 2xx write {:.2} s",
+        load.longest_gap(t).as_secs_f64()
+    );
     formation.run(standby);
     formation.wait(120, "two secondaries again", |s| {
         s.iter().filter(|n| n.reported == "secondary" && n.assigned == "secondary").count() == 2
@@ -275,19 +283,41 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
     let before = formation.primary().expect("a primary");
     let t = Instant::now();
     formation.switchover();
-    formation.wait(120, "a new primary", |s| {
-        s.iter().any(|n| n.reported == "primary" && n.assigned == "primary" && n.name != format!("node{before}"))
+    formation.wait(240, "a new primary", |s| {
+        s.iter().any(|n| {
+            n.reported == n.assigned
+                && (n.reported == "primary" || n.reported == "wait_primary")
+                && n.name != format!("node{before}")
+        })
     });
-    until_oks(&load, t, 100, 120, "writes after the switchover").await;
-    println!("switchover from node{before}: longest time without a 2xx write {:.2} s", load.longest_gap(t).as_secs_f64());
+    until_oks(&load, t, 100, 240, "writes after the switchover").await;
+    println!(
+        "switchover from node{before}: longest time without a 2xx write {:.2} s",
+        load.longest_gap(t).as_secs_f64()
+    );
 
     // 3. The primary's PostgreSQL and keeper killed (SIGKILL).
     let primary = formation.primary().expect("a primary");
     let t = Instant::now();
     formation.kill(primary);
+    // When the monitor has another node take writes: the formation's part of the outage.
+    let promoted = loop {
+        let writable = tokio::task::block_in_place(|| formation.writable());
+        if writable.is_some_and(|n| n != primary) {
+            break t.elapsed();
+        }
+        assert!(t.elapsed() < Duration::from_secs(180), "no node was promoted in 180 s");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     let first = until_oks(&load, t, 100, 180, "writes after the primary was killed").await;
-    println!("primary node{primary} killed (SIGKILL): first 2xx write after {:.2} s", first.as_secs_f64());
-    // Both processes came back by themselves.
+    println!(
+        "primary node{primary} killed (SIGKILL): a standby promoted after {:.2} s, the first 2xx write after {:.2} s",
+        promoted.as_secs_f64(),
+        first.as_secs_f64()
+    );
+    // Both processes came back by themselves, and LISTEN for wake-ups on the new primary.
+    let new_primary = formation.writable().expect("a primary after the failover");
+    settle_testkit::until_listening(&formation.node_url(new_primary), 2).await;
     for server in 0..2 {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !load.served_after(t, server) {

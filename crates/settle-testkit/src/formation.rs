@@ -77,22 +77,47 @@ impl Formation {
             keepers: vec![None, None, None, None],
         };
         f.autoctl(&[
-            "create", "monitor", "--pgdata", &f.data(0), "--pgport", &f.monitor_port.to_string(),
-            "--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl",
+            "create",
+            "monitor",
+            "--pgdata",
+            &f.data(0),
+            "--pgport",
+            &f.monitor_port.to_string(),
+            "--hostname",
+            "127.0.0.1",
+            "--auth",
+            "trust",
+            "--no-ssl",
         ]);
         f.run(0);
         let monitor = format!("postgres://autoctl_node@127.0.0.1:{}/pg_auto_failover?sslmode=disable", f.monitor_port);
         for node in 1..=3 {
             f.autoctl(&[
-                "create", "postgres", "--pgdata", &f.data(node), "--pgport", &f.ports[node - 1].to_string(),
-                "--hostname", "127.0.0.1", "--auth", "trust", "--no-ssl", "--monitor", &monitor,
-                "--name", &format!("node{node}"), "--dbname", "settle",
+                "create",
+                "postgres",
+                "--pgdata",
+                &f.data(node),
+                "--pgport",
+                &f.ports[node - 1].to_string(),
+                "--hostname",
+                "127.0.0.1",
+                "--auth",
+                "trust",
+                "--no-ssl",
+                "--monitor",
+                &monitor,
+                "--name",
+                &format!("node{node}"),
+                "--dbname",
+                "settle",
             ]);
             f.run(node);
             // Each node joins before the next is created (the recipe's order).
             f.wait(120, &format!("node{node} to join"), |s| {
                 s.iter()
-                    .filter(|n| n.reported == n.assigned && ["single", "primary", "secondary"].contains(&n.reported.as_str()))
+                    .filter(|n| {
+                        n.reported == n.assigned && ["single", "primary", "secondary"].contains(&n.reported.as_str())
+                    })
                     .count()
                     == node
             });
@@ -199,6 +224,15 @@ impl Formation {
         self.ports.iter().position(|&port| port == p.port).map(|i| i + 1)
     }
 
+    /// The node (1–3) that takes writes now: `primary`, or `wait_primary` (a primary whose standbys
+    /// are not all back), as reported.
+    pub fn writable(&self) -> Option<usize> {
+        let s = self.state();
+        let p =
+            s.iter().find(|n| n.reported == n.assigned && (n.reported == "primary" || n.reported == "wait_primary"))?;
+        self.ports.iter().position(|&port| port == p.port).map(|i| i + 1)
+    }
+
     /// Every node (1–3) that is a secondary, settled.
     pub fn secondaries(&self) -> Vec<usize> {
         let s = self.state();
@@ -219,8 +253,10 @@ impl Formation {
     }
 
     /// `pg_autoctl perform switchover`: the monitor promotes a standby after the primary drained.
+    /// Returns at once (`--wait 0`): the caller waits for the new primary with [`Formation::wait`]
+    /// (pg_autoctl's own wait gives up after 60 s while a standby that just rejoined reports in).
     pub fn switchover(&self) {
-        self.autoctl(&["perform", "switchover", "--pgdata", &self.data(0)]);
+        self.autoctl(&["perform", "switchover", "--pgdata", &self.data(0), "--wait", "0"]);
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! - [`Hosts::parse`]: libpq's multi-host URL (`postgres://u@h1:p1,h2:p2/db?target_session_attrs=read-write`),
 //!   one set of connect options per host.
-//! - [`Primary::probe`]: asks each host `pg_is_in_recovery()` and points every pool at the first
-//!   that is not; single-flight.
+//! - [`Primary::signal`]: a hunt that asks every host `pg_is_in_recovery()` and points every pool
+//!   at the primary; one at a time.
 //! - Every new pooled connection is checked the same way ([`Primary::pool_options`]'s
 //!   `after_connect`). A failover signal (an `Unavailable` answer: a read-only transaction, a
 //!   shutdown, a cut connection) closes the connection that met it and starts a probe; when the
@@ -14,15 +14,14 @@ use crate::error::StoreError;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a probe waits for one host to connect and answer.
 const PROBE_HOST_TIMEOUT: Duration = Duration::from_secs(3);
-/// Probes closer together than this share the earlier one's answer (a failover makes every
-/// operation in flight signal at once).
-const PROBE_SPACING: Duration = Duration::from_millis(200);
+/// Between two probes of a hunt that found no primary.
+const HUNT_PAUSE: Duration = Duration::from_millis(500);
 
 /// The hosts of a PostgreSQL URL, each with the URL's user, database and parameters.
 #[derive(Clone)]
@@ -100,7 +99,8 @@ pub(crate) struct Primary {
     pools: Mutex<Vec<PgPool>>,
     /// The newest failover signal: a pooled connection opened before it is closed, not used.
     epoch: Mutex<Option<Instant>>,
-    probing: tokio::sync::Mutex<Option<Instant>>,
+    /// A hunt for the primary is on.
+    hunting: AtomicBool,
     pub counters: Counters,
 }
 
@@ -155,7 +155,7 @@ impl Primary {
             current: AtomicUsize::new(0),
             pools: Mutex::new(Vec::new()),
             epoch: Mutex::new(None),
-            probing: tokio::sync::Mutex::new(None),
+            hunting: AtomicBool::new(false),
             counters: Counters::default(),
         });
         let found = p.look().await?;
@@ -214,30 +214,36 @@ impl Primary {
         }
     }
 
-    /// A failover signal: the server may no longer be the primary (or be gone). A probe looks for
-    /// the primary; the connection that met the signal is closed by its user.
+    /// A failover signal: the server may no longer be the primary (or be gone). A hunt looks for
+    /// the primary — again every 500 ms until one answers, so Settle is back within a probe of the
+    /// promotion — unless one is on; the connection that met the signal is closed by its user.
     pub fn signal(self: &Arc<Self>) {
         self.counters.failover_signals.fetch_add(1, Ordering::Relaxed);
-        let p = self.clone();
+        if self.hunting.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
         tokio::spawn(async move {
-            if let Err(e) = p.probe().await {
-                tracing::warn!(error = %e, "looking for the PostgreSQL primary");
+            loop {
+                let Some(p) = weak.upgrade() else { return };
+                match p.probe().await {
+                    Ok(()) => {
+                        p.hunting.store(false, Ordering::SeqCst);
+                        return;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "looking for the PostgreSQL primary"),
+                }
+                drop(p);
+                tokio::time::sleep(HUNT_PAUSE).await;
             }
         });
     }
 
-    /// Looks for the primary and points every pool at it. Single-flight: a probe asked for while
-    /// another ran, or just after it, shares that one's answer. Pooled connections are given up
-    /// (the failover epoch moves) when the primary moved, or when no host is one.
-    pub async fn probe(&self) -> Result<(), StoreError> {
-        let asked = Instant::now();
-        let mut last = self.probing.lock().await;
-        if last.is_some_and(|t| t > asked || t.elapsed() < PROBE_SPACING) {
-            return Ok(());
-        }
-        let found = self.look().await;
-        *last = Some(Instant::now());
-        let found = match found {
+    /// Looks for the primary and points every pool at it (one hunt at a time: [`Primary::signal`]).
+    /// Pooled connections are given up (the failover epoch moves) when the primary moved, or when
+    /// no host is one.
+    async fn probe(&self) -> Result<(), StoreError> {
+        let found = match self.look().await {
             Ok(found) => found,
             Err(e) => {
                 self.mark_epoch();
