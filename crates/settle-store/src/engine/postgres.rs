@@ -47,10 +47,16 @@ pub(crate) struct PgShared {
     pub primary: Arc<Primary>,
 }
 
-/// Sent just before COMMIT: the COMMIT may wait for a synchronous standby, and a wait cancelled by
-/// `statement_timeout` is not a rollback — PostgreSQL would answer success for a commit only this
-/// server holds (docs/decisions/0024).
-pub(crate) const BEFORE_COMMIT: &str = "SET LOCAL statement_timeout = 0";
+/// Sent just before COMMIT (docs/decisions/0024):
+/// - `statement_timeout` off: the COMMIT may wait for a synchronous standby, and a wait cancelled by
+///   `statement_timeout` is not a rollback — PostgreSQL would answer success for a commit only this
+///   server holds;
+/// - a transaction id, so even a transaction that wrote nothing (a replay answering "already
+///   done" from a row it read) commits with a record and waits for the standby past everything
+///   before it: no `2xx` reports a row the standbys may not have (one made visible by crash
+///   recovery, or by an operator's cancel, before it reached them). A transaction that wrote has
+///   its id already; this costs nothing there.
+pub(crate) const BEFORE_COMMIT: &str = "SET LOCAL statement_timeout = 0; SELECT pg_current_xact_id()";
 /// How much longer than the statement timeout a transaction may go without an answer before its
 /// connection is given up (a host gone without a word: no RST, no FIN).
 const ANSWER_GRACE: Duration = Duration::from_secs(30);
