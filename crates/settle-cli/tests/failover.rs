@@ -262,11 +262,12 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
         log: Mutex::default(),
         stop: AtomicBool::new(false),
     });
+    no_acknowledgement_without_a_standby(&formation, &url).await;
     let tasks = start_load(&load);
     until_oks(&load, Instant::now(), 100, 60, "writes before any fault").await;
 
     // 1. A standby lost: the other one keeps a second copy of every commit, so writes go on.
-    let standby = formation.secondaries()[0];
+    let standby = settled_secondaries(&formation)[0];
     let t = Instant::now();
     formation.kill(standby);
     until_oks(&load, t, 100, 60, "writes with a standby down").await;
@@ -296,7 +297,9 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
         load.longest_gap(t).as_secs_f64()
     );
 
-    // 3. The primary's PostgreSQL and keeper killed (SIGKILL).
+    // 3. The primary's PostgreSQL and keeper killed (SIGKILL), once the old primary is back as a
+    // standby (two standbys again, so the promotion has a candidate that is caught up).
+    settled_secondaries(&formation);
     let primary = formation.primary().expect("a primary");
     let t = Instant::now();
     formation.kill(primary);
@@ -331,6 +334,44 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
         task.await.unwrap();
     }
     check(&load, &http, &base_a, &base_b, sim_port, &url).await;
+}
+
+/// Waits until the formation has a primary and two settled secondaries; returns the secondaries.
+fn settled_secondaries(formation: &Formation) -> Vec<usize> {
+    formation.wait(240, "a primary and two secondaries", |s| {
+        let settled = |state: &str| s.iter().filter(|n| n.reported == state && n.assigned == state).count();
+        settled("primary") == 1 && settled("secondary") == 2
+    });
+    formation.secondaries()
+}
+
+/// With both standbys stopped, a COMMIT waits — it is not acknowledged — even when Settle's
+/// statement timeout is short: a timeout that cancelled the wait for the standby would make
+/// PostgreSQL answer success for a commit only the primary holds (decision 0024). Once a standby
+/// answers again, the commit completes and is acknowledged.
+async fn no_acknowledgement_without_a_standby(formation: &Formation, url: &str) {
+    use settle_store::{NewAccount, SYSTEM_ACTOR, SqlStore, Store, StoreOptions};
+    let options = StoreOptions { pg_statement_timeout: Duration::from_millis(200), ..StoreOptions::default() };
+    let store = Arc::new(SqlStore::open(url, options).await.unwrap());
+    let standbys = settled_secondaries(formation);
+    for &n in &standbys {
+        formation.pause(n);
+    }
+    let writer = store.clone();
+    let write = tokio::spawn(async move {
+        let id = settle_core::ids::AccountId::parse("unacknowledged").unwrap();
+        writer.create_account(NewAccount { id, overdraft_limit: settle_core::Credits::ZERO }, SYSTEM_ACTOR).await
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let early = write.is_finished();
+    for &n in &standbys {
+        formation.resume(n);
+    }
+    if early {
+        panic!("a commit was answered while no standby had it: {:?}", write.await);
+    }
+    let answered = tokio::time::timeout(Duration::from_secs(60), write).await.expect("the commit completes").unwrap();
+    assert!(answered.is_ok(), "{answered:?}");
 }
 
 /// What must hold afterwards, read through both processes (neither was restarted).

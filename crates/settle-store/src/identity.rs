@@ -126,7 +126,8 @@ pub(crate) async fn check_postgres(pool: &sqlx::PgPool, migrator: &Migrator) -> 
         // Relations an extension owns (pg_stat_statements' views, which pg_auto_failover installs in
         // every database it makes) are the server's, not another program's data.
         "SELECT c.relname::text FROM pg_class c \
-         WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p', 'v', 'm', 'f') \
+         WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) \
+           AND c.relkind IN ('r', 'p', 'v', 'm', 'f') \
            AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass \
                            AND d.objid = c.oid AND d.deptype = 'e') \
          ORDER BY 1",

@@ -242,14 +242,54 @@ impl Formation {
             .collect()
     }
 
-    /// SIGKILL of node `node`'s keeper and its PostgreSQL: every process of the keeper's group, and
-    /// any other whose command line names the node's data folder.
+    /// SIGKILL of node `node`'s keeper and its PostgreSQL: every process of the keeper's group, the
+    /// postmaster and its children, and any other whose command line names the node's data folder.
+    /// Their pid files are removed: on a machine whose init does not reap orphans, a killed
+    /// process lingers as a zombie that `kill -0` still finds, and pg_autoctl and PostgreSQL would
+    /// take it for a running instance and refuse to start again.
     pub fn kill(&mut self, node: usize) {
+        let postmaster = self.postmaster(node);
         if let Some(mut child) = self.keepers[node].take() {
             let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
             let _ = child.wait();
         }
+        if let Some(pm) = postmaster {
+            for pid in std::iter::once(pm).chain(children_of(pm)) {
+                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            }
+        }
         kill_naming(&self.data(node));
+        let _ = std::fs::remove_file(Path::new(&self.data(node)).join("postmaster.pid"));
+        let _ = std::fs::remove_file(runtime_dir(&self.data(node)).join("pg_autoctl.pid"));
+    }
+
+    /// The node's postmaster, from its `postmaster.pid`.
+    fn postmaster(&self, node: usize) -> Option<u32> {
+        let pidfile = std::fs::read_to_string(Path::new(&self.data(node)).join("postmaster.pid")).ok()?;
+        pidfile.lines().next().and_then(|l| l.trim().parse::<u32>().ok())
+    }
+
+    /// SIGSTOP of node `node`'s keeper and PostgreSQL (the keeper's whole process group): the node
+    /// is there but answers nothing — a standby that stops acknowledging.
+    pub fn pause(&self, node: usize) {
+        self.signal_group(node, "-STOP");
+    }
+
+    /// SIGCONT after [`Formation::pause`].
+    pub fn resume(&self, node: usize) {
+        self.signal_group(node, "-CONT");
+    }
+
+    /// `signal` to the node's keeper group and to its PostgreSQL — the postmaster (from its
+    /// `postmaster.pid`) and every process it started (the keeper starts it in a group of its own).
+    fn signal_group(&self, node: usize, signal: &str) {
+        let child = self.keepers[node].as_ref().expect("the node's keeper runs");
+        let st = Command::new("kill").args([signal, "--", &format!("-{}", child.id())]).status().unwrap();
+        assert!(st.success(), "kill {signal} of node{node}'s process group failed");
+        let postmaster = self.postmaster(node).unwrap_or_else(|| panic!("node{node} has no postmaster.pid"));
+        for pid in std::iter::once(postmaster).chain(children_of(postmaster)) {
+            let _ = Command::new("kill").args([signal, &pid.to_string()]).status();
+        }
     }
 
     /// `pg_autoctl perform switchover`: the monitor promotes a standby after the primary drained.
@@ -258,6 +298,26 @@ impl Formation {
     pub fn switchover(&self) {
         self.autoctl(&["perform", "switchover", "--pgdata", &self.data(0), "--wait", "0"]);
     }
+}
+
+/// Where pg_autoctl keeps a data folder's pid file: `$XDG_RUNTIME_DIR/pg_autoctl/…`, else
+/// `/tmp/pg_autoctl/…` (runuser passes no `XDG_RUNTIME_DIR` to the postgres user here).
+fn runtime_dir(pgdata: &str) -> PathBuf {
+    Path::new("/tmp/pg_autoctl").join(pgdata.trim_start_matches('/'))
+}
+
+/// The processes whose parent is `parent` (from `/proc/*/stat`).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            // The parent pid is the second field after the command's closing parenthesis.
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse::<u32>().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
 }
 
 /// SIGKILL of every process whose command line contains `needle`.
@@ -288,8 +348,16 @@ impl Drop for Formation {
                 let _ = child.wait();
             }
         }
+        for node in 0..self.keepers.len() {
+            if let Some(pm) = self.postmaster(node) {
+                for pid in std::iter::once(pm).chain(children_of(pm)) {
+                    let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                }
+            }
+        }
         kill_naming(&self.root.to_string_lossy());
         let _ = std::fs::remove_dir_all(&self.root);
+        let _ = std::fs::remove_dir_all(runtime_dir(&self.root.to_string_lossy()));
         // pg_autoctl's state per data folder, under the postgres user's home.
         let home = if crate::is_root() {
             PathBuf::from("/var/lib/postgresql")

@@ -11,7 +11,7 @@
 //!   create) is rolled back to its savepoint and run again alone after the batch, so a batch never
 //!   waits long on another transaction and cannot hold a wait cycle for more than the short timeout.
 
-use super::primary::Primary;
+use super::primary::{Leased, Primary};
 use super::sequencer::Sequencer;
 use super::{BatchOp, Env, OpFn, Ran};
 use crate::db::Db;
@@ -39,8 +39,6 @@ pub(crate) struct PgShared {
     pub tx_retries: AtomicU64,
     /// The store's lock timeout, restored before the flush.
     pub lock_timeout: Duration,
-    /// The server's `statement_timeout` for Settle's sessions.
-    pub statement_timeout: Duration,
     /// Numbers the events of every COMMIT that wrote some.
     pub sequencer: Arc<Sequencer>,
     /// Which host is the primary; told of every failover signal (docs/decisions/0024).
@@ -57,9 +55,11 @@ pub(crate) struct PgShared {
 ///   recovery, or by an operator's cancel, before it reached them). A transaction that wrote has
 ///   its id already; this costs nothing there.
 pub(crate) const BEFORE_COMMIT: &str = "SET LOCAL statement_timeout = 0; SELECT pg_current_xact_id()";
-/// How much longer than the statement timeout a transaction may go without an answer before its
-/// connection is given up (a host gone without a word: no RST, no FIN).
-const ANSWER_GRACE: Duration = Duration::from_secs(30);
+/// How long a transaction (or a lane's batch) may go without an answer before its connection is
+/// closed and its callers answered `Unavailable` (a host gone without a word: no RST, no FIN).
+/// Below the HTTP request limit (60 s), so the store, not the request's timeout, gives the
+/// connection up; far above any statement Settle sends (the lock timeout is 10 s).
+pub(crate) const ANSWER_LIMIT: Duration = Duration::from_secs(45);
 
 fn new_pending() -> Arc<Mutex<Pending>> {
     Arc::new(Mutex::new(Pending::default()))
@@ -104,22 +104,19 @@ impl PgShared {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let mut conn = self.pool.acquire().await.map_err(|e| self.observed(e.into()))?;
+            let mut conn = Leased::acquire(&self.pool).await.map_err(|e| self.observed(e.into()))?;
             // A deadline that closes the connection instead of cancelling anything: the server
             // goes on with a COMMIT it has (a closed socket cuts no wait for a standby short), and
             // the answer is `Unavailable` — the outcome unknown, never "not done".
-            let limit = self.attempt_limit();
-            let outcome = match tokio::time::timeout(limit, self.attempt(&mut conn, &f)).await {
+            let outcome = match tokio::time::timeout(ANSWER_LIMIT, self.attempt(&mut conn, &f)).await {
                 Ok(outcome) => outcome,
                 Err(_) => Err(StoreError::Unavailable(format!(
                     "no answer from PostgreSQL in {} s; the outcome is unknown",
-                    limit.as_secs()
+                    ANSWER_LIMIT.as_secs()
                 ))),
             };
-            if let Err(StoreError::Unavailable(_)) = &outcome {
-                // The connection that met a failover signal is never used again (docs/decisions/0024).
-                conn.close_on_drop();
-            }
+            // The connection that met a failover signal is never used again (docs/decisions/0024).
+            conn.clean_unless_unavailable(&outcome);
             drop(conn);
             self.observe(&outcome);
             match outcome {
@@ -134,21 +131,11 @@ impl PgShared {
         }
     }
 
-    /// How long one transaction may go without an answer before its connection is given up: past
-    /// the statement timeout (which bounds every statement but the COMMIT) and past a failover.
-    fn attempt_limit(&self) -> Duration {
-        self.statement_timeout + ANSWER_GRACE
-    }
-
     /// One attempt of `transaction`, on `conn`.
-    async fn attempt<T: Send + 'static>(
-        &self,
-        conn: &mut sqlx::pool::PoolConnection<sqlx::Postgres>,
-        f: &OpFn<T>,
-    ) -> Result<T, StoreError> {
+    async fn attempt<T: Send + 'static>(&self, conn: &mut sqlx::PgConnection, f: &OpFn<T>) -> Result<T, StoreError> {
         // A `Transaction` rolls back if this future is dropped midway (a client hanging up, a
         // timeout): a pooled connection never goes back with a transaction open.
-        let mut tx = sqlx::Connection::begin_with(&mut **conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+        let mut tx = sqlx::Connection::begin_with(conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
         let pending = new_pending();
         let cx = self.env.cx(Some(pending.clone()));
         let out = {
@@ -239,7 +226,7 @@ async fn lane(shared: Arc<PgShared>, mut rx: mpsc::Receiver<Box<dyn BatchOp>>, b
         }
         // A batch that gets no answer (a host gone without a word) is given up: its operations'
         // callers hear `Unavailable` (the outcome unknown), and the lane goes on.
-        if tokio::time::timeout(shared.attempt_limit(), run_batch(&shared, &mut batch)).await.is_err() {
+        if tokio::time::timeout(ANSWER_LIMIT, run_batch(&shared, &mut batch)).await.is_err() {
             tracing::warn!("a write batch got no answer from PostgreSQL in time; its outcome is unknown");
             batch.clear();
             shared.primary.signal();
@@ -259,20 +246,27 @@ async fn exec(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>, sql: &str) -> Resu
     sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut **tx).await.map(|_| ())
 }
 
+/// A batch that could not begin: nothing ran; every operation is answered `Unavailable`.
+fn unanswered(shared: &PgShared, batch: &mut Vec<Box<dyn BatchOp>>, e: sqlx::Error) {
+    let e = shared.observed(StoreError::from(e));
+    for op in batch.drain(..) {
+        op.deliver(Err(StoreError::Unavailable(e.to_string())));
+    }
+}
+
 /// One batch: one transaction, a savepoint per operation, one flush, one COMMIT, then the answers.
 /// Anything failing before COMMIT is sent leaves nothing committed: every operation is run again
 /// alone. A failed COMMIT leaves the outcome unknown: the operations that ran are answered
 /// `Unavailable` (never "nothing happened"); those that were rolled back to their savepoints run alone.
 async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
-    let mut tx = match shared.pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await {
+    // Closed, not returned, unless the batch ends cleanly (a deadline that cut it off included).
+    let mut conn = match Leased::acquire(&shared.pool).await {
+        Ok(conn) => conn,
+        Err(e) => return unanswered(shared, batch, e),
+    };
+    let mut tx = match sqlx::Connection::begin_with(&mut *conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await {
         Ok(tx) => tx,
-        Err(e) => {
-            let e = shared.observed(StoreError::from(e));
-            for op in batch.drain(..) {
-                op.deliver(Err(StoreError::Unavailable(e.to_string())));
-            }
-            return;
-        }
+        Err(e) => return unanswered(shared, batch, e),
     };
     let pending = new_pending();
     let mut ran: Vec<Box<dyn BatchOp>> = Vec::with_capacity(batch.len());
@@ -338,6 +332,7 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
     }
     let committed = tx.commit().await.map_err(StoreError::from_commit);
     shared.observe(&committed);
+    conn.clean_unless_unavailable(&committed);
     match committed {
         Ok(()) => {
             if events {

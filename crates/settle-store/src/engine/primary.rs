@@ -14,12 +14,14 @@ use crate::error::StoreError;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long a probe waits for one host to connect and answer.
 const PROBE_HOST_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long an idle pooled connection's ping may take before it is closed instead of used.
+const PING_LIMIT: Duration = Duration::from_secs(2);
 /// Between two probes of a hunt that found no primary.
 const HUNT_PAUSE: Duration = Duration::from_millis(500);
 
@@ -84,6 +86,54 @@ impl Hosts {
     }
 }
 
+/// A pooled connection that goes back to its pool only when its user says it ended cleanly
+/// ([`Leased::clean`]); otherwise — an error that may have left it unusable, a transaction cut off
+/// mid-flight by a dropped future or a deadline — it is closed (sqlx's close has a time limit;
+/// its return to the pool pings without one).
+pub(crate) struct Leased {
+    conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    clean: bool,
+}
+
+impl Leased {
+    pub async fn acquire(pool: &PgPool) -> Result<Leased, sqlx::Error> {
+        Ok(Leased { conn: pool.acquire().await?, clean: false })
+    }
+
+    /// The connection ended cleanly (no transaction open, no failover signal): it may be reused.
+    pub fn clean(&mut self) {
+        self.clean = true;
+    }
+
+    /// Clean unless `result` is a failover signal (`Unavailable`).
+    pub fn clean_unless_unavailable<T>(&mut self, result: &Result<T, StoreError>) {
+        if !matches!(result, Err(StoreError::Unavailable(_))) {
+            self.clean = true;
+        }
+    }
+}
+
+impl std::ops::Deref for Leased {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Leased {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
+impl Drop for Leased {
+    fn drop(&mut self) {
+        if !self.clean {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
 /// Counters for `/metrics`, kept without a database read so they answer during an outage.
 #[derive(Default)]
 pub(crate) struct Counters {
@@ -101,6 +151,8 @@ pub(crate) struct Primary {
     epoch: Mutex<Option<Instant>>,
     /// A hunt for the primary is on.
     hunting: AtomicBool,
+    /// The highest timeline a primary was seen on: a connection to a server behind it is refused.
+    timeline: AtomicU32,
     pub counters: Counters,
 }
 
@@ -128,22 +180,20 @@ async fn role(options: &PgConnectOptions) -> Result<Role, String> {
 /// A standby, a server that refuses writes (`default_transaction_read_only`), or a primary with
 /// its current timeline (from its WAL file name): after a promotion the new primary's is higher.
 async fn ask_role(c: &mut PgConnection) -> Result<Role, sqlx::Error> {
-    if in_recovery(c).await? {
-        return Ok(Role::Standby);
-    }
-    let (read_only, timeline): (bool, String) = sqlx::query_as(
-        "SELECT current_setting('transaction_read_only') = 'on', substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)",
+    // One round trip; `pg_walfile_name` fails during recovery, so it is asked of a primary only.
+    let (standby, read_only, timeline): (bool, bool, String) = sqlx::query_as(
+        "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on', \
+                CASE WHEN pg_is_in_recovery() THEN '' ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END",
     )
     .fetch_one(c)
     .await?;
-    if read_only {
-        return Ok(Role::ReadOnly);
-    }
-    Ok(Role::Primary(u32::from_str_radix(&timeline, 16).unwrap_or(0)))
-}
-
-async fn in_recovery(c: &mut PgConnection) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT pg_is_in_recovery()").fetch_one(c).await
+    Ok(if standby {
+        Role::Standby
+    } else if read_only {
+        Role::ReadOnly
+    } else {
+        Role::Primary(u32::from_str_radix(&timeline, 16).unwrap_or(0))
+    })
 }
 
 impl Primary {
@@ -156,6 +206,7 @@ impl Primary {
             pools: Mutex::new(Vec::new()),
             epoch: Mutex::new(None),
             hunting: AtomicBool::new(false),
+            timeline: AtomicU32::new(0),
             counters: Counters::default(),
         });
         let found = p.look().await?;
@@ -173,30 +224,42 @@ impl Primary {
         self.hosts.0[self.current.load(Ordering::SeqCst)].0.clone()
     }
 
-    /// Pool options whose connections are checked to be the primary's when made, and are not used
-    /// once a failover signal newer than them was seen.
+    /// Pool options whose connections are checked to be the primary's when made — not a standby,
+    /// not read-only, not on a timeline older than one a probe has seen (an old primary still up
+    /// after a promotion) — and are closed, not used, once a failover epoch newer than them passed.
+    /// An idle connection is pinged (2 s at most) only after that check, so a stale one costs no
+    /// wait on a host that is gone.
     pub fn pool_options(self: &Arc<Self>) -> PgPoolOptions {
         let (on_connect, on_acquire) = (Arc::downgrade(self), Arc::downgrade(self));
         PgPoolOptions::new()
+            .test_before_acquire(false)
             .after_connect(move |conn, _meta| {
                 let primary = on_connect.clone();
                 Box::pin(async move {
-                    let standby = in_recovery(conn).await?;
+                    let role = ask_role(conn).await?;
                     let Some(p) = primary.upgrade() else { return Ok(()) };
                     p.counters.connections_opened.fetch_add(1, Ordering::Relaxed);
-                    if standby {
-                        p.signal();
-                        return Err(sqlx::Error::Protocol(format!(
-                            "{} is a standby (in recovery), not the primary",
-                            p.host()
-                        )));
-                    }
-                    Ok(())
+                    let refused = match role {
+                        Role::Primary(timeline) if timeline >= p.timeline.load(Ordering::SeqCst) => {
+                            p.timeline.fetch_max(timeline, Ordering::SeqCst);
+                            return Ok(());
+                        }
+                        Role::Primary(timeline) => format!("is on timeline {timeline}, behind the primary's"),
+                        Role::Standby => "is a standby (in recovery)".to_owned(),
+                        Role::ReadOnly => "takes no writes (transaction_read_only)".to_owned(),
+                    };
+                    p.signal();
+                    Err(sqlx::Error::Protocol(format!("{} {refused}, not the primary", p.host())))
                 })
             })
-            .before_acquire(move |_conn, meta| {
+            .before_acquire(move |conn, meta| {
                 let fresh = on_acquire.upgrade().is_none_or(|p| p.is_after_epoch(meta.age));
-                Box::pin(async move { Ok(fresh) })
+                Box::pin(async move {
+                    if !fresh {
+                        return Ok(false);
+                    }
+                    Ok(matches!(tokio::time::timeout(PING_LIMIT, conn.ping()).await, Ok(Ok(()))))
+                })
             })
     }
 
@@ -287,6 +350,9 @@ impl Primary {
                 Ok(Role::ReadOnly) => answers.push(format!("{name} takes no writes (transaction_read_only)")),
                 Err(e) => answers.push(format!("{name}: {e}")),
             }
+        }
+        if let Some((timeline, _)) = best {
+            self.timeline.fetch_max(timeline, Ordering::SeqCst);
         }
         best.map(|(_, i)| i)
             .ok_or_else(|| StoreError::Unavailable(format!("no writable PostgreSQL primary: {}", answers.join("; "))))

@@ -108,7 +108,9 @@ impl Sequencer {
     /// counter only briefly), then the wake-ups — after COMMIT and in statements of their own, so a
     /// full notification queue can never stop the numbering.
     async fn pass(&self) -> Result<ops::Numbered, StoreError> {
-        let mut tx = self.pool.begin_with("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+        // Closed, not returned, unless the pass ends cleanly (a round given up mid-flight included).
+        let mut conn = super::primary::Leased::acquire(&self.pool).await?;
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
         let numbered = {
             // The COMMIT may wait for a synchronous standby: never cancelled (docs/decisions/0024).
             sqlx::raw_sql("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = 0").execute(&mut *tx).await?;
@@ -116,6 +118,8 @@ impl Sequencer {
             ops::number_events(&mut db, limits::SEQUENCER_STAMPS_MAX).await?
         };
         tx.commit().await.map_err(StoreError::from_commit)?;
+        conn.clean();
+        drop(conn);
         if numbered.events > 0 {
             self.numbered.fetch_add(numbered.events as u64, Ordering::Relaxed);
             self.events_wake.notify_waiters();

@@ -11,7 +11,7 @@
 use crate::artifacts::ArtifactStore;
 use crate::db::{Db, Engine};
 use crate::engine::postgres::PgShared;
-use crate::engine::primary::{Hosts, Primary};
+use crate::engine::primary::{Hosts, Leased, Primary};
 use crate::engine::sequencer::Sequencer;
 use crate::engine::{BatchOp, Env, Op, OpFn};
 use crate::error::StoreError;
@@ -218,7 +218,6 @@ impl SqlStore {
             env: env.clone(),
             tx_retries: AtomicU64::new(0),
             lock_timeout: options.pg_lock_timeout,
-            statement_timeout: options.pg_statement_timeout,
             sequencer,
             primary,
         });
@@ -416,12 +415,13 @@ impl SqlStore {
                 out
             }
             Backend::Postgres { shared, .. } => {
-                let pool = &shared.pool;
+                // Closed, not returned, unless the read ends cleanly (a dropped future included).
+                let mut conn = Leased::acquire(&shared.pool).await.map_err(|e| shared.observed(e.into()))?;
                 // One snapshot for every statement of the read (the audit above all).
-                let mut tx = match pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await {
-                    Ok(tx) => tx,
-                    Err(e) => return Err(shared.observed(e.into())),
-                };
+                let mut tx =
+                    sqlx::Connection::begin_with(&mut *conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                        .await
+                        .map_err(|e| shared.observed(e.into()))?;
                 let cx = self.env.cx(None);
                 let out = {
                     let mut db = Db::Pg(&mut tx);
@@ -429,6 +429,7 @@ impl SqlStore {
                 };
                 shared.observe(&out);
                 tx.rollback().await.map_err(|e| shared.observed(e.into()))?;
+                conn.clean_unless_unavailable(&out);
                 out
             }
         }
