@@ -24,6 +24,11 @@ pub struct StoreOptions {
     pub policy: Policies,
     /// Seed of the backoff jitter generator (fixed in tests for reproducible schedules).
     pub jitter_seed: u64,
+    /// Where lease tokens and payout idempotency keys come from: `None` (production), the operating
+    /// system's randomness (UUIDv4); `Some(seed)`, a SplitMix64 stream — for the deterministic
+    /// simulator only (docs/decisions/0025), whose runs must repeat exactly. Never set it where
+    /// tokens must be unguessable.
+    pub token_seed: Option<u64>,
     pub durability: Durability,
     /// Most operations the SQLite writer commits in one transaction (1 disables batching).
     pub write_batch_max: usize,
@@ -53,6 +58,7 @@ impl Default for StoreOptions {
             clock: Arc::new(SystemClock),
             policy: Policies::default(),
             jitter_seed: SystemClock.now().micros() as u64,
+            token_seed: None,
             durability: Durability::Full,
             write_batch_max: limits::WRITE_BATCH_MAX,
             sqlite_readers: 4,

@@ -128,6 +128,8 @@ pub(crate) struct Env {
     pub policy: Arc<Policies>,
     pub rng: Arc<Mutex<SplitMix64>>,
     pub crash: Option<Arc<dyn CrashHook>>,
+    /// `StoreOptions::token_seed`'s stream, when set.
+    pub tokens: Option<Arc<Mutex<SplitMix64>>>,
 }
 
 impl Env {
@@ -139,6 +141,7 @@ impl Env {
             policy: self.policy.clone(),
             rng: self.rng.clone(),
             crash: self.crash.clone(),
+            tokens: self.tokens.clone(),
             pending,
             counters: None,
         }

@@ -21,17 +21,17 @@ pub(crate) fn spawn_writer(
     env: Env,
     batch_max: usize,
     checkpointer: rusqlite::Connection,
-) -> Result<(), StoreError> {
+) -> Result<Vec<std::thread::JoinHandle<()>>, StoreError> {
     // The writer keeps `stop` while it runs; the checkpointer ends when it is dropped.
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    std::thread::Builder::new()
+    let checkpoints = std::thread::Builder::new()
         .name("settle-sqlite-checkpoint".into())
         .spawn(move || checkpoint_loop(checkpointer, stopped))
         .map_err(|e| StoreError::internal(format!("cannot start the SQLite checkpointer: {e}")))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .map_err(|e| StoreError::internal(format!("the SQLite writer's runtime: {e}")))?;
-    std::thread::Builder::new()
+    let writes = std::thread::Builder::new()
         .name("settle-sqlite-writer".into())
         .spawn(move || {
             runtime.block_on(async move {
@@ -51,7 +51,7 @@ pub(crate) fn spawn_writer(
             });
         })
         .map_err(|e| StoreError::internal(format!("cannot start the SQLite writer: {e}")))?;
-    Ok(())
+    Ok(vec![writes, checkpoints])
 }
 
 /// How often the checkpointer copies the WAL back into the database file.

@@ -67,7 +67,7 @@ pub(crate) async fn claim(
     let lease_expires_at = cx.now.plus_seconds(u64::from(lease_seconds));
     let mut claimed = Vec::new();
     for _ in 0..req.limit.min(limits::CLAIM_LIMIT_MAX) {
-        let token = uuid::Uuid::new_v4().to_string();
+        let token = cx.token().to_string();
         let mut a = vec![
             crate::db::Value::from(cx.now.micros()),
             token.clone().into(),

@@ -84,6 +84,8 @@ pub(crate) struct Cx {
     pub policy: Arc<Policies>,
     pub rng: Arc<Mutex<SplitMix64>>,
     pub crash: Option<Arc<dyn CrashHook>>,
+    /// Seeded tokens (the simulator's); `None`: the operating system's randomness.
+    pub tokens: Option<Arc<Mutex<SplitMix64>>>,
     /// PostgreSQL: the transaction's ledger lines and events, written by `flush` just before its
     /// COMMIT (docs/decisions/0021). `None` on SQLite, whose single writer numbers them at once.
     pub pending: Option<Arc<Mutex<Pending>>>,
@@ -191,6 +193,18 @@ fn lock_pending(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> 
 }
 
 impl Cx {
+    /// A fresh unguessable token (a UUIDv4), or the next of the seeded stream (the simulator's).
+    pub fn token(&self) -> uuid::Uuid {
+        match &self.tokens {
+            None => uuid::Uuid::new_v4(),
+            Some(rng) => {
+                let mut rng = rng.lock().unwrap_or_else(|p| p.into_inner());
+                let (hi, lo) = (rng.next_u64(), rng.next_u64());
+                uuid::Builder::from_random_bytes(((u128::from(hi) << 64) | u128::from(lo)).to_be_bytes()).into_uuid()
+            }
+        }
+    }
+
     pub fn point(&self, point: CrashPoint) -> Result<(), StoreError> {
         match &self.crash {
             Some(hook) if hook.should_crash(point) => Err(StoreError::InjectedCrash(point.name())),

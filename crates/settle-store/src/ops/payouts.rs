@@ -70,7 +70,7 @@ pub(crate) async fn create_withdrawal(
     // Cash leaves: drawn on the balance alone, never the overdraft (spec §1).
     super::insert_job(db, cx, &super::validate_job(new_job)?, &fp, super::BalanceCheck::Cash).await?;
     // Made once, here; every attempt of this withdrawal sends and looks up with it.
-    let key = format!("wd_{}", uuid::Uuid::new_v4().simple());
+    let key = format!("wd_{}", cx.token().simple());
     db.exec(
         "INSERT INTO withdrawals (job_id, destination, amount, idempotency_key, created_at) VALUES ($1, $2, $3, $4, $5)",
         args![req.id.as_str(), req.destination.as_str(), req.amount.get(), &key, cx.now.micros()],

@@ -215,7 +215,7 @@ pub(crate) async fn claim(
     let Some(row) = open else {
         let mut out = Vec::new();
         for _ in 0..limit.min(limits::CLAIM_LIMIT_MAX) {
-            let Some(d) = claim_one(db, cx, endpoint, &new_token(), expires, 0).await? else { break };
+            let Some(d) = claim_one(db, cx, endpoint, &new_token(cx), expires, 0).await? else { break };
             out.push(d);
         }
         cx.point(CrashPoint::BeforeCommit)?;
@@ -223,7 +223,7 @@ pub(crate) async fn claim(
     };
     // Open or half-open: at most one probe, taken with a guarded write so only one process gets it.
     // A `probe_at` further away than the longest pause is due anyway (a clock that ran ahead).
-    let token = new_token();
+    let token = new_token(cx);
     let took = db
         .exec(
             "UPDATE webhook_breakers SET state = 'half_open', probe_token = $3, probe_expires_at = $4 \
@@ -266,8 +266,8 @@ pub(crate) async fn claim(
     Ok(probe.into_iter().collect())
 }
 
-fn new_token() -> LeaseToken {
-    LeaseToken(uuid::Uuid::new_v4().to_string())
+fn new_token(cx: &Cx) -> LeaseToken {
+    LeaseToken(cx.token().to_string())
 }
 
 /// Leases the first due delivery at the head of its line with `event_seq > after`.

@@ -57,6 +57,8 @@ enum Backend {
         readers: SqlitePool,
         /// The file, for reads that stream through a rusqlite connection of their own (the audit).
         path: std::path::PathBuf,
+        /// The writer's and the checkpointer's threads, joined by `close`.
+        threads: Vec<std::thread::JoinHandle<()>>,
     },
     /// `lanes` commits batches of operations, an account's on its own lane; `shared.transaction`
     /// runs one operation alone; `jobs` remembers whose account a job is, for the lanes.
@@ -140,11 +142,12 @@ impl SqlStore {
             policy: Arc::new(options.policy.clone()),
             rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
             crash: options.crash.clone(),
+            tokens: options.token_seed.map(|s| Arc::new(Mutex::new(SplitMix64::new(s)))),
         };
         let (tx, rx) = mpsc::channel(limits::WRITE_QUEUE_MAX);
         let conn = crate::engine::sqlite::open_writer(&path, &options)?;
         let checkpointer = crate::engine::sqlite::open_checkpointer(&path, &options)?;
-        crate::engine::sqlite::spawn_writer(
+        let threads = crate::engine::sqlite::spawn_writer(
             conn,
             rx,
             env.clone(),
@@ -152,7 +155,7 @@ impl SqlStore {
             checkpointer,
         )?;
         Ok(SqlStore {
-            backend: Backend::Sqlite { writer: tx, readers, path },
+            backend: Backend::Sqlite { writer: tx, readers, path, threads },
             env,
             wake: Arc::new(tokio::sync::Notify::new()),
             events_wake: Arc::new(tokio::sync::Notify::new()),
@@ -203,6 +206,7 @@ impl SqlStore {
             policy: Arc::new(options.policy.clone()),
             rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
             crash: options.crash.clone(),
+            tokens: options.token_seed.map(|s| Arc::new(Mutex::new(SplitMix64::new(s)))),
         };
         let wake = Arc::new(tokio::sync::Notify::new());
         let events_wake = Arc::new(tokio::sync::Notify::new());
@@ -233,6 +237,26 @@ impl SqlStore {
             rescue_after: Mutex::new(0),
             sweep_after: Mutex::new(0),
         })
+    }
+
+    /// Closes the store and waits until it is closed: on SQLite the writer commits what it was
+    /// given and stops, the checkpointer stops, the readers close; then another store may open the
+    /// same file with nothing of this one still running (the simulator reopens after a crash). On
+    /// PostgreSQL the pools close.
+    pub async fn close(self) {
+        match self.backend {
+            Backend::Sqlite { writer, readers, threads, .. } => {
+                drop(writer);
+                readers.close().await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                })
+                .await;
+            }
+            Backend::Postgres { shared, .. } => shared.pool.close().await,
+        }
     }
 
     pub fn engine(&self) -> Engine {

@@ -1,0 +1,323 @@
+//! The steps: clients, workers (on time, late, twice, with stale tokens, or never), the background
+//! passes, time, and crashes — each chosen by the seed and run to its end before the next.
+
+use crate::world::{GRANT, SimJob, World, code};
+use crate::{Machine, Rig};
+use settle_core::Credits;
+use settle_core::crash::CrashPoint;
+use settle_core::ids::RefId;
+use settle_core::ids::{AccountId, ArtifactKey, Destination, ItemId, JobId, JobKind, WorkerName};
+use settle_core::job::RefundPolicy;
+use settle_store::{
+    ClaimRequest, Costs, FailSignal, LeaseToken, NewArtifact, NewGrant, NewItem, NewJob, NewWithdrawal, Price,
+    Reporter, Store, StoreError,
+};
+
+const KINDS: [&str; 2] = ["render", "batch"];
+
+/// Runs one step; returns whether it was a crash (the caller reopens the store).
+pub async fn step(w: &mut World, m: &Machine, rig: &Rig) -> bool {
+    match w.pick(100) {
+        0..22 => create_job(w, m).await,
+        22..37 => claim(w, m).await,
+        37..62 => report(w, m, rig).await,
+        62..66 => cancel(w, m).await,
+        66..71 => withdrawal(w, m).await,
+        71..73 => grant(w, m).await,
+        73..85 => pass(w, m).await,
+        85..97 => advance(w, rig),
+        _ => return crash(w, m, rig).await,
+    }
+    false
+}
+
+/// A crash: the store dies at a crash point inside the next operation, or right after it.
+async fn crash(w: &mut World, m: &Machine, rig: &Rig) -> bool {
+    let point = CrashPoint::ALL[w.pick(CrashPoint::ALL.len())];
+    w.trace(&format!("arm {}", point.name()));
+    rig.crash.arm(point);
+    match w.pick(4) {
+        0 => create_job(w, m).await,
+        1 => report(w, m, rig).await,
+        2 => cancel(w, m).await,
+        _ => pass(w, m).await,
+    }
+    true
+}
+
+fn advance(w: &mut World, rig: &Rig) {
+    let ms = match w.pick(3) {
+        0 => 1 + w.rng.below_inclusive(999),
+        1 => 1_000 + w.rng.below_inclusive(59_000),
+        _ => 60_000 + w.rng.below_inclusive(540_000),
+    };
+    rig.clock.advance_ms(ms);
+    w.trace(&format!("time +{ms} ms"));
+    // The payout provider's node goes down, or comes back, now and then.
+    if w.chance(10) {
+        let down = w.chance(50);
+        rig.provider.set_down(down);
+        w.trace(&format!("provider down: {down}"));
+    }
+}
+
+fn account(w: &mut World) -> AccountId {
+    let n = w.pick(w.accounts.len());
+    AccountId::parse(&w.accounts[n]).expect("an account id")
+}
+
+async fn create_job(w: &mut World, m: &Machine) {
+    let id = w.fresh_id("j");
+    let account = account(w);
+    let kind = KINDS[w.pick(KINDS.len())];
+    let n = 1 + w.pick(3);
+    let mut items = Vec::new();
+    let mut sim = SimJob::default();
+    for i in 0..n {
+        let held = w.chance(30);
+        let amount = Credits::new(1 + w.rng.below_inclusive(19) as i64);
+        let item = format!("i{i}");
+        items.push(NewItem {
+            id: ItemId::parse(&item).expect("an item id"),
+            price: if held { Price::Hold(amount) } else { Price::Cost(amount) },
+        });
+        sim.items.push((item, held));
+    }
+    let refund_on = if w.chance(20) { Some(RefundPolicy::FinalFailure) } else { None };
+    let req = NewJob {
+        id: JobId::parse(&id).expect("a job id"),
+        account_id: account,
+        kind: JobKind::parse(kind).expect("a kind"),
+        items,
+        payload: serde_json::Value::Null,
+        max_attempts: Some(1 + w.pick(3) as u32),
+        refund_on,
+        not_before: None,
+    };
+    let made = m.store.create_job(req).await;
+    w.answer(&format!("create {id} {kind} x{n}"), made.as_ref().map(|c| c.value.state));
+    w.jobs.insert(id.clone(), sim);
+    w.touched.insert(id);
+}
+
+async fn claim(w: &mut World, m: &Machine) {
+    let worker = format!("w{}", w.pick(3));
+    let req = ClaimRequest {
+        worker: WorkerName::parse(&worker).expect("a worker"),
+        kinds: KINDS.iter().map(|k| JobKind::parse(k).expect("a kind")).collect(),
+        limit: 1 + w.pick(2) as u32,
+        lease_seconds: None,
+    };
+    let claimed = m.store.claim(req).await;
+    w.answer(&format!("claim by {worker}"), claimed.as_ref().map(|c| c.len()));
+    for c in claimed.unwrap_or_default() {
+        let id = c.job.id.as_str().to_owned();
+        w.trace(&format!("claimed {id}"));
+        if let Some(sim) = w.jobs.get_mut(&id) {
+            sim.tokens.push(c.lease_token);
+        }
+        w.touched.insert(id);
+    }
+}
+
+/// A job some worker holds (or held) a token for, and which token: the newest mostly, an older
+/// one sometimes (a worker that outlived its lease). `stale` when a newer token is known.
+fn leased(w: &mut World) -> Option<(String, LeaseToken, bool)> {
+    let held: Vec<String> = w.jobs.iter().filter(|(_, j)| !j.tokens.is_empty()).map(|(id, _)| id.clone()).collect();
+    if held.is_empty() {
+        return None;
+    }
+    let id = held[w.pick(held.len())].clone();
+    let n = w.jobs[&id].tokens.len();
+    let which = if w.chance(75) { n - 1 } else { w.pick(n) };
+    Some((id.clone(), w.jobs[&id].tokens[which].clone(), which + 1 < n))
+}
+
+/// What a held item costs: somewhere up to its hold (at most 20 here).
+fn costs(w: &mut World, job: &str, only: Option<&str>) -> Costs {
+    let items: Vec<(String, bool)> = w.jobs[job].items.clone();
+    let mut c = Costs::default();
+    for (item, held) in items {
+        if held && only.is_none_or(|o| o == item) {
+            let price = w.rng.below_inclusive(1) as i64; // 0 or 1: always within any hold
+            c.0.insert(ItemId::parse(&item).expect("an item id"), Credits::new(price));
+        }
+    }
+    c
+}
+
+async fn report(w: &mut World, m: &Machine, rig: &Rig) {
+    let Some((id, token, stale)) = leased(w) else { return };
+    let times = if w.chance(20) { 2 } else { 1 };
+    let action = w.pick(7);
+    for _ in 0..times {
+        report_once(w, m, rig, &id, &token, stale, action).await;
+    }
+    w.touched.insert(id);
+}
+
+async fn report_once(w: &mut World, m: &Machine, rig: &Rig, id: &str, token: &LeaseToken, stale: bool, action: usize) {
+    let job = JobId::parse(id).expect("a job id");
+    let items: Vec<(String, bool)> = w.jobs[id].items.clone();
+    let (item, held) = items[w.pick(items.len())].clone();
+    let item_id = ItemId::parse(&item).expect("an item id");
+    // What a stale token may get: a refusal, or a replay of what took effect (never a new effect).
+    let label = format!("{id} {}", if stale { "stale" } else { "current" });
+    let applied: Option<bool> = match action {
+        0 => {
+            let c = costs(w, id, None);
+            let r = m.store.succeed_priced(&job, Reporter::Lease(token), None, &c).await;
+            w.answer(&format!("succeed {label}"), r.as_ref().map(|o| o.applied));
+            None // any token some attempt held may report a success (the seed's late success)
+        }
+        1 => {
+            let retryable = w.chance(50);
+            let signal = FailSignal {
+                lease_token: token.clone(),
+                code: code(if retryable { "TIMEOUT" } else { "INVALID_INPUT" }),
+                message: None,
+                retryable: Some(retryable),
+                retry_after_ms: None,
+            };
+            let r = m.store.fail(&job, signal).await;
+            w.answer(&format!("fail {label}"), r.as_ref().map(|o| o.applied));
+            r.ok().map(|o| o.applied)
+        }
+        2 => {
+            let price = if held { Some(Credits::new(w.rng.below_inclusive(1) as i64)) } else { None };
+            w.jobs.get_mut(id).expect("a job").item_succeeded.insert(item.clone());
+            let r = m.store.item_succeed_priced(&job, &item_id, token, price).await;
+            w.answer(&format!("item succeed {label} {item}"), r.as_ref().map(|o| o.applied));
+            r.ok().map(|o| o.applied)
+        }
+        3 => {
+            let r = m.store.item_fail(&job, &item_id, token, &code("BAD_FRAME"), None).await;
+            w.answer(&format!("item fail {label} {item}"), r.as_ref().map(|o| o.applied));
+            r.ok().map(|o| o.applied)
+        }
+        4 => {
+            let r = m.store.heartbeat(&job, token).await;
+            w.answer(&format!("heartbeat {label}"), r.as_ref().map(|_| ()));
+            r.ok().map(|_| true)
+        }
+        5 => {
+            let r = m.store.mark_unknown(&job, token, Some("no answer")).await;
+            w.answer(&format!("unknown {label}"), r.as_ref().map(|o| o.applied));
+            r.ok().map(|o| o.applied)
+        }
+        _ => {
+            // The worker writes the object where its key lives (`{job}/{item}/{key}`,
+            // docs/decisions/0015), then registers it.
+            let artifact = NewArtifact { key: ArtifactKey::parse("out").expect("an artifact key") };
+            let path = format!("{id}/{item}/out");
+            let r = m.store.register_artifact(&job, &item_id, token, artifact).await;
+            w.answer(&format!("artifact {label} {item}"), r.as_ref().map(|_| ()));
+            if r.is_ok() {
+                rig.artifacts.put(&path);
+                w.jobs.get_mut(id).expect("a job").artifacts.push((item.clone(), path));
+            }
+            None // writing into the job's store is allowed while any token is the current lease
+        }
+    };
+    if stale && applied == Some(true) {
+        w.broken.push(format!("a report with job {id}'s stale token took effect (action {action})"));
+    }
+}
+
+async fn cancel(w: &mut World, m: &Machine) {
+    if w.jobs.is_empty() {
+        return;
+    }
+    let ids: Vec<String> = w.jobs.keys().cloned().collect();
+    let id = ids[w.pick(ids.len())].clone();
+    let r = m.store.cancel(&JobId::parse(&id).expect("a job id"), None).await;
+    w.answer(&format!("cancel {id}"), r.as_ref().map(|o| o.job().state));
+    w.touched.insert(id);
+}
+
+async fn withdrawal(w: &mut World, m: &Machine) {
+    let id = w.fresh_id("wd");
+    let account = account(w);
+    let amount = 1 + w.rng.below_inclusive(39) as i64;
+    let req = NewWithdrawal {
+        id: JobId::parse(&id).expect("an id"),
+        account_id: account.clone(),
+        amount: Credits::new(amount),
+        destination: Destination::parse("DE00000000000000000001").expect("a destination"),
+    };
+    let r = m.store.payouts().create_withdrawal(req).await;
+    w.answer(&format!("withdraw {id} {amount}"), r.as_ref().map(|c| c.value.job.state));
+    let sim = SimJob { withdrawal: true, items: vec![("main".into(), false)], ..SimJob::default() };
+    w.jobs.insert(id.clone(), sim);
+    w.touched.insert(id);
+}
+
+/// A grant, half of them expiring within the hour.
+async fn grant(w: &mut World, m: &Machine) {
+    let id = w.fresh_id("g");
+    let account = account(w);
+    let expires_at =
+        if w.chance(50) { Some(m.store.now().plus_seconds(60 + w.rng.below_inclusive(3_540))) } else { None };
+    let req = NewGrant {
+        id: RefId::parse(&id).expect("a ref id"),
+        amount: Credits::new(1 + w.rng.below_inclusive(GRANT as u64 / 10) as i64),
+        reason: None,
+        expires_at,
+        priority: Some(w.rng.below_inclusive(100) as i64),
+    };
+    let r = m.store.grant(&account, req, settle_store::SYSTEM_ACTOR).await;
+    w.answer(&format!("grant {id}"), r.as_ref().map(|_| ()));
+}
+
+async fn pass(w: &mut World, m: &Machine) {
+    let which = w.pick(7);
+    let r: Result<usize, StoreError> = match which {
+        0 => m.maintenance.rescue_pass().await.map(|v| v.len()),
+        1 => m.maintenance.sweep_pass().await.map(|v| v.len()),
+        2 => m.maintenance.reconcile_pass().await.map(|v| v.len()),
+        3 => m.maintenance.expire_pass().await.map(|v| v.len()),
+        4 => m.payouts.process_pass().await.map(|v| v.len()),
+        5 => m.payouts.reconcile_pass().await.map(|v| v.len()),
+        _ => m.payouts.recheck_pass().await.map(|v| v.len()),
+    };
+    w.answer(&format!("pass {which}"), r.as_ref().map(|n| *n));
+    w.touched_all = true;
+}
+
+/// The load stops; time runs on while the passes run and an honest worker finishes whatever is
+/// claimable, until nothing changes; then the end rules (`World::check_end`).
+pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> {
+    rig.crash.disarm();
+    rig.provider.set_down(false);
+    for round in 0..30 {
+        rig.clock.advance_ms(600_000);
+        let _ = m.maintenance.rescue_pass().await;
+        let _ = m.maintenance.sweep_pass().await;
+        let _ = m.maintenance.expire_pass().await;
+        let _ = m.maintenance.reconcile_pass().await;
+        for _ in 0..50 {
+            if m.payouts.process_pass().await.map_or(true, |v| v.is_empty()) {
+                break;
+            }
+        }
+        let _ = m.payouts.reconcile_pass().await;
+        let req = ClaimRequest {
+            worker: WorkerName::parse("drain").expect("a worker"),
+            kinds: KINDS.iter().map(|k| JobKind::parse(k).expect("a kind")).collect(),
+            limit: 50,
+            lease_seconds: None,
+        };
+        let claimed = m.store.claim(req).await.map_err(|e| format!("drain claim: {e}"))?;
+        w.trace(&format!("drain round {round}: {} claimed", claimed.len()));
+        for c in claimed {
+            let id = c.job.id.as_str().to_owned();
+            let priced = costs(w, &id, None);
+            let r = m.store.succeed_priced(&c.job.id, Reporter::Lease(&c.lease_token), None, &priced).await;
+            w.answer(&format!("drain succeed {id}"), r.as_ref().map(|o| o.applied));
+        }
+        w.touched_all = true;
+        w.check(&m.store, &rig.provider, &rig.artifacts, false).await?;
+    }
+    w.check(&m.store, &rig.provider, &rig.artifacts, true).await?;
+    w.check_end(&m.store, &rig.provider).await
+}

@@ -1,0 +1,336 @@
+//! What the simulated clients and workers know, and the auditor's rules (docs/decisions/0025 §4
+//! and its review): what `Store::audit` cannot see — each item's states over time, answers to
+//! stale tokens, the provider's call log, artifacts left behind a cancel, internal errors.
+
+use crate::fakes::{Call, FNV_START, SimArtifacts, SimProvider, fnv};
+use settle_core::Credits;
+use settle_core::backoff::SplitMix64;
+use settle_core::ids::RefId;
+use settle_core::ids::{AccountId, FailCode};
+use settle_core::item::{ItemSignal, ItemState, RefundReason, arrow};
+use settle_core::job::{JobState, Policies, RefundPolicy, RetryPolicy};
+use settle_store::{JobFilter, LeaseToken, NewAccount, NewGrant, Page, SYSTEM_ACTOR, SqlStore, Store, StoreError};
+use std::collections::{BTreeMap, BTreeSet};
+
+pub const ACCOUNTS: usize = 3;
+pub const GRANT: i64 = 10_000;
+
+/// Short leases and backoffs, so a few hundred steps of simulated time see them run out.
+pub fn policies() -> Policies {
+    let default =
+        RetryPolicy { attempts_max: 3, lease_seconds: 30, confirm_window_seconds: 120, ..RetryPolicy::default() };
+    let withdrawal = RetryPolicy { refund_on: RefundPolicy::FinalFailure, lease_seconds: 60, ..default.clone() };
+    Policies { default, kinds: [("withdrawal".to_owned(), withdrawal)].into_iter().collect() }
+}
+
+/// A job as its client and workers know it.
+#[derive(Debug, Default)]
+pub struct SimJob {
+    /// (item id, held)
+    pub items: Vec<(String, bool)>,
+    /// Every lease token a claim answered for it, oldest first.
+    pub tokens: Vec<LeaseToken>,
+    /// Artifacts a worker wrote for it: (item, path in the simulated store).
+    pub artifacts: Vec<(String, String)>,
+    /// Each item's state and refund reason as last seen.
+    pub seen: BTreeMap<String, (ItemState, Option<RefundReason>)>,
+    pub withdrawal: bool,
+    /// Items an explicit item success was reported for: only that may reclaim an item its worker
+    /// failed (spec §2).
+    pub item_succeeded: BTreeSet<String>,
+}
+
+pub struct World {
+    pub rng: SplitMix64,
+    pub hash: u64,
+    pub accounts: Vec<String>,
+    pub jobs: BTreeMap<String, SimJob>,
+    pub next_id: u64,
+    /// Rules broken while a step ran (answers the step got), reported by `check`.
+    pub broken: Vec<String>,
+    /// Jobs a step may have moved; every job after a pass or a crash.
+    pub touched: BTreeSet<String>,
+    pub touched_all: bool,
+    /// How much of the provider's log `check` has read.
+    provider_read: usize,
+    /// `SETTLE_SIM_TRACE=1`: every trace line on stderr, to read a failing run.
+    print: bool,
+}
+
+impl World {
+    pub fn new(rng: SplitMix64) -> World {
+        World {
+            rng,
+            hash: FNV_START,
+            accounts: Vec::new(),
+            jobs: BTreeMap::new(),
+            next_id: 0,
+            broken: Vec::new(),
+            touched: BTreeSet::new(),
+            touched_all: false,
+            provider_read: 0,
+            print: std::env::var_os("SETTLE_SIM_TRACE").is_some(),
+        }
+    }
+
+    /// Feeds the trace hash.
+    pub fn trace(&mut self, line: &str) {
+        self.hash = fnv(fnv(self.hash, line.as_bytes()), b"\n");
+        if self.print {
+            eprintln!("{line}");
+        }
+    }
+
+    pub fn pick(&mut self, n: usize) -> usize {
+        self.rng.below_inclusive(n.saturating_sub(1) as u64) as usize
+    }
+
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.rng.below_inclusive(99) < percent
+    }
+
+    pub fn fresh_id(&mut self, prefix: &str) -> String {
+        self.next_id += 1;
+        format!("{prefix}{}", self.next_id)
+    }
+
+    /// The accounts, each with a grant that never expires.
+    pub async fn setup(&mut self, store: &SqlStore) {
+        for n in 0..ACCOUNTS {
+            let id = format!("acct{n}");
+            let account = AccountId::parse(&id).expect("an account id");
+            let made = store
+                .create_account(NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO }, SYSTEM_ACTOR)
+                .await;
+            self.answer("setup account", made.as_ref().map(|_| ()));
+            let grant = NewGrant {
+                id: RefId::parse(&format!("g{n}")).expect("a ref id"),
+                amount: Credits::new(GRANT),
+                reason: None,
+                expires_at: None,
+                priority: None,
+            };
+            let granted = store.grant(&account, grant, SYSTEM_ACTOR).await;
+            self.answer("setup grant", granted.as_ref().map(|_| ()));
+            self.accounts.push(id);
+        }
+    }
+
+    /// Records an answer in the trace; an internal error breaks the rules (Settle never answers
+    /// one on purpose), and so does an overflow here (amounts stay far below the limits).
+    pub fn answer<T: std::fmt::Debug>(&mut self, what: &str, result: Result<T, &StoreError>) {
+        let line = match &result {
+            Ok(v) => format!("{what}: {v:?}"),
+            Err(e) => format!("{what}: {}", error_name(e)),
+        };
+        self.trace(&line);
+        if let Err(e @ (StoreError::Internal(_) | StoreError::Overflow)) = result {
+            self.broken.push(format!("{what}: {e}"));
+        }
+    }
+
+    /// After a crash: the workers died with the process, so they hold no lease now; the tokens stay
+    /// known (a late report may still come from a machine that outlived it).
+    pub fn after_crash(&mut self) {
+        self.touched_all = true;
+    }
+
+    /// The auditor, after each step: the rules the step's answers broke; every touched job's items
+    /// moved only along the item machine, an item a worker failed never reclaimed, a cancelled job
+    /// left no artifact; every send of a key came right after a lookup that found it absent; and
+    /// with `full`, the store's own audit (L1–L5).
+    pub async fn check(
+        &mut self,
+        store: &SqlStore,
+        provider: &SimProvider,
+        artifacts: &SimArtifacts,
+        full: bool,
+    ) -> Result<(), String> {
+        if let Some(b) = self.broken.first() {
+            return Err(b.clone());
+        }
+        self.check_jobs(store, artifacts).await?;
+        self.check_provider(provider)?;
+        if full {
+            let report = store.audit(None).await.map_err(|e| format!("audit: {e}"))?;
+            if !report.ok() {
+                return Err(format!("audit: {:?}", report.violations));
+            }
+        }
+        Ok(())
+    }
+
+    async fn check_jobs(&mut self, store: &SqlStore, artifacts: &SimArtifacts) -> Result<(), String> {
+        let ids: Vec<String> = if std::mem::take(&mut self.touched_all) {
+            self.jobs.keys().cloned().collect()
+        } else {
+            std::mem::take(&mut self.touched).into_iter().collect()
+        };
+        self.touched.clear();
+        for id in ids {
+            let job_id = settle_core::ids::JobId::parse(&id).expect("a job id");
+            let job = match store.job(&job_id).await {
+                Ok(j) => j,
+                Err(StoreError::NotFound { .. }) => continue, // its create never committed
+                Err(e) => return Err(format!("read job {id}: {e}")),
+            };
+            let sim = self.jobs.get_mut(&id).expect("a known job");
+            for item in &job.items {
+                let now = (item.state, item.refund_reason);
+                let key = item.id.as_str().to_owned();
+                if let Some(&(before, _)) = sim.seen.get(&key)
+                    && before != now.0
+                    && !reachable(before, now.0)
+                {
+                    return Err(format!("job {id} item {key} moved {before:?} → {:?}", now.0));
+                }
+                if now.0 == ItemState::Reclaimed
+                    && !sim.item_succeeded.contains(&key)
+                    && sim
+                        .seen
+                        .get(&key)
+                        .is_some_and(|s| s.0 == ItemState::Refunded && s.1 == Some(RefundReason::ItemFailed))
+                {
+                    return Err(format!("job {id} item {key}: a worker failed it, and a job success reclaimed it"));
+                }
+                sim.seen.insert(key, now);
+            }
+            // A cancel deletes what was made for items not delivered; a delivered item keeps its.
+            if job.state == JobState::Cancelled {
+                let undelivered = |item: &str| {
+                    job.items
+                        .iter()
+                        .any(|i| i.id.as_str() == item && matches!(i.state, ItemState::Cancelled | ItemState::Refunded))
+                };
+                if let Some((_, left)) =
+                    sim.artifacts.iter().find(|(item, path)| undelivered(item) && artifacts.has(path))
+                {
+                    return Err(format!(
+                        "job {id} is cancelled and its artifact {left} of an undelivered item is still there"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_provider(&mut self, provider: &SimProvider) -> Result<(), String> {
+        let log = provider.log();
+        for (i, call) in log.iter().enumerate().skip(self.provider_read) {
+            if let Call::Send { key, .. } = call {
+                let before = log[..i].iter().rev().find(|c| match c {
+                    Call::Lookup { key: k, .. } | Call::Send { key: k, .. } => k == key,
+                });
+                if !matches!(before, Some(Call::Lookup { absent: true, .. })) {
+                    return Err(format!(
+                        "key {key} was sent without a lookup that found it absent just before: {before:?}"
+                    ));
+                }
+            }
+        }
+        self.provider_read = log.len();
+        Ok(())
+    }
+
+    /// Liveness, after the drain: every job terminal or `unknown`; every withdrawal that succeeded
+    /// was executed by the provider once with its amount, and none that did not succeed was; the
+    /// event feed is numbered 1, 2, 3, … with no gap.
+    pub async fn check_end(&mut self, store: &SqlStore, provider: &SimProvider) -> Result<(), String> {
+        let mut after = 0;
+        loop {
+            let page = store.jobs(&JobFilter::ALL, Page { after, limit: 500 }).await.map_err(|e| e.to_string())?;
+            for job in &page.rows {
+                if !job.state.is_terminal() && job.state != JobState::Unknown {
+                    return Err(format!("job {} is still {:?} after the drain", job.id.as_str(), job.state));
+                }
+            }
+            match page.next_after {
+                Some(n) => after = n,
+                None => break,
+            }
+        }
+        let executed = provider.executed();
+        for (id, sim) in &self.jobs {
+            if !sim.withdrawal {
+                continue;
+            }
+            let Ok(w) = store.payouts().withdrawal(&settle_core::ids::JobId::parse(id).expect("an id")).await else {
+                continue;
+            };
+            let paid = executed.get(&w.idempotency_key);
+            match w.job.state {
+                JobState::Succeeded if paid != Some(&w.amount.get()) => {
+                    return Err(format!("withdrawal {id} succeeded; the provider executed {paid:?}"));
+                }
+                JobState::Dead | JobState::Cancelled if paid.is_some() => {
+                    return Err(format!("withdrawal {id} is {:?} and the provider executed it", w.job.state));
+                }
+                _ => {}
+            }
+        }
+        let mut next = 1;
+        loop {
+            let page = store.events(next - 1, 500, &settle_core::scope::Scope::ALL).await.map_err(|e| e.to_string())?;
+            if page.rows.is_empty() {
+                break;
+            }
+            for e in &page.rows {
+                if e.seq != next {
+                    return Err(format!("the event feed skips from {} to {}", next - 1, e.seq));
+                }
+                next += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether the item machine leads from `from` to `to` in one or more arrows.
+fn reachable(from: ItemState, to: ItemState) -> bool {
+    let mut seen = vec![from];
+    let mut i = 0;
+    while i < seen.len() {
+        for signal in ItemSignal::ALL {
+            if let Some(a) = arrow(seen[i], signal)
+                && !seen.contains(&a.to)
+            {
+                seen.push(a.to);
+            }
+        }
+        i += 1;
+    }
+    seen[1..].contains(&to)
+}
+
+/// An error's kind for the trace (its text may hold paths and tokens).
+pub fn error_name(e: &StoreError) -> &'static str {
+    match e {
+        StoreError::Invalid(_) => "invalid",
+        StoreError::NotFound { .. } => "not_found",
+        StoreError::InsufficientCredits { .. } => "insufficient_credits",
+        StoreError::InsufficientBalance { .. } => "insufficient_balance",
+        StoreError::InsufficientCash { .. } => "insufficient_cash",
+        StoreError::IdempotencyConflict { .. } => "idempotency_conflict",
+        StoreError::ReportConflict(_) => "report_conflict",
+        StoreError::CostRequired { .. } => "cost_required",
+        StoreError::CostExceedsHold { .. } => "cost_exceeds_hold",
+        StoreError::IdTaken { .. } => "id_taken",
+        StoreError::JobFinished(_) => "job_finished",
+        StoreError::OutcomeUnknown(_) => "outcome_unknown",
+        StoreError::LeaseLost(_) => "lease_lost",
+        StoreError::InvalidTransition { .. } => "invalid_transition",
+        StoreError::Overflow => "overflow",
+        StoreError::CleanupFailed { .. } => "cleanup_failed",
+        StoreError::InjectedCrash(_) => "crash",
+        StoreError::Unavailable(_) => "unavailable",
+        StoreError::Busy(_) => "busy",
+        StoreError::Retryable(_) => "retryable",
+        StoreError::NotSettle(_) => "not_settle",
+        StoreError::Internal(_) => "internal",
+    }
+}
+
+/// A fail code the simulated workers use.
+pub fn code(c: &str) -> FailCode {
+    FailCode::parse(c).expect("a fail code")
+}
