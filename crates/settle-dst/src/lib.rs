@@ -22,6 +22,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use world::World;
 
+/// A guard removed for the run (the broken-guard test; takes effect only when the crates are built
+/// with the `broken-guards` feature).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breakage {
+    Store(settle_store::broken::Guard),
+    /// The payout processor sends without looking the key up first.
+    LookupBeforeSend,
+}
+
 /// The first rule a run broke: at which step, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -57,6 +66,7 @@ struct Rig {
     provider: Arc<SimProvider>,
     artifacts: Arc<SimArtifacts>,
     crash: Arc<SimCrash>,
+    broken: Option<Breakage>,
 }
 
 impl Rig {
@@ -74,6 +84,10 @@ impl Rig {
             artifacts: Some(self.artifacts.clone()),
             crash: Some(self.crash.clone()),
             policy: world::policies(),
+            broken: match self.broken {
+                Some(Breakage::Store(g)) => Some(g),
+                _ => None,
+            },
             ..StoreOptions::default()
         };
         let url = format!("sqlite://{}", self.path.display());
@@ -85,8 +99,11 @@ impl Rig {
         // the operating system picks.
         let payout_settings = PayoutSettings { batch: 1, ..PayoutSettings::default() };
         let worker = WorkerName::parse("payouts").expect("a worker name");
-        let payouts = PayoutProcessor::new(dyn_store, self.provider.clone(), worker, payout_settings)
+        let mut payouts = PayoutProcessor::new(dyn_store, self.provider.clone(), worker, payout_settings)
             .with_crash_hook(self.crash.clone());
+        if self.broken == Some(Breakage::LookupBeforeSend) {
+            payouts = payouts.without_lookup_before_send();
+        }
         Ok(Machine { store, maintenance, payouts })
     }
 
@@ -105,6 +122,11 @@ impl Rig {
 
 /// Runs one seed for `steps` steps in a fresh SQLite file under `dir`, then drains.
 pub async fn run(seed: u64, steps: u32, dir: &Path) -> Result<Report, String> {
+    run_broken(seed, steps, dir, None).await
+}
+
+/// `run`, with a guard removed (the broken-guard test).
+pub async fn run_broken(seed: u64, steps: u32, dir: &Path, broken: Option<Breakage>) -> Result<Report, String> {
     let path = dir.join(format!("sim-{seed}.db"));
     let _ = std::fs::remove_file(&path);
     let mut rig = Rig {
@@ -115,6 +137,7 @@ pub async fn run(seed: u64, steps: u32, dir: &Path) -> Result<Report, String> {
         provider: Arc::new(SimProvider::new(seed)),
         artifacts: Arc::new(SimArtifacts::new(seed ^ 0xa27)),
         crash: Arc::new(SimCrash::default()),
+        broken,
     };
     let mut machine = rig.open().await?;
     let mut world = World::new(SplitMix64::new(seed));

@@ -33,6 +33,7 @@ mod reads;
 pub mod sql_store;
 pub mod store;
 
+pub mod broken;
 pub use artifacts::{ArtifactStore, ArtifactsError, DIRECTORY_MARKER, ObjectArtifactStore, StoreCheck};
 pub use db::{Engine, redacted_url};
 pub use error::StoreError;

@@ -29,6 +29,8 @@ pub struct StoreOptions {
     /// simulator only (docs/decisions/0025), whose runs must repeat exactly. Never set it where
     /// tokens must be unguessable.
     pub token_seed: Option<u64>,
+    /// A guard removed (the simulator's tests only: honoured under the `broken-guards` feature).
+    pub broken: Option<crate::broken::Guard>,
     pub durability: Durability,
     /// Most operations the SQLite writer commits in one transaction (1 disables batching).
     pub write_batch_max: usize,
@@ -59,6 +61,7 @@ impl Default for StoreOptions {
             policy: Policies::default(),
             jitter_seed: SystemClock.now().micros() as u64,
             token_seed: None,
+            broken: None,
             durability: Durability::Full,
             write_batch_max: limits::WRITE_BATCH_MAX,
             sqlite_readers: 4,

@@ -256,6 +256,9 @@ pub struct PayoutProcessor {
     worker: WorkerName,
     settings: PayoutSettings,
     crash: Option<Arc<dyn CrashHook>>,
+    /// The simulator's broken-guard test: send without looking the key up first (honoured only
+    /// under the `broken-guards` feature).
+    skip_lookup: bool,
     /// Where the next reconcile and re-check passes start (wrapping cursors: a withdrawal no one can
     /// resolve yet never hides the ones behind it).
     reconcile_after: Mutex<i64>,
@@ -275,6 +278,7 @@ impl PayoutProcessor {
             worker,
             settings,
             crash: None,
+            skip_lookup: false,
             reconcile_after: Mutex::new(0),
             recheck_after: Mutex::new((0, 0)),
         }
@@ -284,6 +288,17 @@ impl PayoutProcessor {
     pub fn with_crash_hook(mut self, hook: Arc<dyn CrashHook>) -> PayoutProcessor {
         self.crash = Some(hook);
         self
+    }
+
+    /// The simulator's broken-guard test only: attempts send without looking the key up first.
+    /// Has an effect only under the `broken-guards` feature, which no build that ships turns on.
+    pub fn without_lookup_before_send(mut self) -> PayoutProcessor {
+        self.skip_lookup = true;
+        self
+    }
+
+    fn looks_up(&self) -> bool {
+        !(cfg!(feature = "broken-guards") && self.skip_lookup)
     }
 
     fn crashes_at(&self, point: CrashPoint) -> bool {
@@ -323,7 +338,8 @@ impl PayoutProcessor {
     async fn try_attempt(&self, id: &JobId, token: &LeaseToken, claimed: ClaimedJob) -> Result<AttemptEnd, StoreError> {
         let payouts = self.store.payouts();
         let w = payouts.withdrawal(id).await?;
-        match self.provider.lookup(&w.idempotency_key).await {
+        let found = if self.looks_up() { self.provider.lookup(&w.idempotency_key).await } else { Lookup::Absent };
+        match found {
             Lookup::Found { txid, returned } => {
                 payouts.payout_succeeded(id, Some(token), &txid, returned).await?;
                 return Ok(AttemptEnd::Succeeded);

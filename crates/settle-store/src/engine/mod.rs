@@ -130,6 +130,7 @@ pub(crate) struct Env {
     pub crash: Option<Arc<dyn CrashHook>>,
     /// `StoreOptions::token_seed`'s stream, when set.
     pub tokens: Option<Arc<Mutex<SplitMix64>>>,
+    pub broken: Option<crate::broken::Guard>,
 }
 
 impl Env {
@@ -142,6 +143,7 @@ impl Env {
             rng: self.rng.clone(),
             crash: self.crash.clone(),
             tokens: self.tokens.clone(),
+            broken: self.broken,
             pending,
             counters: None,
         }

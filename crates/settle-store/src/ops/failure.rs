@@ -134,7 +134,7 @@ pub(crate) async fn fail(
     }
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, caller)?;
-    if !holds_lease(&job, &signal.lease_token) {
+    if !holds_lease(cx, &job, &signal.lease_token) {
         let token = signal.lease_token.0.as_str();
         let heard =
             Heard { signal: Signal::Fail, code: Some(signal.code.as_str()), message: signal.message.as_deref() };

@@ -3,6 +3,7 @@
 
 use super::grants::Spend;
 use super::{BalanceCheck, Cx, Holds, JobRow, Line, guard_hit, post, price_of};
+use crate::broken::Guard;
 use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::Costs;
@@ -32,6 +33,14 @@ static RECLAIM_ALL: LazyLock<String> = LazyLock::new(|| {
         MovedCol::LIST
     )
 });
+/// `MOVE_ONE` and `MOVE_ALL` without their state check, and `RECLAIM_ALL` without its: what the
+/// simulator's broken-guard tests run instead (`crate::broken`).
+static MOVE_ONE_ANY: LazyLock<String> =
+    LazyLock::new(|| MOVE_ONE.replace("AND state = $5", "AND CAST($5 AS TEXT) IS NOT NULL"));
+static MOVE_ALL_ANY: LazyLock<String> =
+    LazyLock::new(|| MOVE_ALL.replace("AND state = $4", "AND CAST($4 AS TEXT) IS NOT NULL"));
+static RECLAIM_ANY: LazyLock<String> =
+    LazyLock::new(|| RECLAIM_ALL.replace("AND state = $3", "AND CAST($3 AS TEXT) IS NOT NULL"));
 static MOVE_ALL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE items SET state = $2, refund_reason = COALESCE($3, refund_reason) \
@@ -106,14 +115,18 @@ pub(crate) async fn move_items(db: &mut Db<'_>, cx: &Cx, job: &JobRow, m: Move<'
     let Move { from, signal, only_item, reason, costs } = m;
     let arrow = item::arrow(from, signal).expect("move_items is called only on listed arrows");
     let (to, from_s, why) = (arrow.to.as_str(), from.as_str(), reason.map(|r| r.as_str()));
+    let refund = matches!(signal, ItemSignal::Fail | ItemSignal::Cancel);
+    let any_state = refund && cx.broken(Guard::RefundState);
+    let (move_one, move_all) = if any_state { (&*MOVE_ONE_ANY, &*MOVE_ALL_ANY) } else { (&*MOVE_ONE, &*MOVE_ALL) };
+    let reclaim = if cx.broken(Guard::ReclaimAfterRefund) { &*RECLAIM_ANY } else { &*RECLAIM_ALL };
     let rows = match (only_item, signal) {
         // An item report: its attempt is kept, so its re-send is told from a stale one.
-        (Some(item_id), _) => db.all(&MOVE_ONE, args![&job.id, item_id, to, why, from_s, job.attempt]).await?,
+        (Some(item_id), _) => db.all(move_one, args![&job.id, item_id, to, why, from_s, job.attempt]).await?,
         // A job-level success reclaims every refund except those of items the worker itself failed.
         (None, ItemSignal::Succeed) if from == ItemState::Refunded => {
-            db.all(&RECLAIM_ALL, args![&job.id, to, from_s]).await?
+            db.all(reclaim, args![&job.id, to, from_s]).await?
         }
-        (None, _) => db.all(&MOVE_ALL, args![&job.id, to, why, from_s]).await?,
+        (None, _) => db.all(move_all, args![&job.id, to, why, from_s]).await?,
     };
     let mut found = Vec::with_capacity(rows.len());
     for r in &rows {

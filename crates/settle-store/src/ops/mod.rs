@@ -86,6 +86,8 @@ pub(crate) struct Cx {
     pub crash: Option<Arc<dyn CrashHook>>,
     /// Seeded tokens (the simulator's); `None`: the operating system's randomness.
     pub tokens: Option<Arc<Mutex<SplitMix64>>>,
+    /// A guard the simulator's tests removed (`crate::broken`).
+    pub broken: Option<crate::broken::Guard>,
     /// PostgreSQL: the transaction's ledger lines and events, written by `flush` just before its
     /// COMMIT (docs/decisions/0021). `None` on SQLite, whose single writer numbers them at once.
     pub pending: Option<Arc<Mutex<Pending>>>,
@@ -193,6 +195,11 @@ fn lock_pending(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> 
 }
 
 impl Cx {
+    /// Whether the simulator's test removed `guard` (always `false` without `broken-guards`).
+    pub fn broken(&self, guard: crate::broken::Guard) -> bool {
+        crate::broken::is_broken(self.broken, guard)
+    }
+
     /// A fresh unguessable token (a UUIDv4), or the next of the seeded stream (the simulator's).
     pub fn token(&self) -> uuid::Uuid {
         match &self.tokens {

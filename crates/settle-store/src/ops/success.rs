@@ -31,7 +31,7 @@ pub(crate) async fn apply_success(
         Reporter::Lease(t) => Some(t),
         Reporter::Operator(_) | Reporter::Reconciler => None,
     };
-    let current = token.is_some_and(|t| holds_lease(job, t));
+    let current = token.is_some_and(|t| holds_lease(cx, job, t));
     let own = current.then_some(Reported::SUCCEED);
     // The earlier attempt whose worker sent this success (the seed's late result).
     let earlier = match token {
@@ -142,7 +142,7 @@ pub(crate) async fn succeed(
     let heard = || Heard { signal: Signal::Succeed, code: None, message: None };
     let unmoved = |after| (false, after);
     let decided = match by {
-        Reporter::Lease(t) if !holds_lease(&job, t) => match token_attempt(db, &job, &t.0).await? {
+        Reporter::Lease(t) if !holds_lease(cx, &job, t) => match token_attempt(db, &job, &t.0).await? {
             None => Some((unmoved(After::Nothing), Some(refusal(&job, None)))),
             Some(att) => {
                 let cancel_won = matches!(job.state, JobState::Cancelling | JobState::Cancelled);

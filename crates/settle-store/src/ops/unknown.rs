@@ -24,7 +24,7 @@ pub(crate) async fn mark_unknown(
 ) -> Result<(Outcome<Job>, Option<Box<LeaseLost>>), StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, caller)?;
-    if !holds_lease(&job, token) {
+    if !holds_lease(cx, &job, token) {
         // A replay when this token's attempt was closed by its own `unknown` (decision 0019).
         let heard = Heard { signal: Signal::Unknown, code: None, message };
         let refused = match token_attempt(db, &job, &token.0).await? {

@@ -143,6 +143,7 @@ impl SqlStore {
             rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
             crash: options.crash.clone(),
             tokens: options.token_seed.map(|s| Arc::new(Mutex::new(SplitMix64::new(s)))),
+            broken: options.broken,
         };
         let (tx, rx) = mpsc::channel(limits::WRITE_QUEUE_MAX);
         let conn = crate::engine::sqlite::open_writer(&path, &options)?;
@@ -207,6 +208,7 @@ impl SqlStore {
             rng: Arc::new(Mutex::new(SplitMix64::new(options.jitter_seed))),
             crash: options.crash.clone(),
             tokens: options.token_seed.map(|s| Arc::new(Mutex::new(SplitMix64::new(s)))),
+            broken: options.broken,
         };
         let wake = Arc::new(tokio::sync::Notify::new());
         let events_wake = Arc::new(tokio::sync::Notify::new());

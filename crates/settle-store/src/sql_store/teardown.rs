@@ -19,40 +19,59 @@ impl SqlStore {
     /// A cleanup failure leaves the job `cancelling` and is returned as `CleanupFailed`.
     pub(super) async fn finish_teardown(&self, id: &str) -> Result<Job, StoreError> {
         self.crash_point(CrashPoint::TeardownAfterRefund)?;
-        let owned = id.to_owned();
-        let keys = self.read(op!([owned] | db, _cx | ops::cleanup_keys(db, &owned).await)).await?;
-        if !keys.is_empty() {
-            let Some(artifacts) = &self.artifacts else {
-                return Err(StoreError::CleanupFailed {
-                    job: id.to_owned(),
-                    message: "no artifact store is configured".into(),
-                });
-            };
-            // Each artifact is deleted in the store it was registered in: this process's, or one
-            // it opens as recorded (another working directory, an --artifacts changed while the job
-            // ran). Rows from before stores were recorded have none: this process's store.
-            let here = artifacts.location();
-            let mut by_store: std::collections::BTreeMap<Option<String>, Vec<String>> = Default::default();
-            for (path, store) in keys {
-                by_store.entry(store.filter(|s| *s != here)).or_default().push(path);
-            }
-            for (store, paths) in by_store {
-                let result = match &store {
-                    None => artifacts.delete_all(&paths).await,
-                    Some(there) => match self.recorded_store(there) {
-                        Ok(other) => other.delete_all(&paths).await,
-                        Err(e) => Err(e),
-                    },
-                };
-                result.map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
-            }
+        if crate::broken::is_broken(self.env.broken, crate::broken::Guard::TeardownOrder) {
+            // The simulator's broken-guard test only: the terminal state first, cleanup after.
+            let job = self.terminal_after_cleanup(id).await?;
+            let _ = self.cleanup(id).await;
+            return Ok(job);
         }
+        self.cleanup(id).await?;
         self.crash_point(CrashPoint::TeardownAfterCleanup)?;
+        self.terminal_after_cleanup(id).await
+    }
+
+    /// Step 3: `cancelling → cancelled`.
+    async fn terminal_after_cleanup(&self, id: &str) -> Result<Job, StoreError> {
         let owned = id.to_owned();
         let job =
             self.write_to(Route::Job(id), op!([owned] | db, cx | ops::finish_teardown(db, cx, &owned).await)).await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(job)
+    }
+
+    /// Step 2: deletes the artifacts of every undelivered item, each in the store it was
+    /// registered in; a failure is `CleanupFailed` (the job stays `cancelling`).
+    async fn cleanup(&self, id: &str) -> Result<(), StoreError> {
+        let owned = id.to_owned();
+        let keys = self.read(op!([owned] | db, _cx | ops::cleanup_keys(db, &owned).await)).await?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let Some(artifacts) = &self.artifacts else {
+            return Err(StoreError::CleanupFailed {
+                job: id.to_owned(),
+                message: "no artifact store is configured".into(),
+            });
+        };
+        // Each artifact is deleted in the store it was registered in: this process's, or one it
+        // opens as recorded (another working directory, an --artifacts changed while the job ran).
+        // Rows from before stores were recorded have none: this process's store.
+        let here = artifacts.location();
+        let mut by_store: std::collections::BTreeMap<Option<String>, Vec<String>> = Default::default();
+        for (path, store) in keys {
+            by_store.entry(store.filter(|s| *s != here)).or_default().push(path);
+        }
+        for (store, paths) in by_store {
+            let result = match &store {
+                None => artifacts.delete_all(&paths).await,
+                Some(there) => match self.recorded_store(there) {
+                    Ok(other) => other.delete_all(&paths).await,
+                    Err(e) => Err(e),
+                },
+            };
+            result.map_err(|message| StoreError::CleanupFailed { job: id.to_owned(), message })?;
+        }
+        Ok(())
     }
 
     /// The artifact store an artifact was registered in, when it is not this process's: opened as

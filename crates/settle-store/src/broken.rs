@@ -1,0 +1,27 @@
+//! Guards the deterministic simulator's tests remove one at a time, to show the auditor catches
+//! each (issue 26, docs/decisions/0025). Only under the cargo feature `broken-guards`, which no
+//! build that ships turns on; without it [`is_broken`] is `false` and compiles away.
+
+/// A guard that matters, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// A refund moves an item only from the state its arrow starts at (`AND state = …`).
+    RefundState,
+    /// A job success reclaims an item only from `refunded` (once).
+    ReclaimAfterRefund,
+    /// A report takes effect only with the job's current lease token.
+    Lease,
+    /// Teardown writes `cancelled` only after the artifacts are deleted.
+    TeardownOrder,
+}
+
+/// Whether `guard` is removed in this store.
+#[cfg(feature = "broken-guards")]
+pub(crate) fn is_broken(removed: Option<Guard>, guard: Guard) -> bool {
+    removed == Some(guard)
+}
+
+#[cfg(not(feature = "broken-guards"))]
+pub(crate) fn is_broken(_removed: Option<Guard>, _guard: Guard) -> bool {
+    false
+}
