@@ -289,6 +289,7 @@ async fn pass(w: &mut World, m: &Machine) {
 pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> {
     rig.crash.disarm();
     rig.provider.set_down(false);
+    let mut quiet = 0;
     for round in 0..30 {
         rig.clock.advance_ms(600_000);
         let _ = m.maintenance.rescue_pass().await;
@@ -309,6 +310,12 @@ pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> 
         };
         let claimed = m.store.claim(req).await.map_err(|e| format!("drain claim: {e}"))?;
         w.trace(&format!("drain round {round}: {} claimed", claimed.len()));
+        // Done once three rounds in a row had nothing left to claim (leases, backoffs and windows
+        // have all run out by then).
+        quiet = if claimed.is_empty() { quiet + 1 } else { 0 };
+        if quiet == 3 {
+            break;
+        }
         for c in claimed {
             let id = c.job.id.as_str().to_owned();
             let priced = costs(w, &id, None);

@@ -160,21 +160,39 @@ impl World {
         Ok(())
     }
 
-    async fn check_jobs(&mut self, store: &SqlStore, artifacts: &SimArtifacts) -> Result<(), String> {
-        let ids: Vec<String> = if std::mem::take(&mut self.touched_all) {
-            self.jobs.keys().cloned().collect()
-        } else {
-            std::mem::take(&mut self.touched).into_iter().collect()
-        };
-        self.touched.clear();
-        for id in ids {
-            let job_id = settle_core::ids::JobId::parse(&id).expect("a job id");
-            let job = match store.job(&job_id).await {
-                Ok(j) => j,
-                Err(StoreError::NotFound { .. }) => continue, // its create never committed
+    /// The jobs a step may have moved: every job (one listing) after a pass or a crash, else those
+    /// it touched (a read each). A job whose create never committed is not there.
+    async fn moved_jobs(&mut self, store: &SqlStore) -> Result<Vec<settle_store::Job>, String> {
+        let mut jobs = Vec::new();
+        if std::mem::take(&mut self.touched_all) {
+            self.touched.clear();
+            let mut after = 0;
+            loop {
+                let page = store
+                    .jobs(&JobFilter::ALL, Page { after, limit: 500 })
+                    .await
+                    .map_err(|e| format!("list jobs: {e}"))?;
+                jobs.extend(page.rows);
+                match page.next_after {
+                    Some(n) => after = n,
+                    None => return Ok(jobs),
+                }
+            }
+        }
+        for id in std::mem::take(&mut self.touched) {
+            match store.job(&settle_core::ids::JobId::parse(&id).expect("a job id")).await {
+                Ok(j) => jobs.push(j),
+                Err(StoreError::NotFound { .. }) => {}
                 Err(e) => return Err(format!("read job {id}: {e}")),
-            };
-            let sim = self.jobs.get_mut(&id).expect("a known job");
+            }
+        }
+        Ok(jobs)
+    }
+
+    async fn check_jobs(&mut self, store: &SqlStore, artifacts: &SimArtifacts) -> Result<(), String> {
+        for job in self.moved_jobs(store).await? {
+            let id = job.id.as_str().to_owned();
+            let Some(sim) = self.jobs.get_mut(&id) else { continue };
             for item in &job.items {
                 let now = (item.state, item.refund_reason);
                 let key = item.id.as_str().to_owned();
