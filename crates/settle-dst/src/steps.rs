@@ -1,8 +1,8 @@
 //! The steps: clients, workers (on time, late, twice, with stale tokens, or never), the background
 //! passes, time, and crashes — each chosen by the seed and run to its end before the next.
 
+use crate::machine::{Machine, Rig};
 use crate::world::{GRANT, SimJob, World, code};
-use crate::{Machine, Rig};
 use settle_core::Credits;
 use settle_core::crash::CrashPoint;
 use settle_core::ids::RefId;
