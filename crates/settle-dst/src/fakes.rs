@@ -36,16 +36,29 @@ pub fn fnv(h: u64, bytes: &[u8]) -> u64 {
 }
 pub const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
-/// One call the provider saw.
+/// One call the provider saw, or a hung request it carried out later.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
-    Lookup { key: String, absent: bool },
-    Send { key: String, executed: bool },
+    Lookup {
+        key: String,
+        absent: bool,
+    },
+    Send {
+        key: String,
+        executed: bool,
+    },
+    /// A send that hung (its caller heard nothing) carried out now.
+    Late {
+        key: String,
+        executed: bool,
+    },
 }
 
 /// The payout provider: transfers by idempotency key, executed at most once each (a second send of
 /// an executed key is answered with the same transfer, as provider-v1 does), every call logged.
-/// Each send's fate is drawn from `(seed, key, how many sends of that key before)`.
+/// Each send's fate is drawn from `(seed, key, how many sends of that key before)`: refused (node
+/// down, or for good), executed and answered, executed with the answer lost, or hung — no answer, and carried
+/// out at some later moment the scheduler picks (`run_hung`), possibly after Settle gave up on it.
 pub struct SimProvider {
     seed: u64,
     state: Mutex<ProviderState>,
@@ -57,6 +70,8 @@ struct ProviderState {
     sends: BTreeMap<String, u32>,
     log: Vec<Call>,
     down: bool,
+    /// Sends that hung, oldest first: (key, amount).
+    hung: Vec<(String, i64)>,
 }
 
 impl SimProvider {
@@ -72,6 +87,26 @@ impl SimProvider {
     }
     pub fn set_down(&self, down: bool) {
         self.state.lock().unwrap().down = down;
+    }
+    /// Carries out the hung sends `pick` chooses (by their place in line); returns how many ran.
+    pub fn run_hung(&self, mut pick: impl FnMut(usize) -> bool) -> usize {
+        let mut s = self.state.lock().unwrap();
+        let hung = std::mem::take(&mut s.hung);
+        let mut ran = 0;
+        for (n, (key, amount)) in hung.into_iter().enumerate() {
+            if !pick(n) {
+                s.hung.push((key, amount));
+                continue;
+            }
+            ran += 1;
+            let executed = !s.executed.contains_key(&key);
+            s.executed.entry(key.clone()).or_insert(amount);
+            s.log.push(Call::Late { key, executed });
+        }
+        ran
+    }
+    pub fn hung(&self) -> usize {
+        self.state.lock().unwrap().hung.len()
     }
 }
 
@@ -97,6 +132,19 @@ impl Provider for SimProvider {
             s.log.push(Call::Send { key: key.to_owned(), executed: false });
             let code = settle_core::ids::FailCode::parse("NODE_DOWN").expect("a code");
             return Sent::Refused { code, message: "node down".into(), retry_after_ms: None };
+        }
+        // A definitive refusal (one send in ten): the withdrawal dies and its hold is refunded,
+        // though a request of it that hung may still be carried out.
+        if fate == 8 && !already {
+            s.log.push(Call::Send { key: key.to_owned(), executed: false });
+            let code = settle_core::ids::FailCode::parse("INSUFFICIENT").expect("a code");
+            return Sent::Refused { code, message: "insufficient funds at the provider".into(), retry_after_ms: None };
+        }
+        // Hung (one send in ten): no answer now; carried out later, or never.
+        if fate == 9 && !already {
+            s.log.push(Call::Send { key: key.to_owned(), executed: false });
+            s.hung.push((key.to_owned(), amount));
+            return Sent::NoAnswer { message: "no answer: the request hung".into() };
         }
         s.executed.entry(key.to_owned()).or_insert(amount);
         s.log.push(Call::Send { key: key.to_owned(), executed: !already });

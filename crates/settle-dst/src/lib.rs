@@ -7,11 +7,19 @@
 //! - `fakes`: the clock, the payout provider, the artifact store and the crash hook;
 //! - `machine`: the store and its passes, and what outlives a crash;
 //! - `steps`: what a step does, and the drain.
-//! - `world`: what the clients and workers know, and the auditor's rules.
+//! - `world`: what the clients and workers know, and the auditor's rules;
+//! - `money`: the auditor's own prediction of every balance;
+//! - `hooks`: webhook delivery through the store, and its rules (order per job, lost leases);
+//! - `tape`: the seeded random stream, the trace hash, the rules answers broke;
+//! - `sim_job`: a job as its client and workers know it.
 
 mod fakes;
+mod hooks;
 mod machine;
+mod money;
+mod sim_job;
 mod steps;
+mod tape;
 mod world;
 
 use fakes::{SimArtifacts, SimClock, SimCrash, SimProvider};
@@ -74,7 +82,7 @@ pub async fn run_broken(seed: u64, steps: u32, dir: &Path, broken: Option<Breaka
             machine = rig.reopen(machine).await?;
             world.after_crash();
         }
-        if let Err(what) = world.check(&machine.store, &rig.provider, &rig.artifacts, step % 25 == 0 || crashed).await {
+        if let Err(what) = world.check(&machine.store, &rig.provider, &rig.artifacts, step % 50 == 0 || crashed).await {
             violation = Some(Violation { step, what });
             break;
         }
@@ -95,5 +103,5 @@ pub async fn run_broken(seed: u64, steps: u32, dir: &Path, broken: Option<Breaka
     } else {
         let _ = std::fs::remove_file(&rig.path);
     }
-    Ok(Report { seed, steps, trace_hash: world.hash, violation, crashes, jobs })
+    Ok(Report { seed, steps, trace_hash: world.tape.hash, violation, crashes, jobs })
 }

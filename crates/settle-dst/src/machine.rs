@@ -65,8 +65,13 @@ impl Rig {
         let settings = LoopSettings { batch: 50, ..LoopSettings::default() };
         let maintenance = Maintenance::new(dyn_store.clone(), settings);
         // One withdrawal per pass: a pass's attempts otherwise run together and finish in an order
-        // the operating system picks.
-        let payout_settings = PayoutSettings { batch: 1, ..PayoutSettings::default() };
+        // the operating system picks. The re-check looks back 30 days, past any run's simulated
+        // time, so a hung send carried out after Settle gave up on it is found (decision 0010 §8).
+        let payout_settings = PayoutSettings {
+            batch: 1,
+            return_window: std::time::Duration::from_secs(30 * 24 * 3_600),
+            ..PayoutSettings::default()
+        };
         let worker = WorkerName::parse("payouts").expect("a worker name");
         let mut payouts = PayoutProcessor::new(dyn_store, self.provider.clone(), worker, payout_settings)
             .with_crash_hook(self.crash.clone());

@@ -47,12 +47,17 @@ async fn crash(w: &mut World, m: &Machine, rig: &Rig) -> bool {
 
 fn advance(w: &mut World, rig: &Rig) {
     let ms = match w.pick(3) {
-        0 => 1 + w.rng.below_inclusive(999),
-        1 => 1_000 + w.rng.below_inclusive(59_000),
-        _ => 60_000 + w.rng.below_inclusive(540_000),
+        0 => 1 + w.tape.rng.below_inclusive(999),
+        1 => 1_000 + w.tape.rng.below_inclusive(59_000),
+        _ => 60_000 + w.tape.rng.below_inclusive(540_000),
     };
     rig.clock.advance_ms(ms);
     w.trace(&format!("time +{ms} ms"));
+    // A hung payout request may be carried out now, long after its caller heard nothing.
+    if rig.provider.hung() > 0 {
+        let ran = rig.provider.run_hung(|_| w.chance(15));
+        w.trace(&format!("hung sends carried out: {ran}"));
+    }
     // The payout provider's node goes down, or comes back, now and then.
     if w.chance(10) {
         let down = w.chance(50);
@@ -72,15 +77,16 @@ async fn create_job(w: &mut World, m: &Machine) {
     let kind = KINDS[w.pick(KINDS.len())];
     let n = 1 + w.pick(3);
     let mut items = Vec::new();
-    let mut sim = SimJob::default();
+    let mut sim = SimJob { account: account.as_str().to_owned(), ..SimJob::default() };
     for i in 0..n {
         let held = w.chance(30);
-        let amount = Credits::new(1 + w.rng.below_inclusive(19) as i64);
+        let amount = Credits::new(1 + w.tape.rng.below_inclusive(19) as i64);
         let item = format!("i{i}");
         items.push(NewItem {
             id: ItemId::parse(&item).expect("an item id"),
             price: if held { Price::Hold(amount) } else { Price::Cost(amount) },
         });
+        sim.prices.insert(item.clone(), amount.get());
         sim.items.push((item, held));
     }
     let refund_on = if w.chance(20) { Some(RefundPolicy::FinalFailure) } else { None };
@@ -97,7 +103,7 @@ async fn create_job(w: &mut World, m: &Machine) {
     let made = m.store.create_job(req).await;
     w.answer(&format!("create {id} {kind} x{n}"), made.as_ref().map(|c| c.value.state));
     w.jobs.insert(id.clone(), sim);
-    w.touched.insert(id);
+    w.moved(id);
 }
 
 async fn claim(w: &mut World, m: &Machine) {
@@ -139,7 +145,7 @@ fn costs(w: &mut World, job: &str, only: Option<&str>) -> Costs {
     let mut c = Costs::default();
     for (item, held) in items {
         if held && only.is_none_or(|o| o == item) {
-            let price = w.rng.below_inclusive(1) as i64; // 0 or 1: always within any hold
+            let price = w.tape.rng.below_inclusive(1) as i64; // 0 or 1: always within any hold
             c.0.insert(ItemId::parse(&item).expect("an item id"), Credits::new(price));
         }
     }
@@ -153,7 +159,7 @@ async fn report(w: &mut World, m: &Machine, rig: &Rig) {
     for _ in 0..times {
         report_once(w, m, rig, &id, &token, stale, action).await;
     }
-    w.touched.insert(id);
+    w.moved(id);
 }
 
 async fn report_once(w: &mut World, m: &Machine, rig: &Rig, id: &str, token: &LeaseToken, stale: bool, action: usize) {
@@ -184,7 +190,7 @@ async fn report_once(w: &mut World, m: &Machine, rig: &Rig, id: &str, token: &Le
             r.ok().map(|o| o.applied)
         }
         2 => {
-            let price = if held { Some(Credits::new(w.rng.below_inclusive(1) as i64)) } else { None };
+            let price = if held { Some(Credits::new(w.tape.rng.below_inclusive(1) as i64)) } else { None };
             w.jobs.get_mut(id).expect("a job").item_succeeded.insert(item.clone());
             let r = m.store.item_succeed_priced(&job, &item_id, token, price).await;
             w.answer(&format!("item succeed {label} {item}"), r.as_ref().map(|o| o.applied));
@@ -220,7 +226,7 @@ async fn report_once(w: &mut World, m: &Machine, rig: &Rig, id: &str, token: &Le
         }
     };
     if stale && applied == Some(true) {
-        w.broken.push(format!("a report with job {id}'s stale token took effect (action {action})"));
+        w.tape.broken.push(format!("a report with job {id}'s stale token took effect (action {action})"));
     }
 }
 
@@ -232,13 +238,13 @@ async fn cancel(w: &mut World, m: &Machine) {
     let id = ids[w.pick(ids.len())].clone();
     let r = m.store.cancel(&JobId::parse(&id).expect("a job id"), None).await;
     w.answer(&format!("cancel {id}"), r.as_ref().map(|o| o.job().state));
-    w.touched.insert(id);
+    w.moved(id);
 }
 
 async fn withdrawal(w: &mut World, m: &Machine) {
     let id = w.fresh_id("wd");
     let account = account(w);
-    let amount = 1 + w.rng.below_inclusive(39) as i64;
+    let amount = 1 + w.tape.rng.below_inclusive(39) as i64;
     let req = NewWithdrawal {
         id: JobId::parse(&id).expect("an id"),
         account_id: account.clone(),
@@ -247,30 +253,41 @@ async fn withdrawal(w: &mut World, m: &Machine) {
     };
     let r = m.store.payouts().create_withdrawal(req).await;
     w.answer(&format!("withdraw {id} {amount}"), r.as_ref().map(|c| c.value.job.state));
-    let sim = SimJob { withdrawal: true, items: vec![("main".into(), false)], ..SimJob::default() };
+    let sim = SimJob {
+        withdrawal: true,
+        items: vec![("main".into(), false)],
+        account: account.as_str().to_owned(),
+        prices: [("main".to_owned(), amount)].into_iter().collect(),
+        ..SimJob::default()
+    };
     w.jobs.insert(id.clone(), sim);
-    w.touched.insert(id);
+    w.moved(id);
 }
 
 /// A grant, half of them expiring within the hour.
 async fn grant(w: &mut World, m: &Machine) {
     let id = w.fresh_id("g");
     let account = account(w);
+    let amount = 1 + w.tape.rng.below_inclusive(GRANT as u64 / 10) as i64;
     let expires_at =
-        if w.chance(50) { Some(m.store.now().plus_seconds(60 + w.rng.below_inclusive(3_540))) } else { None };
+        if w.chance(50) { Some(m.store.now().plus_seconds(60 + w.tape.rng.below_inclusive(3_540))) } else { None };
     let req = NewGrant {
         id: RefId::parse(&id).expect("a ref id"),
-        amount: Credits::new(1 + w.rng.below_inclusive(GRANT as u64 / 10) as i64),
+        amount: Credits::new(amount),
         reason: None,
         expires_at,
-        priority: Some(w.rng.below_inclusive(100) as i64),
+        priority: Some(w.tape.rng.below_inclusive(100) as i64),
     };
     let r = m.store.grant(&account, req, settle_store::SYSTEM_ACTOR).await;
     w.answer(&format!("grant {id}"), r.as_ref().map(|_| ()));
+    if r.is_ok() {
+        w.books.granted(account.as_str(), amount);
+    }
+    w.touched_accounts.insert(account.as_str().to_owned());
 }
 
 async fn pass(w: &mut World, m: &Machine) {
-    let which = w.pick(7);
+    let which = w.pick(8);
     let r: Result<usize, StoreError> = match which {
         0 => m.maintenance.rescue_pass().await.map(|v| v.len()),
         1 => m.maintenance.sweep_pass().await.map(|v| v.len()),
@@ -278,10 +295,39 @@ async fn pass(w: &mut World, m: &Machine) {
         3 => m.maintenance.expire_pass().await.map(|v| v.len()),
         4 => m.payouts.process_pass().await.map(|v| v.len()),
         5 => m.payouts.reconcile_pass().await.map(|v| v.len()),
-        _ => m.payouts.recheck_pass().await.map(|v| v.len()),
+        6 => m.payouts.recheck_pass().await.map(|v| v.len()),
+        _ => {
+            // Its answers are checked as they come; a broken rule ends the run at this step.
+            if let Err(what) = w.hooks.pass(&mut w.tape, &m.store).await {
+                w.tape.broken.push(what);
+            }
+            Ok(0)
+        }
     };
     w.answer(&format!("pass {which}"), r.as_ref().map(|n| *n));
     w.touched_all = true;
+}
+
+/// The payout processor's passes in a drain round; returns how many withdrawals they moved. Its
+/// reconcile and re-check passes read one withdrawal each, so each runs once per withdrawal (and
+/// a few more, for their cursors to come round): the re-check only once the work has stopped.
+async fn drain_payouts(m: &Machine, withdrawals: usize, recheck: bool) -> usize {
+    let mut moved = 0;
+    for _ in 0..50 {
+        match m.payouts.process_pass().await {
+            Ok(v) if !v.is_empty() => moved += v.len(),
+            _ => break,
+        }
+    }
+    for _ in 0..withdrawals + 1 {
+        moved += m.payouts.reconcile_pass().await.map_or(0, |v| v.len());
+    }
+    if recheck {
+        for _ in 0..withdrawals + 3 {
+            moved += m.payouts.recheck_pass().await.map_or(0, |v| v.len());
+        }
+    }
+    moved
 }
 
 /// The load stops; time runs on while the passes run and an honest worker finishes whatever is
@@ -289,19 +335,23 @@ async fn pass(w: &mut World, m: &Machine) {
 pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> {
     rig.crash.disarm();
     rig.provider.set_down(false);
+    // Half the hung requests are carried out as the drain begins, the rest once the work has
+    // stopped (every withdrawal in its final state): the re-check must find those Settle gave up on.
+    let ran = rig.provider.run_hung(|_| w.chance(50));
+    w.trace(&format!("drain: hung sends carried out: {ran}"));
+    let withdrawals = w.jobs.values().filter(|j| j.withdrawal).count();
     let mut quiet = 0;
     for round in 0..30 {
         rig.clock.advance_ms(600_000);
+        if quiet == 1 {
+            let ran = rig.provider.run_hung(|_| true);
+            w.trace(&format!("drain: the last hung sends carried out: {ran}"));
+        }
         let _ = m.maintenance.rescue_pass().await;
         let _ = m.maintenance.sweep_pass().await;
         let _ = m.maintenance.expire_pass().await;
         let _ = m.maintenance.reconcile_pass().await;
-        for _ in 0..50 {
-            if m.payouts.process_pass().await.map_or(true, |v| v.is_empty()) {
-                break;
-            }
-        }
-        let _ = m.payouts.reconcile_pass().await;
+        let payouts = drain_payouts(m, withdrawals, quiet > 0).await;
         let req = ClaimRequest {
             worker: WorkerName::parse("drain").expect("a worker"),
             kinds: KINDS.iter().map(|k| JobKind::parse(k).expect("a kind")).collect(),
@@ -309,10 +359,14 @@ pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> 
             lease_seconds: None,
         };
         let claimed = m.store.claim(req).await.map_err(|e| format!("drain claim: {e}"))?;
-        w.trace(&format!("drain round {round}: {} claimed", claimed.len()));
-        // Done once three rounds in a row had nothing left to claim (leases, backoffs and windows
-        // have all run out by then).
-        quiet = if claimed.is_empty() { quiet + 1 } else { 0 };
+        let delivered = w.hooks.drain_round(&mut w.tape, &m.store).await?;
+        w.trace(&format!(
+            "drain round {round}: {} claimed, {payouts} withdrawals moved, {delivered} webhook deliveries",
+            claimed.len()
+        ));
+        // Done once three rounds in a row had nothing left to claim, move or deliver (leases,
+        // backoffs and windows have all run out by then).
+        quiet = if claimed.is_empty() && payouts == 0 && delivered == 0 { quiet + 1 } else { 0 };
         if quiet == 3 {
             break;
         }

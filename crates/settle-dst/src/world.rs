@@ -2,14 +2,16 @@
 //! and its review): what `Store::audit` cannot see — each item's states over time, answers to
 //! stale tokens, the provider's call log, artifacts left behind a cancel, internal errors.
 
-use crate::fakes::{Call, FNV_START, SimArtifacts, SimProvider, fnv};
+use crate::fakes::{Call, SimArtifacts, SimProvider};
+pub use crate::sim_job::SimJob;
+use crate::tape::Tape;
 use settle_core::Credits;
 use settle_core::backoff::SplitMix64;
 use settle_core::ids::RefId;
 use settle_core::ids::{AccountId, FailCode};
 use settle_core::item::{ItemSignal, ItemState, RefundReason, arrow};
 use settle_core::job::{JobState, Policies, RefundPolicy, RetryPolicy};
-use settle_store::{JobFilter, LeaseToken, NewAccount, NewGrant, Page, SYSTEM_ACTOR, SqlStore, Store, StoreError};
+use settle_store::{JobFilter, NewAccount, NewGrant, Operators, Page, SYSTEM_ACTOR, SqlStore, Store, StoreError};
 use std::collections::{BTreeMap, BTreeSet};
 
 pub const ACCOUNTS: usize = 3;
@@ -23,70 +25,51 @@ pub fn policies() -> Policies {
     Policies { default, kinds: [("withdrawal".to_owned(), withdrawal)].into_iter().collect() }
 }
 
-/// A job as its client and workers know it.
-#[derive(Debug, Default)]
-pub struct SimJob {
-    /// (item id, held)
-    pub items: Vec<(String, bool)>,
-    /// Every lease token a claim answered for it, oldest first.
-    pub tokens: Vec<LeaseToken>,
-    /// Artifacts a worker wrote for it: (item, path in the simulated store).
-    pub artifacts: Vec<(String, String)>,
-    /// Each item's state and refund reason as last seen.
-    pub seen: BTreeMap<String, (ItemState, Option<RefundReason>)>,
-    pub withdrawal: bool,
-    /// Items an explicit item success was reported for: only that may reclaim an item its worker
-    /// failed (spec §2).
-    pub item_succeeded: BTreeSet<String>,
-}
-
 pub struct World {
-    pub rng: SplitMix64,
-    pub hash: u64,
+    /// The random stream, the trace and the rules answers broke.
+    pub tape: Tape,
     pub accounts: Vec<String>,
     pub jobs: BTreeMap<String, SimJob>,
     pub next_id: u64,
-    /// Rules broken while a step ran (answers the step got), reported by `check`.
-    pub broken: Vec<String>,
     /// Jobs a step may have moved; every job after a pass or a crash.
     pub touched: BTreeSet<String>,
     pub touched_all: bool,
+    /// Accounts a step may have moved money on (`moved`, a grant).
+    pub touched_accounts: BTreeSet<String>,
+    /// The auditor's own account of each balance (`money`).
+    pub books: crate::money::Books,
+    /// What the simulated webhook sender knows (`hooks`).
+    pub hooks: crate::hooks::Hooks,
     /// How much of the provider's log `check` has read.
     provider_read: usize,
-    /// `SETTLE_SIM_TRACE=1`: every trace line on stderr, to read a failing run.
-    print: bool,
 }
 
 impl World {
     pub fn new(rng: SplitMix64) -> World {
         World {
-            rng,
-            hash: FNV_START,
+            tape: Tape::new(rng),
             accounts: Vec::new(),
             jobs: BTreeMap::new(),
             next_id: 0,
-            broken: Vec::new(),
             touched: BTreeSet::new(),
             touched_all: false,
+            touched_accounts: BTreeSet::new(),
+            books: crate::money::Books::default(),
+            hooks: crate::hooks::Hooks::default(),
             provider_read: 0,
-            print: std::env::var_os("SETTLE_SIM_TRACE").is_some(),
         }
     }
 
-    /// Feeds the trace hash.
     pub fn trace(&mut self, line: &str) {
-        self.hash = fnv(fnv(self.hash, line.as_bytes()), b"\n");
-        if self.print {
-            eprintln!("{line}");
-        }
+        self.tape.trace(line);
     }
 
     pub fn pick(&mut self, n: usize) -> usize {
-        self.rng.below_inclusive(n.saturating_sub(1) as u64) as usize
+        self.tape.pick(n)
     }
 
     pub fn chance(&mut self, percent: u64) -> bool {
-        self.rng.below_inclusive(99) < percent
+        self.tape.chance(percent)
     }
 
     pub fn fresh_id(&mut self, prefix: &str) -> String {
@@ -96,6 +79,7 @@ impl World {
 
     /// The accounts, each with a grant that never expires.
     pub async fn setup(&mut self, store: &SqlStore) {
+        self.hooks.start(&mut self.tape, store).await;
         for n in 0..ACCOUNTS {
             let id = format!("acct{n}");
             let account = AccountId::parse(&id).expect("an account id");
@@ -112,21 +96,24 @@ impl World {
             };
             let granted = store.grant(&account, grant, SYSTEM_ACTOR).await;
             self.answer("setup grant", granted.as_ref().map(|_| ()));
+            if granted.is_ok() {
+                self.books.granted(&id, GRANT);
+            }
             self.accounts.push(id);
         }
     }
 
-    /// Records an answer in the trace; an internal error breaks the rules (Settle never answers
-    /// one on purpose), and so does an overflow here (amounts stay far below the limits).
     pub fn answer<T: std::fmt::Debug>(&mut self, what: &str, result: Result<T, &StoreError>) {
-        let line = match &result {
-            Ok(v) => format!("{what}: {v:?}"),
-            Err(e) => format!("{what}: {}", error_name(e)),
-        };
-        self.trace(&line);
-        if let Err(e @ (StoreError::Internal(_) | StoreError::Overflow)) = result {
-            self.broken.push(format!("{what}: {e}"));
+        self.tape.answer(what, result);
+    }
+
+    /// A step sent `job` a signal that may move money: its items and its account's balance are
+    /// checked after the step.
+    pub fn moved(&mut self, job: String) {
+        if let Some(j) = self.jobs.get(&job) {
+            self.touched_accounts.insert(j.account.clone());
         }
+        self.touched.insert(job);
     }
 
     /// After a crash: the workers died with the process, so they hold no lease now; the tokens stay
@@ -146,11 +133,17 @@ impl World {
         artifacts: &SimArtifacts,
         full: bool,
     ) -> Result<(), String> {
-        if let Some(b) = self.broken.first() {
+        if let Some(b) = self.tape.broken.first() {
             return Err(b.clone());
+        }
+        // The accounts whose balances the step may have moved: every one after a pass or a crash.
+        let mut accounts = std::mem::take(&mut self.touched_accounts);
+        if self.touched_all || full {
+            accounts.extend(self.accounts.iter().cloned());
         }
         self.check_jobs(store, artifacts).await?;
         self.check_provider(provider)?;
+        self.books.check(&self.jobs, store, &accounts).await?;
         if full {
             let report = store.audit(None).await.map_err(|e| format!("audit: {e}"))?;
             if !report.ok() {
@@ -211,6 +204,7 @@ impl World {
                 {
                     return Err(format!("job {id} item {key}: a worker failed it, and a job success reclaimed it"));
                 }
+                sim.costs.insert(key.clone(), item.cost.get());
                 sim.seen.insert(key, now);
             }
             // A cancel deletes what was made for items not delivered; a delivered item keeps its.
@@ -236,8 +230,10 @@ impl World {
         let log = provider.log();
         for (i, call) in log.iter().enumerate().skip(self.provider_read) {
             if let Call::Send { key, .. } = call {
+                // A hung send carried out meanwhile is the provider's doing, not a call.
                 let before = log[..i].iter().rev().find(|c| match c {
                     Call::Lookup { key: k, .. } | Call::Send { key: k, .. } => k == key,
+                    Call::Late { .. } => false,
                 });
                 if !matches!(before, Some(Call::Lookup { absent: true, .. })) {
                     return Err(format!(
@@ -267,25 +263,8 @@ impl World {
                 None => break,
             }
         }
-        let executed = provider.executed();
-        for (id, sim) in &self.jobs {
-            if !sim.withdrawal {
-                continue;
-            }
-            let Ok(w) = store.payouts().withdrawal(&settle_core::ids::JobId::parse(id).expect("an id")).await else {
-                continue;
-            };
-            let paid = executed.get(&w.idempotency_key);
-            match w.job.state {
-                JobState::Succeeded if paid != Some(&w.amount.get()) => {
-                    return Err(format!("withdrawal {id} succeeded; the provider executed {paid:?}"));
-                }
-                JobState::Dead | JobState::Cancelled if paid.is_some() => {
-                    return Err(format!("withdrawal {id} is {:?} and the provider executed it", w.job.state));
-                }
-                _ => {}
-            }
-        }
+        self.check_withdrawals(store, provider).await?;
+        self.hooks.check_end(store).await?;
         let mut next = 1;
         loop {
             let page = store.events(next - 1, 500, &settle_core::scope::Scope::ALL).await.map_err(|e| e.to_string())?;
@@ -297,6 +276,61 @@ impl World {
                     return Err(format!("the event feed skips from {} to {}", next - 1, e.seq));
                 }
                 next += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl World {
+    /// Every withdrawal against the provider's book, after the drain:
+    /// - succeeded: executed once, with its amount;
+    /// - executed but dead (a hung send carried out after a definitive refusal): the re-check found
+    ///   it — its txid recorded and the refunded amount taken back, so it costs its amount;
+    /// - executed but cancelled: a `withdrawal.late_execution` event tells a person (decision
+    ///   0010 §8: a cancelled withdrawal cannot be booked as a success);
+    /// - not executed: never succeeded.
+    async fn check_withdrawals(&mut self, store: &SqlStore, provider: &SimProvider) -> Result<(), String> {
+        let executed = provider.executed();
+        let ids: Vec<String> = self.jobs.iter().filter(|(_, j)| j.withdrawal).map(|(id, _)| id.clone()).collect();
+        for id in &ids {
+            let job_id = settle_core::ids::JobId::parse(id).expect("an id");
+            let Ok(w) = store.payouts().withdrawal(&job_id).await else { continue };
+            let paid = executed.get(&w.idempotency_key);
+            if paid.is_some_and(|p| *p != w.amount.get()) {
+                return Err(format!("withdrawal {id}: the provider executed {paid:?}, not {}", w.amount.get()));
+            }
+            let item = w.job.items.first().map(|i| i.state);
+            if paid.is_some() && matches!(w.job.state, JobState::Dead | JobState::Cancelled) {
+                self.trace(&format!("withdrawal {id}: {:?} and executed after all", w.job.state));
+            }
+            match (w.job.state, paid.is_some()) {
+                (JobState::Succeeded, false) => {
+                    return Err(format!("withdrawal {id} succeeded and the provider never executed it"));
+                }
+                (JobState::Dead, true)
+                    if w.provider_txid.is_none()
+                        || !matches!(item, Some(ItemState::Reclaimed | ItemState::Succeeded)) =>
+                {
+                    return Err(format!(
+                        "withdrawal {id} is dead, the provider executed it, and the re-check did not take \
+                         it back (txid {:?}, item {item:?})",
+                        w.provider_txid
+                    ));
+                }
+                (JobState::Cancelled, true) => {
+                    let history = store.job_history(&job_id).await.map_err(|e| format!("history of {id}: {e}"))?;
+                    if !history
+                        .events
+                        .iter()
+                        .any(|e| e.kind == settle_core::history::EventKind::WithdrawalLateExecution)
+                    {
+                        return Err(format!(
+                            "withdrawal {id} is cancelled and was executed, with no late_execution event"
+                        ));
+                    }
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -318,34 +352,6 @@ fn reachable(from: ItemState, to: ItemState) -> bool {
         i += 1;
     }
     seen[1..].contains(&to)
-}
-
-/// An error's kind for the trace (its text may hold paths and tokens).
-pub fn error_name(e: &StoreError) -> &'static str {
-    match e {
-        StoreError::Invalid(_) => "invalid",
-        StoreError::NotFound { .. } => "not_found",
-        StoreError::InsufficientCredits { .. } => "insufficient_credits",
-        StoreError::InsufficientBalance { .. } => "insufficient_balance",
-        StoreError::InsufficientCash { .. } => "insufficient_cash",
-        StoreError::IdempotencyConflict { .. } => "idempotency_conflict",
-        StoreError::ReportConflict(_) => "report_conflict",
-        StoreError::CostRequired { .. } => "cost_required",
-        StoreError::CostExceedsHold { .. } => "cost_exceeds_hold",
-        StoreError::IdTaken { .. } => "id_taken",
-        StoreError::JobFinished(_) => "job_finished",
-        StoreError::OutcomeUnknown(_) => "outcome_unknown",
-        StoreError::LeaseLost(_) => "lease_lost",
-        StoreError::InvalidTransition { .. } => "invalid_transition",
-        StoreError::Overflow => "overflow",
-        StoreError::CleanupFailed { .. } => "cleanup_failed",
-        StoreError::InjectedCrash(_) => "crash",
-        StoreError::Unavailable(_) => "unavailable",
-        StoreError::Busy(_) => "busy",
-        StoreError::Retryable(_) => "retryable",
-        StoreError::NotSettle(_) => "not_settle",
-        StoreError::Internal(_) => "internal",
-    }
 }
 
 /// A fail code the simulated workers use.

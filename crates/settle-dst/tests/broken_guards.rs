@@ -49,3 +49,8 @@ fn without_the_lookup_before_send() {
 fn without_teardowns_terminal_state_last() {
     caught(Breakage::Store(Guard::TeardownOrder));
 }
+
+#[test]
+fn without_webhook_head_of_line() {
+    caught(Breakage::Store(Guard::WebhookOrder));
+}

@@ -13,6 +13,9 @@ pub enum Guard {
     Lease,
     /// Teardown writes `cancelled` only after the artifacts are deleted.
     TeardownOrder,
+    /// A webhook delivery is leased only at the head of its job's line (every earlier event of the
+    /// job delivered to that endpoint).
+    WebhookOrder,
 }
 
 /// Whether `guard` is removed in this store.
