@@ -169,27 +169,22 @@ pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32
 
 /// The claim statement; `lock` is empty on SQLite (the single writer serialises) and
 /// `FOR UPDATE SKIP LOCKED` on PostgreSQL. The guard is repeated in the outer WHERE either way.
-fn claim_sql(lock: &str) -> String {
-    let sql = claim_sql_any_order(lock);
-    let head = "AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2) ";
-    sql.replacen(
-        head,
-        &format!(
-            "{head}AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e WHERE e.endpoint_id = d.endpoint_id \
-             AND e.order_key = d.order_key AND e.event_seq < d.event_seq AND e.state <> 'delivered') "
-        ),
-        1,
-    )
-}
-
-/// The claim statement without the head-of-line guard (the simulator's broken-guard test only).
-fn claim_sql_any_order(lock: &str) -> String {
+/// The claim statement. With `head_of_line`, a delivery is claimed only when every earlier delivery
+/// of its line (the same endpoint and `order_key`) was delivered; without it (the simulator's
+/// broken-guard test only) any due delivery is.
+fn claim_sql(lock: &str, head_of_line: bool) -> String {
+    let guard = if head_of_line {
+        "AND NOT EXISTS (SELECT 1 FROM webhook_deliveries e WHERE e.endpoint_id = d.endpoint_id \
+         AND e.order_key = d.order_key AND e.event_seq < d.event_seq AND e.state <> 'delivered') "
+    } else {
+        ""
+    };
     format!(
         "UPDATE webhook_deliveries SET lease_token = $3, lease_expires_at = $4, attempts = attempts + 1, updated_at = $2 \
          WHERE endpoint_id = $1 AND event_seq = ( \
             SELECT d.event_seq FROM webhook_deliveries d \
             WHERE d.endpoint_id = $1 AND d.state = 'pending' AND d.next_attempt_at <= $2 AND d.event_seq > $5 \
-              AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2) \
+              AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= $2) {guard}\
             ORDER BY d.event_seq LIMIT 1 {lock}) \
          AND state = 'pending' AND next_attempt_at <= $2 AND (lease_expires_at IS NULL OR lease_expires_at <= $2) \
          RETURNING {}",
@@ -197,11 +192,11 @@ fn claim_sql_any_order(lock: &str) -> String {
     )
 }
 
-static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| claim_sql(""));
+static CLAIM_SQLITE: LazyLock<String> = LazyLock::new(|| claim_sql("", true));
 
-static CLAIM_PG: LazyLock<String> = LazyLock::new(|| claim_sql("FOR UPDATE SKIP LOCKED"));
+static CLAIM_PG: LazyLock<String> = LazyLock::new(|| claim_sql("FOR UPDATE SKIP LOCKED", true));
 
-static CLAIM_ANY_ORDER: LazyLock<String> = LazyLock::new(|| claim_sql_any_order(""));
+static CLAIM_ANY_ORDER: LazyLock<String> = LazyLock::new(|| claim_sql("", false));
 
 /// Leases up to `limit` deliveries that are due and at the head of their job's line. An attempt is
 /// counted when it is claimed, so a delivery whose sender keeps dying still reaches `attempts_max`.
