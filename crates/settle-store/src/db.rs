@@ -332,8 +332,16 @@ impl Row {
     }
 }
 
-/// A connection inside an open transaction (or a read snapshot).
-pub(crate) enum Db<'c> {
+/// A connection inside an open transaction (or a read snapshot), and whether the statements run
+/// through it changed anything (docs/design/batches-without-savepoints.md): a batch runs its
+/// operations without a savepoint each, so an operation that fails must be known to have changed
+/// nothing before the others may commit beside it.
+pub(crate) struct Db<'c> {
+    conn: Conn<'c>,
+    touched: bool,
+}
+
+enum Conn<'c> {
     Sqlite(&'c mut SqliteConnection),
     Pg(&'c mut PgConnection),
     /// The SQLite writer's own connection (rusqlite, on the writer's thread): every statement runs
@@ -341,29 +349,211 @@ pub(crate) enum Db<'c> {
     Lite(&'c mut rusqlite::Connection),
 }
 
+/// What a statement may do, by its text, failing closed: anything not known to read only, or to
+/// change only the rows it counts, counts as a change whenever it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// A `SELECT` with no `INTO`, no `INSERT`/`UPDATE`/`DELETE`/`MERGE` (row locks aside: `FOR
+    /// UPDATE`, `FOR NO KEY UPDATE`) and no function but those in [`READ_ONLY_CALLS`].
+    Reads,
+    /// A plain `INSERT`, `UPDATE` or `DELETE` (no `WITH`): it changed rows exactly when it counted
+    /// some (`returning`: the rows it returns are the rows it changed).
+    Counts { returning: bool },
+    /// Anything else (`WITH`, `NOTIFY`, `SET`, `LOCK`, `TRUNCATE`, a call nobody listed).
+    Unknown,
+}
+
+/// Words a read-only `SELECT` may follow with `(`: SQL keywords and functions that change nothing.
+/// `nextval` is among them: a sequence is outside every transaction (a savepoint never undid it).
+const READ_ONLY_CALLS: &[&str] = &[
+    "select",
+    "in",
+    "exists",
+    "any",
+    "all",
+    "values",
+    "as",
+    "over",
+    "filter",
+    "cast",
+    "and",
+    "or",
+    "not",
+    "from",
+    "where",
+    "on",
+    "join",
+    "using",
+    "then",
+    "else",
+    "when",
+    "case",
+    "by",
+    "coalesce",
+    "count",
+    "max",
+    "min",
+    "sum",
+    "abs",
+    "unnest",
+    "nextval",
+    "least",
+    "greatest",
+    "length",
+    "substr",
+    "lower",
+    "upper",
+    "row_number",
+    "array_agg",
+    "string_agg",
+    "ifnull",
+    "nullif",
+    "pg_snapshot_xmin",
+    "pg_current_snapshot",
+    "pg_current_xact_id",
+    "bigint",
+    "int8",
+    "text",
+    "array",
+    "row",
+    "with",
+    "is",
+    "like",
+];
+
+/// The words of `sql` (letters, digits, `_`), each with whether `(` follows it.
+fn words(sql: &str) -> impl Iterator<Item = (&str, bool)> {
+    let bytes = sql.as_bytes();
+    let is_word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        while at < bytes.len() && !is_word(bytes[at]) {
+            at += 1;
+        }
+        if at == bytes.len() {
+            return None;
+        }
+        let start = at;
+        while at < bytes.len() && is_word(bytes[at]) {
+            at += 1;
+        }
+        let next = bytes[at..].iter().find(|b| !b.is_ascii_whitespace());
+        Some((&sql[start..at], next == Some(&b'(')))
+    })
+}
+
+pub(crate) fn effect(sql: &str) -> Effect {
+    let mut all = words(sql);
+    let Some((first, _)) = all.next() else { return Effect::Unknown };
+    let is = |w: &str, k: &str| w.eq_ignore_ascii_case(k);
+    if ["INSERT", "UPDATE", "DELETE"].iter().any(|k| is(first, k)) {
+        return Effect::Counts { returning: words(sql).any(|(w, _)| is(w, "RETURNING")) };
+    }
+    if !is(first, "SELECT") {
+        return Effect::Unknown;
+    }
+    let mut previous = "";
+    for (word, call) in words(sql).skip(1) {
+        let locking = is(previous, "FOR") || is(previous, "KEY");
+        let writes =
+            ["INSERT", "DELETE", "MERGE", "INTO"].iter().any(|k| is(word, k)) || (is(word, "UPDATE") && !locking);
+        let unknown_call = call && !READ_ONLY_CALLS.iter().any(|k| is(word, k));
+        if writes || unknown_call {
+            return Effect::Unknown;
+        }
+        previous = word;
+    }
+    Effect::Reads
+}
+
+/// Whether a statement that ran changed anything: `counted` rows changed (`exec`) or returned
+/// (the queries), `exec` telling which.
+fn changed(sql: &str, counted: u64, exec: bool) -> bool {
+    match effect(sql) {
+        Effect::Reads => false,
+        Effect::Counts { returning } if exec || returning => counted > 0,
+        Effect::Counts { .. } | Effect::Unknown => true,
+    }
+}
+
+impl<'c> Db<'c> {
+    pub fn sqlite(conn: &'c mut SqliteConnection) -> Db<'c> {
+        Db { conn: Conn::Sqlite(conn), touched: false }
+    }
+
+    pub fn pg(conn: &'c mut PgConnection) -> Db<'c> {
+        Db { conn: Conn::Pg(conn), touched: false }
+    }
+
+    pub fn lite(conn: &'c mut rusqlite::Connection) -> Db<'c> {
+        Db { conn: Conn::Lite(conn), touched: false }
+    }
+
+    /// Whether a statement run through this `Db` may have changed a row: one that wrote a row, one
+    /// that may write and failed (PostgreSQL aborts the transaction; SQLite undoes the statement,
+    /// counted all the same), or a data-modifying `WITH`. The SQLite writer also compares the
+    /// engine's own `total_changes`.
+    pub fn touched(&self) -> bool {
+        self.touched
+    }
+}
+
 impl Db<'_> {
     pub fn engine(&self) -> Engine {
-        match self {
-            Db::Sqlite(_) | Db::Lite(_) => Engine::Sqlite,
-            Db::Pg(_) => Engine::Postgres,
+        match self.conn {
+            Conn::Sqlite(_) | Conn::Lite(_) => Engine::Sqlite,
+            Conn::Pg(_) => Engine::Postgres,
         }
+    }
+
+    /// Notes what a statement did: an error, or the rows it changed or returned.
+    fn note<T>(
+        &mut self,
+        sql: &str,
+        result: Result<T, StoreError>,
+        exec: bool,
+        rows: impl FnOnce(&T) -> u64,
+    ) -> Result<T, StoreError> {
+        match &result {
+            Ok(v) => self.touched |= changed(sql, rows(v), exec),
+            Err(_) => self.touched = true,
+        }
+        result
     }
 
     /// Runs a statement; returns the number of rows it changed.
     pub async fn exec(&mut self, sql: &'static str, args: &[Value]) -> Result<u64, StoreError> {
-        match self {
-            Db::Sqlite(c) => Ok(bind_sqlite(sqlx::query(sql), args).execute(&mut **c).await?.rows_affected()),
-            Db::Pg(c) => Ok(bind_pg(sqlx::query(sql), args).execute(&mut **c).await?.rows_affected()),
-            Db::Lite(c) => lite_exec(c, sql, args),
-        }
+        let result = match &mut self.conn {
+            Conn::Sqlite(c) => bind_sqlite(sqlx::query(sql), args)
+                .execute(&mut **c)
+                .await
+                .map(|r| r.rows_affected())
+                .map_err(StoreError::from),
+            Conn::Pg(c) => bind_pg(sqlx::query(sql), args)
+                .execute(&mut **c)
+                .await
+                .map(|r| r.rows_affected())
+                .map_err(StoreError::from),
+            Conn::Lite(c) => lite_exec(c, sql, args),
+        };
+        self.note(sql, result, true, |n| *n)
     }
 
     pub async fn opt(&mut self, sql: &'static str, args: &[Value]) -> Result<Option<Row>, StoreError> {
-        match self {
-            Db::Sqlite(c) => Ok(bind_sqlite(sqlx::query(sql), args).fetch_optional(&mut **c).await?.map(Row::Sqlite)),
-            Db::Pg(c) => Ok(bind_pg(sqlx::query(sql), args).fetch_optional(&mut **c).await?.map(Row::Pg)),
-            Db::Lite(c) => Ok(lite_query(c, sql, args, 1)?.into_iter().next()),
-        }
+        let result = match &mut self.conn {
+            Conn::Sqlite(c) => bind_sqlite(sqlx::query(sql), args)
+                .fetch_optional(&mut **c)
+                .await
+                .map(|r| r.map(Row::Sqlite))
+                .map_err(StoreError::from),
+            Conn::Pg(c) => bind_pg(sqlx::query(sql), args)
+                .fetch_optional(&mut **c)
+                .await
+                .map(|r| r.map(Row::Pg))
+                .map_err(StoreError::from),
+            Conn::Lite(c) => lite_query(c, sql, args, 1).map(|rows| rows.into_iter().next()),
+        };
+        self.note(sql, result, false, |r| u64::from(r.is_some()))
     }
 
     pub async fn one(&mut self, sql: &'static str, args: &[Value]) -> Result<Row, StoreError> {
@@ -371,37 +561,29 @@ impl Db<'_> {
     }
 
     pub async fn all(&mut self, sql: &'static str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
-        match self {
-            Db::Sqlite(c) => Ok(bind_sqlite(sqlx::query(sql), args)
-                .fetch_all(&mut **c)
-                .await?
-                .into_iter()
-                .map(Row::Sqlite)
-                .collect()),
-            Db::Pg(c) => {
-                Ok(bind_pg(sqlx::query(sql), args).fetch_all(&mut **c).await?.into_iter().map(Row::Pg).collect())
-            }
-            Db::Lite(c) => lite_query(c, sql, args, usize::MAX),
-        }
+        self.all_of(sql, args).await
     }
 
     /// For statements assembled from constant fragments and `$N` placeholders only (list filters).
     pub async fn all_built(&mut self, sql: String, args: &[Value]) -> Result<Vec<Row>, StoreError> {
-        match self {
-            Db::Sqlite(c) => Ok(bind_sqlite(sqlx::query(AssertSqlSafe(sql)), args)
+        self.all_of(&sql, args).await
+    }
+
+    async fn all_of(&mut self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
+        let result = match &mut self.conn {
+            Conn::Sqlite(c) => bind_sqlite(sqlx::query(AssertSqlSafe(sql.to_owned())), args)
                 .fetch_all(&mut **c)
-                .await?
-                .into_iter()
-                .map(Row::Sqlite)
-                .collect()),
-            Db::Pg(c) => Ok(bind_pg(sqlx::query(AssertSqlSafe(sql)), args)
+                .await
+                .map(|rows| rows.into_iter().map(Row::Sqlite).collect())
+                .map_err(StoreError::from),
+            Conn::Pg(c) => bind_pg(sqlx::query(AssertSqlSafe(sql.to_owned())), args)
                 .fetch_all(&mut **c)
-                .await?
-                .into_iter()
-                .map(Row::Pg)
-                .collect()),
-            Db::Lite(c) => lite_query(c, &sql, args, usize::MAX),
-        }
+                .await
+                .map(|rows| rows.into_iter().map(Row::Pg).collect())
+                .map_err(StoreError::from),
+            Conn::Lite(c) => lite_query(c, sql, args, usize::MAX),
+        };
+        self.note(sql, result, false, |r: &Vec<Row>| r.len() as u64)
     }
 
     /// Streams the rows of `sql` through `f`, one at a time (nothing is collected); returns how many.
@@ -413,37 +595,42 @@ impl Db<'_> {
     ) -> Result<u64, StoreError> {
         use futures_util::TryStreamExt;
         let mut n = 0;
-        match self {
-            Db::Sqlite(c) => {
-                let mut rows = bind_sqlite(sqlx::query(sql), args).fetch(&mut **c);
-                while let Some(r) = rows.try_next().await? {
-                    f(&Row::Sqlite(r))?;
-                    n += 1;
+        let streamed: Result<(), StoreError> = async {
+            match &mut self.conn {
+                Conn::Sqlite(c) => {
+                    let mut rows = bind_sqlite(sqlx::query(sql), args).fetch(&mut **c);
+                    while let Some(r) = rows.try_next().await? {
+                        f(&Row::Sqlite(r))?;
+                        n += 1;
+                    }
+                }
+                Conn::Pg(c) => {
+                    let mut rows = bind_pg(sqlx::query(sql), args).fetch(&mut **c);
+                    while let Some(r) = rows.try_next().await? {
+                        f(&Row::Pg(r))?;
+                        n += 1;
+                    }
+                }
+                Conn::Lite(c) => {
+                    let mut stmt = c.prepare_cached(sql).map_err(StoreError::from_sqlite)?;
+                    lite_bind(&mut stmt, args)?;
+                    let columns = stmt.column_count();
+                    let mut rows = stmt.raw_query();
+                    while let Some(row) = rows.next().map_err(StoreError::from_sqlite)? {
+                        let values = (0..columns)
+                            .map(|i| row.get::<_, rusqlite::types::Value>(i))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(StoreError::from_sqlite)?;
+                        f(&Row::Lite(values))?;
+                        n += 1;
+                    }
                 }
             }
-            Db::Pg(c) => {
-                let mut rows = bind_pg(sqlx::query(sql), args).fetch(&mut **c);
-                while let Some(r) = rows.try_next().await? {
-                    f(&Row::Pg(r))?;
-                    n += 1;
-                }
-            }
-            Db::Lite(c) => {
-                let mut stmt = c.prepare_cached(sql).map_err(StoreError::from_sqlite)?;
-                lite_bind(&mut stmt, args)?;
-                let columns = stmt.column_count();
-                let mut rows = stmt.raw_query();
-                while let Some(row) = rows.next().map_err(StoreError::from_sqlite)? {
-                    let values = (0..columns)
-                        .map(|i| row.get::<_, rusqlite::types::Value>(i))
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(StoreError::from_sqlite)?;
-                    f(&Row::Lite(values))?;
-                    n += 1;
-                }
-            }
+            Ok(())
         }
-        Ok(n)
+        .await;
+        // A stream cut short by `f` may have stopped inside a statement that writes: counted.
+        self.note(sql, streamed.map(|()| n), false, |n| *n)
     }
 
     pub async fn opt_built(&mut self, sql: String, args: &[Value]) -> Result<Option<Row>, StoreError> {
@@ -562,5 +749,47 @@ mod redaction_tests {
             assert_eq!(redacted_url(url), shown, "{url}");
             assert!(!redacted_url(url).contains("s3cret") && !redacted_url(url).contains("w0rd"));
         }
+    }
+}
+
+#[cfg(test)]
+mod effect_tests {
+    use super::{Effect, changed, effect};
+
+    #[test]
+    fn only_plain_reads_and_counted_writes_are_trusted() {
+        for sql in [
+            "SELECT id, state FROM jobs WHERE id = $1 FOR UPDATE",
+            "SELECT a.balance FROM accounts a WHERE a.id = $1 FOR NO KEY UPDATE",
+            "select updated_at, count(*) from jobs where id in ($1, $2)",
+            "SELECT nextval('ledger_seq_numbers') FROM unnest($1::bigint[])",
+            "SELECT 1 FROM accounts WHERE id = $1",
+        ] {
+            assert_eq!(effect(sql), Effect::Reads, "{sql}");
+        }
+        for sql in [
+            "SELECT pg_notify('settle_events', '')",
+            "SELECT setval('job_seq_numbers', 5)",
+            "SELECT set_config('x', 'y', true)",
+            "SELECT pg_advisory_xact_lock(1)",
+            "SELECT * INTO copy FROM jobs",
+            "SELECT my_function($1)",
+            "WITH moved AS (UPDATE items SET state = 'x' RETURNING id) SELECT count(*) FROM moved",
+            "/* c */ WITH x AS (DELETE FROM jobs RETURNING id) SELECT 1",
+            "NOTIFY settle_wake",
+            "TRUNCATE jobs",
+            "SET LOCAL lock_timeout = '1s'",
+            "LOCK TABLE jobs",
+        ] {
+            assert_eq!(effect(sql), Effect::Unknown, "{sql}");
+            assert!(changed(sql, 0, true) && changed(sql, 0, false), "{sql}");
+        }
+        let update = "UPDATE jobs SET state = 'x' WHERE id = $1 AND state = 'y'";
+        assert_eq!(effect(update), Effect::Counts { returning: false });
+        assert!(!changed(update, 0, true) && changed(update, 1, true));
+        // Sent as a query without RETURNING: the rows it returns say nothing of what it changed.
+        assert!(changed(update, 0, false));
+        let insert = "INSERT INTO jobs (id) VALUES ($1) ON CONFLICT DO NOTHING RETURNING id";
+        assert!(!changed(insert, 0, false) && changed(insert, 1, false));
     }
 }

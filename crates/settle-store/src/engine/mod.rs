@@ -1,6 +1,7 @@
 //! How writes reach each engine. An operation is a re-runnable closure over `(db, cx)`; the
-//! engines run operations in batches — one transaction, a savepoint each, every answer after the
-//! COMMIT — and differ in who runs the batches:
+//! engines run operations in batches — one transaction, every answer after the COMMIT; no savepoint
+//! per operation unless one failed after writing (docs/design/batches-without-savepoints.md) — and
+//! differ in who runs the batches:
 //! - `sqlite`: one writer thread owning the one connection that writes (rusqlite);
 //! - `postgres`: a few lanes, each a task committing batches on a pooled connection, and
 //!   single-operation transactions for what may not share one (docs/decisions/0013); `sequencer`
@@ -31,7 +32,8 @@ pub(crate) type OpFn<T> =
 pub(crate) enum Ran {
     /// Succeeded; its answer waits for the COMMIT.
     Done,
-    /// Refused or failed on its own (its error is its answer); rolled back to its savepoint.
+    /// Refused or failed on its own (its error is its answer); rolled back to its savepoint, or, in
+    /// a batch without savepoints, having changed nothing (else the batch falls back).
     Failed,
     /// Met a conflict it may not resolve inside the batch (PostgreSQL: a lock wait past the batch's
     /// short lock timeout, a deadlock, a serialization failure, a concurrent create): rolled back to
@@ -39,11 +41,36 @@ pub(crate) enum Ran {
     Again,
 }
 
+/// How many batches after one that fell back run in careful mode (a savepoint per operation), so a
+/// stream of operations that fail after writing costs savepoints, not a second run each
+/// (docs/design/batches-without-savepoints.md).
+pub(crate) const CAREFUL_BATCHES: u32 = 8;
+
+/// How a batch ended: committed or answered, or rolled back whole because an operation failed
+/// after it had written (its own answer is given); the others are left to run again in careful mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Batch {
+    Ended,
+    FellBack,
+}
+
+/// An operation that failed after it wrote, in a batch run without savepoints (the transaction is
+/// rolled back whole): whether it is answered now with its own outcome, rather than run again with
+/// the others in careful mode. Only when that outcome stands on nothing the rollback took away: no
+/// operation before it in the batch wrote (`earlier_done` false), or it is no claim about the data
+/// at all (an injected crash, a panic — `outcome` `None`). An answer that rests on an earlier
+/// operation's rolled-back writes would tell of a state that never committed.
+pub(crate) fn answered_now(outcome: Option<Ran>, earlier_done: bool, op: &dyn BatchOp) -> bool {
+    !earlier_done || outcome.is_none() || matches!(op.error(), Some(StoreError::InjectedCrash(_)))
+}
+
 /// An operation queued for a batch, type-erased.
 pub(crate) trait BatchOp: Send {
     fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Ran>;
     /// Answers after the batch: its own result if it ran, else `committed`'s error.
     fn deliver(self: Box<Self>, committed: Result<(), StoreError>);
+    /// The error its last run ended in, if it did.
+    fn error(&self) -> Option<&StoreError>;
     /// The operation to run again in a transaction of its own (PostgreSQL), its answer type
     /// erased: the closure keeps the last run's answer, and `Answer` sends it once that
     /// transaction has ended (the run's answer if it committed, else the transaction's error).
@@ -69,6 +96,9 @@ impl<T: Send + 'static> Op<T> {
 impl<T: Send + 'static> BatchOp for Op<T> {
     fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Ran> {
         Box::pin(async move {
+            // A run after a rolled-back one (a batch that fell back) answers with its own result
+            // only: a panic leaves none.
+            self.out = None;
             let f = self.f.clone();
             match f(db, cx).await {
                 Ok(v) => {
@@ -92,6 +122,13 @@ impl<T: Send + 'static> BatchOp for Op<T> {
             (None, Ok(())) => Err(StoreError::internal("operation never ran")),
         };
         let _ = self.reply.send(answer);
+    }
+
+    fn error(&self) -> Option<&StoreError> {
+        match &self.out {
+            Some(Err(e)) => Some(e),
+            _ => None,
+        }
     }
 
     fn alone(self: Box<Self>) -> (OpFn<()>, Answer) {

@@ -6,14 +6,16 @@
 //! - Lanes: `lanes` tasks, a queue each; an operation on an account always goes to that account's
 //!   lane, others to the shortest queue. A lane takes the first waiting operation and whatever else
 //!   is waiting (up to `batch_max`, no timer), runs them in one transaction under a short lock
-//!   timeout, a savepoint each, flushes once, commits once, then answers every one. An operation
-//!   that met a lock it may not wait for (or a deadlock, a serialization failure, a concurrent
-//!   create) is rolled back to its savepoint and run again alone after the batch, so a batch never
-//!   waits long on another transaction and cannot hold a wait cycle for more than the short timeout.
+//!   timeout, flushes once, commits once, then answers every one. An operation that met a lock it
+//!   may not wait for (or a deadlock, a serialization failure, a concurrent create) runs again alone
+//!   after the batch, so a batch never waits long on another transaction and cannot hold a wait
+//!   cycle for more than the short timeout. No savepoint per operation unless one failed after it
+//!   wrote: then the batch is rolled back and run again careful, a savepoint each
+//!   (docs/design/batches-without-savepoints.md).
 
 use super::primary::{Leased, Primary};
 use super::sequencer::Sequencer;
-use super::{BatchOp, Env, OpFn, Ran};
+use super::{Batch, BatchOp, CAREFUL_BATCHES, Env, OpFn, Ran, answered_now};
 use crate::db::Db;
 use crate::error::StoreError;
 use crate::ops::{self, Pending};
@@ -28,7 +30,9 @@ use tokio::sync::mpsc;
 
 /// The longest a batched operation waits for another transaction's row lock before it leaves the
 /// batch to run alone (with the store's full `lock_timeout`).
-const BATCH_START: &str = "SET LOCAL lock_timeout = '50ms'; SAVEPOINT op";
+const BATCH_START: &str = "SET LOCAL lock_timeout = '50ms'";
+/// `BATCH_START` in careful mode, with the first operation's savepoint.
+const BATCH_START_CAREFUL: &str = "SET LOCAL lock_timeout = '50ms'; SAVEPOINT op";
 /// Savepoints per transaction: PostgreSQL caches 64 subtransaction ids per backend; past that every
 /// snapshot in the cluster must consult pg_subtrans.
 pub(crate) const BATCH_MAX: usize = 48;
@@ -139,7 +143,7 @@ impl PgShared {
         let pending = new_pending();
         let cx = self.env.cx(Some(pending.clone()));
         let out = {
-            let mut db = Db::Pg(&mut tx);
+            let mut db = Db::pg(&mut tx);
             match f(&mut db, &cx).await {
                 Ok(v) => ops::flush(&mut db, &take(&pending)).await.map(|events| (v, events)),
                 Err(e) => Err(e),
@@ -206,6 +210,8 @@ pub(crate) fn spawn_lanes(shared: Arc<PgShared>, lanes: usize, batch_max: usize)
 
 async fn lane(shared: Arc<PgShared>, mut rx: mpsc::Receiver<Box<dyn BatchOp>>, batch_max: usize) {
     let mut batch: Vec<Box<dyn BatchOp>> = Vec::with_capacity(batch_max);
+    // Batches left to run in careful mode after one fell back.
+    let mut careful_left: u32 = 0;
     loop {
         match rx.recv().await {
             Some(op) => batch.push(op),
@@ -226,7 +232,22 @@ async fn lane(shared: Arc<PgShared>, mut rx: mpsc::Receiver<Box<dyn BatchOp>>, b
         }
         // A batch that gets no answer (a host gone without a word) is given up: its operations'
         // callers hear `Unavailable` (the outcome unknown), and the lane goes on.
-        if tokio::time::timeout(ANSWER_LIMIT, run_batch(&shared, &mut batch)).await.is_err() {
+        let careful = careful_left > 0;
+        careful_left = careful_left.saturating_sub(1);
+        let mut later = Vec::new();
+        let batches = async {
+            let first = run_batch(&shared, &mut batch, careful, &mut later).await;
+            if first == Batch::FellBack && !batch.is_empty() {
+                run_batch(&shared, &mut batch, true, &mut later).await;
+            }
+            first
+        };
+        let ended = tokio::time::timeout(ANSWER_LIMIT, batches).await;
+        if ended == Ok(Batch::FellBack) {
+            careful_left = CAREFUL_BATCHES;
+        }
+        all_alone(&shared, later);
+        if ended.is_err() {
             tracing::warn!("a write batch got no answer from PostgreSQL in time; its outcome is unknown");
             batch.clear();
             shared.primary.signal();
@@ -254,59 +275,76 @@ fn unanswered(shared: &PgShared, batch: &mut Vec<Box<dyn BatchOp>>, e: sqlx::Err
     }
 }
 
-/// One batch: one transaction, a savepoint per operation, one flush, one COMMIT, then the answers.
-/// Anything failing before COMMIT is sent leaves nothing committed: every operation is run again
-/// alone. A failed COMMIT leaves the outcome unknown: the operations that ran are answered
-/// `Unavailable` (never "nothing happened"); those that were rolled back to their savepoints run alone.
-async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
+/// One batch: one transaction, one flush, one COMMIT, then the answers. Anything failing before
+/// COMMIT is sent leaves nothing committed: every operation is run again alone. A failed COMMIT
+/// leaves the outcome unknown: the operations that ran are answered `Unavailable` (never "nothing
+/// happened"); those that left the batch run alone.
+///
+/// Optimistic (not `careful`): no savepoint. An operation that fails or must run alone having
+/// changed nothing (`Db::touched`) leaves the transaction as it found it; one that changed a row
+/// rolls the whole transaction back, and the batch ends `FellBack` with the operations to run again
+/// in careful mode — a savepoint each — left in `batch`, and one that must run alone in `later`, to
+/// start once the careful run has ended (docs/design/batches-without-savepoints.md).
+async fn run_batch(
+    shared: &Arc<PgShared>,
+    batch: &mut Vec<Box<dyn BatchOp>>,
+    careful: bool,
+    later: &mut Vec<Box<dyn BatchOp>>,
+) -> Batch {
     // Closed, not returned, unless the batch ends cleanly (a deadline that cut it off included).
     let mut conn = match Leased::acquire(&shared.pool).await {
         Ok(conn) => conn,
-        Err(e) => return unanswered(shared, batch, e),
+        Err(e) => {
+            unanswered(shared, batch, e);
+            return Batch::Ended;
+        }
     };
     let mut tx = match sqlx::Connection::begin_with(&mut *conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await {
         Ok(tx) => tx,
-        Err(e) => return unanswered(shared, batch, e),
+        Err(e) => {
+            unanswered(shared, batch, e);
+            return Batch::Ended;
+        }
     };
     let pending = new_pending();
-    let mut ran: Vec<Box<dyn BatchOp>> = Vec::with_capacity(batch.len());
-    let mut again: Vec<Box<dyn BatchOp>> = Vec::new();
-    // A savepoint is always open when an operation starts: released and opened again in one round
-    // trip after an operation that stays, rolled back to (which keeps it) after one that does not.
-    // The last one is left open; COMMIT takes it with the rest.
-    let mut broken = exec(&mut tx, BATCH_START).await.err().map(|e| e.to_string());
-    for mut op in batch.drain(..) {
-        if broken.is_some() {
-            ran.push(op);
-            continue;
-        }
-        let mark = pending.lock().unwrap_or_else(|p| p.into_inner()).mark();
-        let cx = shared.env.cx(Some(pending.clone()));
-        let result = {
-            let mut db = Db::Pg(&mut tx);
-            AssertUnwindSafe(op.run(&mut db, &cx)).catch_unwind().await
-        };
-        let outcome = match result {
-            Ok(outcome) => outcome,
-            Err(_) => {
-                tracing::error!("a write operation panicked; it is rolled back");
-                Ran::Failed
-            }
-        };
-        let step = match outcome {
-            Ran::Done => exec(&mut tx, "RELEASE SAVEPOINT op; SAVEPOINT op").await,
-            Ran::Failed | Ran::Again => {
-                pending.lock().unwrap_or_else(|p| p.into_inner()).truncate(mark);
-                exec(&mut tx, "ROLLBACK TO SAVEPOINT op").await
+    // How each operation ended, by its place in `batch`.
+    let mut ended: Vec<Ran> = Vec::with_capacity(batch.len());
+    // Careful mode: a savepoint is always open when an operation starts: released and opened again
+    // in one round trip after an operation that stays, rolled back to (which keeps it) after one
+    // that does not. The last one is left open; COMMIT takes it with the rest.
+    let start = if careful { BATCH_START_CAREFUL } else { BATCH_START };
+    let mut broken = exec(&mut tx, start).await.err().map(|e| e.to_string());
+    while broken.is_none() && ended.len() < batch.len() {
+        let at = ended.len();
+        let (outcome, touched, panicked) = run_op(shared, &mut tx, &pending, &mut *batch[at], careful).await;
+        let step = match (careful, outcome) {
+            (true, Ran::Done) => exec(&mut tx, "RELEASE SAVEPOINT op; SAVEPOINT op").await,
+            (true, _) => exec(&mut tx, "ROLLBACK TO SAVEPOINT op").await,
+            (false, _) if outcome == Ran::Done || !touched => Ok(()),
+            (false, _) => {
+                let rolled_back = tx.rollback().await;
+                shared.tx_retries.fetch_add(1, Ordering::Relaxed);
+                if rolled_back.is_err() || matches!(batch[at].error(), Some(StoreError::Unavailable(_))) {
+                    // The connection may be gone (a failover, a cut): closed, not returned, and
+                    // every operation runs alone on a fresh one, as after any broken batch.
+                    shared.primary.signal();
+                    all_alone(shared, batch.drain(..));
+                    return Batch::Ended;
+                }
+                conn.clean_unless_unavailable(&Ok::<(), StoreError>(()));
+                let earlier_done = ended.contains(&Ran::Done);
+                if outcome == Ran::Again {
+                    later.push(batch.remove(at));
+                } else if answered_now((!panicked).then_some(outcome), earlier_done, &*batch[at]) {
+                    batch.remove(at).deliver(Err(StoreError::internal("the operation panicked; it was rolled back")));
+                }
+                return Batch::FellBack;
             }
         };
         if let Err(e) = step {
             broken = Some(e.to_string());
         }
-        match outcome {
-            Ran::Again => again.push(op),
-            _ => ran.push(op),
-        }
+        ended.push(outcome);
     }
     let mut events = false;
     if broken.is_none() {
@@ -314,7 +352,7 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
             format!("SET LOCAL lock_timeout = '{}ms'; {BEFORE_COMMIT}", shared.lock_timeout.as_millis().max(1));
         let flushed = async {
             exec(&mut tx, &restore).await?;
-            let mut db = Db::Pg(&mut tx);
+            let mut db = Db::pg(&mut tx);
             ops::flush(&mut db, &take(&pending)).await
         };
         match AssertUnwindSafe(flushed).catch_unwind().await {
@@ -324,15 +362,66 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
         }
     }
     if let Some(reason) = broken {
-        tracing::warn!(%reason, ops = ran.len() + again.len(), "a write batch failed before COMMIT; its operations run alone");
+        tracing::warn!(%reason, ops = batch.len(), "a write batch failed before COMMIT; its operations run alone");
         let _ = tx.rollback().await;
         shared.tx_retries.fetch_add(1, Ordering::Relaxed);
-        all_alone(shared, ran.into_iter().chain(again));
-        return;
+        all_alone(shared, batch.drain(..));
+        return Batch::Ended;
     }
+    // Every operation ran (the loop ends early only when `broken`).
+    let (ran, again): (Vec<_>, Vec<_>) = batch.drain(..).zip(ended).partition(|(_, outcome)| *outcome != Ran::Again);
+    let (ran, again) = (ran.into_iter().map(|(op, _)| op), again.into_iter().map(|(op, _)| op).collect::<Vec<_>>());
     let committed = tx.commit().await.map_err(StoreError::from_commit);
     shared.observe(&committed);
     conn.clean_unless_unavailable(&committed);
+    answer(shared, committed, events, ran, again);
+    Batch::Ended
+}
+
+/// Runs one operation of a batch: how it ended, whether it changed anything, whether it panicked.
+/// Its queued lines and events are cut back unless it is `Done`.
+async fn run_op(
+    shared: &PgShared,
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    pending: &Arc<Mutex<Pending>>,
+    op: &mut dyn BatchOp,
+    careful: bool,
+) -> (Ran, bool, bool) {
+    let mark = pending.lock().unwrap_or_else(|p| p.into_inner()).mark();
+    let cx = shared.env.cx(Some(pending.clone()));
+    #[cfg(debug_assertions)]
+    let changes = if careful { 0 } else { row_changes(tx).await };
+    let (result, touched) = {
+        let mut db = Db::pg(tx);
+        let result = AssertUnwindSafe(op.run(&mut db, &cx)).catch_unwind().await;
+        // A panic may have cut a statement short: counted, whatever it did.
+        let touched = db.touched() || result.is_err();
+        (result, touched)
+    };
+    #[cfg(debug_assertions)]
+    if !careful && !touched {
+        let now = row_changes(tx).await;
+        assert_eq!(now, changes, "an operation that changed rows was counted untouched");
+    }
+    let panicked = result.is_err();
+    let outcome = result.unwrap_or_else(|_| {
+        tracing::error!("a write operation panicked; it is rolled back");
+        Ran::Failed
+    });
+    if outcome != Ran::Done {
+        pending.lock().unwrap_or_else(|p| p.into_inner()).truncate(mark);
+    }
+    (outcome, touched, panicked)
+}
+
+/// Answers a batch's operations once its COMMIT has ended, and starts those that must run alone.
+fn answer(
+    shared: &Arc<PgShared>,
+    committed: Result<(), StoreError>,
+    events: bool,
+    ran: impl Iterator<Item = Box<dyn BatchOp>>,
+    again: Vec<Box<dyn BatchOp>>,
+) {
     match committed {
         Ok(()) => {
             if events {
@@ -355,4 +444,16 @@ async fn run_batch(shared: &Arc<PgShared>, batch: &mut Vec<Box<dyn BatchOp>>) {
         shared.tx_retries.fetch_add(again.len() as u64, Ordering::Relaxed);
     }
     all_alone(shared, again);
+}
+
+/// The rows this transaction has inserted, updated and deleted so far: the check, in debug builds
+/// (the whole test suite), that an operation counted untouched changed nothing.
+#[cfg(debug_assertions)]
+async fn row_changes(tx: &mut sqlx::Transaction<'_, sqlx::Postgres>) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE(SUM(n_tup_ins + n_tup_upd + n_tup_del), 0)::bigint FROM pg_stat_xact_user_tables",
+    )
+    .fetch_one(&mut **tx)
+    .await
+    .unwrap_or(-1)
 }

@@ -114,7 +114,7 @@ impl Sequencer {
         let numbered = {
             // The COMMIT may wait for a synchronous standby: never cancelled (docs/decisions/0024).
             sqlx::raw_sql("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = 0").execute(&mut *tx).await?;
-            let mut db = Db::Pg(&mut tx);
+            let mut db = Db::pg(&mut tx);
             ops::number_events(&mut db, limits::SEQUENCER_STAMPS_MAX).await?
         };
         tx.commit().await.map_err(StoreError::from_commit)?;

@@ -1,7 +1,7 @@
 //! The SQLite writer: one OS thread owning the one connection that writes, committing batches of
 //! operations (one transaction, a savepoint each). Readers are a separate sqlx pool (WAL).
 
-use super::{BatchOp, Env, Ran};
+use super::{Batch, BatchOp, CAREFUL_BATCHES, Env, Ran, answered_now};
 use crate::db::Db;
 use crate::error::StoreError;
 use crate::ops::Counters;
@@ -36,6 +36,8 @@ pub(crate) fn spawn_writer(
         .spawn(move || {
             runtime.block_on(async move {
                 let mut batch: Vec<Box<dyn BatchOp>> = Vec::with_capacity(batch_max);
+                // Batches left to run in careful mode after one fell back.
+                let mut careful_left: u32 = 0;
                 while let Some(first) = rx.recv().await {
                     batch.push(first);
                     while batch.len() < batch_max {
@@ -44,7 +46,14 @@ pub(crate) fn spawn_writer(
                             Err(_) => break,
                         }
                     }
-                    run_batch(&mut conn, &env, &mut batch).await;
+                    let careful = careful_left > 0;
+                    careful_left = careful_left.saturating_sub(1);
+                    if run_batch(&mut conn, &env, &mut batch, careful).await == Batch::FellBack {
+                        careful_left = CAREFUL_BATCHES;
+                        if !batch.is_empty() {
+                            run_batch(&mut conn, &env, &mut batch, true).await;
+                        }
+                    }
                 }
                 let _ = conn.close();
                 drop(stop);
@@ -119,11 +128,22 @@ pub(crate) fn open_writer(path: &std::path::Path, options: &StoreOptions) -> Res
     Ok(conn)
 }
 
-/// One transaction for the whole batch, one savepoint per operation, the counters read once after
-/// BEGIN and written back once before COMMIT. Replies go out only after COMMIT returns; if the
-/// transaction is lost midway (the engine rolled it back on its own, a panic), every operation of
-/// the batch is answered with an error — none was acknowledged.
-async fn run_batch(conn: &mut rusqlite::Connection, env: &Env, batch: &mut Vec<Box<dyn BatchOp>>) {
+/// One transaction for the whole batch, the counters read once after BEGIN and written back once
+/// before COMMIT. Replies go out only after COMMIT returns; if the transaction is lost midway (the
+/// engine rolled it back on its own), every operation of the batch is answered with an error —
+/// none was acknowledged.
+///
+/// Optimistic (not `careful`): no savepoint. An operation that fails having changed nothing (the
+/// engine's own `total_changes`, and no statement error) needs nothing undone but its counters; one
+/// that fails after it changed a row rolls the whole transaction back, and the batch ends `FellBack`
+/// with the operations to run again in careful mode — a savepoint each — left in `batch` (the one
+/// that failed is answered at once when `answered_now`; docs/design/batches-without-savepoints.md).
+async fn run_batch(
+    conn: &mut rusqlite::Connection,
+    env: &Env,
+    batch: &mut Vec<Box<dyn BatchOp>>,
+    careful: bool,
+) -> Batch {
     let counters = match conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| read_counters(conn)) {
         Ok(values) => Arc::new(Mutex::new(Counters::new(values))),
         Err(e) => {
@@ -134,43 +154,84 @@ async fn run_batch(conn: &mut rusqlite::Connection, env: &Env, batch: &mut Vec<B
             for op in batch.drain(..) {
                 op.deliver(Err(StoreError::Unavailable(e.to_string())));
             }
-            return;
+            return Batch::Ended;
         }
     };
     let mut broken: Option<String> = None;
-    for op in batch.iter_mut() {
-        if let Err(e) = run(conn, "SAVEPOINT op") {
+    let mut at = 0;
+    let mut earlier_done = false;
+    while at < batch.len() {
+        if careful && let Err(e) = run(conn, "SAVEPOINT op") {
             broken = Some(e.to_string());
             break;
         }
         let mark = lock(&counters).mark();
         let mut cx = env.cx(None);
         cx.counters = Some(counters.clone());
-        let result = {
-            let mut db = Db::Lite(&mut *conn);
-            AssertUnwindSafe(op.run(&mut db, &cx)).catch_unwind().await
+        let changes = conn.total_changes();
+        let (result, touched) = {
+            let mut db = Db::lite(&mut *conn);
+            let result = AssertUnwindSafe(batch[at].run(&mut db, &cx)).catch_unwind().await;
+            (result, db.touched())
         };
-        let step = match result {
-            Ok(Ran::Done) => run(conn, "RELEASE op"),
-            // One writer: nothing to wait for, so no operation is run again elsewhere.
-            Ok(Ran::Failed | Ran::Again) => {
-                lock(&counters).restore(&mark);
-                run(conn, "ROLLBACK TO op").and_then(|()| run(conn, "RELEASE op"))
-            }
+        let moved = conn.total_changes() != changes;
+        // The engine's own count checks the statements' (the rules PostgreSQL relies on alone).
+        debug_assert!(!moved || touched || result.is_err(), "an operation that changed rows was counted untouched");
+        // A panic may have cut a statement short: counted, whatever it did.
+        let touched = touched || moved || result.is_err();
+        // One writer: nothing to wait for, so `Again` is a failure like any other here.
+        let failed = match result {
+            Ok(Ran::Done) => false,
+            Ok(Ran::Failed | Ran::Again) => true,
             Err(_) => {
                 // A programmer error in one operation: undo it alone; the others in the batch go on.
                 tracing::error!("a write operation panicked; it is rolled back");
-                lock(&counters).restore(&mark);
-                run(conn, "ROLLBACK TO op").and_then(|()| run(conn, "RELEASE op"))
+                true
+            }
+        };
+        if failed {
+            lock(&counters).restore(&mark);
+        }
+        earlier_done |= !failed;
+        let step = match (careful, failed) {
+            (true, false) => run(conn, "RELEASE op"),
+            (true, true) => run(conn, "ROLLBACK TO op").and_then(|()| run(conn, "RELEASE op")),
+            (false, false) => Ok(()),
+            (false, true) if !touched => Ok(()),
+            (false, true) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                if answered_now(result.as_ref().ok().copied(), earlier_done, &*batch[at]) {
+                    batch.remove(at).deliver(Err(StoreError::internal("the operation panicked; it was rolled back")));
+                }
+                return Batch::FellBack;
             }
         };
         if let Err(e) = step {
             broken = Some(e.to_string());
             break;
         }
+        // The engine rolled the transaction back on its own (a full disk, an I/O error): nothing
+        // more may run, or each statement would commit alone.
+        if conn.is_autocommit() {
+            broken = Some("SQLite ended the write transaction on its own".into());
+            break;
+        }
+        at += 1;
     }
+    finish(conn, &lock(&counters), batch, broken);
+    Batch::Ended
+}
+
+/// Writes the moved counters back and commits — or rolls back, when the batch broke — then answers
+/// every operation of the batch: each its own result after a COMMIT, else the rollback's error.
+fn finish(
+    conn: &mut rusqlite::Connection,
+    counters: &Counters,
+    batch: &mut Vec<Box<dyn BatchOp>>,
+    mut broken: Option<String>,
+) {
     if broken.is_none()
-        && let Err(e) = write_counters(conn, &lock(&counters))
+        && let Err(e) = write_counters(conn, counters)
     {
         broken = Some(e.to_string());
     }

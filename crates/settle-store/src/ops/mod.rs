@@ -1,5 +1,6 @@
 //! Every write of Settle, written once for both engines. Each function runs inside a transaction
-//! the caller opened (on SQLite, a savepoint inside the writer's batch).
+//! the caller opened (a batch's, shared with other operations: an operation that fails must have
+//! changed nothing, or the batch runs again with a savepoint each — `Db::touched`).
 //!
 //! The shape of every transition: lock and read the job row (PostgreSQL `FOR UPDATE`; on SQLite
 //! the single writer already serialises), decide with the pure functions of `settle-core`, then
@@ -99,8 +100,8 @@ pub(crate) struct Cx {
 /// The `counters` rows (job, ledger and outbox numbers) as one SQLite writer batch holds them: the
 /// batch holds the database's write lock from its `BEGIN IMMEDIATE` to its COMMIT, so numbers are
 /// taken here in memory instead of by a statement each, and written back once. The writer takes a
-/// mark before each operation and restores it when the operation is rolled back to its savepoint,
-/// so the numbers stay gap-free.
+/// mark before each operation and restores it when the operation fails (rolled back to its
+/// savepoint, or having changed nothing), so the numbers stay gap-free.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     values: Vec<(String, i64)>,

@@ -434,7 +434,7 @@ impl SqlStore {
                 let mut tx = readers.begin().await?;
                 let cx = self.env.cx(None);
                 let out = {
-                    let mut db = Db::Sqlite(&mut tx);
+                    let mut db = Db::sqlite(&mut tx);
                     f(&mut db, &cx).await
                 };
                 tx.rollback().await?;
@@ -450,7 +450,7 @@ impl SqlStore {
                         .map_err(|e| shared.observed(e.into()))?;
                 let cx = self.env.cx(None);
                 let out = {
-                    let mut db = Db::Pg(&mut tx);
+                    let mut db = Db::pg(&mut tx);
                     f(&mut db, &cx).await
                 };
                 shared.observe(&out);

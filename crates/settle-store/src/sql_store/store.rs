@@ -762,22 +762,22 @@ fn sqlite_audit(
     progress: &(dyn Fn(audit::AuditProgress) + Send + Sync),
 ) -> Result<AuditReport, StoreError> {
     let (mut first, second) = snapshot_pair(path)?;
-    let mut audit = runtime.block_on(audit::Audit::start(&mut Db::Lite(&mut first), progress))?;
+    let mut audit = runtime.block_on(audit::Audit::start(&mut Db::lite(&mut first), progress))?;
     let mut part = audit.items_part();
     let (ledger, items) = match second {
         Some(mut second) => std::thread::scope(|scope| {
-            let items = scope.spawn(|| runtime.block_on(part.items(&mut Db::Lite(&mut second))));
-            let ledger = runtime.block_on(audit.ledger_pass(&mut Db::Lite(&mut first)));
+            let items = scope.spawn(|| runtime.block_on(part.items(&mut Db::lite(&mut second))));
+            let ledger = runtime.block_on(audit.ledger_pass(&mut Db::lite(&mut first)));
             let items = items.join().map_err(|_| StoreError::internal("the audit's items pass panicked"))?;
             Ok::<_, StoreError>((ledger?, items?))
         })?,
         None => {
-            let ledger = runtime.block_on(audit.ledger_pass(&mut Db::Lite(&mut first)))?;
-            (ledger, runtime.block_on(part.items(&mut Db::Lite(&mut first)))?)
+            let ledger = runtime.block_on(audit.ledger_pass(&mut Db::lite(&mut first)))?;
+            (ledger, runtime.block_on(part.items(&mut Db::lite(&mut first)))?)
         }
     };
     audit.absorb(part);
-    let report = runtime.block_on(audit.finish(&mut Db::Lite(&mut first), ledger, items));
+    let report = runtime.block_on(audit.finish(&mut Db::lite(&mut first), ledger, items));
     let _ = first.execute_batch("ROLLBACK");
     report
 }
