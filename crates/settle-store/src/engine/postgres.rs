@@ -28,11 +28,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// The longest a batched operation waits for another transaction's row lock before it leaves the
-/// batch to run alone (with the store's full `lock_timeout`).
-const BATCH_START: &str = "SET LOCAL lock_timeout = '50ms'";
-/// `BATCH_START` in careful mode, with the first operation's savepoint.
-const BATCH_START_CAREFUL: &str = "SET LOCAL lock_timeout = '50ms'; SAVEPOINT op";
+/// A batch's BEGIN, in the same round trip as its short lock timeout: the longest a batched operation
+/// waits for another transaction's row lock before it leaves the batch to run alone (with the
+/// store's full `lock_timeout`).
+const BATCH_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '50ms'";
+/// `BATCH_BEGIN` in careful mode, with the first operation's savepoint.
+const BATCH_BEGIN_CAREFUL: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '50ms'; SAVEPOINT op";
 /// Savepoints per transaction: PostgreSQL caches 64 subtransaction ids per backend; past that every
 /// snapshot in the cluster must consult pg_subtrans.
 pub(crate) const BATCH_MAX: usize = 48;
@@ -299,7 +300,8 @@ async fn run_batch(
             return Batch::Ended;
         }
     };
-    let mut tx = match sqlx::Connection::begin_with(&mut *conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await {
+    let begin = if careful { BATCH_BEGIN_CAREFUL } else { BATCH_BEGIN };
+    let mut tx = match sqlx::Connection::begin_with(&mut *conn, begin).await {
         Ok(tx) => tx,
         Err(e) => {
             unanswered(shared, batch, e);
@@ -312,8 +314,7 @@ async fn run_batch(
     // Careful mode: a savepoint is always open when an operation starts: released and opened again
     // in one round trip after an operation that stays, rolled back to (which keeps it) after one
     // that does not. The last one is left open; COMMIT takes it with the rest.
-    let start = if careful { BATCH_START_CAREFUL } else { BATCH_START };
-    let mut broken = exec(&mut tx, start).await.err().map(|e| e.to_string());
+    let mut broken: Option<String> = None;
     while broken.is_none() && ended.len() < batch.len() {
         let at = ended.len();
         let (outcome, touched, panicked) = run_op(shared, &mut tx, &pending, &mut *batch[at], careful).await;

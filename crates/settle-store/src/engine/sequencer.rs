@@ -110,10 +110,12 @@ impl Sequencer {
     async fn pass(&self) -> Result<ops::Numbered, StoreError> {
         // Closed, not returned, unless the pass ends cleanly (a round given up mid-flight included).
         let mut conn = super::primary::Leased::acquire(&self.pool).await?;
-        let mut tx = sqlx::Connection::begin_with(&mut *conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+        // The COMMIT may wait for a synchronous standby: never cancelled (docs/decisions/0024). Sent
+        // with the BEGIN, in one round trip.
+        let begin =
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = 0";
+        let mut tx = sqlx::Connection::begin_with(&mut *conn, begin).await?;
         let numbered = {
-            // The COMMIT may wait for a synchronous standby: never cancelled (docs/decisions/0024).
-            sqlx::raw_sql("SET LOCAL lock_timeout = '2s'; SET LOCAL statement_timeout = 0").execute(&mut *tx).await?;
             let mut db = Db::pg(&mut tx);
             ops::number_events(&mut db, limits::SEQUENCER_STAMPS_MAX).await?
         };

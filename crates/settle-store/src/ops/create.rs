@@ -3,7 +3,7 @@
 
 use super::grants::Spend;
 use super::{BalanceCheck, Cx, Holds, Line, attach, emit, guard_hit, lock_job, next_seq, post};
-use crate::db::{Db, Engine, args, columns};
+use crate::db::{Db, Engine, args};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -143,12 +143,14 @@ pub(crate) async fn insert_job(
     Ok(job)
 }
 
-columns! {
-    /// A new job's number, on PostgreSQL (from a sequence).
-    JobSeqCol { job_seq = "nextval('job_seq_numbers')" }
-}
-
-static NEXT_JOB_SEQ: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", JobSeqCol::LIST));
+/// The job row's INSERT; its number `{SEQ}`: SQLite's from the batch's counters (`$2`), PostgreSQL's
+/// from a sequence in the same statement (`$2` is NULL there).
+const INSERT_JOB: &str = "INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, \
+     refund_on, cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at) \
+     VALUES ($1, {SEQ}, $3, $4, 'queued', $5, 0, 0, $6, $7, 0, $8, $9, $10, $11, $12, $12)";
+static INSERT_JOB_SQLITE: LazyLock<String> = LazyLock::new(|| INSERT_JOB.replace("{SEQ}", "$2"));
+static INSERT_JOB_PG: LazyLock<String> =
+    LazyLock::new(|| INSERT_JOB.replace("{SEQ}", "COALESCE($2, nextval('job_seq_numbers'))"));
 
 /// The job row, numbered (the `AfterGuard` crash point right after it), and its items `charged`.
 async fn insert_rows(
@@ -161,15 +163,13 @@ async fn insert_rows(
     not_before: Timestamp,
 ) -> Result<(), StoreError> {
     let req = &job.req;
-    let job_seq = match db.engine() {
-        Engine::Sqlite => next_seq(cx, "job", 1)?,
-        Engine::Postgres => db.one(&NEXT_JOB_SEQ, &[]).await?.i64(JobSeqCol::job_seq)?,
+    let (sql, job_seq) = match db.engine() {
+        Engine::Sqlite => (&*INSERT_JOB_SQLITE, Some(next_seq(cx, "job", 1)?)),
+        Engine::Postgres => (&*INSERT_JOB_PG, None),
     };
     let inserted = db
         .exec(
-            "INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, \
-             cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, 'queued', $5, 0, 0, $6, $7, 0, $8, $9, $10, $11, $12, $12)",
+            sql,
             args![
                 req.id.as_str(),
                 job_seq,
