@@ -49,6 +49,10 @@ pub struct BenchArgs {
     /// transitions/s (--concurrency's last value, --jobs jobs) and a full audit at each.
     #[arg(long, value_delimiter = ',')]
     scale: Vec<u64>,
+    /// With --scale: keep the filled store (its path is printed at the end), to run `settle audit`
+    /// or a profiler on it.
+    #[arg(long)]
+    keep: bool,
     /// Measure the operator console's pages instead: fill a SQLite store (FULL) with this many jobs
     /// of 10 items (a tenth of them dead, the rest queued for later) and time each page, served by
     /// `settle serve`'s own router over loopback HTTP.
@@ -581,6 +585,10 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
             1e6 / rate,
             entries as f64 / secs
         );
+    }
+    if args.keep {
+        let kept = dir.keep();
+        println!("kept: {}", kept.join("scale.db").display());
     }
     Ok(())
 }

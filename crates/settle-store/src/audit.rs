@@ -7,8 +7,10 @@ use crate::model::{AuditReport, Invariant, Violation};
 use settle_core::Credits;
 use settle_core::item::ItemState;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 #[derive(Clone)]
 struct Acc {
@@ -38,6 +40,15 @@ struct ItemGroup {
     job_kind: String,
     /// seq, kind, amount, account.
     entries: Vec<(i64, EntryKind, i64, String)>,
+}
+
+/// The rows of one (job, item) key as pass B's stream brings them, in any order: the item (with its
+/// job) once per entry, and its allocations. `None` until the item's own row comes.
+#[derive(Default)]
+struct Key {
+    group: Option<ItemGroup>,
+    /// What its allocations still hold (taken less given back); `None`: it has none.
+    open: Option<i128>,
 }
 
 /// What the audit is doing, for a progress display: `done` of about `total` rows of `phase`.
@@ -90,10 +101,12 @@ columns! {
 }
 
 columns! {
-    /// What pass B reads: an item, its job, and one of its entries (none: `entry_seq` NULL).
+    /// What pass B reads: an item, its job, and one of its entries (none: `entry_seq` NULL), `src`
+    /// 1; or what one of its allocations still holds (`entry_amount`), `src` 2 (the other columns
+    /// NULL) — one stream, ordered by (job, item).
     ItemRow {
-        job_id = "i.job_id", item_id = "i.item_id", cost = "i.cost", hold = "i.hold", state = "i.state",
-        job_account = "j.account_id", job_kind = "j.kind",
+        job_id = "i.job_id", item_id = "i.item_id", src = "CAST(1 AS bigint)", cost = "i.cost", hold = "i.hold",
+        state = "i.state", job_account = "j.account_id", job_kind = "j.kind",
         entry_seq = "e.seq", entry_kind = "e.kind", entry_amount = "e.amount", entry_account = "e.account_id",
     }
 }
@@ -127,15 +140,6 @@ columns! {
     DebtRow { id, balance, debt, next_expiry }
 }
 
-columns! {
-    /// An item beside what of its parts is still open (NULL: it has no parts), an index seek each.
-    ItemPartsRow {
-        job_id = "i.job_id", item_id = "i.item_id", state = "i.state", cost = "i.cost", job_kind = "j.kind",
-        open = "(SELECT CAST(SUM(a.taken - a.given_back) AS bigint) FROM allocations a \
-                 WHERE a.job_id = i.job_id AND a.item_id = i.item_id)",
-    }
-}
-
 /// One grant's figures as L5 adds them up.
 #[derive(Default)]
 struct GrantTally {
@@ -159,7 +163,7 @@ struct GrantTally {
 /// L5's tallies: every grant's, every debt part's, every account's unpaid debt; and what is wrong,
 /// by account.
 #[derive(Default)]
-struct L5 {
+pub(crate) struct L5 {
     grants: BTreeMap<i64, GrantTally>,
     /// A grant (origin `grant`) by its id, for its `expire` entries.
     by_source: BTreeMap<String, i64>,
@@ -167,8 +171,6 @@ struct L5 {
     /// Per debt part: its account, what it says is paid, what its open settlements pay.
     settled: BTreeMap<i64, (String, i128, i128)>,
     found: Vec<(String, String)>,
-    /// Items whose open parts disagree with their state: (job, item, what).
-    items_found: Vec<(String, String, String)>,
 }
 
 impl L5 {
@@ -198,7 +200,7 @@ impl L5 {
 
     /// Every allocation: into its grant's consumed and returned, its debt part's unpaid rest, or
     /// the settlements of the debt part it paid.
-    async fn parts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+    pub(crate) async fn parts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         static PARTS: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM allocations ORDER BY id", AllocationRow::LIST));
         let L5 { grants, unpaid, settled, found, .. } = self;
@@ -303,32 +305,6 @@ impl L5 {
         }
     }
 
-    /// Every item's open parts are what it still costs its account (what a refund would give back):
-    /// its stake while it is held, charged or delivered; nothing once refunded, cancelled or
-    /// returned. Items decided before grants were tracked have no parts and are not judged.
-    async fn items(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
-        static SQL: LazyLock<String> =
-            LazyLock::new(|| format!("SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id", ItemPartsRow::LIST));
-        let found = &mut self.items_found;
-        db.each(&SQL, args![], |r| {
-            use ItemPartsRow as C;
-            let Some(state) = ItemState::parse(r.str(C::state)?) else { return Ok(()) };
-            let cost = r.i64(C::cost)?;
-            let returnable = state.is_held(r.str(C::job_kind)? == settle_core::job::WITHDRAWAL_KIND);
-            let Some(open) = r.opt_i64(C::open)?.or(returnable.then_some(0)) else {
-                return Ok(());
-            };
-            let want = state.net(Credits::new(cost)).map(|n| -n.get()).unwrap_or(i64::MIN);
-            if open != want {
-                let what = format!("its open parts hold {open}, its state {} costs {want}", state.as_str());
-                found.push((r.text(C::job_id)?, r.text(C::item_id)?, what));
-            }
-            Ok(())
-        })
-        .await?;
-        Ok(())
-    }
-
     async fn judge_accounts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         static DEBTS: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM accounts ORDER BY id", DebtRow::LIST));
@@ -373,6 +349,12 @@ impl L5 {
 pub(crate) struct Audit<'p> {
     accounts: BTreeMap<String, Acc>,
     violations: Vec<Violation>,
+    /// L5's tallies, its grants loaded at the start; its allocations pass may run apart.
+    pub(crate) l5: L5,
+    /// Pass B's L5 findings (items whose open parts disagree with their state), reported after L5's others.
+    l5_items: Vec<Violation>,
+    /// Pass B's items checked and entries met.
+    items_counted: Counted,
     progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
     /// Ledger rows, for the progress display.
     total: u64,
@@ -390,23 +372,33 @@ pub(crate) async fn audit(
 ) -> Result<AuditReport, StoreError> {
     let mut audit = Audit::start(db, progress).await?;
     let ledger = audit.ledger_pass(db).await?;
-    let mut part = audit.items_part();
-    let items = part.items(db).await?;
-    audit.absorb(part);
-    audit.finish(db, ledger, items).await
+    audit.l5.parts(db).await?;
+    let items = audit.items_pass(vec![JobRange::ALL]);
+    items.run(db).await?;
+    audit.absorb(items.finished()?);
+    audit.finish(db, ledger).await
 }
 
 /// What a pass read: rows, and how many of them name an item (or met one).
 pub(crate) type Counted = (u64, u64);
 
 impl<'p> Audit<'p> {
-    /// The audit's start: every account's stored figures.
+    /// The audit's start: every account's stored figures, and every grant.
     pub(crate) async fn start(
         db: &mut Db<'_>,
         progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
     ) -> Result<Audit<'p>, StoreError> {
-        let mut audit = Audit { accounts: BTreeMap::new(), violations: Vec::new(), progress, total: 0 };
+        let mut audit = Audit {
+            accounts: BTreeMap::new(),
+            violations: Vec::new(),
+            l5: L5::default(),
+            l5_items: Vec::new(),
+            items_counted: (0, 0),
+            progress,
+            total: 0,
+        };
         audit.load_accounts(db).await?;
+        audit.l5.load(db).await?;
         Ok(audit)
     }
 
@@ -417,30 +409,45 @@ impl<'p> Audit<'p> {
         Ok(counted)
     }
 
-    /// What pass B needs to run apart (on a second connection of the same snapshot, in parallel
-    /// with pass A): the accounts as loaded, and violations of its own.
-    pub(crate) fn items_part(&self) -> Audit<'p> {
-        Audit { accounts: self.accounts.clone(), violations: Vec::new(), progress: self.progress, total: self.total }
+    /// Pass B over these ranges of jobs, to run apart from pass A (on other connections of the same
+    /// snapshot, any number at once): it knows the accounts as loaded.
+    pub(crate) fn items_pass(&self, ranges: Vec<JobRange>) -> ItemsPass<'p> {
+        let done = Mutex::new(ranges.iter().map(|_| None).collect());
+        ItemsPass {
+            known: self.accounts.keys().cloned().collect(),
+            ranges,
+            next: AtomicUsize::new(0),
+            done,
+            rows: AtomicU64::new(0),
+            progress: self.progress,
+            total: self.total,
+        }
     }
 
-    /// Pass B's totals and findings, taken into the audit (after pass A's).
-    pub(crate) fn absorb(&mut self, part: Audit<'_>) {
-        for (id, acc) in &mut self.accounts {
-            if let Some(done) = part.accounts.get(id) {
-                (acc.held_cost, acc.refunded_cost) = (done.held_cost, done.refunded_cost);
+    /// Pass B's totals and findings, range by range in key order, taken into the audit (after pass A's).
+    pub(crate) fn absorb(&mut self, parts: Vec<ItemsPart>) {
+        for part in parts {
+            for (id, (refunded, held)) in part.owed {
+                if let Some(acc) = self.accounts.get_mut(&id) {
+                    acc.refunded_cost += refunded;
+                    acc.held_cost += held;
+                }
             }
+            self.violations.extend(part.violations);
+            self.l5_items.extend(part.l5);
+            self.items_counted.0 += part.items;
+            self.items_counted.1 += part.joined;
         }
-        self.violations.extend(part.violations);
     }
 
     /// What follows both passes: the held and exposure totals, entries of missing items,
-    /// withdrawals and the outbox.
+    /// withdrawals, the rest of L5 and the outbox.
     pub(crate) async fn finish(
         mut self,
         db: &mut Db<'_>,
         (entries_checked, item_entries): Counted,
-        (items_checked, joined_entries): Counted,
     ) -> Result<AuditReport, StoreError> {
+        let (items_checked, joined_entries) = self.items_counted;
         self.holds();
         // Entries of items that do not exist: only looked for when pass B met fewer than pass A counted.
         if joined_entries != item_entries {
@@ -510,7 +517,7 @@ impl<'p> Audit<'p> {
     }
 
     /// One ledger entry against its account's running sum and hash chain; whether it names an item.
-    fn entry(&mut self, r: &crate::db::Row) -> Result<bool, StoreError> {
+    fn entry(&mut self, r: &crate::db::Cells<'_>) -> Result<bool, StoreError> {
         use EntryRow as C;
         // Borrowed from the row: nothing is copied per column of the million rows of a pass.
         let (seq, account_id, kind_s) = (r.i64(C::seq)?, r.str(C::account_id)?, r.str(C::kind)?);
@@ -585,58 +592,6 @@ impl<'p> Audit<'p> {
         for (id, message) in miscounted {
             self.push(Invariant::Seq, Some(&id), None, None, message);
         }
-    }
-
-    /// Pass B: each item with its entries, in key order (the items' primary key, then the entries'
-    /// (job, item, kind) index): one item in memory at a time. Returns the items checked and the
-    /// entries met.
-    pub(crate) async fn items(&mut self, db: &mut Db<'_>) -> Result<Counted, StoreError> {
-        static SQL: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id \
-                 LEFT JOIN ledger_entries e ON e.job_id = i.job_id AND e.item_id = i.item_id \
-                 ORDER BY i.job_id, i.item_id",
-                ItemRow::LIST
-            )
-        });
-        let (mut current, mut items_checked, mut joined, mut rows): (Option<ItemGroup>, u64, u64, u64) =
-            (None, 0, 0, 0);
-        db.each(&SQL, args![], |r| {
-            use ItemRow as C;
-            rows += 1;
-            if rows.is_multiple_of(PROGRESS_EVERY) {
-                (self.progress)(AuditProgress { phase: "items", done: rows, total: self.total });
-            }
-            let (job, item) = (r.str(C::job_id)?, r.str(C::item_id)?);
-            if !current.as_ref().is_some_and(|g| g.job == job && g.item == item) {
-                if let Some(done) = current.take() {
-                    items_checked += 1;
-                    check_item(done, &mut self.accounts, &mut self.violations);
-                }
-                let (cost, hold, state) = (r.i64(C::cost)?, r.opt_i64(C::hold)?, r.text(C::state)?);
-                let (job_account, job_kind) = (r.text(C::job_account)?, r.text(C::job_kind)?);
-                let (job, item) = (job.to_owned(), item.to_owned());
-                current = Some(ItemGroup { job, item, cost, hold, state, job_account, job_kind, entries: Vec::new() });
-            }
-            if let Some(seq) = r.opt_i64(C::entry_seq)? {
-                joined += 1;
-                let (kind, account) = (r.str(C::entry_kind)?, r.str(C::entry_account)?);
-                // Entries pass A could not place (unknown kind, missing account) are reported there.
-                if let Some(kind) = EntryKind::parse(kind)
-                    && self.accounts.contains_key(account)
-                    && let Some(group) = current.as_mut()
-                {
-                    group.entries.push((seq, kind, r.i64(C::entry_amount)?, account.to_owned()));
-                }
-            }
-            Ok(())
-        })
-        .await?;
-        if let Some(done) = current.take() {
-            items_checked += 1;
-            check_item(done, &mut self.accounts, &mut self.violations);
-        }
-        Ok((items_checked, joined))
     }
 
     /// L1 over what the items say each account holds: `held`, the largest balance, `exposure`.
@@ -728,19 +683,15 @@ impl<'p> Audit<'p> {
     /// account, the live grants' remaining less the debt is the balance, and the debt is its unpaid
     /// debt parts.
     async fn grants(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
-        let mut l5 = L5::default();
-        l5.load(db).await?;
-        l5.parts(db).await?;
+        let mut l5 = std::mem::take(&mut self.l5);
         l5.expiries(db).await?;
         l5.judge_grants();
         l5.judge_accounts(db).await?;
-        l5.items(db).await?;
         for (account, message) in l5.found {
             self.push(Invariant::L5, Some(&account), None, None, message);
         }
-        for (job, item, message) in l5.items_found {
-            self.push(Invariant::L5, None, Some(&job), Some(&item), message);
-        }
+        let items = std::mem::take(&mut self.l5_items);
+        self.violations.extend(items);
         Ok(())
     }
 
@@ -764,6 +715,195 @@ impl<'p> Audit<'p> {
             self.push(Invariant::Seq, None, None, None, message);
         }
         Ok(())
+    }
+}
+
+/// A range of job ids for pass B, `[from, to)` (`to` `None`: to the end).
+pub(crate) struct JobRange {
+    from: String,
+    to: Option<String>,
+}
+
+impl JobRange {
+    /// Every job: `''` sorts before any id.
+    pub(crate) const ALL: JobRange = JobRange { from: String::new(), to: None };
+}
+
+columns! {
+    /// A job's id, in key order.
+    JobIdRow { id }
+}
+
+columns! {
+    /// A count.
+    CountRow { n }
+}
+
+/// Pass B's jobs cut into up to `n` ranges of about as many jobs each, in key order.
+pub(crate) async fn job_ranges(db: &mut Db<'_>, n: u64) -> Result<Vec<JobRange>, StoreError> {
+    let jobs = db.one("SELECT COUNT(*) AS n FROM jobs", args![]).await?.i64(CountRow::n)?;
+    let step = (jobs.max(0) as u64).div_ceil(n.max(1)).max(1);
+    let mut starts = vec![String::new()];
+    let mut at = 0u64;
+    db.each("SELECT id FROM jobs ORDER BY id", args![], |r| {
+        if at > 0 && at.is_multiple_of(step) {
+            starts.push(r.text(JobIdRow::id)?);
+        }
+        at += 1;
+        Ok(())
+    })
+    .await?;
+    let ends = starts.iter().skip(1).cloned().map(Some).chain([None]);
+    Ok(starts.iter().cloned().zip(ends).map(|(from, to)| JobRange { from, to }).collect())
+}
+
+/// Pass B, cut into ranges of jobs that any number of connections of one snapshot take in turn;
+/// each range's findings are kept apart, to be taken in key order.
+pub(crate) struct ItemsPass<'p> {
+    known: BTreeSet<String>,
+    ranges: Vec<JobRange>,
+    next: AtomicUsize,
+    done: Mutex<Vec<Option<ItemsPart>>>,
+    rows: AtomicU64,
+    progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
+    total: u64,
+}
+
+/// What pass B found in one range of jobs.
+#[derive(Default)]
+pub(crate) struct ItemsPart {
+    /// Per account: the cost of its refunded items (its exposure), and of the items that may
+    /// still be credited back (its held).
+    owed: BTreeMap<String, (i128, i128)>,
+    violations: Vec<Violation>,
+    /// Items whose open parts disagree with their state (L5).
+    l5: Vec<Violation>,
+    items: u64,
+    joined: u64,
+}
+
+impl ItemsPart {
+    fn owe(&mut self, known: &BTreeSet<String>, account: &str, refunded: i128, held: i128) {
+        let owed = match self.owed.get_mut(account) {
+            Some(owed) => owed,
+            None if known.contains(account) => self.owed.entry(account.to_owned()).or_default(),
+            None => return,
+        };
+        owed.0 += refunded;
+        owed.1 += held;
+    }
+
+    /// One (job, item) key's rows, ended: its item against its entries (L3, L4) and its open
+    /// parts (L5). Allocations of an item that does not exist are judged by L5's grant sums.
+    fn close(&mut self, key: Key, known: &BTreeSet<String>) {
+        let Some(group) = key.group else { return };
+        self.items += 1;
+        if let Some(state) = ItemState::parse(&group.state) {
+            self.open_parts(&group, state, key.open);
+        }
+        check_item(group, self, known);
+    }
+
+    /// Every item's open parts are what it still costs its account (what a refund would give back):
+    /// its stake while it is held, charged or delivered; nothing once refunded, cancelled or
+    /// returned. Items decided before grants were tracked have no parts and are not judged.
+    fn open_parts(&mut self, group: &ItemGroup, state: ItemState, open: Option<i128>) {
+        let returnable = state.is_held(group.job_kind == settle_core::job::WITHDRAWAL_KIND);
+        let Some(open) = open.or(returnable.then_some(0)) else { return };
+        let want = state.net(Credits::new(group.cost)).map(|n| -i128::from(n.get())).unwrap_or(i128::MIN);
+        if open != want {
+            let what = format!("its open parts hold {open}, its state {} costs {want}", state.as_str());
+            self.l5.push(v(Invariant::L5, None, Some(&group.job), Some(&group.item), what));
+        }
+    }
+}
+
+impl ItemsPass<'_> {
+    /// Takes ranges in turn until none is left.
+    pub(crate) async fn run(&self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        loop {
+            let at = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(range) = self.ranges.get(at) else { return Ok(()) };
+            let part = self.range(db, range).await?;
+            self.done.lock().unwrap_or_else(|e| e.into_inner())[at] = Some(part);
+        }
+    }
+
+    /// Every range's findings, in key order.
+    pub(crate) fn finished(self) -> Result<Vec<ItemsPart>, StoreError> {
+        let done = self.done.into_inner().unwrap_or_else(|e| e.into_inner());
+        done.into_iter()
+            .map(|p| p.ok_or_else(|| StoreError::internal("a range of the items pass did not run")))
+            .collect()
+    }
+
+    /// Each item with its job and entries, and what its allocations still hold, in key order (the
+    /// items' primary key, the entries' (job, item, kind) index, the allocations' (job, item)
+    /// index, merged): one item in memory at a time.
+    async fn range(&self, db: &mut Db<'_>, range: &JobRange) -> Result<ItemsPart, StoreError> {
+        fn sql(upper: bool) -> String {
+            let (items, parts) = if upper { ("AND i.job_id < $2", "AND a.job_id < $2") } else { ("", "") };
+            format!(
+                "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id \
+                 LEFT JOIN ledger_entries e ON e.job_id = i.job_id AND e.item_id = i.item_id \
+                 WHERE i.job_id >= $1 {items} \
+                 UNION ALL SELECT a.job_id, a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+                 a.taken - a.given_back, NULL FROM allocations a WHERE a.job_id >= $1 {parts} \
+                 ORDER BY 1, 2",
+                ItemRow::LIST
+            )
+        }
+        static BOUNDED: LazyLock<String> = LazyLock::new(|| sql(true));
+        static OPEN: LazyLock<String> = LazyLock::new(|| sql(false));
+        let mut part = ItemsPart::default();
+        let (mut job, mut item, mut key) = (String::new(), String::new(), Key::default());
+        let mut step = |r: &crate::db::Cells<'_>| {
+            use ItemRow as C;
+            let rows = self.rows.fetch_add(1, Ordering::Relaxed) + 1;
+            if rows.is_multiple_of(PROGRESS_EVERY) {
+                (self.progress)(AuditProgress { phase: "items", done: rows, total: self.total });
+            }
+            let (row_job, row_item) = (r.str(C::job_id)?, r.str(C::item_id)?);
+            if row_job != job || row_item != item {
+                part.close(std::mem::take(&mut key), &self.known);
+                job.replace_range(.., row_job);
+                item.replace_range(.., row_item);
+            }
+            if r.i64(C::src)? == 2 {
+                key.open = Some(key.open.unwrap_or(0) + i128::from(r.i64(C::entry_amount)?));
+                return Ok(());
+            }
+            if key.group.is_none() {
+                key.group = Some(ItemGroup {
+                    job: job.clone(),
+                    item: item.clone(),
+                    cost: r.i64(C::cost)?,
+                    hold: r.opt_i64(C::hold)?,
+                    state: r.text(C::state)?,
+                    job_account: r.text(C::job_account)?,
+                    job_kind: r.text(C::job_kind)?,
+                    entries: Vec::new(),
+                });
+            }
+            if let Some(seq) = r.opt_i64(C::entry_seq)? {
+                part.joined += 1;
+                let (kind, account) = (r.str(C::entry_kind)?, r.str(C::entry_account)?);
+                // Entries pass A could not place (unknown kind, missing account) are reported there.
+                if let Some(kind) = EntryKind::parse(kind)
+                    && self.known.contains(account)
+                    && let Some(group) = key.group.as_mut()
+                {
+                    group.entries.push((seq, kind, r.i64(C::entry_amount)?, account.to_owned()));
+                }
+            }
+            Ok(())
+        };
+        match &range.to {
+            Some(to) => db.each(&BOUNDED, args![range.from.as_str(), to.as_str()], &mut step).await?,
+            None => db.each(&OPEN, args![range.from.as_str()], &mut step).await?,
+        };
+        part.close(key, &self.known);
+        Ok(part)
     }
 }
 
@@ -817,9 +957,10 @@ fn expected_kinds(state: ItemState, refunds: u32, released: bool) -> &'static [E
 
 /// L3 and L4 for one item and its entries; adds what it may still credit back or reclaim to its
 /// account's totals.
-fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violations: &mut Vec<Violation>) {
+fn check_item(mut group: ItemGroup, part: &mut ItemsPart, known: &BTreeSet<String>) {
     group.entries.sort_by_key(|e| e.0);
     let ItemGroup { job, item, cost, hold, state: state_s, job_account, job_kind, entries } = group;
+    let violations = &mut part.violations;
     let mut found = |invariant, account: Option<&str>, message| {
         violations.push(v(invariant, account, Some(&job), Some(&item), message));
     };
@@ -861,14 +1002,6 @@ fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violat
     if kinds != expected_kinds(state, t.refunds, released) {
         found(Invariant::L3, None, format!("state {state_s} has entries {kinds:?}"));
     }
-    if let Some(acc) = accounts.get_mut(&job_account) {
-        if state == ItemState::Refunded {
-            acc.refunded_cost += i128::from(cost);
-        }
-        if state.is_held(job_kind == settle_core::job::WITHDRAWAL_KIND) {
-            acc.held_cost += i128::from(cost);
-        }
-    }
     // A held item's charge and refund move its hold, its reclaim its price, its release the
     // difference; a fixed item's entries all move its cost.
     let taken = i128::from(hold.unwrap_or(cost));
@@ -891,4 +1024,7 @@ fn check_item(mut group: ItemGroup, accounts: &mut BTreeMap<String, Acc>, violat
             );
         }
     }
+    let refunded = if state == ItemState::Refunded { i128::from(cost) } else { 0 };
+    let held = if state.is_held(job_kind == settle_core::job::WITHDRAWAL_KIND) { i128::from(cost) } else { 0 };
+    part.owe(known, &job_account, refunded, held);
 }

@@ -276,14 +276,7 @@ impl Row {
             },
         }
     }
-    /// A text column, borrowed from the row (the audit's streaming passes: no copy per column).
-    pub fn str(&self, c: impl Col) -> Result<&str, StoreError> {
-        let i = c.at();
-        self.opt_str_at(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
-    }
-    pub fn opt_str(&self, c: impl Col) -> Result<Option<&str>, StoreError> {
-        self.opt_str_at(c.at())
-    }
+    /// A text column, borrowed from the row (for [`Cells`]).
     fn opt_str_at(&self, i: usize) -> Result<Option<&str>, StoreError> {
         match self {
             Row::Sqlite(r) => Ok(r.try_get(i)?),
@@ -295,9 +288,8 @@ impl Row {
             },
         }
     }
-    /// A blob column, borrowed from the row.
-    pub fn bytes(&self, c: impl Col) -> Result<&[u8], StoreError> {
-        let i = c.at();
+    /// A blob column, borrowed from the row (for [`Cells`]).
+    fn bytes_at(&self, i: usize) -> Result<&[u8], StoreError> {
         match self {
             Row::Sqlite(r) => Ok(r.try_get(i)?),
             Row::Pg(r) => Ok(r.try_get(i)?),
@@ -327,6 +319,76 @@ impl Row {
             Row::Lite(r) => match lite_value(r, i)? {
                 rusqlite::types::Value::Blob(v) => Ok(v.clone()),
                 v => Err(lite_type(i, v, "a blob")),
+            },
+        }
+    }
+}
+
+/// A row as [`Db::each`] streams it: on SQLite's own connections borrowed from the statement, so a
+/// pass over a million rows copies no column out (the audit); elsewhere the decoded row.
+pub(crate) enum Cells<'r> {
+    Row(&'r Row),
+    Lite(&'r rusqlite::Row<'r>),
+}
+
+impl Cells<'_> {
+    fn lite<'a>(r: &'a rusqlite::Row<'_>, i: usize) -> Result<rusqlite::types::ValueRef<'a>, StoreError> {
+        r.get_ref(i).map_err(StoreError::from_sqlite)
+    }
+    fn lite_type(i: usize, v: rusqlite::types::ValueRef<'_>, want: &str) -> StoreError {
+        StoreError::internal(format!("column {i} is {:?}, not {want}", v.data_type()))
+    }
+    pub fn i64(&self, c: impl Col) -> Result<i64, StoreError> {
+        let i = c.at();
+        self.opt_i64_at(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
+    }
+    pub fn opt_i64(&self, c: impl Col) -> Result<Option<i64>, StoreError> {
+        self.opt_i64_at(c.at())
+    }
+    fn opt_i64_at(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        use rusqlite::types::ValueRef;
+        match self {
+            Cells::Row(r) => r.opt_i64_at(i),
+            Cells::Lite(r) => match Self::lite(r, i)? {
+                ValueRef::Integer(v) => Ok(Some(v)),
+                ValueRef::Null => Ok(None),
+                v => Err(Self::lite_type(i, v, "an integer")),
+            },
+        }
+    }
+    pub fn text(&self, c: impl Col) -> Result<String, StoreError> {
+        self.str(c).map(str::to_owned)
+    }
+    pub fn opt_text(&self, c: impl Col) -> Result<Option<String>, StoreError> {
+        Ok(self.opt_str(c)?.map(str::to_owned))
+    }
+    pub fn str(&self, c: impl Col) -> Result<&str, StoreError> {
+        let i = c.at();
+        self.opt_str_at(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
+    }
+    pub fn opt_str(&self, c: impl Col) -> Result<Option<&str>, StoreError> {
+        self.opt_str_at(c.at())
+    }
+    fn opt_str_at(&self, i: usize) -> Result<Option<&str>, StoreError> {
+        use rusqlite::types::ValueRef;
+        match self {
+            Cells::Row(r) => r.opt_str_at(i),
+            Cells::Lite(r) => match Self::lite(r, i)? {
+                ValueRef::Text(v) => std::str::from_utf8(v)
+                    .map(Some)
+                    .map_err(|e| StoreError::internal(format!("column {i} is not UTF-8: {e}"))),
+                ValueRef::Null => Ok(None),
+                v => Err(Self::lite_type(i, v, "text")),
+            },
+        }
+    }
+    pub fn bytes(&self, c: impl Col) -> Result<&[u8], StoreError> {
+        let i = c.at();
+        match self {
+            Cells::Row(r) => r.bytes_at(i),
+            Cells::Lite(r) => match Self::lite(r, i)? {
+                rusqlite::types::ValueRef::Blob(v) => Ok(v),
+                v => Err(Self::lite_type(i, v, "a blob")),
             },
         }
     }
@@ -591,7 +653,7 @@ impl Db<'_> {
         &mut self,
         sql: &'static str,
         args: &[Value],
-        mut f: impl FnMut(&Row) -> Result<(), StoreError> + Send,
+        mut f: impl FnMut(&Cells<'_>) -> Result<(), StoreError> + Send,
     ) -> Result<u64, StoreError> {
         use futures_util::TryStreamExt;
         let mut n = 0;
@@ -600,28 +662,23 @@ impl Db<'_> {
                 Conn::Sqlite(c) => {
                     let mut rows = bind_sqlite(sqlx::query(sql), args).fetch(&mut **c);
                     while let Some(r) = rows.try_next().await? {
-                        f(&Row::Sqlite(r))?;
+                        f(&Cells::Row(&Row::Sqlite(r)))?;
                         n += 1;
                     }
                 }
                 Conn::Pg(c) => {
                     let mut rows = bind_pg(sqlx::query(sql), args).fetch(&mut **c);
                     while let Some(r) = rows.try_next().await? {
-                        f(&Row::Pg(r))?;
+                        f(&Cells::Row(&Row::Pg(r)))?;
                         n += 1;
                     }
                 }
                 Conn::Lite(c) => {
                     let mut stmt = c.prepare_cached(sql).map_err(StoreError::from_sqlite)?;
                     lite_bind(&mut stmt, args)?;
-                    let columns = stmt.column_count();
                     let mut rows = stmt.raw_query();
                     while let Some(row) = rows.next().map_err(StoreError::from_sqlite)? {
-                        let values = (0..columns)
-                            .map(|i| row.get::<_, rusqlite::types::Value>(i))
-                            .collect::<Result<Vec<_>, _>>()
-                            .map_err(StoreError::from_sqlite)?;
-                        f(&Row::Lite(values))?;
+                        f(&Cells::Lite(row))?;
                         n += 1;
                     }
                 }

@@ -99,14 +99,12 @@ pub(crate) async fn verify_chain(db: &mut Db<'_>, id: &str) -> Result<Option<i64
             reason: reason.as_deref(),
             created_at: r.i64(C::created_at)?,
         };
-        let (stored_prev, stored) = (r.blob(C::prev_hash)?, r.blob(C::hash)?);
+        let (stored_prev, stored) = (r.bytes(C::prev_hash)?, r.bytes(C::hash)?);
         let computed = chain_hash(&prev, &fields);
-        if chain_break.is_none()
-            && (stored_prev.as_slice() != prev.as_slice() || stored.as_slice() != computed.as_slice())
-        {
+        if chain_break.is_none() && (stored_prev != prev.as_slice() || stored != computed.as_slice()) {
             chain_break = Some(seq);
         }
-        prev = stored.as_slice().try_into().unwrap_or(computed);
+        prev = stored.try_into().unwrap_or(computed);
         Ok(())
     })
     .await?;

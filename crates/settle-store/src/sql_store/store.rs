@@ -754,8 +754,11 @@ fn snapshot_pair(path: &std::path::Path) -> Result<(rusqlite::Connection, Option
     Ok((first, second))
 }
 
-/// The SQLite audit: pass A (the ledger) on one connection while pass B (the items) runs on the
-/// other, on one snapshot; the rest after both.
+/// Pass B's ranges on SQLite: enough that two connections taking them in turn finish together.
+const AUDIT_RANGES: u64 = 16;
+
+/// The SQLite audit on two connections of one snapshot: one runs pass A (the ledger) while the
+/// other runs L5's allocations pass; then both take pass B's ranges of jobs in turn; the rest after.
 fn sqlite_audit(
     path: &std::path::Path,
     runtime: &tokio::runtime::Handle,
@@ -763,21 +766,33 @@ fn sqlite_audit(
 ) -> Result<AuditReport, StoreError> {
     let (mut first, second) = snapshot_pair(path)?;
     let mut audit = runtime.block_on(audit::Audit::start(&mut Db::lite(&mut first), progress))?;
-    let mut part = audit.items_part();
-    let (ledger, items) = match second {
+    let ranges = runtime.block_on(audit::job_ranges(&mut Db::lite(&mut first), AUDIT_RANGES))?;
+    let items = audit.items_pass(ranges);
+    let mut l5 = std::mem::take(&mut audit.l5);
+    let ledger = match second {
         Some(mut second) => std::thread::scope(|scope| {
-            let items = scope.spawn(|| runtime.block_on(part.items(&mut Db::lite(&mut second))));
-            let ledger = runtime.block_on(audit.ledger_pass(&mut Db::lite(&mut first)));
-            let items = items.join().map_err(|_| StoreError::internal("the audit's items pass panicked"))?;
-            Ok::<_, StoreError>((ledger?, items?))
+            let other = scope.spawn(|| {
+                let db = &mut Db::lite(&mut second);
+                runtime.block_on(async { l5.parts(db).await.and(items.run(db).await) })
+            });
+            let ledger = runtime.block_on(async {
+                let db = &mut Db::lite(&mut first);
+                let ledger = audit.ledger_pass(db).await?;
+                items.run(db).await.map(|()| ledger)
+            });
+            let other = other.join().map_err(|_| StoreError::internal("the audit's second pass panicked"))?;
+            other.and(ledger)
         })?,
-        None => {
-            let ledger = runtime.block_on(audit.ledger_pass(&mut Db::lite(&mut first)))?;
-            (ledger, runtime.block_on(part.items(&mut Db::lite(&mut first)))?)
-        }
+        None => runtime.block_on(async {
+            let db = &mut Db::lite(&mut first);
+            let ledger = audit.ledger_pass(db).await?;
+            l5.parts(db).await?;
+            items.run(db).await.map(|()| ledger)
+        })?,
     };
-    audit.absorb(part);
-    let report = runtime.block_on(audit.finish(&mut Db::lite(&mut first), ledger, items));
+    audit.l5 = l5;
+    audit.absorb(items.finished()?);
+    let report = runtime.block_on(audit.finish(&mut Db::lite(&mut first), ledger));
     let _ = first.execute_batch("ROLLBACK");
     report
 }
