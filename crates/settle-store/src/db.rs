@@ -240,12 +240,18 @@ fn lite_type(i: usize, v: &rusqlite::types::Value, want: &str) -> StoreError {
 }
 
 impl Row {
+    // The typed reads by column are [`Cells`]'s, over this row: one set of them for both.
     pub fn i64(&self, c: impl Col) -> Result<i64, StoreError> {
-        let i = c.at();
-        self.opt_i64_at(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
+        Cells::Row(self).i64(c)
     }
     pub fn opt_i64(&self, c: impl Col) -> Result<Option<i64>, StoreError> {
-        self.opt_i64_at(c.at())
+        Cells::Row(self).opt_i64(c)
+    }
+    pub fn text(&self, c: impl Col) -> Result<String, StoreError> {
+        Cells::Row(self).text(c)
+    }
+    pub fn opt_text(&self, c: impl Col) -> Result<Option<String>, StoreError> {
+        Cells::Row(self).opt_text(c)
     }
     fn opt_i64_at(&self, i: usize) -> Result<Option<i64>, StoreError> {
         match self {
@@ -255,24 +261,6 @@ impl Row {
                 rusqlite::types::Value::Integer(v) => Ok(Some(*v)),
                 rusqlite::types::Value::Null => Ok(None),
                 v => Err(lite_type(i, v, "an integer")),
-            },
-        }
-    }
-    pub fn text(&self, c: impl Col) -> Result<String, StoreError> {
-        let i = c.at();
-        self.opt_text_at(i)?.ok_or_else(|| StoreError::internal(format!("column {i} is NULL")))
-    }
-    pub fn opt_text(&self, c: impl Col) -> Result<Option<String>, StoreError> {
-        self.opt_text_at(c.at())
-    }
-    fn opt_text_at(&self, i: usize) -> Result<Option<String>, StoreError> {
-        match self {
-            Row::Sqlite(r) => Ok(r.try_get(i)?),
-            Row::Pg(r) => Ok(r.try_get(i)?),
-            Row::Lite(r) => match lite_value(r, i)? {
-                rusqlite::types::Value::Text(v) => Ok(Some(v.clone())),
-                rusqlite::types::Value::Null => Ok(None),
-                v => Err(lite_type(i, v, "text")),
             },
         }
     }

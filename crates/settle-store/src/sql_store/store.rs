@@ -773,7 +773,10 @@ fn sqlite_audit(
         Some(mut second) => std::thread::scope(|scope| {
             let other = scope.spawn(|| {
                 let db = &mut Db::lite(&mut second);
-                runtime.block_on(async { l5.parts(db).await.and(items.run(db).await) })
+                runtime.block_on(async {
+                    l5.parts(db).await?;
+                    items.run(db).await
+                })
             });
             let ledger = runtime.block_on(async {
                 let db = &mut Db::lite(&mut first);
