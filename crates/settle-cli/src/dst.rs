@@ -26,7 +26,7 @@ fn range(s: &str) -> anyhow::Result<(u64, u64)> {
 }
 
 /// Each seed runs on one thread with a single-threaded runtime, so no OS scheduler decides an order
-/// inside a run; a range is shared out over one thread per core (each seed alone stays exactly
+/// inside a run; a range is shared out over two threads per core (each seed alone stays exactly
 /// replayable), and the first failing seed in seed order is reported.
 pub fn run(args: DstArgs) -> anyhow::Result<bool> {
     let (first, last) = match (&args.seed, &args.seeds) {
@@ -39,7 +39,10 @@ pub fn run(args: DstArgs) -> anyhow::Result<bool> {
     // `SETTLE_SIM_KEEP=DIR`: the databases are made there and kept, to read a failing run's.
     let dir =
         std::env::var_os("SETTLE_SIM_KEEP").map(std::path::PathBuf::from).unwrap_or_else(|| temp.path().to_owned());
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min((last - first + 1) as usize) as u64;
+    // Two seeds per core: a seed's thread waits on its store's threads (each SQLite connection runs
+    // on one) for part of every step, and another seed's work fills it.
+    let threads =
+        (std::thread::available_parallelism().map_or(1, |n| n.get()) * 2).min((last - first + 1) as usize) as u64;
     let failed = Arc::new(AtomicU64::new(u64::MAX));
     let started = Instant::now();
     let handles: Vec<_> = (0..threads)

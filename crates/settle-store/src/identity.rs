@@ -90,25 +90,29 @@ pub(crate) async fn check_sqlite(options: &SqliteConnectOptions, migrator: &Migr
             }
         }
     }
-    // Read-only, and no pragma that could change the file.
-    let mut conn = SqliteConnectOptions::new().filename(path).read_only(true).connect().await?;
-    let app_id: i64 = sqlx::query("PRAGMA application_id").fetch_one(&mut conn).await?.try_get(0)?;
+    // Read-only, and no pragma that could change the file. One read transaction: another process
+    // migrating the file meanwhile is seen before or after each of its migrations, never between
+    // the tables read and the log read.
+    let mut raw = SqliteConnectOptions::new().filename(path).read_only(true).connect().await?;
+    let mut conn = raw.begin().await?;
+    let app_id: i64 = sqlx::query("PRAGMA application_id").fetch_one(&mut *conn).await?.try_get(0)?;
     let tables: Vec<String> =
         sqlx::query("SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")
-            .fetch_all(&mut conn)
+            .fetch_all(&mut *conn)
             .await?
             .iter()
             .map(|r| r.try_get::<String, _>(0))
             .collect::<Result<_, _>>()?;
     let applied = if tables.iter().any(|t| t == "_sqlx_migrations") {
         let rows = sqlx::query("SELECT version, checksum FROM _sqlx_migrations WHERE success ORDER BY version")
-            .fetch_all(&mut conn)
+            .fetch_all(&mut *conn)
             .await?;
         Some(rows.iter().map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).collect::<Result<Vec<_>, sqlx::Error>>()?)
     } else {
         None
     };
-    conn.close().await?;
+    conn.rollback().await?;
+    raw.close().await?;
     if app_id != 0 && app_id != SQLITE_APPLICATION_ID {
         return Err(StoreError::NotSettle(format!(
             "{what} belongs to another program (SQLite application_id {app_id:#x}, Settle's is {SQLITE_APPLICATION_ID:#x})"
@@ -119,7 +123,11 @@ pub(crate) async fn check_sqlite(options: &SqliteConnectOptions, migrator: &Migr
 
 /// Checks a PostgreSQL database (its current schema) before Settle migrates it.
 pub(crate) async fn check_postgres(pool: &sqlx::PgPool, migrator: &Migrator) -> Result<(), StoreError> {
-    let mut conn = pool.acquire().await?;
+    // One snapshot for the tables and the log: another process migrating this database at the
+    // same moment (two servers started at once) is seen before or after each of its migrations,
+    // never with a migration logged whose tables were read before it committed.
+    let mut conn = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY").execute(&mut *conn).await?;
     let db: String = sqlx::query("SELECT current_database()").fetch_one(&mut *conn).await?.try_get(0)?;
     let what = format!("PostgreSQL database {db}");
     let tables: Vec<String> = sqlx::query(
@@ -145,5 +153,6 @@ pub(crate) async fn check_postgres(pool: &sqlx::PgPool, migrator: &Migrator) -> 
     } else {
         None
     };
+    conn.rollback().await?;
     judge(&Found { tables, applied }, migrator, &what)
 }
