@@ -50,16 +50,6 @@ pub(crate) struct PgShared {
     pub primary: Arc<Primary>,
 }
 
-/// Sent just before COMMIT (docs/decisions/0024):
-/// - `statement_timeout` off: the COMMIT may wait for a synchronous standby, and a wait cancelled by
-///   `statement_timeout` is not a rollback — PostgreSQL would answer success for a commit only this
-///   server holds;
-/// - a transaction id, so even a transaction that wrote nothing (a replay answering "already
-///   done" from a row it read) commits with a record and waits for the standby past everything
-///   before it: no `2xx` reports a row the standbys may not have (one made visible by crash
-///   recovery, or by an operator's cancel, before it reached them). A transaction that wrote has
-///   its id already; this costs nothing there.
-pub(crate) const BEFORE_COMMIT: &str = "SET LOCAL statement_timeout = 0; SELECT pg_current_xact_id()";
 /// How long a transaction (or a lane's batch) may go without an answer before its connection is
 /// closed and its callers answered `Unavailable` (a host gone without a word: no RST, no FIN).
 /// Below the HTTP request limit (60 s), so the store, not the request's timeout, gives the
@@ -146,13 +136,10 @@ impl PgShared {
         let out = {
             let mut db = Db::pg(&mut tx);
             match f(&mut db, &cx).await {
-                Ok(v) => ops::flush(&mut db, &take(&pending)).await.map(|events| (v, events)),
+                // Its last statement sets what COMMIT needs (`ops::flush`, docs/decisions/0024).
+                Ok(v) => ops::flush(&mut db, &take(&pending), self.lock_timeout).await.map(|events| (v, events)),
                 Err(e) => Err(e),
             }
-        };
-        let out = match out {
-            Ok(v) => exec(&mut tx, BEFORE_COMMIT).await.map(|()| v).map_err(StoreError::from),
-            Err(e) => Err(e),
         };
         match out {
             Err(e) => {
@@ -349,12 +336,10 @@ async fn run_batch(
     }
     let mut events = false;
     if broken.is_none() {
-        let restore =
-            format!("SET LOCAL lock_timeout = '{}ms'; {BEFORE_COMMIT}", shared.lock_timeout.as_millis().max(1));
+        // The flush's last statement restores the store's lock timeout and sets what COMMIT needs.
         let flushed = async {
-            exec(&mut tx, &restore).await?;
             let mut db = Db::pg(&mut tx);
-            ops::flush(&mut db, &take(&pending)).await
+            ops::flush(&mut db, &take(&pending), shared.lock_timeout).await
         };
         match AssertUnwindSafe(flushed).catch_unwind().await {
             Ok(Ok(wrote)) => events = wrote,

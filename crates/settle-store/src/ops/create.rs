@@ -2,8 +2,8 @@
 //! one ledger line each, in one transaction with its `job.queued` event.
 
 use super::grants::Spend;
-use super::{BalanceCheck, Cx, Holds, Line, attach, emit, guard_hit, lock_job, next_seq, post};
-use crate::db::{Db, Engine, args};
+use super::{BalanceCheck, Cx, Holds, Line, attach, emit, guard_hit, lock_account_job, next_seq, post};
+use crate::db::{Db, Engine, Value, args};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -88,12 +88,13 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
         ));
     }
     let fp = job_fingerprint(job);
-    if db.opt("SELECT 1 FROM accounts WHERE id = $1", args![req.account_id.as_str()]).await?.is_none() {
+    // The account, then the job: replay or conflict first, so a re-sent create takes no sequence
+    // number. Two concurrent creates of one id on PostgreSQL: the loser hits `jobs_pkey`, is
+    // retried, and lands here.
+    let Some(existing) = lock_account_job(db, req.account_id.as_str(), req.id.as_str()).await? else {
         return Err(StoreError::not_found("account", req.account_id.as_str()));
-    }
-    // Replay or conflict first, so a re-sent create takes no sequence number. Two concurrent
-    // creates of one id on PostgreSQL: the loser hits `jobs_pkey`, is retried, and lands here.
-    if let Some(existing) = lock_job(db, req.id.as_str()).await? {
+    };
+    if let Some(existing) = existing {
         if existing.request_hash != fp {
             return Err(StoreError::IdempotencyConflict { what: "job", id: req.id.to_string() });
         }
@@ -188,6 +189,26 @@ async fn insert_rows(
         .await?;
     guard_hit(inserted, "job insert")?;
     cx.point(CrashPoint::AfterGuard)?;
+    if db.engine() == Engine::Postgres && req.items.len() > 1 {
+        // One statement for a batch job's items, not a round trip each.
+        let n = db
+            .exec(
+                "INSERT INTO items (job_id, item_id, ord, cost, hold, state) \
+                 SELECT $1, u.item_id, u.ord - 1, u.cost, u.hold, 'charged' \
+                 FROM unnest($2::text[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS u(item_id, cost, hold, ord)",
+                &[
+                    Value::Text(req.id.to_string()),
+                    Value::Texts(req.items.iter().map(|i| i.id.to_string()).collect()),
+                    Value::I64s(req.items.iter().map(|i| i.price.charged().get()).collect()),
+                    Value::OptI64s(req.items.iter().map(|i| i.price.hold().map(|n| n.get())).collect()),
+                ],
+            )
+            .await?;
+        if n != req.items.len() as u64 {
+            return Err(StoreError::internal(format!("{} of a job's {} items inserted", n, req.items.len())));
+        }
+        return Ok(());
+    }
     for (ord, item) in req.items.iter().enumerate() {
         db.exec(
             "INSERT INTO items (job_id, item_id, ord, cost, hold, state) VALUES ($1, $2, $3, $4, $5, 'charged')",

@@ -50,11 +50,13 @@ columns! {
 }
 
 columns! {
-    /// Each account (of an array) and the hash of its entry at `a.prev` (NULL when `prev` is 0).
+    /// Each account (of an array) and the hash of its entry at `a.prev` (NULL when `prev` is 0), each
+    /// row carrying the same `$3` new ledger numbers, comma-separated (taken once: see `CHAIN_HEADS`).
     HeadCol {
         id = "a.id",
         prev = "a.prev",
         hash = "(SELECT e.hash FROM ledger_entries e WHERE e.account_id = a.id AND e.account_seq = a.prev)",
+        seqs = "(SELECT seqs FROM numbers)",
     }
 }
 
@@ -114,8 +116,17 @@ static LOCK_LIMITS_PG: LazyLock<String> =
 static CHAIN_HEAD: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {} FROM ledger_entries WHERE account_id = $1 AND account_seq = $2", HashCol::LIST)
 });
-static CHAIN_HEADS: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM unnest($1::text[], $2::bigint[]) AS a(id, prev)", HeadCol::LIST));
+/// The chain heads and the flush's ledger numbers in one round trip. The numbers come from a
+/// materialized CTE, which PostgreSQL evaluates once however many rows read it: `nextval` runs
+/// exactly `$3` times (the count is checked all the same).
+static CHAIN_HEADS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH numbers AS MATERIALIZED (SELECT string_agg(nextval('ledger_seq_numbers')::text, ',') AS seqs \
+         FROM generate_series(1::bigint, $3::bigint)) \
+         SELECT {} FROM unnest($1::text[], $2::bigint[]) AS a(id, prev)",
+        HeadCol::LIST
+    )
+});
 static SEQ_NUMBERS: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM generate_series(1::bigint, $1::bigint)", SeqCol::LIST));
 const INSERT_ENTRY: &str = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, \
@@ -417,13 +428,12 @@ async fn chain_head(db: &mut Db<'_>, account_id: &str, account_seq: i64) -> Resu
 }
 
 /// PostgreSQL, just before COMMIT: gives the transaction's queued lines their `seq` from the ledger
-/// sequence, chains them per account and writes them in one statement. Each account's previous
-/// hash is its entry before the first queued line's `account_seq`; it cannot change meanwhile, as
-/// this transaction holds the row of every account it posted to.
-pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Result<(), StoreError> {
-    if lines.is_empty() {
-        return Ok(());
-    }
+/// sequence and chains them per account, in one statement; returns the columns of their INSERT
+/// (`INSERT_LINES`), which `outbox::flush` sends with the events as the transaction's last statement.
+/// Each account's previous hash is its entry before the first queued line's `account_seq`; it
+/// cannot change meanwhile, as this transaction holds the row of every account it posted to.
+pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Result<Vec<Value>, StoreError> {
+    debug_assert!(!lines.is_empty(), "flush_lines is called with lines to write");
     // Each account's first queued position: the lines of one account were queued in order.
     let mut firsts: Vec<(&str, i64)> = Vec::new();
     for line in lines {
@@ -437,10 +447,26 @@ pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Resul
             &[
                 Value::Texts(firsts.iter().map(|(a, _)| a.to_string()).collect()),
                 Value::I64s(firsts.iter().map(|(_, first)| first - 1).collect()),
+                Value::I64(lines.len() as i64),
             ],
         )
         .await?;
     let mut heads: std::collections::HashMap<String, (i64, Hash32)> = std::collections::HashMap::new();
+    let mut seqs: Vec<i64> = match rows.first() {
+        Some(r) => r
+            .text(HeadCol::seqs)?
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|e| StoreError::internal(format!("ledger numbers that are not numbers: {e}")))?,
+        None => Vec::new(),
+    };
+    // One statement's numbers come in the order it called nextval; sorted all the same, so an
+    // account's lines increase in the order they were posted whatever the plan.
+    seqs.sort_unstable();
+    if seqs.len() != lines.len() {
+        return Err(StoreError::internal(format!("asked for {} ledger numbers, got {}", lines.len(), seqs.len())));
+    }
     for r in &rows {
         let (account, prev) = (r.text(HeadCol::id)?, r.i64(HeadCol::prev)?);
         let head = match (prev, r.opt_blob(HeadCol::hash)?) {
@@ -450,7 +476,6 @@ pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Resul
         };
         heads.insert(account, (prev, head));
     }
-    let seqs = sequence_numbers(db, lines.len()).await?;
     let n = lines.len();
     let (mut prevs, mut hashes) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for (line, &seq) in lines.iter().zip(&seqs) {
@@ -475,28 +500,28 @@ pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Resul
         hashes.push(hash.to_vec());
         (*at, *head) = (line.account_seq, hash);
     }
-    db.exec(
-        "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
-         ref_id, reason, request_hash, created_at, prev_hash, hash) \
-         SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
-         $7::text[], $8::text[], $9::text[], $10::text[], $11::bytea[], $12::bigint[], $13::bytea[], $14::bytea[])",
-        &[
-            Value::I64s(seqs),
-            Value::I64s(lines.iter().map(|l| l.account_seq).collect()),
-            Value::OptTexts(lines.iter().map(|l| Some(l.account_id.clone())).collect()),
-            Value::OptTexts(lines.iter().map(|l| Some(l.kind.as_str().to_owned())).collect()),
-            Value::I64s(lines.iter().map(|l| l.amount).collect()),
-            Value::I64s(lines.iter().map(|l| l.balance_after).collect()),
-            Value::OptTexts(lines.iter().map(|l| l.job_id.clone()).collect()),
-            Value::OptTexts(lines.iter().map(|l| l.item_id.clone()).collect()),
-            Value::OptTexts(lines.iter().map(|l| l.ref_id.clone()).collect()),
-            Value::OptTexts(lines.iter().map(|l| l.reason.clone()).collect()),
-            Value::OptBlobs(lines.iter().map(|l| l.request_hash.clone()).collect()),
-            Value::I64s(lines.iter().map(|l| l.created_at).collect()),
-            Value::OptBlobs(prevs.into_iter().map(Some).collect()),
-            Value::OptBlobs(hashes.into_iter().map(Some).collect()),
-        ],
-    )
-    .await?;
-    Ok(())
+    Ok(vec![
+        Value::I64s(seqs),
+        Value::I64s(lines.iter().map(|l| l.account_seq).collect()),
+        Value::OptTexts(lines.iter().map(|l| Some(l.account_id.clone())).collect()),
+        Value::OptTexts(lines.iter().map(|l| Some(l.kind.as_str().to_owned())).collect()),
+        Value::I64s(lines.iter().map(|l| l.amount).collect()),
+        Value::I64s(lines.iter().map(|l| l.balance_after).collect()),
+        Value::OptTexts(lines.iter().map(|l| l.job_id.clone()).collect()),
+        Value::OptTexts(lines.iter().map(|l| l.item_id.clone()).collect()),
+        Value::OptTexts(lines.iter().map(|l| l.ref_id.clone()).collect()),
+        Value::OptTexts(lines.iter().map(|l| l.reason.clone()).collect()),
+        Value::OptBlobs(lines.iter().map(|l| l.request_hash.clone()).collect()),
+        Value::I64s(lines.iter().map(|l| l.created_at).collect()),
+        Value::OptBlobs(prevs.into_iter().map(Some).collect()),
+        Value::OptBlobs(hashes.into_iter().map(Some).collect()),
+    ])
 }
+
+/// The queued lines' INSERT, from the 14 arrays `flush_lines` returns, bound from `$1`: the text of a
+/// `SELECT` list over `unnest`, for `outbox::flush` to put in its last statement.
+pub(super) const INSERT_LINES: &str = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, \
+     balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, prev_hash, hash) \
+     SELECT u.* FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
+     $7::text[], $8::text[], $9::text[], $10::text[], $11::bytea[], $12::bigint[], $13::bytea[], $14::bytea[]) AS u \
+     CROSS JOIN cfg";

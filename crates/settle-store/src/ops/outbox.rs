@@ -13,6 +13,7 @@ use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use settle_core::history::EventKind;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 /// Appends one outbox event: numbered at once on SQLite; on PostgreSQL queued for `flush`.
 pub(crate) async fn emit(
@@ -47,38 +48,86 @@ pub(crate) async fn emit(
     Ok(())
 }
 
-/// PostgreSQL, the last statement before COMMIT: the transaction's queued events into
-/// `outbox_pending` under one stamp (an uncorrelated scalar subquery: one `nextval` per statement),
-/// `pos` their order in the transaction. The stamp is taken after every lock the transaction waited
-/// for, so a transaction that waited for another's row, or read its write, has the larger stamp.
-async fn flush_events(db: &mut Db<'_>, events: &[PendingEvent]) -> Result<(), StoreError> {
-    if events.is_empty() {
-        return Ok(());
-    }
-    db.exec(
+/// The events' INSERT into `outbox_pending`, its 5 arrays bound from `$first`: one stamp for the
+/// transaction (an uncorrelated scalar subquery: one `nextval` per statement), `pos` their order in
+/// it. The stamp is taken in the transaction's last statement, after every lock it waited for, so a
+/// transaction that waited for another's row, or read its write, has the larger stamp.
+///
+/// `stamp` is the stamp's scalar subquery: with lines in the same statement it reads their INSERT's
+/// count first (`STAMP_AFTER_LINES`), so the lines, and any wait they meet, come before the stamp.
+fn insert_events(first: usize, stamp: &str) -> String {
+    let p = |k: usize| format!("${}", first + k);
+    format!(
         "INSERT INTO outbox_pending (stamp, pos, type, job_id, account_id, data, created_at) \
-         SELECT (SELECT nextval('outbox_stamps')), u.pos, u.type, u.job_id, u.account_id, u.data, u.created_at \
-         FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[]) \
-         WITH ORDINALITY AS u(type, job_id, account_id, data, created_at, pos)",
-        &[
+         SELECT {stamp}, u.pos, u.type, u.job_id, u.account_id, u.data, u.created_at \
+         FROM unnest({}::text[], {}::text[], {}::text[], {}::text[], {}::bigint[]) \
+         WITH ORDINALITY AS u(type, job_id, account_id, data, created_at, pos) CROSS JOIN cfg",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4)
+    )
+}
+
+/// What must hold for COMMIT, set by the last statement before it (docs/decisions/0024), its lock
+/// timeout bound as `$param`: `statement_timeout` off, since the COMMIT may wait for a synchronous
+/// standby and a wait cancelled by it is not a rollback; the store's own lock timeout back for what
+/// follows (a batch ran under a short one; the statement's own table locks were taken under it, and
+/// `outbox_pending` is never truncated by autovacuum, migration 0018); and a transaction id, so a transaction that wrote nothing else still
+/// commits with a record and waits for the standby past everything before it. `set_config(…, true)`
+/// is `SET LOCAL`; a materialized CTE runs once, and every statement below reads it.
+fn commit_settings(param: usize) -> String {
+    format!(
+        "cfg AS MATERIALIZED (SELECT set_config('statement_timeout', '0', true) AS st, \
+         set_config('lock_timeout', ${param}, true) AS lt, pg_current_xact_id() AS xid)"
+    )
+}
+
+/// The last statement of a transaction that queued lines and events, of one that queued lines
+/// only, of one that queued events only, and of one that queued nothing.
+const STAMP: &str = "(SELECT nextval('outbox_stamps'))";
+const STAMP_AFTER_LINES: &str = "(SELECT nextval('outbox_stamps') FROM (SELECT count(*) FROM lines) AS written)";
+static LINES_AND_EVENTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH {}, lines AS ({} RETURNING 1) {}",
+        commit_settings(20),
+        super::ledger::INSERT_LINES,
+        insert_events(15, STAMP_AFTER_LINES)
+    )
+});
+static LINES_ONLY: LazyLock<String> =
+    LazyLock::new(|| format!("WITH {} {}", commit_settings(15), super::ledger::INSERT_LINES));
+static EVENTS_ONLY: LazyLock<String> =
+    LazyLock::new(|| format!("WITH {} {}", commit_settings(6), insert_events(1, STAMP)));
+static NOTHING: LazyLock<String> = LazyLock::new(|| format!("WITH {} SELECT 1 FROM cfg", commit_settings(1)));
+
+/// PostgreSQL, the statements before COMMIT: the chain heads and ledger numbers of the queued lines,
+/// then one statement that writes the lines and the events and sets what COMMIT needs
+/// (`commit_settings`, `lock_timeout` the store's). Returns whether it wrote events, so the engine
+/// asks the sequencer to number them once the COMMIT is done.
+pub(crate) async fn flush(db: &mut Db<'_>, pending: &Pending, lock_timeout: Duration) -> Result<bool, StoreError> {
+    let events = &pending.events;
+    let mut binds =
+        if pending.lines.is_empty() { Vec::new() } else { super::ledger::flush_lines(db, &pending.lines).await? };
+    let sql: &'static str = match (binds.is_empty(), events.is_empty()) {
+        (false, false) => &LINES_AND_EVENTS,
+        (false, true) => &LINES_ONLY,
+        (true, false) => &EVENTS_ONLY,
+        (true, true) => &NOTHING,
+    };
+    if !events.is_empty() {
+        binds.extend([
             Value::OptTexts(events.iter().map(|e| Some(e.kind.as_str().to_owned())).collect()),
             Value::OptTexts(events.iter().map(|e| e.job_id.clone()).collect()),
             Value::OptTexts(events.iter().map(|e| Some(e.account_id.clone())).collect()),
             Value::OptTexts(events.iter().map(|e| Some(e.data.clone())).collect()),
             Value::I64s(events.iter().map(|e| e.created_at).collect()),
-        ],
-    )
-    .await?;
-    Ok(())
-}
-
-/// PostgreSQL, the last statements before COMMIT: the transaction's queued ledger lines, then its
-/// events (whose stamp must be taken last). Returns whether it wrote events, so the engine asks the
-/// sequencer to number them once the COMMIT is done.
-pub(crate) async fn flush(db: &mut Db<'_>, pending: &Pending) -> Result<bool, StoreError> {
-    super::ledger::flush_lines(db, &pending.lines).await?;
-    flush_events(db, &pending.events).await?;
-    Ok(!pending.events.is_empty())
+        ]);
+    }
+    binds.push(Value::Text(format!("{}ms", lock_timeout.as_millis().max(1))));
+    db.exec(sql, &binds).await?;
+    Ok(!events.is_empty())
 }
 
 columns! {
@@ -94,6 +143,7 @@ columns! {
         events = "(SELECT COUNT(*) FROM ins)",
         last = "(SELECT MAX(seq) FROM ins)",
         wakes = "(SELECT COUNT(*) FROM ins WHERE type IN ('job.queued', 'job.retry_scheduled', 'job.requeued'))",
+        counter = "(SELECT value FROM bump)",
     }
 }
 
@@ -105,7 +155,9 @@ static NUMBER: LazyLock<String> = LazyLock::new(|| {
          numbered AS (SELECT $1 + row_number() OVER (ORDER BY stamp, pos) AS seq, stamp, type, job_id, account_id, \
                       data, created_at FROM moved), \
          ins AS (INSERT INTO outbox (seq, type, job_id, account_id, data, created_at) \
-                 SELECT seq, type, job_id, account_id, data, created_at FROM numbered RETURNING seq, type) \
+                 SELECT seq, type, job_id, account_id, data, created_at FROM numbered RETURNING seq, type), \
+         bump AS (UPDATE counters SET value = (SELECT MAX(seq) FROM ins) \
+                  WHERE name = 'outbox' AND EXISTS (SELECT 1 FROM ins) RETURNING value) \
          SELECT {}",
         NumberedCol::LIST
     )
@@ -126,7 +178,8 @@ pub(crate) struct Numbered {
 /// PostgreSQL, one sequencer pass in a transaction of its own: numbers the events of up to
 /// `stamps_max` committed transactions, in stamp order, after the last number given.
 ///
-/// The counter row is locked by a statement of its own, before the numbering statement: a second
+/// The counter row is locked by a statement of its own, before the numbering statement (which also
+/// moves it to the last number given): a second
 /// pass waits there, and its numbering statement's snapshot then includes the first pass's moves
 /// (READ COMMITTED takes a snapshot per statement), so no event is numbered twice or skipped. Only a
 /// committed transaction's rows are visible, and all of a transaction's rows at once: a pass moves
@@ -142,15 +195,16 @@ pub(crate) async fn number_events(db: &mut Db<'_>, stamps_max: i64) -> Result<Nu
         events: r.i64(NumberedCol::events)?,
         wakes_claims: r.i64(NumberedCol::wakes)? > 0,
     };
+    // The counter moved to the last number in the same statement (`bump`); checked here, so a pass
+    // that numbered anything but `last + 1 ..= last + events` never commits.
     if numbered.events > 0 {
-        let new_last = r.i64(NumberedCol::last)?;
-        if new_last != last + numbered.events {
+        let (new_last, counter) = (r.i64(NumberedCol::last)?, r.opt_i64(NumberedCol::counter)?);
+        if new_last != last + numbered.events || counter != Some(new_last) {
             return Err(StoreError::internal(format!(
-                "a pass numbered {} events after {last} but ended at {new_last}",
+                "a pass numbered {} events after {last} but ended at {new_last} (counter {counter:?})",
                 numbered.events
             )));
         }
-        db.exec("UPDATE counters SET value = $1 WHERE name = 'outbox'", args![new_last]).await?;
     }
     Ok(numbered)
 }

@@ -147,14 +147,100 @@ pub(crate) async fn lock_job(db: &mut Db<'_>, id: &str) -> Result<Option<JobRow>
     db.opt(sql, args![id]).await?.map(|r| job_row(&r)).transpose()
 }
 
+/// The account's job columns qualified by the subquery's alias (`accounts` has some of their names).
+fn job_cols_of(alias: &str) -> String {
+    JobCol::LIST.split(", ").map(|c| format!("{alias}.{c}")).collect::<Vec<_>>().join(", ")
+}
+static ACCOUNT_AND_JOB_SQLITE: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM accounts a LEFT JOIN jobs j ON j.id = $2 WHERE a.id = $1", job_cols_of("j"))
+});
+/// The job's lock is taken in the subquery (its `LockRows`), only when the account exists.
+static ACCOUNT_AND_JOB_PG: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM accounts a LEFT JOIN LATERAL (SELECT {} FROM jobs WHERE id = $2 FOR UPDATE) j ON true \
+         WHERE a.id = $1",
+        job_cols_of("j"),
+        JobCol::LIST
+    )
+});
+
+/// `lock_job` for a job of `account`, in the same round trip as the check that the account exists:
+/// `None` when it does not (nothing locked), else the job if there is one.
+pub(crate) async fn lock_account_job(
+    db: &mut Db<'_>,
+    account: &str,
+    id: &str,
+) -> Result<Option<Option<JobRow>>, StoreError> {
+    let sql = match db.engine() {
+        Engine::Sqlite => &*ACCOUNT_AND_JOB_SQLITE,
+        Engine::Postgres => &*ACCOUNT_AND_JOB_PG,
+    };
+    let Some(r) = db.opt(sql, args![account, id]).await? else { return Ok(None) };
+    if r.opt_text(JobCol::id)?.is_none() {
+        return Ok(Some(None));
+    }
+    Ok(Some(Some(job_row(&r)?)))
+}
+
 pub(crate) async fn must_lock_job(db: &mut Db<'_>, id: &str) -> Result<JobRow, StoreError> {
     lock_job(db, id).await?.ok_or_else(|| StoreError::not_found("job", id))
 }
 
+/// The columns after a job's (`JobCol`, in its order) in `JOB_WITH_ITEMS`: one of its items (NULL
+/// when it has none) and the job's net.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobItemCol {
+    item_id,
+    cost,
+    hold,
+    state,
+    refund_reason,
+    net,
+}
+
+impl crate::db::Col for JobItemCol {
+    fn at(self) -> usize {
+        JobCol::LIST.split(", ").count() + self as usize
+    }
+}
+
+impl Holds<ItemCol> for JobItemCol {
+    fn of(column: ItemCol) -> JobItemCol {
+        match column {
+            ItemCol::item_id => JobItemCol::item_id,
+            ItemCol::cost => JobItemCol::cost,
+            ItemCol::hold => JobItemCol::hold,
+            ItemCol::state => JobItemCol::state,
+            ItemCol::refund_reason => JobItemCol::refund_reason,
+        }
+    }
+}
+
+/// A job with its items, one row each, in one statement: the job's columns first (read by
+/// `job_row`), then `JobItemCol`'s.
+static JOB_WITH_ITEMS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {}, i.item_id, i.cost, i.hold, i.state, i.refund_reason, \
+         (SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = $1) \
+         FROM jobs j LEFT JOIN items i ON i.job_id = j.id WHERE j.id = $1 ORDER BY i.ord",
+        job_cols_of("j")
+    )
+});
+
+/// The job with its items and net, in one round trip.
 pub(crate) async fn read_job(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Option<Job>, StoreError> {
-    let Some(row) = db.opt(&SELECT_JOB, args![id]).await? else { return Ok(None) };
-    let row = job_row(&row)?;
-    Ok(Some(attach(db, cx, row).await?))
+    let rows = db.all(&JOB_WITH_ITEMS, args![id]).await?;
+    let Some(first) = rows.first() else { return Ok(None) };
+    let row = job_row(first)?;
+    let mut items = Vec::with_capacity(rows.len());
+    for r in &rows {
+        if r.opt_text(JobItemCol::item_id)?.is_some() {
+            items.push(item_from_row::<JobItemCol>(r)?);
+        }
+    }
+    let net = Credits::new(first.i64(JobItemCol::net)?);
+    Ok(Some(assemble(cx, row, items, net)?))
 }
 
 pub(crate) async fn must_read_job(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Job, StoreError> {
@@ -167,10 +253,15 @@ pub(crate) async fn attach(db: &mut Db<'_>, cx: &Cx, row: JobRow) -> Result<Job,
     // One statement: the items, each row carrying the job's net (an uncorrelated subquery, run once).
     let rows = db.all(&JOB_ITEMS_AND_NET, args![&row.id]).await?;
     let items = rows.iter().map(item_from_row::<ItemNetCol>).collect::<Result<Vec<_>, _>>()?;
-    let mut net = match rows.first() {
+    let net = match rows.first() {
         Some(r) => Credits::new(r.i64(ItemNetCol::net)?),
         None => Credits::ZERO,
     };
+    assemble(cx, row, items, net)
+}
+
+/// A job from its row, its items and its net as stored, the transaction's queued entries added.
+fn assemble(cx: &Cx, row: JobRow, items: Vec<Item>, mut net: Credits) -> Result<Job, StoreError> {
     if let Some(pending) = &cx.pending {
         net = net.checked_add(lock_pending(pending).job_amount(&row.id)?)?;
     }
