@@ -74,9 +74,10 @@ fn insert_events(first: usize, stamp: &str) -> String {
 /// timeout bound as `$param`: `statement_timeout` off, since the COMMIT may wait for a synchronous
 /// standby and a wait cancelled by it is not a rollback; the store's own lock timeout back for what
 /// follows (a batch ran under a short one; the statement's own table locks were taken under it, and
-/// `outbox_pending` is never truncated by autovacuum, migration 0018); and a transaction id, so a transaction that wrote nothing else still
-/// commits with a record and waits for the standby past everything before it. `set_config(…, true)`
-/// is `SET LOCAL`; a materialized CTE runs once, and every statement below reads it.
+/// `outbox_pending` is never truncated by autovacuum, migration 0018); and a transaction id, so a
+/// transaction that wrote nothing else still commits with a record and waits for the standby past
+/// everything before it. `set_config(…, true)` is `SET LOCAL`; a materialized CTE runs once, and
+/// every statement below reads it.
 fn commit_settings(param: usize) -> String {
     format!(
         "cfg AS MATERIALIZED (SELECT set_config('statement_timeout', '0', true) AS st, \
@@ -84,10 +85,11 @@ fn commit_settings(param: usize) -> String {
     )
 }
 
-/// The last statement of a transaction that queued lines and events, of one that queued lines
-/// only, of one that queued events only, and of one that queued nothing.
+/// The stamp's subquery alone, and after the lines' INSERT in the same statement.
 const STAMP: &str = "(SELECT nextval('outbox_stamps'))";
 const STAMP_AFTER_LINES: &str = "(SELECT nextval('outbox_stamps') FROM (SELECT count(*) FROM lines) AS written)";
+/// The last statement of a transaction that queued lines and events, of one that queued lines
+/// only, of one that queued events only, and of one that queued nothing.
 static LINES_AND_EVENTS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH {}, lines AS ({} RETURNING 1) {}",

@@ -147,7 +147,7 @@ pub(crate) async fn lock_job(db: &mut Db<'_>, id: &str) -> Result<Option<JobRow>
     db.opt(sql, args![id]).await?.map(|r| job_row(&r)).transpose()
 }
 
-/// The account's job columns qualified by the subquery's alias (`accounts` has some of their names).
+/// A job's columns, each qualified by `alias` (`accounts` has columns of the same names).
 fn job_cols_of(alias: &str) -> String {
     JobCol::LIST.split(", ").map(|c| format!("{alias}.{c}")).collect::<Vec<_>>().join(", ")
 }

@@ -261,3 +261,57 @@ async fn sqlite_a_database_from_before_migration_17_opens_with_opening_grants() 
 async fn postgres_a_database_from_before_migration_17_opens_with_opening_grants() {
     from_before_migration_17(EngineKind::Postgres).await;
 }
+
+/// A database made by the release before migration 0018 (`outbox_pending` kept from autovacuum's
+/// truncation: docs/design/fewer-statements.md) opens with this one: the migration applies, the
+/// chains verify, new entries continue them (the flush now writes lines and events in one
+/// statement), and the audit is clean.
+async fn from_before_migration_18(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10, 20]).await;
+    let t1 = k.claim_one("j").await;
+    k.fail("j", &t1, "TIMEOUT").await;
+    let undo = if k.is_sqlite() {
+        "DELETE FROM _sqlx_migrations WHERE version = 18"
+    } else {
+        "ALTER TABLE outbox_pending RESET (vacuum_truncate); DELETE FROM _sqlx_migrations WHERE version = 18"
+    };
+    k.raw_script(undo).await.unwrap();
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    assert_eq!(store.operators().verify_chain(&a).await.unwrap(), None, "the hash chain verifies");
+    // New entries on the same account: a late success reclaims the refund, then a new job charges.
+    assert!(store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t1)), None).await.unwrap().applied);
+    store.create_job(items_job("j2", &a, &[5, 6, 7])).await.unwrap();
+    assert_eq!(store.operators().verify_chain(&a).await.unwrap(), None, "new entries continue the chain");
+    assert!(store.audit(None).await.unwrap().violations.is_empty());
+    assert_eq!(store.account(&a).await.unwrap().balance.get(), 100 - 30 - 18);
+    if !url.starts_with("sqlite:") {
+        use sqlx::{ConnectOptions, Connection};
+        use std::str::FromStr;
+        let mut c = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+        let kept: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_class c, pg_options_to_table(c.reloptions) o \
+             WHERE c.oid = 'outbox_pending'::regclass AND o.option_name = 'vacuum_truncate' \
+             AND o.option_value IN ('off', 'false'))",
+        )
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+        c.close().await.unwrap();
+        assert!(kept, "migration 0018 applied: outbox_pending is not truncated by autovacuum");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_database_from_before_migration_18_opens_and_continues_its_chains() {
+    from_before_migration_18(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_database_from_before_migration_18_opens_and_continues_its_chains() {
+    from_before_migration_18(EngineKind::Postgres).await;
+}
