@@ -2,8 +2,8 @@
 //! replayed exactly, or a range of seeds until one fails.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
 pub struct DstArgs {
@@ -44,20 +44,26 @@ pub fn run(args: DstArgs) -> anyhow::Result<bool> {
     let threads =
         (std::thread::available_parallelism().map_or(1, |n| n.get()) * 2).min((last - first + 1) as usize) as u64;
     let failed = Arc::new(AtomicU64::new(u64::MAX));
+    let watch = Arc::new(Watch::new(threads as usize, last - first + 1));
     let started = Instant::now();
-    let handles: Vec<_> = (0..threads)
+    let handles: Vec<std::thread::JoinHandle<_>> = (0..threads)
         .map(|t| {
-            let (dir, failed) = (dir.clone(), failed.clone());
-            std::thread::spawn(move || -> anyhow::Result<Vec<settle_dst::Report>> {
+            let (dir, failed, watch) = (dir.clone(), failed.clone(), watch.clone());
+            let named = std::thread::Builder::new().name(format!("sim-seeds-{t}"));
+            named.spawn(move || -> anyhow::Result<Vec<settle_dst::Report>> {
                 let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                 let mut reports = Vec::new();
                 for seed in (first + t..=last).step_by(threads as usize) {
                     if seed > failed.load(Ordering::SeqCst) {
                         break;
                     }
-                    let r = rt
-                        .block_on(settle_dst::run(seed, steps, &dir))
-                        .map_err(|e| anyhow::anyhow!("seed {seed}: {e}"))?;
+                    watch.running[t as usize].store(seed, Ordering::SeqCst);
+                    let r = rt.block_on(settle_dst::run(seed, steps, &dir)).map_err(|e| {
+                        failed.fetch_min(seed, Ordering::SeqCst);
+                        anyhow::anyhow!("seed {seed}: {e}")
+                    })?;
+                    watch.running[t as usize].store(0, Ordering::SeqCst);
+                    watch.done.fetch_add(1, Ordering::SeqCst);
                     if r.violation.is_some() {
                         failed.fetch_min(seed, Ordering::SeqCst);
                     }
@@ -66,11 +72,24 @@ pub fn run(args: DstArgs) -> anyhow::Result<bool> {
                 Ok(reports)
             })
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
+    let watchdog = (!one).then(|| {
+        let watch = watch.clone();
+        std::thread::spawn(move || watch.run())
+    });
     let mut reports = Vec::new();
+    let mut joined = Ok(());
     for h in handles {
-        reports.extend(h.join().map_err(|_| anyhow::anyhow!("the simulator panicked"))??);
+        match h.join().map_err(|_| anyhow::anyhow!("the simulator panicked")) {
+            Ok(Ok(r)) => reports.extend(r),
+            Ok(Err(e)) | Err(e) => joined = joined.and(Err(e)),
+        }
     }
+    watch.finished.store(true, Ordering::SeqCst);
+    if let Some(w) = watchdog {
+        let _ = w.join();
+    }
+    joined?;
     reports.sort_by_key(|r| r.seed);
     Ok(summarize(&reports, first, last, steps, one, started.elapsed().as_secs_f64()))
 }
@@ -100,4 +119,85 @@ fn summarize(reports: &[settle_dst::Report], first: u64, last: u64, steps: u32, 
         runs as f64 * 60.0 / secs
     );
     true
+}
+
+/// Watches a range's progress from a thread of its own. Every `TICK` it looks how many seeds have
+/// finished; each minute it says so on stderr; after `STALL_TICKS` looks in a row with no seed
+/// finished (a seed takes a second or two) it prints which seeds are running and what every thread
+/// of the process is waiting in, and ends the process: a hung seed fails the run with its number
+/// instead of running into CI's time limit. Counted in looks, not in elapsed time, so a machine
+/// paused and resumed does not count as a stall.
+struct Watch {
+    running: Vec<AtomicU64>,
+    done: AtomicU64,
+    total: u64,
+    finished: AtomicBool,
+}
+
+const TICK: Duration = Duration::from_secs(5);
+const REPORT_TICKS: u32 = 12;
+const STALL_TICKS: u32 = 36;
+
+impl Watch {
+    fn new(threads: usize, total: u64) -> Watch {
+        Watch {
+            running: (0..threads).map(|_| AtomicU64::new(0)).collect(),
+            done: AtomicU64::new(0),
+            total,
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    fn running(&self) -> Vec<u64> {
+        self.running.iter().map(|s| s.load(Ordering::SeqCst)).filter(|&s| s != 0).collect()
+    }
+
+    fn run(&self) {
+        let (mut ticks, mut still, mut last_done) = (0u32, 0u32, 0u64);
+        loop {
+            std::thread::sleep(TICK);
+            if self.finished.load(Ordering::SeqCst) {
+                return;
+            }
+            ticks += 1;
+            let done = self.done.load(Ordering::SeqCst);
+            still = if done == last_done { still + 1 } else { 0 };
+            last_done = done;
+            if ticks % REPORT_TICKS == 0 {
+                eprintln!("settle sim: {done} of {} seeds done; running {:?}", self.total, self.running());
+            }
+            if still == STALL_TICKS {
+                eprintln!(
+                    "settle sim: no seed finished in {} s; seeds {:?} are stuck. The process's threads:",
+                    (TICK * STALL_TICKS).as_secs(),
+                    self.running()
+                );
+                eprint!("{}", threads_now());
+                eprintln!("replay one alone: settle sim --seed N");
+                std::process::exit(3);
+            }
+        }
+    }
+}
+
+/// Every thread of this process: its name, its scheduler state and the kernel function it sleeps
+/// in (Linux's /proc; elsewhere, nothing).
+fn threads_now() -> String {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return String::new() };
+    let mut out = String::new();
+    for task in tasks.flatten() {
+        let path = task.path();
+        let read = |f: &str| std::fs::read_to_string(path.join(f)).unwrap_or_default();
+        let stat = read("stat");
+        // The state follows the name's closing parenthesis.
+        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').next()).unwrap_or("?").to_owned();
+        out.push_str(&format!(
+            "  {:>7} {:<24} state {state} wchan {} syscall {}\n",
+            task.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan").trim(),
+            read("syscall").split(' ').next().unwrap_or("").trim(),
+        ));
+    }
+    out
 }

@@ -58,7 +58,7 @@ pub async fn run(seed: u64, steps: u32, dir: &Path) -> Result<Report, String> {
 /// `run`, with a guard removed (the broken-guard test).
 pub async fn run_broken(seed: u64, steps: u32, dir: &Path, broken: Option<Breakage>) -> Result<Report, String> {
     let path = dir.join(format!("sim-{seed}.db"));
-    let _ = std::fs::remove_file(&path);
+    remove_database(&path);
     let mut rig = Rig {
         path,
         seed,
@@ -101,7 +101,17 @@ pub async fn run_broken(seed: u64, steps: u32, dir: &Path, broken: Option<Breaka
     if std::env::var_os("SETTLE_SIM_KEEP").is_some() {
         eprintln!("kept {}", rig.path.display());
     } else {
-        let _ = std::fs::remove_file(&rig.path);
+        remove_database(&rig.path);
     }
     Ok(Report { seed, steps, trace_hash: world.tape.hash, violation, crashes, jobs })
+}
+
+/// The database file and its WAL and shared-memory files: a thousand seeds' WAL files left behind
+/// would fill the temp dir with gigabytes.
+fn remove_database(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let _ = std::fs::remove_file(&name);
+    }
 }
