@@ -1,8 +1,8 @@
 //! `settle sim`: the deterministic simulator (crates/settle-dst, docs/decisions/0025) — one seed
 //! replayed exactly, or a range of seeds until one fails.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -58,7 +58,8 @@ pub fn run(args: DstArgs) -> anyhow::Result<bool> {
                         break;
                     }
                     watch.running[t as usize].store(seed, Ordering::SeqCst);
-                    let r = rt.block_on(settle_dst::run(seed, steps, &dir)).map_err(|e| {
+                    let last = watch.last[t as usize].clone();
+                    let r = rt.block_on(settle_dst::run_watched(seed, steps, &dir, last)).map_err(|e| {
                         failed.fetch_min(seed, Ordering::SeqCst);
                         anyhow::anyhow!("seed {seed}: {e}")
                     })?;
@@ -129,6 +130,8 @@ fn summarize(reports: &[settle_dst::Report], first: u64, last: u64, steps: u32, 
 /// paused and resumed does not count as a stall.
 struct Watch {
     running: Vec<AtomicU64>,
+    /// Each thread's seed's newest trace line (`settle_dst::run_watched`).
+    last: Vec<Arc<Mutex<String>>>,
     done: AtomicU64,
     total: u64,
     finished: AtomicBool,
@@ -136,12 +139,13 @@ struct Watch {
 
 const TICK: Duration = Duration::from_secs(5);
 const REPORT_TICKS: u32 = 12;
-const STALL_TICKS: u32 = 36;
+const STALL_TICKS: u32 = 24;
 
 impl Watch {
     fn new(threads: usize, total: u64) -> Watch {
         Watch {
             running: (0..threads).map(|_| AtomicU64::new(0)).collect(),
+            last: (0..threads).map(|_| Arc::default()).collect(),
             done: AtomicU64::new(0),
             total,
             finished: AtomicBool::new(false),
@@ -167,16 +171,41 @@ impl Watch {
                 eprintln!("settle sim: {done} of {} seeds done; running {:?}", self.total, self.running());
             }
             if still == STALL_TICKS {
-                eprintln!(
-                    "settle sim: no seed finished in {} s; seeds {:?} are stuck. The process's threads:",
-                    (TICK * STALL_TICKS).as_secs(),
-                    self.running()
-                );
+                // The native stacks first (long), the summary last, where a log's tail shows it.
+                eprint!("{}", native_stacks());
+                eprintln!("settle sim: the process's threads:");
                 eprint!("{}", threads_now());
+                eprintln!("settle sim: no seed finished in {} s; stuck:", (TICK * STALL_TICKS).as_secs());
+                for (seed, last) in self.running.iter().zip(&self.last) {
+                    let seed = seed.load(Ordering::SeqCst);
+                    if seed != 0 {
+                        let last = last.lock().unwrap_or_else(|p| p.into_inner());
+                        eprintln!("  seed {seed}, its last answer: {last}");
+                    }
+                }
                 eprintln!("replay one alone: settle sim --seed N");
                 std::process::exit(3);
             }
         }
+    }
+}
+
+/// Every thread's native stack, from gdb when it is installed (it attaches to this process for a
+/// moment); nothing otherwise. Written to a file, not a pipe: while gdb holds the process stopped,
+/// no thread of it could drain a pipe, and gdb would block on a full one.
+fn native_stacks() -> String {
+    let Ok(file) = tempfile::NamedTempFile::new() else { return String::new() };
+    let Ok(out) = file.reopen() else { return String::new() };
+    let pid = std::process::id().to_string();
+    let ran = std::process::Command::new("gdb")
+        .args(["-p", &pid, "-batch", "-nx", "-ex", "thread apply all bt 30"])
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(std::process::Stdio::null())
+        .status();
+    match ran {
+        Ok(_) => std::fs::read_to_string(file.path()).unwrap_or_default(),
+        Err(_) => String::new(),
     }
 }
 

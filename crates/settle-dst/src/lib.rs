@@ -28,7 +28,7 @@ use machine::{Machine, Rig};
 use settle_core::Timestamp;
 use settle_core::backoff::SplitMix64;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use world::World;
 
 /// The first rule a run broke: at which step, and how.
@@ -52,11 +52,27 @@ pub struct Report {
 
 /// Runs one seed for `steps` steps in a fresh SQLite file under `dir`, then drains.
 pub async fn run(seed: u64, steps: u32, dir: &Path) -> Result<Report, String> {
-    run_broken(seed, steps, dir, None).await
+    run_inner(seed, steps, dir, None, None).await
+}
+
+/// `run`, with every trace line (prefixed by its step) written to `last` as it is made, for a
+/// watcher to tell where a run that stopped moving stands.
+pub async fn run_watched(seed: u64, steps: u32, dir: &Path, last: Arc<Mutex<String>>) -> Result<Report, String> {
+    run_inner(seed, steps, dir, None, Some(last)).await
 }
 
 /// `run`, with a guard removed (the broken-guard test).
 pub async fn run_broken(seed: u64, steps: u32, dir: &Path, broken: Option<Breakage>) -> Result<Report, String> {
+    run_inner(seed, steps, dir, broken, None).await
+}
+
+async fn run_inner(
+    seed: u64,
+    steps: u32,
+    dir: &Path,
+    broken: Option<Breakage>,
+    last: Option<Arc<Mutex<String>>>,
+) -> Result<Report, String> {
     let path = dir.join(format!("sim-{seed}.db"));
     remove_database(&path);
     let mut rig = Rig {
@@ -71,10 +87,12 @@ pub async fn run_broken(seed: u64, steps: u32, dir: &Path, broken: Option<Breaka
     };
     let mut machine = rig.open().await?;
     let mut world = World::new(SplitMix64::new(seed));
+    world.tape.last = last;
     let mut crashes = 0;
     let mut violation = None;
     world.setup(&machine.store).await;
     for step in 1..=steps {
+        world.tape.step = step;
         let crashed = steps::step(&mut world, &machine, &rig).await;
         if crashed {
             crashes += 1;
@@ -87,6 +105,7 @@ pub async fn run_broken(seed: u64, steps: u32, dir: &Path, broken: Option<Breaka
             break;
         }
     }
+    world.tape.step = steps + 1;
     if violation.is_none()
         && let Err(what) = steps::drain(&mut world, &machine, &rig).await
     {

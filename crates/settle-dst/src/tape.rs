@@ -4,6 +4,7 @@
 use crate::fakes::{FNV_START, fnv};
 use settle_core::backoff::SplitMix64;
 use settle_store::StoreError;
+use std::sync::{Arc, Mutex};
 
 pub struct Tape {
     pub rng: SplitMix64,
@@ -13,11 +14,21 @@ pub struct Tape {
     pub broken: Vec<String>,
     /// `SETTLE_SIM_TRACE=1`: every trace line on stderr, to read a failing run.
     print: bool,
+    /// The step running, and where the newest trace line goes for a watcher (`run_watched`).
+    pub step: u32,
+    pub last: Option<Arc<Mutex<String>>>,
 }
 
 impl Tape {
     pub fn new(rng: SplitMix64) -> Tape {
-        Tape { rng, hash: FNV_START, broken: Vec::new(), print: std::env::var_os("SETTLE_SIM_TRACE").is_some() }
+        Tape {
+            rng,
+            hash: FNV_START,
+            broken: Vec::new(),
+            print: std::env::var_os("SETTLE_SIM_TRACE").is_some(),
+            step: 0,
+            last: None,
+        }
     }
 
     /// Feeds the trace hash.
@@ -25,6 +36,9 @@ impl Tape {
         self.hash = fnv(fnv(self.hash, line.as_bytes()), b"\n");
         if self.print {
             eprintln!("{line}");
+        }
+        if let Some(last) = &self.last {
+            *last.lock().unwrap_or_else(|p| p.into_inner()) = format!("step {}: {line}", self.step);
         }
     }
 
