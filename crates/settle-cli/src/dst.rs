@@ -171,22 +171,35 @@ impl Watch {
                 eprintln!("settle sim: {done} of {} seeds done; running {:?}", self.total, self.running());
             }
             if still == STALL_TICKS {
-                // The native stacks first (long), the summary last, where a log's tail shows it.
-                eprint!("{}", native_stacks());
-                eprintln!("settle sim: the process's threads:");
-                eprint!("{}", threads_now());
-                eprintln!("settle sim: no seed finished in {} s; stuck:", (TICK * STALL_TICKS).as_secs());
-                for (seed, last) in self.running.iter().zip(&self.last) {
-                    let seed = seed.load(Ordering::SeqCst);
-                    if seed != 0 {
-                        let last = last.lock().unwrap_or_else(|p| p.into_inner());
-                        eprintln!("  seed {seed}, its last answer: {last}");
-                    }
-                }
-                eprintln!("replay one alone: settle sim --seed N");
+                let report = self.stall_report();
+                // Kept in the temp dir too (a log may show only its tail; `.ci/run` leaves the
+                // simulator's temp dir behind when it fails).
+                let kept = std::env::temp_dir().join(format!("settle-sim-stall-{}.txt", std::process::id()));
+                let kept = match std::fs::write(&kept, &report) {
+                    Ok(()) => format!("this report is kept in {}\n", kept.display()),
+                    Err(_) => String::new(),
+                };
+                eprint!("{report}{kept}");
                 std::process::exit(3);
             }
         }
+    }
+
+    /// The native stacks first (long), the summary last, where a log's tail shows it.
+    fn stall_report(&self) -> String {
+        let mut out = native_stacks();
+        out.push_str("settle sim: the process's threads:\n");
+        out.push_str(&threads_now());
+        out.push_str(&format!("settle sim: no seed finished in {} s; stuck:\n", (TICK * STALL_TICKS).as_secs()));
+        for (seed, last) in self.running.iter().zip(&self.last) {
+            let seed = seed.load(Ordering::SeqCst);
+            if seed != 0 {
+                let last = last.lock().unwrap_or_else(|p| p.into_inner());
+                out.push_str(&format!("  seed {seed}, its last answer: {last}\n"));
+            }
+        }
+        out.push_str("replay one alone: settle sim --seed N\n");
+        out
     }
 }
 
