@@ -88,6 +88,8 @@ pub fn run(args: DstArgs) -> anyhow::Result<bool> {
     }
     watch.finished.store(true, Ordering::SeqCst);
     if let Some(w) = watchdog {
+        // Woken at once, not at its next look: a short range would otherwise wait up to a tick.
+        w.thread().unpark();
         let _ = w.join();
     }
     joined?;
@@ -159,7 +161,7 @@ impl Watch {
     fn run(&self) {
         let (mut ticks, mut still, mut last_done) = (0u32, 0u32, 0u64);
         loop {
-            std::thread::sleep(TICK);
+            std::thread::park_timeout(TICK);
             if self.finished.load(Ordering::SeqCst) {
                 return;
             }
