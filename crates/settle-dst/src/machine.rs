@@ -50,6 +50,7 @@ impl Rig {
             // A kill of the process loses nothing committed either way; fsync would only cost time.
             durability: Durability::Normal,
             write_batch_max: 1,
+            sqlite_readers: 1,
             artifacts: Some(self.artifacts.clone()),
             crash: Some(self.crash.clone()),
             policy: world::policies(),

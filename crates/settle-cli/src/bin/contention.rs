@@ -1,4 +1,4 @@
-//! One OS process of the multi-process contention test (`tests/contention.rs`): claims jobs from a
+//! One OS process of the multi-process contention test (`tests/it/contention.rs`): claims jobs from a
 //! shared PostgreSQL and plays every kind of signal on them, duplicates included — success, retryable
 //! and final failures, late success after a refund, cancels, unknown outcomes, item reports,
 //! abandoned leases — plus the maintenance passes (lease rescue, teardown sweep).

@@ -28,7 +28,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use sqlx::{ConnectOptions, Connection};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -92,9 +92,14 @@ fn next_cursor(seqs: &[i64], limit: u32) -> i64 {
     }
 }
 
-static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+// `sqlite_migrations()` and `postgres_migrations()`: the files of `migrations/`, embedded by build.rs.
+include!(concat!(env!("OUT_DIR"), "/migrations.rs"));
+
+static SQLITE_MIGRATOR: LazyLock<sqlx::migrate::Migrator> =
+    LazyLock::new(|| sqlx::migrate::Migrator::with_migrations(sqlite_migrations()));
 /// Runs under sqlx's PostgreSQL advisory lock, so processes starting at once apply it once.
-static POSTGRES_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+static POSTGRES_MIGRATOR: LazyLock<sqlx::migrate::Migrator> =
+    LazyLock::new(|| sqlx::migrate::Migrator::with_migrations(postgres_migrations()));
 
 impl SqlStore {
     /// Opens (creating if needed) the store at `url`: `sqlite://PATH`.

@@ -1,6 +1,5 @@
 //! What the SDK's tests share: `settle serve`'s application in this process, on a port of its own
 //! over a SQLite file, until the returned server is dropped.
-#![allow(dead_code)]
 
 use serde_json::Value;
 use std::sync::Arc;

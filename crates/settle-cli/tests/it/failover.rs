@@ -8,9 +8,7 @@
 //! each withdrawal key with one send; `settle audit` is clean on the new primary. The time from each
 //! fault to the first `2xx` write after it is printed.
 
-mod common;
-
-use common::{Process, call, free_port, wait_for};
+use crate::common::{Process, call, free_port, wait_for};
 use serde_json::{Value, json};
 use settle_testkit::formation::Formation;
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,14 +1,12 @@
 //! The SDK against a real server: every report answers `Report::Applied` or `Report::Replayed`, and
 //! a refused one `ClientError::LeaseLost` with the details of what became of the job (decision 0019).
 
-mod common;
-
 use serde_json::json;
 use settle_client::{Client, ClientError, Failure, Report};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_answer_applied_replayed_or_lease_lost() {
-    let served = common::serve().await;
+    let served = crate::common::serve().await;
     let base = served.base.clone();
     let http = reqwest::Client::new();
     for (path, body) in [

@@ -3,9 +3,7 @@
 //! port and database. The worker goes on by itself and every job ends exactly once in the ledger.
 //! A token the server refuses ends `Worker::run` with that error instead of retrying forever.
 
-mod common;
-
-use common::{Process, call, free_port, wait_for};
+use crate::common::{Process, call, free_port, wait_for};
 use serde_json::{Value, json};
 use settle_client::{Client, ClientError, Flow, Handler, JobContext, Outcome, Worker};
 use std::process::{Command, Stdio};

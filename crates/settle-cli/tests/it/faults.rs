@@ -3,9 +3,7 @@
 //! Settle answers `503` (never `500`) while the database is away, loses nothing it acknowledged,
 //! recovers by itself, and the ledger stays audit-clean.
 
-mod common;
-
-use common::{call, serve};
+use crate::common::{call, serve};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -112,7 +110,7 @@ async fn recovers_losing_nothing(
     tasks: Vec<tokio::task::JoinHandle<()>>,
     acknowledged_before: usize,
     http: &reqwest::Client,
-    s: &mut common::Serve,
+    s: &mut crate::common::Serve,
     db: &str,
 ) {
     until(60, "creates after the fault was undone", || async {

@@ -1,9 +1,7 @@
 //! The example workers — Rust (settle-client SDK) and Python (standard library only) — each
 //! complete a batch of jobs against a real `settle serve`.
 
-mod common;
-
-use common::{Process, call, serve};
+use crate::common::{Process, call, serve};
 use serde_json::{Value, json};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -5,12 +5,10 @@
 //! `cancelled` with every undelivered item's artifact gone and the delivered item's kept. The worker
 //! writes with plain S3 requests, nothing of Settle's on its way.
 
-mod common;
-
+use crate::common::{Process, call, free_port, wait_for};
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use common::{Process, call, free_port, wait_for};
 use serde_json::json;
 use settle_testkit::s3;
 use std::process::{Command, Stdio};

@@ -2,9 +2,7 @@
 //! boundary — the item in hand is reported, no later item is, the job ends `cancelled`, and only
 //! the items done stay charged.
 
-mod common;
-
-use common::call;
+use crate::common::call;
 
 use serde_json::{Value, json};
 use settle_client::{Client, Flow, Handler, JobContext, Outcome, Worker};
@@ -40,7 +38,7 @@ impl Handler for Batch {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_the_worker_at_the_next_item_boundary() {
-    let served = common::serve().await;
+    let served = crate::common::serve().await;
     let base = served.base.clone();
 
     let http = reqwest::Client::new();

@@ -1,6 +1,5 @@
 //! What the binary's tests share: a `settle serve` process on a free port, killed on drop, and
 //! one HTTP call helper.
-#![allow(dead_code)]
 
 use serde_json::Value;
 use std::process::{Child, Command, Stdio};

@@ -1,9 +1,7 @@
 //! The README's payout walk-through, as a user runs it: `settle provider-sim` and `settle serve`
 //! as two processes, withdrawals made with HTTP, the provider losing half its answers.
 
-mod common;
-
-use common::{Process, call, free_port, wait_for};
+use crate::common::{Process, call, free_port, wait_for};
 use serde_json::json;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -3,9 +3,7 @@
 //! priced by its report; and a success that arrives after the lease timed out and the hold was
 //! refunded recovers the job at the price it reports.
 
-mod common;
-
-use common::call;
+use crate::common::call;
 
 use serde_json::{Value, json};
 use settle_client::{Client, Costs, Flow, Handler, JobContext, Outcome, Worker};
@@ -46,7 +44,7 @@ async fn until_done(http: &reqwest::Client, base: &str, job: &str) -> Value {
 }
 
 async fn workers_price_held_jobs(postgres: bool) {
-    let served = common::serve_on(postgres).await;
+    let served = crate::common::serve_on(postgres).await;
     let base = served.base.clone();
     let http = reqwest::Client::new();
     let post = reqwest::Method::POST;
