@@ -173,6 +173,8 @@ macro_rules! columns {
             /// The columns, comma-separated, in the order the variants name them.
             pub const LIST: &'static str =
                 concat!(columns!(@sql $first $(= $first_sql)?) $(, ", ", columns!(@sql $rest $(= $rest_sql)?))*);
+            /// How many columns `LIST` has.
+            pub const COUNT: usize = [stringify!($first) $(, stringify!($rest))*].len();
             /// `LIST`, with `column` selected by `sql` instead: for a column whose SQL depends on
             /// the engine or on what was asked.
             pub fn list_with(column: Self, sql: &str) -> String {
@@ -516,10 +518,23 @@ pub(crate) fn effect(sql: &str) -> Effect {
     Effect::Reads
 }
 
+/// `effect(sql)` of a statement whose text is `'static`, worked out once per thread (it was a
+/// tenth of the SQLite writer's instructions when worked out on every run). The text's address
+/// and length name it for the life of the process; a built statement's text is freed and its
+/// address reused, so built statements are never looked up here.
+fn static_effect(sql: &'static str) -> Effect {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    thread_local! {
+        static KNOWN: RefCell<HashMap<(usize, usize), Effect>> = RefCell::new(HashMap::new());
+    }
+    KNOWN.with(|known| *known.borrow_mut().entry((sql.as_ptr() as usize, sql.len())).or_insert_with(|| effect(sql)))
+}
+
 /// Whether a statement that ran changed anything: `counted` rows changed (`exec`) or returned
-/// (the queries), `exec` telling which.
-fn changed(sql: &str, counted: u64, exec: bool) -> bool {
-    match effect(sql) {
+/// (the queries), `exec` telling which; `effect` is the statement's.
+fn changed(effect: Effect, counted: u64, exec: bool) -> bool {
+    match effect {
         Effect::Reads => false,
         Effect::Counts { returning } if exec || returning => counted > 0,
         Effect::Counts { .. } | Effect::Unknown => true,
@@ -559,13 +574,13 @@ impl Db<'_> {
     /// Notes what a statement did: an error, or the rows it changed or returned.
     fn note<T>(
         &mut self,
-        sql: &str,
+        effect: Effect,
         result: Result<T, StoreError>,
         exec: bool,
         rows: impl FnOnce(&T) -> u64,
     ) -> Result<T, StoreError> {
         match &result {
-            Ok(v) => self.touched |= changed(sql, rows(v), exec),
+            Ok(v) => self.touched |= changed(effect, rows(v), exec),
             Err(_) => self.touched = true,
         }
         result
@@ -586,7 +601,7 @@ impl Db<'_> {
                 .map_err(StoreError::from),
             Conn::Lite(c) => lite_exec(c, sql, args),
         };
-        self.note(sql, result, true, |n| *n)
+        self.note(static_effect(sql), result, true, |n| *n)
     }
 
     pub async fn opt(&mut self, sql: &'static str, args: &[Value]) -> Result<Option<Row>, StoreError> {
@@ -603,7 +618,7 @@ impl Db<'_> {
                 .map_err(StoreError::from),
             Conn::Lite(c) => lite_query(c, sql, args, 1).map(|rows| rows.into_iter().next()),
         };
-        self.note(sql, result, false, |r| u64::from(r.is_some()))
+        self.note(static_effect(sql), result, false, |r| u64::from(r.is_some()))
     }
 
     pub async fn one(&mut self, sql: &'static str, args: &[Value]) -> Result<Row, StoreError> {
@@ -611,15 +626,15 @@ impl Db<'_> {
     }
 
     pub async fn all(&mut self, sql: &'static str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
-        self.all_of(sql, args).await
+        self.all_of(sql, static_effect(sql), args).await
     }
 
     /// For statements assembled from constant fragments and `$N` placeholders only (list filters).
     pub async fn all_built(&mut self, sql: String, args: &[Value]) -> Result<Vec<Row>, StoreError> {
-        self.all_of(&sql, args).await
+        self.all_of(&sql, effect(&sql), args).await
     }
 
-    async fn all_of(&mut self, sql: &str, args: &[Value]) -> Result<Vec<Row>, StoreError> {
+    async fn all_of(&mut self, sql: &str, effect: Effect, args: &[Value]) -> Result<Vec<Row>, StoreError> {
         let result = match &mut self.conn {
             Conn::Sqlite(c) => bind_sqlite(sqlx::query(AssertSqlSafe(sql.to_owned())), args)
                 .fetch_all(&mut **c)
@@ -633,7 +648,7 @@ impl Db<'_> {
                 .map_err(StoreError::from),
             Conn::Lite(c) => lite_query(c, sql, args, usize::MAX),
         };
-        self.note(sql, result, false, |r: &Vec<Row>| r.len() as u64)
+        self.note(effect, result, false, |r: &Vec<Row>| r.len() as u64)
     }
 
     /// Streams the rows of `sql` through `f`, one at a time (nothing is collected); returns how many.
@@ -675,7 +690,7 @@ impl Db<'_> {
         }
         .await;
         // A stream cut short by `f` may have stopped inside a statement that writes: counted.
-        self.note(sql, streamed.map(|()| n), false, |n| *n)
+        self.note(static_effect(sql), streamed.map(|()| n), false, |n| *n)
     }
 
     pub async fn opt_built(&mut self, sql: String, args: &[Value]) -> Result<Option<Row>, StoreError> {
@@ -799,7 +814,7 @@ mod redaction_tests {
 
 #[cfg(test)]
 mod effect_tests {
-    use super::{Effect, changed, effect};
+    use super::{Effect, changed, effect, static_effect};
 
     #[test]
     fn only_plain_reads_and_counted_writes_are_trusted() {
@@ -827,14 +842,21 @@ mod effect_tests {
             "LOCK TABLE jobs",
         ] {
             assert_eq!(effect(sql), Effect::Unknown, "{sql}");
-            assert!(changed(sql, 0, true) && changed(sql, 0, false), "{sql}");
+            assert!(changed(effect(sql), 0, true) && changed(effect(sql), 0, false), "{sql}");
         }
         let update = "UPDATE jobs SET state = 'x' WHERE id = $1 AND state = 'y'";
         assert_eq!(effect(update), Effect::Counts { returning: false });
-        assert!(!changed(update, 0, true) && changed(update, 1, true));
+        assert!(!changed(effect(update), 0, true) && changed(effect(update), 1, true));
         // Sent as a query without RETURNING: the rows it returns say nothing of what it changed.
-        assert!(changed(update, 0, false));
+        assert!(changed(effect(update), 0, false));
         let insert = "INSERT INTO jobs (id) VALUES ($1) ON CONFLICT DO NOTHING RETURNING id";
-        assert!(!changed(insert, 0, false) && changed(insert, 1, false));
+        assert!(!changed(effect(insert), 0, false) && changed(effect(insert), 1, false));
+        // Remembered per statement text, each its own, whichever is asked first.
+        for _ in 0..2 {
+            assert_eq!(static_effect(update), Effect::Counts { returning: false });
+            assert_eq!(static_effect(insert), Effect::Counts { returning: true });
+            assert_eq!(static_effect("SELECT id FROM jobs"), Effect::Reads);
+            assert_eq!(static_effect("NOTIFY settle_wake"), Effect::Unknown);
+        }
     }
 }

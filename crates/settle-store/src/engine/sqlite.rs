@@ -125,6 +125,14 @@ pub(crate) fn open_writer(path: &std::path::Path, options: &StoreOptions) -> Res
         return Err(StoreError::internal(format!("the SQLite writer found journal_mode {mode}, not wal")));
     }
     conn.set_prepared_statement_cache_capacity(256);
+    // The query planner stability guarantee: a statement's plan never depends on the values bound
+    // to it. Without it SQLite marks a statement whose plan read a bound value (a `LIMIT $5`, a
+    // parameter compared with a constant) to be prepared again after every new binding: the
+    // burn-down's head read was parsed and planned afresh on every debit (docs/performance.md).
+    // What it costs: a bound value no longer proves a partial index's condition, so every query
+    // that needs one writes the condition out (all do: grants_burn, allocations_unpaid, ...).
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(StoreError::from_sqlite)?;
     Ok(conn)
 }
 

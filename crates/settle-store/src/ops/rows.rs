@@ -201,7 +201,7 @@ enum JobItemCol {
 
 impl crate::db::Col for JobItemCol {
     fn at(self) -> usize {
-        JobCol::LIST.split(", ").count() + self as usize
+        JobCol::COUNT + self as usize
     }
 }
 
@@ -420,5 +420,12 @@ mod tests {
         for bad in [String::new(), "x".repeat(limits::ID_LEN_MAX + 1)] {
             assert!(matches!(stored_id(JobId::stored, "job id", &bad), Err(StoreError::Internal(_))), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_job_with_items_reads_its_items_after_the_jobs_columns() {
+        assert_eq!(JobCol::COUNT, JobCol::LIST.split(", ").count());
+        assert_eq!(JobCol::LIST.split(", ").count(), job_cols_of("j").split(", ").count());
+        assert_eq!(crate::db::Col::at(JobItemCol::item_id), JobCol::COUNT);
     }
 }
