@@ -131,8 +131,10 @@ pub(crate) fn open_writer(path: &std::path::Path, options: &StoreOptions) -> Res
     // burn-down's head read was parsed and planned afresh on every debit (docs/performance.md).
     // What it costs: a bound value no longer proves a partial index's condition, so every query
     // that needs one writes the condition out (all do: grants_burn, allocations_unpaid, ...).
-    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+    let qpsg = conn
+        .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
         .map_err(StoreError::from_sqlite)?;
+    debug_assert!(qpsg, "SQLite did not take the query planner stability guarantee");
     Ok(conn)
 }
 
