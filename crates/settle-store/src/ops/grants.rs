@@ -752,3 +752,40 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, how: 
     point(CrashPoint::BeforeCommit)?;
     Ok(expired.len() as u32)
 }
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    /// The SQLite writer runs with the query planner stability guarantee (engine/sqlite.rs), under
+    /// which a bound value never proves a partial index's condition: each statement that needs one
+    /// must write the condition out. Planned here as the writer plans them, on the real schema.
+    #[test]
+    fn the_writers_partial_index_reads_seek_their_index() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        assert!(conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).unwrap());
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+        let mut files: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        for file in files {
+            conn.execute_batch(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        }
+        let plan = |sql: &str| -> String {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let unbound = vec![rusqlite::types::Null; stmt.parameter_count()];
+            let rows = stmt.query_map(rusqlite::params_from_iter(unbound), |r| r.get::<_, String>(3)).unwrap();
+            rows.map(Result::unwrap).collect::<Vec<_>>().join("; ")
+        };
+        for (sql, index) in [
+            (&*HEAD, "grants_burn"),
+            (&*CASH_HEAD, "grants_burn"),
+            (&*UNPAID, "allocations_unpaid"),
+            (&*DUE, "grants_due"),
+            (&*OPEN_ITEM_PARTS, "allocations_item"),
+            (&*SETTLEMENTS_OF, "allocations_paid"),
+        ] {
+            let plan = plan(sql);
+            assert!(plan.contains(&format!("USING INDEX {index}")), "{sql}\n  planned: {plan}");
+        }
+    }
+}
