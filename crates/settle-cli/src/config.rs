@@ -43,6 +43,10 @@
 //! burst_per_token = 2000.0
 //! long_polls_per_token = 64      # more waiting long-polls answer at once
 //!
+//! [postgres]
+//! synchronous_standby = "auto"  # write only to a primary that waits for a synchronous standby:
+//!                                # "auto" when the URL lists several hosts, "required", or "off"
+//!
 //! [loops]
 //! rescue_every_ms = 1000
 //! sweep_every_ms = 1000
@@ -55,7 +59,7 @@
 //! `SETTLE_RETRYABLE_CODES=NODE_DOWN,TIMEOUT`); `SETTLE_KIND_<KIND>_<FIELD>` overrides a kind named
 //! in the file (the kind upper-cased, other characters as `_`; `withdrawal` is always there);
 //! `SETTLE_LOOPS_<FIELD>` the loops; `SETTLE_PROVIDER_<FIELD>` the provider (`SETTLE_PROVIDER_URL`);
-//! `SETTLE_HTTP_<FIELD>` the HTTP limits.
+//! `SETTLE_HTTP_<FIELD>` the HTTP limits; `SETTLE_POSTGRES_SYNCHRONOUS_STANDBY` the `[postgres]` one.
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
@@ -97,6 +101,38 @@ impl Default for Loops {
             reconcile_every_ms: 10_000,
             payout_every_ms: 1_000,
             batch: 100,
+        }
+    }
+}
+
+/// `[postgres]`: what Settle asks of the PostgreSQL server it writes to.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Postgres {
+    pub synchronous_standby: SynchronousStandby,
+}
+
+/// Whether Settle writes only to a primary that waits for a synchronous standby at COMMIT
+/// (docs/decisions/0027): a failover loses what an asynchronous primary acknowledged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SynchronousStandby {
+    /// Required when the URL lists several hosts (a formation), not for one.
+    #[default]
+    Auto,
+    /// Required of one host too: a formation behind a proxy or a virtual IP.
+    Required,
+    /// Never: the operator accepts losing the last acknowledged writes in a failover.
+    Off,
+}
+
+impl SynchronousStandby {
+    /// The store's option (`None`: decided by the URL's host count).
+    pub fn required(self) -> Option<bool> {
+        match self {
+            SynchronousStandby::Auto => None,
+            SynchronousStandby::Required => Some(true),
+            SynchronousStandby::Off => Some(false),
         }
     }
 }
@@ -204,6 +240,7 @@ pub struct ConfigFile {
     pub kinds: BTreeMap<String, PolicyFile>,
     pub loops: Loops,
     pub http: Http,
+    pub postgres: Postgres,
     pub provider: ProviderFile,
     pub webhooks: Vec<WebhookFile>,
 }
@@ -213,6 +250,7 @@ pub struct Config {
     pub policies: Policies,
     pub loops: Loops,
     pub http: Http,
+    pub postgres: Postgres,
     pub provider: Option<Provider>,
     pub webhooks: Vec<settle_worker::webhooks::Endpoint>,
 }
@@ -423,6 +461,14 @@ impl Config {
         loops_from_env(&mut file.loops, env)?;
         http_from_env(&mut file.http, env)?;
         check_http(&file.http)?;
+        if let Some(v) = env.get("SETTLE_POSTGRES_SYNCHRONOUS_STANDBY") {
+            file.postgres.synchronous_standby = match v.as_str() {
+                "auto" => SynchronousStandby::Auto,
+                "required" => SynchronousStandby::Required,
+                "off" => SynchronousStandby::Off,
+                other => bail!("SETTLE_POSTGRES_SYNCHRONOUS_STANDBY={other}: auto, required or off"),
+            };
+        }
         provider_from_env(&mut file.provider, env)?;
         check_loops(&file.loops)?;
         let default = apply(&RetryPolicy::default(), &file.defaults, "[defaults]")?;
@@ -452,7 +498,14 @@ impl Config {
         if ids.windows(2).any(|w| w[0] == w[1]) {
             bail!("[[webhooks]] ids must be unique");
         }
-        Ok(Config { policies: Policies { default, kinds }, loops: file.loops, http: file.http, provider, webhooks })
+        Ok(Config {
+            policies: Policies { default, kinds },
+            loops: file.loops,
+            http: file.http,
+            postgres: file.postgres,
+            provider,
+            webhooks,
+        })
     }
 
     pub fn from_process_env(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
@@ -482,6 +535,7 @@ impl Config {
             kinds: self.policies.kinds.iter().map(|(k, p)| (k.clone(), file(p))).collect(),
             loops: self.loops.clone(),
             http: self.http.clone(),
+            postgres: self.postgres.clone(),
             provider: match &self.provider {
                 Some(p) => ProviderFile {
                     url: Some(p.url.clone()),
@@ -691,6 +745,8 @@ mod tests {
             "[provider]\nurl = \"http://x\"\ncolour = 1\n",
             "[http]\nheader_read_timeout_ms = 0\n",
             "[http]\nmax_connections = 0\n",
+            "[postgres]\nsynchronous_standby = \"sometimes\"\n",
+            "[postgres]\ncolour = 1\n",
         ] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("c.toml");
@@ -698,6 +754,23 @@ mod tests {
             assert!(Config::load(Some(&path), &BTreeMap::new()).is_err(), "{bad}");
         }
         assert!(Config::load(None, &env(&[("SETTLE_ATTEMPTS_MAX", "x")])).is_err());
+        assert!(Config::load(None, &env(&[("SETTLE_POSTGRES_SYNCHRONOUS_STANDBY", "yes")])).is_err());
+    }
+
+    #[test]
+    fn a_synchronous_standby_is_asked_for_by_the_url_unless_told() {
+        let auto = Config::load(None, &BTreeMap::new()).unwrap();
+        assert_eq!(auto.postgres.synchronous_standby.required(), None);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[postgres]\nsynchronous_standby = \"required\"\n").unwrap();
+        let file = Config::load(Some(&path), &BTreeMap::new()).unwrap();
+        assert_eq!(file.postgres.synchronous_standby.required(), Some(true));
+        let env_over = Config::load(Some(&path), &env(&[("SETTLE_POSTGRES_SYNCHRONOUS_STANDBY", "off")])).unwrap();
+        assert_eq!(env_over.postgres.synchronous_standby.required(), Some(false));
+        // the printed configuration carries it
+        std::fs::write(&path, file.to_toml()).unwrap();
+        assert_eq!(Config::load(Some(&path), &BTreeMap::new()).unwrap().postgres, file.postgres);
     }
 
     #[test]

@@ -67,6 +67,7 @@ async fn open(db: &str, artifacts: &str, config: &Config) -> anyhow::Result<Arc<
     }
     let options = StoreOptions {
         policy: config.policies.clone(),
+        pg_synchronous_standby: config.postgres.synchronous_standby.required(),
         artifacts: Some(Arc::new(artifacts)),
         ..StoreOptions::default()
     };

@@ -50,6 +50,13 @@ pub struct StoreOptions {
     /// that is down — before it is answered `Unavailable` (`503`): a client hears within this
     /// bound that the database is away, instead of hanging.
     pub pg_acquire_timeout: Duration,
+    /// Whether Settle writes only to a PostgreSQL primary that waits for a synchronous standby at
+    /// COMMIT (`synchronous_standby_names` set): one that does not — pg_auto_failover's
+    /// `wait_primary` — is refused like a standby, and writes answer `503` until it does
+    /// (docs/decisions/0027). `None` (the default): required when the URL lists several hosts, a
+    /// formation whose failovers would lose what an asynchronous primary acknowledged; not for one
+    /// host, a server of its own.
+    pub pg_synchronous_standby: Option<bool>,
     pub artifacts: Option<Arc<dyn ArtifactStore>>,
     pub crash: Option<Arc<dyn CrashHook>>,
 }
@@ -71,6 +78,7 @@ impl Default for StoreOptions {
             pg_lock_timeout: Duration::from_secs(10),
             pg_statement_timeout: Duration::from_secs(60),
             pg_acquire_timeout: Duration::from_secs(5),
+            pg_synchronous_standby: None,
             artifacts: None,
             crash: None,
         }

@@ -212,8 +212,22 @@ impl Formation {
             if done(&s) {
                 return;
             }
-            assert!(Instant::now() < deadline, "the formation did not get to {what} in {secs} s: {s:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the formation did not get to {what} in {secs} s: {s:?}\nthe monitor's last events:\n{}",
+                self.events(30)
+            );
             std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The monitor's last `count` events (`pg_autoctl show events`), oldest first: what a failed
+    /// test prints so the formation's part in it can be told from Settle's.
+    pub fn events(&self, count: usize) -> String {
+        let args = ["show", "events", "--pgdata", &self.data(0), "--count", &count.to_string()];
+        match self.command(&args).output() {
+            Ok(out) => format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+            Err(e) => format!("pg_autoctl show events: {e}"),
         }
     }
 
@@ -356,6 +370,10 @@ impl Drop for Formation {
             }
         }
         kill_naming(&self.root.to_string_lossy());
+        if std::env::var_os("SETTLE_KEEP_FORMATION").is_some() {
+            eprintln!("formation kept at {}", self.root.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.root);
         let _ = std::fs::remove_dir_all(runtime_dir(&self.root.to_string_lossy()));
         // pg_autoctl's state per data folder, under the postgres user's home.

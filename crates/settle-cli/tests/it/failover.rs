@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use settle_testkit::formation::Formation;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,9 +43,38 @@ struct Load {
     servers: Vec<String>,
     log: Mutex<Log>,
     stop: AtomicBool,
+    started: Instant,
+    /// Each client's iteration, for the report of where a fault found the load.
+    progress: Vec<AtomicUsize>,
 }
 
 impl Load {
+    /// Records an answer the story never accepts, with when it came: the test fails on it once the
+    /// phase ends, with the formation's events beside it (a panic here would end only this client).
+    fn wrong(&self, what: String) {
+        let at = self.started.elapsed().as_secs_f64();
+        self.log.lock().unwrap().wrong.push(format!("at {at:.1} s: {what}"));
+    }
+
+    fn iterations(&self) -> Vec<usize> {
+        self.progress.iter().map(|p| p.load(Ordering::Relaxed)).collect()
+    }
+
+    /// After a phase: where each client was, and a failure with the monitor's events beside the
+    /// wrong answers if there were any.
+    fn checked(&self, formation: &Formation, phase: &str) {
+        println!(
+            "{phase} (at {:.1} s; the clients at iterations {:?})",
+            self.started.elapsed().as_secs_f64(),
+            self.iterations()
+        );
+        let wrong = self.log.lock().unwrap().wrong.clone();
+        if !wrong.is_empty() {
+            println!("the monitor's last events:\n{}", formation.events(40));
+            panic!("answers that are never right, by the end of {phase}: {:#?}", &wrong[..wrong.len().min(10)]);
+        }
+    }
+
     /// A write, sent again (same body) after each `503` until another answer: a client that
     /// retries as Settle's `Retry-After` asks. Returns the final status and body.
     async fn write(&self, http: &reqwest::Client, server: usize, path: &str, body: Value) -> Option<(u16, Value)> {
@@ -59,17 +88,14 @@ impl Load {
                     (status, r.json::<Value>().await.unwrap_or(Value::Null))
                 }
                 Err(e) => {
-                    self.log.lock().unwrap().wrong.push(format!("POST {path}: no answer: {e}"));
+                    self.wrong(format!("POST {path}: no answer: {e}"));
                     return None;
                 }
             };
-            {
-                let mut log = self.log.lock().unwrap();
-                log.writes.push((sent, Instant::now(), status, server));
-                if status >= 500 && status != 503 {
-                    log.wrong.push(format!("POST {path} {body}: {status} {value}"));
-                    return None;
-                }
+            self.log.lock().unwrap().writes.push((sent, Instant::now(), status, server));
+            if status >= 500 && status != 503 {
+                self.wrong(format!("POST {path} {body} to server {server}: {status} {value}"));
+                return None;
             }
             if status != 503 {
                 return Some((status, value));
@@ -88,8 +114,10 @@ impl Load {
         let id = format!("s{client}-{i}");
         let account = format!("acct{}", client % ACCOUNTS);
         let body = json!({"id": id, "account_id": account, "kind": "render", "cost": 10, "max_attempts": 1});
-        let Some((status, _)) = self.write(http, server, "/v1/jobs", body).await else { return };
-        assert!(matches!(status, 200 | 201), "create {id}: {status}");
+        let Some((status, answer)) = self.write(http, server, "/v1/jobs", body).await else { return };
+        if !matches!(status, 200 | 201) {
+            return self.wrong(format!("create {id} through server {server}: {status} {answer}"));
+        }
         self.log.lock().unwrap().created.insert(id);
         let claim = json!({"worker": format!("w{client}"), "kinds": ["render"], "limit": 1, "lease_seconds": 600});
         let Some((200, claimed)) = self.write(http, server, "/v1/claims", claim).await else { return };
@@ -97,14 +125,21 @@ impl Load {
         let (job, token) = (job["id"].as_str().unwrap().to_owned(), job["lease_token"].as_str().unwrap().to_owned());
         self.log.lock().unwrap().claims.entry(job.clone()).or_default().push(token.clone());
         let fail = json!({"lease_token": token, "code": "TIMEOUT", "retryable": false});
-        let Some((status, _)) = self.write(http, server, &format!("/v1/jobs/{job}/fail"), fail).await else { return };
-        assert_eq!(status, 200, "fail {job}");
-        self.log.lock().unwrap().failed.insert(job.clone());
-        let late = json!({"lease_token": token});
-        let Some((status, _)) = self.write(http, server, &format!("/v1/jobs/{job}/succeed"), late).await else {
+        let Some((status, answer)) = self.write(http, server, &format!("/v1/jobs/{job}/fail"), fail).await else {
             return;
         };
-        assert_eq!(status, 200, "late succeed {job}");
+        if status != 200 {
+            return self
+                .wrong(format!("fail {job} (claimed by client {client} through server {server}): {status} {answer}"));
+        }
+        self.log.lock().unwrap().failed.insert(job.clone());
+        let late = json!({"lease_token": token});
+        let Some((status, answer)) = self.write(http, server, &format!("/v1/jobs/{job}/succeed"), late).await else {
+            return;
+        };
+        if status != 200 {
+            return self.wrong(format!("late succeed {job} through server {server}: {status} {answer}"));
+        }
         self.log.lock().unwrap().succeeded.insert(job);
     }
 
@@ -115,23 +150,30 @@ impl Load {
         let items: Vec<Value> = (0..3).map(|n| json!({"id": format!("i{n}"), "cost": 2})).collect();
         let body =
             json!({"id": id, "account_id": format!("acct{}", client % ACCOUNTS), "kind": "batch", "items": items});
-        let Some((status, _)) = self.write(http, server, "/v1/jobs", body).await else { return };
-        assert!(matches!(status, 200 | 201), "create {id}: {status}");
+        let Some((status, answer)) = self.write(http, server, "/v1/jobs", body).await else { return };
+        if !matches!(status, 200 | 201) {
+            return self.wrong(format!("create {id} through server {server}: {status} {answer}"));
+        }
         self.log.lock().unwrap().created.insert(id.clone());
-        let Some((status, _)) = self.write(http, server, &format!("/v1/jobs/{id}/cancel"), json!({})).await else {
+        let Some((status, answer)) = self.write(http, server, &format!("/v1/jobs/{id}/cancel"), json!({})).await else {
             return;
         };
-        assert_eq!(status, 200, "cancel {id}");
+        if status != 200 {
+            return self.wrong(format!("cancel {id} through server {server}: {status} {answer}"));
+        }
         self.log.lock().unwrap().cancelled.insert(id);
     }
 
     async fn withdrawal(&self, http: &reqwest::Client, client: usize, i: usize) {
         let id = format!("w{client}-{i}");
         let body = json!({"id": id, "account_id": format!("acct{}", client % ACCOUNTS), "amount": 7, "destination": format!("DE{i:020}")});
-        let Some((status, w)) = self.write(http, i % self.servers.len(), "/v1/withdrawals", body).await else {
+        let server = i % self.servers.len();
+        let Some((status, w)) = self.write(http, server, "/v1/withdrawals", body).await else {
             return;
         };
-        assert!(matches!(status, 200 | 201), "withdrawal {id}: {status} {w}");
+        if !matches!(status, 200 | 201) {
+            return self.wrong(format!("withdrawal {id} through server {server}: {status} {w}"));
+        }
         self.log.lock().unwrap().withdrawals.insert(id);
     }
 
@@ -184,6 +226,7 @@ fn start_load(load: &Arc<Load>) -> Vec<tokio::task::JoinHandle<()>> {
                     if load.stop.load(Ordering::Relaxed) {
                         return;
                     }
+                    load.progress[client].store(i, Ordering::Relaxed);
                     match i % 5 {
                         0..=2 => load.story(&http, client, i).await,
                         3 => load.batch(&http, client, i).await,
@@ -196,10 +239,17 @@ fn start_load(load: &Arc<Load>) -> Vec<tokio::task::JoinHandle<()>> {
 }
 
 /// Waits (polling) until `n` more `2xx` writes were answered to requests sent after `t`.
-async fn until_oks(load: &Load, t: Instant, n: usize, secs: u64, what: &str) -> Duration {
+async fn until_oks(load: &Load, formation: &Formation, t: Instant, n: usize, secs: u64, what: &str) -> Duration {
     let deadline = t + Duration::from_secs(secs);
     while load.oks_after(t) < n {
-        assert!(Instant::now() < deadline, "{what}: only {} writes acknowledged in {secs} s", load.oks_after(t));
+        if Instant::now() >= deadline {
+            load.checked(formation, what);
+            panic!(
+                "{what}: only {} writes acknowledged in {secs} s\nthe monitor's last events:\n{}",
+                load.oks_after(t),
+                formation.events(40)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     load.first_ok_after(t).expect("a 2xx")
@@ -226,7 +276,11 @@ fn serve(url: &str, config: &std::path::Path, provider: u16, dir: &std::path::Pa
 async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under_load() {
     let mut formation = Formation::start();
     let url = formation.url();
-    let dir = tempfile::tempdir().unwrap();
+    let keep = std::env::var_os("SETTLE_KEEP_FORMATION").is_some();
+    let dir = tempfile::Builder::new().disable_cleanup(keep).tempdir().unwrap();
+    if keep {
+        eprintln!("the servers' logs are kept at {}", dir.path().display());
+    }
     let sim_port = free_port();
     let _sim = Process(
         Command::new(env!("CARGO_BIN_EXE_settle"))
@@ -259,19 +313,23 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
         servers: vec![base_a.clone(), base_b.clone()],
         log: Mutex::default(),
         stop: AtomicBool::new(false),
+        started: Instant::now(),
+        progress: (0..CLIENTS).map(|_| AtomicUsize::new(0)).collect(),
     });
     no_acknowledgement_without_a_standby(&formation, &url).await;
     let tasks = start_load(&load);
-    until_oks(&load, Instant::now(), 100, 60, "writes before any fault").await;
+    until_oks(&load, &formation, Instant::now(), 100, 60, "writes before any fault").await;
+    load.checked(&formation, "writes before any fault");
 
     // 1. A standby lost: the other one keeps a second copy of every commit, so writes go on.
     let standby = settled_secondaries(&formation)[0];
     let t = Instant::now();
     formation.kill(standby);
-    until_oks(&load, t, 100, 60, "writes with a standby down").await;
-    println!(
-        "standby node{standby} killed (SIGKILL): longest time without a 2xx write {:.2} s",
-        load.longest_gap(t).as_secs_f64()
+    until_oks(&load, &formation, t, 100, 60, "writes with a standby down").await;
+    let gap = load.longest_gap(t).as_secs_f64();
+    load.checked(
+        &formation,
+        &format!("standby node{standby} killed (SIGKILL): longest time without a 2xx write {gap:.2} s"),
     );
     formation.run(standby);
     formation.wait(120, "two secondaries again", |s| {
@@ -289,11 +347,9 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
                 && n.name != format!("node{before}")
         })
     });
-    until_oks(&load, t, 100, 240, "writes after the switchover").await;
-    println!(
-        "switchover from node{before}: longest time without a 2xx write {:.2} s",
-        load.longest_gap(t).as_secs_f64()
-    );
+    until_oks(&load, &formation, t, 100, 240, "writes after the switchover").await;
+    let gap = load.longest_gap(t).as_secs_f64();
+    load.checked(&formation, &format!("switchover from node{before}: longest time without a 2xx write {gap:.2} s"));
 
     // 3. The primary's PostgreSQL and keeper killed (SIGKILL), once the old primary is back as a
     // standby (two standbys again, so the promotion has a candidate that is caught up).
@@ -307,14 +363,17 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
         if writable.is_some_and(|n| n != primary) {
             break t.elapsed();
         }
-        assert!(t.elapsed() < Duration::from_secs(180), "no node was promoted in 180 s");
+        assert!(t.elapsed() < Duration::from_secs(180), "no node was promoted in 180 s:\n{}", formation.events(40));
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let first = until_oks(&load, t, 100, 180, "writes after the primary was killed").await;
-    println!(
-        "primary node{primary} killed (SIGKILL): a standby promoted after {:.2} s, the first 2xx write after {:.2} s",
-        promoted.as_secs_f64(),
-        first.as_secs_f64()
+    let first = until_oks(&load, &formation, t, 100, 180, "writes after the primary was killed").await;
+    load.checked(
+        &formation,
+        &format!(
+            "primary node{primary} killed (SIGKILL): a standby promoted after {:.2} s, the first 2xx write after {:.2} s",
+            promoted.as_secs_f64(),
+            first.as_secs_f64()
+        ),
     );
     // Both processes came back by themselves, and LISTEN for wake-ups on the new primary.
     let new_primary = formation.writable().expect("a primary after the failover");

@@ -147,7 +147,9 @@ impl PgShared {
                 Err(e)
             }
             Ok((v, events)) => {
+                let started = std::time::Instant::now();
                 tx.commit().await.map_err(StoreError::from_commit)?;
+                self.primary.confirm_commit(conn, started.elapsed()).await?;
                 if events {
                     self.sequencer.poke();
                 }
@@ -357,7 +359,11 @@ async fn run_batch(
     // Every operation ran (the loop ends early only when `broken`).
     let (ran, again): (Vec<_>, Vec<_>) = batch.drain(..).zip(ended).partition(|(_, outcome)| *outcome != Ran::Again);
     let (ran, again) = (ran.into_iter().map(|(op, _)| op), again.into_iter().map(|(op, _)| op).collect::<Vec<_>>());
-    let committed = tx.commit().await.map_err(StoreError::from_commit);
+    let started = std::time::Instant::now();
+    let mut committed = tx.commit().await.map_err(StoreError::from_commit);
+    if committed.is_ok() {
+        committed = shared.primary.confirm_commit(&mut conn, started.elapsed()).await;
+    }
     shared.observe(&committed);
     conn.clean_unless_unavailable(&committed);
     answer(shared, committed, events, ran, again);

@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 const PROBE_HOST_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long an idle pooled connection's ping may take before it is closed instead of used.
 const PING_LIMIT: Duration = Duration::from_secs(2);
+/// A COMMIT that took this long waited for a standby, long enough to have been let go by its server
+/// turning synchronous replication off (docs/decisions/0027): its server is asked again after it.
+const SLOW_COMMIT: Duration = Duration::from_secs(1);
 /// Between two probes of a hunt that found no primary.
 const HUNT_PAUSE: Duration = Duration::from_millis(500);
 
@@ -78,6 +81,11 @@ impl Hosts {
             hosts.push((name, options));
         }
         Ok(Hosts(hosts))
+    }
+
+    /// How many hosts the URL lists.
+    pub fn count(&self) -> usize {
+        self.0.len()
     }
 
     /// Each host's options, changed by `f` (the session settings every connection gets).
@@ -153,6 +161,8 @@ pub(crate) struct Primary {
     hunting: AtomicBool,
     /// The highest timeline a primary was seen on: a connection to a server behind it is refused.
     timeline: AtomicU32,
+    /// Only a primary that replicates synchronously is taken (docs/decisions/0027).
+    synchronous: bool,
     pub counters: Counters,
 }
 
@@ -162,12 +172,33 @@ enum Role {
     Primary(u32),
     Standby,
     ReadOnly,
+    /// Takes writes but waits for no standby (`synchronous_standby_names` is empty: pg_auto_failover's
+    /// `wait_primary`, a primary just promoted or one whose standbys are gone): what it acknowledges
+    /// can be lost by the next failover. Refused when the store requires a synchronous standby; its
+    /// timeline still counts, so an older primary still up is not taken instead.
+    Asynchronous(u32),
 }
 
-async fn role(options: &PgConnectOptions) -> Result<Role, String> {
+impl Role {
+    /// Why a host that is not taken as the primary was not, after its name.
+    fn refusal(&self) -> String {
+        match self {
+            Role::Primary(timeline) => format!("is on timeline {timeline}, behind the primary's"),
+            Role::Standby => "is a standby (in recovery)".to_owned(),
+            Role::ReadOnly => "takes no writes (transaction_read_only)".to_owned(),
+            Role::Asynchronous(_) => {
+                "replicates to no synchronous standby (synchronous_standby_names is empty, as in pg_auto_failover's \
+                 wait_primary): a failover could lose what it acknowledges"
+                    .to_owned()
+            }
+        }
+    }
+}
+
+async fn role(options: &PgConnectOptions, synchronous: bool) -> Result<Role, String> {
     let asked = async {
         let mut c = options.connect().await.map_err(|e| e.to_string())?;
-        let role = ask_role(&mut c).await.map_err(|e| e.to_string());
+        let role = ask_role(&mut c, synchronous).await.map_err(|e| e.to_string());
         let _ = c.close().await;
         role
     };
@@ -177,30 +208,42 @@ async fn role(options: &PgConnectOptions) -> Result<Role, String> {
     }
 }
 
-/// A standby, a server that refuses writes (`default_transaction_read_only`), or a primary with
-/// its current timeline (from its WAL file name): after a promotion the new primary's is higher.
-async fn ask_role(c: &mut PgConnection) -> Result<Role, sqlx::Error> {
+/// A standby, a server that refuses writes (`default_transaction_read_only`), one that replicates
+/// asynchronously (when `synchronous` is asked for), or a primary with its current timeline (from
+/// its WAL file name): after a promotion the new primary's is higher.
+async fn ask_role(c: &mut PgConnection, synchronous: bool) -> Result<Role, sqlx::Error> {
     // One round trip; `pg_walfile_name` fails during recovery, so it is asked of a primary only.
-    let (standby, read_only, timeline): (bool, bool, String) = sqlx::query_as(
+    let (standby, read_only, replicated, timeline): (bool, bool, bool, String) = sqlx::query_as(
         "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on', \
+                current_setting('synchronous_standby_names') <> '', \
                 CASE WHEN pg_is_in_recovery() THEN '' ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END",
     )
     .fetch_one(c)
     .await?;
+    let timeline = u32::from_str_radix(&timeline, 16).unwrap_or(0);
     Ok(if standby {
         Role::Standby
     } else if read_only {
         Role::ReadOnly
+    } else if synchronous && !replicated {
+        Role::Asynchronous(timeline)
     } else {
-        Role::Primary(u32::from_str_radix(&timeline, 16).unwrap_or(0))
+        Role::Primary(timeline)
     })
+}
+
+/// Whether a pooled connection's server still waits for a synchronous standby at COMMIT: asked
+/// before each use instead of a bare ping when the store requires one (the same round trip).
+async fn still_synchronous(c: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT current_setting('synchronous_standby_names') <> ''").fetch_one(c).await
 }
 
 impl Primary {
     /// Finds the primary among `hosts` (a clear refusal naming what each host answered when none
     /// is), for the pools made with [`Primary::pool_options`].
-    pub async fn find(hosts: Hosts) -> Result<Arc<Primary>, StoreError> {
+    pub async fn find(hosts: Hosts, synchronous: bool) -> Result<Arc<Primary>, StoreError> {
         let p = Arc::new(Primary {
+            synchronous,
             hosts,
             current: AtomicUsize::new(0),
             pools: Mutex::new(Vec::new()),
@@ -214,7 +257,7 @@ impl Primary {
         Ok(p)
     }
 
-    /// The primary's connect options (for a connection outside the pools: the migrator's lock).
+    /// The primary's connect options (the pools are made with them).
     pub fn options(&self) -> PgConnectOptions {
         self.hosts.0[self.current.load(Ordering::SeqCst)].1.clone()
     }
@@ -236,31 +279,66 @@ impl Primary {
             .after_connect(move |conn, _meta| {
                 let primary = on_connect.clone();
                 Box::pin(async move {
-                    let role = ask_role(conn).await?;
                     let Some(p) = primary.upgrade() else { return Ok(()) };
+                    let role = ask_role(conn, p.synchronous).await?;
                     p.counters.connections_opened.fetch_add(1, Ordering::Relaxed);
-                    let refused = match role {
+                    match role {
                         Role::Primary(timeline) if timeline >= p.timeline.load(Ordering::SeqCst) => {
                             p.timeline.fetch_max(timeline, Ordering::SeqCst);
                             return Ok(());
                         }
-                        Role::Primary(timeline) => format!("is on timeline {timeline}, behind the primary's"),
-                        Role::Standby => "is a standby (in recovery)".to_owned(),
-                        Role::ReadOnly => "takes no writes (transaction_read_only)".to_owned(),
-                    };
+                        Role::Asynchronous(timeline) => {
+                            p.timeline.fetch_max(timeline, Ordering::SeqCst);
+                        }
+                        _ => {}
+                    }
                     p.signal();
-                    Err(sqlx::Error::Protocol(format!("{} {refused}, not the primary", p.host())))
+                    Err(sqlx::Error::Protocol(format!("{} {}, not the primary", p.host(), role.refusal())))
                 })
             })
             .before_acquire(move |conn, meta| {
-                let fresh = on_acquire.upgrade().is_none_or(|p| p.is_after_epoch(meta.age));
+                let primary = on_acquire.upgrade();
+                let fresh = primary.as_ref().is_none_or(|p| p.is_after_epoch(meta.age));
                 Box::pin(async move {
                     if !fresh {
                         return Ok(false);
                     }
-                    Ok(matches!(tokio::time::timeout(PING_LIMIT, conn.ping()).await, Ok(Ok(()))))
+                    let Some(p) = primary.filter(|p| p.synchronous) else {
+                        return Ok(matches!(tokio::time::timeout(PING_LIMIT, conn.ping()).await, Ok(Ok(()))));
+                    };
+                    match tokio::time::timeout(PING_LIMIT, still_synchronous(conn)).await {
+                        Ok(Ok(true)) => Ok(true),
+                        // Its server stopped waiting for a standby: closed, and the hunt looks for
+                        // a primary that does (a new connection to this one is refused until then).
+                        Ok(Ok(false)) => {
+                            p.signal();
+                            Ok(false)
+                        }
+                        _ => Ok(false),
+                    }
                 })
             })
+    }
+
+    /// After a COMMIT that took `took`, on its connection: when the store requires a synchronous
+    /// standby and the COMMIT waited long enough to have been let go by its server turning
+    /// synchronous replication off — pg_auto_failover cancels the waits when it does, and
+    /// PostgreSQL then answers success with only a warning — asks whether the server still waits for
+    /// a standby (the backend reads the reloaded setting before this query). One that no longer
+    /// does may hold the commit alone: the outcome is unknown (`Unavailable`, a `503`; the same
+    /// request again converges through the guards).
+    pub async fn confirm_commit(&self, conn: &mut PgConnection, took: Duration) -> Result<(), StoreError> {
+        if !self.synchronous || took < SLOW_COMMIT {
+            return Ok(());
+        }
+        match tokio::time::timeout(PING_LIMIT, still_synchronous(conn)).await {
+            Ok(Ok(true)) => Ok(()),
+            _ => Err(StoreError::Unavailable(
+                "the COMMIT waited for a standby and its server then stopped waiting for one (or did not answer): \
+                 it may hold this commit alone, so the outcome is unknown"
+                    .into(),
+            )),
+        }
     }
 
     /// Registers a pool to follow the primary.
@@ -332,30 +410,42 @@ impl Primary {
 
     /// Asks every host; the primary is the one that takes writes, on the highest timeline when two
     /// say they do (an old primary back up before it learned of its demotion), the current host on
-    /// a tie.
+    /// a tie. When the host on the highest timeline replicates asynchronously and the store requires
+    /// a synchronous standby, there is no primary yet: an older one still up is never taken instead.
     async fn look(&self) -> Result<usize, StoreError> {
         let n = self.hosts.0.len();
         let current = self.current.load(Ordering::SeqCst);
         let mut best: Option<(u32, usize)> = None;
+        let mut newest = 0;
         let mut answers = Vec::new();
         for i in (0..n).map(|k| (current + k) % n) {
             let (name, options) = &self.hosts.0[i];
-            match role(options).await {
+            match role(options, self.synchronous).await {
                 Ok(Role::Primary(timeline)) => {
+                    newest = newest.max(timeline);
                     if best.is_none_or(|(t, _)| timeline > t) {
                         best = Some((timeline, i));
                     }
                 }
-                Ok(Role::Standby) => answers.push(format!("{name} is a standby (in recovery)")),
-                Ok(Role::ReadOnly) => answers.push(format!("{name} takes no writes (transaction_read_only)")),
+                Ok(other) => {
+                    if let Role::Asynchronous(timeline) = other {
+                        newest = newest.max(timeline);
+                    }
+                    answers.push(format!("{name} {}", other.refusal()));
+                }
                 Err(e) => answers.push(format!("{name}: {e}")),
             }
         }
-        if let Some((timeline, _)) = best {
-            self.timeline.fetch_max(timeline, Ordering::SeqCst);
+        self.timeline.fetch_max(newest, Ordering::SeqCst);
+        match best {
+            Some((timeline, i)) if timeline >= newest => Ok(i),
+            Some((timeline, i)) => {
+                let name = &self.hosts.0[i].0;
+                answers.push(format!("{name} is on timeline {timeline}, behind the newest ({newest})"));
+                Err(StoreError::Unavailable(format!("no writable PostgreSQL primary: {}", answers.join("; "))))
+            }
+            None => Err(StoreError::Unavailable(format!("no writable PostgreSQL primary: {}", answers.join("; ")))),
         }
-        best.map(|(_, i)| i)
-            .ok_or_else(|| StoreError::Unavailable(format!("no writable PostgreSQL primary: {}", answers.join("; "))))
     }
 }
 

@@ -182,8 +182,10 @@ impl SqlStore {
                 ("statement_timeout", format!("{}ms", options.pg_statement_timeout.as_millis().max(1))),
             ])
         });
-        // The writable primary among the URL's hosts (docs/decisions/0024); none is a refusal.
-        let primary = Primary::find(hosts).await?;
+        // The writable primary among the URL's hosts (docs/decisions/0024); none is a refusal. A
+        // formation's primary must also wait for a synchronous standby (docs/decisions/0027).
+        let synchronous = options.pg_synchronous_standby.unwrap_or(hosts.count() > 1);
+        let primary = Primary::find(hosts, synchronous).await?;
         let connect = primary.options();
         let pool = primary
             .pool_options()
