@@ -145,9 +145,16 @@ async fn run_postgres(args: &BenchArgs, server: &str) -> anyhow::Result<()> {
     );
     println!("{:>11} {:>14} {:>16} {:>9}", "concurrency", "transitions/s", "raw commits/s", "ratio");
     let raw = pg_raw_commits_per_second(server, 2_000).await?;
+    // `SETTLE_POSTGRES_SYNCHRONOUS_STANDBY=required` measures a formation's per-use check against
+    // its primary's own URL (docs/decisions/0027).
+    let synchronous = crate::config::Config::from_process_env(None)?.postgres.synchronous_standby.required();
     for &concurrency in &args.concurrency {
         let url = fresh_pg_database(server).await?;
-        let options = StoreOptions { pg_max_connections: concurrency.clamp(1, 64) as u32, ..StoreOptions::default() };
+        let options = StoreOptions {
+            pg_max_connections: concurrency.clamp(1, 64) as u32,
+            pg_synchronous_standby: synchronous,
+            ..StoreOptions::default()
+        };
         let store = Arc::new(SqlStore::open(&url, options).await?);
         let rate = drive(store.clone(), concurrency.max(1), args.jobs).await?;
         println!(
