@@ -120,7 +120,10 @@ impl Load {
         }
         self.log.lock().unwrap().created.insert(id);
         let claim = json!({"worker": format!("w{client}"), "kinds": ["render"], "limit": 1, "lease_seconds": 600});
-        let Some((200, claimed)) = self.write(http, server, "/v1/claims", claim).await else { return };
+        let Some((status, claimed)) = self.write(http, server, "/v1/claims", claim).await else { return };
+        if status != 200 {
+            return self.wrong(format!("claim through server {server}: {status} {claimed}"));
+        }
         let Some(job) = claimed["jobs"].as_array().and_then(|j| j.first()).cloned() else { return };
         let (job, token) = (job["id"].as_str().unwrap().to_owned(), job["lease_token"].as_str().unwrap().to_owned());
         self.log.lock().unwrap().claims.entry(job.clone()).or_default().push(token.clone());

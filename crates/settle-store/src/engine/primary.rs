@@ -438,14 +438,13 @@ impl Primary {
         }
         self.timeline.fetch_max(newest, Ordering::SeqCst);
         match best {
-            Some((timeline, i)) if timeline >= newest => Ok(i),
+            Some((timeline, i)) if timeline >= newest => return Ok(i),
             Some((timeline, i)) => {
-                let name = &self.hosts.0[i].0;
-                answers.push(format!("{name} is on timeline {timeline}, behind the newest ({newest})"));
-                Err(StoreError::Unavailable(format!("no writable PostgreSQL primary: {}", answers.join("; "))))
+                answers.push(format!("{} is on timeline {timeline}, behind the newest ({newest})", self.hosts.0[i].0))
             }
-            None => Err(StoreError::Unavailable(format!("no writable PostgreSQL primary: {}", answers.join("; ")))),
+            None => {}
         }
+        Err(StoreError::Unavailable(format!("no writable PostgreSQL primary: {}", answers.join("; "))))
     }
 }
 
