@@ -29,7 +29,7 @@ def render(job: JobContext):
         return Unknown("the render farm did not answer")
     done = 0
     for item in job.items_to_do():
-        if job.cancel_requested:
+        if job.stopping:  # a cancel, or this worker is stopping (SIGTERM): the job is released
             return Cancelled()
         time.sleep(sleep)
         if p.get("fail_item") == item["id"]:

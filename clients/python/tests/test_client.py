@@ -28,6 +28,7 @@ from settle_client import (
     ItemState,
     JobState,
     LeaseLost,
+    Released,
     Replayed,
     SettleError,
     SignatureError,
@@ -586,3 +587,243 @@ async def test_the_asyncio_worker_prices_held_items(server, admin):
     job = admin.job("aio-held-1")
     assert (job["state"], job["cost"], job["net"]) == (JobState.SUCCEEDED, 42, -42)
     assert admin.account("aio-held")["balance"] == 58
+
+
+# ----- a worker that must stop releases its job (semantics §3 "Release") -------------------------
+
+
+def _due(job: dict) -> bool:
+    not_before = datetime.datetime.fromisoformat(job["not_before"].replace("Z", "+00:00"))
+    return not_before <= datetime.datetime.now(datetime.timezone.utc)
+
+
+def _assert_released(admin: Client, account_id: str, job_id: str, done: list[str], n: int, cost: int) -> None:
+    """The job is queued again and due, its one attempt closed `released`, the items reported
+    delivered and the rest still charged: nothing refunded, nothing charged twice."""
+    job = admin.job(job_id)
+    assert (job["state"], job["attempt"], job["cancel_requested"]) == (JobState.QUEUED, 1, False), job
+    assert _due(job), job["not_before"]
+    assert [i["state"] for i in job["items"]] == ["succeeded"] * len(done) + ["charged"] * (n - len(done)), job["items"]
+    assert [(a["result"], a["fail_code"]) for a in admin.attempts(job_id)] == [("released", None)]
+    entries = [e["kind"] for e in admin.ledger(account_id)["entries"] if e["job_id"] == job_id]
+    assert entries == ["charge"] * n, entries
+    assert job["net"] == -n * cost
+
+
+def test_a_stopped_worker_releases_its_job_after_the_item_in_hand(admin, worker_client):
+    """stop() during the first of four items: that item finishes and is reported, its report answers
+    STOP, and the job is handed back — not run to its end (the user's report: SIGTERM two seconds
+    into a four-frame job ran all four). The released attempt does not count toward max_attempts."""
+    account(admin, "drain", 1_000)
+    admin.create_job("drain-1", "drain", "drain", items=[(f"f{i}", 10) for i in range(4)], max_attempts=2)
+    in_first = threading.Event()
+    done: list[str] = []
+    seen: list[tuple[bool, bool]] = []
+
+    def handler(job):
+        for item in job.items_to_do():
+            in_first.set()
+            time.sleep(0.5)  # the frame
+            flow = job.item_done(item["id"])
+            done.append(item["id"])
+            if flow is Flow.STOP:
+                seen.append((job.stopping, job.cancel_requested))
+                return Cancelled()
+        return Succeeded()
+
+    w = Worker(worker_client, kind="drain", handler=handler, name="py-drain", wait_seconds=1)
+    t = threading.Thread(target=w.run)
+    t.start()
+    assert in_first.wait(20)
+    w.stop()
+    t.join(30)
+    assert not t.is_alive()
+    assert 1 <= len(done) <= 2, done
+    assert seen == [(True, False)], "the worker's own stop, not a cancel"
+    _assert_released(admin, "drain", "drain-1", done, 4, 10)
+    assert admin.account("drain")["balance"] == 960, "still charged, no refund"
+
+    # The release did not use the budget: with max_attempts=2, the next attempt's failure is retried,
+    # not dead, and the attempt after it finishes the items the released one left.
+    runs: list[tuple[int, list[str]]] = []
+
+    def second(job):
+        todo = [i["id"] for i in job.items_to_do()]
+        runs.append((job.attempt, todo))
+        if job.attempt == 2:
+            return Failed("NODE_DOWN", "node went away", retry_after_ms=10)
+        for item in todo:
+            assert job.item_done(item) is Flow.CONTINUE
+        return Succeeded()
+
+    w2 = Worker(worker_client, kind="drain", handler=second, name="py-drain-2", wait_seconds=2)
+    assert w2.run(max_jobs=1) == 1
+    job = admin.job("drain-1")
+    assert job["state"] == JobState.QUEUED and job["last_error"]["code"] == "NODE_DOWN", job
+    assert w2.run(max_jobs=1) == 1
+    rest = [f"f{i}" for i in range(len(done), 4)]
+    assert runs == [(2, rest), (3, rest)], runs
+    job = admin.job("drain-1")
+    assert job["state"] == JobState.SUCCEEDED, job
+    assert [a["result"] for a in admin.attempts("drain-1")] == ["released", "failed", "succeeded"]
+    assert admin.account("drain")["balance"] == 960, "each item charged once in the end"
+    assert admin.audit()["ok"] is True
+
+
+def test_sigterm_releases_the_job_after_the_item_in_hand(server, admin):
+    """The user's case as it happens: a worker process with run(handle_signals=True) gets SIGTERM
+    during the first of four frames; it finishes that frame, releases the job and exits."""
+    base, _ = server
+    account(admin, "preempt", 100)
+    admin.create_job("preempt-1", "preempt", "preempt", items=[(f"frame-{i}", 10) for i in range(4)])
+    script = textwrap.dedent(
+        f"""
+        import time
+        from settle_client import Cancelled, Client, Flow, Succeeded, Worker
+        def render(job):
+            for item in job.items_to_do():
+                print("frame", item["id"], flush=True)
+                time.sleep(1.0)
+                if job.item_done(item["id"]) is Flow.STOP:
+                    print("stopping", job.stopping, job.cancel_requested, flush=True)
+                    return Cancelled()
+            return Succeeded()
+        w = Worker(Client({base!r}, token={WORKER!r}), kind="preempt", handler=render, name="preemptible", wait_seconds=1)
+        print("ran", w.run(handle_signals=True), flush=True)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "frame frame-0"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.stdout.read().splitlines() == ["stopping True False", "ran 1"]
+    _assert_released(admin, "preempt", "preempt-1", ["frame-0"], 4, 10)
+    assert admin.account("preempt")["balance"] == 60
+
+
+async def test_a_stopped_asyncio_worker_releases_its_job_after_the_item_in_hand(server, admin):
+    import asyncio
+
+    base, _ = server
+    account(admin, "adrain", 1_000)
+    admin.create_job("adrain-1", "adrain", "adrain", items=[(f"f{i}", 10) for i in range(4)])
+    in_first = asyncio.Event()
+    done: list[str] = []
+    seen: list[tuple[bool, bool]] = []
+
+    async def handler(job):
+        for item in job.items_to_do():
+            in_first.set()
+            await asyncio.sleep(0.5)  # the frame
+            flow = await job.item_done(item["id"])
+            done.append(item["id"])
+            if flow is Flow.STOP:
+                seen.append((job.stopping, job.cancel_requested))
+                return Cancelled()
+        return Succeeded()
+
+    async with AsyncClient(base, token=WORKER) as c:
+        w = AsyncWorker(c, kind="adrain", handler=handler, name="py-adrain", wait_seconds=1)
+        task = asyncio.create_task(w.run())
+        await asyncio.wait_for(in_first.wait(), 20)
+        w.stop()
+        assert await asyncio.wait_for(task, 30) == 1
+    assert 1 <= len(done) <= 2, done
+    assert seen == [(True, False)]
+    _assert_released(admin, "adrain", "adrain-1", done, 4, 10)
+    assert admin.account("adrain")["balance"] == 960
+
+
+def test_a_handler_may_release_its_job_itself(admin, worker_client):
+    """`Released()`: the job goes back to the queue; with max_attempts=1 the next attempt still runs
+    and succeeds (the released one did not count)."""
+    account(admin, "handback", 100)
+    admin.create_job("handback-1", "handback", "handback", items=[("a", 10), ("b", 10)], max_attempts=1)
+
+    def handler(job):
+        if job.attempt == 1:
+            assert job.item_done("a") is Flow.CONTINUE and not job.stopping
+            return Released()
+        assert [i["id"] for i in job.items_to_do()] == ["b"]
+        assert job.item_done("b") is Flow.CONTINUE
+        return Succeeded()
+
+    assert Worker(worker_client, kind="handback", handler=handler, name="py-handback", wait_seconds=1).run(max_jobs=2) == 2
+    job = admin.job("handback-1")
+    assert (job["state"], job["attempt"], job["net"]) == (JobState.SUCCEEDED, 2, -20), job
+    assert [a["result"] for a in admin.attempts("handback-1")] == ["released", "succeeded"]
+    assert admin.account("handback")["balance"] == 80
+
+
+def test_a_stopping_worker_still_reports_a_requested_cancel(admin, worker_client):
+    """A cancel requested while the worker is also stopping: `Cancelled()` is the failure
+    `CANCELLED` as ever — the job is cancelled and its undelivered items refunded, not put back."""
+    account(admin, "stopcancel", 1_000)
+    admin.create_job("stopcancel-1", "stopcancel", "stopcancel", items=[(f"f{i}", 10) for i in range(4)])
+    one_done, go_on = threading.Event(), threading.Event()
+    seen: list[tuple[str, bool, bool]] = []
+
+    def handler(job):
+        for item in job.items_to_do():
+            if item["id"] == "f1":
+                one_done.set()
+                go_on.wait(10)
+            if job.item_done(item["id"]) is Flow.STOP:
+                seen.append((item["id"], job.stopping, job.cancel_requested))
+                return Cancelled()
+        return Succeeded()
+
+    w = Worker(worker_client, kind="stopcancel", handler=handler, name="py-stopcancel", wait_seconds=1)
+    t = threading.Thread(target=w.run)
+    t.start()
+    assert one_done.wait(20)
+    assert admin.cancel("stopcancel-1")["cancel_requested"] is True
+    w.stop()
+    go_on.set()
+    t.join(30)
+    assert not t.is_alive()
+    assert seen == [("f1", True, True)], seen
+    job = admin.job("stopcancel-1")
+    deadline = time.time() + 10
+    while job["state"] != JobState.CANCELLED and time.time() < deadline:
+        time.sleep(0.1)
+        job = admin.job("stopcancel-1")
+    assert job["state"] == JobState.CANCELLED, job
+    assert [i["state"] for i in job["items"]] == ["succeeded", "succeeded", "cancelled", "cancelled"]
+    [attempt] = admin.attempts("stopcancel-1")
+    assert attempt["result"] != "released" and attempt["fail_code"] == "CANCELLED", attempt
+    assert admin.account("stopcancel")["balance"] == 1_000 - 20
+
+
+def test_release_answers_applied_replayed_or_lease_lost(admin, worker_client, hooks):
+    """`Client.release` reads its answer as the other reports do (decision 0019): applied, a replay
+    when re-sent, `LeaseLost` with a stale token."""
+    account(admin, "handed", 100)
+    admin.create_job("handed-1", "handed", "handed", items=[("a", 10), ("b", 10)])
+    (job,) = worker_client.claim("py-handed", kinds=["handed"])
+    token = job["lease_token"]
+    assert isinstance(worker_client.item_succeed("handed-1", "a", token), Applied)
+    first = worker_client.release("handed-1", token)
+    assert isinstance(first, Applied) and not first.replayed
+    assert (first["state"], first["attempt"], [i["state"] for i in first["items"]]) == ("queued", 1, ["succeeded", "charged"])
+    again = worker_client.release("handed-1", token)
+    assert isinstance(again, Replayed) and again.replayed and again["state"] == "queued"
+    with pytest.raises(LeaseLost) as e:
+        worker_client.release("handed-1", "a-token-never-issued")
+    assert (e.value.status, e.value.code, e.value.lease, e.value.state) == (409, "lease_lost", "never_issued", "queued")
+    # The next attempt succeeds: a release with its token is refused now (its attempt ended another
+    # way), and the first attempt's re-sent release is still a replay.
+    (job2,) = worker_client.claim("py-handed", kinds=["handed"])
+    assert (job2["attempt"], [i["id"] for i in job2["items"] if i["state"] == "charged"]) == (2, ["b"])
+    assert isinstance(worker_client.succeed("handed-1", job2["lease_token"]), Applied)
+    with pytest.raises(LeaseLost) as e:
+        worker_client.release("handed-1", job2["lease_token"])
+    assert (e.value.lease, e.value.state, e.value.attempt["result"]) == ("ended", "succeeded", "succeeded")
+    assert isinstance(worker_client.release("handed-1", token), Replayed)
+    assert [a["result"] for a in admin.attempts("handed-1")] == ["released", "succeeded"]
+    assert admin.account("handed")["balance"] == 80
+    hooks.wait_for(lambda e: e["type"] == "job.released" and e.get("job_id") == "handed-1")

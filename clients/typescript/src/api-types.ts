@@ -58,7 +58,8 @@ export interface Attempt {
    */
   message?: string | null;
   /**
-   * `succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`; null while open.
+   * `succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`, `released`; null
+   * while open.
    */
   result?: string | null;
   /**

@@ -490,7 +490,8 @@ pub struct Attempt {
     pub started_at: String,
     /// When the attempt ended (RFC 3339 UTC time); null while open.
     pub finished_at: Option<String>,
-    /// `succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`; null while open.
+    /// `succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`, `released`; null
+    /// while open.
     pub result: Option<String>,
     /// The failure's code, if it failed.
     pub fail_code: Option<String>,

@@ -649,6 +649,32 @@ pub async fn fail(
     Ok(reported(dto::Job::from(out.value), out.applied))
 }
 
+/// Release a job at an item boundary
+///
+/// For a worker that must stop (its machine is being taken away): after reporting the item in hand,
+/// it hands the job back. The job goes back to `queued`, due at once; no money moves; the attempt
+/// closes as `released` and does not count toward `max_attempts`. When a cancel was requested the
+/// release is the worker's stop and the job is torn down (`cancelled`) instead. A re-send after it
+/// took effect is a replay (`200` with `Idempotent-Replayed: true`); another stale token is `409
+/// lease_lost` and changes nothing.
+#[utoipa::path(post, path = "/v1/jobs/{id}/release", tag = "workers", params(("id" = String, Path)),
+    request_body = dto::LeaseOnly,
+    responses((status = 200, description = "released (queued), torn down after a cancel, or a replay (header Idempotent-Replayed: true)", body = dto::Job),
+              (status = 404, body = ErrorBody),
+              (status = 409, description = "lease_lost, or a withdrawal (moved only by the payout processor)", body = ErrorBody)))]
+pub async fn release(
+    State(s): State<AppState>,
+    auth: Auth<WorkerRole>,
+    Path(job): Path<String>,
+    Json(b): Json<dto::LeaseOnly>,
+) -> ApiResult {
+    // A worker token scoped to kinds reports only on jobs of those kinds.
+    seen_job(&s, &auth.actor, &id(JobId::parse, &job)?).await?;
+    let out = s.store.release(&id(JobId::parse, &job)?, &token(b.lease_token)?).await?;
+    mark("release", out.applied);
+    Ok(reported(dto::Job::from(out.value), out.applied))
+}
+
 /// Report that a job's outcome is unknown
 ///
 /// For an external effect whose answer was lost: the job moves to `unknown`, keeps its charge, and
@@ -867,8 +893,9 @@ pub async fn withdrawal_returned(
 ///
 /// For a withdrawal `unknown` (its send got no answer) whose provider can no longer be asked: an
 /// operator records what was confirmed by other means — `sent` with the provider's txid (the
-/// withdrawal succeeds), or `not_sent` (it ends `dead`, `CONFIRMED_NOT_SENT`, its hold refunded; a
-/// person may requeue it). One guarded transition from `unknown`, recorded in the action log.
+/// withdrawal succeeds), or `not_sent` (it ends `dead`, `CONFIRMED_NOT_SENT`, its hold refunded; it
+/// cannot be requeued — to send the money after all, create a new withdrawal, which gets a new
+/// idempotency key). One guarded transition from `unknown`, recorded in the action log.
 /// Refused (`409 invalid_transition`) while this server has a payout provider configured — the
 /// reconciler asks it — and for a withdrawal in any other state. Admin only.
 #[utoipa::path(post, path = "/v1/withdrawals/{id}/resolve", tag = "withdrawals", params(("id" = String, Path)),

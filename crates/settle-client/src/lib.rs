@@ -305,6 +305,13 @@ impl Client {
         self.report(&format!("/v1/jobs/{}/fail", segment("job id", job)?), body).await
     }
 
+    /// Hands the job back at an item boundary (the worker must stop): queued again, due at once,
+    /// the attempt not counted; torn down instead when a cancel was requested.
+    pub async fn release(&self, job: &str, token: &str) -> Result<Report<Value>, ClientError> {
+        let job = segment("job id", job)?;
+        self.report(&format!("/v1/jobs/{job}/release"), json!({"lease_token": token})).await
+    }
+
     pub async fn unknown(&self, job: &str, token: &str, message: &str) -> Result<Report<Value>, ClientError> {
         let job = segment("job id", job)?;
         self.report(&format!("/v1/jobs/{job}/unknown"), json!({"lease_token": token, "message": message})).await
@@ -399,15 +406,20 @@ pub enum Outcome {
     Failed(Failure),
     /// The work may or may not have happened (a timeout after sending): never retried automatically.
     Unknown(String),
-    /// The handler stopped because a cancel was requested; reported as `fail` with code `CANCELLED`.
+    /// The handler stopped at an item boundary ([`Flow::Stop`]): reported as `fail` with code
+    /// `CANCELLED` when a cancel was requested, else — the worker is stopping — as a release.
     Cancelled,
+    /// The handler hands the job back unfinished (the worker must stop): reported as a release —
+    /// queued again, due at once, the attempt not counted.
+    Released,
 }
 
 /// Whether to go on with the next item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Flow {
     Continue,
-    /// A cancel was requested (or the lease is gone): stop at this item boundary.
+    /// A cancel was requested, the lease is gone, or the worker is stopping: stop at this item
+    /// boundary.
     Stop,
 }
 
@@ -417,12 +429,22 @@ pub struct JobContext {
     pub job: ClaimedJob,
     cancel: Arc<AtomicBool>,
     lost: Arc<AtomicBool>,
+    /// The worker was asked to stop: the job is released at the next item boundary.
+    draining: CancellationToken,
     outage: Arc<Outage>,
 }
 
 impl JobContext {
+    /// Whether to stop at this item boundary: a cancel was requested, the lease is gone, or the
+    /// worker is stopping (its job in hand is then released, not failed).
     pub fn cancel_requested(&self) -> bool {
-        self.cancel.load(Ordering::SeqCst) || self.lost.load(Ordering::SeqCst)
+        self.cancel.load(Ordering::SeqCst) || self.lost.load(Ordering::SeqCst) || self.draining.is_cancelled()
+    }
+
+    /// Whether the worker is stopping (a stop request, SIGTERM in `settle`'s own worker): the handler
+    /// should stop after the item in hand; returning [`Outcome::Cancelled`] then releases the job.
+    pub fn stopping(&self) -> bool {
+        self.draining.is_cancelled()
     }
 
     /// Reports `item` delivered. A report the item's state contradicts (an earlier attempt failed
@@ -524,8 +546,11 @@ impl Worker {
         }
     }
 
-    /// Claims and runs jobs until `stop`; jobs in hand finish and report. Ends early with the error
-    /// when Settle refuses the token (`401`, `403`); rides out everything else.
+    /// Claims and runs jobs until `stop`. Jobs in hand then stop at their next item boundary (each
+    /// handler learns it from its next item report, as it would a cancel), report the item in hand
+    /// and are released: queued again, due at once, the attempt not counted. A handler that reports
+    /// no items runs to its end. Ends early with the error when Settle refuses the token (`401`,
+    /// `403`); rides out everything else.
     pub async fn run(self, handler: Arc<dyn Handler>, stop: CancellationToken) -> Result<(), ClientError> {
         let slots = Arc::new(tokio::sync::Semaphore::new(self.concurrency.max(1) as usize));
         let mut tasks = tokio::task::JoinSet::new();
@@ -574,15 +599,16 @@ impl Worker {
             };
             for job in jobs {
                 let permit = slots.clone().acquire_owned().await.expect("semaphore open");
-                let (client, handler, outage) = (self.client.clone(), handler.clone(), outage.clone());
+                let (client, handler, outage, draining) =
+                    (self.client.clone(), handler.clone(), outage.clone(), stop.clone());
                 tasks.spawn(async move {
-                    run_one(client, handler, job, heartbeat_every, outage).await;
+                    run_one(client, handler, job, heartbeat_every, outage, draining).await;
                     drop(permit);
                 });
             }
             while tasks.try_join_next().is_some() {}
         }
-        // Jobs under way finish and report.
+        // Jobs under way stop at their next item boundary, report and are released.
         while tasks.join_next().await.is_some() {}
         refused.map_or(Ok(()), Err)
     }
@@ -594,6 +620,7 @@ async fn run_one(
     job: ClaimedJob,
     heartbeat_every: Duration,
     outage: Arc<Outage>,
+    draining: CancellationToken,
 ) {
     let cancel = Arc::new(AtomicBool::new(job.cancel_requested));
     let lost = Arc::new(AtomicBool::new(false));
@@ -632,7 +659,7 @@ async fn run_one(
             }
         })
     };
-    let ctx = JobContext { client: client.clone(), job, cancel, lost, outage: outage.clone() };
+    let ctx = JobContext { client: client.clone(), job, cancel, lost, draining, outage: outage.clone() };
     let outcome = handler.run(&ctx).await;
     beating.cancel();
     let _ = beat.await;
@@ -650,6 +677,9 @@ async fn run_one(
         return;
     }
     let unknown = matches!(outcome, Outcome::Unknown(_));
+    // A stop at an item boundary that no cancel asked for: the worker is stopping, the job goes back.
+    let release = matches!(outcome, Outcome::Released)
+        || (matches!(outcome, Outcome::Cancelled) && !ctx.cancel.load(Ordering::SeqCst) && ctx.stopping());
     let cancelled = Failure {
         code: "CANCELLED".into(),
         message: "stopped at an item boundary".into(),
@@ -663,7 +693,8 @@ async fn run_one(
             Outcome::Priced(result, costs) => client.succeed_priced(id, token, result.clone(), costs).await,
             Outcome::Failed(f) => client.fail(id, token, f).await,
             Outcome::Unknown(m) => client.unknown(id, token, m).await,
-            Outcome::Cancelled => client.fail(id, token, &cancelled).await,
+            _ if release => client.release(id, token).await,
+            Outcome::Cancelled | Outcome::Released => client.fail(id, token, &cancelled).await,
         }
     })
     .await;

@@ -23,6 +23,7 @@ crate::names! {
         JobUnknown = "job.unknown",
         JobSucceeded = "job.succeeded",
         JobRequeued = "job.requeued",
+        JobReleased = "job.released",
         WithdrawalLateExecution = "withdrawal.late_execution",
         WithdrawalReturned = "withdrawal.returned",
         GrantExpired = "grant.expired",
@@ -32,7 +33,10 @@ crate::names! {
 impl EventKind {
     /// Events after which work may be due: a transaction that writes one wakes waiting claims.
     pub const fn wakes_claims(self) -> bool {
-        matches!(self, EventKind::JobQueued | EventKind::JobRetryScheduled | EventKind::JobRequeued)
+        matches!(
+            self,
+            EventKind::JobQueued | EventKind::JobRetryScheduled | EventKind::JobRequeued | EventKind::JobReleased
+        )
     }
 }
 
@@ -46,6 +50,8 @@ crate::names! {
         Cancelled = "cancelled",
         /// A success from an earlier attempt arrived and overtook this one (spec §3).
         Superseded = "superseded",
+        /// The worker had to stop and handed the job back (spec §3 "Release"): not counted.
+        Released = "released",
     }
 }
 
@@ -59,6 +65,7 @@ crate::names! {
         Fail = "fail",
         Succeed = "succeed",
         Unknown = "unknown",
+        Release = "release",
     }
 }
 
@@ -84,6 +91,6 @@ mod tests {
     #[test]
     fn only_events_that_make_work_due_wake_claims() {
         let waking: Vec<_> = EventKind::ALL.iter().filter(|k| k.wakes_claims()).map(|k| k.as_str()).collect();
-        assert_eq!(waking, ["job.queued", "job.retry_scheduled", "job.requeued"]);
+        assert_eq!(waking, ["job.queued", "job.retry_scheduled", "job.requeued", "job.released"]);
     }
 }

@@ -16,6 +16,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub const ACCOUNTS: usize = 3;
 pub const GRANT: i64 = 10_000;
+/// The owing account's terms: a little cash, a trial, and an overdraft it lives on.
+const OWING_CASH: i64 = 60;
+const OWING_TRIAL: i64 = 100;
+const OWING_OVERDRAFT: i64 = 200;
 
 /// Short leases and backoffs, so a few hundred steps of simulated time see them run out.
 pub fn policies() -> Policies {
@@ -101,6 +105,40 @@ impl World {
             }
             self.accounts.push(id);
         }
+        self.setup_in_debt(store).await;
+    }
+
+    /// One more account that lives on its overdraft: a little cash, a trial that outlasts the run,
+    /// room to owe — the ground the cash rule stands on (semantics §1, L6): its withdrawals must
+    /// never let the trial cover what the overdraft lent.
+    async fn setup_in_debt(&mut self, store: &SqlStore) {
+        let id = "owing".to_owned();
+        let account = AccountId::parse(&id).expect("an account id");
+        let made = store
+            .create_account(
+                NewAccount { id: account.clone(), overdraft_limit: Credits::new(OWING_OVERDRAFT) },
+                SYSTEM_ACTOR,
+            )
+            .await;
+        self.answer("setup account", made.as_ref().map(|_| ()));
+        let trial_ends = store.now().plus_seconds(7 * 24 * 3600);
+        for (grant, amount, expires_at, priority) in
+            [("owing-cash", OWING_CASH, None, None), ("owing-trial", OWING_TRIAL, Some(trial_ends), Some(90))]
+        {
+            let req = NewGrant {
+                id: RefId::parse(grant).expect("a ref id"),
+                amount: Credits::new(amount),
+                reason: None,
+                expires_at,
+                priority,
+            };
+            let granted = store.grant(&account, req, SYSTEM_ACTOR).await;
+            self.answer("setup grant", granted.as_ref().map(|_| ()));
+            if granted.is_ok() {
+                self.books.granted(&id, amount);
+            }
+        }
+        self.accounts.push(id);
     }
 
     pub fn answer<T: std::fmt::Debug>(&mut self, what: &str, result: Result<T, &StoreError>) {

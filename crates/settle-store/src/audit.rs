@@ -1,4 +1,4 @@
-//! `settle audit`: the ledger invariants L1–L5 of the spec, recomputed from the rows.
+//! `settle audit`: the ledger invariants L1–L6 of the spec, recomputed from the rows.
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
 use crate::db::{Db, args, columns};
@@ -114,8 +114,8 @@ columns! {
 columns! {
     /// A withdrawal job beside its `withdrawals` row, and how many of its items were not returned.
     WithdrawalRow {
-        job_id = "j.id", kind = "j.kind", state = "j.state", cost = "j.cost", amount = "w.amount",
-        returned_at = "w.returned_at",
+        job_id = "j.id", account_id = "j.account_id", kind = "j.kind", state = "j.state", cost = "j.cost", amount = "w.amount",
+        returned_at = "w.returned_at", cash_after = "w.cash_after", debt_after = "w.debt_after",
         not_returned = "(SELECT COUNT(*) FROM items i WHERE i.job_id = j.id AND i.state <> 'returned')",
     }
 }
@@ -672,6 +672,16 @@ impl<'p> Audit<'p> {
             };
             if let Some(message) = problem {
                 self.push(Invariant::L3, None, Some(&job), None, message);
+            }
+            // L6, the cash rule: recorded by the withdrawal's own transaction (NULL before migration 19).
+            if let (Some(cash), Some(debt)) = (r.opt_i64(C::cash_after)?, r.opt_i64(C::debt_after)?)
+                && cash < debt
+            {
+                let message = format!(
+                    "the withdrawal left {cash} of never-expiring credit against a debt of {debt}: the overdraft left as cash"
+                );
+                let account = r.text(C::account_id)?;
+                self.push(Invariant::L6, Some(&account), Some(&job), None, message);
             }
         }
         Ok(())

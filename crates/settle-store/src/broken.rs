@@ -16,6 +16,8 @@ pub enum Guard {
     /// A webhook delivery is leased only at the head of its job's line (every earlier event of the
     /// job delivered to that endpoint).
     WebhookOrder,
+    /// A withdrawal is refused unless never-expiring credit less the debt covers it (the cash rule).
+    CashRule,
 }
 
 /// Whether `guard` is removed in this store.

@@ -15,10 +15,11 @@ pub enum StoreError {
         "insufficient credits for a withdrawal: balance {balance}, needed {needed}; a withdrawal never draws on the overdraft"
     )]
     InsufficientBalance { balance: i64, needed: i64 },
-    /// A withdrawal larger than the account's credit that never expires: promotional (expiring)
-    /// credit is never cash (docs/decisions/0023). Nothing was written.
+    /// A withdrawal larger than the account's cash: its credit that never expires, less its debt
+    /// (semantics §1; promotional, expiring credit is never cash, docs/decisions/0023). Nothing was
+    /// written.
     #[error(
-        "insufficient credits for a withdrawal: {available} of the {needed} needed is credit that never expires; credit with an expiry is never withdrawn"
+        "insufficient credits for a withdrawal: {available} of the {needed} needed is cash (credit that never expires, less what the account owes); credit with an expiry is never withdrawn and never pays for one"
     )]
     InsufficientCash { available: i64, needed: i64 },
     #[error("{what} {id} already exists with a different request")]

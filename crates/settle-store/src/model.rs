@@ -700,6 +700,9 @@ settle_core::names! {
         /// The account's live grants less its debt are its balance; every grant's amount is what it
         /// gave, got back, lost to expiry and has left; nothing is taken from a grant after it expired.
         L5 = "L5",
+        /// No withdrawal left its account with never-expiring credit less than its debt (the cash
+        /// rule: the overdraft never leaves as cash).
+        L6 = "L6",
         /// A gap in the ledger's or the outbox's numbering.
         Seq = "SEQ",
     }
@@ -876,7 +879,7 @@ mod tests {
         }
         round_trip!(FailureState, DeliveryState, BreakerState, ActionKind, Invariant);
         // The audit's texts are on the wire (`GET /v1/audit`): exactly these.
-        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "L5", "SEQ"]);
+        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "L5", "L6", "SEQ"]);
         for (old, new) in [("grant", ActionKind::AccountGrant), ("audit", ActionKind::LedgerAudit)] {
             assert_eq!(ActionKind::parse_stored(old), Some(new));
         }

@@ -109,6 +109,10 @@ pub trait Store: Send + Sync {
         costs: &Costs,
     ) -> Result<Outcome<Job>, StoreError>;
     async fn fail(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
+    /// A release by the lease holder, which must stop (spec §3 "Release"): the job goes back to
+    /// `queued`, due now, and the attempt closes `released` without counting; with a cancel
+    /// requested it is torn down instead. A stale token is `LeaseLost`.
+    async fn release(&self, job: &JobId, token: &LeaseToken) -> Result<Outcome<Job>, StoreError>;
     async fn mark_unknown(
         &self,
         job: &JobId,

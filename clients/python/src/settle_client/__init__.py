@@ -2,7 +2,7 @@
 
 - `Client` / `AsyncClient`: accounts, grants, jobs, withdrawals, events, and the worker protocol.
 - `Worker` / `AsyncWorker`: claim, heartbeat, report items one by one, stop at the item boundary
-  on cancel, report the outcome.
+  on cancel (or on `stop()`/SIGTERM, then release the job), report the outcome.
 - `verify_webhook`: check a webhook delivery's `Settle-Signature`.
 - Errors carry the API's error `code` (`SettleError` and its subclasses).
 - Answers are typed (`Job`, `Account`, `LedgerEntry`, … — `TypedDict`s, so the JSON dicts
@@ -53,6 +53,7 @@ from .worker import (
     Failed,
     Flow,
     JobContext,
+    Released,
     Succeeded,
     Unknown,
     Worker,
@@ -96,6 +97,7 @@ __all__ = [
     "JobFinished",
     "LeaseLost",
     "NotFound",
+    "Released",
     "Replayed",
     "SettleError",
     "SignatureError",

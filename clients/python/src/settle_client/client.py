@@ -2,9 +2,10 @@
 
 Every answer is the API's JSON as a dict. A create that was a replay (`Idempotent-Replayed: true`:
 the same id and body again) answers the resource as it is now, with `"replayed": True` added.
-A worker's report (`succeed`, `fail`, `unknown`, the item reports, `register_artifact`) answers
-`Applied` (it took effect now) or `Replayed` (it had already taken effect: the same report re-sent),
-both dicts; a refused one raises `LeaseLost`, whose `details` say what became of the job.
+A worker's report (`succeed`, `fail`, `unknown`, `release`, the item reports,
+`register_artifact`) answers `Applied` (it took effect now) or `Replayed` (it had already taken
+effect: the same report re-sent), both dicts; a refused one raises `LeaseLost`, whose `details` say
+what became of the job.
 Errors raise `SettleError` subclasses carrying the API's error `code`.
 """
 
@@ -224,6 +225,10 @@ class _ops:
         return _Req("POST", f"/v1/jobs/{_seg(id)}/unknown", body, then=_reported)
 
     @staticmethod
+    def release(id: str, lease_token: str) -> _Req:
+        return _Req("POST", f"/v1/jobs/{_seg(id)}/release", {"lease_token": lease_token}, then=_reported)
+
+    @staticmethod
     def item_succeed(id: str, item: str, lease_token: str, cost: int | None = None) -> _Req:
         body = {"lease_token": lease_token} | _drop_none(cost=cost)
         return _Req("POST", f"/v1/jobs/{_seg(id)}/items/{_seg(item)}/succeed", body, then=_reported)
@@ -386,6 +391,12 @@ class Client:
     def unknown(self, id: str, lease_token: str, message: str | None = None) -> Applied | Replayed:
         return self._send(_ops.unknown(id, lease_token, message))
 
+    def release(self, id: str, lease_token: str) -> Applied | Replayed:
+        """Hands the job back at an item boundary (a worker that must stop): it is queued again, due
+        at once; this attempt closes `released` and does not count toward `max_attempts`; no money
+        moves. When a cancel was requested the job is torn down instead (`cancelling`/`cancelled`)."""
+        return self._send(_ops.release(id, lease_token))
+
     def item_succeed(self, id: str, item: str, lease_token: str, cost: int | None = None) -> Applied | Replayed:
         """`cost` is a held item's price (required then, at most its hold)."""
         return self._send(_ops.item_succeed(id, item, lease_token, cost))
@@ -539,6 +550,12 @@ class AsyncClient:
 
     async def unknown(self, id: str, lease_token: str, message: str | None = None) -> Applied | Replayed:
         return await self._send(_ops.unknown(id, lease_token, message))
+
+    async def release(self, id: str, lease_token: str) -> Applied | Replayed:
+        """Hands the job back at an item boundary (a worker that must stop): it is queued again, due
+        at once; this attempt closes `released` and does not count toward `max_attempts`; no money
+        moves. When a cancel was requested the job is torn down instead (`cancelling`/`cancelled`)."""
+        return await self._send(_ops.release(id, lease_token))
 
     async def item_succeed(self, id: str, item: str, lease_token: str, cost: int | None = None) -> Applied | Replayed:
         """`cost` is a held item's price (required then, at most its hold)."""

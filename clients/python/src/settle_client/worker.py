@@ -1,20 +1,33 @@
 """Workers: claim jobs of a kind (long-poll), heartbeat on a thread within the lease, report items
-one by one, stop at the item boundary when a cancel arrives, and report the outcome.
+one by one, stop at the item boundary when a cancel arrives or the worker is stopped, and report
+the outcome.
 
     def render(job: JobContext):
         for item in job.items_to_do():
             make_frame(job.payload, item["id"])
-            if job.item_done(item["id"]) is Flow.STOP:
+            if job.item_done(item["id"]) is Flow.STOP:  # a cancel, or the worker is stopping
                 return Cancelled()
         return Succeeded({"frames": len(job.items)})
 
-    Worker(Client(url, token), kind="render", handler=render).run()
+    Worker(Client(url, token), kind="render", handler=render).run(handle_signals=True)
 
-A handler returns `Succeeded(result)`, `Failed(code, ...)`, `Unknown(message)` or `Cancelled()`
-(or `None` for a plain success); an exception it raises is reported as a retryable failure with
-code `WORKER_ERROR`. `Worker.stop()` (also on SIGTERM with `run(handle_signals=True)`) stops
-claiming; a job in hand finishes its item and reports — it is never dropped. A worker killed
-outright leaves its lease to lapse: the server rescues the job and the ledger stays exact.
+A handler returns `Succeeded(result)`, `Failed(code, ...)`, `Unknown(message)`, `Cancelled()` or
+`Released()` (or `None` for a plain success); an exception it raises is reported as a retryable
+failure with code `WORKER_ERROR`.
+
+`Worker.stop()` (also SIGTERM or SIGINT with `run(handle_signals=True)`; `AsyncWorker.stop()`)
+stops claiming, and the job in hand stops after the item in progress: that item's report
+(`item_done`/`item_failed`) answers `Flow.STOP` and `job.stopping` turns true — as a cancel is
+learnt — and the handler's `Cancelled()` is then reported as a release (`Client.release`): the job
+is queued again, due at once, this attempt closes `released` and does not count toward
+`max_attempts`, no money moves; the items it reported stay as reported, and the next attempt's
+`items_to_do()` leaves the delivered ones out. When a cancel was requested (`job.cancel_requested`),
+`Cancelled()` is the failure `CANCELLED` as ever, and the job is cancelled. A handler that finished
+its items and returns `Succeeded` is reported a success. A handler that reports no items has no
+item boundary: it runs to its end and its outcome is reported as it says. A job a claim in flight
+brought after `stop()` is released untouched. The heartbeat goes on until the report is answered.
+A worker killed outright leaves its lease to lapse: the server rescues the job and the ledger stays
+exact.
 
 A worker rides out a server that is down or busy (connection errors, timeouts, `429`, `5xx`):
 claims, heartbeats and reports are retried with capped exponential backoff and full jitter, one
@@ -138,7 +151,8 @@ class Flow(enum.Enum):
     """Whether to go on with the next item."""
 
     CONTINUE = "continue"
-    #: A cancel was requested (or the lease is gone): stop at this item boundary.
+    #: A cancel was requested, the lease is gone, or the worker is stopping (`stop()`, SIGTERM):
+    #: stop at this item boundary (`Cancelled()`).
     STOP = "stop"
 
 
@@ -169,10 +183,20 @@ class Unknown:
 
 @dataclass
 class Cancelled:
-    """Stopped at an item boundary because a cancel was requested (reported as `CANCELLED`)."""
+    """Stopped at an item boundary (`Flow.STOP`). Reported as the failure `CANCELLED` when a cancel
+    was requested; when the worker itself is stopping and no cancel was heard, as a release
+    (`Released`)."""
 
 
-Outcome = Succeeded | Failed | Unknown | Cancelled
+@dataclass
+class Released:
+    """Hand the job back (a worker that must stop): it is queued again, due at once; this attempt
+    closes `released` and does not count toward `max_attempts`; no money moves, and the items
+    reported stay as reported. If a cancel was requested meanwhile, the server tears the job down
+    instead."""
+
+
+Outcome = Succeeded | Failed | Unknown | Cancelled | Released
 
 
 def _to_do(item: Json) -> bool:
@@ -222,15 +246,25 @@ class JobContext(_JobView):
     _cancel: threading.Event = field(default_factory=threading.Event)
     _lost: threading.Event = field(default_factory=threading.Event)
     _outage: _Outage = field(default_factory=_Outage)
+    #: The worker's own stop (`Worker.stop()`): set, the job is handed back at the next boundary.
+    _draining: threading.Event = field(default_factory=threading.Event)
 
     @property
     def cancel_requested(self) -> bool:
+        """A cancel of this job was requested (or its lease is gone): the job is not to be finished."""
         return self._cancel.is_set() or self._lost.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        """Stop at the next item boundary: a cancel was requested, the lease is gone, or the worker
+        is stopping (`Worker.stop()`, SIGTERM). `Cancelled()` then reports what fits: the failure
+        `CANCELLED` after a cancel, a release when only the worker is stopping."""
+        return self.cancel_requested or self._draining.is_set()
 
     def _flow(self, answer: Json) -> Flow:
         if answer.get("cancel_requested"):
             self._cancel.set()
-        return Flow.STOP if self.cancel_requested else Flow.CONTINUE
+        return Flow.STOP if self.stopping else Flow.CONTINUE
 
     def item_done(self, item: str, cost: int | None = None) -> Flow:
         """Reports `item` delivered; `cost` is a held item's price (what its work used)."""
@@ -257,7 +291,7 @@ class JobContext(_JobView):
         """An item report the item's state contradicts (an earlier attempt delivered it, a cancel
         ended it): nothing changed; the job goes on."""
         log.warning("report of item %s of %s changed nothing: %s", item, self.id, e)
-        return Flow.STOP if self.cancel_requested else Flow.CONTINUE
+        return Flow.STOP if self.stopping else Flow.CONTINUE
 
     def register_artifact(self, item: str, key: str) -> str:
         """Registers `key` for `item`; returns the path to store the object at (the job's prefix).
@@ -274,8 +308,16 @@ Handler = Callable[[JobContext], "Outcome | None"]
 
 
 def _check(outcome: Outcome | None) -> None:
-    if not isinstance(outcome, (type(None), Succeeded, Failed, Unknown, Cancelled)):
-        raise TypeError(f"a handler returns Succeeded, Failed, Unknown, Cancelled or None, not {outcome!r}")
+    if not isinstance(outcome, (type(None), Succeeded, Failed, Unknown, Cancelled, Released)):
+        raise TypeError(f"a handler returns Succeeded, Failed, Unknown, Cancelled, Released or None, not {outcome!r}")
+
+
+def _settled(outcome: Outcome | None, cancel: bool, draining: bool) -> Outcome | None:
+    """What to report: a handler's `Cancelled()` is a release when the worker is stopping and no
+    cancel was requested (the job goes back to the queue), the failure `CANCELLED` otherwise."""
+    if isinstance(outcome, Cancelled) and draining and not cancel:
+        return Released()
+    return outcome
 
 
 def _skip_report(id: str, outcome: Outcome | None, lost: bool) -> bool:
@@ -295,8 +337,11 @@ def _skip_report(id: str, outcome: Outcome | None, lost: bool) -> bool:
 def _reported(id: str, outcome: Outcome | None, answer: Json) -> None:
     if getattr(answer, "replayed", False):
         log.debug("report of %s had already taken effect (a replay)", id)
-    if isinstance(outcome, (Succeeded, type(None))) and answer.get("state") in (JobState.CANCELLING, JobState.CANCELLED):
+    torn_down = answer.get("state") in (JobState.CANCELLING, JobState.CANCELLED)
+    if isinstance(outcome, (Succeeded, type(None))) and torn_down:
         log.warning("%s: a cancel won over this success; its items were refunded", id)
+    elif isinstance(outcome, Released):
+        log.info("%s %s", id, "cancelled: a cancel was requested before the release" if torn_down else "released: queued again")
 
 
 def _refused(id: str, outcome: Outcome | None, e: LeaseLost) -> None:
@@ -307,8 +352,7 @@ def _refused(id: str, outcome: Outcome | None, e: LeaseLost) -> None:
         log.warning("report of %s refused: %s", id, e)
 
 
-def _report(client: Client, job: Json, outcome: Outcome | None) -> Json:
-    id, token = job["id"], job["lease_token"]
+def _report(client: Client, id: str, token: str, outcome: Outcome | None) -> Json:
     match outcome:
         case None:
             return client.succeed(id, token)
@@ -318,6 +362,8 @@ def _report(client: Client, job: Json, outcome: Outcome | None) -> Json:
             return client.fail(id, token, code, message, retryable, retry_after_ms)
         case Unknown(message=message):
             return client.unknown(id, token, message)
+        case Released():
+            return client.release(id, token)
         case _:
             return client.fail(id, token, "CANCELLED", "stopped at an item boundary", retryable=False)
 
@@ -340,12 +386,16 @@ class Worker:
         self._outage = _Outage()
 
     def stop(self) -> None:
-        """Stops claiming; the job in hand finishes and reports."""
+        """Stops claiming; the job in hand stops after the item in progress (its report answers
+        `Flow.STOP`, `job.stopping` is true), reports it and is released: queued again, due at
+        once, the attempt not counted. A handler that reports no items runs to its end. Safe to
+        call from another thread or a signal handler."""
         self._stop.set()
 
     def run(self, handle_signals: bool = False, max_jobs: int | None = None) -> int:
         """Runs until `stop()` (or SIGTERM/SIGINT with `handle_signals`), or `max_jobs` jobs.
-        Returns how many jobs it ran."""
+        Returns how many jobs it ran (a job a claim brought after `stop()` is released untouched,
+        not run)."""
         if handle_signals:
             for s in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(s, lambda *_: self.stop())
@@ -360,14 +410,18 @@ class Worker:
             self._outage.answered()
             failures = 0
             for job in jobs:
+                if self._stop.is_set():  # a claim in flight when stop() came: hand the job back
+                    self._send(job["id"], job["lease_token"], Released())
+                    continue
                 self.run_one(job)
                 ran += 1
         return ran
 
     def run_one(self, job: Json) -> None:
         """Runs one claimed job: heartbeats on a thread at a third of the lease, the handler, then
-        the outcome. A report that fails leaves the lease to lapse (the server rescues the job)."""
-        ctx = JobContext(self.client, job, _outage=self._outage)
+        the outcome (the heartbeat goes on until it is answered). A report that fails leaves the
+        lease to lapse (the server rescues the job)."""
+        ctx = JobContext(self.client, job, _outage=self._outage, _draining=self._stop)
         if job.get("cancel_requested"):
             ctx._cancel.set()
         beating = threading.Event()
@@ -392,22 +446,27 @@ class Worker:
         beater = threading.Thread(target=beat, name=f"heartbeat-{ctx.id}", daemon=True)
         beater.start()
         try:
-            outcome = self.handler(ctx)
-            _check(outcome)
-        except Exception as e:  # the handler's own failure: retryable, with its message
-            log.exception("handler failed on %s", ctx.id)
-            outcome = Failed("WORKER_ERROR", f"{type(e).__name__}: {e}"[:2000], retryable=True)
+            try:
+                outcome = self.handler(ctx)
+                _check(outcome)
+            except Exception as e:  # the handler's own failure: retryable, with its message
+                log.exception("handler failed on %s", ctx.id)
+                outcome = Failed("WORKER_ERROR", f"{type(e).__name__}: {e}"[:2000], retryable=True)
+            outcome = _settled(outcome, ctx._cancel.is_set(), ctx._draining.is_set())
+            if not _skip_report(ctx.id, outcome, ctx._lost.is_set()):
+                self._send(ctx.id, ctx.lease_token, outcome)
         finally:
             beating.set()
             beater.join()
-        if _skip_report(ctx.id, outcome, ctx._lost.is_set()):
-            return
+
+    def _send(self, id: str, token: str, outcome: Outcome | None) -> None:
+        """Reports `outcome`, re-sent as first sent while Settle does not answer."""
         try:
-            _reported(ctx.id, outcome, _retrying(lambda: _report(self.client, job, outcome), "report", self._outage))
+            _reported(id, outcome, _retrying(lambda: _report(self.client, id, token, outcome), "report", self._outage))
         except LeaseLost as e:
-            _refused(ctx.id, outcome, e)
+            _refused(id, outcome, e)
         except (SettleError, httpx.TransportError) as e:
-            log.warning("could not report %s (%s); the lease will lapse and the job be rescued", ctx.id, e)
+            log.warning("could not report %s (%s); the lease will lapse and the job be rescued", id, e)
 
 
 def _lease_seconds(job: Json) -> float:
@@ -433,10 +492,20 @@ class AsyncJobContext(_JobView):
     _cancel: bool = False
     _lost: bool = False
     _outage: _Outage = field(default_factory=_Outage)
+    #: The worker's own stop (`AsyncWorker.stop()`): set, the job is handed back at the next boundary.
+    _draining: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def cancel_requested(self) -> bool:
+        """A cancel of this job was requested (or its lease is gone): the job is not to be finished."""
         return self._cancel or self._lost
+
+    @property
+    def stopping(self) -> bool:
+        """Stop at the next item boundary: a cancel was requested, the lease is gone, or the worker
+        is stopping (`AsyncWorker.stop()`). `Cancelled()` then reports what fits: the failure
+        `CANCELLED` after a cancel, a release when only the worker is stopping."""
+        return self.cancel_requested or self._draining.is_set()
 
     async def item_done(self, item: str, cost: int | None = None) -> Flow:
         """Reports `item` delivered; `cost` is a held item's price (what its work used)."""
@@ -448,9 +517,9 @@ class AsyncJobContext(_JobView):
             return Flow.STOP
         except InvalidTransition as e:
             log.warning("report of item %s of %s changed nothing: %s", item, self.id, e)
-            return Flow.STOP if self.cancel_requested else Flow.CONTINUE
+            return Flow.STOP if self.stopping else Flow.CONTINUE
         self._cancel = self._cancel or bool(answer.get("cancel_requested"))
-        return Flow.STOP if self.cancel_requested else Flow.CONTINUE
+        return Flow.STOP if self.stopping else Flow.CONTINUE
 
     async def item_failed(self, item: str, code: str, message: str | None = None) -> Flow:
         try:
@@ -461,9 +530,9 @@ class AsyncJobContext(_JobView):
             return Flow.STOP
         except InvalidTransition as e:
             log.warning("report of item %s of %s changed nothing: %s", item, self.id, e)
-            return Flow.STOP if self.cancel_requested else Flow.CONTINUE
+            return Flow.STOP if self.stopping else Flow.CONTINUE
         self._cancel = self._cancel or bool(answer.get("cancel_requested"))
-        return Flow.STOP if self.cancel_requested else Flow.CONTINUE
+        return Flow.STOP if self.stopping else Flow.CONTINUE
 
     async def register_artifact(self, item: str, key: str) -> str:
         """Registers `key` for `item`; returns the path to store the object at (the job's prefix).
@@ -497,9 +566,13 @@ class AsyncWorker:
         self._outage = _Outage()
 
     def stop(self) -> None:
+        """Stops claiming; the job in hand stops after the item in progress and is released, as
+        `Worker.stop()` says. Call it on the event loop's thread (for SIGTERM:
+        `loop.add_signal_handler(signal.SIGTERM, worker.stop)`)."""
         self._stop.set()
 
     async def run(self, max_jobs: int | None = None) -> int:
+        """Runs until `stop()`, or `max_jobs` jobs. Returns how many jobs it ran."""
         ran, failures = 0, 0
         while not self._stop.is_set() and (max_jobs is None or ran < max_jobs):
             try:
@@ -511,12 +584,16 @@ class AsyncWorker:
             self._outage.answered()
             failures = 0
             for job in jobs:
+                if self._stop.is_set():  # a claim in flight when stop() came: hand the job back
+                    await self._send(job["id"], job["lease_token"], Released())
+                    continue
                 await self.run_one(job)
                 ran += 1
         return ran
 
     async def run_one(self, job: Json) -> None:
-        ctx = AsyncJobContext(self.client, job, _cancel=bool(job.get("cancel_requested")), _outage=self._outage)
+        cancel = bool(job.get("cancel_requested"))
+        ctx = AsyncJobContext(self.client, job, _cancel=cancel, _outage=self._outage, _draining=self._stop)
         every = max(0.2, _lease_seconds(job) / 3)
 
         async def beat() -> None:
@@ -538,16 +615,20 @@ class AsyncWorker:
 
         beater = asyncio.create_task(beat())
         try:
-            outcome = await self.handler(ctx)
-            _check(outcome)
-        except Exception as e:
-            log.exception("handler failed on %s", ctx.id)
-            outcome = Failed("WORKER_ERROR", f"{type(e).__name__}: {e}"[:2000], retryable=True)
+            try:
+                outcome = await self.handler(ctx)
+                _check(outcome)
+            except Exception as e:
+                log.exception("handler failed on %s", ctx.id)
+                outcome = Failed("WORKER_ERROR", f"{type(e).__name__}: {e}"[:2000], retryable=True)
+            outcome = _settled(outcome, ctx._cancel, ctx._draining.is_set())
+            if not _skip_report(ctx.id, outcome, ctx._lost):
+                await self._send(ctx.id, ctx.lease_token, outcome)
         finally:
             beater.cancel()
-        id, token = job["id"], job["lease_token"]
-        if _skip_report(id, outcome, ctx._lost):
-            return
+
+    async def _send(self, id: str, token: str, outcome: Outcome | None) -> None:
+        """Reports `outcome`, re-sent as first sent while Settle does not answer."""
 
         async def send() -> Json:
             match outcome:
@@ -559,6 +640,8 @@ class AsyncWorker:
                     return await self.client.fail(id, token, code, message, retryable, retry_after_ms)
                 case Unknown(message=message):
                     return await self.client.unknown(id, token, message)
+                case Released():
+                    return await self.client.release(id, token)
                 case _:
                     return await self.client.fail(id, token, "CANCELLED", "stopped at an item boundary", retryable=False)
 

@@ -98,3 +98,62 @@ async fn a_cancel_stops_the_worker_at_the_next_item_boundary() {
     assert_eq!(account["balance"], 100 - 3 * 5, "only the items done stay charged: {account}");
     drop(served);
 }
+
+/// A stop mid-batch (the machine is being taken away: SIGTERM in a worker process) ends the job in
+/// hand at the next item boundary too — but releases it: queued again, due at once, the attempt
+/// closed `released` and not counted, nothing refunded; the next worker does only what is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_releases_the_job_at_the_next_item_boundary() {
+    let served = crate::common::serve().await;
+    let base = served.base.clone();
+    let http = reqwest::Client::new();
+    let post = reqwest::Method::POST;
+    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await.0, 201);
+    let grant = json!({"id": "g", "amount": 100});
+    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts/a/grants"), Some(grant)).await.0, 201);
+    let items: Vec<Value> = (0..6).map(|f| json!({"id": format!("frame-{f}"), "cost": 5})).collect();
+    let job = json!({"id": "batch", "account_id": "a", "kind": "render", "items": items, "max_attempts": 1});
+    assert_eq!(call(&http, post.clone(), format!("{base}/v1/jobs"), Some(job)).await.0, 201);
+
+    let handler =
+        Arc::new(Batch { reported: Mutex::new(Vec::new()), at_frame_2: Notify::new(), cancelled: Notify::new() });
+    let stop = CancellationToken::new();
+    let mut worker = Worker::new(Client::new(&base, None), "preempted");
+    worker.wait_seconds = 1;
+    worker.concurrency = 1;
+    let running = tokio::spawn(worker.run(handler.clone(), stop.clone()));
+    handler.at_frame_2.notified().await;
+    stop.cancel();
+    handler.cancelled.notify_one();
+    running.await.unwrap().unwrap();
+
+    assert_eq!(*handler.reported.lock().unwrap(), ["frame-0", "frame-1", "frame-2"]);
+    let (_, job) = call(&http, reqwest::Method::GET, format!("{base}/v1/jobs/batch"), None).await;
+    assert_eq!(job["state"], "queued", "{job}");
+    let (_, attempts) = call(&http, reqwest::Method::GET, format!("{base}/v1/jobs/batch/attempts"), None).await;
+    assert_eq!(attempts["attempts"][0]["result"], "released", "{attempts}");
+    let (_, account) = call(&http, reqwest::Method::GET, format!("{base}/v1/accounts/a"), None).await;
+    assert_eq!(account["balance"], 100 - 6 * 5, "nothing refunded: {account}");
+
+    // The next worker does the three frames left; the release did not use up the one attempt.
+    let after =
+        Arc::new(Batch { reported: Mutex::new(Vec::new()), at_frame_2: Notify::new(), cancelled: Notify::new() });
+    let stop = CancellationToken::new();
+    let mut worker = Worker::new(Client::new(&base, None), "next");
+    worker.wait_seconds = 1;
+    let running = tokio::spawn(worker.run(after.clone(), stop.clone()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let job = loop {
+        let (_, job) = call(&http, reqwest::Method::GET, format!("{base}/v1/jobs/batch"), None).await;
+        if job["state"] == "succeeded" {
+            break job;
+        }
+        assert!(std::time::Instant::now() < deadline, "the job did not end: {job}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    assert_eq!(*after.reported.lock().unwrap(), ["frame-3", "frame-4", "frame-5"]);
+    assert_eq!(job["attempt"], 2);
+    drop(served);
+}

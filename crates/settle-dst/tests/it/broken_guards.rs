@@ -54,3 +54,8 @@ fn without_teardowns_terminal_state_last() {
 fn without_webhook_head_of_line() {
     caught(Breakage::Store(Guard::WebhookOrder));
 }
+
+#[test]
+fn without_the_cash_rule() {
+    caught(Breakage::Store(Guard::CashRule));
+}

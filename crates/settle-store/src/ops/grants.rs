@@ -86,6 +86,11 @@ columns! {
 }
 
 columns! {
+    /// What an account's live grants that never expire have left: its cash before its debt.
+    CashCol { cash = "CAST(COALESCE(SUM(remaining), 0) AS BIGINT)" }
+}
+
+columns! {
     /// A debt part not yet paid.
     UnpaidCol { id, unpaid = "taken - given_back - settled" }
 }
@@ -126,6 +131,14 @@ static CASH_HEAD: LazyLock<String> = LazyLock::new(|| {
         HeadCol::LIST
     )
 });
+// Every grant the cash rule counts (semantics §1), by the burn-down index.
+static CASH: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM grants WHERE account_id = $1 AND remaining > 0 AND expired_at IS NULL \
+         AND expiry_key = 9223372036854775807",
+        CashCol::LIST
+    )
+});
 static UNPAID: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {} FROM allocations WHERE account_id = $1 AND grant_key IS NULL AND taken > given_back + settled \
@@ -160,7 +173,7 @@ static SOURCE: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM grant
 static NEXT: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM grants WHERE account_id = $1 AND expired_at IS NULL", NextCol::LIST));
 static LOCK_ACCOUNT_PG: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1 FOR UPDATE", LockCol::LIST));
+    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1 FOR NO KEY UPDATE", LockCol::LIST));
 static READ_ACCOUNT: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", LockCol::LIST));
 
@@ -409,6 +422,9 @@ async fn take(
     spend: Spend,
 ) -> Result<(), StoreError> {
     let cash = spend != Spend::Any;
+    if spend == Spend::CashOnly && !cx.broken(crate::broken::Guard::CashRule) {
+        cash_rule(db, books, takes).await?;
+    }
     if let [(line, account_seq)] = takes
         && db.engine() == Engine::Postgres
         && take_from_head(db, cx, books, line, *account_seq, cash).await?
@@ -483,6 +499,27 @@ async fn take(
         guard_hit(rows, "grant burn-down")?;
     }
     insert_parts(db, cx, books.account_id, &parts).await
+}
+
+/// The cash rule (semantics §1): a withdrawal of `W` needs what the account's never-expiring grants
+/// have left, less its debt, to cover `W` — so no withdrawal leaves the account owing what it drew on
+/// the overdraft, whatever expiring credit it holds (that would expire and leave the debt unpaid:
+/// the overdraft gone as cash). Refused whole (`InsufficientCash`, nothing written) otherwise.
+async fn cash_rule(db: &mut Db<'_>, books: &Books<'_>, takes: &[(&Line<'_>, i64)]) -> Result<(), StoreError> {
+    let mut asked = 0_i64;
+    for (line, _) in takes {
+        asked = add(asked, line.amount.get().checked_neg().ok_or(StoreError::Overflow)?)?;
+    }
+    let free = sub(cash(db, books.account_id).await?, books.debt)?;
+    if free < asked {
+        return Err(StoreError::InsufficientCash { available: free.max(0), needed: asked });
+    }
+    Ok(())
+}
+
+/// What the account's live never-expiring grants have left (the cash rule's first term).
+pub(crate) async fn cash(db: &mut Db<'_>, account_id: &str) -> Result<i64, StoreError> {
+    db.one(&CASH, args![account_id]).await?.i64(CashCol::cash)
 }
 
 /// PostgreSQL's common case in one round trip: a posting of one debit that the head of the burn-down
@@ -779,6 +816,7 @@ mod plan_tests {
         for (sql, index) in [
             (&*HEAD, "grants_burn"),
             (&*CASH_HEAD, "grants_burn"),
+            (&*CASH, "grants_due"),
             (&*UNPAID, "allocations_unpaid"),
             (&*DUE, "grants_due"),
             (&*OPEN_ITEM_PARTS, "allocations_item"),

@@ -77,7 +77,7 @@ pub(crate) async fn log_signal(
 /// told apart from a stale one (decision 0019).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Reported<'a> {
-    /// `succeed`, `fail` or `unknown`.
+    /// `succeed`, `fail`, `unknown` or `release`.
     pub signal: &'static str,
     /// The code the worker sent with its `fail` (the attempt's `fail_code` may differ: a fail
     /// during a cancel closes it `CANCELLED`).
@@ -87,6 +87,7 @@ pub(crate) struct Reported<'a> {
 impl Reported<'_> {
     pub const SUCCEED: Reported<'static> = Reported { signal: "succeed", sent_code: None };
     pub const UNKNOWN: Reported<'static> = Reported { signal: "unknown", sent_code: None };
+    pub const RELEASE: Reported<'static> = Reported { signal: "release", sent_code: None };
 }
 
 /// Records that an attempt already closed (an earlier one) reported a success that took effect. Its

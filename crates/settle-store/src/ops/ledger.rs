@@ -112,7 +112,7 @@ static CREDIT_ANY: LazyLock<String> = LazyLock::new(|| {
 });
 static LIMITS: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", LimitCol::LIST));
 static LOCK_LIMITS_PG: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1 FOR UPDATE", LimitCol::LIST));
+    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1 FOR NO KEY UPDATE", LimitCol::LIST));
 static CHAIN_HEAD: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {} FROM ledger_entries WHERE account_id = $1 AND account_seq = $2", HashCol::LIST)
 });

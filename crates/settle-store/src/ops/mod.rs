@@ -17,6 +17,7 @@
 //! - [`failure`]: a failure signal or a lapsed lease: refund, then retry or dead.
 //! - [`success`]: success from any attempt, reclaiming what a failure refunded.
 //! - [`unknown`]: outcomes nobody knows yet, and their reconciliation.
+//! - [`release`]: a job handed back by a worker that must stop, at an item boundary.
 //! - [`teardown`]: cancel, requeue, and the cancelling job's artifact cleanup and end.
 //! - [`payouts`]: withdrawals created, paid, resolved and returned.
 //! - [`webhooks`]: deliveries fanned out, claimed and reported; the circuit breaker.
@@ -42,6 +43,7 @@ mod outbox;
 pub(crate) mod payouts;
 mod postings;
 mod prices;
+mod release;
 mod rows;
 mod signals;
 mod success;
@@ -59,6 +61,7 @@ pub(crate) use ledger::*;
 pub(crate) use outbox::*;
 pub(crate) use postings::*;
 pub(crate) use prices::*;
+pub(crate) use release::*;
 pub(crate) use rows::*;
 pub(crate) use signals::*;
 pub(crate) use success::*;

@@ -71,15 +71,36 @@ pub(crate) async fn create_withdrawal(
     super::insert_job(db, cx, &super::validate_job(new_job)?, &fp, super::BalanceCheck::Cash).await?;
     // Made once, here; every attempt of this withdrawal sends and looks up with it.
     let key = format!("wd_{}", cx.token().simple());
+    // The cash rule's figures as the withdrawal leaves them, read apart from the guard that
+    // checked them (L6 of the audit judges them).
+    let cash_after = super::grants::cash(db, req.account_id.as_str()).await?;
+    let debt_after = db.one(&SELECT_DEBT, args![req.account_id.as_str()]).await?.i64(DebtCol::debt)?;
     db.exec(
-        "INSERT INTO withdrawals (job_id, destination, amount, idempotency_key, created_at) VALUES ($1, $2, $3, $4, $5)",
-        args![req.id.as_str(), req.destination.as_str(), req.amount.get(), &key, cx.now.micros()],
+        "INSERT INTO withdrawals (job_id, destination, amount, idempotency_key, created_at, cash_after, debt_after) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        args![
+            req.id.as_str(),
+            req.destination.as_str(),
+            req.amount.get(),
+            &key,
+            cx.now.micros(),
+            cash_after,
+            debt_after
+        ],
     )
     .await?;
     let w = must_read_withdrawal(db, cx, req.id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: w, replayed: false })
 }
+
+columns! {
+    /// What an account owes (its debt parts not yet paid).
+    DebtCol { debt }
+}
+
+static SELECT_DEBT: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", DebtCol::LIST));
 
 columns! {
     /// The provider's txid of a withdrawal, once known.
@@ -179,8 +200,9 @@ pub(crate) async fn payout_succeeded(
 
 /// An operator's resolution of an `unknown` withdrawal whose provider cannot be asked (decision
 /// 0017): "confirmed sent, txid X" takes the success path with the txid; "confirmed not sent" ends
-/// it `dead` with its hold refunded (`CONFIRMED_NOT_SENT`, never retried on its own; a person may
-/// requeue it, and a late execution still recovers it as any dead withdrawal's). One guarded
+/// it `dead` with its hold refunded (`CONFIRMED_NOT_SENT`, never retried; it cannot be requeued —
+/// its hold went back — so sending the money again is a new withdrawal with a new key; a late
+/// execution still recovers it as any dead withdrawal's). One guarded
 /// transition from `unknown`, recorded in the action log in the same transaction; anything but
 /// `unknown` is refused, so a resolution racing the reconciler (or a second operator) changes
 /// nothing twice.

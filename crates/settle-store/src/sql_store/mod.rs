@@ -492,6 +492,23 @@ impl SqlStore {
         answer(self.continue_after(outcome.value, after).await, outcome.applied, refused)
     }
 
+    /// A release by the lease holder (a worker that must stop): back to `queued`, due now, or the
+    /// teardown when a cancel was requested.
+    async fn release_as(&self, job: &JobId, token: &LeaseToken, caller: Caller) -> Result<Outcome<Job>, StoreError> {
+        let (id, token) = (job.clone(), token.clone());
+        let (outcome, after, refused) = self
+            .write_to(
+                Route::Job(job.as_str()),
+                op!([id, token] | db, cx | ops::release(db, cx, &id, &token, caller).await),
+            )
+            .await?;
+        if outcome.applied {
+            self.work_due();
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        answer(self.continue_after(outcome.value, after).await, outcome.applied, refused)
+    }
+
     async fn unknown_as(
         &self,
         job: &JobId,

@@ -342,6 +342,10 @@ impl Store for SqlStore {
         self.fail_as(job, signal, Caller::Worker).await
     }
 
+    async fn release(&self, job: &JobId, token: &LeaseToken) -> Result<Outcome<Job>, StoreError> {
+        self.release_as(job, token, Caller::Worker).await
+    }
+
     async fn mark_unknown(
         &self,
         job: &JobId,

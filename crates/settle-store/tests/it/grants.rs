@@ -242,6 +242,67 @@ async fn withdrawals_draw_only_on_credit_that_never_expires(engine: EngineKind) 
     k.assert_clean().await;
 }
 
+/// The cash rule (issue 41, semantics §1): cash 100, a trial of 50 and a debt of 50 on the overdraft
+/// (for work delivered) make a balance of 100 — but only 50 of it is cash. A withdrawal of 100 would
+/// leave the debt to be covered by the trial, which expires: the overdraft gone as cash.
+async fn a_withdrawal_never_leaves_the_overdraft_as_cash(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 50).await;
+    grant(&k, &a, "cash", 100, None, None).await;
+    grant(&k, &a, "trial", 50, Some(90), Some(60 * MINUTE)).await;
+    k.job("paid-by-cash", &a, 100).await;
+    k.job("paid-by-trial", &a, 50).await;
+    k.job("on-the-overdraft", &a, 50).await;
+    let claimed = k.store.claim(claim_req("w1", 3)).await.unwrap();
+    let delivered = claimed.iter().find(|c| c.job.id == "on-the-overdraft").unwrap();
+    k.store.succeed(&jid("on-the-overdraft"), Reporter::of(Some(&delivered.lease_token)), None).await.unwrap();
+    for job in ["paid-by-cash", "paid-by-trial"] {
+        let c = claimed.iter().find(|c| c.job.id == job).unwrap();
+        k.fail(job, &c.lease_token, "BAD_INPUT").await;
+    }
+    assert_eq!(k.balance(&a).await, 100);
+    assert_eq!(left(&k, &a).await, [row("cash", 100, "active"), row("trial", 50, "active")]);
+    let wd = |id: &str, amount: i64| NewWithdrawal {
+        id: jid(id),
+        account_id: a.clone(),
+        amount: Credits::new(amount),
+        destination: Destination::parse("acct-1").unwrap(),
+    };
+    let e = k.store.payouts().create_withdrawal(wd("w-all", 100)).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientCash { available: 50, needed: 100 }), "{e:?}");
+    let e = k.store.payouts().create_withdrawal(wd("w-51", 51)).await.unwrap_err();
+    assert!(matches!(e, StoreError::InsufficientCash { available: 50, needed: 51 }), "{e:?}");
+    assert_eq!(k.balance(&a).await, 100, "nothing written");
+    assert!(k.store.job(&jid("w-all")).await.is_err(), "no withdrawal job was made");
+    k.store.payouts().create_withdrawal(wd("w-50", 50)).await.unwrap();
+    assert_eq!(left(&k, &a).await, [row("cash", 50, "active"), row("trial", 50, "active")]);
+    k.assert_clean().await;
+    // The trial expires: the balance is 0 — what is left of the cash pays exactly the debt.
+    k.clock.advance_seconds(61 * 60);
+    k.store.expire_grants(100).await.unwrap();
+    assert_eq!(k.balance(&a).await, 0);
+    k.assert_clean().await;
+}
+
+/// L6: a withdrawal whose recorded figures break the cash rule is reported by the audit.
+async fn the_audit_reports_a_withdrawal_that_left_the_overdraft_as_cash(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = open_account(&k, "a", 0).await;
+    grant(&k, &a, "cash", 100, None, None).await;
+    let wd = NewWithdrawal {
+        id: jid("w"),
+        account_id: a.clone(),
+        amount: Credits::new(40),
+        destination: Destination::parse("acct-1").unwrap(),
+    };
+    k.store.payouts().create_withdrawal(wd).await.unwrap();
+    k.assert_clean().await;
+    k.raw("UPDATE withdrawals SET debt_after = 61").await.unwrap();
+    let report = k.store.audit(None).await.unwrap();
+    let found: Vec<_> = report.violations.iter().map(|v| (v.invariant.as_str(), v.job_id.clone())).collect();
+    assert_eq!(found, [("L6", Some("w".to_owned()))], "{:#?}", report.violations);
+}
+
 /// A dead withdrawal's late execution takes its amount back from credit that never expires — never
 /// from a trial, which would turn promotional credit into cash — and goes into debt for the rest.
 async fn a_late_payout_reclaims_from_credit_that_never_expires(engine: EngineKind) {
@@ -374,6 +435,83 @@ async fn charges_race_the_expiry_instant(engine: EngineKind) {
     k.assert_clean().await;
 }
 
+/// The cash rule under races (issue 41): withdrawals, charges and cancels (refunds) from two stores
+/// on one database (two processes on PostgreSQL), across the trial's instant and expiry passes.
+/// Every withdrawal accepted must have left never-expiring credit covering the debt (L6), and the
+/// books must balance.
+async fn the_cash_rule_holds_under_races(engine: EngineKind) {
+    let k = Arc::new(Kit::new(engine).await);
+    let a = open_account(&k, "a", 100).await;
+    grant(&k, &a, "cash", 300, None, None).await;
+    grant(&k, &a, "trial", 200, Some(90), Some(MINUTE)).await;
+    k.clock.advance_seconds(59);
+    // A second process on PostgreSQL; SQLite's single file has one writer (the same store).
+    let second = match engine {
+        EngineKind::Postgres => {
+            let options = StoreOptions { clock: k.clock.clone(), ..StoreOptions::default() };
+            Some(Arc::new(SqlStore::open(&k.url, options).await.unwrap()))
+        }
+        EngineKind::Sqlite => None,
+    };
+    // 16 in flight: every one of them waits on the one account row, each holding a connection.
+    let slots = Arc::new(tokio::sync::Semaphore::new(16));
+    let mut tasks = Vec::new();
+    for i in 0..160_i64 {
+        let (k, a, second) = (k.clone(), a.clone(), second.clone());
+        let slot = slots.clone().acquire_owned().await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            let _slot = slot;
+            let store: &SqlStore = match (&second, i % 2) {
+                (Some(s), 1) => s,
+                _ => &k.store,
+            };
+            if i == 80 {
+                k.clock.advance_seconds(2);
+            }
+            if i % 40 == 0 {
+                store.expire_grants(100).await.unwrap();
+            }
+            match i % 4 {
+                0 => {
+                    let wd = NewWithdrawal {
+                        id: jid(&format!("w{i}")),
+                        account_id: a.clone(),
+                        amount: Credits::new(1 + i % 40),
+                        destination: Destination::parse("acct-1").unwrap(),
+                    };
+                    match store.payouts().create_withdrawal(wd).await {
+                        Ok(_) => "withdrawn",
+                        Err(StoreError::InsufficientCash { .. } | StoreError::InsufficientBalance { .. }) => "refused",
+                        Err(e) => panic!("withdrawal: {e}"),
+                    }
+                }
+                n => {
+                    let id = format!("j{i}");
+                    match store.create_job(new_job(&id, &a, 1 + i % 20)).await {
+                        Ok(_) if n == 1 => {
+                            store.cancel(&jid(&id), None).await.unwrap();
+                            "refunded"
+                        }
+                        Ok(_) => "charged",
+                        Err(StoreError::InsufficientCredits { .. }) => "refused",
+                        Err(e) => panic!("charge: {e}"),
+                    }
+                }
+            }
+        }));
+    }
+    let mut seen = std::collections::BTreeMap::new();
+    for t in tasks {
+        *seen.entry(t.await.unwrap()).or_insert(0) += 1;
+    }
+    k.store.expire_grants(100).await.unwrap();
+    assert!(
+        seen.get("withdrawn").copied().unwrap_or(0) > 0 && seen.get("refused").copied().unwrap_or(0) > 0,
+        "{seen:?}"
+    );
+    k.assert_clean().await;
+}
+
 /// 50 refunds racing the instant their grant expires at, and expiry passes among them: each refund
 /// lands on the live trial (which then expires with it) or on the expired one (expiring at once), so
 /// the account ends with exactly what it bought, and every credit is accounted once.
@@ -466,9 +604,12 @@ both_engines!(
     a_debt_refund_goes_back_to_the_grant_that_paid_it,
     a_refund_part_of_it_still_owed_lowers_the_debt,
     withdrawals_draw_only_on_credit_that_never_expires,
+    a_withdrawal_never_leaves_the_overdraft_as_cash,
+    the_audit_reports_a_withdrawal_that_left_the_overdraft_as_cash,
     a_late_payout_reclaims_from_credit_that_never_expires,
     grant_terms_are_checked_and_replay,
     the_expiry_pass_twice_at_once_expires_once,
     charges_race_the_expiry_instant,
     refunds_race_the_expiry,
+    the_cash_rule_holds_under_races,
 );

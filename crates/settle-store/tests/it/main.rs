@@ -13,6 +13,7 @@ mod held;
 mod identity;
 mod primary;
 mod race;
+mod release;
 mod schema;
 mod tamper;
 mod upgrade;
