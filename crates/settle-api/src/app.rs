@@ -287,9 +287,22 @@ pub enum StartError {
     OpenWithoutTokens(SocketAddr),
     #[error("{0}")]
     ConsoleSecret(String),
-    #[error("cannot listen on {addr}: {source}")]
+    /// Its `source` is the bind's error (shown once, by whoever prints the chain).
+    #[error("cannot listen on {addr}")]
     Bind { addr: String, source: std::io::Error },
 }
+
+/// Refuses a console secret `build_on` would refuse, before anything is written.
+pub fn check_console_secret(console_secret: Option<&str>) -> Result<(), StartError> {
+    match console_secret {
+        Some(secret) => crate::console::SessionKey::from_secret(secret).map(drop).map_err(StartError::ConsoleSecret),
+        None => Ok(()),
+    }
+}
+
+/// A listener bound and allowed (`Application::bind`): what `settle serve` holds before it opens
+/// its store, so a start refused for its address writes nothing.
+pub struct Bound(TcpListener);
 
 impl Application {
     pub async fn build(listen: &str, store: Arc<dyn Store>, tokens: Tokens) -> Result<Application, StartError> {
@@ -316,10 +329,12 @@ impl Application {
         console_secret: Option<&str>,
         payout_provider: bool,
     ) -> Result<Application, StartError> {
-        let console_key = match console_secret {
-            Some(secret) => crate::console::SessionKey::from_secret(secret).map_err(StartError::ConsoleSecret)?,
-            None => crate::console::SessionKey::random(),
-        };
+        let bound = Application::bind(listen, &tokens).await?;
+        Application::build_on(bound, store, tokens, limits, console_secret, payout_provider)
+    }
+
+    /// Binds `listen` and checks it may serve there with `tokens` (none: a loopback address only).
+    pub async fn bind(listen: &str, tokens: &Tokens) -> Result<Bound, StartError> {
         let listener =
             TcpListener::bind(listen).await.map_err(|source| StartError::Bind { addr: listen.to_owned(), source })?;
         let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: listen.to_owned(), source })?;
@@ -329,6 +344,22 @@ impl Application {
             }
             tracing::warn!(%addr, "no tokens configured: serving without authentication on a loopback address only");
         }
+        Ok(Bound(listener))
+    }
+
+    /// `build_full` on a listener `bind` gave.
+    pub fn build_on(
+        Bound(listener): Bound,
+        store: Arc<dyn Store>,
+        tokens: Tokens,
+        limits: HttpLimits,
+        console_secret: Option<&str>,
+        payout_provider: bool,
+    ) -> Result<Application, StartError> {
+        let console_key = match console_secret {
+            Some(secret) => crate::console::SessionKey::from_secret(secret).map_err(StartError::ConsoleSecret)?,
+            None => crate::console::SessionKey::random(),
+        };
         let limiter = Arc::new(crate::limits::Limiter::new(limits.abuse));
         let state = AppState {
             store,

@@ -57,7 +57,8 @@
 //!
 //! Environment: `SETTLE_<FIELD>` overrides `[defaults]` (e.g. `SETTLE_ATTEMPTS_MAX=3`,
 //! `SETTLE_RETRYABLE_CODES=NODE_DOWN,TIMEOUT`); `SETTLE_KIND_<KIND>_<FIELD>` overrides a kind named
-//! in the file (the kind upper-cased, other characters as `_`; `withdrawal` is always there);
+//! in the file (the kind upper-cased, other characters as `_`; `withdrawal` is always there; one
+//! that names no such kind, or no field, stops the start);
 //! `SETTLE_LOOPS_<FIELD>` the loops; `SETTLE_PROVIDER_<FIELD>` the provider (`SETTLE_PROVIDER_URL`);
 //! `SETTLE_HTTP_<FIELD>` the HTTP limits; `SETTLE_POSTGRES_SYNCHRONOUS_STANDBY` the `[postgres]` one.
 
@@ -406,6 +407,40 @@ fn apply(base: &RetryPolicy, f: &PolicyFile, what: &str) -> anyhow::Result<Retry
     Ok(p)
 }
 
+/// The fields `env_overrides` reads after its prefix.
+const POLICY_FIELDS: [&str; 8] = [
+    "ATTEMPTS_MAX",
+    "BACKOFF_MS_BASE",
+    "BACKOFF_MS_MAX",
+    "JITTER",
+    "RETRYABLE_CODES",
+    "LEASE_SECONDS",
+    "CONFIRM_WINDOW_SECONDS",
+    "REFUND_ON",
+];
+
+/// Every `SETTLE_KIND_…` variable must name a kind of the configuration and one of its fields: one
+/// that does not would be dropped in silence (an environment variable cannot spell a kind's exact
+/// name — `render-4k` and `render_4k` are both `RENDER_4K` — so it cannot add a kind).
+fn check_kind_variables(kinds: &BTreeMap<String, PolicyFile>, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
+    for name in env.keys().filter(|k| k.starts_with("SETTLE_KIND_")) {
+        let known = kinds.keys().any(|kind| {
+            let prefix = format!("SETTLE_KIND_{}_", env_name(kind));
+            name.strip_prefix(&prefix).is_some_and(|field| POLICY_FIELDS.contains(&field))
+        });
+        if !known {
+            let named: Vec<String> = kinds.keys().map(|k| format!("[kinds.{k}]")).collect();
+            bail!(
+                "{name} names no kind of the configuration and one of its fields ({}): a kind is configured \
+                 by naming it in the config file ({} now), and the variable then overrides its field",
+                POLICY_FIELDS.join(", "),
+                named.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
 fn env_overrides(prefix: &str, f: &mut PolicyFile, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
     let get = |field: &str| env.get(&format!("{prefix}{field}"));
     let num = |field: &str| -> anyhow::Result<Option<u64>> {
@@ -454,6 +489,7 @@ impl Config {
         };
         env_overrides("SETTLE_", &mut file.defaults, env)?;
         file.kinds.entry(WITHDRAWAL_KIND.to_owned()).or_default();
+        check_kind_variables(&file.kinds, env)?;
         for (kind, f) in file.kinds.iter_mut() {
             JobKind::parse(kind).with_context(|| format!("[kinds.{kind}]"))?;
             env_overrides(&format!("SETTLE_KIND_{}_", env_name(kind)), f, env)?;
@@ -724,6 +760,23 @@ mod tests {
         std::fs::write(&path, c.to_toml()).unwrap();
         let again = Config::load(Some(&path), &BTreeMap::new()).unwrap();
         assert_eq!(again.policies, c.policies);
+    }
+
+    /// Issue 41: a kind's variable for a kind the configuration does not name, or for a field no
+    /// kind has, stops the start instead of being dropped in silence.
+    #[test]
+    fn a_kind_variable_the_configuration_cannot_apply_is_refused() {
+        let e = Config::load(None, &env(&[("SETTLE_KIND_RENDER_LEASE_SECONDS", "120")])).unwrap_err();
+        assert!(format!("{e:#}").contains("SETTLE_KIND_RENDER_LEASE_SECONDS names no kind"), "{e:#}");
+        let e = Config::load(None, &env(&[("SETTLE_KIND_WITHDRAWAL_LEASE_SECS", "120")])).unwrap_err();
+        assert!(format!("{e:#}").contains("SETTLE_KIND_WITHDRAWAL_LEASE_SECS"), "{e:#}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("settle.toml");
+        std::fs::write(&path, "[kinds.render]\n").unwrap();
+        let c = Config::load(Some(&path), &env(&[("SETTLE_KIND_RENDER_LEASE_SECONDS", "120")])).unwrap();
+        assert_eq!(c.policies.for_kind("render").lease_seconds, 120);
+        let c = Config::load(None, &env(&[("SETTLE_KIND_WITHDRAWAL_ATTEMPTS_MAX", "9")])).unwrap();
+        assert_eq!(c.policies.for_kind("withdrawal").attempts_max, 9);
     }
 
     #[test]

@@ -129,7 +129,7 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     print::ledger(d.store.as_ref(), &alice).await?;
     let report = d.store.audit(None).await?;
     println!();
-    print::audit(&report);
+    print::audit(&report)?;
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 

@@ -156,6 +156,14 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli.command)) {
         Ok(code) => code,
+        // The reader of the output went away (`settle events tail | head -1`): done, quietly.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             // A database Settle must not open (not a database, another program's, a newer schema):
@@ -178,7 +186,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Audit { db } => {
             let store = open_existing(&db).await?;
             let report = store.audit(Some(progress::audit())).await.context("audit")?;
-            print::audit(&report);
+            print::audit(&report)?;
             Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Ledger { account, db } => {

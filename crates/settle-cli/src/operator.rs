@@ -1,6 +1,7 @@
 //! Operator commands over the same store: jobs, dead letters, failures, events.
 
 use crate::print;
+use crate::print::out;
 use anyhow::Context;
 use settle_core::ids::*;
 use settle_core::job::JobState;
@@ -104,7 +105,7 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
             loop {
                 let p = store.jobs(&filter, page).await?;
                 for j in &p.rows {
-                    println!("{}", job_line(j));
+                    out!("{}", job_line(j))?;
                     shown += 1;
                 }
                 match p.next_after {
@@ -116,16 +117,16 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
         Jobs::Show { id } => {
             let id = JobId::parse(&id)?;
             let j = store.job(&id).await?;
-            println!("{}", job_line(&j));
-            println!(
+            out!("{}", job_line(&j))?;
+            out!(
                 "  refund_on {}  not_before {}  created {}  updated {}",
                 j.refund_on.as_str(),
                 print::time(j.not_before),
                 print::time(j.created_at),
                 print::time(j.updated_at)
-            );
+            )?;
             if let Some(e) = &j.last_error {
-                println!("  last error {}: {}", e.code, e.message.as_deref().unwrap_or(""));
+                out!("  last error {}: {}", e.code, e.message.as_deref().unwrap_or(""))?;
             }
             for i in &j.items {
                 // A held item (decision 0022): its hold, and its price once a success gave it one.
@@ -134,12 +135,12 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     (Some(h), Some(c)) => format!("cost {:>6} of a hold of {}", c.get(), h.get()),
                     (Some(h), None) => format!("held {:>6}, not priced", h.get()),
                 };
-                println!(
+                out!(
                     "  item {:<16} {price} {:<10} {}",
                     i.id,
                     i.state.as_str(),
                     i.refund_reason.map_or("", |r| r.as_str())
-                );
+                )?;
             }
             // Which grants paid (docs/decisions/0023), and what of it went back.
             for p in store.allocations(&id).await? {
@@ -148,16 +149,16 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     (Some(g), _) if p.origin.as_deref() == Some("opening") => format!("the opening balance of {g}"),
                     (Some(g), _) => format!("{} {g}", p.origin.as_deref().unwrap_or("grant")),
                 };
-                println!(
+                out!(
                     "  paid {:>6} by {from:<32} {:<8} item {:<12} given back {}",
                     p.taken.get(),
                     p.kind,
                     p.item_id.as_deref().unwrap_or("-"),
                     p.given_back.get()
-                );
+                )?;
             }
             for a in store.attempts(&id).await? {
-                println!(
+                out!(
                     "  attempt {:>2} {:<16} started {} finished {} {} {} {}",
                     a.attempt_no,
                     a.worker,
@@ -166,13 +167,13 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     a.result.map_or("open", |r| r.as_str()),
                     a.fail_code.as_deref().unwrap_or(""),
                     a.message.as_deref().unwrap_or("")
-                );
+                )?;
             }
             for a in store.operators().actions(Some(&id), None).await? {
-                println!("  action {:<20} by {:<16} at {} {}", a.action, a.actor, print::time(a.at), a.detail);
+                out!("  action {:<20} by {:<16} at {} {}", a.action, a.actor, print::time(a.at), a.detail)?;
             }
             for s in store.signals(&id).await? {
-                println!(
+                out!(
                     "  signal {:<12} {:<9} attempt {} at {} {} {}",
                     s.signal,
                     s.effect,
@@ -180,7 +181,7 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                     print::time(s.received_at),
                     s.fail_code.as_deref().unwrap_or(""),
                     s.message.as_deref().unwrap_or("")
-                );
+                )?;
             }
         }
     }
@@ -192,7 +193,7 @@ pub async fn accounts(store: &dyn Store, cmd: Accounts) -> anyhow::Result<()> {
         Accounts::Show { id } => {
             let id = AccountId::parse(&id)?;
             let d = store.operators().account_detail(&id).await?;
-            println!(
+            out!(
                 "{}  balance {}  overdraft limit {}  debt {}  held {}  exposure {}  entries {}",
                 d.account.id,
                 d.account.balance.get(),
@@ -201,12 +202,12 @@ pub async fn accounts(store: &dyn Store, cmd: Accounts) -> anyhow::Result<()> {
                 d.held,
                 d.exposure,
                 d.entries
-            );
+            )?;
             let mut page = Page { after: 0, limit: 1000 };
             loop {
                 let p = store.grants(&id, page).await?;
                 for g in &p.rows {
-                    println!(
+                    out!(
                         "  {:<10} {:<24} amount {:>8}  left {:>8}  priority {:>3}  {:<8} {}",
                         g.origin,
                         g.id,
@@ -219,7 +220,7 @@ pub async fn accounts(store: &dyn Store, cmd: Accounts) -> anyhow::Result<()> {
                             (Some(at), None) => format!("expires {}", print::time(at)),
                             (Some(at), Some(_)) => format!("expired {}", print::time(at)),
                         }
-                    );
+                    )?;
                 }
                 match p.next_after {
                     Some(a) => page.after = a,
@@ -240,16 +241,21 @@ pub async fn withdrawals(store: &dyn Store, cmd: Withdrawals) -> anyhow::Result<
                 updated_since: None,
                 scope: settle_core::scope::Scope::ALL,
             };
-            println!(
+            out!(
                 "{:<24} {:<10} {:<12} {:>9} {:<24} {:<22} destination",
-                "id", "state", "account", "amount", "provider txid", "last error"
-            );
+                "id",
+                "state",
+                "account",
+                "amount",
+                "provider txid",
+                "last error"
+            )?;
             let mut page = Page { after: 0, limit: limit.clamp(1, 1000) };
             let mut shown = 0u32;
             loop {
                 let p = store.payouts().withdrawals(&filter, page).await?;
                 for w in &p.rows {
-                    println!(
+                    out!(
                         "{:<24} {:<10} {:<12} {:>9} {:<24} {:<22} {}",
                         w.job.id,
                         w.job.state.as_str(),
@@ -258,7 +264,7 @@ pub async fn withdrawals(store: &dyn Store, cmd: Withdrawals) -> anyhow::Result<
                         w.provider_txid.as_deref().unwrap_or("-"),
                         w.job.last_error.as_ref().map(|e| e.code.as_str()).unwrap_or("-"),
                         w.destination
-                    );
+                    )?;
                     shown += 1;
                 }
                 match p.next_after {
@@ -269,7 +275,7 @@ pub async fn withdrawals(store: &dyn Store, cmd: Withdrawals) -> anyhow::Result<
         }
         Withdrawals::Show { id } => {
             let w = store.payouts().withdrawal(&JobId::parse(&id)?).await?;
-            println!(
+            out!(
                 "{}  amount {}  to {}  key {}  txid {}{}",
                 w.job.id,
                 w.amount,
@@ -277,7 +283,7 @@ pub async fn withdrawals(store: &dyn Store, cmd: Withdrawals) -> anyhow::Result<
                 w.idempotency_key,
                 w.provider_txid.as_deref().unwrap_or("-"),
                 w.returned_at.map(|t| format!("  returned {}", print::time(t))).unwrap_or_default()
-            );
+            )?;
             jobs(store, Jobs::Show { id }).await?;
         }
     }
@@ -289,7 +295,7 @@ pub async fn dead_letters(store: &dyn Store, cmd: DeadLetters) -> anyhow::Result
         DeadLetters::List { limit } => {
             let filter = JobFilter { state: Some(JobState::Dead), ..JobFilter::ALL };
             for j in store.jobs(&filter, Page { after: 0, limit: limit.clamp(1, 1000) }).await?.rows {
-                println!("{}", job_line(&j));
+                out!("{}", job_line(&j))?;
             }
             Ok(true)
         }
@@ -298,10 +304,10 @@ pub async fn dead_letters(store: &dyn Store, cmd: DeadLetters) -> anyhow::Result
             let mut all_ok = true;
             for id in ids {
                 match store.requeue(&JobId::parse(&id)?, "cli").await {
-                    Ok(j) => println!("{id}: requeued ({})", j.state.as_str()),
+                    Ok(j) => out!("{id}: requeued ({})", j.state.as_str())?,
                     Err(e) => {
                         all_ok = false;
-                        println!("{id}: not requeued: {e}");
+                        out!("{id}: not requeued: {e}")?;
                     }
                 }
             }
@@ -311,9 +317,9 @@ pub async fn dead_letters(store: &dyn Store, cmd: DeadLetters) -> anyhow::Result
 }
 
 pub async fn failures(store: &dyn Store) -> anyhow::Result<()> {
-    println!("{:<32} {:<9} {:>7}", "code", "state", "jobs");
+    out!("{:<32} {:<9} {:>7}", "code", "state", "jobs")?;
     for f in store.failure_summary(&settle_core::scope::Scope::ALL).await? {
-        println!("{:<32} {:<9} {:>7}", f.code, f.state, f.count);
+        out!("{:<32} {:<9} {:>7}", f.code, f.state, f.count)?;
     }
     Ok(())
 }
@@ -323,14 +329,14 @@ pub async fn events(store: &dyn Store, cmd: Events) -> anyhow::Result<()> {
     loop {
         let page = store.events(after, 1000, &settle_core::scope::Scope::ALL).await?;
         for e in &page.rows {
-            println!(
+            out!(
                 "{:>8} {} {:<22} {:<16} {}",
                 e.seq,
                 print::time(e.created_at),
                 e.kind,
                 e.job_id.as_deref().unwrap_or("-"),
                 e.data
-            );
+            )?;
             after = e.seq;
         }
         if page.next_after.is_some() {

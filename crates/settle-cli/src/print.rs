@@ -1,5 +1,16 @@
 //! Human-readable output for the operator commands and the demo.
 
+/// `println!` for a command's output, as an `io::Result`: a reader that went away (`settle ledger … |
+/// head -1`) ends the command quietly (`main` treats a broken pipe as the end), where `println!`
+/// would panic.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+pub(crate) use out;
+
 use settle_core::Timestamp;
 use settle_core::ids::AccountId;
 use settle_store::{AuditReport, Page, Store};
@@ -14,16 +25,22 @@ pub fn time(t: Timestamp) -> String {
 
 pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()> {
     let acc = store.account(account).await?;
-    println!("  ledger of {} (overdraft limit {})", acc.id, acc.overdraft_limit);
-    println!(
+    out!("  ledger of {} (overdraft limit {})", acc.id, acc.overdraft_limit)?;
+    out!(
         "  {:>5}  {:<13} {:>8} {:>9}  {:<14} {:<8} {:<27} reason",
-        "seq", "kind", "amount", "balance", "job", "item", "created_at"
-    );
+        "seq",
+        "kind",
+        "amount",
+        "balance",
+        "job",
+        "item",
+        "created_at"
+    )?;
     let mut page = Page { after: 0, limit: 1000 };
     loop {
         let p = store.ledger(account, page).await?;
         for e in &p.rows {
-            println!(
+            out!(
                 "  {:>5}  {:<13} {:>+8} {:>9}  {:<14} {:<8} {:<27} {}",
                 e.seq,
                 e.kind.as_str(),
@@ -33,26 +50,27 @@ pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()
                 e.item_id.as_deref().unwrap_or("-"),
                 time(e.created_at),
                 e.reason.as_deref().or(e.ref_id.as_deref()).unwrap_or("")
-            );
+            )?;
         }
         match p.next_after {
             Some(after) => page.after = after,
             None => break,
         }
     }
-    println!("  balance {}", acc.balance);
+    out!("  balance {}", acc.balance)?;
     Ok(())
 }
 
-pub fn audit(report: &AuditReport) {
+pub fn audit(report: &AuditReport) -> std::io::Result<()> {
     if report.ok() {
-        println!(
-            "audit: clean ({} accounts, {} items, {} ledger entries checked; L1-L5 hold)",
-            report.accounts_checked, report.items_checked, report.entries_checked
+        return out!(
+            "audit: clean ({} accounts, {} items, {} ledger entries checked; L1-L6 hold)",
+            report.accounts_checked,
+            report.items_checked,
+            report.entries_checked
         );
-        return;
     }
-    println!("audit: {} violation(s)", report.violations.len());
+    out!("audit: {} violation(s)", report.violations.len())?;
     for v in &report.violations {
         let mut at = Vec::new();
         if let Some(a) = &v.account_id {
@@ -64,6 +82,7 @@ pub fn audit(report: &AuditReport) {
         if let Some(i) = &v.item_id {
             at.push(format!("item {i}"));
         }
-        println!("  {} [{}] {}", v.invariant, at.join(", "), v.message);
+        out!("  {} [{}] {}", v.invariant, at.join(", "), v.message)?;
     }
+    Ok(())
 }

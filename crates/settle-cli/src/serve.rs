@@ -213,16 +213,19 @@ async fn shutdown_signal(cancel: CancellationToken) {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let tokens = load_tokens(&args)?;
     let config = Config::from_process_env(args.config.as_deref())?;
+    // The address first: a start refused for it (taken, or open without tokens) writes nothing —
+    // no database file, no artifact directory.
+    let bound = Application::bind(&args.listen, &tokens).await?;
+    settle_api::app::check_console_secret(args.console_secret.as_deref())?;
     let store = open(&args.db, &args.artifacts, &config).await?;
-    let app = Application::build_full(
-        &args.listen,
+    let app = Application::build_on(
+        bound,
         store.clone() as Arc<dyn Store>,
         tokens,
         config.http.limits(),
         args.console_secret.as_deref(),
         config.provider.is_some(),
-    )
-    .await?;
+    )?;
     let db = settle_store::redacted_url(&args.db);
     tracing::info!(addr = %app.local_addr(), %db, engine = store.engine_name(), "settle serving API v1");
     eprintln!("settle: serving on http://{} ({db})", app.local_addr());

@@ -387,3 +387,57 @@ fn the_database_password_is_never_printed() {
     assert!(err.contains("settle: serving on") && err.contains(":***@"), "{err}");
     assert!(!out.contains(SECRET) && !err.contains(SECRET), "{out}\n{err}");
 }
+
+/// Issue 41: a reader that goes away (`settle ledger … | head -1`) ends the command quietly, with
+/// exit 0 and no panic — for a listing and for the event tail that would otherwise wait on.
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("pipe.db").display());
+    assert_eq!(settle(&["demo", "--db", &url]).0, 0);
+    for args in [vec!["ledger", "alice", "--db", &url], vec!["events", "tail", "--db", &url]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_settle"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        assert!(!first.is_empty(), "{args:?} printed nothing");
+        // The reader is gone (its end of the pipe dropped with the BufReader).
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// Issue 41: a start refused for its address — open to the network without tokens, or taken —
+/// writes nothing (no database file, no artifact directory), and says why once.
+#[test]
+fn a_start_refused_for_its_address_writes_nothing() {
+    let cwd = tempfile::tempdir().unwrap();
+    let run = |listen: &str| {
+        Command::new(env!("CARGO_BIN_EXE_settle"))
+            .args(["serve", "--listen", listen])
+            .current_dir(cwd.path())
+            .env_remove("SETTLE_DATABASE_URL")
+            .env_remove("SETTLE_ARTIFACTS")
+            .env_remove("SETTLE_TOKENS")
+            .output()
+            .unwrap()
+    };
+    let out = run("0.0.0.0:0");
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without tokens"), "{out:?}");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let out = run(&taken.local_addr().unwrap().to_string());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0));
+    assert_eq!(err.matches("Address already in use").count(), 1, "{err}");
+    let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "a refused start wrote {left:?}");
+}
