@@ -20,6 +20,17 @@ export interface Account {
   overdraft_limit: number;
 }
 
+export interface AccountPage {
+  /**
+   * Accounts in id order (a scoped token's own only).
+   */
+  accounts: Array<Account>;
+  /**
+   * Pass as `after` for the next page (the last account's id); null at the end.
+   */
+  next_after?: string | null;
+}
+
 export interface Artifact {
   /**
    * The item the artifact belongs to.
@@ -57,6 +68,11 @@ export interface Attempt {
    * The failure's or unknown outcome's message, up to 2,000 bytes.
    */
   message?: string | null;
+  /**
+   * When a success this attempt reported after it had ended otherwise (its lease expired, it
+   * failed) recovered the job (RFC 3339 UTC time); null if none did.
+   */
+  recovered_at?: string | null;
   /**
    * `succeeded`, `failed`, `lease_expired`, `unknown`, `cancelled`, `superseded`, `released`; null
    * while open.

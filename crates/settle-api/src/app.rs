@@ -103,7 +103,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 
 fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(BaseOpenApi::openapi())
-        .routes(routes!(h::create_account))
+        .routes(routes!(h::create_account, h::list_accounts))
         .routes(routes!(h::get_account))
         .routes(routes!(h::create_grant, h::list_grants))
         .routes(routes!(h::create_adjustment))
@@ -231,7 +231,7 @@ async fn json_errors(req: Request, next: Next) -> Response {
 }
 
 async fn openapi_json(State(doc): State<Arc<serde_json::Value>>) -> Response {
-    axum::Json((*doc).clone()).into_response()
+    crate::answer::json(axum::http::StatusCode::OK, &*doc)
 }
 
 fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response {

@@ -473,6 +473,23 @@ pub struct WithdrawalsQuery {
 }
 
 #[derive(Debug, Serialize, ToSchema)]
+pub struct AccountPage {
+    /// Accounts in id order (a scoped token's own only).
+    pub accounts: Vec<Account>,
+    /// Pass as `after` for the next page (the last account's id); null at the end.
+    pub next_after: Option<String>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct AccountsQuery {
+    /// The `next_after` of the previous page: the last account id seen.
+    pub after: Option<String>,
+    /// Page size: 1 to 1,000, default 100.
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct JobPage {
     /// Jobs in creation order.
     pub jobs: Vec<Job>,
@@ -497,6 +514,9 @@ pub struct Attempt {
     pub fail_code: Option<String>,
     /// The failure's or unknown outcome's message, up to 2,000 bytes.
     pub message: Option<String>,
+    /// When a success this attempt reported after it had ended otherwise (its lease expired, it
+    /// failed) recovered the job (RFC 3339 UTC time); null if none did.
+    pub recovered_at: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

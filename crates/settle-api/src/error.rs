@@ -164,7 +164,7 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             error: ErrorDetail { code: self.code.to_owned(), message: self.message, details: self.details },
         };
-        let mut response = (self.status, axum::Json(body)).into_response();
+        let mut response = crate::answer::json(self.status, &body);
         if let Some(seconds) = self.retry_after_seconds {
             response.headers_mut().insert(axum::http::header::RETRY_AFTER, seconds.into());
         }

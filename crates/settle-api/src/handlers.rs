@@ -1,5 +1,6 @@
 //! Handlers: parse, authorize, call one store operation, map the answer. Thin on purpose.
 
+use crate::answer::json;
 use crate::auth::{Actor, Role};
 use crate::dto::{self, parse_rfc3339};
 use crate::error::{ApiError, ErrorBody};
@@ -21,18 +22,18 @@ fn id<T>(parse: fn(&str) -> Result<T, IdError>, s: &str) -> Result<T, ApiError> 
 }
 
 fn created<T, D: serde::Serialize>(c: Created<T>, to_dto: impl FnOnce(T) -> D) -> Response {
-    let body = axum::Json(to_dto(c.value));
+    let body = to_dto(c.value);
     if c.replayed {
-        let mut r = (StatusCode::OK, body).into_response();
+        let mut r = json(StatusCode::OK, &body);
         r.headers_mut().insert("Idempotent-Replayed", HeaderValue::from_static("true"));
         r
     } else {
-        (StatusCode::CREATED, body).into_response()
+        json(StatusCode::CREATED, &body)
     }
 }
 
 fn ok<D: serde::Serialize>(d: D) -> Response {
-    (StatusCode::OK, axum::Json(d)).into_response()
+    json(StatusCode::OK, &d)
 }
 
 /// A worker's report: `200`, with `Idempotent-Replayed: true` when it had already taken effect
@@ -180,6 +181,23 @@ pub async fn create_account(
     tracing::info!(actor = %auth.actor, account = %req.id, "create account");
     let c = s.store.create_account(req, &auth.actor.name).await?;
     Ok(created(c, dto::Account::from))
+}
+
+/// List accounts
+///
+/// Accounts in id order, one page at a time: pass the answer's `next_after` (the last id of the
+/// page) as `after` for the next page. A token scoped to accounts sees its own only.
+#[utoipa::path(get, path = "/v1/accounts", tag = "accounts", params(dto::AccountsQuery),
+    responses((status = 200, body = dto::AccountPage), (status = 400, body = ErrorBody)))]
+pub async fn list_accounts(
+    State(s): State<AppState>,
+    auth: Auth<ClientRole>,
+    Query(q): Query<dto::AccountsQuery>,
+) -> ApiResult {
+    let limit = page(None, q.limit)?.limit;
+    let after = q.after.as_deref().map(|a| id(AccountId::parse, a)).transpose()?;
+    let p = s.store.accounts(&auth.actor.scope, after.as_ref(), limit).await?;
+    Ok(ok(dto::AccountPage { accounts: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
 }
 
 /// Read an account's balance
@@ -413,6 +431,7 @@ pub async fn attempts(State(s): State<AppState>, auth: Auth<ClientRole>, Path(jo
                 result: a.result.map(|r| r.as_str().to_owned()),
                 fail_code: a.fail_code,
                 message: a.message,
+                recovered_at: a.recovered_at.map(dto::rfc3339),
             })
             .collect(),
     }))
@@ -435,8 +454,8 @@ pub async fn cancel(State(s): State<AppState>, auth: Auth<ClientRole>, Path(job)
     let out = s.store.cancel(&job, None).await?;
     mark("cancel", true);
     Ok(match out {
-        store::CancelOutcome::Cancelled(j) => (StatusCode::OK, axum::Json(dto::Job::from(j))).into_response(),
-        store::CancelOutcome::Accepted(j) => (StatusCode::ACCEPTED, axum::Json(dto::Job::from(j))).into_response(),
+        store::CancelOutcome::Cancelled(j) => json(StatusCode::OK, &dto::Job::from(j)),
+        store::CancelOutcome::Accepted(j) => json(StatusCode::ACCEPTED, &dto::Job::from(j)),
     })
 }
 
@@ -787,16 +806,16 @@ pub async fn register_artifact(
     let key = id(ArtifactKey::parse, &b.key)?;
     let new =
         s.store.register_artifact(&job, &item, &token(b.lease_token)?, store::NewArtifact { key: key.clone() }).await?;
-    let body = axum::Json(dto::Artifact {
+    let body = &(dto::Artifact {
         job_id: job.to_string(),
         item_id: item.to_string(),
         key: key.as_str().to_owned(),
         path: key.path_in(job.as_str(), item.as_str()),
     });
     if new {
-        return Ok((StatusCode::CREATED, body).into_response());
+        return Ok(json(StatusCode::CREATED, body));
     }
-    let mut r = (StatusCode::OK, body).into_response();
+    let mut r = json(StatusCode::OK, body);
     r.headers_mut().insert("Idempotent-Replayed", HeaderValue::from_static("true"));
     Ok(r)
 }

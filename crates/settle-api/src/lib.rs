@@ -11,6 +11,7 @@
 //! - [`host`]: the loopback-mode `Host` rule (no DNS rebinding), for every route.
 //! - `reference`: the API reference at `/docs` (Redoc, embedded) over `/openapi.json`.
 
+mod answer;
 pub mod app;
 pub mod auth;
 pub mod console;

@@ -15,8 +15,8 @@
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -431,20 +431,23 @@ pub struct JobContext {
     lost: Arc<AtomicBool>,
     /// The worker was asked to stop: the job is released at the next item boundary.
     draining: CancellationToken,
+    /// The items reported in this attempt (a stop after the last one lets the job finish).
+    decided: Mutex<std::collections::HashSet<String>>,
     outage: Arc<Outage>,
 }
 
 impl JobContext {
-    /// Whether to stop at this item boundary: a cancel was requested, the lease is gone, or the
-    /// worker is stopping (its job in hand is then released, not failed).
+    /// A cancel was requested, or the lease is gone: stop at this item boundary.
     pub fn cancel_requested(&self) -> bool {
-        self.cancel.load(Ordering::SeqCst) || self.lost.load(Ordering::SeqCst) || self.draining.is_cancelled()
+        self.cancel.load(Ordering::SeqCst) || self.lost.load(Ordering::SeqCst)
     }
 
-    /// Whether the worker is stopping (a stop request, SIGTERM in `settle`'s own worker): the handler
-    /// should stop after the item in hand; returning [`Outcome::Cancelled`] then releases the job.
+    /// Whether to stop at this item boundary: a cancel was requested, the lease is gone, or the
+    /// worker is stopping (the `stop` token given to [`Worker::run`] was cancelled). Returning
+    /// [`Outcome::Cancelled`] then fails the job `CANCELLED` after a cancel, and releases it when
+    /// the worker is stopping.
     pub fn stopping(&self) -> bool {
-        self.draining.is_cancelled()
+        self.cancel_requested() || self.draining.is_cancelled()
     }
 
     /// Reports `item` delivered. A report the item's state contradicts (an earlier attempt failed
@@ -463,6 +466,9 @@ impl JobContext {
     }
 
     fn item_answer(&self, item: &str, answer: Result<Report<bool>, ClientError>) -> Result<Flow, ClientError> {
+        if answer.is_ok() || matches!(&answer, Err(ClientError::Api { code, .. }) if code == "invalid_transition") {
+            self.decided.lock().unwrap_or_else(|p| p.into_inner()).insert(item.to_owned());
+        }
         match answer {
             Ok(cancel) => Ok(self.flow(cancel.value())),
             Err(ClientError::Api { code, message, .. }) if code == "invalid_transition" => {
@@ -508,7 +514,14 @@ impl JobContext {
         if cancel {
             self.cancel.store(true, Ordering::SeqCst);
         }
-        if self.cancel_requested() { Flow::Stop } else { Flow::Continue }
+        if self.cancel_requested() {
+            return Flow::Stop;
+        }
+        // A worker stopping lets a job whose every item is reported finish: releasing it would
+        // leave finished work queued for a worker that may never come.
+        let decided = self.decided.lock().unwrap_or_else(|p| p.into_inner());
+        let all_reported = self.job.items.iter().filter(|i| i.to_do()).all(|i| decided.contains(&i.id));
+        if self.draining.is_cancelled() && !all_reported { Flow::Stop } else { Flow::Continue }
     }
 }
 
@@ -659,7 +672,15 @@ async fn run_one(
             }
         })
     };
-    let ctx = JobContext { client: client.clone(), job, cancel, lost, draining, outage: outage.clone() };
+    let ctx = JobContext {
+        client: client.clone(),
+        job,
+        cancel,
+        lost,
+        draining,
+        decided: Mutex::default(),
+        outage: outage.clone(),
+    };
     let outcome = handler.run(&ctx).await;
     beating.cancel();
     let _ = beat.await;
@@ -679,7 +700,7 @@ async fn run_one(
     let unknown = matches!(outcome, Outcome::Unknown(_));
     // A stop at an item boundary that no cancel asked for: the worker is stopping, the job goes back.
     let release = matches!(outcome, Outcome::Released)
-        || (matches!(outcome, Outcome::Cancelled) && !ctx.cancel.load(Ordering::SeqCst) && ctx.stopping());
+        || (matches!(outcome, Outcome::Cancelled) && !ctx.cancel_requested() && ctx.draining.is_cancelled());
     let cancelled = Failure {
         code: "CANCELLED".into(),
         message: "stopped at an item boundary".into(),

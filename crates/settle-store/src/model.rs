@@ -418,6 +418,13 @@ pub struct Paged<T> {
     pub next_after: Option<i64>,
 }
 
+/// A page of accounts: their cursor is the last account's id (accounts carry no number).
+#[derive(Debug, Clone)]
+pub struct AccountPage {
+    pub rows: Vec<Account>,
+    pub next_after: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LeaseToken(pub String);
 
@@ -616,6 +623,9 @@ pub struct Attempt {
     pub finished_at: Option<Timestamp>,
     /// How it ended; `None` while open.
     pub result: Option<AttemptResult>,
+    /// When a success it reported after it had ended otherwise (a lease expired, a failure)
+    /// recovered the job: the seed's result at 32 s after the timeout at 30 s.
+    pub recovered_at: Option<Timestamp>,
     pub fail_code: Option<String>,
     pub message: Option<String>,
 }

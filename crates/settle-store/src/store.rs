@@ -37,6 +37,14 @@ pub trait Store: Send + Sync {
     /// Creates an account, recording `actor` (a token's name, or `SYSTEM_ACTOR`) in the action log.
     async fn create_account(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError>;
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError>;
+    /// The accounts `scope` sees, a page at a time in id order after the id `after` (`None`: from
+    /// the first).
+    async fn accounts(
+        &self,
+        scope: &settle_core::scope::Scope,
+        after: Option<&AccountId>,
+        limit: u32,
+    ) -> Result<AccountPage, StoreError>;
     async fn grant(&self, account: &AccountId, req: NewGrant, actor: &str) -> Result<Created<LedgerEntry>, StoreError>;
     async fn adjust(
         &self,

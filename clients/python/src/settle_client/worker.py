@@ -236,6 +236,17 @@ class _JobView:
         refunded (this attempt's success charges them again)."""
         return [i for i in self.items if _to_do(i)]
 
+    def _boundary(self, item: str, done: set[str], draining: bool, cancel: bool) -> Flow:
+        """Where the handler stands once `item` is reported: stop after a cancel or a lost lease;
+        when the worker is stopping, stop unless every item is now reported (a job whose work is
+        all done is finished, not released to wait for a worker that may never come)."""
+        done.add(item)
+        if cancel:
+            return Flow.STOP
+        if draining and any(i["id"] not in done for i in self.items_to_do()):
+            return Flow.STOP
+        return Flow.CONTINUE
+
 
 @dataclass
 class JobContext(_JobView):
@@ -248,6 +259,8 @@ class JobContext(_JobView):
     _outage: _Outage = field(default_factory=_Outage)
     #: The worker's own stop (`Worker.stop()`): set, the job is handed back at the next boundary.
     _draining: threading.Event = field(default_factory=threading.Event)
+    #: The items this attempt reported.
+    _done: set[str] = field(default_factory=set)
 
     @property
     def cancel_requested(self) -> bool:
@@ -261,16 +274,16 @@ class JobContext(_JobView):
         `CANCELLED` after a cancel, a release when only the worker is stopping."""
         return self.cancel_requested or self._draining.is_set()
 
-    def _flow(self, answer: Json) -> Flow:
+    def _flow(self, answer: Json, item: str) -> Flow:
         if answer.get("cancel_requested"):
             self._cancel.set()
-        return Flow.STOP if self.stopping else Flow.CONTINUE
+        return self._boundary(item, self._done, self._draining.is_set(), self.cancel_requested)
 
     def item_done(self, item: str, cost: int | None = None) -> Flow:
         """Reports `item` delivered; `cost` is a held item's price (what its work used)."""
         try:
             call = lambda: self.client.item_succeed(self.id, item, self.lease_token, cost)  # noqa: E731
-            return self._flow(_retrying(call, "item report", self._outage))
+            return self._flow(_retrying(call, "item report", self._outage), item)
         except LeaseLost:
             self._lost.set()
             return Flow.STOP
@@ -280,7 +293,7 @@ class JobContext(_JobView):
     def item_failed(self, item: str, code: str, message: str | None = None) -> Flow:
         try:
             call = lambda: self.client.item_fail(self.id, item, self.lease_token, code, message)  # noqa: E731
-            return self._flow(_retrying(call, "item report", self._outage))
+            return self._flow(_retrying(call, "item report", self._outage), item)
         except LeaseLost:
             self._lost.set()
             return Flow.STOP
@@ -291,7 +304,7 @@ class JobContext(_JobView):
         """An item report the item's state contradicts (an earlier attempt delivered it, a cancel
         ended it): nothing changed; the job goes on."""
         log.warning("report of item %s of %s changed nothing: %s", item, self.id, e)
-        return Flow.STOP if self.stopping else Flow.CONTINUE
+        return self._boundary(item, self._done, self._draining.is_set(), self.cancel_requested)
 
     def register_artifact(self, item: str, key: str) -> str:
         """Registers `key` for `item`; returns the path to store the object at (the job's prefix).
@@ -494,6 +507,8 @@ class AsyncJobContext(_JobView):
     _outage: _Outage = field(default_factory=_Outage)
     #: The worker's own stop (`AsyncWorker.stop()`): set, the job is handed back at the next boundary.
     _draining: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The items this attempt reported.
+    _done: set[str] = field(default_factory=set)
 
     @property
     def cancel_requested(self) -> bool:
@@ -517,9 +532,9 @@ class AsyncJobContext(_JobView):
             return Flow.STOP
         except InvalidTransition as e:
             log.warning("report of item %s of %s changed nothing: %s", item, self.id, e)
-            return Flow.STOP if self.stopping else Flow.CONTINUE
+            return self._boundary(item, self._done, self._draining.is_set(), self.cancel_requested)
         self._cancel = self._cancel or bool(answer.get("cancel_requested"))
-        return Flow.STOP if self.stopping else Flow.CONTINUE
+        return self._boundary(item, self._done, self._draining.is_set(), self.cancel_requested)
 
     async def item_failed(self, item: str, code: str, message: str | None = None) -> Flow:
         try:
@@ -530,9 +545,9 @@ class AsyncJobContext(_JobView):
             return Flow.STOP
         except InvalidTransition as e:
             log.warning("report of item %s of %s changed nothing: %s", item, self.id, e)
-            return Flow.STOP if self.stopping else Flow.CONTINUE
+            return self._boundary(item, self._done, self._draining.is_set(), self.cancel_requested)
         self._cancel = self._cancel or bool(answer.get("cancel_requested"))
-        return Flow.STOP if self.stopping else Flow.CONTINUE
+        return self._boundary(item, self._done, self._draining.is_set(), self.cancel_requested)
 
     async def register_artifact(self, item: str, key: str) -> str:
         """Registers `key` for `item`; returns the path to store the object at (the job's prefix).

@@ -52,6 +52,7 @@ pub fn router(state: AppState) -> Router {
         .route("/console/jobs/{id}", get(job))
         .route("/console/jobs/{id}/{action}", post(job_action))
         .route("/console/bulk", get(bulk_confirm).post(bulk))
+        .route("/console/accounts", get(accounts))
         .route("/console/accounts/{id}", get(account))
         .route("/console/withdrawals", get(withdrawals))
         .route("/console/webhooks", get(webhooks))
@@ -336,6 +337,9 @@ async fn find(State(s): State<AppState>, session: Session, Query(f): Query<FindQ
     Redirect::to(&format!("/console/jobs?prefix={}", urlencode(q))).into_response()
 }
 
+/// The most jobs whose net the jobs page adds up (a sum over each one's ledger entries).
+const NET_JOBS_MAX: i64 = 10_000;
+
 async fn jobs(State(s): State<AppState>, session: Session, Query(q): Query<JobsQuery>) -> PageResult {
     let err = |e: ApiError| error_page(Some(&session), e);
     let filter = q.filter(&session.actor.scope).map_err(err)?;
@@ -344,7 +348,12 @@ async fn jobs(State(s): State<AppState>, session: Session, Query(q): Query<JobsQ
         .jobs(&filter, Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS })
         .await
         .map_err(|e| err(e.into()))?;
-    let totals = s.store.operators().job_totals(&filter, false).await.map_err(|e| err(e.into()))?;
+    let mut totals = s.store.operators().job_totals(&filter, false).await.map_err(|e| err(e.into()))?;
+    // What the matches cost their accounts now (after refunds and releases) reads each one's
+    // entries: worked out for up to `NET_JOBS_MAX` of them, else the page gives their prices only.
+    if totals.jobs <= NET_JOBS_MAX {
+        totals = s.store.operators().job_totals(&filter, true).await.map_err(|e| err(e.into()))?;
+    }
     // Dead withdrawals among the matches: a bulk requeue passes over them, so the page says so (or
     // offers no requeue at all when they are all it would touch).
     let withdrawals = if filter.state == Some(JobState::Dead) && totals.jobs > 0 {
@@ -445,6 +454,22 @@ async fn account(
 #[derive(Deserialize)]
 struct AfterQuery {
     after: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct AccountsQuery {
+    after: Option<String>,
+}
+
+/// The accounts the session's token sees, in id order.
+async fn accounts(State(s): State<AppState>, session: Session, Query(q): Query<AccountsQuery>) -> PageResult {
+    let err = |e: ApiError| error_page(Some(&session), e);
+    let after = nonempty(&q.after)
+        .map(|a| AccountId::parse(a).map_err(|_| ApiError::invalid("The cursor is not an account id.")))
+        .transpose()
+        .map_err(err)?;
+    let p = s.store.accounts(&session.actor.scope, after.as_ref(), PAGE_JOBS).await.map_err(|e| err(e.into()))?;
+    Ok(page(StatusCode::OK, pages::accounts(&session, &p.rows, p.next_after.as_deref())))
 }
 
 async fn withdrawals(State(s): State<AppState>, session: Session, Query(q): Query<AfterQuery>) -> PageResult {

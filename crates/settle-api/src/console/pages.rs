@@ -69,8 +69,12 @@ pub fn layout(title: &str, session: Option<&Session>, body: Markup) -> Markup {
                             a href="/console" { "Overview" }
                             a href="/console/jobs" { "Jobs" }
                             a href="/console/jobs?state=dead" { "Dead letters" }
+                            a href="/console/accounts" { "Accounts" }
                             a href="/console/withdrawals" { "Withdrawals" }
-                            a href="/console/webhooks" { "Webhooks" }
+                            // Deliveries carry every account's events: not for a scoped session.
+                            @if s.actor.scope.is_all() {
+                                a href="/console/webhooks" { "Webhooks" }
+                            }
                             a href="/docs" { "API reference" }
                         }
                         form class="find" method="get" action="/console/find" {
@@ -297,7 +301,11 @@ pub fn jobs(
             label { "id prefix " input name="prefix" value=[q.prefix.as_deref()] size="12"; }
             button type="submit" { "Filter" }
         }
-        p class="muted" { (credits(totals.jobs)) " jobs match, costing " (credits(totals.cost)) " credits." }
+        p class="muted" {
+            (credits(totals.jobs)) " jobs match, priced at " (credits(totals.cost)) " credits"
+            @if let Some(net) = totals.net { "; they cost their accounts " (credits(-net)) " credits now (after refunds and releases)." }
+            @else { " (what they cost now, after refunds, is on each job's page)." }
+        }
         @if session.can_act() && totals.jobs > 0 {
             div class="bulk" {
                 @if q.state.as_deref() == Some("dead") && dead_withdrawals < totals.jobs {
@@ -381,9 +389,10 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
                 }
                 dt { "net now" } dd { (signed(j.net.get())) " credits" }
                 dt { "attempts" } dd {
-                    // A requeue gives a fresh budget: count the attempts against it.
+                    // A requeue gives a fresh budget, and a release is not counted: count the
+                    // attempts against the budget.
                     @if j.budget_base > 0 {
-                        (j.attempt - j.budget_base) " of " (j.max_attempts) " since the requeue (" (j.attempt) " in all)"
+                        (j.attempt - j.budget_base) " of " (j.max_attempts) " counted (" (j.attempt) " in all; releases and requeues are not counted)"
                     } @else {
                         (j.attempt) " of " (j.max_attempts)
                     }
@@ -464,7 +473,10 @@ fn job_reports(p: &JobPage<'_>) -> Markup {
                         td { (a.worker) }
                         td class="nowrap" { (time(a.started_at)) }
                         td class="nowrap" { @if let Some(t) = a.finished_at { (time(t)) } @else { span class="muted" { "open" } } }
-                        td { (a.result.map_or("open", |r| r.as_str())) }
+                        td {
+                            (a.result.map_or("open", |r| r.as_str()))
+                            @if let Some(t) = a.recovered_at { br; span class="recovered" { "recovered by its late success at " (time(t)) } }
+                        }
                         td { @if let Some(c) = &a.fail_code { code { (c) } } }
                         td { (a.message.as_deref().unwrap_or("")) }
                     }
@@ -474,8 +486,8 @@ fn job_reports(p: &JobPage<'_>) -> Markup {
         } }
     }
     section class="card" {
-        h2 { "Signals that changed nothing" }
-        p class="muted" { "Stale tokens (an earlier attempt), repeats, and late successes that recovered a failed job." }
+        h2 { "Signals outside the attempts" }
+        p class="muted" { "Stale tokens (an earlier attempt) and repeats changed nothing. A late success marked " code { "recovered" } " did: it took back the failed job's refund (the reclaim is in the ledger)." }
         div class="scroll" { table {
             thead { tr { th { "received" } th { "signal" } th { "attempt" } th { "effect" } th { "code" } th { "message" } } }
             tbody {
@@ -866,6 +878,31 @@ pub fn audit(session: &Session, report: &settle_store::AuditReport) -> Markup {
         }
     };
     layout("Audit", Some(session), body)
+}
+
+pub fn accounts(session: &Session, rows: &[settle_store::Account], next: Option<&str>) -> Markup {
+    let body = html! {
+        h1 { "Accounts" }
+        p class="muted" { "In id order. Each account's page has its grants, holds, ledger and hash chain." }
+        div class="scroll" { table {
+            thead { tr { th { "account" } th class="num" { "balance" } th class="num" { "overdraft limit" } th { "created" } } }
+            tbody {
+                @for a in rows {
+                    tr {
+                        td { a href={ "/console/accounts/" (a.id) } { (a.id) } }
+                        td class="num" { (signed(a.balance.get())) }
+                        td class="num" { (credits(a.overdraft_limit.get())) }
+                        td class="nowrap" { (time(a.created_at)) }
+                    }
+                }
+                @if rows.is_empty() { tr { td colspan="4" class="muted" { "No accounts." } } }
+            }
+        } }
+        @if let Some(after) = next {
+            p { a class="button" href={ "/console/accounts?after=" (super::query::urlencode(after)) } { "Next page →" } }
+        }
+    };
+    layout("Accounts", Some(session), body)
 }
 
 pub fn withdrawals(session: &Session, rows: &[settle_store::Withdrawal], next: Option<i64>) -> Markup {

@@ -5,7 +5,11 @@
 use crate::kit::*;
 use serde_json::{Value, json};
 
-on_both_engines!(a_held_job_is_priced_by_its_success, bad_holds_and_prices_write_nothing);
+on_both_engines!(
+    a_held_job_is_priced_by_its_success,
+    bad_holds_and_prices_write_nothing,
+    accounts_listed_answers_ended_events_shaped,
+);
 
 async fn ledger(s: &Server, account: &str) -> Value {
     s.get(&format!("/v1/accounts/{account}/ledger")).await.body["entries"].clone()
@@ -121,4 +125,50 @@ async fn bad_holds_and_prices_write_nothing(engine: Engine) {
     let r = s.post(&path, json!({"lease_token": token, "costs": {"main": 64, "fixed": 7}})).await;
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["net"], -71);
+}
+
+/// Issue 41: `GET /v1/accounts` pages in id order by the last id; every JSON answer ends with a
+/// newline (consecutive curl outputs stay apart); a held job's `job.queued` says what is held and
+/// what is priced; event times are RFC 3339 as everywhere; the attempt log shows a recovery.
+async fn accounts_listed_answers_ended_events_shaped(engine: Engine) {
+    let s = Server::start(engine).await;
+    for a in ["c", "a", "b"] {
+        s.account(a, 1_000).await;
+    }
+    let r = s.get("/v1/accounts?limit=2").await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let ids: Vec<&str> = r.body["accounts"].as_array().unwrap().iter().map(|a| a["id"].as_str().unwrap()).collect();
+    assert_eq!((ids, r.body["next_after"].clone()), (vec!["a", "b"], json!("b")));
+    let r = s.get("/v1/accounts?limit=2&after=b").await;
+    assert_eq!((r.body["accounts"][0]["balance"].clone(), r.body["next_after"].clone()), (json!(1_000), Value::Null));
+    assert_eq!(s.get("/v1/accounts?after=..").await.status, 400);
+    assert_eq!(s.get("/v1/accounts?limit=0").await.status, 400);
+    assert_eq!(s.get("/v1/accounts?cursor=1").await.status, 400);
+    // The raw bodies: one line each, ended.
+    let http = reqwest::Client::new();
+    for path in ["/v1/accounts/a", "/v1/accounts/nobody", "/v1/accounts"] {
+        let text = http.get(format!("{}{path}", s.base)).send().await.unwrap().text().await.unwrap();
+        assert!(text.ends_with("}\n") && text.matches('\n').count() == 1, "{path}: {text:?}");
+    }
+    let r = s.post("/v1/jobs", json!({"id": "held", "account_id": "a", "kind": "render", "hold": 100})).await;
+    assert_eq!(r.status, 201);
+    let queued = events(&s).await.as_array().unwrap().iter().find(|e| e["type"] == "job.queued").cloned().unwrap();
+    assert_eq!(
+        (queued["data"]["charged"].clone(), queued["data"]["cost"].clone(), queued["data"]["hold"].clone()),
+        (json!(100), json!(0), json!(100)),
+        "{queued}"
+    );
+    // A timeout, then the late success of the same attempt: the attempt says it recovered the job.
+    let (id, token) = s.claim().await;
+    let r = s.post(&format!("/v1/jobs/{id}/fail"), json!({"lease_token": token, "code": "TIMEOUT"})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let retry = events(&s).await.as_array().unwrap().iter().find(|e| e["type"] == "job.retry_scheduled").cloned();
+    let not_before = retry.unwrap()["data"]["not_before"].clone();
+    assert!(not_before.as_str().is_some_and(|t| t.ends_with('Z') && t.contains('T')), "{not_before}");
+    let r = s.post(&format!("/v1/jobs/{id}/succeed"), json!({"lease_token": token, "cost": 10})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let attempts = s.get(&format!("/v1/jobs/{id}/attempts")).await.body;
+    let first = &attempts["attempts"][0];
+    assert_eq!(first["result"], "failed", "{attempts}");
+    assert!(first["recovered_at"].as_str().is_some_and(|t| t.ends_with('Z')), "{attempts}");
 }

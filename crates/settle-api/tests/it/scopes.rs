@@ -105,6 +105,12 @@ async fn an_account_scoped_client_sees_and_moves_only_its_accounts(e: Engine) {
         }
     }
     // Lists hold only the scope, whatever the filter asks.
+    let r = as_(&s, ACME, "GET", "/v1/accounts", None).await;
+    assert_eq!((r.status, ids(&r.body, "accounts")), (200, vec!["acme-1".to_owned()]), "{}", r.body);
+    let r = as_(&s, ACME, "GET", "/v1/accounts?after=acme-1", None).await;
+    assert!(ids(&r.body, "accounts").is_empty());
+    let r = s.get("/v1/accounts").await;
+    assert_eq!(ids(&r.body, "accounts"), ["acme-1", "globex"]);
     let r = as_(&s, ACME, "GET", "/v1/jobs?limit=1000", None).await;
     assert_eq!(ids(&r.body, "jobs"), ["acme-1-dead", "acme-1-render", "acme-1-thumb", "acme-1-wd"]);
     let r = as_(&s, ACME, "GET", "/v1/jobs?account_id=globex", None).await;

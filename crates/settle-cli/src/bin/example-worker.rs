@@ -49,7 +49,8 @@ impl Handler for Frames {
             if !item.to_do() {
                 continue;
             }
-            if ctx.cancel_requested() {
+            // A cancel (the job ends) or this worker stopping (the job is released).
+            if ctx.stopping() {
                 return Outcome::Cancelled;
             }
             tokio::time::sleep(sleep).await;
@@ -127,10 +128,15 @@ async fn main() {
             }
         });
     }
-    let ctrl_c = stop.clone();
+    // SIGINT or SIGTERM: stop claiming; the job in hand is released at its next item boundary.
+    let signalled = stop.clone();
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        ctrl_c.cancel();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        signalled.cancel();
     });
     if let Err(e) = worker.run(Arc::new(Frames), stop).await {
         eprintln!("{name}: {e}");

@@ -13,6 +13,8 @@ use tokio_util::sync::CancellationToken;
 /// Reports items in order; before reporting item `frame-2` it tells the test and waits until the
 /// test has cancelled the job.
 struct Batch {
+    /// The item before whose report the handler pauses.
+    pause_at: &'static str,
     reported: Mutex<Vec<String>>,
     at_frame_2: Notify,
     cancelled: Notify,
@@ -22,7 +24,7 @@ struct Batch {
 impl Handler for Batch {
     async fn run(&self, ctx: &JobContext) -> Outcome {
         for item in ctx.job.items.iter().filter(|i| i.to_do()) {
-            if item.id == "frame-2" {
+            if item.id == self.pause_at {
                 self.at_frame_2.notify_one();
                 self.cancelled.notified().await;
             }
@@ -50,8 +52,12 @@ async fn a_cancel_stops_the_worker_at_the_next_item_boundary() {
     let job = json!({"id": "batch", "account_id": "a", "kind": "render", "items": items});
     assert_eq!(call(&http, post.clone(), format!("{base}/v1/jobs"), Some(job)).await.0, 201);
 
-    let handler =
-        Arc::new(Batch { reported: Mutex::new(Vec::new()), at_frame_2: Notify::new(), cancelled: Notify::new() });
+    let handler = Arc::new(Batch {
+        pause_at: "frame-2",
+        reported: Mutex::new(Vec::new()),
+        at_frame_2: Notify::new(),
+        cancelled: Notify::new(),
+    });
     let stop = CancellationToken::new();
     let mut worker = Worker::new(Client::new(&base, None), "sdk");
     worker.wait_seconds = 1;
@@ -115,8 +121,12 @@ async fn a_stop_releases_the_job_at_the_next_item_boundary() {
     let job = json!({"id": "batch", "account_id": "a", "kind": "render", "items": items, "max_attempts": 1});
     assert_eq!(call(&http, post.clone(), format!("{base}/v1/jobs"), Some(job)).await.0, 201);
 
-    let handler =
-        Arc::new(Batch { reported: Mutex::new(Vec::new()), at_frame_2: Notify::new(), cancelled: Notify::new() });
+    let handler = Arc::new(Batch {
+        pause_at: "frame-2",
+        reported: Mutex::new(Vec::new()),
+        at_frame_2: Notify::new(),
+        cancelled: Notify::new(),
+    });
     let stop = CancellationToken::new();
     let mut worker = Worker::new(Client::new(&base, None), "preempted");
     worker.wait_seconds = 1;
@@ -136,8 +146,12 @@ async fn a_stop_releases_the_job_at_the_next_item_boundary() {
     assert_eq!(account["balance"], 100 - 6 * 5, "nothing refunded: {account}");
 
     // The next worker does the three frames left; the release did not use up the one attempt.
-    let after =
-        Arc::new(Batch { reported: Mutex::new(Vec::new()), at_frame_2: Notify::new(), cancelled: Notify::new() });
+    let after = Arc::new(Batch {
+        pause_at: "frame-2",
+        reported: Mutex::new(Vec::new()),
+        at_frame_2: Notify::new(),
+        cancelled: Notify::new(),
+    });
     let stop = CancellationToken::new();
     let mut worker = Worker::new(Client::new(&base, None), "next");
     worker.wait_seconds = 1;
@@ -155,5 +169,39 @@ async fn a_stop_releases_the_job_at_the_next_item_boundary() {
     running.await.unwrap().unwrap();
     assert_eq!(*after.reported.lock().unwrap(), ["frame-3", "frame-4", "frame-5"]);
     assert_eq!(job["attempt"], 2);
+    drop(served);
+}
+
+/// A stop that comes while the last item is being done lets the job finish: every item reported,
+/// releasing it would leave finished work queued for a worker that may never come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_the_last_item_lets_the_job_finish() {
+    let served = crate::common::serve().await;
+    let base = served.base.clone();
+    let http = reqwest::Client::new();
+    let post = reqwest::Method::POST;
+    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await.0, 201);
+    let grant = json!({"id": "g", "amount": 100});
+    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts/a/grants"), Some(grant)).await.0, 201);
+    let items: Vec<Value> = (0..3).map(|f| json!({"id": format!("frame-{f}"), "cost": 5})).collect();
+    let job = json!({"id": "batch", "account_id": "a", "kind": "render", "items": items});
+    assert_eq!(call(&http, post.clone(), format!("{base}/v1/jobs"), Some(job)).await.0, 201);
+    let handler = Arc::new(Batch {
+        pause_at: "frame-2",
+        reported: Mutex::new(Vec::new()),
+        at_frame_2: Notify::new(),
+        cancelled: Notify::new(),
+    });
+    let stop = CancellationToken::new();
+    let mut worker = Worker::new(Client::new(&base, None), "preempted");
+    worker.wait_seconds = 1;
+    let running = tokio::spawn(worker.run(handler.clone(), stop.clone()));
+    handler.at_frame_2.notified().await;
+    stop.cancel();
+    handler.cancelled.notify_one();
+    running.await.unwrap().unwrap();
+    assert_eq!(*handler.reported.lock().unwrap(), ["frame-0", "frame-1", "frame-2"]);
+    let (_, job) = call(&http, reqwest::Method::GET, format!("{base}/v1/jobs/batch"), None).await;
+    assert_eq!(job["state"], "succeeded", "{job}");
     drop(served);
 }

@@ -125,15 +125,19 @@ pub(crate) async fn insert_job(
     insert_rows(db, cx, job, fp, max_attempts, refund_on, not_before).await?;
     charge_items(db, cx, job, check).await?;
     cx.point(CrashPoint::AfterLedger)?;
-    emit(
-        db,
-        cx,
-        EventKind::JobQueued,
-        Some(req.id.as_str()),
-        req.account_id.as_str(),
-        serde_json::json!({ "kind": req.kind.as_str(), "cost": total.get(), "items": req.items.len() }),
-    )
-    .await?;
+    // What was charged, split into the fixed prices (`cost`) and the holds of held items (`hold`,
+    // priced by their success): a hold is not a cost.
+    let mut held = 0_i64;
+    for item in &req.items {
+        if let Some(h) = item.price.hold() {
+            held = held.checked_add(h.get()).ok_or(StoreError::Overflow)?;
+        }
+    }
+    let cost = total.get().checked_sub(held).ok_or(StoreError::Overflow)?;
+    let data = serde_json::json!({
+        "kind": req.kind.as_str(), "charged": total.get(), "cost": cost, "hold": held, "items": req.items.len(),
+    });
+    emit(db, cx, EventKind::JobQueued, Some(req.id.as_str()), req.account_id.as_str(), data).await?;
     cx.point(CrashPoint::AfterOutbox)?;
     let job = as_written(cx, job, max_attempts, refund_on, not_before)?;
     #[cfg(debug_assertions)]

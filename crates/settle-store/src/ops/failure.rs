@@ -70,7 +70,9 @@ pub(crate) async fn apply_failure(
                 None => {
                     let mut rng = cx.rng.lock().expect("rng lock");
                     let backoff = &cx.policy.for_kind(&job.kind).backoff;
-                    backoff.delay_ms(u32::try_from(job.attempt).unwrap_or(u32::MAX), &mut rng)
+                    // The attempts that count (releases and requeues do not grow the backoff).
+                    let counted = job.attempt - job.budget_base;
+                    backoff.delay_ms(u32::try_from(counted).unwrap_or(u32::MAX), &mut rng)
                 }
             };
             (JobState::Queued, cx.now.plus_millis(delay).micros())
@@ -108,6 +110,8 @@ pub(crate) async fn apply_failure(
         )
         .await?;
     }
+    // Times in events are RFC 3339, as everywhere in the API.
+    let not_before = settle_core::Timestamp::from_micros(not_before).rfc3339();
     let data = serde_json::json!({ "code": code.as_str(), "message": message, "attempt": job.attempt, "not_before": not_before });
     let event = if state == JobState::Queued { EventKind::JobRetryScheduled } else { EventKind::JobDead };
     emit(db, cx, event, Some(&job.id), &job.account_id, data).await?;

@@ -144,7 +144,7 @@ columns! {
         last_stamp = "(SELECT MAX(stamp) FROM numbered)",
         events = "(SELECT COUNT(*) FROM ins)",
         last = "(SELECT MAX(seq) FROM ins)",
-        wakes = "(SELECT COUNT(*) FROM ins WHERE type IN ('job.queued', 'job.retry_scheduled', 'job.requeued'))",
+        wakes = "(SELECT COUNT(*) FROM ins WHERE type IN ('job.queued', 'job.retry_scheduled', 'job.requeued', 'job.released'))",
         counter = "(SELECT value FROM bump)",
     }
 }

@@ -3,9 +3,10 @@
 //! does not count toward `max_attempts` (semantics §3 "Release", docs/decisions/0028).
 
 use super::{
-    After, Caller, Cx, Heard, Reported, attach, begin_teardown, check_caller, close_attempt, emit, guard_hit,
-    holds_lease, log_signal, must_lock_job, must_read_job, refusal, token_attempt,
+    After, Caller, Cx, Heard, JobRow, Reported, attach, begin_teardown, check_caller, close_attempt, emit, guard_hit,
+    holds_lease, log_signal, must_lock_job, must_read_job, refusal, resume_if_cancelling, token_attempt,
 };
+use crate::db::columns;
 use crate::db::{Db, args};
 use crate::error::StoreError;
 use crate::model::*;
@@ -30,7 +31,11 @@ pub(crate) async fn release(
     check_caller(&job, caller)?;
     if !holds_lease(cx, &job, token) {
         let heard = Heard { signal: Signal::Release, code: None, message: None };
-        let refused = match token_attempt(db, &job, &token.0).await? {
+        let attempt = token_attempt(db, &job, &token.0).await?;
+        // A token no attempt held writes nothing, not even the teardown's continuation; a re-sent
+        // release whose teardown a crash interrupted carries it on, as a re-sent fail does.
+        let after = if attempt.is_some() { resume_if_cancelling(&job) } else { After::Nothing };
+        let refused = match attempt {
             None => Some(refusal(&job, None)),
             Some(att) if att.reported(Reported::RELEASE.signal) => {
                 log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Noop).await?;
@@ -43,7 +48,7 @@ pub(crate) async fn release(
         };
         let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
-        return Ok((Outcome { value: job, applied: false }, After::Nothing, refused));
+        return Ok((Outcome { value: job, applied: false }, after, refused));
     }
     if job.cancel_requested {
         begin_teardown(db, cx, &job, Some(AttemptResult::Cancelled), Some(Reported::RELEASE)).await?;
@@ -68,4 +73,22 @@ pub(crate) async fn release(
     let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: job, applied: true }, After::Nothing, None))
+}
+
+columns! {
+    /// How the job's last attempt ended.
+    LastResultCol { result }
+}
+
+/// Whether the job's last attempt closed `released` (a requeue's replay check tells it apart).
+pub(crate) async fn last_attempt_released(db: &mut Db<'_>, job: &JobRow) -> Result<bool, StoreError> {
+    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!("SELECT {} FROM attempts WHERE job_id = $1 AND attempt_no = $2", LastResultCol::LIST)
+    });
+    let row = db.opt(&SQL, args![&job.id, job.attempt]).await?;
+    let result = match row {
+        Some(r) => r.opt_text(LastResultCol::result)?,
+        None => None,
+    };
+    Ok(result.as_deref() == Some(AttemptResult::Released.as_str()))
 }

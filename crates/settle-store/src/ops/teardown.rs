@@ -177,7 +177,12 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job,
     }
     // A requeue re-sent after its answer was lost finds the job requeued and not claimed since:
     // answer it again rather than fail (docs/decisions/0005).
-    if job.state == JobState::Queued && job.attempt > 0 && job.budget_base == job.attempt {
+    // (A job whose last attempt was released is queued with the same figures, never requeued.)
+    if job.state == JobState::Queued
+        && job.attempt > 0
+        && job.budget_base == job.attempt
+        && !super::last_attempt_released(db, &job).await?
+    {
         let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok(job);

@@ -19,6 +19,29 @@ pub(crate) async fn account(db: &mut Db<'_>, id: &AccountId) -> Result<Account, 
     ops::account_from_row(&row)
 }
 
+/// A page of the accounts `scope` sees, in id order after `after` (`""`: from the first). The cursor
+/// is the last id of the page (accounts carry no number).
+pub(crate) async fn accounts(
+    db: &mut Db<'_>,
+    scope: &settle_core::scope::Scope,
+    after: &str,
+    limit: u32,
+) -> Result<AccountPage, StoreError> {
+    let limit = page_limit(limit);
+    let mut a: Vec<crate::db::Value> = vec![after.into()];
+    // An account's own rows: only the scope's accounts apply (kinds are a job's).
+    let accounts_only = settle_core::scope::Scope { accounts: scope.accounts.clone(), kinds: None };
+    let only = super::filter::scope_sql(&accounts_only, &mut a, "id", super::filter::Kinds::Column("kind"));
+    a.push(crate::db::Value::I64(limit));
+    let sql =
+        format!("SELECT {} FROM accounts WHERE id > $1{only} ORDER BY id LIMIT ${}", ops::AccountCol::LIST, a.len());
+    let rows = db.all_built(sql, &a).await?;
+    let accounts = rows.iter().map(ops::account_from_row).collect::<Result<Vec<_>, _>>()?;
+    let next_after =
+        if accounts.len() as i64 == limit { accounts.last().map(|a| a.id.as_str().to_owned()) } else { None };
+    Ok(AccountPage { rows: accounts, next_after })
+}
+
 static LEDGER_PAGE: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {} FROM ledger_entries WHERE account_id = $1 AND seq > $2 ORDER BY seq LIMIT $3", EntryCol::LIST)
 });

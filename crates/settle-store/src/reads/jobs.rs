@@ -74,7 +74,7 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
 
 columns! {
     /// An attempt as the attempt log shows it.
-    AttemptCol { attempt_no, worker, started_at, finished_at, result, fail_code, message }
+    AttemptCol { attempt_no, worker, started_at, finished_at, result, fail_code, message, success_at }
 }
 
 columns! {
@@ -99,12 +99,20 @@ pub(crate) async fn attempts(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Vec<A
     rows.iter()
         .map(|r| {
             use AttemptCol as C;
+            let result = r.opt_text(C::result)?.map(|t| name(AttemptResult::parse, "attempt result", t)).transpose()?;
+            // A success this attempt reported after it had ended otherwise (its lease expired, it
+            // failed): the late success that recovered the job.
+            let recovered_at = match result {
+                Some(AttemptResult::Succeeded) | None => None,
+                Some(_) => r.opt_i64(C::success_at)?.map(Timestamp::from_micros),
+            };
             Ok(Attempt {
                 attempt_no: u32::try_from(r.i64(C::attempt_no)?).map_err(StoreError::internal)?,
                 worker: r.text(C::worker)?,
                 started_at: Timestamp::from_micros(r.i64(C::started_at)?),
                 finished_at: r.opt_i64(C::finished_at)?.map(Timestamp::from_micros),
-                result: r.opt_text(C::result)?.map(|t| name(AttemptResult::parse, "attempt result", t)).transpose()?,
+                result,
+                recovered_at,
                 fail_code: r.opt_text(C::fail_code)?,
                 message: r.opt_text(C::message)?,
             })

@@ -92,6 +92,16 @@ impl Store for SqlStore {
         self.read(op!([id] | db, _cx | reads::account(db, &id).await)).await
     }
 
+    async fn accounts(
+        &self,
+        scope: &settle_core::scope::Scope,
+        after: Option<&AccountId>,
+        limit: u32,
+    ) -> Result<AccountPage, StoreError> {
+        let (scope, after) = (scope.clone(), after.map(|a| a.as_str().to_owned()).unwrap_or_default());
+        self.read(op!([scope, after] | db, _cx | reads::accounts(db, &scope, &after, limit).await)).await
+    }
+
     async fn grant(&self, account: &AccountId, req: NewGrant, actor: &str) -> Result<Created<LedgerEntry>, StoreError> {
         if !req.amount.is_positive() {
             return Err(StoreError::invalid("a grant's amount must be greater than zero"));
