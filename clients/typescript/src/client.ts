@@ -270,7 +270,7 @@ export class Settle {
     }
   }
 
-  /** The ledger invariants L1–L5 over one snapshot (admin). */
+  /** The ledger invariants L1–L6 over one snapshot (admin). */
   async audit(): Promise<Audit> {
     return this.#get("/v1/audit");
   }

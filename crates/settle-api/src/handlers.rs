@@ -990,13 +990,20 @@ pub async fn events(
         return Err(ApiError::invalid(format!("wait_seconds is at most {}.", limits::WAIT_SECONDS_MAX)));
     }
     let (wait, _slot) = long_poll_slot(&s, &headers, wait);
+    // Each look starts where the last one stopped: a scoped consumer's wake-ups do not rescan the
+    // other tenants' events an empty look already passed.
+    let cursor = std::sync::atomic::AtomicI64::new(p.after);
     let got = long_poll(
         &s,
         s.store.events_wake(),
         wait,
         || async {
-            let got = s.store.events(p.after, p.limit, &auth.actor.scope).await?;
+            let after = cursor.load(std::sync::atomic::Ordering::Relaxed);
+            let got = s.store.events(after, p.limit, &auth.actor.scope).await?;
             let found = !got.rows.is_empty();
+            if let (false, Some(next)) = (found, got.next_after) {
+                cursor.store(next, std::sync::atomic::Ordering::Relaxed);
+            }
             Ok((got, found))
         },
         || async { Ok(None) },
@@ -1092,10 +1099,11 @@ pub async fn requeue_dead_deliveries(
 
 /// Audit the ledger
 ///
-/// Recomputes invariants L1–L5 from the stored rows: every balance is the sum of its entries, every
+/// Recomputes invariants L1–L6 from the stored rows: every balance is the sum of its entries, every
 /// item's money state matches its entries, each account's hash chain is intact, every account's live
-/// grants less its debt are its balance, and every event matches its transition. Answers `ok` and the
-/// violations found. Admin only.
+/// grants less its debt are its balance, no withdrawal left never-expiring credit below the debt
+/// (the cash rule), and every event matches its transition. Answers `ok` and the violations found.
+/// Admin only.
 #[utoipa::path(get, path = "/v1/audit", tag = "operations", responses((status = 200, body = dto::Audit)))]
 pub async fn audit(State(s): State<AppState>, _auth: Auth<AdminRole>) -> ApiResult {
     let r = s.store.audit(None).await?;

@@ -352,7 +352,7 @@ class Client:
         return self._send(_ops.failures())
 
     def audit(self) -> Audit:
-        """The invariants L1-L5 checked over the whole ledger (admin)."""
+        """The invariants L1-L6 checked over the whole ledger (admin)."""
         return self._send(_ops.audit())
 
     # ----- events -----
@@ -512,7 +512,7 @@ class AsyncClient:
         return await self._send(_ops.failures())
 
     async def audit(self) -> Audit:
-        """The invariants L1-L5 checked over the whole ledger (admin)."""
+        """The invariants L1-L6 checked over the whole ledger (admin)."""
         return await self._send(_ops.audit())
 
     # ----- events -----

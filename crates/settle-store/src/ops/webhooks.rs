@@ -20,8 +20,10 @@ columns! {
 
 columns! {
     /// An outbox event to fan out, and the line its deliveries keep their order in (its job, or
-    /// its account for an account's own events).
-    FanOutCol { seq, order_key = "COALESCE(job_id, 'account:' || account_id)" }
+    /// its account for an account's own events). The two kinds of line never meet: each key starts
+    /// with its kind and a space, which no id holds (a job named `account:acme` once joined the
+    /// account `acme`'s line: issue 41).
+    FanOutCol { seq, order_key = "CASE WHEN job_id IS NULL THEN 'account ' || account_id ELSE 'job ' || job_id END" }
 }
 
 columns! {

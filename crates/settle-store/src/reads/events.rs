@@ -2,26 +2,51 @@
 
 use super::filter::{Kinds, scope_sql};
 use super::{next_after, page_limit};
-use crate::db::{Db, Value};
+use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{EventCol, event_from_row};
+use std::sync::LazyLock;
+
+columns! {
+    /// The newest numbered event.
+    TopCol { top = "MAX(seq)" }
+}
 
 /// Events after `after` in `seq` order; for a scoped token only those of its accounts and kinds
 /// (an account's own events, such as grants, are of no kind).
+///
+/// `next_after` says how far the page looked, whatever it found (issue 41): a full page ends at its
+/// last event; a page that is not full looked through every event numbered when it began — other
+/// tenants' too — so its cursor moves past them, and a scoped consumer never rescans them. `None`
+/// when nothing beyond what the page returns (or beyond `after`) was numbered: "caught up".
+/// The newest seq is read first and the page kept to it: numbers become visible in order (the
+/// sequencer's promise), so every event up to it is there to be read.
 pub(crate) async fn events(
     db: &mut Db<'_>,
     after: i64,
     limit: u32,
     scope: &settle_core::scope::Scope,
 ) -> Result<Paged<Event>, StoreError> {
+    static TOP: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM outbox", TopCol::LIST));
     let limit = page_limit(limit);
-    let mut a: Vec<Value> = vec![after.into()];
+    let top = db.one(&TOP, args![]).await?.opt_i64(TopCol::top)?.unwrap_or(0);
+    let mut a: Vec<Value> = vec![after.into(), top.into()];
     let scoped = scope_sql(scope, &mut a, "account_id", Kinds::OfJob("job_id"));
     a.push(limit.into());
-    let sql = format!("SELECT {} FROM outbox WHERE seq > $1{scoped} ORDER BY seq LIMIT ${}", EventCol::LIST, a.len());
+    let sql = format!(
+        "SELECT {} FROM outbox WHERE seq > $1 AND seq <= $2{scoped} ORDER BY seq LIMIT ${}",
+        EventCol::LIST,
+        a.len()
+    );
     let rows = db.all_built(sql, &a).await?;
     let events = rows.iter().map(event_from_row::<EventCol>).collect::<Result<Vec<_>, StoreError>>()?;
-    let next = next_after(&events, limit, |e| e.seq);
+    let next = match next_after(&events, limit, |e| e.seq) {
+        Some(full) => Some(full),
+        None => {
+            let seen = events.last().map_or(after, |e| e.seq);
+            (top > seen).then_some(top)
+        }
+    };
     Ok(Paged { rows: events, next_after: next })
 }

@@ -1,6 +1,6 @@
 //! The conformance suite: every check is written once against the `Store` trait (plus the kit's
 //! clock and raw-SQL door) and instantiated for every engine by `conformance!`.
-//! Each check ends with `assert_clean` — the audit (L1–L5, gap-free sequences) after every scenario.
+//! Each check ends with `assert_clean` — the audit (L1–L6, gap-free sequences) after every scenario.
 
 use crate::kit::*;
 use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};

@@ -1,7 +1,7 @@
 //! Expiring grants (issue 24, docs/decisions/0023): burn-down across priorities and expiries,
 //! refunds home to live and expired grants, releases of held items, reclaims after an expiry, debt
 //! met by new grants, withdrawals from credit that never expires, the expiry pass once whatever
-//! races it — on both engines, L1–L5 clean after each.
+//! races it — on both engines, L1–L6 clean after each.
 
 use crate::kit::*;
 use settle_core::ids::{AccountId, Destination, RefId};

@@ -1,5 +1,5 @@
 //! Withdrawals, written once against the `Store` and `Payouts` traits and run on both engines like
-//! the conformance suite (its `conformance!` macro); each check ends with the audit (L1–L5, including
+//! the conformance suite (its `conformance!` macro); each check ends with the audit (L1–L6, including
 //! `payout_return`).
 
 use crate::kit::*;

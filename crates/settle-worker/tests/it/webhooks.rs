@@ -25,6 +25,8 @@ struct Receiver {
     tried: Mutex<Vec<i64>>,
     /// The query strings the requests came with (deliverers racing tell themselves apart by it).
     senders: Mutex<std::collections::BTreeSet<String>>,
+    /// Bodies holding this text are refused, always.
+    refuse: Mutex<Option<String>>,
 }
 
 async fn receive(
@@ -42,6 +44,9 @@ async fn receive(
             *down -= 1;
             return StatusCode::SERVICE_UNAVAILABLE;
         }
+    }
+    if r.refuse.lock().unwrap().as_ref().is_some_and(|t| String::from_utf8_lossy(&body).contains(t.as_str())) {
+        return StatusCode::UNPROCESSABLE_ENTITY;
     }
     let sig = headers.get("settle-signature").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     r.got.lock().unwrap().push((sig, seq, body.to_vec()));
@@ -263,6 +268,70 @@ async fn dead_deliveries_block_their_job_until_requeued() {
         Err(StoreError::InvalidTransition { .. })
     ));
     assert!(matches!(store.webhooks().requeue_one("ops", 10_000, "system").await, Err(StoreError::NotFound { .. })));
+}
+
+/// Issue 41: a job's line and an account's line never meet. A client names its job
+/// `account:acme-alice` on its own account; the receiver refuses that job's event for good. Alice's
+/// own account events behind it are delivered all the same (they once waited in the same line,
+/// until an admin requeued another tenant's delivery).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_named_like_an_account_does_not_hold_back_its_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("w.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    for a in ["mallory", "acme-alice"] {
+        let id = AccountId::parse(a).unwrap();
+        store
+            .create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }, SYSTEM_ACTOR)
+            .await
+            .unwrap();
+        let grant = NewGrant {
+            id: RefId::parse(&format!("g-{a}")).unwrap(),
+            amount: Credits::new(100),
+            reason: None,
+            expires_at: None,
+            priority: None,
+        };
+        store.grant(&id, grant, SYSTEM_ACTOR).await.unwrap();
+    }
+    let job = NewJob {
+        id: JobId::parse("account:acme-alice").unwrap(),
+        account_id: AccountId::parse("mallory").unwrap(),
+        kind: JobKind::parse("render").unwrap(),
+        items: vec![NewItem { id: ItemId::main(), price: Price::Cost(Credits::new(10)) }],
+        payload: serde_json::Value::Null,
+        max_attempts: None,
+        refund_on: None,
+        not_before: None,
+    };
+    store.create_job(job).await.unwrap();
+    let later = NewGrant {
+        id: RefId::parse("g-alice-later").unwrap(),
+        amount: Credits::new(5),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
+    store.grant(&AccountId::parse("acme-alice").unwrap(), later, SYSTEM_ACTOR).await.unwrap();
+    let receiver = Arc::new(Receiver::default());
+    *receiver.refuse.lock().unwrap() = Some("\"job_id\":\"account:acme-alice\"".to_owned());
+    let addr = serve_receiver(receiver.clone()).await;
+    let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
+    endpoint.backoff = BackoffPolicy { backoff_ms_base: 1, backoff_ms_max: 2, jitter: Jitter::None };
+    endpoint.attempts_max = 2;
+    endpoint.breaker.failures = 0;
+    endpoint.start_from = StartFrom::Beginning;
+    let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
+    for _ in 0..20 {
+        deliverer.pass().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let got: Vec<String> =
+        receiver.got.lock().unwrap().iter().map(|(_, _, b)| String::from_utf8_lossy(b).into_owned()).collect();
+    assert!(got.iter().any(|b| b.contains("g-alice-later")), "alice's later grant was held back: {got:#?}");
+    let filter = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(settle_store::DeliveryState::Dead) };
+    let dead = store.webhooks().deliveries(&filter, 0, 1000).await.unwrap().rows;
+    assert_eq!(dead.len(), 1, "only the refused job event: {dead:?}");
 }
 
 #[tokio::test]
