@@ -257,10 +257,11 @@ pub async fn withdrawals(store: &dyn Store, cmd: Withdrawals) -> anyhow::Result<
                 for w in &p.rows {
                     out!(
                         "{:<24} {:<10} {:<12} {:>9} {:<24} {:<22} {}",
-                        w.job.id,
+                        // As text: the id types' Display ignores a width (the columns drifted).
+                        w.job.id.as_str(),
                         w.job.state.as_str(),
-                        w.job.account_id,
-                        w.amount,
+                        w.job.account_id.as_str(),
+                        w.amount.get(),
                         w.provider_txid.as_deref().unwrap_or("-"),
                         w.job.last_error.as_ref().map(|e| e.code.as_str()).unwrap_or("-"),
                         w.destination

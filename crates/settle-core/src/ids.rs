@@ -49,8 +49,9 @@ macro_rules! client_id {
         }
 
         impl fmt::Display for $name {
+            /// Honours a width and alignment (`{:<24}`): the operator commands print columns.
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
+                f.pad(&self.0)
             }
         }
 
@@ -150,7 +151,7 @@ impl FailCode {
 
 impl fmt::Display for FailCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.pad(&self.0)
     }
 }
 
@@ -215,6 +216,14 @@ impl Destination {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 41: `settle withdrawals list` drifted because ids printed no padding.
+    #[test]
+    fn ids_and_credits_honour_a_width() {
+        assert_eq!(format!("{:<6}|", JobId::parse("ab").unwrap()), "ab    |");
+        assert_eq!(format!("{:>4}|", FailCode::parse("X").unwrap()), "   X|");
+        assert_eq!(format!("{:>+5}|", crate::Credits::new(3)), "   +3|");
+    }
 
     #[test]
     fn ids_follow_the_spec_alphabet() {

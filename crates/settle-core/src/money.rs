@@ -42,8 +42,9 @@ impl Credits {
 }
 
 impl fmt::Display for Credits {
+    /// As the `i64` it is, width and sign flags included (`{:>+8}`).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        fmt::Display::fmt(&self.0, f)
     }
 }
 

@@ -25,4 +25,9 @@ pub struct SimJob {
     pub prices: BTreeMap<String, i64>,
     /// Each item's amount at stake as last seen (`Item::cost`).
     pub costs: BTreeMap<String, i64>,
+    /// Its refunds wait for the final failure (`refund_on = final_failure`): a cancel does not
+    /// overrule its success (money may have left).
+    pub final_failure: bool,
+    /// A cancel of it was accepted while it ran (`202`): from then on no success completes it.
+    pub cancel_accepted: bool,
 }

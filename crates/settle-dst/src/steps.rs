@@ -90,6 +90,7 @@ async fn create_job(w: &mut World, m: &Machine) {
         sim.items.push((item, held));
     }
     let refund_on = if w.chance(20) { Some(RefundPolicy::FinalFailure) } else { None };
+    sim.final_failure = refund_on.is_some();
     let req = NewJob {
         id: JobId::parse(&id).expect("a job id"),
         account_id: account,
@@ -238,12 +239,27 @@ async fn cancel(w: &mut World, m: &Machine) {
     let id = ids[w.pick(ids.len())].clone();
     let r = m.store.cancel(&JobId::parse(&id).expect("a job id"), None).await;
     w.answer(&format!("cancel {id}"), r.as_ref().map(|o| o.job().state));
+    if let Ok(settle_store::CancelOutcome::Accepted(_)) = &r {
+        let sim = w.jobs.get_mut(&id).expect("a job");
+        sim.cancel_accepted = true;
+        // Seed 003's race ⑤: the worker's success arrives right after the accepted cancel, before
+        // it heard of it. The cancel wins: the job is torn down, never completed.
+        if let Some(token) = sim.tokens.last().cloned()
+            && w.chance(50)
+        {
+            let c = costs(w, &id, None);
+            let r =
+                m.store.succeed_priced(&JobId::parse(&id).expect("a job id"), Reporter::Lease(&token), None, &c).await;
+            w.answer(&format!("succeed after cancel {id}"), r.as_ref().map(|o| o.applied));
+        }
+    }
     w.moved(id);
 }
 
 async fn withdrawal(w: &mut World, m: &Machine) {
     let id = w.fresh_id("wd");
-    let account = account(w);
+    // Half of them from the account that lives on its overdraft: the cash rule's ground.
+    let account = if w.chance(50) { AccountId::parse(crate::world::OWING).expect("an account id") } else { account(w) };
     let amount = 1 + w.tape.rng.below_inclusive(39) as i64;
     let req = NewWithdrawal {
         id: JobId::parse(&id).expect("an id"),

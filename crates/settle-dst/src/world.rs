@@ -16,6 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub const ACCOUNTS: usize = 3;
 pub const GRANT: i64 = 10_000;
+/// The account that lives on its overdraft (the cash rule's ground).
+pub const OWING: &str = "owing";
 /// The owing account's terms: a little cash, a trial, and an overdraft it lives on.
 const OWING_CASH: i64 = 60;
 const OWING_TRIAL: i64 = 100;
@@ -112,7 +114,7 @@ impl World {
     /// room to owe — the ground the cash rule stands on (semantics §1, L6): its withdrawals must
     /// never let the trial cover what the overdraft lent.
     async fn setup_in_debt(&mut self, store: &SqlStore) {
-        let id = "owing".to_owned();
+        let id = OWING.to_owned();
         let account = AccountId::parse(&id).expect("an account id");
         let made = store
             .create_account(
@@ -244,6 +246,12 @@ impl World {
                 }
                 sim.costs.insert(key.clone(), item.cost.get());
                 sim.seen.insert(key, now);
+            }
+            // A cancel accepted while the job ran wins over any success after it (spec §3: completion
+            // is conditional on no cancel request) — unless the job holds its refunds to the final
+            // failure, whose money may have left.
+            if sim.cancel_accepted && !sim.final_failure && !sim.withdrawal && job.state == JobState::Succeeded {
+                return Err(format!("job {id} succeeded after its cancel was accepted"));
             }
             // A cancel deletes what was made for items not delivered; a delivered item keeps its.
             if job.state == JobState::Cancelled {

@@ -121,6 +121,14 @@ columns! {
 }
 
 columns! {
+    /// A take from a grant stamped at or after the grant's expiry (L5).
+    LateTakeRow {
+        account_id = "a.account_id", source = "g.source_id", taken = "a.taken", at = "a.created_at",
+        expires_at = "g.expires_at", job_id = "a.job_id",
+    }
+}
+
+columns! {
     /// A grant as L5 reads it.
     GrantRow { key, account_id, origin, source_id, amount, remaining, expiry_key, expired_at, expired_seq }
 }
@@ -269,6 +277,33 @@ impl L5 {
             Ok(())
         })
         .await?;
+        Ok(())
+    }
+
+    /// L5's last clause: nothing is taken from a grant by a posting stamped at or after its
+    /// `expires_at` — every posting expires what is due first (the clock guard on the balance
+    /// UPDATE), so such a take is a posting that spent credit already dead.
+    async fn takes_after_expiry(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static LATE: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM allocations a JOIN grants g ON g.key = a.grant_key \
+                 WHERE g.expires_at IS NOT NULL AND a.kind IN ('charge', 'reclaim', 'adjustment') \
+                 AND a.created_at >= g.expires_at ORDER BY a.id LIMIT 100",
+                LateTakeRow::LIST
+            )
+        });
+        for r in db.all(&LATE, args![]).await? {
+            use LateTakeRow as C;
+            let message = format!(
+                "grant {}: {} taken by a posting at {} µs, at or after its expiry at {} µs (job {})",
+                r.text(C::source)?,
+                r.i64(C::taken)?,
+                r.i64(C::at)?,
+                r.i64(C::expires_at)?,
+                r.opt_text(C::job_id)?.unwrap_or_default()
+            );
+            self.found.push((r.text(C::account_id)?, message));
+        }
         Ok(())
     }
 
@@ -695,6 +730,7 @@ impl<'p> Audit<'p> {
     async fn grants(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         let mut l5 = std::mem::take(&mut self.l5);
         l5.expiries(db).await?;
+        l5.takes_after_expiry(db).await?;
         l5.judge_grants();
         l5.judge_accounts(db).await?;
         for (account, message) in l5.found {

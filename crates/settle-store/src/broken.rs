@@ -18,6 +18,12 @@ pub enum Guard {
     WebhookOrder,
     /// A withdrawal is refused unless never-expiring credit less the debt covers it (the cash rule).
     CashRule,
+    /// A posting's balance UPDATE matches only while no grant of the account is due
+    /// (`next_expiry > now`): a posting meets a due grant and expires it first.
+    ExpiryClock,
+    /// A success of a job whose cancel was requested tears it down instead of completing it (seed
+    /// 003's race ⑤).
+    CancelWins,
 }
 
 /// Whether `guard` is removed in this store.

@@ -59,3 +59,13 @@ fn without_webhook_head_of_line() {
 fn without_the_cash_rule() {
     caught(Breakage::Store(Guard::CashRule));
 }
+
+#[test]
+fn without_the_expiry_clock_on_balance_updates() {
+    caught(Breakage::Store(Guard::ExpiryClock));
+}
+
+#[test]
+fn without_completion_conditional_on_no_cancel() {
+    caught(Breakage::Store(Guard::CancelWins));
+}

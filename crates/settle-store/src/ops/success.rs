@@ -39,7 +39,9 @@ pub(crate) async fn apply_success(
         _ => None,
     };
     let from_ok = JobState::SUCCEED_FROM.contains(&job.state);
-    let cancel_wins = job.cancel_requested && job.refund_on != RefundPolicy::FinalFailure;
+    let cancel_wins = job.cancel_requested
+        && job.refund_on != RefundPolicy::FinalFailure
+        && !cx.broken(crate::broken::Guard::CancelWins);
     if from_ok && cancel_wins && matches!(job.state, JobState::Running | JobState::Unknown) {
         begin_teardown(db, cx, job, Some(AttemptResult::Cancelled), own).await?;
         if let Some(n) = earlier {
