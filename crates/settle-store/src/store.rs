@@ -241,6 +241,11 @@ pub trait Operators: Send + Sync {
     -> Result<(), StoreError>;
     /// The admin actions on a job or an account (both `None`: all), oldest first, at most 1000.
     async fn actions(&self, job: Option<&JobId>, account: Option<&AccountId>) -> Result<Vec<Action>, StoreError>;
+    /// Signs a console session out (its `nonce`) in every process, until it would have expired
+    /// (`expires_at`, unix seconds); forgets sign-outs already past theirs.
+    async fn sign_out(&self, nonce: &str, expires_at: i64) -> Result<(), StoreError>;
+    /// Whether the console session of `nonce` was signed out.
+    async fn signed_out(&self, nonce: &str) -> Result<bool, StoreError>;
 }
 
 /// Withdrawals (spec §4, docs/design/payouts.md). Only the payout processor and reconciler call the

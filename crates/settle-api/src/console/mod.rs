@@ -272,7 +272,10 @@ async fn logout(State(s): State<AppState>, session: Session, ConsoleForm(f): Con
         )
         .into_response();
     }
-    session.sign_out(&s.console_key, session::now_unix());
+    if let Err(e) = session.sign_out(&s.console_key, s.store.as_ref(), session::now_unix()).await {
+        // Not recorded: say so rather than pretend the cookie is dead everywhere.
+        return error_page(Some(&session), e).into_response();
+    }
     tracing::info!(actor = %session.actor, "console sign-out");
     ([(header::SET_COOKIE, session::clear_cookie())], Redirect::to("/console/login")).into_response()
 }

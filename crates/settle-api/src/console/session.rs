@@ -5,8 +5,8 @@
 //! `SETTLE_CONSOLE_SECRET` so that every process behind one address accepts the others' sessions.
 //! It carries no secret: `BINDING` is an HMAC of the token's digest, so every request re-checks
 //! that the very token signed in with is still configured with the same role — a token rotated or
-//! removed ends its sessions, even under the same name. Signing out revokes the session's nonce in
-//! this process until it would have expired. Each session has a CSRF token, the HMAC of the
+//! removed ends its sessions, even under the same name. Signing out revokes the session's nonce
+//! until it would have expired, in the store (every process, and after a restart: decision 0028). Each session has a CSRF token, the HMAC of the
 //! session under another label, which every form carries and every POST must present.
 
 use super::key::SessionKey;
@@ -42,9 +42,16 @@ impl Session {
         self.actor.role == Role::Admin
     }
 
-    /// Signs this session out in this process until it would have expired.
-    pub fn sign_out(&self, key: &SessionKey, now: i64) {
+    /// Signs this session out until it would have expired: in this process at once, and in the
+    /// store, for every process and after a restart.
+    pub async fn sign_out(
+        &self,
+        key: &SessionKey,
+        store: &dyn settle_store::Store,
+        now: i64,
+    ) -> Result<(), settle_store::StoreError> {
         key.revoke(&self.nonce, self.expires, now);
+        store.operators().sign_out(&self.nonce, self.expires).await
     }
 
     /// Whether a submitted CSRF token is this session's.
@@ -100,7 +107,21 @@ impl FromRequestParts<AppState> for Session {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Session, Response> {
-        session_of(state, &parts.headers).ok_or_else(|| Redirect::to("/console/login").into_response())
+        let to_login = || Redirect::to("/console/login").into_response();
+        let session = session_of(state, &parts.headers).ok_or_else(to_login)?;
+        // Signed out in another process, or before a restart: the store keeps every sign-out. A
+        // store that cannot answer opens no session (fail closed).
+        if !session.loopback {
+            match state.store.operators().signed_out(&session.nonce).await {
+                Ok(false) => {}
+                Ok(true) => return Err(to_login()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "console session check failed; not signed in");
+                    return Err(to_login());
+                }
+            }
+        }
+        Ok(session)
     }
 }
 
@@ -140,15 +161,8 @@ mod tests {
         let mut bad = sig.to_owned();
         bad.replace_range(0..1, if &sig[0..1] == "0" { "1" } else { "0" });
         assert!(key.open(&format!("{payload}.{bad}"), 999).is_none());
-        let session = Session {
-            actor: actor(Role::Client),
-            csrf: String::new(),
-            loopback: false,
-            token: None,
-            nonce: opened.nonce.clone(),
-            expires: opened.expires,
-        };
-        session.sign_out(&key, 999);
+        // In this process at once (the store keeps it for the others: tests/it/console.rs).
+        key.revoke(&opened.nonce, opened.expires, 999);
         assert!(key.open(&value, 999).is_none(), "signed out");
     }
 

@@ -17,6 +17,7 @@ on_both_engines!(
     a_held_item_shows_its_hold_price_and_release,
     a_signed_out_or_rotated_session_is_no_session,
     cross_site_posts_and_foreign_hosts_are_refused,
+    a_sign_out_holds_in_every_process_and_after_a_restart,
 );
 
 const ADMIN: &str = "admin-token-for-console-tests";
@@ -422,6 +423,49 @@ async fn a_signed_out_or_rotated_session_is_no_session(e: Engine) {
     assert_eq!(copied.await, 303, "the signed-out session's cookie no longer opens the console");
     // The other browser's session is its own.
     assert_eq!(page(&b, &s, "/console").await.0, 200);
+}
+
+/// Issue 41: with `SETTLE_CONSOLE_SECRET` every process accepts the others' sessions — so a sign-out
+/// must hold in all of them, and after a restart (it lived in one process's memory).
+async fn a_sign_out_holds_in_every_process_and_after_a_restart(e: Engine) {
+    const SECRET: &str = "a-console-secret-of-at-least-32-characters";
+    let s = server(e).await;
+    let tokens = || {
+        let mut t = Tokens::default();
+        t.add_named(Role::Admin, ADMIN, "ops-ana").unwrap();
+        t
+    };
+    let process = || async {
+        let store = s.store_handle() as std::sync::Arc<dyn Store>;
+        let limits = settle_api::HttpLimits::default();
+        let app = settle_api::Application::build_full("127.0.0.1:0", store, tokens(), limits, Some(SECRET), false)
+            .await
+            .unwrap();
+        let base = format!("http://{}", app.local_addr());
+        tokio::spawn(app.run_until(std::future::pending()));
+        base
+    };
+    let (a, b) = (process().await, process().await);
+    let r = browser().post(format!("{a}/console/login")).form(&[("token", ADMIN)]).send().await.unwrap();
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_owned();
+    let status = |base: String, c: String| async move {
+        plain().get(format!("{base}/console")).header("cookie", c).send().await.unwrap().status().as_u16()
+    };
+    assert_eq!(status(b.clone(), cookie.clone()).await, 200, "the other process accepts the session");
+    let html =
+        plain().get(format!("{a}/console")).header("cookie", &cookie).send().await.unwrap().text().await.unwrap();
+    let out = plain()
+        .post(format!("{a}/console/logout"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf_of(&html))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out.status(), 303);
+    assert_eq!(status(a.clone(), cookie.clone()).await, 303, "signed out where it signed out");
+    assert_eq!(status(b, cookie.clone()).await, 303, "and in the other process");
+    let restarted = process().await;
+    assert_eq!(status(restarted, cookie).await, 303, "and after a restart");
 }
 
 async fn cross_site_posts_and_foreign_hosts_are_refused(e: Engine) {

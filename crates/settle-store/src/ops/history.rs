@@ -206,3 +206,16 @@ pub(crate) async fn record_action(
     .await?;
     Ok(())
 }
+
+/// A console session signed out until `expires_at` (unix seconds); sign-outs past theirs are
+/// forgotten (their cookies no longer open anyway).
+pub(crate) async fn sign_out(db: &mut Db<'_>, cx: &Cx, nonce: &str, expires_at: i64) -> Result<(), StoreError> {
+    let now_seconds = cx.now.micros().div_euclid(1_000_000);
+    db.exec("DELETE FROM console_signouts WHERE expires_at <= $1", args![now_seconds]).await?;
+    db.exec(
+        "INSERT INTO console_signouts (nonce, expires_at) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        args![nonce, expires_at],
+    )
+    .await?;
+    Ok(())
+}

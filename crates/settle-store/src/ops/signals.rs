@@ -247,10 +247,22 @@ pub(crate) async fn register_artifact(
 ) -> Result<Result<bool, Refused>, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, Caller::Worker)?;
-    // No replay without the current lease: a worker that lost it must not write artifacts.
-    if !holds_lease(cx, &job, token) {
+    // No replay without the current lease: a worker that lost it must not write artifacts — nor
+    // one whose lease has lapsed (the rescuer's teardown could delete before it writes, and its
+    // object would be left behind: issue 41).
+    let lapsed = job.lease_expires_at.is_some_and(|t| t <= cx.now.micros());
+    if !holds_lease(cx, &job, token) || lapsed {
         let heard = Heard { signal: Signal::Artifact, code: None, message: Some(artifact.key.as_str()) };
         return Ok(Err(refuse(db, cx, &job, token, heard).await?));
+    }
+    // A cancel was requested: the worker stops at this item boundary, and nothing new is made
+    // for the teardown to miss.
+    if job.cancel_requested {
+        return Err(StoreError::InvalidTransition {
+            job: job.id,
+            action: "register an artifact (a cancel was requested: stop at the item boundary)",
+            state: job.state.as_str().to_owned(),
+        });
     }
     if db
         .opt("SELECT 1 FROM items WHERE job_id = $1 AND item_id = $2", args![&job.id, item_id.as_str()])

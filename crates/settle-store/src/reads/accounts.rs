@@ -259,3 +259,8 @@ pub(crate) async fn accounts_due(db: &mut Db<'_>, now: Timestamp, limit: u32) ->
     let rows = db.all(&SQL, args![now.micros(), page_limit(limit)]).await?;
     rows.iter().map(|r| r.text(DueAccountCol::id)).collect()
 }
+
+/// Whether the console session of `nonce` was signed out (`ops::sign_out`).
+pub(crate) async fn signed_out(db: &mut Db<'_>, nonce: &str) -> Result<bool, StoreError> {
+    Ok(db.opt("SELECT 1 FROM console_signouts WHERE nonce = $1", args![nonce]).await?.is_some())
+}

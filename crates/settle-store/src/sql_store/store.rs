@@ -722,6 +722,17 @@ impl Operators for SqlStore {
         let (job, account) = (job.map(|j| j.as_str().to_owned()), account.map(|a| a.as_str().to_owned()));
         self.read(op!([job, account] | db, _cx | reads::actions(db, job.as_deref(), account.as_deref()).await)).await
     }
+    async fn sign_out(&self, nonce: &str, expires_at: i64) -> Result<(), StoreError> {
+        if nonce.is_empty() || nonce.len() > 128 {
+            return Err(StoreError::invalid("a session nonce is 1 to 128 characters"));
+        }
+        let nonce = nonce.to_owned();
+        self.write(op!([nonce] | db, cx | ops::sign_out(db, cx, &nonce, expires_at).await)).await
+    }
+    async fn signed_out(&self, nonce: &str) -> Result<bool, StoreError> {
+        let nonce = nonce.to_owned();
+        self.read(op!([nonce] | db, _cx | reads::signed_out(db, &nonce).await)).await
+    }
 }
 
 /// A read-only connection for the audit: pages mapped rather than copied in, a large cache for the

@@ -86,4 +86,29 @@ both_engines!(
     a_release_requeues_at_once_and_does_not_count,
     a_release_with_a_stale_token_changes_nothing,
     a_release_after_a_cancel_request_tears_down,
+    no_artifact_is_registered_after_a_lapse_or_a_cancel_request,
 );
+
+/// Issue 41: nothing is registered that a teardown could miss — no artifact after the lease lapsed
+/// (before the rescuer came), none after a cancel was requested.
+async fn no_artifact_is_registered_after_a_lapse_or_a_cancel_request(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10, 10]).await;
+    let t = k.claim_one("j").await;
+    let key = || NewArtifact { key: settle_core::ids::ArtifactKey::parse("out.png").unwrap() };
+    assert!(k.store.register_artifact(&jid("j"), &iid("i0"), &t, key()).await.unwrap(), "a live lease registers");
+    k.clock.advance_seconds(3_600);
+    let lapsed = k.store.register_artifact(&jid("j"), &iid("i1"), &t, key()).await;
+    assert!(matches!(lapsed, Err(StoreError::LeaseLost(_))), "{lapsed:?}");
+    // The rescuer retries it; the next attempt's cancel request refuses registrations too.
+    k.store.rescue_expired_leases(100).await.unwrap();
+    k.clock.advance_seconds(600);
+    let t2 = k.claim_one("j").await;
+    assert!(matches!(k.store.cancel(&jid("j"), None).await.unwrap(), CancelOutcome::Accepted(_)));
+    let refused = k.store.register_artifact(&jid("j"), &iid("i1"), &t2, key()).await;
+    assert!(matches!(refused, Err(StoreError::InvalidTransition { .. })), "{refused:?}");
+    let history = k.store.operators().job_history(&jid("j")).await.unwrap();
+    assert_eq!(history.artifacts.len(), 1, "only the one registered in time");
+    k.assert_clean().await;
+}
