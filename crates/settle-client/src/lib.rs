@@ -627,6 +627,41 @@ impl Worker {
     }
 }
 
+/// The heartbeat of one job's lease, every `every` until `beating` is cancelled: it carries a
+/// cancel request into `flags.0` and a lost lease into `flags.1`.
+fn heartbeat(
+    client: &Client,
+    job: &ClaimedJob,
+    every: Duration,
+    flags: (&Arc<AtomicBool>, &Arc<AtomicBool>),
+    beating: &CancellationToken,
+    outage: &Arc<Outage>,
+) -> tokio::task::JoinHandle<()> {
+    let (client, id, token) = (client.clone(), job.id.clone(), job.lease_token.clone());
+    let (cancel, lost, beating, outage) = (flags.0.clone(), flags.1.clone(), beating.clone(), outage.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = beating.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            match client.heartbeat(&id, &token).await {
+                Ok(hb) => {
+                    outage.answered();
+                    cancel.store(hb.cancel_requested, Ordering::SeqCst)
+                }
+                Err(ClientError::LeaseLost { .. }) => {
+                    lost.store(true, Ordering::SeqCst);
+                    return;
+                }
+                // The beat goes on while the lease may last: one line per outage.
+                Err(e) if transient(&e) => outage.failed("heartbeat", &e),
+                Err(e) => tracing::warn!(job = %id, error = %e, "heartbeat failed"),
+            }
+        }
+    })
+}
+
 async fn run_one(
     client: Client,
     handler: Arc<dyn Handler>,
@@ -640,38 +675,7 @@ async fn run_one(
     let beating = CancellationToken::new();
     // Stops the heartbeat whatever happens to this task (a panicking handler, an abort).
     let _stop_beating = beating.clone().drop_guard();
-    let beat = {
-        let (client, id, token, cancel, lost, beating, outage) = (
-            client.clone(),
-            job.id.clone(),
-            job.lease_token.clone(),
-            cancel.clone(),
-            lost.clone(),
-            beating.clone(),
-            outage.clone(),
-        );
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = beating.cancelled() => return,
-                    _ = tokio::time::sleep(heartbeat_every) => {}
-                }
-                match client.heartbeat(&id, &token).await {
-                    Ok(hb) => {
-                        outage.answered();
-                        cancel.store(hb.cancel_requested, Ordering::SeqCst)
-                    }
-                    Err(ClientError::LeaseLost { .. }) => {
-                        lost.store(true, Ordering::SeqCst);
-                        return;
-                    }
-                    // The beat goes on while the lease may last: one line per outage.
-                    Err(e) if transient(&e) => outage.failed("heartbeat", &e),
-                    Err(e) => tracing::warn!(job = %id, error = %e, "heartbeat failed"),
-                }
-            }
-        })
-    };
+    let beat = heartbeat(&client, &job, heartbeat_every, (&cancel, &lost), &beating, &outage);
     let ctx = JobContext {
         client: client.clone(),
         job,

@@ -219,3 +219,20 @@ pub(crate) async fn sign_out(db: &mut Db<'_>, cx: &Cx, nonce: &str, expires_at: 
     .await?;
     Ok(())
 }
+
+columns! {
+    /// How the job's last attempt ended.
+    LastResultCol { result }
+}
+
+/// Whether the job's last attempt closed `released` (a requeue's replay check tells it apart).
+pub(crate) async fn last_attempt_released(db: &mut Db<'_>, job: &JobRow) -> Result<bool, StoreError> {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM attempts WHERE job_id = $1 AND attempt_no = $2", LastResultCol::LIST));
+    let row = db.opt(&SQL, args![&job.id, job.attempt]).await?;
+    let result = match row {
+        Some(r) => r.opt_text(LastResultCol::result)?,
+        None => None,
+    };
+    Ok(result.as_deref() == Some(AttemptResult::Released.as_str()))
+}

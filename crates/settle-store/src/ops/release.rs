@@ -3,10 +3,9 @@
 //! does not count toward `max_attempts` (semantics §3 "Release", docs/decisions/0028).
 
 use super::{
-    After, Caller, Cx, Heard, JobRow, Reported, attach, begin_teardown, check_caller, close_attempt, emit, guard_hit,
+    After, Caller, Cx, Heard, Reported, attach, begin_teardown, check_caller, close_attempt, emit, guard_hit,
     holds_lease, log_signal, must_lock_job, must_read_job, refusal, resume_if_cancelling, token_attempt,
 };
-use crate::db::columns;
 use crate::db::{Db, args};
 use crate::error::StoreError;
 use crate::model::*;
@@ -73,22 +72,4 @@ pub(crate) async fn release(
     let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: job, applied: true }, After::Nothing, None))
-}
-
-columns! {
-    /// How the job's last attempt ended.
-    LastResultCol { result }
-}
-
-/// Whether the job's last attempt closed `released` (a requeue's replay check tells it apart).
-pub(crate) async fn last_attempt_released(db: &mut Db<'_>, job: &JobRow) -> Result<bool, StoreError> {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        format!("SELECT {} FROM attempts WHERE job_id = $1 AND attempt_no = $2", LastResultCol::LIST)
-    });
-    let row = db.opt(&SQL, args![&job.id, job.attempt]).await?;
-    let result = match row {
-        Some(r) => r.opt_text(LastResultCol::result)?,
-        None => None,
-    };
-    Ok(result.as_deref() == Some(AttemptResult::Released.as_str()))
 }
