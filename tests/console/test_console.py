@@ -165,8 +165,13 @@ def test_the_pages_fit_a_phone(browser, server):
             if name == "account-phone":
                 # The ledger's amount and balance show without scrolling its box sideways.
                 for header in ("amount", "balance after"):
-                    box = page.get_by_role("columnheader", name=header, exact=True).first.bounding_box()
+                    box = page.get_by_role("columnheader", name=header, exact=True).last.bounding_box()
                     assert box and box["x"] + box["width"] <= 390, f"{header}: {box}"
+                # Issue 41: the grants table showed less than what a grant can still pay; what is
+                # left and its state show without scrolling its box sideways.
+                for header in ("left", "state"):
+                    box = page.get_by_role("columnheader", name=header, exact=True).first.bounding_box()
+                    assert box and box["x"] + box["width"] <= 390, f"grants {header}: {box}"
             shot(page, name)
     finally:
         ctx.close()

@@ -1177,6 +1177,17 @@ pub async fn metrics(State(s): State<AppState>) -> ApiResult {
             metrics::gauge!("settle_webhook_breaker_open", "endpoint" => b.endpoint_id).set(open);
         }
     }
+    // The webhook backlog: what waits per endpoint and for how long (a slow receiver shows here).
+    if let Ok(backlog) = s.store.webhooks().backlog().await {
+        let now = s.store.now();
+        for b in backlog {
+            let endpoint = b.endpoint_id;
+            metrics::gauge!("settle_webhook_pending", "endpoint" => endpoint.clone()).set(b.pending as f64);
+            metrics::gauge!("settle_webhook_dead", "endpoint" => endpoint.clone()).set(b.dead as f64);
+            let age = b.oldest_pending_at.map_or(0.0, |t| (now.micros() - t.micros()).max(0) as f64 / 1e6);
+            metrics::gauge!("settle_webhook_oldest_pending_seconds", "endpoint" => endpoint).set(age);
+        }
+    }
     let text = s.metrics.render();
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }

@@ -839,6 +839,18 @@ settle_core::names! {
     }
 }
 
+/// An endpoint's undelivered deliveries (`/metrics`, the console).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookBacklog {
+    pub endpoint_id: String,
+    /// Waiting to be delivered (due or backing off).
+    pub pending: i64,
+    /// Given up on; a person requeues them.
+    pub dead: i64,
+    /// When the oldest waiting delivery was fanned out (its event was numbered).
+    pub oldest_pending_at: Option<Timestamp>,
+}
+
 /// Where a webhook endpoint's breaker stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BreakerStatus {

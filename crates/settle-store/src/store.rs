@@ -209,7 +209,7 @@ pub trait Webhooks: Send + Sync {
     /// Deliveries with their attempts, by filter, page by page.
     async fn deliveries(&self, filter: &DeliveryFilter, after: i64, limit: u32) -> Result<Paged<Delivery>, StoreError>;
     /// Undelivered webhook deliveries by endpoint: (endpoint, pending, dead).
-    async fn backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError>;
+    async fn backlog(&self) -> Result<Vec<WebhookBacklog>, StoreError>;
 }
 
 /// The operator console's reads, and the actions it records that move nothing.

@@ -130,6 +130,9 @@ pub fn event_body(e: &Event) -> Vec<u8> {
     serde_json::to_vec(&e.envelope()).unwrap_or_default()
 }
 
+/// How many lines of one endpoint a deliverer sends at once (each line stays in order).
+pub const LINES_AT_ONCE: u32 = 8;
+
 pub struct Deliverer {
     store: Arc<dyn Store>,
     endpoint: Endpoint,
@@ -140,6 +143,8 @@ pub struct Deliverer {
     /// How often to look for work when nothing wakes the loop.
     pub every: Duration,
     pub batch: u32,
+    /// How many lines the next lease takes (1 to `LINES_AT_ONCE`): slow start after a failure.
+    width: std::sync::atomic::AtomicU32,
 }
 
 impl Deliverer {
@@ -173,6 +178,7 @@ impl Deliverer {
             started: std::sync::atomic::AtomicBool::new(false),
             every: Duration::from_millis(250),
             batch: 100,
+            width: std::sync::atomic::AtomicU32::new(1),
         })
     }
 
@@ -203,20 +209,33 @@ impl Deliverer {
             if cancel.is_cancelled() {
                 return Ok(delivered);
             }
-            // One at a time: a lease starts when its send does.
+            // Up to `LINES_AT_ONCE` lines at a time, each at its head (a lease is taken only for a
+            // line's first undelivered event, so two of one line never go out together): a slow
+            // receiver no longer caps the endpoint at one delivery in flight. A lease starts when
+            // its send does.
+            // Slow start: one at a time after a failure (the breaker counts failures one by one and
+            // must not be overrun by sends already in flight), doubling after each batch that all
+            // went through.
+            let width = self.width.load(std::sync::atomic::Ordering::Relaxed).clamp(1, LINES_AT_ONCE);
             let claimed = self
                 .store
                 .webhooks()
-                .lease(&self.endpoint.id, 1, lease_ms, self.endpoint.attempts_max, self.endpoint.breaker)
+                .lease(&self.endpoint.id, width, lease_ms, self.endpoint.attempts_max, self.endpoint.breaker)
                 .await?;
             if claimed.is_empty() {
                 return Ok(delivered);
             }
-            for d in claimed {
-                if self.send(&d).await? {
+            let sent = futures_util::future::join_all(claimed.iter().map(|d| self.send(d))).await;
+            let mut all_ok = true;
+            for ok in sent {
+                if ok? {
                     delivered += 1;
+                } else {
+                    all_ok = false;
                 }
             }
+            let next = if all_ok { (width * 2).min(LINES_AT_ONCE) } else { 1 };
+            self.width.store(next, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -305,10 +305,10 @@ async fn webhook_summary(s: &AppState) -> Result<pages::WebhookSummary, StoreErr
         .into_iter()
         .map(|b| (b.endpoint_id, b.state.as_str().to_owned(), 0, 0))
         .collect();
-    for (endpoint, pending, dead) in backlog {
-        match endpoints.iter_mut().find(|e| e.0 == endpoint) {
-            Some(e) => (e.2, e.3) = (pending, dead),
-            None => endpoints.push((endpoint, "closed".into(), pending, dead)),
+    for b in backlog {
+        match endpoints.iter_mut().find(|e| e.0 == b.endpoint_id) {
+            Some(e) => (e.2, e.3) = (b.pending, b.dead),
+            None => endpoints.push((b.endpoint_id, "closed".into(), b.pending, b.dead)),
         }
     }
     endpoints.sort();

@@ -709,17 +709,19 @@ pub fn account(session: &Session, p: &AccountPage<'_>, q: &super::query::Entries
             h2 { "Grants" }
             p class="muted" { "Charges take from active grants by priority (lowest first), then soonest expiry, then age. What an expired grant had left is taken by one expire entry; credit given back to it later expires at once." }
             div class="scroll" { table {
-                thead { tr { th { "grant" } th { "from" } th class="num" { "amount" } th class="num" { "left" } th class="num" { "priority" } th { "expires" } th { "state" } } }
+                // On a phone the columns that decide what a grant can still pay come first (what is
+                // left, its state, when it expires); where it came from and its priority follow.
+                thead { tr { th { "grant" } th class="num" { "left" } th { "state" } th { "expires" } th class="num" { "amount" } th { "from" } th class="num" { "priority" } } }
                 tbody {
                     @for g in p.grants {
                         tr {
-                            td { code { (g.id) } }
-                            td { (g.origin) }
-                            td class="num" { (credits(g.amount.get())) }
+                            td { code class="wrap-id" { (g.id) } }
                             td class="num" { (credits(g.remaining.get())) }
-                            td class="num" { (g.priority) }
-                            td class="nowrap" { @if let Some(t) = g.expires_at { (time(t)) } @else { span class="muted" { "never" } } }
                             td { (g.state.as_str()) }
+                            td { @if let Some(t) = g.expires_at { (time(t)) } @else { span class="muted" { "never" } } }
+                            td class="num" { (credits(g.amount.get())) }
+                            td { (g.origin) }
+                            td class="num" { (g.priority) }
                         }
                     }
                     @if p.grants.is_empty() { tr { td colspan="7" class="muted" { "None." } } }

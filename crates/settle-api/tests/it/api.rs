@@ -660,6 +660,9 @@ async fn webhook_deliveries_are_visible_and_requeueable(e: Engine) {
     assert!(ops["next_probe_at"].as_str().is_some(), "{ops}");
     let metrics = s.get("/metrics").await.body.as_str().unwrap().to_owned();
     assert!(metrics.contains("settle_webhook_breaker_open{endpoint=\"ops\"} 1"), "{metrics}");
+    // Issue 41: the backlog and how long its oldest has waited are in /metrics.
+    assert!(metrics.contains("settle_webhook_pending{endpoint=\"ops\"}"), "{metrics}");
+    assert!(metrics.contains("settle_webhook_oldest_pending_seconds{endpoint=\"ops\"}"), "{metrics}");
     let r = s.post_empty("/v1/webhooks/endpoints/ops/breaker/close").await;
     assert_eq!((r.status, r.body["breaker"].as_str()), (200, Some("closed")), "{}", r.body);
     assert!(r.body["next_probe_at"].is_null());

@@ -3,7 +3,7 @@
 
 use crate::db::{Db, args, columns};
 use crate::error::StoreError;
-use crate::model::{BreakerState, BreakerStatus, Delivery, DeliveryFilter, Paged};
+use crate::model::{BreakerState, BreakerStatus, Delivery, DeliveryFilter, Paged, WebhookBacklog};
 use crate::ops::name;
 use crate::ops::{DELIVERY_SELECT, delivery_from_row};
 use settle_core::{Timestamp, limits};
@@ -20,6 +20,7 @@ columns! {
         endpoint_id,
         pending = "CAST(SUM(CASE WHEN state = 'pending' THEN 1 ELSE 0 END) AS bigint)",
         dead = "CAST(SUM(CASE WHEN state = 'dead' THEN 1 ELSE 0 END) AS bigint)",
+        oldest = "MIN(CASE WHEN state = 'pending' THEN created_at END)",
     }
 }
 
@@ -79,8 +80,9 @@ pub(crate) async fn list(
     Ok(Paged { rows: out, next_after: next })
 }
 
-/// Undelivered webhook deliveries by endpoint: (endpoint, pending, dead).
-pub(crate) async fn webhook_backlog(db: &mut Db<'_>) -> Result<Vec<(String, i64, i64)>, StoreError> {
+/// Undelivered webhook deliveries by endpoint: how many wait, how many are dead, and since when the
+/// oldest waits.
+pub(crate) async fn webhook_backlog(db: &mut Db<'_>) -> Result<Vec<WebhookBacklog>, StoreError> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "SELECT {} FROM webhook_deliveries WHERE state <> 'delivered' GROUP BY endpoint_id ORDER BY endpoint_id",
@@ -89,5 +91,14 @@ pub(crate) async fn webhook_backlog(db: &mut Db<'_>) -> Result<Vec<(String, i64,
     });
     let rows = db.all(&SQL, args![]).await?;
     use BacklogCol as C;
-    rows.iter().map(|r| Ok((r.text(C::endpoint_id)?, r.i64(C::pending)?, r.i64(C::dead)?))).collect()
+    rows.iter()
+        .map(|r| {
+            Ok(WebhookBacklog {
+                endpoint_id: r.text(C::endpoint_id)?,
+                pending: r.i64(C::pending)?,
+                dead: r.i64(C::dead)?,
+                oldest_pending_at: r.opt_i64(C::oldest)?.map(Timestamp::from_micros),
+            })
+        })
+        .collect()
 }

@@ -668,7 +668,7 @@ impl Webhooks for SqlStore {
         let filter = filter.clone();
         self.read(op!([filter] | db, _cx | reads::webhooks::list(db, &filter, after, limit).await)).await
     }
-    async fn backlog(&self) -> Result<Vec<(String, i64, i64)>, StoreError> {
+    async fn backlog(&self) -> Result<Vec<WebhookBacklog>, StoreError> {
         self.read(op!([] | db, _cx | reads::webhooks::webhook_backlog(db).await)).await
     }
 }

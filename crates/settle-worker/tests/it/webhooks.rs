@@ -27,6 +27,10 @@ struct Receiver {
     senders: Mutex<std::collections::BTreeSet<String>>,
     /// Bodies holding this text are refused, always.
     refuse: Mutex<Option<String>>,
+    /// How long each answer takes (a slow receiver), and how many requests were in flight at most.
+    delay: Mutex<Duration>,
+    in_flight: std::sync::atomic::AtomicU32,
+    in_flight_max: std::sync::atomic::AtomicU32,
 }
 
 async fn receive(
@@ -44,6 +48,14 @@ async fn receive(
             *down -= 1;
             return StatusCode::SERVICE_UNAVAILABLE;
         }
+    }
+    let delay = *r.delay.lock().unwrap();
+    if !delay.is_zero() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = r.in_flight.fetch_add(1, SeqCst) + 1;
+        r.in_flight_max.fetch_max(now, SeqCst);
+        tokio::time::sleep(delay).await;
+        r.in_flight.fetch_sub(1, SeqCst);
     }
     if r.refuse.lock().unwrap().as_ref().is_some_and(|t| String::from_utf8_lossy(&body).contains(t.as_str())) {
         return StatusCode::UNPROCESSABLE_ENTITY;
@@ -332,6 +344,47 @@ async fn a_job_named_like_an_account_does_not_hold_back_its_events() {
     let filter = DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(settle_store::DeliveryState::Dead) };
     let dead = store.webhooks().deliveries(&filter, 0, 1000).await.unwrap().rows;
     assert_eq!(dead.len(), 1, "only the refused job event: {dead:?}");
+}
+
+/// Issue 41: a slow receiver (0.2 s an answer) no longer caps its endpoint at one delivery in flight:
+/// different lines go out together, each line still in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receiver_gets_different_lines_at_once_each_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("w.db").display());
+    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    scenario(&store).await;
+    let receiver = Arc::new(Receiver::default());
+    *receiver.delay.lock().unwrap() = Duration::from_millis(200);
+    let addr = serve_receiver(receiver.clone()).await;
+    let mut endpoint = Endpoint::new("ops", &format!("http://{addr}/hook"), SECRET);
+    endpoint.start_from = StartFrom::Beginning;
+    let deliverer = Deliverer::new(store.clone(), endpoint, 1).unwrap();
+    let started = std::time::Instant::now();
+    for _ in 0..50 {
+        deliverer.pass().await.unwrap();
+        let filter =
+            DeliveryFilter { endpoint_id: Some("ops".into()), state: Some(settle_store::DeliveryState::Pending) };
+        if store.webhooks().deliveries(&filter, 0, 1000).await.unwrap().rows.is_empty() {
+            break;
+        }
+    }
+    let outbox = store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows;
+    let got = receiver.got.lock().unwrap().clone();
+    assert_eq!(got.len(), outbox.len(), "every event delivered");
+    let max = receiver.in_flight_max.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(max >= 2, "one delivery at a time ({max}) for {} events in {:?}", got.len(), started.elapsed());
+    // Each line (a job's events, an account's own) arrives in seq order.
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for (_, seq, body) in &got {
+        let e: serde_json::Value = serde_json::from_slice(body).unwrap();
+        let line = match e["job_id"].as_str() {
+            Some(j) => format!("job {j}"),
+            None => format!("account {}", e["account_id"].as_str().unwrap()),
+        };
+        let before = last.insert(line.clone(), *seq);
+        assert!(before.is_none_or(|b| b < *seq), "line {line}: {seq} after {before:?}");
+    }
 }
 
 #[tokio::test]
