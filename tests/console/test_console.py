@@ -73,8 +73,8 @@ def test_an_admin_finds_a_dead_job_reads_where_its_credits_went_and_requeues_it(
     expect(page.locator("h1 .badge")).to_have_text("queued")
     expect(page.locator("ol.timeline")).to_contain_text("operator ops-ana: job.requeue")
     # A requeue gives a fresh budget: the attempts count against it, not "2 of 1".
-    expect(page.locator("section.facts dd").filter(has_text="since the requeue")).to_have_text(
-        "0 of 1 since the requeue (1 in all)"
+    expect(page.locator("section.facts dd").filter(has_text="counted")).to_have_text(
+        "0 of 1 counted (1 in all; releases and requeues are not counted)"
     )
     assert api.job("render-0042")["state"] == "queued"
     # The account: why its balance is what it is.
@@ -217,7 +217,7 @@ def test_withdrawals_and_pending_work_add_up(payout_context, payout_server):
     # The paid one was settled by the reconciler (every answer was lost), which is not a worker's signal.
     attempts = page.locator("section:has(h2:text('Attempts')) tbody tr")
     expect(attempts.first).to_contain_text("unknown")
-    signals = page.locator("section:has(h2:text('Signals that changed nothing')) tbody")
+    signals = page.locator("section:has(h2:text('Signals outside the attempts')) tbody")
     expect(signals).to_have_text("None.")
 
     # The account: 1000 − 100 paid − 30 queued; only the queued render is undecided.
