@@ -708,14 +708,14 @@ pub fn account(session: &Session, p: &AccountPage<'_>, q: &super::query::Entries
         section class="card" {
             h2 { "Grants" }
             p class="muted" { "Charges take from active grants by priority (lowest first), then soonest expiry, then age. What an expired grant had left is taken by one expire entry; credit given back to it later expires at once." }
-            div class="scroll" { table {
+            div class="scroll" { table class="grants" {
                 // On a phone the columns that decide what a grant can still pay come first (what is
                 // left, its state, when it expires); where it came from and its priority follow.
                 thead { tr { th { "grant" } th class="num" { "left" } th { "state" } th { "expires" } th class="num" { "amount" } th { "from" } th class="num" { "priority" } } }
                 tbody {
                     @for g in p.grants {
                         tr {
-                            td { code class="wrap-id" { (g.id) } }
+                            td { code { (g.id) } }
                             td class="num" { (credits(g.remaining.get())) }
                             td { (g.state.as_str()) }
                             td { @if let Some(t) = g.expires_at { (time(t)) } @else { span class="muted" { "never" } } }
