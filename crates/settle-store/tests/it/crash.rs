@@ -26,6 +26,8 @@ enum Step {
     Succeed(&'static str, bool),
     Fail(&'static str, &'static str),
     Unknown(&'static str),
+    /// A release by the lease holder (spec §3 "Release").
+    Release(&'static str),
     Reconcile(&'static str, Finding),
     Cancel(&'static str),
     Requeue(&'static str),
@@ -110,6 +112,14 @@ fn scenario() -> Vec<Step> {
         Advance(11),
         Job("j8", &[5], FailedOnlyP),
         ExpirePass,
+        // Release (issue 41): a worker that must stop reports its item and hands the job back;
+        // the next attempt (not counted after it) finishes it.
+        Job("r1", &[4, 4], FailedOnlyP),
+        Claim(10),
+        ItemSucceed("r1", "i0"),
+        Release("r1"),
+        Claim(10),
+        Succeed("r1", true),
     ]
 }
 
@@ -181,6 +191,7 @@ impl Runner<'_> {
             }
             Step::Fail(j, c) => s.fail(&jid(j), fail_sig(&self.tokens[*j], c)).await.map(drop),
             Step::Unknown(j) => s.mark_unknown(&jid(j), &self.tokens[*j], None).await.map(drop),
+            Step::Release(j) => s.release(&jid(j), &self.tokens[*j]).await.map(drop),
             Step::Reconcile(j, f) => s.reconcile(&jid(j), *f).await.map(drop),
             Step::Cancel(j) => s.cancel(&jid(j), None).await.map(drop),
             Step::Requeue(j) => s.requeue(&jid(j), settle_store::SYSTEM_ACTOR).await.map(drop),
