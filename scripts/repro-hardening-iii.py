@@ -122,5 +122,36 @@ t = R("POST", "/v1/claims", {"worker": "w", "kinds": ["art"]})[1]["jobs"][0]["le
 R("POST", "/v1/jobs/art/cancel")
 st, body, _ = R("POST", "/v1/jobs/art/items/main/artifacts", {"lease_token": t, "key": "late.png"})
 note(5, "artifact registered after a cancel request", f"{st} {body['error']['code']}")
+# A key used as a directory (`frames/0001.png` under the key `frames`): the teardown deletes it
+# whole and the cancel answers 200; a cleanup that cannot succeed has an operator's way out.
+R("POST", "/v1/jobs", {"id": "dirkey", "account_id": "acme", "kind": "dk", "cost": 1})
+t = R("POST", "/v1/claims", {"worker": "w", "kinds": ["dk"]})[1]["jobs"][0]["lease_token"]
+path = R("POST", "/v1/jobs/dirkey/items/main/artifacts", {"lease_token": t, "key": "frames"})[1]["path"]
+frames = os.path.join(d, "settle-artifacts", path)
+os.makedirs(os.path.join(frames, "sub"))
+for f in ["0001.png", "sub/0002.png"]:
+    open(os.path.join(frames, f), "wb").write(b"x")
+R("POST", "/v1/jobs/dirkey/cancel")
+st, job, _ = R("POST", "/v1/jobs/dirkey/fail", {"lease_token": t, "code": "CANCELLED"})
+note(5, "teardown of a key used as a directory", f"{st} {job['state']}; the folder is gone: {not os.path.exists(frames)}")
+R("POST", "/v1/jobs", {"id": "stuck", "account_id": "acme", "kind": "dk", "cost": 1})
+t = R("POST", "/v1/claims", {"worker": "w", "kinds": ["dk"]})[1]["jobs"][0]["lease_token"]
+path = R("POST", "/v1/jobs/stuck/items/main/artifacts", {"lease_token": t, "key": "out"})[1]["path"]
+locked = os.path.join(d, "settle-artifacts", os.path.dirname(path))
+os.makedirs(locked); open(os.path.join(d, "settle-artifacts", path), "wb").write(b"x")
+os.chmod(locked, 0o555)  # the file cannot be deleted (as root, chattr would be needed: see below)
+import shutil, subprocess
+immutable = shutil.which("chattr") and subprocess.run(["chattr", "+i", os.path.join(d, "settle-artifacts", path)]).returncode == 0
+R("POST", "/v1/jobs/stuck/cancel")
+st, job, _ = R("POST", "/v1/jobs/stuck/fail", {"lease_token": t, "code": "CANCELLED"})
+st2, again, _ = R("POST", "/v1/jobs/stuck/cancel")
+st3, done, _ = R("POST", "/v1/jobs/stuck/abandon-cleanup", {"reason": "the file is immutable"})
+left = [e["data"].get("artifacts_left") for e in R("GET", "/v1/events?limit=1000")[1]["events"]
+        if e["job_id"] == "stuck" and e["type"] == "job.cancelled"]
+note(5, "a cleanup that cannot succeed (immutable file: %s)" % bool(immutable),
+     f"{st} {job['state']}; cancel again {st2} {again['state']}; abandon-cleanup {st3} {done['state']}, artifacts_left {left}")
+if immutable:
+    subprocess.run(["chattr", "-i", os.path.join(d, "settle-artifacts", path)])
+os.chmod(locked, 0o755)
 p.terminate(); p.wait()
 print("done")

@@ -1,6 +1,13 @@
 // Generated from Settle's /openapi.json by scripts/gen-types.mjs: do not edit by hand.
 // `npm run gen-types -- http://127.0.0.1:7070/openapi.json` regenerates it.
 
+export interface AbandonCleanup {
+  /**
+   * Why the cleanup is given up (1 to 500 characters), recorded in the action log.
+   */
+  reason: string;
+}
+
 export interface Account {
   /**
    * The balance in credits (minor units, signed 64-bit): the sum of the account's ledger entries.

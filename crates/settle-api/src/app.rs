@@ -113,6 +113,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(h::attempts))
         .routes(routes!(h::cancel))
         .routes(routes!(h::requeue))
+        .routes(routes!(h::abandon_cleanup))
         .routes(routes!(h::claim))
         .routes(routes!(h::heartbeat))
         .routes(routes!(h::succeed))

@@ -569,6 +569,13 @@ pub struct Claimed {
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+pub struct AbandonCleanup {
+    /// Why the cleanup is given up (1 to 500 characters), recorded in the action log.
+    pub reason: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct LeaseOnly {
     /// The lease token the claim answered.
     pub lease_token: String,

@@ -475,6 +475,31 @@ pub async fn requeue(State(s): State<AppState>, auth: Auth<AdminRole>, Path(job)
     Ok(ok(dto::Job::from(j)))
 }
 
+/// Finish a teardown without its artifact cleanup
+///
+/// The way out of a job stuck `cancelling` because its artifacts cannot be deleted (a store that
+/// refuses, a file that will not go; see the job's cleanup failures): `cancelling → cancelled`
+/// without the cleanup. The refunds were made when the teardown began; the artifacts left are named
+/// in the `job.cancelled` event (`artifacts_left`) and, with the reason, in the action log, for
+/// someone to delete by hand. A job already `cancelled` is answered as it is; any other state is
+/// `409`. Admin only.
+#[utoipa::path(post, path = "/v1/jobs/{id}/abandon-cleanup", tag = "jobs", params(("id" = String, Path)),
+    request_body = dto::AbandonCleanup,
+    responses((status = 200, body = dto::Job), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, body = ErrorBody)))]
+pub async fn abandon_cleanup(
+    State(s): State<AppState>,
+    auth: Auth<AdminRole>,
+    Path(job): Path<String>,
+    Json(b): Json<dto::AbandonCleanup>,
+) -> ApiResult {
+    let job = id(JobId::parse, &job)?;
+    tracing::warn!(actor = %auth.actor, %job, reason = %b.reason, "teardown finished without its cleanup");
+    let j = s.store.abandon_cleanup(&job, &auth.actor.name, &b.reason).await?;
+    mark("abandon_cleanup", true);
+    Ok(ok(dto::Job::from(j)))
+}
+
 // ----- worker protocol ------------------------------------------------------------------------------
 
 /// Claim due jobs

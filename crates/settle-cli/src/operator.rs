@@ -25,6 +25,14 @@ pub enum Jobs {
     },
     /// One job: its items, attempts and the signals that changed nothing.
     Show { id: String },
+    /// Finishes the teardown of a job stuck `cancelling` without its artifact cleanup; the
+    /// artifacts left are named in the job's `job.cancelled` event and in the action log.
+    AbandonCleanup {
+        id: String,
+        /// Why the cleanup is given up (recorded in the action log).
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(clap::Subcommand)]
@@ -114,76 +122,86 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                 }
             }
         }
-        Jobs::Show { id } => {
-            let id = JobId::parse(&id)?;
-            let j = store.job(&id).await?;
+        Jobs::Show { id } => show_job(store, &id).await?,
+        Jobs::AbandonCleanup { id, reason } => {
+            let j = store.abandon_cleanup(&JobId::parse(&id)?, "cli", &reason).await?;
             out!("{}", job_line(&j))?;
-            out!(
-                "  refund_on {}  not_before {}  created {}  updated {}",
-                j.refund_on.as_str(),
-                print::time(j.not_before),
-                print::time(j.created_at),
-                print::time(j.updated_at)
-            )?;
-            if let Some(e) = &j.last_error {
-                out!("  last error {}: {}", e.code, e.message.as_deref().unwrap_or(""))?;
-            }
-            for i in &j.items {
-                // A held item (decision 0022): its hold, and its price once a success gave it one.
-                let price = match (i.hold, i.priced_cost()) {
-                    (None, _) => format!("cost {:>6}", i.cost.get()),
-                    (Some(h), Some(c)) => format!("cost {:>6} of a hold of {}", c.get(), h.get()),
-                    (Some(h), None) => format!("held {:>6}, not priced", h.get()),
-                };
-                out!(
-                    "  item {:<16} {price} {:<10} {}",
-                    i.id,
-                    i.state.as_str(),
-                    i.refund_reason.map_or("", |r| r.as_str())
-                )?;
-            }
-            // Which grants paid (docs/decisions/0023), and what of it went back.
-            for p in store.allocations(&id).await? {
-                let from = match (&p.grant_id, p.kind.as_str()) {
-                    (None, _) => "debt (no grant covered it)".to_owned(),
-                    (Some(g), _) if p.origin.as_deref() == Some("opening") => format!("the opening balance of {g}"),
-                    (Some(g), _) => format!("{} {g}", p.origin.as_deref().unwrap_or("grant")),
-                };
-                out!(
-                    "  paid {:>6} by {from:<32} {:<8} item {:<12} given back {}",
-                    p.taken.get(),
-                    p.kind,
-                    p.item_id.as_deref().unwrap_or("-"),
-                    p.given_back.get()
-                )?;
-            }
-            for a in store.attempts(&id).await? {
-                out!(
-                    "  attempt {:>2} {:<16} started {} finished {} {} {} {}",
-                    a.attempt_no,
-                    a.worker,
-                    print::time(a.started_at),
-                    a.finished_at.map(print::time).unwrap_or_else(|| "-".into()),
-                    a.result.map_or("open", |r| r.as_str()),
-                    a.fail_code.as_deref().unwrap_or(""),
-                    a.message.as_deref().unwrap_or("")
-                )?;
-            }
-            for a in store.operators().actions(Some(&id), None).await? {
-                out!("  action {:<20} by {:<16} at {} {}", a.action, a.actor, print::time(a.at), a.detail)?;
-            }
-            for s in store.signals(&id).await? {
-                out!(
-                    "  signal {:<12} {:<9} attempt {} at {} {} {}",
-                    s.signal,
-                    s.effect,
-                    s.attempt_no.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
-                    print::time(s.received_at),
-                    s.fail_code.as_deref().unwrap_or(""),
-                    s.message.as_deref().unwrap_or("")
-                )?;
-            }
         }
+    }
+    Ok(())
+}
+
+/// `settle jobs show`: the job, its items, who paid, its attempts, actions and signals.
+async fn show_job(store: &dyn Store, id: &str) -> anyhow::Result<()> {
+    let id = JobId::parse(id)?;
+    let j = store.job(&id).await?;
+    out!("{}", job_line(&j))?;
+    out!(
+        "  refund_on {}  not_before {}  created {}  updated {}",
+        j.refund_on.as_str(),
+        print::time(j.not_before),
+        print::time(j.created_at),
+        print::time(j.updated_at)
+    )?;
+    if let Some(e) = &j.last_error {
+        out!("  last error {}: {}", e.code, e.message.as_deref().unwrap_or(""))?;
+    }
+    if let Some(r) = store.cleanup_retry(&id).await? {
+        out!("  cleanup failed {} times, last at {}: {}", r.failures, print::time(r.failed_at), r.last_error)?;
+        if j.state == JobState::Cancelling {
+            let next = print::time(r.retry_at);
+            out!("  cleanup next try {next} (or: settle jobs abandon-cleanup {} --reason ...)", j.id)?;
+        }
+    }
+    for i in &j.items {
+        // A held item (decision 0022): its hold, and its price once a success gave it one.
+        let price = match (i.hold, i.priced_cost()) {
+            (None, _) => format!("cost {:>6}", i.cost.get()),
+            (Some(h), Some(c)) => format!("cost {:>6} of a hold of {}", c.get(), h.get()),
+            (Some(h), None) => format!("held {:>6}, not priced", h.get()),
+        };
+        out!("  item {:<16} {price} {:<10} {}", i.id, i.state.as_str(), i.refund_reason.map_or("", |r| r.as_str()))?;
+    }
+    // Which grants paid (docs/decisions/0023), and what of it went back.
+    for p in store.allocations(&id).await? {
+        let from = match (&p.grant_id, p.kind.as_str()) {
+            (None, _) => "debt (no grant covered it)".to_owned(),
+            (Some(g), _) if p.origin.as_deref() == Some("opening") => format!("the opening balance of {g}"),
+            (Some(g), _) => format!("{} {g}", p.origin.as_deref().unwrap_or("grant")),
+        };
+        out!(
+            "  paid {:>6} by {from:<32} {:<8} item {:<12} given back {}",
+            p.taken.get(),
+            p.kind,
+            p.item_id.as_deref().unwrap_or("-"),
+            p.given_back.get()
+        )?;
+    }
+    for a in store.attempts(&id).await? {
+        out!(
+            "  attempt {:>2} {:<16} started {} finished {} {} {} {}",
+            a.attempt_no,
+            a.worker,
+            print::time(a.started_at),
+            a.finished_at.map(print::time).unwrap_or_else(|| "-".into()),
+            a.result.map_or("open", |r| r.as_str()),
+            a.fail_code.as_deref().unwrap_or(""),
+            a.message.as_deref().unwrap_or("")
+        )?;
+    }
+    for a in store.operators().actions(Some(&id), None).await? {
+        out!("  action {:<20} by {:<16} at {} {}", a.action, a.actor, print::time(a.at), a.detail)?;
+    }
+    for s in store.signals(&id).await? {
+        out!(
+            "  signal {:<12} {:<9} attempt {} at {} {} {}",
+            s.signal,
+            s.effect,
+            s.attempt_no.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+            print::time(s.received_at),
+            s.fail_code.as_deref().unwrap_or(""),
+            s.message.as_deref().unwrap_or("")
+        )?;
     }
     Ok(())
 }

@@ -330,6 +330,57 @@ fn unanswered(e: &object_store::Error) -> bool {
         .any(|needle| text.contains(needle))
 }
 
+/// What a worker wrote under keys used as directories (`frames/0001.png` under the key `frames`).
+/// A directory store removes such a directory whole here (files and empty folders; a symlink is
+/// removed, never followed) and returns nothing; an object store is listed once per job prefix
+/// (one LIST request a page, whatever the number of keys) and returns the objects under `key/`,
+/// for the caller to delete with the keys.
+async fn under_keys(
+    store: &Arc<dyn ObjectStore>,
+    kind: &Kind,
+    root_len: usize,
+    paths: &[ObjectPath],
+) -> Result<Vec<ObjectPath>, object_store::Error> {
+    if let Kind::Directory(dir) = kind {
+        let dirs: Vec<std::path::PathBuf> = paths.iter().map(|p| dir.join(p.as_ref())).collect();
+        let removed = tokio::task::spawn_blocking(move || {
+            for d in dirs {
+                if std::fs::symlink_metadata(&d).is_ok_and(|m| m.is_dir()) {
+                    std::fs::remove_dir_all(&d).map_err(|e| format!("remove the directory {}: {e}", d.display()))?;
+                }
+            }
+            Ok::<(), String>(())
+        })
+        .await;
+        return match removed {
+            Ok(Ok(())) => Ok(Vec::new()),
+            Ok(Err(message)) => Err(object_store::Error::Generic { store: "LocalFileSystem", source: message.into() }),
+            Err(e) => Err(object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) }),
+        };
+    }
+    let keys: std::collections::BTreeSet<&str> = paths.iter().map(|p| p.as_ref()).collect();
+    let mut prefixes: Vec<ObjectPath> = Vec::new();
+    for p in paths {
+        // `{root}/{job}/{item}/{key}`: the job's folder holds every key this teardown names.
+        let prefix: ObjectPath = p.parts().take(root_len + 1).collect();
+        if !prefixes.contains(&prefix) {
+            prefixes.push(prefix);
+        }
+    }
+    let mut under = Vec::new();
+    for prefix in prefixes {
+        let mut listed = store.list(Some(&prefix));
+        while let Some(meta) = listed.next().await {
+            let at = meta?.location;
+            let inside = |key: &&str| at.as_ref().strip_prefix(*key).is_some_and(|rest| rest.starts_with('/'));
+            if keys.iter().any(inside) {
+                under.push(at);
+            }
+        }
+    }
+    Ok(under)
+}
+
 /// S3's bucket naming rules (3-63 of `a-z0-9.-`, a letter or digit at each end): a location with
 /// anything else (credentials, `user@`) is refused before it can be echoed in logs.
 fn valid_bucket(b: &str) -> bool {
@@ -418,10 +469,16 @@ impl ArtifactStore for ObjectArtifactStore {
             self.marked(dir)?;
         }
         let paths = keys.iter().map(|k| self.object_path(k)).collect::<Result<Vec<_>, String>>().map_err(fail)?;
-        let (store, gone_if_missing, expected) = (self.store.clone(), self.kind != Kind::S3, keys.len());
+        let (store, kind, gone_if_missing, expected) =
+            (self.store.clone(), self.kind.clone(), self.kind != Kind::S3, keys.len());
+        let root_len = self.root.parts().count();
         let work = tokio::spawn(tokio::time::timeout(DEADLINE, async move {
+            // A key is one object; a worker that wrote under it as a directory meant what it wrote
+            // there as the key's too (decision 0028 §6): that goes first, the keys after.
+            let under = under_keys(&store, &kind, root_len, &paths).await?;
             let mut deleted = 0;
-            let mut results = store.delete_stream(futures_util::stream::iter(paths.into_iter().map(Ok)).boxed());
+            let all = under.into_iter().chain(paths).map(Ok);
+            let mut results = store.delete_stream(futures_util::stream::iter(all).boxed());
             while let Some(r) = results.next().await {
                 match r {
                     Ok(_) => deleted += 1,
@@ -432,7 +489,7 @@ impl ArtifactStore for ObjectArtifactStore {
             Ok(deleted)
         }));
         let no_answer = match work.await {
-            Ok(Ok(Ok(deleted))) if deleted == expected => return Ok(()),
+            Ok(Ok(Ok(deleted))) if deleted >= expected => return Ok(()),
             Ok(Ok(Ok(deleted))) => return Err(fail(format!("{deleted} of {expected} keys answered deleted"))),
             // Only a store that did not answer holds the others back: an error of this job's own
             // (a key refused, a file that will not go) fails this job alone, every pass.

@@ -517,6 +517,16 @@ pub struct Withdrawal {
     pub returned_at: Option<Timestamp>,
 }
 
+/// A cancelling job's artifact cleanup that failed: the sweeper tries again at `retry_at`
+/// (a capped backoff), and an operator may finish the teardown without it (decision 0028 §6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CleanupRetry {
+    pub failures: i64,
+    pub retry_at: Timestamp,
+    pub last_error: String,
+    pub failed_at: Timestamp,
+}
+
 /// Who acts when no person does (tests, the CLI's own store calls, the background loops).
 pub const SYSTEM_ACTOR: &str = "system";
 
@@ -528,6 +538,7 @@ settle_core::names! {
         AccountAdjust = "account.adjust",
         JobCancel = "job.cancel",
         JobRequeue = "job.requeue",
+        JobAbandonCleanup = "job.abandon_cleanup",
         JobSucceed = "job.succeed",
         WithdrawalResolve = "withdrawal.resolve",
         WithdrawalReturn = "withdrawal.return",

@@ -132,6 +132,12 @@ pub trait Store: Send + Sync {
     /// action log when it moved the job.
     async fn cancel(&self, job: &JobId, actor: Option<&str>) -> Result<CancelOutcome, StoreError>;
     async fn requeue(&self, job: &JobId, actor: &str) -> Result<Job, StoreError>;
+    /// An operator finishes a `cancelling` job's teardown without its artifact cleanup
+    /// (`cancelling → cancelled`); the paths left and the `reason` are recorded in the action log
+    /// under `actor`, and the `job.cancelled` event names the paths (decision 0028 §6).
+    async fn abandon_cleanup(&self, job: &JobId, actor: &str, reason: &str) -> Result<Job, StoreError>;
+    /// A cancelling job's failed cleanups: how many, the next try, the last error.
+    async fn cleanup_retry(&self, job: &JobId) -> Result<Option<CleanupRetry>, StoreError>;
 
     /// The lease rescuer's pass: jobs running past their lease take the failure path
     /// (`LEASE_EXPIRED`, retryable), or teardown when a cancel was requested. Returns their ids.

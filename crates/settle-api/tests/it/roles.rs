@@ -20,6 +20,7 @@ const TABLE: &[(&str, &str, Option<Role>)] = &[
     ("GET", "/v1/jobs/{id}/attempts", Some(Role::Client)),
     ("POST", "/v1/jobs/{id}/cancel", Some(Role::Client)),
     ("POST", "/v1/jobs/{id}/requeue", Some(Role::Admin)),
+    ("POST", "/v1/jobs/{id}/abandon-cleanup", Some(Role::Admin)),
     ("POST", "/v1/claims", Some(Role::Worker)),
     ("POST", "/v1/jobs/{id}/heartbeat", Some(Role::Worker)),
     ("POST", "/v1/jobs/{id}/succeed", Some(Role::Worker)),

@@ -186,6 +186,32 @@ pub(crate) fn refusal(job: &JobRow, attempt: Option<TokenAttempt>) -> Box<crate:
     Box::new(crate::model::LeaseLost { job: job.id.clone(), state: job.state, attempt: attempt.map(|a| a.end) })
 }
 
+/// What a signal whose token no longer holds the lease comes to, when replaying it changes nothing
+/// but the log (`unknown`, `release`; decision 0019): the same report re-sent by the attempt that
+/// made it is logged as a no-op and answered; anything else from an attempt is logged stale and
+/// refused; a token no attempt held is refused and not logged. Returns whether an attempt held the
+/// token, and the refusal if any.
+pub(crate) async fn replay_or_refuse(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    token: &str,
+    heard: Heard<'_>,
+    reported: &str,
+) -> Result<(bool, Option<Box<crate::model::LeaseLost>>), StoreError> {
+    Ok(match token_attempt(db, job, token).await? {
+        None => (false, Some(refusal(job, None))),
+        Some(att) if att.reported(reported) => {
+            log_signal(db, cx, job, Some(token), heard, SignalEffect::Noop).await?;
+            (true, None)
+        }
+        Some(att) => {
+            log_signal(db, cx, job, Some(token), heard, SignalEffect::Stale).await?;
+            (true, Some(refusal(job, Some(att))))
+        }
+    })
+}
+
 /// Records an admin action in the caller's transaction.
 pub(crate) async fn record_action(
     db: &mut Db<'_>,

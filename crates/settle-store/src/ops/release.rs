@@ -4,13 +4,13 @@
 
 use super::{
     After, Caller, Cx, Heard, Reported, attach, begin_teardown, check_caller, close_attempt, emit, guard_hit,
-    holds_lease, log_signal, must_lock_job, must_read_job, refusal, resume_if_cancelling, token_attempt,
+    holds_lease, must_lock_job, must_read_job, replay_or_refuse, resume_if_cancelling,
 };
 use crate::db::{Db, args};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
-use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
+use settle_core::history::{AttemptResult, EventKind, Signal};
 use settle_core::ids::JobId;
 
 /// A release with `token`. With the current lease: the job goes back to `queued`, due now, and its
@@ -30,21 +30,10 @@ pub(crate) async fn release(
     check_caller(&job, caller)?;
     if !holds_lease(cx, &job, token) {
         let heard = Heard { signal: Signal::Release, code: None, message: None };
-        let attempt = token_attempt(db, &job, &token.0).await?;
+        let (held, refused) = replay_or_refuse(db, cx, &job, &token.0, heard, Reported::RELEASE.signal).await?;
         // A token no attempt held writes nothing, not even the teardown's continuation; a re-sent
         // release whose teardown a crash interrupted carries it on, as a re-sent fail does.
-        let after = if attempt.is_some() { resume_if_cancelling(&job) } else { After::Nothing };
-        let refused = match attempt {
-            None => Some(refusal(&job, None)),
-            Some(att) if att.reported(Reported::RELEASE.signal) => {
-                log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Noop).await?;
-                None
-            }
-            Some(att) => {
-                log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Stale).await?;
-                Some(refusal(&job, Some(att)))
-            }
-        };
+        let after = if held { resume_if_cancelling(&job) } else { After::Nothing };
         let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: false }, after, refused));

@@ -7,6 +7,8 @@ use super::{
 use crate::db::{Db, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
+use settle_core::Timestamp;
+use settle_core::backoff::{BackoffPolicy, Jitter};
 use settle_core::crash::CrashPoint;
 use settle_core::history::{AttemptResult, EventKind};
 use settle_core::ids::{FailCode, JobId};
@@ -85,26 +87,23 @@ pub(crate) async fn finish_teardown(db: &mut Db<'_>, cx: &Cx, id: &str) -> Resul
         guard_hit(rows, "finish teardown")?;
         cx.point(CrashPoint::AfterGuard)?;
         let done = must_read_job(db, cx, id).await?;
-        let count = |s: ItemState| done.items.iter().filter(|i| i.state == s).count();
-        emit(
-            db,
-            cx,
-            EventKind::JobCancelled,
-            Some(id),
-            &job.account_id,
-            serde_json::json!({
-                "net": done.net.get(),
-                "items_cancelled": count(ItemState::Cancelled),
-                "items_succeeded": count(ItemState::Succeeded) + count(ItemState::Reclaimed),
-                "items_refunded": count(ItemState::Refunded),
-            }),
-        )
-        .await?;
+        emit(db, cx, EventKind::JobCancelled, Some(id), &job.account_id, cancelled_totals(&done)).await?;
         cx.point(CrashPoint::AfterOutbox)?;
     }
     let job = must_read_job(db, cx, id).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(job)
+}
+
+/// The final totals a `job.cancelled` event carries.
+fn cancelled_totals(done: &Job) -> serde_json::Value {
+    let count = |s: ItemState| done.items.iter().filter(|i| i.state == s).count();
+    serde_json::json!({
+        "net": done.net.get(),
+        "items_cancelled": count(ItemState::Cancelled),
+        "items_succeeded": count(ItemState::Succeeded) + count(ItemState::Reclaimed),
+        "items_refunded": count(ItemState::Refunded),
+    })
 }
 
 /// A repeated signal for a job whose teardown was interrupted finishes that teardown, so
@@ -228,4 +227,92 @@ pub(crate) async fn cleanup_keys(db: &mut Db<'_>, id: &str) -> Result<Vec<(Strin
     });
     let rows = db.all(&SQL, args![id]).await?;
     rows.iter().map(|r| Ok((r.text(CleanupCol::path)?, r.opt_text(CleanupCol::store)?))).collect()
+}
+
+/// How long a failed cleanup waits before the sweeper tries it again: 1 s, 2 s, 4 s, … an hour at
+/// most, so a cleanup that fails every time (a store that refuses, a file that will not go) costs
+/// one try an hour, not one a second (decision 0028 §6).
+const CLEANUP_BACKOFF: BackoffPolicy =
+    BackoffPolicy { backoff_ms_base: 1_000, backoff_ms_max: 3_600_000, jitter: Jitter::None };
+
+columns! {
+    /// A cancelling job's failed cleanups.
+    RetryCol { failures, retry_at, last_error, failed_at }
+}
+
+/// Records that a cancelling job's cleanup failed: one more failure, the next try after the backoff,
+/// the message kept for the operator. Returns how many times it has failed.
+pub(crate) async fn cleanup_failed(db: &mut Db<'_>, cx: &Cx, id: &str, message: &str) -> Result<i64, StoreError> {
+    let failures = match db.opt("SELECT failures FROM teardown_retries WHERE job_id = $1", args![id]).await? {
+        Some(r) => r.i64(RetryCol::failures)? + 1,
+        None => 1,
+    };
+    let wait_ms = CLEANUP_BACKOFF.capped_ms(u32::try_from(failures).unwrap_or(u32::MAX));
+    let retry_at = cx.now.micros().saturating_add(i64::try_from(wait_ms).unwrap_or(i64::MAX).saturating_mul(1_000));
+    let message: String = message.chars().take(2_000).collect();
+    db.exec(
+        "INSERT INTO teardown_retries (job_id, failures, retry_at, last_error, failed_at) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (job_id) DO UPDATE SET failures = $2, retry_at = $3, last_error = $4, failed_at = $5",
+        args![id, failures, retry_at, message, cx.now.micros()],
+    )
+    .await?;
+    Ok(failures)
+}
+
+/// A cancelling job's failed cleanups, if any: how many, when the next try is, the last error.
+pub(crate) async fn cleanup_retry(db: &mut Db<'_>, id: &str) -> Result<Option<CleanupRetry>, StoreError> {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM teardown_retries WHERE job_id = $1", RetryCol::LIST));
+    let Some(r) = db.opt(&SQL, args![id]).await? else { return Ok(None) };
+    Ok(Some(CleanupRetry {
+        failures: r.i64(RetryCol::failures)?,
+        retry_at: Timestamp::from_micros(r.i64(RetryCol::retry_at)?),
+        last_error: r.text(RetryCol::last_error)?,
+        failed_at: Timestamp::from_micros(r.i64(RetryCol::failed_at)?),
+    }))
+}
+
+/// The operator's way out of a teardown whose cleanup cannot succeed: `cancelling → cancelled`
+/// without it. The refunds were made in step 1; what is left is files. The artifacts it leaves are
+/// named in the `job.cancelled` event (`artifacts_left`) and in the action the caller records, for
+/// someone to delete by hand. Returns the job and, when this call moved it, the paths left; a job
+/// already `cancelled` is answered as it is (a re-sent request); any other state is
+/// `invalid_transition`.
+pub(crate) async fn abandon_cleanup(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &str,
+) -> Result<(Job, Option<Vec<String>>), StoreError> {
+    let job = must_lock_job(db, id).await?;
+    match job.state {
+        JobState::Cancelling => {}
+        JobState::Cancelled => {
+            let job = must_read_job(db, cx, id).await?;
+            cx.point(CrashPoint::BeforeCommit)?;
+            return Ok((job, None));
+        }
+        other => {
+            return Err(StoreError::InvalidTransition {
+                job: job.id,
+                action: "finish its teardown without cleanup (only a cancelling job)",
+                state: other.as_str().to_owned(),
+            });
+        }
+    }
+    let left: Vec<String> = cleanup_keys(db, id).await?.into_iter().map(|(path, _)| path).collect();
+    let rows = db
+        .exec(
+            "UPDATE jobs SET state = 'cancelled', updated_at = $2 WHERE id = $1 AND state = 'cancelling'",
+            args![id, cx.now.micros()],
+        )
+        .await?;
+    guard_hit(rows, "abandon cleanup")?;
+    cx.point(CrashPoint::AfterGuard)?;
+    let done = must_read_job(db, cx, id).await?;
+    let mut totals = cancelled_totals(&done);
+    totals["artifacts_left"] = serde_json::json!(left);
+    emit(db, cx, EventKind::JobCancelled, Some(id), &job.account_id, totals).await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok((done, Some(left)))
 }

@@ -3,14 +3,14 @@
 
 use super::{
     After, Caller, Cx, Failure, Heard, Reported, apply_failure, apply_success, attach, check_caller, close_attempt,
-    emit, guard_hit, holds_lease, log_signal, must_lock_job, must_read_job, refusal, token_attempt,
+    emit, guard_hit, holds_lease, must_lock_job, must_read_job, replay_or_refuse,
 };
 use crate::db::{Db, args};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::Timestamp;
 use settle_core::crash::CrashPoint;
-use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
+use settle_core::history::{AttemptResult, EventKind, Signal};
 use settle_core::ids::{FailCode, JobId};
 use settle_core::job::{self, JobState};
 
@@ -27,17 +27,7 @@ pub(crate) async fn mark_unknown(
     if !holds_lease(cx, &job, token) {
         // A replay when this token's attempt was closed by its own `unknown` (decision 0019).
         let heard = Heard { signal: Signal::Unknown, code: None, message };
-        let refused = match token_attempt(db, &job, &token.0).await? {
-            None => Some(refusal(&job, None)),
-            Some(att) if att.reported("unknown") => {
-                log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Noop).await?;
-                None
-            }
-            Some(att) => {
-                log_signal(db, cx, &job, Some(&token.0), heard, SignalEffect::Stale).await?;
-                Some(refusal(&job, Some(att)))
-            }
-        };
+        let (_, refused) = replay_or_refuse(db, cx, &job, &token.0, heard, Reported::UNKNOWN.signal).await?;
         let job = attach(db, cx, job).await?;
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: false }, refused));

@@ -225,14 +225,22 @@ pub(crate) async fn expired_leases(
 }
 
 /// Jobs left `cancelling`, after the cursor `after`, in job order: `(job_seq, id)`.
-pub(crate) async fn cancelling(db: &mut Db<'_>, after: i64, limit: u32) -> Result<Vec<(i64, String)>, StoreError> {
+/// A job whose cleanup failed waits for its retry time (decision 0028 §6).
+pub(crate) async fn cancelling(
+    db: &mut Db<'_>,
+    now: Timestamp,
+    after: i64,
+    limit: u32,
+) -> Result<Vec<(i64, String)>, StoreError> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
-            "SELECT {} FROM jobs WHERE state = 'cancelling' AND job_seq > $1 ORDER BY job_seq LIMIT $2",
+            "SELECT {} FROM jobs WHERE state = 'cancelling' AND job_seq > $1 \
+             AND NOT EXISTS (SELECT 1 FROM teardown_retries r WHERE r.job_id = jobs.id AND r.retry_at > $3) \
+             ORDER BY job_seq LIMIT $2",
             SeqIdCol::LIST
         )
     });
-    let rows = db.all(&SQL, args![after, page_limit(limit)]).await?;
+    let rows = db.all(&SQL, args![after, page_limit(limit), now.micros()]).await?;
     rows.iter().map(|r| Ok((r.i64(SeqIdCol::job_seq)?, r.text(SeqIdCol::id)?))).collect()
 }
 

@@ -382,6 +382,15 @@ impl Store for SqlStore {
         self.cancel_as(job, actor).await
     }
 
+    async fn abandon_cleanup(&self, job: &JobId, actor: &str, reason: &str) -> Result<Job, StoreError> {
+        self.abandon_cleanup_as(job, actor, reason).await
+    }
+
+    async fn cleanup_retry(&self, job: &JobId) -> Result<Option<CleanupRetry>, StoreError> {
+        let id = job.clone();
+        self.read(op!([id] | db, _cx | ops::cleanup_retry(db, id.as_str()).await)).await
+    }
+
     async fn requeue(&self, job: &JobId, actor: &str) -> Result<Job, StoreError> {
         let (id, actor) = (job.clone(), actor.to_owned());
         let out = self
@@ -482,7 +491,7 @@ impl Store for SqlStore {
 
     async fn resume_teardowns(&self, limit: u32) -> Result<Vec<String>, StoreError> {
         let after = *self.sweep_after.lock().expect("cursor lock");
-        let ids = self.read(op!([] | db, _cx | reads::cancelling(db, after, limit).await)).await?;
+        let ids = self.read(op!([] | db, cx | reads::cancelling(db, cx.now, after, limit).await)).await?;
         let seqs: Vec<i64> = ids.iter().map(|(seq, _)| *seq).collect();
         *self.sweep_after.lock().expect("cursor lock") = next_cursor(&seqs, limit);
         let mut done = Vec::new();

@@ -25,7 +25,17 @@ impl SqlStore {
             let _ = self.cleanup(id).await;
             return Ok(job);
         }
-        self.cleanup(id).await?;
+        if let Err(e) = self.cleanup(id).await {
+            if let StoreError::CleanupFailed { message, .. } = &e {
+                let (owned, message) = (id.to_owned(), message.clone());
+                self.write_quiet_to(
+                    Route::Job(id),
+                    op!([owned, message] | db, cx | ops::cleanup_failed(db, cx, &owned, &message).await),
+                )
+                .await?;
+            }
+            return Err(e);
+        }
         self.crash_point(CrashPoint::TeardownAfterCleanup)?;
         self.terminal_after_cleanup(id).await
     }
@@ -85,6 +95,42 @@ impl SqlStore {
             Arc::new(crate::artifacts::ObjectArtifactStore::open_recorded(location).map_err(|e| e.to_string())?);
         open.insert(location.to_owned(), store.clone());
         Ok(store)
+    }
+
+    /// An operator's way out of a teardown that cannot clean up (decision 0028 §6).
+    pub(super) async fn abandon_cleanup_as(&self, job: &JobId, actor: &str, reason: &str) -> Result<Job, StoreError> {
+        let reason = reason.trim();
+        if reason.is_empty() || reason.chars().count() > 500 {
+            return Err(StoreError::invalid("a reason is 1 to 500 characters: why the cleanup is given up"));
+        }
+        let (id, actor, reason) = (job.clone(), actor.to_owned(), reason.to_owned());
+        let job = self
+            .write_to(
+                Route::Job(job.as_str()),
+                op!(
+                    [id, actor, reason] | db,
+                    cx | {
+                        let retry = ops::cleanup_retry(db, id.as_str()).await?;
+                        let (job, moved) = ops::abandon_cleanup(db, cx, id.as_str()).await?;
+                        if let Some(left) = moved {
+                            let detail = serde_json::json!({
+                                "reason": reason,
+                                "artifacts_left": left,
+                                "failures": retry.as_ref().map(|r| r.failures),
+                                "last_error": retry.map(|r| r.last_error),
+                            });
+                            let account = job.account_id.as_str().to_owned();
+                            let action = ActionKind::JobAbandonCleanup;
+                            ops::record_action(db, cx, &actor, action, Some(id.as_str()), Some(&account), detail)
+                                .await?;
+                        }
+                        Ok(job)
+                    }
+                ),
+            )
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(job)
     }
 
     /// Continues a transition that left teardown to do; a cleanup failure is not an error for the

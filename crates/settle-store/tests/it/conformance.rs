@@ -68,6 +68,7 @@ conformance!(
     cancel_queued_refunds_and_cleans_artifacts,
     cancelling_one_job_leaves_another_jobs_artifact_of_the_same_key,
     cancel_with_failing_cleanup_stays_cancelling,
+    an_operator_finishes_a_teardown_that_cannot_clean_up,
     cancel_running_only_sets_the_flag,
     cancel_table_for_finished_states,
     unknown_with_a_cancel_request_reconciles_to_teardown,
@@ -891,12 +892,68 @@ async fn cancel_with_failing_cleanup_stays_cancelling(k: &Kit) {
     assert!(
         matches!(k.store.cancel(&jid("j"), None).await.unwrap(), CancelOutcome::Accepted(ref j) if j.state == JobState::Cancelling)
     );
+    // Two failures so far (the fail's teardown, the cancel's): the next try waits 2 s.
+    let retry = k.store.cleanup_retry(&jid("j")).await.unwrap().expect("failures recorded");
+    assert_eq!(retry.failures, 2);
+    assert!(retry.last_error.contains("artifact store unavailable"), "{}", retry.last_error);
+    assert!(k.store.resume_teardowns(10).await.unwrap().is_empty(), "the sweeper waits for the retry time");
+    k.clock.advance_seconds(2);
     assert!(k.store.resume_teardowns(10).await.unwrap().is_empty());
+    assert_eq!(k.store.cleanup_retry(&jid("j")).await.unwrap().unwrap().failures, 3, "tried again and failed");
+    // The backoff doubles and is capped at an hour: one try an hour, not one a second.
+    for _ in 0..20 {
+        k.clock.advance_seconds(3_600);
+        assert!(k.store.resume_teardowns(10).await.unwrap().is_empty());
+    }
+    let retry = k.store.cleanup_retry(&jid("j")).await.unwrap().unwrap();
+    assert_eq!(retry.failures, 23);
+    assert_eq!(retry.retry_at.micros() - retry.failed_at.micros(), 3_600_000_000);
     k.artifacts.fail.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(k.store.resume_teardowns(10).await.unwrap().is_empty(), "not before its retry time");
+    k.clock.advance_seconds(3_600);
     assert_eq!(k.store.resume_teardowns(10).await.unwrap(), ["j"]);
     assert_state(&k.get("j").await, JobState::Cancelled);
     assert!(matches!(k.store.cancel(&jid("j"), None).await.unwrap(), CancelOutcome::Cancelled(_)));
     assert_eq!(k.balance(&a).await, 100);
+    assert_eq!(k.event_types().await.iter().filter(|t| *t == "job.cancelled").count(), 1);
+}
+
+async fn an_operator_finishes_a_teardown_that_cannot_clean_up(k: &Kit) {
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10, 20]).await;
+    let t = k.claim_one("j").await;
+    let key = NewArtifact { key: ArtifactKey::parse("out").unwrap() };
+    k.store.register_artifact(&jid("j"), &iid("i1"), &t, key).await.unwrap();
+    // Not from a state other than cancelling, and never without a reason.
+    let refused = k.store.abandon_cleanup(&jid("j"), "ops", "the bucket is gone").await;
+    assert!(matches!(refused, Err(StoreError::InvalidTransition { .. })), "{refused:?}");
+    k.artifacts.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+    k.store.cancel(&jid("j"), None).await.unwrap();
+    assert_state(&k.fail("j", &t, "CANCELLED").await.value, JobState::Cancelling);
+    assert!(matches!(k.store.abandon_cleanup(&jid("j"), "ops", "  ").await, Err(StoreError::Invalid(_))));
+    assert_state(&k.get("j").await, JobState::Cancelling);
+    let done = k.store.abandon_cleanup(&jid("j"), "ops", "the bucket is gone").await.unwrap();
+    assert_state(&done, JobState::Cancelled);
+    assert_eq!(k.balance(&a).await, 100, "the refunds of step 1 stand");
+    let events = k.store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows;
+    let cancelled: Vec<_> = events.iter().filter(|e| e.kind == EventKind::JobCancelled).collect();
+    assert_eq!(cancelled.len(), 1);
+    let data: serde_json::Value = serde_json::from_str(&cancelled[0].data).unwrap();
+    assert_eq!(data["artifacts_left"], serde_json::json!(["j/i1/out"]));
+    // A re-sent request is answered with the job and records nothing more.
+    assert_state(&k.store.abandon_cleanup(&jid("j"), "ops", "again").await.unwrap(), JobState::Cancelled);
+    let actions = k.store.operators().actions(Some(&jid("j")), None).await.unwrap();
+    let abandoned: Vec<_> =
+        actions.iter().filter(|a| a.action == settle_store::ActionKind::JobAbandonCleanup).collect();
+    assert_eq!(abandoned.len(), 1);
+    assert_eq!(abandoned[0].actor, "ops");
+    let detail: serde_json::Value = serde_json::from_str(&abandoned[0].detail).unwrap();
+    assert_eq!(detail["reason"], "the bucket is gone");
+    assert_eq!(detail["artifacts_left"], serde_json::json!(["j/i1/out"]));
+    assert_eq!(detail["failures"], 1);
+    // The sweeper leaves it alone: nothing is cancelling.
+    k.clock.advance_seconds(3_600);
+    assert!(k.store.resume_teardowns(10).await.unwrap().is_empty());
     assert_eq!(k.event_types().await.iter().filter(|t| *t == "job.cancelled").count(), 1);
 }
 
@@ -1394,12 +1451,16 @@ async fn sweep_passes_never_starve_behind_failing_jobs(k: &Kit) {
     }
     // Paths are {job}/{item}/{key}: the eight bad jobs are b0..b7, the good one g.
     *k.artifacts.fail_prefix.lock().unwrap() = Some("b".into());
+    // Each failed once: the sweeper's next try is a second on (decision 0028 §6).
+    assert!(k.store.resume_teardowns(5).await.unwrap().is_empty(), "not before the retry time");
+    k.clock.advance_seconds(1);
     let mut finished = Vec::new();
     for _ in 0..3 {
         finished.extend(k.store.resume_teardowns(5).await.unwrap());
     }
     assert_eq!(finished, vec!["g".to_owned()], "the good teardown is reached within the passes that cover all");
     *k.artifacts.fail_prefix.lock().unwrap() = None;
+    k.clock.advance_seconds(2);
     let mut rest = Vec::new();
     for _ in 0..3 {
         rest.extend(k.store.resume_teardowns(5).await.unwrap());

@@ -315,3 +315,72 @@ async fn sqlite_a_database_from_before_migration_18_opens_and_continues_its_chai
 async fn postgres_a_database_from_before_migration_18_opens_and_continues_its_chains() {
     from_before_migration_18(EngineKind::Postgres).await;
 }
+
+/// The order keys of `url`'s webhook deliveries, by event: (seq, key, state).
+async fn order_keys(url: &str) -> Vec<(i64, String, String)> {
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    let sql = "SELECT event_seq, order_key, state FROM webhook_deliveries ORDER BY event_seq";
+    if url.starts_with("sqlite:") {
+        let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(url).unwrap().connect().await.unwrap();
+        let rows = sqlx::query_as(sql).fetch_all(&mut c).await.unwrap();
+        c.close().await.unwrap();
+        rows
+    } else {
+        let mut c = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().connect().await.unwrap();
+        let rows = sqlx::query_as(sql).fetch_all(&mut c).await.unwrap();
+        c.close().await.unwrap();
+        rows
+    }
+}
+
+/// Migration 0020 re-keys the deliveries not yet delivered from their outbox events (a job named
+/// `account:a` no longer shares the account's line); delivered ones keep their key (decision 0028 §5).
+async fn from_before_migration_20(engine: EngineKind) {
+    use settle_store::{DeliveryReport, StartFrom};
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 100).await;
+    k.job("account:a", &a, 10).await;
+    k.store.webhooks().start("ops", StartFrom::Beginning).await.unwrap();
+    k.store.webhooks().fan_out("ops", 100).await.unwrap();
+    let no_breaker = settle_store::BreakerPolicy { failures: 0, open_ms: 1, open_ms_max: 1 };
+    let first = k.store.webhooks().lease("ops", 1, 1_000, 10, no_breaker).await.unwrap().remove(0);
+    let delivered = DeliveryReport::Delivered { status: 200 };
+    let token = first.lease_token.as_ref().unwrap();
+    k.store.webhooks().report("ops", first.event.seq, token, delivered, no_breaker).await.unwrap();
+    let now = order_keys(&k.url).await;
+    assert!(now.len() >= 2 && now[0].2 == "delivered", "the grant delivered, the job's events pending: {now:?}");
+    // The release before 0020: keys were the job's id, or `account:` and the account's id.
+    k.raw_script(
+        "UPDATE webhook_deliveries SET order_key = CASE WHEN order_key LIKE 'job %' THEN substr(order_key, 5) \
+         ELSE 'account:' || substr(order_key, 9) END; \
+         DROP TABLE teardown_retries; DROP TABLE console_signouts; DELETE FROM _sqlx_migrations WHERE version >= 20",
+    )
+    .await
+    .unwrap();
+    let old = order_keys(&k.url).await;
+    assert!(old.iter().all(|(_, key, _)| key == "account:a"), "both lines were one: {old:?}");
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let _store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    let upgraded = order_keys(&url).await;
+    for ((seq, key, state), (_, before, _)) in upgraded.iter().zip(&now) {
+        if state == "delivered" {
+            assert_eq!(key, "account:a", "a delivered row is never looked at again");
+        } else {
+            assert_eq!(key, before, "event {seq} is back in its own line");
+        }
+    }
+    assert!(upgraded.iter().any(|(_, key, _)| key == "job account:a"), "{upgraded:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_database_from_before_migration_20_rekeys_its_pending_deliveries() {
+    from_before_migration_20(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_database_from_before_migration_20_rekeys_its_pending_deliveries() {
+    from_before_migration_20(EngineKind::Postgres).await;
+}
