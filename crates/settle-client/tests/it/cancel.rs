@@ -20,6 +20,32 @@ struct Batch {
     cancelled: Notify,
 }
 
+impl Batch {
+    fn pausing_at_frame_2() -> Arc<Batch> {
+        Arc::new(Batch {
+            pause_at: "frame-2",
+            reported: Mutex::new(Vec::new()),
+            at_frame_2: Notify::new(),
+            cancelled: Notify::new(),
+        })
+    }
+}
+
+/// Account `a` with 100 credits, and the job `batch` of `frames` items of 5 credits each (`extra`
+/// fields added to the job's body).
+async fn account_and_batch(http: &reqwest::Client, base: &str, frames: usize, extra: Value) {
+    let post = reqwest::Method::POST;
+    assert_eq!(call(http, post.clone(), format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await.0, 201);
+    let grant = json!({"id": "g", "amount": 100});
+    assert_eq!(call(http, post.clone(), format!("{base}/v1/accounts/a/grants"), Some(grant)).await.0, 201);
+    let items: Vec<Value> = (0..frames).map(|f| json!({"id": format!("frame-{f}"), "cost": 5})).collect();
+    let mut job = json!({"id": "batch", "account_id": "a", "kind": "render", "items": items});
+    if let (Some(job), Some(extra)) = (job.as_object_mut(), extra.as_object()) {
+        job.extend(extra.clone());
+    }
+    assert_eq!(call(http, post, format!("{base}/v1/jobs"), Some(job)).await.0, 201);
+}
+
 #[async_trait::async_trait]
 impl Handler for Batch {
     async fn run(&self, ctx: &JobContext) -> Outcome {
@@ -44,20 +70,9 @@ async fn a_cancel_stops_the_worker_at_the_next_item_boundary() {
     let base = served.base.clone();
 
     let http = reqwest::Client::new();
-    let post = reqwest::Method::POST;
-    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await.0, 201);
-    let grant = json!({"id": "g", "amount": 100});
-    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts/a/grants"), Some(grant)).await.0, 201);
-    let items: Vec<Value> = (0..6).map(|f| json!({"id": format!("frame-{f}"), "cost": 5})).collect();
-    let job = json!({"id": "batch", "account_id": "a", "kind": "render", "items": items});
-    assert_eq!(call(&http, post.clone(), format!("{base}/v1/jobs"), Some(job)).await.0, 201);
+    account_and_batch(&http, &base, 6, json!({})).await;
 
-    let handler = Arc::new(Batch {
-        pause_at: "frame-2",
-        reported: Mutex::new(Vec::new()),
-        at_frame_2: Notify::new(),
-        cancelled: Notify::new(),
-    });
+    let handler = Batch::pausing_at_frame_2();
     let stop = CancellationToken::new();
     let mut worker = Worker::new(Client::new(&base, None), "sdk");
     worker.wait_seconds = 1;
@@ -65,7 +80,7 @@ async fn a_cancel_stops_the_worker_at_the_next_item_boundary() {
     let running = tokio::spawn(worker.run(handler.clone(), stop.clone()));
 
     handler.at_frame_2.notified().await;
-    let (status, cancelled) = call(&http, post.clone(), format!("{base}/v1/jobs/batch/cancel"), None).await;
+    let (status, cancelled) = call(&http, reqwest::Method::POST, format!("{base}/v1/jobs/batch/cancel"), None).await;
     assert_eq!(status, 202, "{cancelled}");
     handler.cancelled.notify_one();
 
@@ -113,20 +128,9 @@ async fn a_stop_releases_the_job_at_the_next_item_boundary() {
     let served = crate::common::serve().await;
     let base = served.base.clone();
     let http = reqwest::Client::new();
-    let post = reqwest::Method::POST;
-    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await.0, 201);
-    let grant = json!({"id": "g", "amount": 100});
-    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts/a/grants"), Some(grant)).await.0, 201);
-    let items: Vec<Value> = (0..6).map(|f| json!({"id": format!("frame-{f}"), "cost": 5})).collect();
-    let job = json!({"id": "batch", "account_id": "a", "kind": "render", "items": items, "max_attempts": 1});
-    assert_eq!(call(&http, post.clone(), format!("{base}/v1/jobs"), Some(job)).await.0, 201);
+    account_and_batch(&http, &base, 6, json!({"max_attempts": 1})).await;
 
-    let handler = Arc::new(Batch {
-        pause_at: "frame-2",
-        reported: Mutex::new(Vec::new()),
-        at_frame_2: Notify::new(),
-        cancelled: Notify::new(),
-    });
+    let handler = Batch::pausing_at_frame_2();
     let stop = CancellationToken::new();
     let mut worker = Worker::new(Client::new(&base, None), "preempted");
     worker.wait_seconds = 1;
@@ -146,12 +150,7 @@ async fn a_stop_releases_the_job_at_the_next_item_boundary() {
     assert_eq!(account["balance"], 100 - 6 * 5, "nothing refunded: {account}");
 
     // The next worker does the three frames left; the release did not use up the one attempt.
-    let after = Arc::new(Batch {
-        pause_at: "frame-2",
-        reported: Mutex::new(Vec::new()),
-        at_frame_2: Notify::new(),
-        cancelled: Notify::new(),
-    });
+    let after = Batch::pausing_at_frame_2();
     let stop = CancellationToken::new();
     let mut worker = Worker::new(Client::new(&base, None), "next");
     worker.wait_seconds = 1;
@@ -179,19 +178,8 @@ async fn a_stop_during_the_last_item_lets_the_job_finish() {
     let served = crate::common::serve().await;
     let base = served.base.clone();
     let http = reqwest::Client::new();
-    let post = reqwest::Method::POST;
-    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await.0, 201);
-    let grant = json!({"id": "g", "amount": 100});
-    assert_eq!(call(&http, post.clone(), format!("{base}/v1/accounts/a/grants"), Some(grant)).await.0, 201);
-    let items: Vec<Value> = (0..3).map(|f| json!({"id": format!("frame-{f}"), "cost": 5})).collect();
-    let job = json!({"id": "batch", "account_id": "a", "kind": "render", "items": items});
-    assert_eq!(call(&http, post.clone(), format!("{base}/v1/jobs"), Some(job)).await.0, 201);
-    let handler = Arc::new(Batch {
-        pause_at: "frame-2",
-        reported: Mutex::new(Vec::new()),
-        at_frame_2: Notify::new(),
-        cancelled: Notify::new(),
-    });
+    account_and_batch(&http, &base, 3, json!({})).await;
+    let handler = Batch::pausing_at_frame_2();
     let stop = CancellationToken::new();
     let mut worker = Worker::new(Client::new(&base, None), "preempted");
     worker.wait_seconds = 1;
