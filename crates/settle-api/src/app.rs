@@ -62,7 +62,12 @@ impl Default for HttpLimits {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Settle API", version = "1", description = "The credit ledger for pay-per-job platforms (api-v1)."),
+    info(
+        title = "Settle API",
+        version = "1",
+        description = "The credit ledger for pay-per-job platforms (api-v1).",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

@@ -12,6 +12,7 @@ mod held;
 mod http_limits;
 mod kit;
 mod latency;
+mod licence;
 mod openapi;
 mod roles;
 mod scopes;
