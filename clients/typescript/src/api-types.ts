@@ -333,6 +333,12 @@ export interface Event {
    */
   data: unknown;
   /**
+   * The store's epoch when the event was numbered: 1 for a new store, raised by one by each
+   * restore from a backup (which numbers events again from where the backup stood). Receivers
+   * deduplicate by (`epoch`, `seq`), never by `seq` alone.
+   */
+  epoch: number;
+  /**
    * The job it is about; null for account events.
    */
   job_id?: string | null;

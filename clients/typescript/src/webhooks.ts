@@ -36,7 +36,8 @@ export function sign(secret: string, body: string | Uint8Array, unixSeconds: num
 /**
  * Checks a delivery's `Settle-Signature` over the exact body bytes (not a re-serialized object) and
  * its timestamp; throws `SignatureError` when it does not hold. Dedupe deliveries by the body's
- * `seq`: they come at least once, in order per job.
+ * (`epoch`, `seq`): they come at least once, in order per job, and a restored store numbers events
+ * again under a new epoch.
  */
 export function verifyWebhook(secret: string, headers: Headers, body: string | Uint8Array, options: VerifyOptions = {}): void {
   const value = header(headers, "settle-signature");

@@ -719,6 +719,10 @@ pub struct FailureSummary {
 pub struct Event {
     /// The event's position in the feed: increasing, gap-free, in commit order.
     pub seq: i64,
+    /// The store's epoch when the event was numbered: 1 for a new store, raised by one by each
+    /// restore from a backup (which numbers events again from where the backup stood). Receivers
+    /// deduplicate by (`epoch`, `seq`), never by `seq` alone.
+    pub epoch: i64,
     /// The event type, e.g. `job.queued`, `job.refunded`, `job.reclaimed`, `job.dead`, `account.granted`.
     #[serde(rename = "type")]
     pub kind: String,

@@ -6,6 +6,7 @@ mod bench_events;
 mod config;
 mod demo;
 mod dst;
+mod operations;
 mod operator;
 mod print;
 mod progress;
@@ -41,6 +42,34 @@ enum Command {
         /// Play on this database instead of a throwaway file (it must be empty).
         #[arg(long)]
         db: Option<String>,
+    },
+    /// Applies the schema's migrations and exits (an explicit step before a new release's processes
+    /// start with `--no-migrate`).
+    Migrate {
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
+        db: String,
+    },
+    /// A consistent copy of a live embedded store (SQLite's online backup API) into a new file.
+    /// PostgreSQL: pg_dump or base backups (docs/operations/backup-and-restore.md).
+    Backup {
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
+        db: String,
+        /// The backup file to write (refused if it exists).
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
+    /// Puts a backup in place as the embedded store and raises its epoch, so receivers that
+    /// deduplicate by (epoch, seq) take the events it numbers again as new.
+    Restore {
+        /// The backup file.
+        #[arg(long)]
+        from: std::path::PathBuf,
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
+        db: String,
+        /// Replace a store already there (moved aside to PATH.replaced-<unix seconds>, never deleted).
+        /// Stop every process using it first.
+        #[arg(long)]
+        replace: bool,
     },
     /// Checks the ledger invariants L1–L6; prints violations and exits 1 if there are any.
     Audit {
@@ -183,6 +212,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo { db } => demo::run(db).await,
+        Command::Migrate { db } => operations::migrate(&db).await,
+        Command::Backup { db, to } => operations::backup(&db, &to),
+        Command::Restore { from, db, replace } => operations::restore(&from, &db, replace).await,
         Command::Audit { db } => {
             let store = open_existing(&db).await?;
             let report = store.audit(Some(progress::audit())).await.context("audit")?;

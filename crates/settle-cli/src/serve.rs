@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// address accepts the others'; without it each process signs with a key of its own.
     #[arg(long, env = "SETTLE_CONSOLE_SECRET", hide_env_values = true)]
     console_secret: Option<String>,
+    /// Do not apply migrations: refuse a schema older than this binary (migrations are then an
+    /// explicit step, `settle migrate`, run once before a new release's processes start).
+    #[arg(long, env = "SETTLE_NO_MIGRATE")]
+    no_migrate: bool,
 }
 
 #[derive(clap::Args)]
@@ -43,6 +47,10 @@ pub struct WorkerArgs {
     artifacts: String,
     #[arg(long, env = "SETTLE_CONFIG")]
     config: Option<std::path::PathBuf>,
+    /// Do not apply migrations: refuse a schema older than this binary (migrations are then an
+    /// explicit step, `settle migrate`, run once before a new release's processes start).
+    #[arg(long, env = "SETTLE_NO_MIGRATE")]
+    no_migrate: bool,
 }
 
 pub fn loop_settings(config: &Config) -> LoopSettings {
@@ -54,7 +62,7 @@ pub fn loop_settings(config: &Config) -> LoopSettings {
     }
 }
 
-async fn open(db: &str, artifacts: &str, config: &Config) -> anyhow::Result<Arc<SqlStore>> {
+async fn open(db: &str, artifacts: &str, config: &Config, migrate: bool) -> anyhow::Result<Arc<SqlStore>> {
     let artifacts = ObjectArtifactStore::open(artifacts)?;
     anyhow::ensure!(
         !artifacts.is_memory(),
@@ -69,6 +77,7 @@ async fn open(db: &str, artifacts: &str, config: &Config) -> anyhow::Result<Arc<
         policy: config.policies.clone(),
         pg_synchronous_standby: config.postgres.synchronous_standby.required(),
         artifacts: Some(Arc::new(artifacts)),
+        migrate,
         ..StoreOptions::default()
     };
     Ok(Arc::new(SqlStore::open(db, options).await.with_context(|| format!("open {}", settle_store::redacted_url(db)))?))
@@ -137,7 +146,7 @@ fn spawn_loops(
 /// `settle worker`: the background loops alone, for any number of processes on one PostgreSQL.
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let config = Config::from_process_env(args.config.as_deref())?;
-    let store = open(&args.db, &args.artifacts, &config).await?;
+    let store = open(&args.db, &args.artifacts, &config, !args.no_migrate).await?;
     tracing::info!(db = %settle_store::redacted_url(&args.db), engine = store.engine_name(), "settle worker running the background loops");
     let cancel = CancellationToken::new();
     let loops = spawn_loops(&store, &config, &cancel)?;
@@ -217,7 +226,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // no database file, no artifact directory.
     let bound = Application::bind(&args.listen, &tokens).await?;
     settle_api::app::check_console_secret(args.console_secret.as_deref())?;
-    let store = open(&args.db, &args.artifacts, &config).await?;
+    let store = open(&args.db, &args.artifacts, &config, !args.no_migrate).await?;
     let app = Application::build_on(
         bound,
         store.clone() as Arc<dyn Store>,

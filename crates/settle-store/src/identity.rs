@@ -26,6 +26,22 @@ struct Found {
     applied: Option<Vec<(i64, Vec<u8>)>>,
 }
 
+/// Refuses a schema older than this binary's (a process started with `--no-migrate`): each of
+/// its migrations must be applied. (A newer schema was refused before, by `judge`.)
+pub(crate) fn require_current(migrator: &Migrator, applied: &[i64]) -> Result<(), StoreError> {
+    let missing: Vec<i64> = migrator.iter().map(|m| m.version).filter(|v| !applied.contains(v)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let known = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+    let at = applied.iter().max().copied().unwrap_or(0);
+    Err(StoreError::NotSettle(format!(
+        "the schema is at migration {at} and this settle needs {known} ({} not applied): run `settle migrate` \
+         first, or start without --no-migrate",
+        missing.len()
+    )))
+}
+
 /// Judges what was found against this binary's migrations.
 fn judge(found: &Found, migrator: &Migrator, what: &str) -> Result<(), StoreError> {
     let Some(applied) = &found.applied else {

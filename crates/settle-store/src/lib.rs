@@ -21,6 +21,7 @@
 
 pub mod artifacts;
 mod audit;
+pub mod backup;
 pub use audit::AuditProgress;
 pub mod db;
 mod engine;

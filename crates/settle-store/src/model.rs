@@ -678,6 +678,8 @@ pub struct Event {
     /// JSON text.
     pub data: String,
     pub created_at: Timestamp,
+    /// The store's epoch when the event was numbered: 1, raised by each restore (decision 0029).
+    pub epoch: i64,
 }
 
 /// An event as it is shown and sent: `GET /v1/events`, the deliveries list and every webhook body
@@ -685,6 +687,7 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EventEnvelope {
     pub seq: i64,
+    pub epoch: i64,
     #[serde(rename = "type")]
     pub kind: String,
     pub job_id: Option<String>,
@@ -697,6 +700,7 @@ impl Event {
     pub fn envelope(&self) -> EventEnvelope {
         EventEnvelope {
             seq: self.seq,
+            epoch: self.epoch,
             kind: self.kind.as_str().to_owned(),
             job_id: self.job_id.clone(),
             account_id: self.account_id.clone(),

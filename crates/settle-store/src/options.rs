@@ -59,6 +59,10 @@ pub struct StoreOptions {
     pub pg_synchronous_standby: Option<bool>,
     pub artifacts: Option<Arc<dyn ArtifactStore>>,
     pub crash: Option<Arc<dyn CrashHook>>,
+    /// Whether opening applies the schema's migrations (the default). `false` (`settle serve
+    /// --no-migrate`): a schema older than this binary is refused — migrations are an explicit
+    /// step (`settle migrate`), run once, before the processes of a new release start.
+    pub migrate: bool,
 }
 
 impl Default for StoreOptions {
@@ -73,6 +77,7 @@ impl Default for StoreOptions {
             write_batch_max: limits::WRITE_BATCH_MAX,
             sqlite_readers: 4,
             busy_timeout: Duration::from_secs(5),
+            migrate: true,
             pg_max_connections: 16,
             pg_write_lanes: 4,
             pg_lock_timeout: Duration::from_secs(10),

@@ -168,6 +168,7 @@ class Audit(TypedDict):
 
 class Event(TypedDict):
     seq: int
+    epoch: int  # 1, raised by each restore: deduplicate by (epoch, seq)
     type: str
     job_id: str | None
     account_id: str | None

@@ -42,6 +42,7 @@ fn whole_seconds_and_trailing_zeros_read_the_same_in_both() {
             account_id: "a".into(),
             data: r#"{"kind":"render","cost":10,"items":1}"#.into(),
             created_at: Timestamp::from_micros(micros),
+            epoch: 1,
         };
         let page =
             serde_json::to_string(&settle_api::dto::EventPage { events: vec![event.envelope()], next_after: None })

@@ -9,5 +9,6 @@ mod contention;
 mod examples;
 mod failover;
 mod faults;
+mod operations;
 mod payouts;
 mod worker_restart;

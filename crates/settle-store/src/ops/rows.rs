@@ -49,7 +49,10 @@ columns! {
 
 columns! {
     /// An outbox event's columns, as `Event` shows them (`type` is a Rust keyword).
-    pub(crate) EventCol { seq, kind = "type", job_id, account_id, data, created_at }
+    pub(crate) EventCol {
+        seq, kind = "type", job_id, account_id, data, created_at,
+        epoch = "(SELECT MAX(x.epoch) FROM store_epochs x WHERE x.first_seq <= outbox.seq)",
+    }
 }
 
 columns! {
@@ -60,9 +63,10 @@ columns! {
         delivered_at = "d.delivered_at",
         seq = "o.seq", kind = "o.type", job_id = "o.job_id", account_id = "o.account_id", data = "o.data",
         created_at = "o.created_at",
+        epoch = "(SELECT MAX(x.epoch) FROM store_epochs x WHERE x.first_seq <= o.seq)",
     }
 }
-holds!(DeliveryCol: EventCol { seq, kind, job_id, account_id, data, created_at });
+holds!(DeliveryCol: EventCol { seq, kind, job_id, account_id, data, created_at, epoch });
 
 /// A job row as stored, before its items are attached.
 #[derive(Debug, Clone)]
@@ -360,6 +364,7 @@ pub(crate) fn event_from_row<C: Holds<EventCol>>(r: &Row) -> Result<Event, Store
         account_id: r.text(C::of(E::account_id))?,
         data: r.text(C::of(E::data))?,
         created_at: Timestamp::from_micros(r.i64(C::of(E::created_at))?),
+        epoch: r.opt_i64(C::of(E::epoch))?.unwrap_or(1),
     })
 }
 

@@ -102,6 +102,30 @@ static POSTGRES_MIGRATOR: LazyLock<sqlx::migrate::Migrator> =
     LazyLock::new(|| sqlx::migrate::Migrator::with_migrations(postgres_migrations()));
 
 impl SqlStore {
+    /// The migrations applied to the store at `url` (none for an empty database), without opening
+    /// it as a store: what `settle migrate` reports before and after.
+    pub async fn schema_versions(url: &str) -> Result<Vec<i64>, StoreError> {
+        use sqlx::{ConnectOptions, Connection};
+        let sql = "SELECT version FROM _sqlx_migrations WHERE success ORDER BY version";
+        if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url).map_err(|e| StoreError::invalid(e.to_string()))?;
+            if !options.get_filename().exists() {
+                return Ok(Vec::new());
+            }
+            let mut c = options.read_only(true).connect().await?;
+            let versions = sqlx::query_scalar(sql).fetch_all(&mut c).await.unwrap_or_default();
+            c.close().await?;
+            Ok(versions)
+        } else {
+            let options =
+                sqlx::postgres::PgConnectOptions::from_str(url).map_err(|e| StoreError::invalid(e.to_string()))?;
+            let mut c = options.connect().await?;
+            let versions = sqlx::query_scalar(sql).fetch_all(&mut c).await.unwrap_or_default();
+            c.close().await?;
+            Ok(versions)
+        }
+    }
+
     /// Opens (creating if needed) the store at `url`: `sqlite://PATH`.
     pub async fn open(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
         if url.starts_with("sqlite:") {
@@ -129,7 +153,15 @@ impl SqlStore {
         crate::identity::check_sqlite(&base, &SQLITE_MIGRATOR).await?;
         let mut writer = base.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).connect().await?;
         let path = base.get_filename().to_owned();
-        SQLITE_MIGRATOR.run(&mut writer).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
+        if options.migrate {
+            SQLITE_MIGRATOR.run(&mut writer).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
+        } else {
+            let applied = sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&mut writer)
+                .await
+                .unwrap_or_default();
+            crate::identity::require_current(&SQLITE_MIGRATOR, &applied)?;
+        }
         // Marks the file as Settle's, for this check next time and for other tools.
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "PRAGMA application_id = {}",
@@ -208,7 +240,15 @@ impl SqlStore {
             primary.follow(p);
         }
         crate::identity::check_postgres(&pool, &POSTGRES_MIGRATOR).await?;
-        POSTGRES_MIGRATOR.run(&pool).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
+        if options.migrate {
+            POSTGRES_MIGRATOR.run(&pool).await.map_err(|e| StoreError::internal(format!("migrations: {e}")))?;
+        } else {
+            let applied = sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&pool)
+                .await
+                .unwrap_or_default();
+            crate::identity::require_current(&POSTGRES_MIGRATOR, &applied)?;
+        }
         let env = Env {
             clock: options.clock.clone(),
             policy: Arc::new(options.policy.clone()),

@@ -354,7 +354,8 @@ async fn from_before_migration_20(engine: EngineKind) {
     k.raw_script(
         "UPDATE webhook_deliveries SET order_key = CASE WHEN order_key LIKE 'job %' THEN substr(order_key, 5) \
          ELSE 'account:' || substr(order_key, 9) END; \
-         DROP TABLE teardown_retries; DROP TABLE console_signouts; DELETE FROM _sqlx_migrations WHERE version >= 20",
+         DROP TABLE store_epochs; DROP TABLE teardown_retries; DROP TABLE console_signouts; \
+         DELETE FROM _sqlx_migrations WHERE version >= 20",
     )
     .await
     .unwrap();
