@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import ADMIN, HOOK_SECRET, WORKER
+from conftest import ADMIN, HOOK_SECRET, ROOT, WORKER
 
 from settle_client import (
     Applied,
@@ -827,3 +827,38 @@ def test_release_answers_applied_replayed_or_lease_lost(admin, worker_client, ho
     assert [a["result"] for a in admin.attempts("handed-1")] == ["released", "succeeded"]
     assert admin.account("handed")["balance"] == 80
     hooks.wait_for(lambda e: e["type"] == "job.released" and e.get("job_id") == "handed-1")
+
+
+def test_iter_events_goes_on_after_a_restore(tmp_path):
+    """A store restored from a backup numbers events again under a new epoch: a consumer whose
+    cursor is past its last event is answered `cursor_ahead`, and `iter_events` goes on from where
+    the new epoch begins (deduplicate by (epoch, seq))."""
+    from settle_serve import settle_serve
+
+    binary = os.environ.get("SETTLE_BIN", str(ROOT / "target" / "debug" / "settle"))
+    db = f"sqlite://{tmp_path / 'settle.db'}"
+    env = {"SETTLE_TOKENS": f"admin:ops={ADMIN}", "SETTLE_DATABASE_URL": db}
+    with settle_serve(tmp_path, [], env) as base:
+        with Client(base, token=ADMIN) as c:
+            c.create_account("acme")
+            c.grant("acme", "g1", 10)
+            subprocess.run([binary, "backup", "--db", db, "--to", str(tmp_path / "b.db")], check=True)
+            for i in range(3):
+                c.grant("acme", f"later-{i}", 1)
+            cursor = c.events(after=0, limit=1000)["events"][-1]["seq"]
+    restored = subprocess.run(
+        [binary, "restore", "--from", str(tmp_path / "b.db"), "--db", db, "--replace"], capture_output=True, text=True
+    )
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    with settle_serve(tmp_path, [], env) as base:
+        with Client(base, token=ADMIN) as c:
+            with pytest.raises(SettleError) as ahead:
+                c.events(after=cursor)
+            assert ahead.value.code == "cursor_ahead"
+            assert ahead.value.details["epoch"] == 2
+            c.grant("acme", "after-restore", 5)
+            for event in c.iter_events(after=cursor, wait_seconds=1):
+                if event["type"] == "account.granted":
+                    assert event["epoch"] == 2 and event["data"]["id"] == "after-restore", event
+                    assert event["seq"] == ahead.value.details["restart_after"] + 1
+                    break

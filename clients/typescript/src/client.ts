@@ -14,7 +14,7 @@ import type {
   Withdrawal,
   WithdrawalPage,
 } from "./api-types.js";
-import { InvalidId, errorFor } from "./errors.js";
+import { InvalidId, SettleError, errorFor } from "./errors.js";
 import { parseExact, stringifyExact } from "./json.js";
 
 /** A create's answer: the resource, and whether it was a replay (the same id and body again:
@@ -248,7 +248,8 @@ export class Settle {
   }
 
   /** The event feed from `after` on, for ever, long-polling for what comes next (stop with
-   * `break`, or with `signal`). */
+   * `break`, or with `signal`). After a restore (a cursor past the store's last event) it goes on
+   * from where the new epoch begins. */
   async *iterEvents(after = 0, options: { waitSeconds?: number; signal?: AbortSignal } = {}): AsyncGenerator<Event> {
     let cursor = after;
     const signal = options.signal;
@@ -258,6 +259,12 @@ export class Settle {
         page = await this.events(cursor, { waitSeconds: options.waitSeconds ?? 30, ...(signal ? { signal } : {}) });
       } catch (e) {
         if (signal?.aborted) return;
+        // The store was restored from a backup: go on from where its new epoch begins (receivers
+        // deduplicate by (epoch, seq)).
+        if (e instanceof SettleError && e.code === "cursor_ahead" && typeof e.details?.restart_after === "number") {
+          cursor = e.details.restart_after;
+          continue;
+        }
         throw e;
       }
       for (const e of page.events) {

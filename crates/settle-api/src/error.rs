@@ -133,6 +133,10 @@ impl From<StoreError> for ApiError {
                 details: Some(lease_details(&lost)),
                 ..ApiError::new(S::CONFLICT, "lease_lost", sentence(lost.to_string()))
             },
+            StoreError::CursorAhead { epoch, restart_after, .. } => ApiError {
+                details: Some(serde_json::json!({ "epoch": epoch, "restart_after": restart_after })),
+                ..ApiError::new(S::CONFLICT, "cursor_ahead", sentence(e.to_string()))
+            },
             StoreError::InvalidTransition { .. } => {
                 ApiError::new(S::CONFLICT, "invalid_transition", sentence(e.to_string()))
             }

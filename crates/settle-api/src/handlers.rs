@@ -1000,9 +1000,11 @@ pub async fn failure_summary(State(s): State<AppState>, auth: Auth<ClientRole>) 
 /// Every transition's event (`job.queued`, `job.refunded`, `account.granted`, …) in commit order by
 /// `seq`, written in the same transaction as the transition. Pass the last `seq` seen as `after`; with
 /// `wait_seconds` the request waits for new events (a long-poll). Webhook bodies carry the same
-/// envelope.
+/// envelope. Deduplicate by (`epoch`, `seq`): a store restored from a backup numbers events again
+/// from where the backup stood, under a higher epoch; a cursor past its last event is answered `409
+/// cursor_ahead` with `details` `{"epoch", "restart_after"}` — go on from `after=restart_after`.
 #[utoipa::path(get, path = "/v1/events", tag = "operations", params(dto::EventsQuery),
-    responses((status = 200, body = dto::EventPage), (status = 400, body = ErrorBody)))]
+    responses((status = 200, body = dto::EventPage), (status = 400, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn events(
     State(s): State<AppState>,
     auth: Auth<ClientRole>,

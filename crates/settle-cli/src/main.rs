@@ -67,9 +67,24 @@ enum Command {
         #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,
         /// Replace a store already there (moved aside to PATH.replaced-<unix seconds>, never deleted).
-        /// Stop every process using it first.
+        /// Refused while any process has it open: stop them first.
         #[arg(long)]
         replace: bool,
+        /// The new epoch, when the store being replaced cannot tell its own (damaged or gone while
+        /// receivers saw later epochs): higher than any epoch they have seen.
+        #[arg(long)]
+        epoch: Option<i64>,
+    },
+    /// Copies a whole store into an empty one, either engine to either engine, keeping every id,
+    /// number, hash and event; ends with the audit on the target. Stop the processes writing to the
+    /// source first (the copy reads one snapshot of it; what they write after is not copied).
+    Copy {
+        /// The store to copy (at this settle's schema: `settle migrate` it first).
+        #[arg(long)]
+        from: String,
+        /// The empty store to copy into (created and migrated if needed).
+        #[arg(long)]
+        to: String,
     },
     /// Checks the ledger invariants L1–L6; prints violations and exits 1 if there are any.
     Audit {
@@ -213,8 +228,11 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Demo { db } => demo::run(db).await,
         Command::Migrate { db } => operations::migrate(&db).await,
+        Command::Copy { from, to } => operations::copy(&from, &to).await,
         Command::Backup { db, to } => operations::backup(&db, &to),
-        Command::Restore { from, db, replace } => operations::restore(&from, &db, replace).await,
+        Command::Restore { from, db, replace, epoch } => {
+            operations::restore(&from, &db, &settle_store::backup::RestoreOptions { replace, epoch }).await
+        }
         Command::Audit { db } => {
             let store = open_existing(&db).await?;
             let report = store.audit(Some(progress::audit())).await.context("audit")?;

@@ -1,4 +1,4 @@
-//! The operator's store commands: `settle migrate`, `settle backup`, `settle restore`
+//! The operator's store commands: `settle migrate`, `settle copy`, `settle backup`, `settle restore`
 //! (docs/operations/, decision 0029).
 
 use crate::print;
@@ -34,9 +34,13 @@ pub fn backup(db: &str, to: &Path) -> anyhow::Result<ExitCode> {
 }
 
 /// Puts a backup in place, raises the epoch, and audits what was put in place.
-pub async fn restore(from: &Path, db: &str, replace: bool) -> anyhow::Result<ExitCode> {
+pub async fn restore(
+    from: &Path,
+    db: &str,
+    options: &settle_store::backup::RestoreOptions,
+) -> anyhow::Result<ExitCode> {
     let now = settle_core::clock::Clock::now(&settle_core::clock::SystemClock).micros();
-    let r = settle_store::backup::restore(from, db, replace, now)?;
+    let r = settle_store::backup::restore(from, db, options, now)?;
     if let Some(aside) = &r.replaced {
         out!("the store that was there is kept at {}", aside.display())?;
     }
@@ -55,4 +59,38 @@ pub async fn restore(from: &Path, db: &str, replace: bool) -> anyhow::Result<Exi
     let report = store.audit(None).await.context("audit")?;
     print::audit(&report)?;
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Opens `url` as a store (for its checks and migrations) and closes it again.
+async fn opened(url: &str, migrate: bool) -> anyhow::Result<SqlStore> {
+    SqlStore::open(url, StoreOptions { migrate, ..StoreOptions::default() })
+        .await
+        .with_context(|| format!("open {}", settle_store::redacted_url(url)))
+}
+
+/// A whole store into an empty one; the audit on the target decides the exit code.
+pub async fn copy(from: &str, to: &str) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(from != to, "--from and --to name the same store");
+    // The source must be a Settle store at this binary's schema (nothing is written to it); the
+    // target is created and migrated if needed.
+    drop(opened(from, false).await.context("the source")?);
+    drop(opened(to, true).await.context("the target")?);
+    let started = std::time::Instant::now();
+    let report = settle_store::copy::copy(from, to, |table, rows| {
+        eprintln!("copied {rows:>9} rows of {table}");
+    })
+    .await
+    .context("copy")?;
+    out!(
+        "copied {} rows of {} tables from {} to {} in {:.1} s",
+        report.rows(),
+        report.tables.len(),
+        settle_store::redacted_url(from),
+        settle_store::redacted_url(to),
+        started.elapsed().as_secs_f64()
+    )?;
+    let store = opened(to, true).await?;
+    let audit = store.audit(Some(crate::progress::audit())).await.context("audit of the target")?;
+    print::audit(&audit)?;
+    Ok(if audit.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

@@ -69,6 +69,7 @@ pub fn error_name(e: &StoreError) -> &'static str {
     match e {
         StoreError::Invalid(_) => "invalid",
         StoreError::NotFound { .. } => "not_found",
+        StoreError::CursorAhead { .. } => "cursor_ahead",
         StoreError::InsufficientCredits { .. } => "insufficient_credits",
         StoreError::InsufficientBalance { .. } => "insufficient_balance",
         StoreError::InsufficientCash { .. } => "insufficient_cash",

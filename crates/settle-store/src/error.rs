@@ -48,6 +48,14 @@ pub enum StoreError {
     InvalidTransition { job: String, action: &'static str, state: String },
     #[error("credit arithmetic overflow")]
     Overflow,
+    /// An event cursor past every event the store has numbered: the store was restored from a
+    /// backup and numbers events again, under a new epoch, from `restart_after + 1` (decision 0029).
+    #[error(
+        "the cursor {after} is past the last event ({last}): the store was restored and numbers events again \
+         from {} in epoch {epoch}; read from after={restart_after} and deduplicate by (epoch, seq)",
+        restart_after + 1
+    )]
+    CursorAhead { after: i64, last: i64, epoch: i64, restart_after: i64 },
     #[error("artifact cleanup failed for job {job}: {message}")]
     CleanupFailed { job: String, message: String },
     #[error("injected crash at {0}")]

@@ -22,6 +22,7 @@
 pub mod artifacts;
 mod audit;
 pub mod backup;
+pub mod copy;
 pub use audit::AuditProgress;
 pub mod db;
 mod engine;

@@ -250,6 +250,7 @@ impl Deliverer {
             .header("content-type", "application/json")
             .header("settle-webhook-id", &self.endpoint.id)
             .header("settle-event-seq", d.event.seq.to_string())
+            .header("settle-event-epoch", d.event.epoch.to_string())
             .header("settle-signature", sig)
             .body(body)
             .send()

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from .errors import InvalidId, error_for
+from .errors import InvalidId, SettleError, error_for
 from .models import (
     Account,
     Attempt,
@@ -360,9 +360,17 @@ class Client:
         return self._send(_ops.events(after, limit, wait_seconds))
 
     def iter_events(self, after: int = 0, wait_seconds: int = 30) -> Iterator[Json]:
-        """Every event after `after`, in order, forever: long-polls when caught up."""
+        """Every event after `after`, in order, forever: long-polls when caught up. After the store
+        was restored from a backup (a cursor past its last event), it goes on from where the new
+        epoch begins: deduplicate by (`epoch`, `seq`)."""
         while True:
-            page = self.events(after=after, wait_seconds=wait_seconds)
+            try:
+                page = self.events(after=after, wait_seconds=wait_seconds)
+            except SettleError as e:
+                if e.code != "cursor_ahead":
+                    raise
+                after = int(e.details["restart_after"])
+                continue
             for event in page["events"]:
                 after = event["seq"]
                 yield event
@@ -520,9 +528,17 @@ class AsyncClient:
         return await self._send(_ops.events(after, limit, wait_seconds))
 
     async def iter_events(self, after: int = 0, wait_seconds: int = 30) -> AsyncIterator[Json]:
-        """Every event after `after`, in order, forever: long-polls when caught up."""
+        """Every event after `after`, in order, forever: long-polls when caught up. After the store
+        was restored from a backup (a cursor past its last event), it goes on from where the new
+        epoch begins: deduplicate by (`epoch`, `seq`)."""
         while True:
-            page = await self.events(after=after, wait_seconds=wait_seconds)
+            try:
+                page = await self.events(after=after, wait_seconds=wait_seconds)
+            except SettleError as e:
+                if e.code != "cursor_ahead":
+                    raise
+                after = int(e.details["restart_after"])
+                continue
             for event in page["events"]:
                 after = event["seq"]
                 yield event

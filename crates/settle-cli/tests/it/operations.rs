@@ -99,6 +99,37 @@ async fn a_backup_under_writes_restores_consistent_and_the_epoch_is_raised() {
     let lost = &live[last as usize];
     assert_eq!(lost["seq"], new[0]["seq"]);
     assert_ne!((&lost["epoch"], &lost["seq"]), (&new[0]["epoch"], &new[0]["seq"]));
+    // A consumer whose cursor is past what the restored store numbered is told where to go on.
+    let ahead = live.last().unwrap()["seq"].as_i64().unwrap() + 5;
+    let (status, body) = call(&http, "GET", &format!("{base}/v1/events?after={ahead}"), None).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("cursor_ahead")), "{body}");
+    assert_eq!(body["error"]["details"]["restart_after"], last, "{body}");
+    assert_eq!(body["error"]["details"]["epoch"], 2, "{body}");
+
+    // Not over a store a process has open; once it is stopped, the old store is kept aside and the
+    // epoch rises past both.
+    let replace = ["restore", "--from", backup.to_str().unwrap(), "--db", &restored, "--replace"];
+    let (code, _, err) = settle(&replace);
+    assert_ne!(code, 0);
+    assert!(err.contains("in use"), "{err}");
+    drop(server);
+    let (code, out, err) = settle(&replace);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("epoch 3") && out.contains("kept at"), "{out}");
+    let kept: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("restored.db.replaced-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&backup).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "a backup is private");
+    // An epoch given by hand must be above those in use.
+    let (code, _, err) =
+        settle(&["restore", "--from", backup.to_str().unwrap(), "--db", &restored, "--replace", "--epoch", "2"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("not above"), "{err}");
 }
 
 /// `settle serve --no-migrate` refuses a schema older than its own (writing nothing); `settle
@@ -111,6 +142,7 @@ async fn migrations_are_an_explicit_step_when_asked() {
     let (code, _, err) = settle(&["serve", "--db", &db, "--no-migrate", "--listen", "127.0.0.1:0"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("settle migrate"), "{err}");
+    assert!(!path.exists(), "a refused start writes nothing, not even an empty file");
     let (code, out, err) = settle(&["migrate", "--db", &db]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("applied 0001"), "{out}");
@@ -130,4 +162,91 @@ async fn migrations_are_an_explicit_step_when_asked() {
     crate::common::wait_for(port);
     let (status, _) = call(&reqwest::Client::new(), "GET", &format!("http://127.0.0.1:{port}/v1/events"), None).await;
     assert_eq!(status, 200, "a current schema serves with --no-migrate");
+}
+
+/// Every row of every table `settle copy` carries, as text, in a fixed order (SQLite side).
+fn dump(path: &std::path::Path) -> Vec<(String, Vec<String>)> {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    let mut tables = Vec::new();
+    for (table, order) in settle_store::copy::TABLES.iter().chain(&[("counters", "name")]) {
+        let mut stmt = conn.prepare(&format!("SELECT * FROM {table} ORDER BY {order}")).unwrap();
+        let n = stmt.column_count();
+        let rows: Vec<String> = stmt
+            .query_map([], |r| Ok((0..n).map(|i| format!("{:?}", r.get_ref(i).unwrap())).collect::<Vec<_>>().join("|")))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        tables.push(((*table).to_owned(), rows));
+    }
+    tables
+}
+
+/// The store every story of `settle demo` makes goes from SQLite to PostgreSQL and back: the
+/// second SQLite store holds exactly the rows of the first — ids, numbers, hashes, events,
+/// attempts, grants, allocations, deliveries — and each copy ends with a clean audit. A target
+/// that is not empty is refused, writing nothing.
+#[test]
+fn a_demo_store_goes_to_postgresql_and_back_row_for_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("first.db");
+    let first_url = format!("sqlite://{}", first.display());
+    let (code, out, err) = settle(&["demo", "--db", &first_url]);
+    assert_eq!(code, 0, "{out}{err}");
+    // The rows the demo's stories leave empty, as a server with a webhook endpoint, a stuck
+    // teardown and a signed-out console would have them (one of each, with NULLs and bytes).
+    rusqlite::Connection::open(&first)
+        .unwrap()
+        .execute_batch(
+            "INSERT INTO webhook_cursors VALUES ('ops', 3); \
+             INSERT INTO webhook_breakers VALUES ('ops', 'half_open', 5, 2, 1700, 3, 'probe', 1800, 1600); \
+             INSERT INTO webhook_deliveries VALUES ('ops', 1, 'account alice', 'delivered', 1, 10, NULL, NULL, 200, NULL, 11, 9, 11); \
+             INSERT INTO webhook_deliveries VALUES ('ops', 2, 'account alice', 'dead', 8, 20, NULL, NULL, 500, 'down', NULL, 9, 20); \
+             INSERT INTO webhook_deliveries VALUES ('ops', 3, 'job render-1', 'pending', 0, 30, 'lease', 40, NULL, NULL, NULL, 9, 30); \
+             INSERT INTO teardown_retries SELECT id, 3, 99, 'the store refused', 98 FROM jobs LIMIT 1; \
+             INSERT INTO console_signouts VALUES ('nonce-1', 4102444800);",
+        )
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pg = rt.block_on(settle_testkit::fresh_database());
+
+    let (code, out, err) = settle(&["copy", "--from", &first_url, "--to", &pg]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("audit: clean"), "{out}");
+    assert!(err.contains("rows of ledger_entries") && err.contains("rows of outbox"), "progress: {err}");
+    // Not into a store that holds anything.
+    let (code, out, err) = settle(&["copy", "--from", &first_url, "--to", &pg]);
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("not empty"), "{err}");
+
+    let second = dir.path().join("second.db");
+    let second_url = format!("sqlite://{}", second.display());
+    let (code, out, err) = settle(&["copy", "--from", &pg, "--to", &second_url]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("audit: clean"), "{out}");
+    let (a, b) = (dump(&first), dump(&second));
+    for ((table, rows_a), (_, rows_b)) in a.iter().zip(&b) {
+        assert_eq!(rows_a, rows_b, "{table} went across row for row");
+    }
+    assert!(
+        a.iter().find(|(t, _)| t == "ledger_entries").is_some_and(|(_, r)| r.len() > 10),
+        "the demo wrote a ledger"
+    );
+    for (table, rows) in &a {
+        if table != "outbox_pending" {
+            assert!(!rows.is_empty(), "{table} has rows to copy");
+        }
+    }
+
+    // The copy numbers on where the source stood: a new job on the second store.
+    let server = crate::common::serve(Some(&second_url), None);
+    let http = reqwest::Client::new();
+    let before = rt.block_on(events(&http, &server.base)).len() as i64;
+    let (_, accounts) = rt.block_on(call(&http, "GET", &format!("{}/v1/accounts", server.base), None));
+    let id = accounts["accounts"][0]["id"].as_str().expect("the demo made accounts").to_owned();
+    let grant = json!({"id": "after-copy", "amount": 5});
+    let (status, body) =
+        rt.block_on(call(&http, "POST", &format!("{}/v1/accounts/{id}/grants", server.base), Some(grant)));
+    assert_eq!(status, 201, "{body}");
+    let after = rt.block_on(events(&http, &server.base));
+    assert_eq!(after.last().unwrap()["seq"], before + 1, "{:?}", after.last());
 }

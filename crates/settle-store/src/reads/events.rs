@@ -31,6 +31,9 @@ pub(crate) async fn events(
     static TOP: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM outbox", TopCol::LIST));
     let limit = page_limit(limit);
     let top = db.one(&TOP, args![]).await?.opt_i64(TopCol::top)?.unwrap_or(0);
+    if after > top {
+        return Err(cursor_ahead(db, after, top).await?);
+    }
     let mut a: Vec<Value> = vec![after.into(), top.into()];
     let scoped = scope_sql(scope, &mut a, "account_id", Kinds::OfJob("job_id"));
     a.push(limit.into());
@@ -49,4 +52,21 @@ pub(crate) async fn events(
         }
     };
     Ok(Paged { rows: events, next_after: next })
+}
+
+columns! {
+    /// The epoch events are numbered in now, and the number before its first.
+    EpochCol { epoch, restart_after = "first_seq - 1" }
+}
+
+/// A cursor past every numbered event: numbers only grow, except when a restore rewinds them, so
+/// the consumer read a timeline the restore threw away. It is told where the new epoch begins.
+async fn cursor_ahead(db: &mut Db<'_>, after: i64, top: i64) -> Result<StoreError, StoreError> {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM store_epochs ORDER BY epoch DESC LIMIT 1", EpochCol::LIST));
+    let r = db.one(&SQL, args![]).await?;
+    let (epoch, restart_after) = (r.i64(EpochCol::epoch)?, r.i64(EpochCol::restart_after)?);
+    // Events numbered before the current epoch began are ones the consumer may have seen: it
+    // restarts where the new epoch starts, or at the end if it has not numbered anything yet.
+    Ok(StoreError::CursorAhead { after, last: top, epoch, restart_after: restart_after.min(top) })
 }

@@ -151,6 +151,12 @@ impl SqlStore {
             })
             .statement_cache_capacity(256);
         crate::identity::check_sqlite(&base, &SQLITE_MIGRATOR).await?;
+        if !options.migrate && !base.get_filename().exists() {
+            return Err(StoreError::NotSettle(format!(
+                "no store at {}: create it with `settle migrate`, or start without --no-migrate",
+                base.get_filename().display()
+            )));
+        }
         let mut writer = base.clone().create_if_missing(true).journal_mode(SqliteJournalMode::Wal).connect().await?;
         let path = base.get_filename().to_owned();
         if options.migrate {
