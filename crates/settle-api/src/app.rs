@@ -1,6 +1,6 @@
 //! The service: state, router, layers, and `Application` (bind, then serve until shutdown).
 
-use crate::auth::Tokens;
+use crate::auth::{LiveTokens, Tokens};
 use crate::error::ApiError;
 use crate::handlers as h;
 pub use crate::state::{AppState, METRICS_REFRESH};
@@ -101,6 +101,7 @@ pub fn metrics_handle() -> PrometheusHandle {
             let handle = recorder.handle();
             // Another recorder may already be installed (tests build many apps in one process).
             let _ = metrics::set_global_recorder(recorder);
+            crate::telemetry::describe();
             handle
         })
         .clone()
@@ -285,6 +286,7 @@ pub struct Application {
     listener: TcpListener,
     router: Router,
     limits: HttpLimits,
+    tokens: LiveTokens,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -367,9 +369,10 @@ impl Application {
             None => crate::console::SessionKey::random(),
         };
         let limiter = Arc::new(crate::limits::Limiter::new(limits.abuse));
+        let tokens = LiveTokens::new(tokens);
         let state = AppState {
             store,
-            tokens: Arc::new(tokens),
+            tokens: tokens.clone(),
             metrics: metrics_handle(),
             limiter,
             long_poll_recheck: limits.long_poll_recheck.max(Duration::from_millis(1)),
@@ -377,7 +380,12 @@ impl Application {
             gauges_read_at: Arc::default(),
             payout_provider,
         };
-        Ok(Application { listener, router: router_with(state, limits), limits })
+        Ok(Application { listener, router: router_with(state, limits), limits, tokens })
+    }
+
+    /// The tokens it checks: `replace` them while it serves (the CLI does on SIGHUP).
+    pub fn tokens(&self) -> LiveTokens {
+        self.tokens.clone()
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -388,7 +396,7 @@ impl Application {
     /// connection gets the header-read timer, and at most `max_connections` are open at once.
     pub async fn run_until(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-        let Application { listener, router, limits } = self;
+        let Application { listener, router, limits, .. } = self;
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).keep_alive(true);
         builder.http2().timer(TokioTimer::new()).keep_alive_interval(Some(limits.header_read_timeout));

@@ -9,12 +9,15 @@
 //! kinds=render` sees and moves only those accounts (by exact id or prefix) and job kinds; worker
 //! tokens take only `kinds=`, admin tokens no scope at all.
 //! Tokens are compared as SHA-256 digests in constant time. With no token configured, every request
-//! is allowed (actor `loopback`) and the server only binds a loopback address.
+//! is allowed (actor `loopback`) and the server only binds a loopback address. A server holds its
+//! set as `LiveTokens`, which SIGHUP replaces whole (rotation without a restart). `/metrics` is open
+//! unless a metrics token is set (`SETTLE_METRICS_TOKEN`), which no role's token replaces.
 
 use crate::error::ApiError;
 use axum::http::HeaderMap;
 use settle_core::scope::Scope;
 use sha2::{Digest, Sha256};
+use std::sync::{Arc, RwLock};
 use subtle::ConstantTimeEq;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +92,62 @@ impl std::fmt::Display for Actor {
 #[derive(Clone, Default)]
 pub struct Tokens {
     entries: Vec<Entry>,
+    /// The SHA-256 of the token `/metrics` asks for, when it asks for one.
+    metrics: Option<[u8; 32]>,
+}
+
+/// The tokens a server checks, replaced whole while it serves (SIGHUP re-reads the tokens file): a
+/// request is checked against the set that was current when it asked, never half of each.
+#[derive(Clone, Default)]
+pub struct LiveTokens(Arc<RwLock<Arc<Tokens>>>);
+
+impl LiveTokens {
+    pub fn new(tokens: Tokens) -> LiveTokens {
+        LiveTokens(Arc::new(RwLock::new(Arc::new(tokens))))
+    }
+
+    pub fn current(&self) -> Arc<Tokens> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Puts `tokens` in place of the current set. Refused when it would turn authentication on or
+    /// off: whether the server may listen beyond loopback was decided by the set it started with.
+    pub fn replace(&self, tokens: Tokens) -> Result<(), String> {
+        let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if current.is_empty() != tokens.is_empty() {
+            return Err(if tokens.is_empty() {
+                "the new set names no token: a server started with tokens keeps authentication on (restart without them to serve on loopback only)".to_owned()
+            } else {
+                "the server started without tokens (loopback mode): restart it to turn authentication on".to_owned()
+            });
+        }
+        *current = Arc::new(tokens);
+        Ok(())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.current().is_empty()
+    }
+
+    pub fn identify(&self, headers: &HeaderMap) -> Option<[u8; 32]> {
+        self.current().identify(headers)
+    }
+
+    pub fn actor_of(&self, presented: &str) -> Option<Actor> {
+        self.current().actor_of(presented)
+    }
+
+    pub fn entry_of(&self, name: &str) -> Option<(Actor, [u8; 32])> {
+        self.current().entry_of(name)
+    }
+
+    pub fn authorize(&self, headers: &HeaderMap, needed: Role) -> Result<Actor, ApiError> {
+        self.current().authorize(headers, needed)
+    }
+
+    pub fn authorize_metrics(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        self.current().authorize_metrics(headers)
+    }
 }
 
 #[derive(Clone)]
@@ -121,13 +180,44 @@ impl std::fmt::Debug for Tokens {
     }
 }
 
+/// The token of an `Authorization: Bearer …` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
 impl Tokens {
+    /// How many tokens are configured (the metrics token aside).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// `/metrics` answers only to `Authorization: Bearer <token>` (no role grants it: a scraper
+    /// holds this token and nothing else).
+    pub fn set_metrics_token(&mut self, token: &str) -> Result<(), String> {
+        if token.trim().len() < 16 {
+            return Err("the metrics token must be at least 16 characters".to_owned());
+        }
+        self.metrics = Some(digest(token.trim()));
+        Ok(())
+    }
+
+    /// `/metrics`: open without a metrics token; with one, 401 unless it is presented.
+    pub fn authorize_metrics(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let Some(expected) = self.metrics else { return Ok(()) };
+        let presented = bearer(headers).ok_or_else(ApiError::unauthorized)?;
+        if bool::from(expected.ct_eq(&digest(presented))) { Ok(()) } else { Err(ApiError::unauthorized()) }
     }
 
     pub fn add(&mut self, role: Role, token: &str) -> Result<(), String> {
@@ -231,12 +321,7 @@ impl Tokens {
 
     /// The digest of the presented token when it is a configured one (the key of its limits).
     pub fn identify(&self, headers: &HeaderMap) -> Option<[u8; 32]> {
-        let presented = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)?;
-        let d = digest(presented);
+        let d = digest(bearer(headers)?);
         let mut found = None;
         for e in &self.entries {
             if bool::from(e.digest.ct_eq(&d)) {
@@ -276,12 +361,7 @@ impl Tokens {
         if self.entries.is_empty() {
             return Ok(Actor { name: "loopback".to_owned(), role: Role::Admin, scope: Scope::ALL });
         }
-        let presented = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or_else(ApiError::unauthorized)?;
+        let presented = bearer(headers).ok_or_else(ApiError::unauthorized)?;
         let d = digest(presented);
         // Compare against every entry, without an early exit, in constant time per entry.
         let mut found = None;

@@ -6,6 +6,7 @@ use crate::dto::{self, parse_rfc3339};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{AdminRole, Auth, ClientRole, Json, Path, Query, WorkerRole};
 use crate::state::AppState;
+use crate::telemetry;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -1176,62 +1177,31 @@ pub async fn readyz(State(s): State<AppState>) -> ApiResult {
 
 /// Prometheus metrics
 ///
-/// Request counts and latencies by route, long-polls waiting, rate-limited requests, retries of
-/// database transactions, PostgreSQL connections opened and failovers seen, in the Prometheus
-/// text format. Answers while the database is away (`settle_up 0`, the last gauges read).
+/// Every family with its `# HELP`: requests by route and status and their latency, long-polls,
+/// rate limiting, transitions, jobs by state, each kind's queue (depth, due now, how long the
+/// oldest due job has waited), dead letters, each webhook endpoint's backlog and breaker, database
+/// retries and PostgreSQL failovers, in the Prometheus text format. Answers while the database is
+/// away (`settle_up 0`, the last gauges read). Open unless the server has a metrics token
+/// (`SETTLE_METRICS_TOKEN`): then `401` without `Authorization: Bearer <it>`.
 #[utoipa::path(get, path = "/metrics", tag = "operations",
-    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
-pub async fn metrics(State(s): State<AppState>) -> ApiResult {
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String),
+        (status = 401, body = ErrorBody)))]
+pub async fn metrics(State(s): State<AppState>, headers: HeaderMap) -> ApiResult {
+    s.tokens.authorize_metrics(&headers)?;
     // In memory, so they are there while the database is away.
-    let db = s.store.database_stats();
-    metrics::gauge!("settle_pg_connections_opened_total").set(db.connections_opened as f64);
-    metrics::gauge!("settle_pg_failover_signals_total").set(db.failover_signals as f64);
-    metrics::gauge!("settle_pg_primary_changes_total").set(db.primary_changes as f64);
+    telemetry::read_connection_counters(&s);
     // One reader at a time, at most once per METRICS_REFRESH; the others render what is there.
     if let Ok(mut read_at) = s.gauges_read_at.try_lock()
         && read_at.is_none_or(|t| t.elapsed() >= crate::state::METRICS_REFRESH)
     {
         // A scrape while the database is away still answers, with the gauges it read last time
         // and `settle_up 0`: a failover is when an operator most needs the counters above.
-        let up = read_store_gauges(&s).await.is_ok();
+        let up = telemetry::read_store_gauges(&s).await.is_ok();
         metrics::gauge!("settle_up").set(if up { 1.0 } else { 0.0 });
         *read_at = Some(std::time::Instant::now());
     }
     // One row per configured endpoint: cheap enough to be current on every scrape.
-    if let Ok(breakers) = s.store.webhooks().breakers().await {
-        for b in breakers {
-            let open = if b.state == store::BreakerState::Closed { 0.0 } else { 1.0 };
-            metrics::gauge!("settle_webhook_breaker_open", "endpoint" => b.endpoint_id).set(open);
-        }
-    }
-    // The webhook backlog: what waits per endpoint and for how long (a slow receiver shows here).
-    if let Ok(backlog) = s.store.webhooks().backlog().await {
-        let now = s.store.now();
-        for b in backlog {
-            let endpoint = b.endpoint_id;
-            metrics::gauge!("settle_webhook_pending", "endpoint" => endpoint.clone()).set(b.pending as f64);
-            metrics::gauge!("settle_webhook_dead", "endpoint" => endpoint.clone()).set(b.dead as f64);
-            let age = b.oldest_pending_at.map_or(0.0, |t| (now.micros() - t.micros()).max(0) as f64 / 1e6);
-            metrics::gauge!("settle_webhook_oldest_pending_seconds", "endpoint" => endpoint).set(age);
-        }
-    }
+    telemetry::read_webhook_gauges(&s).await;
     let text = s.metrics.render();
     Ok(([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
-}
-
-/// The gauges that come from the store's whole-table aggregates (jobs by state, entries by kind).
-async fn read_store_gauges(s: &AppState) -> Result<(), ApiError> {
-    metrics::counter!("settle_metrics_store_reads_total").increment(1);
-    let stats = s.store.stats().await?;
-    for (state, n) in &stats.jobs_by_state {
-        metrics::gauge!("settle_jobs", "state" => state.clone()).set(*n as f64);
-    }
-    for (kind, n) in &stats.entries_by_kind {
-        metrics::gauge!("settle_ledger_entries", "kind" => kind.clone()).set(*n as f64);
-    }
-    let count = |state: &str| stats.jobs_by_state.iter().find(|(s, _)| s == state).map(|(_, n)| *n).unwrap_or(0);
-    metrics::gauge!("settle_queue_depth").set(count("queued") as f64);
-    metrics::gauge!("settle_dead_letters").set(count("dead") as f64);
-    metrics::gauge!("settle_store_tx_retries_total", "engine" => s.store.engine_name()).set(stats.tx_retries as f64);
-    Ok(())
 }

@@ -23,7 +23,8 @@ pub mod host;
 pub mod limits;
 mod reference;
 pub mod state;
+pub mod telemetry;
 
 pub use app::{AppState, Application, HttpLimits, StartError, openapi, router};
-pub use auth::{Role, Tokens};
+pub use auth::{LiveTokens, Role, Tokens};
 pub use limits::AbuseLimits;

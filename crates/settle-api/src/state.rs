@@ -1,7 +1,7 @@
 //! What every handler shares: the store, the tokens, the limits, the console's key (below the
 //! router, the handlers and the extractors, which all take it).
 
-use crate::auth::Tokens;
+use crate::auth::LiveTokens;
 use crate::console::SessionKey;
 use metrics_exporter_prometheus::PrometheusHandle;
 use settle_store::Store;
@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 #[derive(Clone)]
 pub struct AppState {
     pub store: Arc<dyn Store>,
-    pub tokens: Arc<Tokens>,
+    /// Replaced whole by SIGHUP (`Application::tokens`).
+    pub tokens: LiveTokens,
     pub metrics: PrometheusHandle,
     pub limiter: Arc<crate::limits::Limiter>,
     pub long_poll_recheck: Duration,

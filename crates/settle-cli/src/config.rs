@@ -1,66 +1,8 @@
-//! The configuration file (TOML) and its environment overrides: retry policy per job kind and the
-//! pace of the background loops. `settle config` prints the effective result.
-//!
-//! ```toml
-//! [defaults]                     # every kind not listed below
-//! attempts_max = 5
-//! backoff_ms_base = 1000
-//! backoff_ms_max = 600000
-//! jitter = "full"                # or "none"
-//! retryable_codes = ["NODE_DOWN", "TIMEOUT", "RATE_LIMITED", "LEASE_EXPIRED", "TIMEOUT_CONFIRMED_NOT_SENT", "UNAVAILABLE"]
-//! lease_seconds = 30
-//! confirm_window_seconds = 3600
-//! refund_on = "failure"          # or "final_failure"
-//!
-//! [kinds.withdrawal]             # any field of [defaults]; the rest is inherited. Withdrawals are
-//! attempts_max = 8               # built in: refund_on is always "final_failure", and unless set
-//! backoff_ms_base = 5000         # here they get 8 attempts from a 5 s backoff
-//!
-//! [provider]                     # the payout provider (provider-v1); without it withdrawals wait queued
-//! url = "https://payouts.example.test"
-//! timeout_ms = 10000             # a whole call; a withdrawal's lease must be ≥ 2 × this + 1 s
-//! connect_timeout_ms = 2000
-//! return_window_seconds = 0      # re-check paid withdrawals this young for returns (0: off)
-//!
-//! [[webhooks]]                  # every outbox event, signed; see docs/design/webhooks.md
-//! id = "ops"
-//! url = "https://example.test/settle-hook"
-//! secret = "at least 16 characters"
-//! attempts_max = 12              # optional; also backoff_ms_base, backoff_ms_max, timeout_ms
-//! start_from = "now"             # a new endpoint gets events from now on, or "beginning": all
-//! retention_hours = 168          # delivered rows are pruned after this
-//! allow_link_local = false       # true lets this endpoint reach 169.254.0.0/16, fe80::/10, metadata hosts
-//! breaker_failures = 5           # consecutive failed sends that pause the endpoint (0 = never)
-//! breaker_open_ms = 30000        # the first pause; doubled per failed probe up to breaker_open_ms_max
-//! breaker_open_ms_max = 600000
-//!
-//! [http]                         # what one slow or idle client may hold
-//! header_read_timeout_ms = 10000 # a request head (and the idle time between kept-alive requests)
-//! body_read_timeout_ms = 30000
-//! max_connections = 1024         # more are closed at once
-//! max_connections_per_peer = 256 # from one IP address; behind a proxy set it to max_connections
-//! requests_per_second_per_token = 1000.0   # then 429 rate_limited (0: off); not in loopback mode
-//! burst_per_token = 2000.0
-//! long_polls_per_token = 64      # more waiting long-polls answer at once
-//!
-//! [postgres]
-//! synchronous_standby = "auto"  # write only to a primary that waits for a synchronous standby:
-//!                                # "auto" when the URL lists several hosts, "required", or "off"
-//!
-//! [loops]
-//! rescue_every_ms = 1000
-//! sweep_every_ms = 1000
-//! reconcile_every_ms = 10000
-//! payout_every_ms = 1000         # the payout processor's pace when nothing wakes it
-//! batch = 100
-//! ```
-//!
-//! Environment: `SETTLE_<FIELD>` overrides `[defaults]` (e.g. `SETTLE_ATTEMPTS_MAX=3`,
-//! `SETTLE_RETRYABLE_CODES=NODE_DOWN,TIMEOUT`); `SETTLE_KIND_<KIND>_<FIELD>` overrides a kind named
-//! in the file (the kind upper-cased, other characters as `_`; `withdrawal` is always there; one
-//! that names no such kind, or no field, stops the start);
-//! `SETTLE_LOOPS_<FIELD>` the loops; `SETTLE_PROVIDER_<FIELD>` the provider (`SETTLE_PROVIDER_URL`);
-//! `SETTLE_HTTP_<FIELD>` the HTTP limits; `SETTLE_POSTGRES_SYNCHRONOUS_STANDBY` the `[postgres]` one.
+//! The configuration file (TOML) and its environment overrides: where to serve and what to open,
+//! the retry policy per job kind, the pace of the background loops, HTTP limits, the payout
+//! provider and webhook endpoints. Every setting, its variable and its default are in
+//! `docs/configuration.md` (a test holds the two together); `settle config` prints the effective
+//! result.
 
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
@@ -205,7 +147,12 @@ pub struct Provider {
 pub struct WebhookFile {
     pub id: String,
     pub url: String,
-    pub secret: String,
+    /// The signing secret, or `secret_file` (a file holding it); `SETTLE_WEBHOOK_<ID>_SECRET` or
+    /// `…_SECRET_FILE` in the environment wins over both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_file: Option<std::path::PathBuf>,
     #[serde(default)]
     pub attempts_max: Option<u32>,
     #[serde(default)]
@@ -237,6 +184,19 @@ pub struct WebhookFile {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConfigFile {
+    /// Where `settle serve` listens (`--listen`, `SETTLE_LISTEN` win over it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// The store's URL (`--db`, `SETTLE_DATABASE_URL` win over it). No password here: that comes
+    /// from `SETTLE_DATABASE_PASSWORD_FILE`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub db: Option<String>,
+    /// Where workers' artifacts live (`--artifacts`, `SETTLE_ARTIFACTS` win over it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<String>,
+    /// The tokens file (`--tokens`, `SETTLE_TOKENS_FILE` win over it); re-read on SIGHUP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_file: Option<std::path::PathBuf>,
     pub defaults: PolicyFile,
     pub kinds: BTreeMap<String, PolicyFile>,
     pub loops: Loops,
@@ -246,8 +206,42 @@ pub struct ConfigFile {
     pub webhooks: Vec<WebhookFile>,
 }
 
+/// Where the process serves and keeps its store: each from its flag or environment variable
+/// first, then the file, then the default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Server {
+    pub listen: Option<String>,
+    pub db: Option<String>,
+    pub artifacts: Option<String>,
+    pub tokens_file: Option<std::path::PathBuf>,
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+pub const DEFAULT_DB: &str = "sqlite://settle.db";
+pub const DEFAULT_ARTIFACTS: &str = "settle-artifacts";
+
+impl Server {
+    /// The listen address: `flag` (or its environment variable), else the file's, else the default.
+    pub fn listen(&self, flag: Option<&str>) -> String {
+        flag.or(self.listen.as_deref()).unwrap_or(DEFAULT_LISTEN).to_owned()
+    }
+
+    pub fn db(&self, flag: Option<&str>) -> String {
+        flag.or(self.db.as_deref()).unwrap_or(DEFAULT_DB).to_owned()
+    }
+
+    pub fn artifacts(&self, flag: Option<&str>) -> String {
+        flag.or(self.artifacts.as_deref()).unwrap_or(DEFAULT_ARTIFACTS).to_owned()
+    }
+
+    pub fn tokens_file(&self, flag: Option<&std::path::Path>) -> Option<std::path::PathBuf> {
+        flag.map(ToOwned::to_owned).or_else(|| self.tokens_file.clone())
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
+    pub server: Server,
     pub policies: Policies,
     pub loops: Loops,
     pub http: Http,
@@ -295,17 +289,33 @@ fn withdrawal_base(default: &RetryPolicy) -> RetryPolicy {
     p
 }
 
-fn endpoint(w: &WebhookFile) -> anyhow::Result<settle_worker::webhooks::Endpoint> {
+/// An endpoint's signing secret: from `SETTLE_WEBHOOK_<ID>_SECRET[_FILE]`, else the file's
+/// `secret` or `secret_file` (exactly one of them).
+fn webhook_secret(w: &WebhookFile, env: &BTreeMap<String, String>) -> anyhow::Result<String> {
+    let var = format!("SETTLE_WEBHOOK_{}_SECRET", env_name(&w.id));
+    if let Some(secret) = crate::secrets::from_env(env, &var)? {
+        return Ok(secret);
+    }
+    match (&w.secret, &w.secret_file) {
+        (Some(secret), None) => Ok(secret.clone()),
+        (None, Some(path)) => crate::secrets::read(path, &format!("[[webhooks]] {} secret_file", w.id)),
+        (Some(_), Some(_)) => bail!("[[webhooks]] {}: secret or secret_file, not both", w.id),
+        (None, None) => bail!("[[webhooks]] {}: no secret (secret, secret_file, {var} or {var}_FILE)", w.id),
+    }
+}
+
+fn endpoint(w: &WebhookFile, env: &BTreeMap<String, String>) -> anyhow::Result<settle_worker::webhooks::Endpoint> {
     JobKind::parse(&w.id).with_context(|| format!("[[webhooks]] id {:?}", w.id))?;
     if !(w.url.starts_with("http://") || w.url.starts_with("https://")) {
         bail!("[[webhooks]] {}: url must be http:// or https://", w.id);
     }
-    if w.secret.len() < 16 {
+    let secret = webhook_secret(w, env)?;
+    if secret.len() < 16 {
         bail!("[[webhooks]] {}: the secret must be at least 16 characters", w.id);
     }
     settle_worker::webhooks::check_target(&w.url, w.allow_link_local)
         .map_err(|e| anyhow::anyhow!("[[webhooks]] {}: {e}", w.id))?;
-    let mut e = settle_worker::webhooks::Endpoint::new(&w.id, &w.url, &w.secret);
+    let mut e = settle_worker::webhooks::Endpoint::new(&w.id, &w.url, &secret);
     e.allow_link_local = w.allow_link_local;
     if let Some(n) = w.attempts_max {
         if n == 0 {
@@ -487,6 +497,19 @@ impl Config {
             }
             None => ConfigFile::default(),
         };
+        // The environment over the file, as the flags' own variables do for `serve`.
+        for (var, slot) in [
+            ("SETTLE_LISTEN", &mut file.listen),
+            ("SETTLE_DATABASE_URL", &mut file.db),
+            ("SETTLE_ARTIFACTS", &mut file.artifacts),
+        ] {
+            if let Some(v) = env.get(var) {
+                *slot = Some(v.clone());
+            }
+        }
+        if let Some(v) = env.get("SETTLE_TOKENS_FILE") {
+            file.tokens_file = Some(v.into());
+        }
         env_overrides("SETTLE_", &mut file.defaults, env)?;
         file.kinds.entry(WITHDRAWAL_KIND.to_owned()).or_default();
         check_kind_variables(&file.kinds, env)?;
@@ -528,13 +551,19 @@ impl Config {
                 withdrawal.lease_seconds
             );
         }
-        let webhooks = file.webhooks.iter().map(endpoint).collect::<anyhow::Result<Vec<_>>>()?;
+        let webhooks = file.webhooks.iter().map(|w| endpoint(w, env)).collect::<anyhow::Result<Vec<_>>>()?;
         let mut ids: Vec<&str> = webhooks.iter().map(|w| w.id.as_str()).collect();
         ids.sort_unstable();
         if ids.windows(2).any(|w| w[0] == w[1]) {
             bail!("[[webhooks]] ids must be unique");
         }
         Ok(Config {
+            server: Server {
+                listen: file.listen,
+                db: file.db,
+                artifacts: file.artifacts,
+                tokens_file: file.tokens_file,
+            },
             policies: Policies { default, kinds },
             loops: file.loops,
             http: file.http,
@@ -545,8 +574,7 @@ impl Config {
     }
 
     pub fn from_process_env(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
-        let env: BTreeMap<String, String> = std::env::vars().filter(|(k, _)| k.starts_with("SETTLE_")).collect();
-        Config::load(path, &env)
+        Config::load(path, &crate::secrets::settle_env())
     }
 
     /// The effective configuration, as TOML with every field written out.
@@ -567,6 +595,10 @@ impl Config {
             }
         }
         let out = ConfigFile {
+            listen: Some(self.server.listen(None)),
+            db: Some(settle_store::redacted_url(&self.server.db(None))),
+            artifacts: Some(self.server.artifacts(None)),
+            tokens_file: self.server.tokens_file.clone(),
             defaults: file(&self.policies.default),
             kinds: self.policies.kinds.iter().map(|(k, p)| (k.clone(), file(p))).collect(),
             loops: self.loops.clone(),
@@ -587,7 +619,8 @@ impl Config {
                 .map(|w| WebhookFile {
                     id: w.id.clone(),
                     url: settle_store::redacted_url(&w.url),
-                    secret: "<redacted>".into(),
+                    secret: Some("<redacted>".into()),
+                    secret_file: None,
                     allow_link_local: w.allow_link_local,
                     attempts_max: Some(w.attempts_max),
                     backoff_ms_base: Some(w.backoff.backoff_ms_base),

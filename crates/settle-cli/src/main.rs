@@ -10,6 +10,7 @@ mod operations;
 mod operator;
 mod print;
 mod progress;
+mod secrets;
 mod serve;
 mod sim;
 
@@ -46,8 +47,12 @@ enum Command {
     /// Applies the schema's migrations and exits (an explicit step before a new release's processes
     /// start with `--no-migrate`).
     Migrate {
-        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
-        db: String,
+        /// The store (default `sqlite://settle.db`, or the config file's `db`).
+        #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true)]
+        db: Option<String>,
+        /// The configuration file whose `db` to migrate (what `settle serve --config` opens).
+        #[arg(long, env = "SETTLE_CONFIG")]
+        config: Option<std::path::PathBuf>,
     },
     /// A consistent copy of a live embedded store (SQLite's online backup API) into a new file.
     /// PostgreSQL: pg_dump or base backups (docs/operations/backup-and-restore.md).
@@ -227,7 +232,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo { db } => demo::run(db).await,
-        Command::Migrate { db } => operations::migrate(&db).await,
+        Command::Migrate { db, config } => {
+            let config = config::Config::from_process_env(config.as_deref())?;
+            operations::migrate(&serve::database_url(db.as_deref(), &config)?).await
+        }
         Command::Copy { from, to } => operations::copy(&from, &to).await,
         Command::Backup { db, to } => operations::backup(&db, &to),
         Command::Restore { from, db, replace, epoch } => {

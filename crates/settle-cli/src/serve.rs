@@ -3,34 +3,42 @@
 
 use crate::config::Config;
 use anyhow::Context;
-use settle_api::{Application, Tokens};
+use settle_api::{Application, LiveTokens, Tokens};
 use settle_store::{ObjectArtifactStore, SqlStore, Store, StoreCheck, StoreOptions};
 use settle_worker::payouts::{HttpProvider, HttpProviderConfig, PayoutProcessor, PayoutSettings};
-use settle_worker::webhooks::Deliverer;
+use settle_worker::webhooks::{Deliverer, Endpoint};
 use settle_worker::{LoopSettings, Maintenance};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
-    #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
-    db: String,
-    #[arg(long, env = "SETTLE_LISTEN", default_value = "127.0.0.1:7070")]
-    listen: String,
-    /// Bearer tokens: a file of `ROLE TOKEN` lines (roles admin, client, worker).
+    /// The store (default `sqlite://settle.db`, or the config file's `db`). A PostgreSQL password
+    /// may come from SETTLE_DATABASE_PASSWORD[_FILE] instead of the URL.
+    #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true)]
+    db: Option<String>,
+    /// Where the API listens (default 127.0.0.1:7070, or the config file's `listen`).
+    #[arg(long, env = "SETTLE_LISTEN")]
+    listen: Option<String>,
+    /// Bearer tokens: a file of `ROLE TOKEN` lines (roles admin, client, worker), or the config
+    /// file's `tokens_file`. Re-read on SIGHUP.
     #[arg(long, env = "SETTLE_TOKENS_FILE")]
     tokens: Option<std::path::PathBuf>,
     /// Where workers' artifacts live; teardown deletes those of undelivered items: a directory
     /// (`file:///srv/artifacts` or a path), `s3://bucket/prefix` (credentials, region and
-    /// `AWS_ENDPOINT_URL` from the standard AWS environment variables) or `memory://`.
-    #[arg(long, env = "SETTLE_ARTIFACTS", default_value = "settle-artifacts")]
-    artifacts: String,
-    /// Retry policy per job kind and the pace of the background loops (TOML; see `settle config`).
+    /// `AWS_ENDPOINT_URL` from the standard AWS environment variables) or `memory://` (default
+    /// `settle-artifacts`, or the config file's `artifacts`).
+    #[arg(long, env = "SETTLE_ARTIFACTS")]
+    artifacts: Option<String>,
+    /// Retry policy per job kind, the pace of the background loops, webhooks, and where to serve
+    /// (TOML; docs/configuration.md; `settle config` prints the result).
     #[arg(long, env = "SETTLE_CONFIG")]
     config: Option<std::path::PathBuf>,
     /// Signs the console's sessions (32 characters or more), so that every process serving one
-    /// address accepts the others'; without it each process signs with a key of its own.
+    /// address accepts the others'; without it each process signs with a key of its own. Or
+    /// SETTLE_CONSOLE_SECRET_FILE.
     #[arg(long, env = "SETTLE_CONSOLE_SECRET", hide_env_values = true)]
     console_secret: Option<String>,
     /// Do not apply migrations: refuse a schema older than this binary (migrations are then an
@@ -41,16 +49,26 @@ pub struct ServeArgs {
 
 #[derive(clap::Args)]
 pub struct WorkerArgs {
-    #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
-    db: String,
-    #[arg(long, env = "SETTLE_ARTIFACTS", default_value = "settle-artifacts")]
-    artifacts: String,
+    #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true)]
+    db: Option<String>,
+    #[arg(long, env = "SETTLE_ARTIFACTS")]
+    artifacts: Option<String>,
     #[arg(long, env = "SETTLE_CONFIG")]
     config: Option<std::path::PathBuf>,
     /// Do not apply migrations: refuse a schema older than this binary (migrations are then an
     /// explicit step, `settle migrate`, run once before a new release's processes start).
     #[arg(long, env = "SETTLE_NO_MIGRATE")]
     no_migrate: bool,
+}
+
+/// The store's URL: the flag (or SETTLE_DATABASE_URL), else the config file's, else the default;
+/// with the password from SETTLE_DATABASE_PASSWORD[_FILE] when that is set.
+pub fn database_url(flag: Option<&str>, config: &Config) -> anyhow::Result<String> {
+    let url = config.server.db(flag);
+    match crate::secrets::from_env(&crate::secrets::settle_env(), "SETTLE_DATABASE_PASSWORD")? {
+        Some(password) => crate::secrets::with_password(&url, &password),
+        None => Ok(url),
+    }
 }
 
 pub fn loop_settings(config: &Config) -> LoopSettings {
@@ -134,41 +152,149 @@ fn spawn_loops(
     if let Some(processor) = payout_processor(store, config)? {
         handles.extend(processor.spawn(cancel.clone()));
     }
-    for (n, endpoint) in config.webhooks.iter().enumerate() {
-        let seed = store.now().micros() as u64 ^ (n as u64).wrapping_mul(0x9E37_79B9);
-        let deliverer =
-            Deliverer::new(store.clone() as Arc<dyn Store>, endpoint.clone(), seed).map_err(|e| anyhow::anyhow!(e))?;
-        handles.push(tokio::spawn(deliverer.run(cancel.clone())));
-    }
     Ok(handles)
+}
+
+/// One webhook deliverer per configured endpoint. A new list (SIGHUP) replaces them: an endpoint
+/// gone or changed is stopped — the send in hand finished, its lease kept or let go in the store —
+/// before one with the new settings starts; an unchanged one goes on untouched.
+struct Deliverers {
+    store: Arc<SqlStore>,
+    cancel: CancellationToken,
+    running: BTreeMap<String, (Endpoint, CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+impl Deliverers {
+    fn new(store: Arc<SqlStore>, cancel: CancellationToken) -> Deliverers {
+        Deliverers { store, cancel, running: BTreeMap::new() }
+    }
+
+    async fn apply(&mut self, endpoints: &[Endpoint]) -> anyhow::Result<()> {
+        let unchanged = |e: &Endpoint, running: &BTreeMap<String, (Endpoint, _, _)>| {
+            running.get(&e.id).is_some_and(|(old, _, _)| old == e)
+        };
+        // Every new deliverer is made before anything stops: one that cannot be leaves all as it was.
+        let mut fresh = Vec::new();
+        for (n, endpoint) in endpoints.iter().enumerate().filter(|(_, e)| !unchanged(e, &self.running)) {
+            let seed = self.store.now().micros() as u64 ^ (n as u64).wrapping_mul(0x9E37_79B9);
+            let deliverer = Deliverer::new(self.store.clone() as Arc<dyn Store>, endpoint.clone(), seed)
+                .map_err(|e| anyhow::anyhow!("[[webhooks]] {}: {e}", endpoint.id))?;
+            fresh.push((endpoint.clone(), deliverer));
+        }
+        let stopping: Vec<String> = (self.running.values())
+            .filter(|(old, _, _)| !endpoints.iter().any(|e| e == old))
+            .map(|(old, _, _)| old.id.clone())
+            .collect();
+        for id in stopping {
+            if let Some((_, cancel, handle)) = self.running.remove(&id) {
+                cancel.cancel();
+                join_loops(vec![handle]).await;
+                tracing::info!(endpoint = %id, "webhook deliverer stopped");
+            }
+        }
+        for (endpoint, deliverer) in fresh {
+            let cancel = self.cancel.child_token();
+            let handle = tokio::spawn(deliverer.run(cancel.clone()));
+            tracing::info!(endpoint = %endpoint.id, "webhook deliverer running");
+            self.running.insert(endpoint.id.clone(), (endpoint, cancel, handle));
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        for (_, cancel, _) in self.running.values() {
+            cancel.cancel();
+        }
+        join_loops(self.running.into_values().map(|(_, _, handle)| handle).collect()).await;
+    }
+}
+
+/// What SIGHUP re-reads: the tokens (`serve`: the tokens file or SETTLE_TOKENS, and the metrics
+/// token) and the webhook endpoints, from the same sources the process started with. Any other
+/// setting needs a restart.
+struct Reload {
+    config: Option<std::path::PathBuf>,
+    /// The live tokens and the `--tokens` flag (None for `settle worker`).
+    tokens: Option<(LiveTokens, Option<std::path::PathBuf>)>,
+    deliverers: Deliverers,
+}
+
+impl Reload {
+    /// All of it, or none: the configuration and the tokens are read and checked before anything
+    /// is replaced (a deliverer that cannot start leaves the endpoints as they were).
+    async fn once(&mut self) -> anyhow::Result<String> {
+        let config = Config::from_process_env(self.config.as_deref())?;
+        let tokens = match &self.tokens {
+            Some((_, flag)) => Some(load_tokens(config.server.tokens_file(flag.as_deref()).as_deref())?),
+            None => None,
+        };
+        let mut said = Vec::new();
+        if let (Some((live, _)), Some(tokens)) = (&self.tokens, tokens) {
+            let n = tokens.len();
+            live.replace(tokens).map_err(|e| anyhow::anyhow!(e))?;
+            said.push(format!("{n} tokens"));
+        }
+        self.deliverers.apply(&config.webhooks).await?;
+        said.push(format!("{} webhook endpoints", config.webhooks.len()));
+        Ok(said.join(", "))
+    }
+}
+
+/// Re-reads on every SIGHUP until `cancel`; hands the deliverers back for shutdown.
+async fn reload_on_hangup(mut reload: Reload, cancel: CancellationToken) -> Deliverers {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::warn!("SIGHUP cannot be caught here: tokens and webhooks are read at start only");
+        cancel.cancelled().await;
+        return reload.deliverers;
+    };
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return reload.deliverers,
+            _ = hangups.recv() => match reload.once().await {
+                Ok(what) => {
+                    tracing::info!(%what, "SIGHUP: reloaded");
+                    eprintln!("settle: SIGHUP: reloaded {what}");
+                }
+                Err(e) => {
+                    tracing::error!(error = %format!("{e:#}"), "SIGHUP: nothing reloaded; the running settings stay");
+                    eprintln!("settle: SIGHUP: nothing reloaded ({e:#}); the running settings stay");
+                }
+            },
+        }
+    }
 }
 
 /// `settle worker`: the background loops alone, for any number of processes on one PostgreSQL.
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let config = Config::from_process_env(args.config.as_deref())?;
-    let store = open(&args.db, &args.artifacts, &config, !args.no_migrate).await?;
-    tracing::info!(db = %settle_store::redacted_url(&args.db), engine = store.engine_name(), "settle worker running the background loops");
+    let db = database_url(args.db.as_deref(), &config)?;
+    let artifacts = config.server.artifacts(args.artifacts.as_deref());
+    let store = open(&db, &artifacts, &config, !args.no_migrate).await?;
+    tracing::info!(db = %settle_store::redacted_url(&db), engine = store.engine_name(), "settle worker running the background loops");
     let cancel = CancellationToken::new();
     let loops = spawn_loops(&store, &config, &cancel)?;
+    let mut deliverers = Deliverers::new(store.clone(), cancel.clone());
+    deliverers.apply(&config.webhooks).await?;
+    let reloads = tokio::spawn(reload_on_hangup(
+        Reload { config: args.config.clone(), tokens: None, deliverers },
+        cancel.clone(),
+    ));
     shutdown_signal(cancel.clone()).await;
     join_loops(loops).await;
+    if let Ok(deliverers) = reloads.await {
+        deliverers.stop().await;
+    }
     Ok(())
 }
 
-fn load_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
-    let mut tokens = match &args.tokens {
+/// The tokens `serve` checks: the tokens file or SETTLE_TOKENS (not both; neither is loopback
+/// mode), and the metrics token (SETTLE_METRICS_TOKEN[_FILE]).
+fn load_tokens(file: Option<&std::path::Path>) -> anyhow::Result<Tokens> {
+    let mut tokens = match file {
         Some(path) => {
             // Tokens are secrets: a file others may read is refused, not used.
-            use std::os::unix::fs::PermissionsExt;
-            let mode =
-                std::fs::metadata(path).with_context(|| format!("read {}", path.display()))?.permissions().mode();
-            anyhow::ensure!(
-                mode & 0o007 == 0,
-                "{} is open to every user (mode {:o}): chmod o-rwx (or 600) it; tokens are secrets",
-                path.display(),
-                mode & 0o777
-            );
-            let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+            let text = crate::secrets::read(path, "the tokens file")?;
             let tokens = Tokens::parse_file(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             // An empty file must not turn authentication off: that is what leaving out --tokens does.
             anyhow::ensure!(
@@ -180,16 +306,18 @@ fn load_tokens(args: &ServeArgs) -> anyhow::Result<Tokens> {
         }
         None => Tokens::default(),
     };
-    if let Ok(env) = std::env::var("SETTLE_TOKENS") {
-        let more = Tokens::parse_env(&env).map_err(|e| anyhow::anyhow!("SETTLE_TOKENS: {e}"))?;
+    let env = crate::secrets::settle_env();
+    if let Some(text) = env.get("SETTLE_TOKENS") {
+        let more = Tokens::parse_env(text).map_err(|e| anyhow::anyhow!("SETTLE_TOKENS: {e}"))?;
         anyhow::ensure!(
             !more.is_empty(),
             "SETTLE_TOKENS is set but names no token: set role=token pairs, or unset it to serve on loopback without authentication"
         );
-        anyhow::ensure!(tokens.is_empty() || more.is_empty(), "tokens come from a file or SETTLE_TOKENS, not both");
-        if !more.is_empty() {
-            tokens = more;
-        }
+        anyhow::ensure!(tokens.is_empty(), "tokens come from a file or SETTLE_TOKENS, not both");
+        tokens = more;
+    }
+    if let Some(token) = crate::secrets::from_env(&env, "SETTLE_METRICS_TOKEN")? {
+        tokens.set_metrics_token(&token).map_err(|e| anyhow::anyhow!("SETTLE_METRICS_TOKEN: {e}"))?;
     }
     Ok(tokens)
 }
@@ -220,22 +348,34 @@ async fn shutdown_signal(cancel: CancellationToken) {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let tokens = load_tokens(&args)?;
     let config = Config::from_process_env(args.config.as_deref())?;
+    let tokens = load_tokens(config.server.tokens_file(args.tokens.as_deref()).as_deref())?;
+    let db_url = database_url(args.db.as_deref(), &config)?;
+    let console_secret = match args.console_secret {
+        Some(secret) => {
+            let env = crate::secrets::settle_env();
+            anyhow::ensure!(
+                !env.contains_key("SETTLE_CONSOLE_SECRET_FILE"),
+                "the console secret and SETTLE_CONSOLE_SECRET_FILE are both given: give it one way"
+            );
+            Some(secret)
+        }
+        None => crate::secrets::from_env(&crate::secrets::settle_env(), "SETTLE_CONSOLE_SECRET")?,
+    };
     // The address first: a start refused for it (taken, or open without tokens) writes nothing —
     // no database file, no artifact directory.
-    let bound = Application::bind(&args.listen, &tokens).await?;
-    settle_api::app::check_console_secret(args.console_secret.as_deref())?;
-    let store = open(&args.db, &args.artifacts, &config, !args.no_migrate).await?;
+    let bound = Application::bind(&config.server.listen(args.listen.as_deref()), &tokens).await?;
+    settle_api::app::check_console_secret(console_secret.as_deref())?;
+    let store = open(&db_url, &config.server.artifacts(args.artifacts.as_deref()), &config, !args.no_migrate).await?;
     let app = Application::build_on(
         bound,
         store.clone() as Arc<dyn Store>,
         tokens,
         config.http.limits(),
-        args.console_secret.as_deref(),
+        console_secret.as_deref(),
         config.provider.is_some(),
     )?;
-    let db = settle_store::redacted_url(&args.db);
+    let db = settle_store::redacted_url(&db_url);
     tracing::info!(addr = %app.local_addr(), %db, engine = store.engine_name(), "settle serving API v1");
     eprintln!("settle: serving on http://{} ({db})", app.local_addr());
     eprintln!(
@@ -267,6 +407,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let cancel = CancellationToken::new();
     let loops = spawn_loops(&store, &config, &cancel)?;
+    let mut deliverers = Deliverers::new(store.clone(), cancel.clone());
+    deliverers.apply(&config.webhooks).await?;
+    let reload = Reload { config: args.config.clone(), tokens: Some((app.tokens(), args.tokens.clone())), deliverers };
+    let reloads = tokio::spawn(reload_on_hangup(reload, cancel.clone()));
     let signal_cancel = cancel.clone();
     app.run_until(async move {
         tokio::select! {
@@ -278,5 +422,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     .context("serve")?;
     cancel.cancel();
     join_loops(loops).await;
+    if let Ok(deliverers) = reloads.await {
+        deliverers.stop().await;
+    }
     Ok(())
 }

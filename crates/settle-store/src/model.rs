@@ -781,9 +781,23 @@ pub struct DatabaseStats {
 pub struct Stats {
     pub jobs_by_state: Vec<(String, i64)>,
     pub entries_by_kind: Vec<(String, i64)>,
+    /// Every job kind the store has seen, with its queue now.
+    pub queues: Vec<KindQueue>,
     /// PostgreSQL transactions retried after a serialization failure, deadlock or concurrent
     /// create, since this process opened the store.
     pub tx_retries: u64,
+}
+
+/// One job kind's queue, as `/metrics` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KindQueue {
+    pub kind: String,
+    /// Jobs `queued`, due or not.
+    pub queued: i64,
+    /// Of those, the ones a claim could take now.
+    pub due: i64,
+    /// When the longest-waiting due job became due (`None`: nothing is due).
+    pub oldest_due_since: Option<Timestamp>,
 }
 
 /// One event's delivery to one webhook endpoint.

@@ -354,7 +354,7 @@ async fn metrics_read_the_store_at_most_once_per_refresh() {
     }
     let text = s.get("/metrics").await.body.as_str().unwrap().to_owned();
     assert!(reads(&text) >= 1.0 && reads(&text) <= 2.0, "41 scrapes read the store {} times", reads(&text));
-    assert!(text.contains("settle_queue_depth"), "{text}");
+    assert!(text.contains("settle_jobs{state=\"queued\"} 0"), "{text}");
 }
 
 /// Issue 19, items 3 and 13: the console's Origin check includes the scheme; two live sessions in

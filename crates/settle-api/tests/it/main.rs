@@ -13,6 +13,7 @@ mod http_limits;
 mod kit;
 mod latency;
 mod licence;
+mod metrics;
 mod openapi;
 mod roles;
 mod scopes;

@@ -5,6 +5,7 @@ mod artifacts;
 mod cli;
 #[allow(dead_code)]
 mod common;
+mod configuration;
 mod contention;
 mod examples;
 mod failover;

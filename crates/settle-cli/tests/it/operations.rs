@@ -164,6 +164,66 @@ async fn migrations_are_an_explicit_step_when_asked() {
     assert_eq!(status, 200, "a current schema serves with --no-migrate");
 }
 
+/// A rolling upgrade on PostgreSQL (docs/operations/upgrade.md): a newer release's migration lands
+/// (`settle migrate` with the new binary; here a migration from the future and a column it adds)
+/// while an older process serves. The old process goes on serving — migrations only add — but an
+/// old process that starts afterwards refuses, naming the fix, rather than serve beside new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_process_meets_a_newer_schema() {
+    let db = settle_testkit::fresh_database().await;
+    let (code, _, err) = settle(&["migrate", "--db", &db]);
+    assert_eq!(code, 0, "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let port = crate::common::free_port();
+    let _old = crate::common::Process(
+        Command::new(env!("CARGO_BIN_EXE_settle"))
+            .args(["serve", "--db", &db, "--no-migrate", "--listen", &format!("127.0.0.1:{port}")])
+            .current_dir(dir.path())
+            .env_remove("SETTLE_TOKENS")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    crate::common::wait_for(port);
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let (status, _) = call(&http, "POST", &format!("{base}/v1/accounts"), Some(json!({"id": "before"}))).await;
+    assert_eq!(status, 201);
+
+    // The newer release migrates: a column added, its migration recorded.
+    let pool = sqlx::PgPool::connect(&db).await.unwrap();
+    sqlx::query("ALTER TABLE accounts ADD COLUMN note_from_the_future text").execute(&pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9999, 'from the future', true, '\\x00'::bytea, 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    // The old process still serves, reads and writes.
+    let (status, _) = call(&http, "POST", &format!("{base}/v1/accounts"), Some(json!({"id": "during"}))).await;
+    assert_eq!(status, 201, "an old process keeps serving after a migration that only adds");
+    let grant = json!({"id": "g", "amount": 5});
+    let (status, _) = call(&http, "POST", &format!("{base}/v1/accounts/during/grants"), Some(grant)).await;
+    assert_eq!(status, 201);
+    let (status, page) = call(&http, "GET", &format!("{base}/v1/accounts"), None).await;
+    assert_eq!((status, page["accounts"].as_array().map(Vec::len)), (200, Some(2)), "{page}");
+
+    // An old process that starts now refuses, with or without --no-migrate; so does its migrate.
+    for args in [
+        vec!["serve", "--db", &db, "--listen", "127.0.0.1:0"],
+        vec!["serve", "--db", &db, "--no-migrate", "--listen", "127.0.0.1:0"],
+        vec!["migrate", "--db", &db],
+    ] {
+        let (code, _, err) = settle(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("newer than this binary") && err.contains("run a newer settle"), "{args:?}: {err}");
+    }
+}
+
 /// Every row of every table `settle copy` carries, as text, in a fixed order (SQLite side).
 fn dump(path: &std::path::Path) -> Vec<(String, Vec<String>)> {
     let conn = rusqlite::Connection::open(path).unwrap();

@@ -88,7 +88,20 @@ pub(crate) async fn overview(db: &mut Db<'_>, now: Timestamp, since: Timestamp) 
     Ok(out)
 }
 
-pub(crate) async fn stats(db: &mut Db<'_>) -> Result<Stats, StoreError> {
+columns! {
+    /// One kind's queue: every job of the kind gives the kind a row (zero when none waits, so a
+    /// drained queue reads 0, not its last depth), how many are queued, how many of those are due
+    /// now (claimable: no cancel asked, `not_before` passed) and since when the oldest due one has
+    /// been due.
+    QueueCol {
+        kind,
+        queued = "CAST(SUM(CASE WHEN state = 'queued' THEN 1 ELSE 0 END) AS BIGINT)",
+        due = "CAST(SUM(CASE WHEN state = 'queued' AND cancel_requested = 0 AND not_before <= $1 THEN 1 ELSE 0 END) AS BIGINT)",
+        oldest_due = "MIN(CASE WHEN state = 'queued' AND cancel_requested = 0 AND not_before <= $1 THEN not_before END)"
+    }
+}
+
+pub(crate) async fn stats(db: &mut Db<'_>, now: Timestamp) -> Result<Stats, StoreError> {
     static JOBS: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM jobs GROUP BY state ORDER BY state", StateCountCol::LIST));
     static ENTRIES: LazyLock<String> =
@@ -99,7 +112,19 @@ pub(crate) async fn stats(db: &mut Db<'_>) -> Result<Stats, StoreError> {
     let entries_by_kind = (db.all(&ENTRIES, args![]).await?.iter())
         .map(|r| Ok((r.text(KindCountCol::kind)?, r.i64(KindCountCol::entries)?)))
         .collect::<Result<_, StoreError>>()?;
-    Ok(Stats { jobs_by_state, entries_by_kind, tx_retries: 0 })
+    static QUEUES: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM jobs GROUP BY kind ORDER BY kind", QueueCol::LIST));
+    let queues = (db.all(&QUEUES, args![now.micros()]).await?.iter())
+        .map(|r| {
+            Ok(KindQueue {
+                kind: r.text(QueueCol::kind)?,
+                queued: r.i64(QueueCol::queued)?,
+                due: r.i64(QueueCol::due)?,
+                oldest_due_since: r.opt_i64(QueueCol::oldest_due)?.map(Timestamp::from_micros),
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    Ok(Stats { jobs_by_state, entries_by_kind, queues, tx_retries: 0 })
 }
 
 /// The admin actions on a job (`job`) or an account (`account`), oldest first.

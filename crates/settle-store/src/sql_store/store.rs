@@ -544,7 +544,8 @@ impl Store for SqlStore {
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
-        let mut stats = self.read(op!([] | db, _cx | reads::stats(db).await)).await?;
+        let now = self.now();
+        let mut stats = self.read(op!([] | db, _cx | reads::stats(db, now).await)).await?;
         stats.tx_retries = self.tx_retries();
         Ok(stats)
     }
