@@ -81,6 +81,8 @@ CLAIMS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "postgres": ("sh", lambda t: "-- demo --db" in t),
     "webhook_config": ("toml", lambda t: "[[webhooks]]" in t),
     "event_body": ("json", lambda t: '"seq"' in t),
+    "refund_on_recipe": ("sh", lambda t: "erin-pack" in t),
+    "card_recipe": ("python", lambda t: "on_payment_succeeded" in t),
 }
 
 
@@ -481,3 +483,21 @@ def test_postgres_demo_and_audit(env: Env) -> None:
     # The demo's stories ran on PostgreSQL (its last line the totals), and the audit found them clean.
     assert re.search(r"^audit: clean \(\d+ accounts, \d+ items, \d+ ledger entries checked; L1-L6 hold\)$", out, re.M), out
     assert "payout" in out, out
+
+
+def test_recipes(env: Env) -> None:
+    """Issue 42, part 10: choosing refund_on (a bounce and a debt with `failure`, a held charge with
+    `final_failure`) and a card processor's payment granted once however often it is delivered."""
+    with readme_serve(env):
+        out = run_sh(env, block("refund_on_recipe"))
+        for said in ("erin after a retryable failure: 100", "erin after the late success: -60", "fran after a retryable failure: 40"):
+            assert said in out, out
+        entries = http("GET", env.s + "/v1/accounts/erin/ledger")[1]["entries"]
+        assert [(e["kind"], e["amount"]) for e in entries] == [("grant", 100), ("charge", -60), ("refund", 60), ("charge", -100), ("reclaim", -60)]
+        path = env.cwd / "payments.py"
+        path.write_text(env.localize(block("card_recipe")))
+        for _ in range(2):  # the whole handler twice: the processor's re-delivery, or a re-run after a crash
+            p = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0 and "gina: 1000" in p.stdout, p.stdout + p.stderr
+        entries = http("GET", env.s + "/v1/accounts/gina/ledger")[1]["entries"]
+        assert [(e["kind"], e["amount"]) for e in entries] == [("grant", 1000)]

@@ -169,7 +169,8 @@ fn check_name(name: &str) -> Result<(), String> {
         && name.len() <= 64
         && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '@' | '-'));
     if !ok {
-        return Err(format!("a token's name is 1-64 characters of [A-Za-z0-9_.:@-], not {name:?}"));
+        // Not echoed: a line with its token and name swapped would print the token.
+        return Err("a token's name is 1-64 characters of [A-Za-z0-9_.:@-] (is the line ROLE TOKEN NAME?)".to_owned());
     }
     Ok(())
 }

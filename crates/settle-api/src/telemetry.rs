@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::state::AppState;
 use settle_store as store;
 use std::collections::BTreeSet;
+use std::sync::Mutex;
 
 /// How a family is recorded.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -117,7 +118,7 @@ pub async fn read_store_gauges(s: &AppState) -> Result<(), ApiError> {
         metrics::gauge!("settle_ledger_entries", "kind" => kind.clone()).set(*n as f64);
     }
     let now = s.store.now();
-    for q in &stats.queues {
+    for q in labelled_queues(stats.queues) {
         let kind = q.kind.clone();
         metrics::gauge!("settle_queue_depth", "kind" => kind.clone()).set(q.queued as f64);
         metrics::gauge!("settle_queue_due", "kind" => kind.clone()).set(q.due as f64);
@@ -128,6 +129,38 @@ pub async fn read_store_gauges(s: &AppState) -> Result<(), ApiError> {
     metrics::gauge!("settle_dead_letters").set(dead as f64);
     metrics::counter!("settle_store_tx_retries_total", "engine" => s.store.engine_name()).absolute(stats.tx_retries);
     Ok(())
+}
+
+/// Most kinds `/metrics` labels one by one: kinds are clients' words, and every label is a series
+/// a monitoring system keeps.
+pub const KINDS_LABELLED: usize = 50;
+
+/// The queues to show: the `KINDS_LABELLED` with the most queued jobs under their own names, the
+/// rest summed as `other`, and a kind shown last time but not now at zero (or it would keep its
+/// last figures for ever).
+fn labelled_queues(mut queues: Vec<store::KindQueue>) -> Vec<store::KindQueue> {
+    static SHOWN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    queues.sort_by(|a, b| b.queued.cmp(&a.queued).then_with(|| a.kind.cmp(&b.kind)));
+    if queues.len() > KINDS_LABELLED {
+        let rest = queues.split_off(KINDS_LABELLED - 1);
+        let mut other = store::KindQueue { kind: "other".into(), queued: 0, due: 0, oldest_due_since: None };
+        for q in rest {
+            other.queued += q.queued;
+            other.due += q.due;
+            other.oldest_due_since = match (other.oldest_due_since, q.oldest_due_since) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        queues.push(other);
+    }
+    let mut shown = SHOWN.lock().unwrap_or_else(|e| e.into_inner());
+    let now: BTreeSet<String> = queues.iter().map(|q| q.kind.clone()).collect();
+    for gone in shown.difference(&now) {
+        queues.push(store::KindQueue { kind: gone.clone(), queued: 0, due: 0, oldest_due_since: None });
+    }
+    *shown = now;
+    queues
 }
 
 /// Each configured endpoint's breaker and backlog; one with nothing waiting reads 0.

@@ -487,13 +487,23 @@ fn env_name(kind: &str) -> String {
     kind.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
 }
 
+/// A parse error without the line it quotes: that line may hold a secret (a webhook's, a database
+/// password), and the error goes to stderr and the log.
+fn parse_error(path: &std::path::Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
+    let line = e.span().map(|span| text[..span.start.min(text.len())].matches('\n').count() + 1);
+    match line {
+        Some(line) => anyhow::anyhow!("parse {}, line {line}: {}", path.display(), e.message()),
+        None => anyhow::anyhow!("parse {}: {}", path.display(), e.message()),
+    }
+}
+
 impl Config {
     /// Reads `path` (if any), then the environment.
     pub fn load(path: Option<&std::path::Path>, env: &BTreeMap<String, String>) -> anyhow::Result<Config> {
         let mut file: ConfigFile = match path {
             Some(p) => {
                 let text = std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
-                toml::from_str(&text).with_context(|| format!("parse {}", p.display()))?
+                toml::from_str(&text).map_err(|e| parse_error(p, &text, &e))?
             }
             None => ConfigFile::default(),
         };
@@ -557,6 +567,15 @@ impl Config {
         if ids.windows(2).any(|w| w[0] == w[1]) {
             bail!("[[webhooks]] ids must be unique");
         }
+        // Their secrets' variables must be too: `ops-a` and `ops_a` are both SETTLE_WEBHOOK_OPS_A_….
+        let mut vars: Vec<String> = ids.iter().map(|id| env_name(id)).collect();
+        vars.sort_unstable();
+        if let Some(w) = vars.windows(2).find(|w| w[0] == w[1]) {
+            bail!(
+                "[[webhooks]] two ids share the variable SETTLE_WEBHOOK_{}_SECRET: give them names that differ in letters or digits",
+                w[0]
+            );
+        }
         Ok(Config {
             server: Server {
                 listen: file.listen,
@@ -606,7 +625,7 @@ impl Config {
             postgres: self.postgres.clone(),
             provider: match &self.provider {
                 Some(p) => ProviderFile {
-                    url: Some(p.url.clone()),
+                    url: Some(settle_store::redacted_url(&p.url)),
                     timeout_ms: Some(p.timeout_ms),
                     connect_timeout_ms: Some(p.connect_timeout_ms),
                     return_window_seconds: Some(p.return_window_seconds),

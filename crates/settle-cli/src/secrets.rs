@@ -57,7 +57,7 @@ pub fn with_password(url: &str, password: &str) -> anyhow::Result<String> {
     let Some((user, hosts)) = authority.rsplit_once('@') else {
         bail!("SETTLE_DATABASE_PASSWORD needs a user in the URL (postgres://USER@host/db)");
     };
-    if user.contains(':') {
+    if user.contains(':') || tail.contains("password=") {
         bail!("the database URL has a password already: give it one way (the URL or SETTLE_DATABASE_PASSWORD[_FILE])");
     }
     Ok(format!("{scheme}{user}:{}@{hosts}{tail}", percent_encode(password)))

@@ -104,7 +104,9 @@ async fn open(db: &str, artifacts: &str, config: &Config, migrate: bool) -> anyh
 /// How long shutdown waits for the loops to finish the send or pass they are in.
 const LOOPS_STOP_WITHIN: Duration = Duration::from_secs(15);
 
-async fn join_loops(loops: Vec<tokio::task::JoinHandle<()>>) {
+/// Waits for `loops` to stop, `LOOPS_STOP_WITHIN` at most; false if some are left running (their
+/// leases expire in the store, so what they held is taken up again).
+async fn join_loops(loops: Vec<tokio::task::JoinHandle<()>>) -> bool {
     let all = async {
         for l in loops {
             let _ = l.await;
@@ -112,7 +114,9 @@ async fn join_loops(loops: Vec<tokio::task::JoinHandle<()>>) {
     };
     if tokio::time::timeout(LOOPS_STOP_WITHIN, all).await.is_err() {
         tracing::warn!("background loops did not stop in time; leaving them (their leases will expire)");
+        return false;
     }
+    true
 }
 
 /// The payout processor, when a provider is configured; otherwise withdrawals wait queued (and
@@ -164,41 +168,54 @@ struct Deliverers {
     running: BTreeMap<String, (Endpoint, CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
+/// The deliverers a new endpoint list needs, made (the part that can fail) before anything stops.
+struct NewDeliverers {
+    keep: Vec<Endpoint>,
+    start: Vec<(Endpoint, Deliverer)>,
+}
+
 impl Deliverers {
     fn new(store: Arc<SqlStore>, cancel: CancellationToken) -> Deliverers {
         Deliverers { store, cancel, running: BTreeMap::new() }
     }
 
-    async fn apply(&mut self, endpoints: &[Endpoint]) -> anyhow::Result<()> {
-        let unchanged = |e: &Endpoint, running: &BTreeMap<String, (Endpoint, _, _)>| {
-            running.get(&e.id).is_some_and(|(old, _, _)| old == e)
-        };
-        // Every new deliverer is made before anything stops: one that cannot be leaves all as it was.
-        let mut fresh = Vec::new();
-        for (n, endpoint) in endpoints.iter().enumerate().filter(|(_, e)| !unchanged(e, &self.running)) {
+    /// Makes a deliverer for every endpoint that is new or changed; touches nothing running.
+    fn prepare(&self, endpoints: &[Endpoint]) -> anyhow::Result<NewDeliverers> {
+        let mut next = NewDeliverers { keep: Vec::new(), start: Vec::new() };
+        for (n, endpoint) in endpoints.iter().enumerate() {
+            if self.running.get(&endpoint.id).is_some_and(|(old, _, _)| old == endpoint) {
+                next.keep.push(endpoint.clone());
+                continue;
+            }
             let seed = self.store.now().micros() as u64 ^ (n as u64).wrapping_mul(0x9E37_79B9);
             let deliverer = Deliverer::new(self.store.clone() as Arc<dyn Store>, endpoint.clone(), seed)
                 .map_err(|e| anyhow::anyhow!("[[webhooks]] {}: {e}", endpoint.id))?;
-            fresh.push((endpoint.clone(), deliverer));
+            next.start.push((endpoint.clone(), deliverer));
         }
-        let stopping: Vec<String> = (self.running.values())
-            .filter(|(old, _, _)| !endpoints.iter().any(|e| e == old))
-            .map(|(old, _, _)| old.id.clone())
-            .collect();
-        for id in stopping {
-            if let Some((_, cancel, handle)) = self.running.remove(&id) {
+        Ok(next)
+    }
+
+    /// Stops what `next` does not keep (all at once, each finishing its send) and starts the rest.
+    async fn commit(&mut self, next: NewDeliverers) {
+        let stopping: Vec<String> =
+            self.running.keys().filter(|id| !next.keep.iter().any(|e| &e.id == *id)).cloned().collect();
+        let mut handles = Vec::new();
+        for id in &stopping {
+            if let Some((_, cancel, handle)) = self.running.remove(id) {
                 cancel.cancel();
-                join_loops(vec![handle]).await;
-                tracing::info!(endpoint = %id, "webhook deliverer stopped");
+                handles.push(handle);
             }
         }
-        for (endpoint, deliverer) in fresh {
+        if !handles.is_empty() {
+            let stopped = join_loops(handles).await;
+            tracing::info!(endpoints = ?stopping, stopped, "webhook deliverers replaced or removed");
+        }
+        for (endpoint, deliverer) in next.start {
             let cancel = self.cancel.child_token();
             let handle = tokio::spawn(deliverer.run(cancel.clone()));
             tracing::info!(endpoint = %endpoint.id, "webhook deliverer running");
             self.running.insert(endpoint.id.clone(), (endpoint, cancel, handle));
         }
-        Ok(())
     }
 
     async fn stop(self) {
@@ -220,31 +237,55 @@ struct Reload {
 }
 
 impl Reload {
-    /// All of it, or none: the configuration and the tokens are read and checked before anything
-    /// is replaced (a deliverer that cannot start leaves the endpoints as they were).
+    /// All of it, or none: the configuration is read and checked, the tokens parsed and every new
+    /// deliverer made before anything is replaced; what follows cannot fail.
     async fn once(&mut self) -> anyhow::Result<String> {
         let config = Config::from_process_env(self.config.as_deref())?;
         let tokens = match &self.tokens {
-            Some((_, flag)) => Some(load_tokens(config.server.tokens_file(flag.as_deref()).as_deref())?),
+            Some((live, flag)) => {
+                let tokens = load_tokens(config.server.tokens_file(flag.as_deref()).as_deref())?;
+                anyhow::ensure!(
+                    live.is_empty() == tokens.is_empty(),
+                    "a reload cannot turn authentication on or off (restart for that)"
+                );
+                Some(tokens)
+            }
             None => None,
         };
+        let next = self.deliverers.prepare(&config.webhooks)?;
         let mut said = Vec::new();
         if let (Some((live, _)), Some(tokens)) = (&self.tokens, tokens) {
             let n = tokens.len();
             live.replace(tokens).map_err(|e| anyhow::anyhow!(e))?;
             said.push(format!("{n} tokens"));
         }
-        self.deliverers.apply(&config.webhooks).await?;
+        self.deliverers.commit(next).await;
         said.push(format!("{} webhook endpoints", config.webhooks.len()));
         Ok(said.join(", "))
     }
 }
 
-/// Re-reads on every SIGHUP until `cancel`; hands the deliverers back for shutdown.
-async fn reload_on_hangup(mut reload: Reload, cancel: CancellationToken) -> Deliverers {
+/// SIGHUP, caught from the first moment of a start: its default action ends the process, and a
+/// `systemctl reload` during a long start (migrations) would otherwise stop the service for good.
+/// One that arrives before the reloads begin is kept and handled once they do.
+fn catch_hangups() -> Option<tokio::signal::unix::Signal> {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-        tracing::warn!("SIGHUP cannot be caught here: tokens and webhooks are read at start only");
+    match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGHUP cannot be caught here: tokens and webhooks are read at start only");
+            None
+        }
+    }
+}
+
+/// Re-reads on every SIGHUP until `cancel`; hands the deliverers back for shutdown.
+async fn reload_on_hangup(
+    mut reload: Reload,
+    hangups: Option<tokio::signal::unix::Signal>,
+    cancel: CancellationToken,
+) -> Deliverers {
+    let Some(mut hangups) = hangups else {
         cancel.cancelled().await;
         return reload.deliverers;
     };
@@ -267,6 +308,7 @@ async fn reload_on_hangup(mut reload: Reload, cancel: CancellationToken) -> Deli
 
 /// `settle worker`: the background loops alone, for any number of processes on one PostgreSQL.
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let hangups = catch_hangups();
     let config = Config::from_process_env(args.config.as_deref())?;
     let db = database_url(args.db.as_deref(), &config)?;
     let artifacts = config.server.artifacts(args.artifacts.as_deref());
@@ -275,11 +317,10 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let loops = spawn_loops(&store, &config, &cancel)?;
     let mut deliverers = Deliverers::new(store.clone(), cancel.clone());
-    deliverers.apply(&config.webhooks).await?;
-    let reloads = tokio::spawn(reload_on_hangup(
-        Reload { config: args.config.clone(), tokens: None, deliverers },
-        cancel.clone(),
-    ));
+    let first = deliverers.prepare(&config.webhooks)?;
+    deliverers.commit(first).await;
+    let reload = Reload { config: args.config.clone(), tokens: None, deliverers };
+    let reloads = tokio::spawn(reload_on_hangup(reload, hangups, cancel.clone()));
     shutdown_signal(cancel.clone()).await;
     join_loops(loops).await;
     if let Ok(deliverers) = reloads.await {
@@ -348,6 +389,7 @@ async fn shutdown_signal(cancel: CancellationToken) {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let hangups = catch_hangups();
     let config = Config::from_process_env(args.config.as_deref())?;
     let tokens = load_tokens(config.server.tokens_file(args.tokens.as_deref()).as_deref())?;
     let db_url = database_url(args.db.as_deref(), &config)?;
@@ -408,9 +450,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let loops = spawn_loops(&store, &config, &cancel)?;
     let mut deliverers = Deliverers::new(store.clone(), cancel.clone());
-    deliverers.apply(&config.webhooks).await?;
+    let first = deliverers.prepare(&config.webhooks)?;
+    deliverers.commit(first).await;
     let reload = Reload { config: args.config.clone(), tokens: Some((app.tokens(), args.tokens.clone())), deliverers };
-    let reloads = tokio::spawn(reload_on_hangup(reload, cancel.clone()));
+    let reloads = tokio::spawn(reload_on_hangup(reload, hangups, cancel.clone()));
     let signal_cancel = cancel.clone();
     app.run_until(async move {
         tokio::select! {

@@ -109,3 +109,31 @@ async fn a_metrics_token_closes_the_page() {
     assert_eq!(s.send("GET", "/healthz", None, None).await.status, 200);
     assert!(Tokens::default().set_metrics_token("short").is_err());
 }
+
+/// Kinds are clients' words: past `KINDS_LABELLED` of them, the ones with the fewest queued jobs are
+/// summed as `kind="other"`, so a client cannot grow the series without bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kinds_past_the_cap_are_summed_as_other() {
+    let s = Server::start(Engine::Sqlite).await;
+    s.account("a", 10_000).await;
+    let cap = settle_api::telemetry::KINDS_LABELLED;
+    for n in 0..cap + 5 {
+        // kind-000 has the most queued jobs (two), the rest one each.
+        let copies = if n == 0 { 2 } else { 1 };
+        for c in 0..copies {
+            let job = json!({"id": format!("j{n}-{c}"), "account_id": "a", "kind": format!("kind-{n:03}"), "cost": 1});
+            assert_eq!(s.post("/v1/jobs", job).await.status, 201);
+        }
+    }
+    let text = s.get("/metrics").await.body.as_str().unwrap().to_owned();
+    let depth: Vec<(&str, f64)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("settle_queue_depth{kind=\""))
+        .filter_map(|l| l.split_once("\"} ").map(|(k, v)| (k, v.parse().unwrap())))
+        .collect();
+    assert_eq!(depth.len(), cap, "{depth:?}");
+    assert!(depth.contains(&("kind-000", 2.0)), "the busiest kind keeps its name");
+    let other = depth.iter().find(|(k, _)| *k == "other").map(|(_, v)| *v);
+    assert_eq!(other, Some(6.0), "the {} kinds past the cap, one job each", 6);
+    assert_eq!(depth.iter().map(|(_, v)| v).sum::<f64>(), (cap + 6) as f64, "nothing lost in the sum");
+}

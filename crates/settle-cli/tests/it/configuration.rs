@@ -305,6 +305,13 @@ fn the_file_says_where_to_serve_and_secrets_come_from_files() {
     settle_core::signature::verify("hook-secret-0123456789", &signature, &body, now, 300)
         .expect("signed with the file's secret");
 
+    // A file that cannot be read is refused without quoting the line: it may hold a secret.
+    let broken = d.join("broken.toml");
+    std::fs::write(&broken, "[[webhooks]]\nid = \"x\"\nsecret = \"topsecret-0123456789\" oops\n").unwrap();
+    let out = settle(&["config", "--config", broken.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("line 3"), "{err}");
+    assert!(!err.contains("topsecret"), "the secret was printed: {err}");
     // Secrets one way only, and never from a file every user may read.
     let out = settle(&["config", "--config", config.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&out.stdout);
