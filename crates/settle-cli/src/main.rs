@@ -10,6 +10,7 @@ mod operations;
 mod operator;
 mod print;
 mod progress;
+mod remote;
 mod secrets;
 mod serve;
 mod sim;
@@ -95,12 +96,16 @@ enum Command {
     Audit {
         #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,
+        #[command(flatten)]
+        api: remote::Api,
     },
     /// Prints an account's ledger with running balances.
     Ledger {
         account: String,
         #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,
+        #[command(flatten)]
+        api: remote::Api,
     },
     /// Lists or shows jobs.
     Jobs {
@@ -114,6 +119,8 @@ enum Command {
             global = true
         )]
         db: String,
+        #[command(flatten)]
+        api: remote::Api,
     },
     /// Shows an account with its grants.
     Accounts {
@@ -127,6 +134,8 @@ enum Command {
             global = true
         )]
         db: String,
+        #[command(flatten)]
+        api: remote::Api,
     },
     /// Lists or requeues dead letters.
     DeadLetters {
@@ -140,6 +149,8 @@ enum Command {
             global = true
         )]
         db: String,
+        #[command(flatten)]
+        api: remote::Api,
     },
     /// Lists or shows withdrawals (payouts), with their provider txids and attempts.
     Withdrawals {
@@ -153,6 +164,8 @@ enum Command {
             global = true
         )]
         db: String,
+        #[command(flatten)]
+        api: remote::Api,
     },
     /// Runs the payout provider simulator (provider-v1), the counterparty of demos and tests.
     ProviderSim(sim::SimArgs),
@@ -163,6 +176,8 @@ enum Command {
     Failures {
         #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,
+        #[command(flatten)]
+        api: remote::Api,
     },
     /// Prints the event outbox.
     Events {
@@ -176,6 +191,8 @@ enum Command {
             global = true
         )]
         db: String,
+        #[command(flatten)]
+        api: remote::Api,
     },
     /// Measures guarded transitions per second on a throwaway store (see docs/performance.md).
     Bench(bench::BenchArgs),
@@ -241,42 +258,67 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Restore { from, db, replace, epoch } => {
             operations::restore(&from, &db, &settle_store::backup::RestoreOptions { replace, epoch }).await
         }
-        Command::Audit { db } => {
+        Command::Audit { db, api } => {
+            if let Some(r) = api.remote()? {
+                return Ok(if remote::audit(&r).await? { ExitCode::SUCCESS } else { ExitCode::from(1) });
+            }
             let store = open_existing(&db).await?;
             let report = store.audit(Some(progress::audit())).await.context("audit")?;
             print::audit(&report)?;
             Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Command::Ledger { account, db } => {
+        Command::Ledger { account, db, api } => {
+            if let Some(r) = api.remote()? {
+                remote::ledger(&r, &account).await?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let store = open_existing(&db).await?;
             let id = AccountId::parse(&account)?;
             print::ledger(&store, &id).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Jobs { cmd, db } => {
-            operator::jobs(&open_existing(&db).await?, cmd).await?;
+        Command::Jobs { cmd, db, api } => {
+            match api.remote()? {
+                Some(r) => remote::jobs(&r, cmd).await?,
+                None => operator::jobs(&open_existing(&db).await?, cmd).await?,
+            }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Accounts { cmd, db } => {
-            operator::accounts(&open_existing(&db).await?, cmd).await?;
+        Command::Accounts { cmd, db, api } => {
+            match api.remote()? {
+                Some(r) => remote::accounts(&r, cmd).await?,
+                None => operator::accounts(&open_existing(&db).await?, cmd).await?,
+            }
             Ok(ExitCode::SUCCESS)
         }
-        Command::DeadLetters { cmd, db } => {
-            let ok = operator::dead_letters(&open_existing(&db).await?, cmd).await?;
+        Command::DeadLetters { cmd, db, api } => {
+            let ok = match api.remote()? {
+                Some(r) => remote::dead_letters(&r, cmd).await?,
+                None => operator::dead_letters(&open_existing(&db).await?, cmd).await?,
+            };
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Command::Withdrawals { cmd, db } => {
-            operator::withdrawals(&open_existing(&db).await?, cmd).await?;
+        Command::Withdrawals { cmd, db, api } => {
+            match api.remote()? {
+                Some(r) => remote::withdrawals(&r, cmd).await?,
+                None => operator::withdrawals(&open_existing(&db).await?, cmd).await?,
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::ProviderSim(args) => sim::run(args).await.map(|()| ExitCode::SUCCESS),
         Command::Sim(args) => dst::run(args).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
-        Command::Failures { db } => {
-            operator::failures(&open_existing(&db).await?).await?;
+        Command::Failures { db, api } => {
+            match api.remote()? {
+                Some(r) => remote::failures(&r).await?,
+                None => operator::failures(&open_existing(&db).await?).await?,
+            }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Events { cmd, db } => {
-            operator::events(&open_existing(&db).await?, cmd).await?;
+        Command::Events { cmd, db, api } => {
+            match api.remote()? {
+                Some(r) => remote::events(&r, cmd).await?,
+                None => operator::events(&open_existing(&db).await?, cmd).await?,
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) if args.events => {

@@ -103,7 +103,7 @@ fn the_reference_names_every_setting() {
     }
     assert!(doc.contains("`SETTLE_KIND_<KIND>_<FIELD>`"), "a kind's variables");
     // Every flag and variable of the commands that run Settle.
-    for command in ["serve", "worker", "migrate"] {
+    for command in ["serve", "worker", "migrate", "jobs", "ledger", "audit"] {
         let help = String::from_utf8_lossy(&settle(&[command, "--help"]).stdout).into_owned();
         for word in help.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']' || c == '=') {
             let word = word.trim_matches(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'));

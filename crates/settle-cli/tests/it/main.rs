@@ -11,5 +11,6 @@ mod examples;
 mod failover;
 mod faults;
 mod operations;
+mod operator_api;
 mod payouts;
 mod worker_restart;
