@@ -38,6 +38,52 @@ export interface AccountPage {
   next_after?: string | null;
 }
 
+export interface Action {
+  /**
+   * What was done: `job.requeue`, `job.abandon_cleanup`, …
+   */
+  action: string;
+  /**
+   * The token's name (or `cli`, `system`, `loopback`).
+   */
+  actor: string;
+  /**
+   * When (RFC 3339 UTC).
+   */
+  at: string;
+  /**
+   * What the action named (ids, amounts, reasons).
+   */
+  detail: unknown;
+}
+
+export interface Allocation {
+  /**
+   * Credits of it given back since (refunds, releases go home).
+   */
+  given_back: number;
+  /**
+   * The grant that paid (`null`: the part no grant covered, debt).
+   */
+  grant_id?: string | null;
+  /**
+   * The item the part was for (`null`: the job as a whole).
+   */
+  item_id?: string | null;
+  /**
+   * `charge`, `reclaim`, `adjustment`, `settle_debt` or `opening`.
+   */
+  kind: string;
+  /**
+   * The grant's origin (`grant`, `opening`, …).
+   */
+  origin?: string | null;
+  /**
+   * Credits taken from the grant.
+   */
+  taken: number;
+}
+
 export interface Artifact {
   /**
    * The item the artifact belongs to.
@@ -621,6 +667,25 @@ export interface Job {
   updated_at: string;
 }
 
+/**
+ * What paid for a job, what operators did to it and the signals that changed nothing: the parts
+ * of a job's story the attempt log does not hold (the console's job page, as JSON).
+ */
+export interface JobHistory {
+  /**
+   * Operators' actions on the job, oldest first.
+   */
+  actions: Array<Action>;
+  /**
+   * Which grant paid which part, and what of it went back (decision 0023).
+   */
+  allocations: Array<Allocation>;
+  /**
+   * Worker signals that changed nothing (stale, repeats) and late successes that recovered it.
+   */
+  signals: Array<SignalRecord>;
+}
+
 export interface JobPage {
   /**
    * Jobs in creation order.
@@ -772,6 +837,33 @@ export interface ResolveWithdrawal {
    * How the outcome was confirmed (a statement, a ticket): kept in the action log.
    */
   reason: string;
+}
+
+export interface SignalRecord {
+  /**
+   * The attempt whose lease token it carried (`null`: none matched).
+   */
+  attempt_no?: number | null;
+  /**
+   * What came of it: `stale` (not the current attempt's lease), `noop` (a repeat) or `recovered` (a late success took a refund back).
+   */
+  effect: string;
+  /**
+   * A failure's code.
+   */
+  fail_code?: string | null;
+  /**
+   * A failure's message.
+   */
+  message?: string | null;
+  /**
+   * When it arrived (RFC 3339 UTC).
+   */
+  received_at: string;
+  /**
+   * `succeed`, `fail`, `unknown`, `heartbeat`, …
+   */
+  signal: string;
 }
 
 export interface Succeed {

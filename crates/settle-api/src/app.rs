@@ -117,6 +117,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(h::create_job, h::list_jobs))
         .routes(routes!(h::get_job))
         .routes(routes!(h::attempts))
+        .routes(routes!(h::job_history))
         .routes(routes!(h::cancel))
         .routes(routes!(h::requeue))
         .routes(routes!(h::abandon_cleanup))

@@ -525,6 +525,62 @@ pub struct Attempts {
     pub attempts: Vec<Attempt>,
 }
 
+/// What paid for a job, what operators did to it and the signals that changed nothing: the parts
+/// of a job's story the attempt log does not hold (the console's job page, as JSON).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobHistory {
+    /// Which grant paid which part, and what of it went back (decision 0023).
+    pub allocations: Vec<Allocation>,
+    /// Operators' actions on the job, oldest first.
+    pub actions: Vec<Action>,
+    /// Worker signals that changed nothing (stale, repeats) and late successes that recovered it.
+    pub signals: Vec<SignalRecord>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Allocation {
+    /// The grant that paid (`null`: the part no grant covered, debt).
+    pub grant_id: Option<String>,
+    /// The grant's origin (`grant`, `opening`, …).
+    pub origin: Option<String>,
+    /// `charge`, `reclaim`, `adjustment`, `settle_debt` or `opening`.
+    pub kind: String,
+    /// The item the part was for (`null`: the job as a whole).
+    pub item_id: Option<String>,
+    /// Credits taken from the grant.
+    pub taken: i64,
+    /// Credits of it given back since (refunds, releases go home).
+    pub given_back: i64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Action {
+    /// When (RFC 3339 UTC).
+    pub at: String,
+    /// The token's name (or `cli`, `system`, `loopback`).
+    pub actor: String,
+    /// What was done: `job.requeue`, `job.abandon_cleanup`, …
+    pub action: String,
+    /// What the action named (ids, amounts, reasons).
+    pub detail: serde_json::Value,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SignalRecord {
+    /// `succeed`, `fail`, `unknown`, `heartbeat`, …
+    pub signal: String,
+    /// What came of it: `stale` (not the current attempt's lease), `noop` (a repeat) or `recovered` (a late success took a refund back).
+    pub effect: String,
+    /// The attempt whose lease token it carried (`null`: none matched).
+    pub attempt_no: Option<u32>,
+    /// When it arrived (RFC 3339 UTC).
+    pub received_at: String,
+    /// A failure's code.
+    pub fail_code: Option<String>,
+    /// A failure's message.
+    pub message: Option<String>,
+}
+
 // ----- worker protocol -------------------------------------------------------------------------------
 
 #[derive(Debug, Deserialize, ToSchema)]

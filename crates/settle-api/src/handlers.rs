@@ -438,6 +438,55 @@ pub async fn attempts(State(s): State<AppState>, auth: Auth<ClientRole>, Path(jo
     }))
 }
 
+/// Read what paid for a job and what was done to it
+///
+/// The parts of a job's story the attempt log does not hold: which grant paid which part and what of
+/// it went back, operators' actions (requeue, abandon-cleanup) with the token that did them, and the
+/// worker signals that changed nothing — a stale lease's or a repeat — or recovered the job (a late
+/// success). Admin only: actions name tokens.
+#[utoipa::path(get, path = "/v1/jobs/{id}/history", tag = "jobs", params(("id" = String, Path)),
+    responses((status = 200, body = dto::JobHistory), (status = 404, body = ErrorBody)))]
+pub async fn job_history(State(s): State<AppState>, _auth: Auth<AdminRole>, Path(job): Path<String>) -> ApiResult {
+    let job = id(JobId::parse, &job)?;
+    s.store.job(&job).await?; // 404 for a job that does not exist
+    let allocations = s.store.allocations(&job).await?;
+    let actions = s.store.operators().actions(Some(&job), None).await?;
+    let signals = s.store.signals(&job).await?;
+    Ok(ok(dto::JobHistory {
+        allocations: allocations
+            .into_iter()
+            .map(|a| dto::Allocation {
+                grant_id: a.grant_id,
+                origin: a.origin,
+                kind: a.kind,
+                item_id: a.item_id,
+                taken: a.taken.get(),
+                given_back: a.given_back.get(),
+            })
+            .collect(),
+        actions: actions
+            .into_iter()
+            .map(|a| dto::Action {
+                at: dto::rfc3339(a.at),
+                actor: a.actor,
+                action: a.action.to_string(),
+                detail: serde_json::from_str(&a.detail).unwrap_or(serde_json::Value::String(a.detail)),
+            })
+            .collect(),
+        signals: signals
+            .into_iter()
+            .map(|r| dto::SignalRecord {
+                signal: r.signal.to_string(),
+                effect: r.effect.to_string(),
+                attempt_no: r.attempt_no,
+                received_at: dto::rfc3339(r.received_at),
+                fail_code: r.fail_code,
+                message: r.message,
+            })
+            .collect(),
+    }))
+}
+
 /// Cancel a job
 ///
 /// A queued job is cancelled at once: every charged item is refunded and the answer is `200` with the

@@ -1,8 +1,10 @@
 //! The operator commands through the API (`--url`, `--token`; `SETTLE_URL`, `SETTLE_TOKEN`) instead
 //! of the store: what they change is recorded under the token's name, and no database credential
 //! leaves the servers. The same lines as on the store (operator.rs, print.rs), from the API's
-//! answers; where the API has no answer for a part (a job's allocations, actions and signals, an
-//! account's debt and holds: the console's), the command says where to find it.
+//! answers (a job's history from `GET /v1/jobs/{id}/history`, an admin read). An account's debt,
+//! holds and exposure are not in the API (the console shows them): `accounts show` prints its
+//! balance and grants. A job line's attempt count is the API's (attempts started over all budgets);
+//! on the store it counts the current budget (a requeue starts a new one).
 
 use crate::operator::{Accounts, DeadLetters, Events, Jobs, Withdrawals};
 use crate::print::out;
@@ -213,6 +215,21 @@ async fn show_job(r: &Remote, id: &str) -> anyhow::Result<()> {
             i["refund_reason"].as_str().unwrap_or("")
         )?;
     }
+    let history = r.get(&format!("/v1/jobs/{}/history", enc(id))).await?;
+    for p in history["allocations"].as_array().into_iter().flatten() {
+        let from = match (p["grant_id"].as_str(), p["origin"].as_str()) {
+            (None, _) => "debt (no grant covered it)".to_owned(),
+            (Some(g), Some("opening")) => format!("the opening balance of {g}"),
+            (Some(g), origin) => format!("{} {g}", origin.unwrap_or("grant")),
+        };
+        out!(
+            "  paid {:>6} by {from:<32} {:<8} item {:<12} given back {}",
+            n(&p["taken"]),
+            s(&p["kind"]),
+            s(&p["item_id"]),
+            n(&p["given_back"])
+        )?;
+    }
     let attempts = r.get(&format!("/v1/jobs/{}/attempts", enc(id))).await?;
     for a in attempts["attempts"].as_array().into_iter().flatten() {
         out!(
@@ -226,7 +243,20 @@ async fn show_job(r: &Remote, id: &str) -> anyhow::Result<()> {
             a["message"].as_str().unwrap_or("")
         )?;
     }
-    out!("  (who paid, operators' actions and ignored signals: the console's job page, or --db)")?;
+    for a in history["actions"].as_array().into_iter().flatten() {
+        out!("  action {:<20} by {:<16} at {} {}", s(&a["action"]), s(&a["actor"]), s(&a["at"]), a["detail"])?;
+    }
+    for g in history["signals"].as_array().into_iter().flatten() {
+        out!(
+            "  signal {:<12} {:<9} attempt {} at {} {} {}",
+            s(&g["signal"]),
+            s(&g["effect"]),
+            g["attempt_no"].as_u64().map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+            s(&g["received_at"]),
+            g["fail_code"].as_str().unwrap_or(""),
+            g["message"].as_str().unwrap_or("")
+        )?;
+    }
     Ok(())
 }
 

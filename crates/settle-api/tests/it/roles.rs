@@ -18,6 +18,7 @@ const TABLE: &[(&str, &str, Option<Role>)] = &[
     ("GET", "/v1/jobs/{id}", Some(Role::Client)),
     ("GET", "/v1/jobs", Some(Role::Client)),
     ("GET", "/v1/jobs/{id}/attempts", Some(Role::Client)),
+    ("GET", "/v1/jobs/{id}/history", Some(Role::Admin)),
     ("POST", "/v1/jobs/{id}/cancel", Some(Role::Client)),
     ("POST", "/v1/jobs/{id}/requeue", Some(Role::Admin)),
     ("POST", "/v1/jobs/{id}/abandon-cleanup", Some(Role::Admin)),

@@ -87,6 +87,9 @@ async fn operator_commands_through_the_api_print_the_same_and_act_as_the_token()
     assert!(out.starts_with("acme  balance 100") && out.contains("welcome"), "{out}");
     let (_, out, _) = settle(&["jobs", "show", "render-1"], api);
     assert!(out.contains("render-1") && out.contains("attempt  1 gpu-1") && out.contains("OOM"), "{out}");
+    let (code, _, err) = settle(&["jobs", "show", "render-1", "--url", &base, "--token", CLIENT], &[]);
+    assert_ne!(code, 0, "a job's history names tokens: admin only");
+    assert!(err.contains("403"), "{err}");
     let (_, remote, _) = settle(&["events", "tail"], api);
     assert!(remote.contains("job.dead") || remote.contains("job.failed"), "{remote}");
     let (_, store, _) = settle(&["events", "tail", "--db", &db], &[]);
@@ -105,6 +108,19 @@ async fn operator_commands_through_the_api_print_the_same_and_act_as_the_token()
     assert!(out.contains("render-1: requeued (queued)"), "{out}");
     let (_, out, _) = settle(&["jobs", "show", "render-1", "--db", &db], &[]);
     assert!(out.lines().any(|l| l.contains("action job.requeue") && l.contains("by ops-alice")), "{out}");
+    // A late signal after the requeue: ignored, and shown so through the API as on the store.
+    let late = json!({"lease_token": token, "code": "OOM"});
+    let (status, _) = call(&http, "POST", &format!("{base}/v1/jobs/render-1/fail"), Some(late)).await;
+    assert!(matches!(status, 200 | 409), "{status}");
+    let (code, remote, err) = settle(&["jobs", "show", "render-1"], api);
+    assert_eq!(code, 0, "{err}");
+    // The job line's attempt count: the API's is attempts started, the store's those of the
+    // current budget (a requeue starts a new one); every other character is the same.
+    let budgetless = |text: &str| text.replacen("attempt 1/1", "attempt 0/1", 1);
+    let store = settle(&["jobs", "show", "render-1", "--db", &db], &[]).1;
+    assert_eq!(budgetless(&remote), store, "jobs show, API and store");
+    assert!(remote.contains("paid     30 by grant welcome") && remote.contains("by ops-alice"), "{remote}");
+    assert!(remote.lines().any(|l| l.starts_with("  signal fail")), "the late signal is shown: {remote}");
 
     // Bad input is refused before anything is sent, or by the server with its reason.
     let (code, _, err) = settle(&["failures", "--token", ADMIN], &[]);
