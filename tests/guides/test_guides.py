@@ -172,6 +172,19 @@ def test_moving_an_embedded_store_to_postgresql(world: dict[str, str]) -> None:
     assert int(ledger) > 0
 
 
+def until_answers(url: str, what: str, token: str | None = None) -> None:
+    """Waits (10 s at most) until `url` answers 2xx."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    for _ in range(200):
+        try:
+            if urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=1).status < 300:
+                return
+        except (ConnectionError, urllib.error.URLError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(what)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -191,14 +204,7 @@ def test_upgrading_processes_on_postgresql(world: dict[str, str]) -> None:
     p = subprocess.Popen(["bash", "-c", f"exec {serve}"], cwd=world["root"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.05)
-        else:
-            raise AssertionError("settle serve --no-migrate did not come up after settle migrate")
+        until_answers(f"http://127.0.0.1:{port}/readyz", "settle serve --no-migrate did not come up after settle migrate")
     finally:
         p.terminate()
         p.wait(timeout=30)
@@ -216,14 +222,7 @@ def test_the_tarball_serves(world: dict[str, str]) -> None:
     env = {k[4:]: v for k, v in world.items() if k.startswith("env:")}
     p = subprocess.Popen(["bash", "-c", serve], cwd=world["root"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.05)
-        else:
-            raise AssertionError("the unpacked settle did not serve")
+        until_answers(f"http://127.0.0.1:{port}/healthz", "the unpacked settle did not serve")
         assert (folder / "settle.db").exists(), "the store is in the unpacked folder"
     finally:
         subprocess.run(["pkill", "-f", f"127.0.0.1:{port}"])
@@ -246,15 +245,7 @@ def test_the_tokens_file_the_unit_reads(world: dict[str, str]) -> None:
                           "--listen", f"127.0.0.1:{port}"], cwd=world["root"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(200):
-            try:
-                req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/accounts", headers={"Authorization": f"Bearer {token}"})
-                assert urllib.request.urlopen(req, timeout=1).status == 200
-                break
-            except (ConnectionError, urllib.error.URLError):
-                time.sleep(0.05)
-        else:
-            raise AssertionError("settle serve did not take the tokens file")
+        until_answers(f"http://127.0.0.1:{port}/v1/accounts", "settle serve did not take the tokens file", token)
     finally:
         p.terminate()
         p.wait(timeout=30)

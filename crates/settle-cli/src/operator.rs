@@ -79,6 +79,9 @@ pub enum Events {
     },
 }
 
+/// The column heads of `settle withdrawals list`, on the store and through the API.
+pub const WITHDRAWALS_HEADER: &str = "id                       state      account         amount provider txid            last error             destination";
+
 fn job_line(j: &Job) -> String {
     let err = j.last_error.as_ref().map(|e| format!(" {}", e.code)).unwrap_or_default();
     format!(
@@ -259,15 +262,7 @@ pub async fn withdrawals(store: &dyn Store, cmd: Withdrawals) -> anyhow::Result<
                 updated_since: None,
                 scope: settle_core::scope::Scope::ALL,
             };
-            out!(
-                "{:<24} {:<10} {:<12} {:>9} {:<24} {:<22} destination",
-                "id",
-                "state",
-                "account",
-                "amount",
-                "provider txid",
-                "last error"
-            )?;
+            out!("{WITHDRAWALS_HEADER}")?;
             let mut page = Page { after: 0, limit: limit.clamp(1, 1000) };
             let mut shown = 0u32;
             loop {

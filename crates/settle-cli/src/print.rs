@@ -15,6 +15,10 @@ use settle_core::Timestamp;
 use settle_core::ids::AccountId;
 use settle_store::{AuditReport, Page, Store};
 
+/// The column heads of `settle ledger`, on the store and through the API.
+pub const LEDGER_HEADER: &str =
+    "    seq  kind            amount   balance  job            item     created_at                  reason";
+
 pub fn time(t: Timestamp) -> String {
     let nanos = i128::from(t.micros()) * 1_000;
     match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
@@ -26,16 +30,7 @@ pub fn time(t: Timestamp) -> String {
 pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()> {
     let acc = store.account(account).await?;
     out!("  ledger of {} (overdraft limit {})", acc.id, acc.overdraft_limit)?;
-    out!(
-        "  {:>5}  {:<13} {:>8} {:>9}  {:<14} {:<8} {:<27} reason",
-        "seq",
-        "kind",
-        "amount",
-        "balance",
-        "job",
-        "item",
-        "created_at"
-    )?;
+    out!("{LEDGER_HEADER}")?;
     let mut page = Page { after: 0, limit: 1000 };
     loop {
         let p = store.ledger(account, page).await?;

@@ -43,15 +43,7 @@ pub struct Remote {
 
 /// One path segment or query value, percent-encoded (ids may hold `:` and `@`).
 fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::secrets::percent_encode(s)
 }
 
 impl Remote {
@@ -140,16 +132,7 @@ fn job_line(j: &Value) -> String {
 pub async fn ledger(r: &Remote, account: &str) -> anyhow::Result<()> {
     let acc = r.get(&format!("/v1/accounts/{}", enc(account))).await?;
     out!("  ledger of {} (overdraft limit {})", s(&acc["id"]), n(&acc["overdraft_limit"]))?;
-    out!(
-        "  {:>5}  {:<13} {:>8} {:>9}  {:<14} {:<8} {:<27} reason",
-        "seq",
-        "kind",
-        "amount",
-        "balance",
-        "job",
-        "item",
-        "created_at"
-    )?;
+    out!("{}", crate::print::LEDGER_HEADER)?;
     for e in r.all(&format!("/v1/accounts/{}/ledger", enc(account)), "entries", u32::MAX).await? {
         out!(
             "  {:>5}  {:<13} {:>+8} {:>9}  {:<14} {:<8} {:<27} {}",
@@ -293,15 +276,7 @@ pub async fn withdrawals(r: &Remote, cmd: Withdrawals) -> anyhow::Result<()> {
                     q.push_str(&format!("{k}={}&", enc(&v)));
                 }
             }
-            out!(
-                "{:<24} {:<10} {:<12} {:>9} {:<24} {:<22} destination",
-                "id",
-                "state",
-                "account",
-                "amount",
-                "provider txid",
-                "last error"
-            )?;
+            out!("{}", crate::operator::WITHDRAWALS_HEADER)?;
             for w in r.all(q.trim_end_matches(['&', '?']), "withdrawals", limit).await? {
                 out!(
                     "{:<24} {:<10} {:<12} {:>9} {:<24} {:<22} {}",

@@ -63,8 +63,9 @@ pub fn with_password(url: &str, password: &str) -> anyhow::Result<String> {
     Ok(format!("{scheme}{user}:{}@{hosts}{tail}", percent_encode(password)))
 }
 
-/// Percent-encodes everything but RFC 3986's unreserved characters.
-fn percent_encode(s: &str) -> String {
+/// Percent-encodes everything but RFC 3986's unreserved characters (a URL's password, a path
+/// segment, a query value).
+pub fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
