@@ -1,5 +1,6 @@
 //! The SQLite writer: one OS thread owning the one connection that writes, committing batches of
-//! operations (one transaction, a savepoint each). Readers are a separate sqlx pool (WAL).
+//! operations (one transaction; a savepoint each only after a batch fell back, decision 0026).
+//! Readers are a separate sqlx pool (WAL).
 
 use super::{Batch, BatchOp, CAREFUL_BATCHES, Env, Ran, answered_now};
 use crate::db::Db;

@@ -1,7 +1,7 @@
 //! Which source of credit paid for each movement (docs/decisions/0023): grants burned down in order,
 //! every return back to where it came from, debt, and expiry.
 //!
-//! Everything here runs inside `ledger::post`, after the posting's guarded balance UPDATE: that
+//! Everything here runs inside `postings::post`, after the posting's guarded balance UPDATE: that
 //! UPDATE holds the account row (PostgreSQL) or the single writer holds everything (SQLite), so no
 //! other transaction moves this account's grants, allocations or debt meanwhile. The lock order is
 //! job → account → grants everywhere; the expiry takes the account row first too.

@@ -369,7 +369,7 @@ impl SqlStore {
         }
     }
 
-    /// Runs one write operation in its own transaction (SQLite: a savepoint in the writer's batch)
+    /// Runs one write operation in its own transaction (SQLite: one operation of the writer's batch)
     /// and answers after the commit.
     /// A write that appends outbox events when it succeeds: wakes the events long-polls (on
     /// PostgreSQL the sequencer does, once it has numbered them).
