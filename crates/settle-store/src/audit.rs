@@ -88,8 +88,16 @@ columns! {
 }
 
 columns! {
-    /// An outbox event's number.
-    OutboxRow { seq }
+    /// How many rows matched.
+    HowManyRow { count = "COUNT(*)" }
+}
+
+columns! {
+    /// A numbered stamp, and the places of its events.
+    StampRow {
+        stamp = "n.stamp", first_seq = "n.first_seq", last_seq = "n.last_seq", events = "COUNT(e.pos)",
+        first_pos = "MIN(e.pos)", last_pos = "MAX(e.pos)",
+    }
 }
 
 columns! {
@@ -741,19 +749,56 @@ impl<'p> Audit<'p> {
         Ok(())
     }
 
-    /// The outbox numbers, gap-free.
+    /// The event numbers, gap-free: each numbered stamp begins where the one before it ended, and
+    /// holds its events at places 1 ..= its count; no event is neither numbered nor waiting for its
+    /// number; every webhook delivery names a numbered event (docs/design/batch-plan.md §4a).
     async fn outbox(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
-        static SQL: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM outbox ORDER BY seq", OutboxRow::LIST));
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM stamp_numbers n LEFT JOIN events e ON e.stamp = n.stamp \
+                 GROUP BY n.stamp, n.first_seq, n.last_seq ORDER BY n.first_seq",
+                StampRow::LIST
+            )
+        });
+        static UNNUMBERED: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM events e WHERE NOT EXISTS (SELECT 1 FROM stamp_numbers n WHERE n.stamp = e.stamp) \
+                 AND NOT EXISTS (SELECT 1 FROM stamps_pending p WHERE p.stamp = e.stamp)",
+                HowManyRow::LIST
+            )
+        });
+        static DELIVERIES: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM webhook_deliveries \
+                 WHERE event_seq < 1 OR event_seq > (SELECT COALESCE(MAX(last_seq), 0) FROM stamp_numbers)",
+                HowManyRow::LIST
+            )
+        });
         let mut expected = 1i64;
         db.each(&SQL, args![], |r| {
-            let seq = r.i64(OutboxRow::seq)?;
-            if seq != expected {
-                self.push(Invariant::Seq, None, None, None, format!("outbox seq {seq} follows {}", expected - 1));
+            use StampRow as C;
+            let (stamp, first, last) = (r.i64(C::stamp)?, r.i64(C::first_seq)?, r.i64(C::last_seq)?);
+            if first != expected {
+                self.push(Invariant::Seq, None, None, None, format!("event {first} follows {}", expected - 1));
             }
-            expected = seq + 1;
+            let (events, low, high) = (r.i64(C::events)?, r.opt_i64(C::first_pos)?, r.opt_i64(C::last_pos)?);
+            if events != last - first + 1 || low != Some(1) || high != Some(events) {
+                let message = format!("stamp {stamp} numbers events {first}..={last} but holds {events} events");
+                self.push(Invariant::Seq, None, None, None, message);
+            }
+            expected = last + 1;
             Ok(())
         })
         .await?;
+        let unnumbered = db.one(&UNNUMBERED, args![]).await?.i64(HowManyRow::count)?;
+        if unnumbered > 0 {
+            let message = format!("{unnumbered} events are neither numbered nor waiting for their numbers");
+            self.push(Invariant::Seq, None, None, None, message);
+        }
+        let deliveries = db.one(&DELIVERIES, args![]).await?.i64(HowManyRow::count)?;
+        if deliveries > 0 {
+            self.push(Invariant::Seq, None, None, None, format!("{deliveries} webhook deliveries name no event"));
+        }
         let counter =
             db.one("SELECT value FROM counters WHERE name = 'outbox'", args![]).await?.i64(CounterRow::value)?;
         if counter != expected - 1 {

@@ -83,11 +83,22 @@ fn position(conn: &Connection) -> Result<(i64, i64), StoreError> {
         ));
     }
     // What numbering uses, not the largest number seen: the same, unless a number was taken and
-    // its event is still to come.
+    // its event is still to come. Events are numbered by stamp since migration 0024; a backup from
+    // before it still has them in `outbox`.
+    let numbered_by_stamp: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stamp_numbers')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| fail(format!("read the schema: {e}")))?;
+    let newest =
+        if numbered_by_stamp { "SELECT MAX(last_seq) FROM stamp_numbers" } else { "SELECT MAX(seq) FROM outbox" };
     let last_seq: i64 = conn
         .query_row(
-            "SELECT MAX(COALESCE((SELECT value FROM counters WHERE name = 'outbox'), 0), \
-             COALESCE((SELECT MAX(seq) FROM outbox), 0))",
+            &format!(
+                "SELECT MAX(COALESCE((SELECT value FROM counters WHERE name = 'outbox'), 0), COALESCE(({newest}), 0))"
+            ),
             [],
             |r| r.get(0),
         )

@@ -26,8 +26,9 @@ pub const TABLES: &[(&str, &str)] = &[
     ("withdrawals", "job_id"),
     ("allocations", "id"),
     ("ledger_entries", "seq"),
-    ("outbox", "seq"),
-    ("outbox_pending", "stamp, pos"),
+    ("events", "stamp, pos"),
+    ("stamp_numbers", "stamp"),
+    ("stamps_pending", "stamp"),
     ("webhook_cursors", "endpoint_id"),
     ("webhook_breakers", "endpoint_id"),
     ("webhook_deliveries", "endpoint_id, event_seq"),
@@ -312,10 +313,22 @@ async fn copy_table(
 /// The numbering state of the target, set from what it now holds: the `counters` rows, and on
 /// PostgreSQL its sequences (ledger and job numbers, outbox stamps, identity columns).
 async fn renumber(target: &mut Side) -> Result<(), StoreError> {
+    if !target.is_pg() {
+        // Events the source's sequencer had not numbered yet: SQLite has no sequencer, so they are
+        // numbered here, after every numbered one, in stamp order (as a pass would have).
+        target
+            .execute(
+                "INSERT INTO stamp_numbers (stamp, first_seq, last_seq) \
+                   SELECT stamp, base + SUM(events) OVER (ORDER BY stamp) - events + 1, base + SUM(events) OVER (ORDER BY stamp) \
+                   FROM stamps_pending, (SELECT COALESCE(MAX(last_seq), 0) AS base FROM stamp_numbers) AS b; \
+                 DELETE FROM stamps_pending",
+            )
+            .await?;
+    }
     target
         .execute(
             "UPDATE counters SET value = (SELECT COALESCE(MAX(seq), 0) FROM ledger_entries) WHERE name = 'ledger'; \
-             UPDATE counters SET value = (SELECT COALESCE(MAX(seq), 0) FROM outbox) WHERE name = 'outbox'; \
+             UPDATE counters SET value = (SELECT COALESCE(MAX(last_seq), 0) FROM stamp_numbers) WHERE name = 'outbox'; \
              UPDATE counters SET value = (SELECT COALESCE(MAX(job_seq), 0) FROM jobs) WHERE name = 'job'",
         )
         .await?;
@@ -325,8 +338,8 @@ async fn renumber(target: &mut Side) -> Result<(), StoreError> {
                (SELECT MAX(seq) FROM ledger_entries) IS NOT NULL); \
              SELECT setval('job_seq_numbers', GREATEST((SELECT MAX(job_seq) FROM jobs), 1), \
                (SELECT MAX(job_seq) FROM jobs) IS NOT NULL); \
-             SELECT setval('outbox_stamps', GREATEST((SELECT MAX(stamp) FROM outbox_pending), 1), \
-               (SELECT MAX(stamp) FROM outbox_pending) IS NOT NULL);",
+             SELECT setval('outbox_stamps', GREATEST((SELECT MAX(stamp) FROM events), 1), \
+               COALESCE((SELECT MAX(stamp) FROM events), 0) > 0);",
         );
         for (table, column) in IDENTITY {
             sql.push_str(&format!(

@@ -272,7 +272,7 @@ fn a_demo_store_goes_to_postgresql_and_back_row_for_row() {
     let (code, out, err) = settle(&["copy", "--from", &first_url, "--to", &pg]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("audit: clean"), "{out}");
-    assert!(err.contains("rows of ledger_entries") && err.contains("rows of outbox"), "progress: {err}");
+    assert!(err.contains("rows of ledger_entries") && err.contains("rows of events"), "progress: {err}");
     // Not into a store that holds anything.
     let (code, out, err) = settle(&["copy", "--from", &first_url, "--to", &pg]);
     assert_ne!(code, 0, "{out}");
@@ -292,7 +292,8 @@ fn a_demo_store_goes_to_postgresql_and_back_row_for_row() {
         "the demo wrote a ledger"
     );
     for (table, rows) in &a {
-        if table != "outbox_pending" {
+        // Pending stamps are PostgreSQL's, before a pass numbers them; SQLite numbers as it commits.
+        if !["outbox_pending", "stamps_pending"].contains(&table.as_str()) {
             assert!(!rows.is_empty(), "{table} has rows to copy");
         }
     }

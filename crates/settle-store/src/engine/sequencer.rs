@@ -1,7 +1,8 @@
 //! PostgreSQL: the sequencer, which numbers events after the transactions that wrote them have
-//! committed (docs/decisions/0021). Writers put their events in `outbox_pending` under one stamp per
-//! transaction and take no counter; a pass moves whole stamps into `outbox`, numbered gap-free in
-//! stamp order, under the `outbox` counter row that only passes take.
+//! committed (docs/decisions/0021). Writers put their events in `events` under one stamp per
+//! transaction, with a `stamps_pending` row, and take no counter; a pass numbers whole stamps
+//! (`stamp_numbers`), gap-free in stamp order, under the `outbox` counter row that only passes take
+//! (docs/design/batch-plan.md §4a).
 //!
 //! One task per process runs the passes, single-flight, on a connection of its own: after a commit
 //! of this process that wrote events (`poke`), on a timer for events whose process died between its
@@ -94,7 +95,7 @@ impl Sequencer {
     /// stamps are the next round's.
     async fn round(&self) -> Result<(), StoreError> {
         let newest: Option<i64> =
-            sqlx::query_scalar("SELECT MAX(stamp) FROM outbox_pending").fetch_one(&self.pool).await?;
+            sqlx::query_scalar("SELECT MAX(stamp) FROM stamps_pending").fetch_one(&self.pool).await?;
         let Some(newest) = newest else { return Ok(()) };
         loop {
             let n = self.pass().await?;

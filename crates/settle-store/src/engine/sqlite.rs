@@ -281,8 +281,13 @@ fn read_counters(conn: &rusqlite::Connection) -> Result<Vec<(String, i64)>, rusq
     rows.collect()
 }
 
-/// The counters the batch moved, written back in its transaction.
+/// The counters the batch moved, written back in its transaction, and the numbers of its events'
+/// stamp (docs/design/batch-plan.md §4a).
 fn write_counters(conn: &rusqlite::Connection, counters: &Counters) -> Result<(), rusqlite::Error> {
+    if let Some((stamp, first, last)) = counters.events_stamp() {
+        conn.prepare_cached("INSERT INTO stamp_numbers (stamp, first_seq, last_seq) VALUES (?1, ?2, ?3)")?
+            .execute(rusqlite::params![stamp, first, last])?;
+    }
     for (name, value) in counters.changed() {
         let n = conn
             .prepare_cached("UPDATE counters SET value = ?1 WHERE name = ?2")?

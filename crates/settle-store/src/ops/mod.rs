@@ -133,6 +133,21 @@ impl Counters {
         self.values.iter().zip(&self.read).filter(|((_, v), r)| v != *r).map(|((n, v), _)| (n.as_str(), *v))
     }
 
+    /// The value `name` had when the batch read it.
+    pub fn read_value(&self, name: &str) -> Option<i64> {
+        self.values.iter().zip(&self.read).find(|((c, _), _)| c == name).map(|(_, r)| *r)
+    }
+
+    /// The batch's events as one stamp (docs/design/batch-plan.md §4a): SQLite's stamp is minus the
+    /// batch's first event number — negative, so it never meets a stamp PostgreSQL's sequence gave
+    /// (a store copied between engines keeps its stamps) — so `(stamp, first_seq, last_seq)`, or
+    /// `None` when the batch numbered no event.
+    pub fn events_stamp(&self) -> Option<(i64, i64, i64)> {
+        let read = self.read_value("outbox")?;
+        let now = self.values.iter().find(|(c, _)| c == "outbox").map(|(_, v)| *v)?;
+        (now > read).then_some((-(read + 1), read + 1, now))
+    }
+
     /// Reserves `n` numbers of `name`; returns the first.
     fn take(&mut self, name: &str, n: i64) -> Result<i64, StoreError> {
         let (_, value) = (self.values.iter_mut().find(|(c, _)| c == name))
@@ -194,6 +209,10 @@ pub(crate) struct PendingEvent {
     pub created_at: i64,
 }
 
+fn lock_counters(counters: &Mutex<Counters>) -> std::sync::MutexGuard<'_, Counters> {
+    counters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn lock_pending(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
     pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -230,7 +249,7 @@ pub(crate) fn next_seq(cx: &Cx, counter: &'static str, n: i64) -> Result<i64, St
     debug_assert!(n >= 1);
     let counters = (cx.counters.as_ref())
         .ok_or_else(|| StoreError::internal(format!("the {counter} counter taken outside the SQLite writer")))?;
-    counters.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take(counter, n)
+    lock_counters(counters).take(counter, n)
 }
 
 pub(crate) fn guard_hit(rows: u64, what: &'static str) -> Result<(), StoreError> {

@@ -1,14 +1,16 @@
 //! The outbox: every transition's events, written in its own transaction (spec §5), numbered
-//! gap-free in commit order.
+//! gap-free in commit order. Each event row is written once, into `events` under its transaction's
+//! stamp; numbers are given to stamps (`stamp_numbers`: a stamp holds `first_seq ..= last_seq`, its
+//! events at `pos` 1, 2, …), never to events one by one (docs/design/batch-plan.md §4a).
 //!
-//! On SQLite each is numbered at once from the `outbox` counter: the single writer's order is the
-//! commit order. On PostgreSQL a transaction's events are queued, and its last statement writes them
-//! to `outbox_pending` under one stamp from a sequence — no counter, no NOTIFY on the commit path. A
-//! sequencer pass (`number_events`, run by `engine::sequencer` after the commit) then moves whole
-//! stamps into `outbox`, numbered in stamp order under the `outbox` counter, which only passes take
-//! (docs/decisions/0021).
+//! On SQLite the single writer's order is the commit order: a writer batch's stamp is minus its first
+//! event number, taken from the `outbox` counter, and the batch writes the stamp's numbers itself. On
+//! PostgreSQL a transaction's events are queued, and its last statement writes them under one stamp
+//! from a sequence, with one `stamps_pending` row — no counter, no NOTIFY on the commit path. A
+//! sequencer pass (`number_events`, run by `engine::sequencer` after the commit) then numbers whole
+//! stamps, in stamp order, under the `outbox` counter, which only passes take (docs/decisions/0021).
 
-use super::{Cx, Pending, PendingEvent, lock_pending, next_seq};
+use super::{Cx, Pending, PendingEvent, lock_counters, lock_pending, next_seq};
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use settle_core::history::EventKind;
@@ -39,34 +41,42 @@ pub(crate) async fn emit(
         // would take the counter on the commit path.
         return Err(StoreError::internal("a PostgreSQL event written outside a transaction's queue"));
     }
+    // SQLite: the writer batch's events are one stamp, minus its first number (`Counters::events_stamp`,
+    // docs/design/batch-plan.md §4a); the batch writes the stamp's numbers beside its counters.
     let seq = next_seq(cx, "outbox", 1)?;
+    let read = (cx.counters.as_ref().and_then(|c| lock_counters(c).read_value("outbox")))
+        .ok_or_else(|| StoreError::internal("an event written outside the SQLite writer"))?;
     db.exec(
-        "INSERT INTO outbox (seq, type, job_id, account_id, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
-        args![seq, kind.as_str(), job_id, account_id, data.to_string(), cx.now.micros()],
+        "INSERT INTO events (stamp, pos, type, job_id, account_id, data, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        args![-(read + 1), seq - read, kind.as_str(), job_id, account_id, data.to_string(), cx.now.micros()],
     )
     .await?;
     Ok(())
 }
 
-/// The events' INSERT into `outbox_pending`, its 5 arrays bound from `$first`: one stamp for the
-/// transaction (an uncorrelated scalar subquery: one `nextval` per statement), `pos` their order in
-/// it. The stamp is taken in the transaction's last statement, after every lock it waited for, so a
-/// transaction that waited for another's row, or read its write, has the larger stamp.
-///
-/// `stamp` is the stamp's scalar subquery: with lines in the same statement it reads their INSERT's
-/// count first (`STAMP_AFTER_LINES`), so the lines, and any wait they meet, come before the stamp.
-fn insert_events(first: usize, stamp: &str) -> String {
+/// The events' INSERTs, their 5 arrays bound from `$first` and whether one makes work due as
+/// `$first + 5`: the events into `events` under the transaction's one stamp, `pos` their order in
+/// it, and the stamp into `stamps_pending` for the sequencer (docs/design/batch-plan.md §4a). `st`,
+/// a materialized CTE, takes the stamp once, in the transaction's last statement, after every lock
+/// it waited for, so a transaction that waited for another's row, or read its write, has the larger
+/// stamp. With lines in the same statement it reads their INSERT's count first (`AFTER_LINES`), so
+/// the lines, and any wait they meet, come before the stamp.
+fn insert_events(first: usize, after_lines: bool) -> String {
     let p = |k: usize| format!("${}", first + k);
+    let from = if after_lines { " FROM (SELECT count(*) FROM lines) AS written" } else { "" };
     format!(
-        "INSERT INTO outbox_pending (stamp, pos, type, job_id, account_id, data, created_at) \
-         SELECT {stamp}, u.pos, u.type, u.job_id, u.account_id, u.data, u.created_at \
-         FROM unnest({}::text[], {}::text[], {}::text[], {}::text[], {}::bigint[]) \
-         WITH ORDINALITY AS u(type, job_id, account_id, data, created_at, pos) CROSS JOIN cfg",
+        "st AS MATERIALIZED (SELECT nextval('outbox_stamps') AS stamp{from}), \
+         ev AS (INSERT INTO events (stamp, pos, type, job_id, account_id, data, created_at) \
+                SELECT st.stamp, u.pos, u.type, u.job_id, u.account_id, u.data, u.created_at \
+                FROM st CROSS JOIN cfg CROSS JOIN unnest({}::text[], {}::text[], {}::text[], {}::text[], {}::bigint[]) \
+                WITH ORDINALITY AS u(type, job_id, account_id, data, created_at, pos) RETURNING 1) \
+         INSERT INTO stamps_pending (stamp, events, wakes) SELECT st.stamp, (SELECT count(*) FROM ev), {}::bigint FROM st",
         p(0),
         p(1),
         p(2),
         p(3),
-        p(4)
+        p(4),
+        p(5),
     )
 }
 
@@ -85,23 +95,20 @@ fn commit_settings(param: usize) -> String {
     )
 }
 
-/// The stamp's subquery alone, and after the lines' INSERT in the same statement.
-const STAMP: &str = "(SELECT nextval('outbox_stamps'))";
-const STAMP_AFTER_LINES: &str = "(SELECT nextval('outbox_stamps') FROM (SELECT count(*) FROM lines) AS written)";
 /// The last statement of a transaction that queued lines and events, of one that queued lines
 /// only, of one that queued events only, and of one that queued nothing.
 static LINES_AND_EVENTS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH {}, lines AS ({} RETURNING 1) {}",
-        commit_settings(20),
+        "WITH {}, lines AS ({} RETURNING 1), {}",
+        commit_settings(21),
         super::ledger::INSERT_LINES,
-        insert_events(15, STAMP_AFTER_LINES)
+        insert_events(15, true)
     )
 });
 static LINES_ONLY: LazyLock<String> =
     LazyLock::new(|| format!("WITH {} {}", commit_settings(15), super::ledger::INSERT_LINES));
 static EVENTS_ONLY: LazyLock<String> =
-    LazyLock::new(|| format!("WITH {} {}", commit_settings(6), insert_events(1, STAMP)));
+    LazyLock::new(|| format!("WITH {}, {}", commit_settings(7), insert_events(1, false)));
 static NOTHING: LazyLock<String> = LazyLock::new(|| format!("WITH {} SELECT 1 FROM cfg", commit_settings(1)));
 
 /// PostgreSQL, the statements before COMMIT: the chain heads and ledger numbers of the queued lines,
@@ -125,6 +132,7 @@ pub(crate) async fn flush(db: &mut Db<'_>, pending: &Pending, lock_timeout: Dura
             Value::OptTexts(events.iter().map(|e| Some(e.account_id.clone())).collect()),
             Value::OptTexts(events.iter().map(|e| Some(e.data.clone())).collect()),
             Value::I64s(events.iter().map(|e| e.created_at).collect()),
+            Value::I64(i64::from(events.iter().any(|e| e.kind.wakes_claims()))),
         ]);
     }
     binds.push(Value::Text(format!("{}ms", lock_timeout.as_millis().max(1))));
@@ -140,26 +148,28 @@ columns! {
 columns! {
     /// What one sequencer pass did.
     NumberedCol {
-        stamps = "(SELECT COUNT(DISTINCT stamp) FROM numbered)",
-        last_stamp = "(SELECT MAX(stamp) FROM numbered)",
-        events = "(SELECT COUNT(*) FROM ins)",
-        last = "(SELECT MAX(seq) FROM ins)",
-        wakes = "(SELECT COUNT(*) FROM ins WHERE type IN ('job.queued', 'job.retry_scheduled', 'job.requeued', 'job.released'))",
+        stamps = "(SELECT COUNT(*) FROM nums)",
+        last_stamp = "(SELECT MAX(stamp) FROM nums)",
+        events = "(SELECT CAST(COALESCE(SUM(last_seq - first_seq + 1), 0) AS bigint) FROM nums)",
+        last = "(SELECT MAX(last_seq) FROM nums)",
+        wakes = "(SELECT COUNT(*) FROM numbered WHERE wakes = 1)",
         counter = "(SELECT value FROM bump)",
+        removed = "(SELECT COUNT(*) FROM gone)",
     }
 }
 
+/// A pass: the visible pending stamps in stamp order, at most `$2` of them, numbered after `$1`;
+/// their numbers recorded, their pending rows deleted, the counter moved to the last number.
 static NUMBER: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH todo AS (SELECT stamp FROM outbox_pending GROUP BY stamp ORDER BY stamp LIMIT $2), \
-         moved AS (DELETE FROM outbox_pending p USING todo WHERE p.stamp = todo.stamp \
-                   RETURNING p.stamp, p.pos, p.type, p.job_id, p.account_id, p.data, p.created_at), \
-         numbered AS (SELECT $1 + row_number() OVER (ORDER BY stamp, pos) AS seq, stamp, type, job_id, account_id, \
-                      data, created_at FROM moved), \
-         ins AS (INSERT INTO outbox (seq, type, job_id, account_id, data, created_at) \
-                 SELECT seq, type, job_id, account_id, data, created_at FROM numbered RETURNING seq, type), \
-         bump AS (UPDATE counters SET value = (SELECT MAX(seq) FROM ins) \
-                  WHERE name = 'outbox' AND EXISTS (SELECT 1 FROM ins) RETURNING value) \
+        "WITH todo AS (SELECT stamp, events, wakes FROM stamps_pending ORDER BY stamp LIMIT $2), \
+         numbered AS (SELECT stamp, events, wakes, CAST($1 + SUM(events) OVER (ORDER BY stamp) AS bigint) AS last_seq \
+                      FROM todo), \
+         gone AS (DELETE FROM stamps_pending p USING numbered n WHERE p.stamp = n.stamp RETURNING p.stamp), \
+         nums AS (INSERT INTO stamp_numbers (stamp, first_seq, last_seq) \
+                  SELECT stamp, last_seq - events + 1, last_seq FROM numbered RETURNING stamp, first_seq, last_seq), \
+         bump AS (UPDATE counters SET value = (SELECT MAX(last_seq) FROM nums) \
+                  WHERE name = 'outbox' AND EXISTS (SELECT 1 FROM nums) RETURNING value) \
          SELECT {}",
         NumberedCol::LIST
     )
@@ -178,7 +188,7 @@ pub(crate) struct Numbered {
 }
 
 /// PostgreSQL, one sequencer pass in a transaction of its own: numbers the events of up to
-/// `stamps_max` committed transactions, in stamp order, after the last number given.
+/// `stamps_max` committed transactions (stamps), in stamp order, after the last number given.
 ///
 /// The counter row is locked by a statement of its own, before the numbering statement (which also
 /// moves it to the last number given): a second
@@ -197,6 +207,14 @@ pub(crate) async fn number_events(db: &mut Db<'_>, stamps_max: i64) -> Result<Nu
         events: r.i64(NumberedCol::events)?,
         wakes_claims: r.i64(NumberedCol::wakes)? > 0,
     };
+    // Every numbered stamp left the pending table.
+    let removed = r.i64(NumberedCol::removed)?;
+    if removed != numbered.stamps {
+        return Err(StoreError::internal(format!(
+            "a pass numbered {} stamps but removed {removed} pending ones",
+            numbered.stamps
+        )));
+    }
     // The counter moved to the last number in the same statement (`bump`); checked here, so a pass
     // that numbered anything but `last + 1 ..= last + events` never commits.
     if numbered.events > 0 {
@@ -211,17 +229,51 @@ pub(crate) async fn number_events(db: &mut Db<'_>, stamps_max: i64) -> Result<Nu
     Ok(numbered)
 }
 
+columns! {
+    /// A numbered stamp's range.
+    StampRangeCol { first_seq, last_seq }
+}
+
+static STAMPS_AFTER: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM stamp_numbers WHERE last_seq > $1 ORDER BY last_seq LIMIT $2", StampRangeCol::LIST)
+});
+
+/// How far a page of about `want` events after `after` (numbered at most `upto`) reads: the
+/// `last_seq` of the stamp that brings the count to `want`, or of the last stamp numbered up to
+/// `upto`; `None` when nothing after `after` is numbered. A page then reads the events of the stamps
+/// with `last_seq` in `(after, through]` (docs/design/batch-plan.md §4a): every event up to
+/// `through` is numbered and stays as it is, so the two statements need no common snapshot.
+pub(crate) async fn read_through(db: &mut Db<'_>, after: i64, upto: i64, want: i64) -> Result<Option<i64>, StoreError> {
+    let mut through = None;
+    let mut events = 0;
+    for r in db.all(&STAMPS_AFTER, args![after, want.max(1)]).await? {
+        let (first, last) = (r.i64(StampRangeCol::first_seq)?, r.i64(StampRangeCol::last_seq)?);
+        if first > upto {
+            break;
+        }
+        events += last.min(upto) - first.max(after + 1) + 1;
+        through = Some(last.min(upto));
+        if events >= want {
+            break;
+        }
+    }
+    Ok(through)
+}
+
 #[cfg(test)]
 mod tests {
     use settle_core::history::EventKind;
 
+    /// A flush decides in Rust whether its events wake claimers (`EventKind::wakes_claims`); the
+    /// previous release's writers, during a rolling upgrade, by migration 0024's list, which must
+    /// name the same kinds.
     #[test]
-    fn the_pass_wakes_claims_for_the_events_that_make_work_due() {
+    fn the_migration_wakes_claims_for_the_events_that_make_work_due() {
         let waking: Vec<_> = EventKind::ALL.iter().filter(|k| k.wakes_claims()).map(|k| k.as_str()).collect();
-        let sql = &*super::NUMBER;
+        let sql = include_str!("../../migrations/postgres/0024_events_written_once.sql");
         for kind in &waking {
-            assert!(sql.contains(&format!("'{kind}'")), "{kind} missing from the pass's wake-up list");
+            assert_eq!(sql.matches(&format!("'{kind}'")).count(), 2, "{kind} in both of the migration's lists");
         }
-        assert_eq!(sql.matches("'job.").count(), waking.len());
+        assert_eq!(sql.matches("'job.").count(), 2 * waking.len());
     }
 }

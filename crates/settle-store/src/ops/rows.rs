@@ -48,10 +48,11 @@ columns! {
 }
 
 columns! {
-    /// An outbox event's columns, as `Event` shows them (`type` is a Rust keyword).
+    /// A numbered event's columns, as `Event` shows them, over `EVENTS` (`type` is a Rust keyword).
     pub(crate) EventCol {
-        seq, kind = "type", job_id, account_id, data, created_at,
-        epoch = "(SELECT MAX(x.epoch) FROM store_epochs x WHERE x.first_seq <= outbox.seq)",
+        seq = "n.first_seq + e.pos - 1", kind = "e.type", job_id = "e.job_id", account_id = "e.account_id",
+        data = "e.data", created_at = "e.created_at",
+        epoch = "(SELECT MAX(x.epoch) FROM store_epochs x WHERE x.first_seq <= n.first_seq + e.pos - 1)",
     }
 }
 
@@ -61,9 +62,9 @@ columns! {
         endpoint_id = "d.endpoint_id", state = "d.state", attempts = "d.attempts",
         next_attempt_at = "d.next_attempt_at", last_status = "d.last_status", last_error = "d.last_error",
         delivered_at = "d.delivered_at",
-        seq = "o.seq", kind = "o.type", job_id = "o.job_id", account_id = "o.account_id", data = "o.data",
+        seq = "d.event_seq", kind = "o.type", job_id = "o.job_id", account_id = "o.account_id", data = "o.data",
         created_at = "o.created_at",
-        epoch = "(SELECT MAX(x.epoch) FROM store_epochs x WHERE x.first_seq <= o.seq)",
+        epoch = "(SELECT MAX(x.epoch) FROM store_epochs x WHERE x.first_seq <= d.event_seq)",
     }
 }
 holds!(DeliveryCol: EventCol { seq, kind, job_id, account_id, data, created_at, epoch });
@@ -368,9 +369,18 @@ pub(crate) fn event_from_row<C: Holds<EventCol>>(r: &Row) -> Result<Event, Store
     })
 }
 
-/// Deliveries with their events; a statement adds its `WHERE`.
+/// Numbered events (`EventCol`'s `FROM`): each event with its stamp's numbers.
+pub(crate) const EVENTS: &str = "stamp_numbers n JOIN events e ON e.stamp = n.stamp";
+
+/// Deliveries with their events; a statement adds its `WHERE`. A delivery's event is found by its
+/// number: the stamp whose range holds it (the least `last_seq` at or after it), then its place.
 pub(crate) static DELIVERY_SELECT: LazyLock<String> = LazyLock::new(|| {
-    format!("SELECT {} FROM webhook_deliveries d JOIN outbox o ON o.seq = d.event_seq", DeliveryCol::LIST)
+    format!(
+        "SELECT {} FROM webhook_deliveries d \
+         JOIN stamp_numbers n ON n.last_seq = (SELECT MIN(m.last_seq) FROM stamp_numbers m WHERE m.last_seq >= d.event_seq) \
+         JOIN events o ON o.stamp = n.stamp AND o.pos = d.event_seq - n.first_seq + 1",
+        DeliveryCol::LIST
+    )
 });
 
 pub(crate) fn delivery_from_row(r: &Row) -> Result<Delivery, StoreError> {

@@ -23,7 +23,10 @@ columns! {
     /// its account for an account's own events). The two kinds of line never meet: each key starts
     /// with its kind and a space, which no id holds (a job named `account:acme` once joined the
     /// account `acme`'s line: issue 41).
-    FanOutCol { seq, order_key = "CASE WHEN job_id IS NULL THEN 'account ' || account_id ELSE 'job ' || job_id END" }
+    FanOutCol {
+        seq = "n.first_seq + e.pos - 1",
+        order_key = "CASE WHEN e.job_id IS NULL THEN 'account ' || e.account_id ELSE 'job ' || e.job_id END",
+    }
 }
 
 columns! {
@@ -46,8 +49,14 @@ static CURSOR_SQLITE: LazyLock<String> =
 static CURSOR_PG: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {} FROM webhook_cursors WHERE endpoint_id = $1 FOR UPDATE SKIP LOCKED", CursorCol::LIST)
 });
-static FAN_OUT: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM outbox WHERE seq > $1 ORDER BY seq LIMIT $2", FanOutCol::LIST));
+static FAN_OUT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM {} WHERE n.last_seq > $1 AND n.last_seq <= $2 AND e.pos > $1 - n.first_seq + 1 \
+         ORDER BY n.last_seq, e.pos LIMIT $3",
+        FanOutCol::LIST,
+        super::EVENTS
+    )
+});
 static OPEN_BREAKER: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {} FROM webhook_breakers WHERE endpoint_id = $1 AND state <> 'closed'", OpenBreakerCol::LIST)
 });
@@ -71,7 +80,7 @@ pub(crate) async fn start(
         }
         crate::model::StartFrom::Now => {
             "INSERT INTO webhook_cursors (endpoint_id, last_seq) \
-             SELECT $1, COALESCE(MAX(seq), 0) FROM outbox WHERE true ON CONFLICT DO NOTHING"
+             SELECT $1, COALESCE(MAX(last_seq), 0) FROM stamp_numbers WHERE true ON CONFLICT DO NOTHING"
         }
     };
     let began = db.exec(sql, args![endpoint]).await? == 1;
@@ -129,7 +138,12 @@ pub(crate) async fn fan_out(db: &mut Db<'_>, cx: &Cx, endpoint: &str, batch: u32
     };
     let Some(row) = db.opt(lock, args![endpoint]).await? else { return Ok(0) };
     let old = row.i64(CursorCol::last_seq)?;
-    let rows = db.all(&FAN_OUT, args![old, i64::from(batch.clamp(1, limits::PAGE_LIMIT_MAX))]).await?;
+    let want = i64::from(batch.clamp(1, limits::PAGE_LIMIT_MAX));
+    let Some(through) = super::read_through(db, old, i64::MAX, want).await? else {
+        cx.point(CrashPoint::BeforeCommit)?;
+        return Ok(0);
+    };
+    let rows = db.all(&FAN_OUT, args![old, through, want]).await?;
     let mut last = old;
     let mut created = 0;
     for r in &rows {

@@ -5,21 +5,23 @@ use super::{next_after, page_limit};
 use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
-use crate::ops::{EventCol, event_from_row};
+use crate::ops::{self, EVENTS, EventCol, event_from_row};
 use std::sync::LazyLock;
 
 columns! {
     /// The newest numbered event.
-    TopCol { top = "MAX(seq)" }
+    TopCol { top = "MAX(last_seq)" }
 }
 
 /// Events after `after` in `seq` order; for a scoped token only those of its accounts and kinds
 /// (an account's own events, such as grants, are of no kind).
 ///
 /// `next_after` says how far the page looked, whatever it found (issue 41): a full page ends at its
-/// last event; a page that is not full looked through every event numbered when it began — other
-/// tenants' too — so its cursor moves past them, and a scoped consumer never rescans them. `None`
-/// when nothing beyond what the page returns (or beyond `after`) was numbered: "caught up".
+/// last event; a page that is not full looked through events numbered when it began — other
+/// tenants' too — so its cursor moves past them, and a scoped consumer never rescans them. A page
+/// looks through at most `LOOK_ROUNDS` pages' worth of events (a small tenant far behind a big one
+/// costs a bounded read per request) and then ends where it looked. `None` when nothing beyond what
+/// the page returns (or beyond `after`) was numbered: "caught up".
 /// The newest seq is read first and the page kept to it: numbers become visible in order (the
 /// sequencer's promise), so every event up to it is there to be read.
 pub(crate) async fn events(
@@ -28,24 +30,41 @@ pub(crate) async fn events(
     limit: u32,
     scope: &settle_core::scope::Scope,
 ) -> Result<Paged<Event>, StoreError> {
-    static TOP: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM outbox", TopCol::LIST));
+    static TOP: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM stamp_numbers", TopCol::LIST));
     let limit = page_limit(limit);
     let top = db.one(&TOP, args![]).await?.opt_i64(TopCol::top)?.unwrap_or(0);
     if after > top {
         return Err(cursor_ahead(db, after, top).await?);
     }
-    let mut a: Vec<Value> = vec![after.into(), top.into()];
-    let scoped = scope_sql(scope, &mut a, "account_id", Kinds::OfJob("job_id"));
-    a.push(limit.into());
-    let sql = format!(
-        "SELECT {} FROM outbox WHERE seq > $1 AND seq <= $2{scoped} ORDER BY seq LIMIT ${}",
-        EventCol::LIST,
-        a.len()
-    );
-    let rows = db.all_built(sql, &a).await?;
-    let events = rows.iter().map(event_from_row::<EventCol>).collect::<Result<Vec<_>, StoreError>>()?;
+    // Stamp by stamp (docs/design/batch-plan.md §4a): a scoped page that is not full goes on
+    // through other tenants' events, up to the newest number or `LOOK_ROUNDS` rounds.
+    const LOOK_ROUNDS: usize = 8;
+    let mut events = Vec::new();
+    let mut from = after;
+    for _ in 0..LOOK_ROUNDS {
+        let want = limit - events.len() as i64;
+        let Some(through) = ops::read_through(db, from, top, limit).await? else { break };
+        let mut a: Vec<Value> = vec![from.into(), through.into()];
+        let scoped = scope_sql(scope, &mut a, "e.account_id", Kinds::OfJob("e.job_id"));
+        a.push(want.into());
+        let sql = format!(
+            "SELECT {} FROM {EVENTS} WHERE n.last_seq > $1 AND n.last_seq <= $2 AND e.pos > $1 - n.first_seq + 1\
+             {scoped} ORDER BY n.last_seq, e.pos LIMIT ${}",
+            EventCol::LIST,
+            a.len()
+        );
+        for r in db.all_built(sql, &a).await? {
+            events.push(event_from_row::<EventCol>(&r)?);
+        }
+        from = through;
+        if through >= top || events.len() as i64 >= limit {
+            break;
+        }
+    }
     let next = match next_after(&events, limit, |e| e.seq) {
         Some(full) => Some(full),
+        // Looked through part of the way: on from there.
+        None if from < top => Some(from),
         None => {
             let seen = events.last().map_or(after, |e| e.seq);
             (top > seen).then_some(top)

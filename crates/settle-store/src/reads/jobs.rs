@@ -279,8 +279,13 @@ pub(crate) async fn job_totals(db: &mut Db<'_>, filter: &JobFilter, net: bool) -
 pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Result<JobHistory, StoreError> {
     static ENTRIES: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE job_id = $1 ORDER BY seq", EntryCol::LIST));
-    static EVENTS: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {} FROM outbox WHERE job_id = $1 ORDER BY seq LIMIT 1000", EventCol::LIST));
+    static EVENTS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM {} WHERE e.job_id = $1 ORDER BY n.last_seq, e.pos LIMIT 1000",
+            EventCol::LIST,
+            ops::EVENTS
+        )
+    });
     static ARTIFACTS: LazyLock<String> = LazyLock::new(|| {
         format!("SELECT {} FROM artifacts WHERE job_id = $1 ORDER BY created_at, item_id, key", ArtifactCol::LIST)
     });

@@ -21,12 +21,12 @@ columns! {
 
 columns! {
     /// The newest outbox event's number (0 for none).
-    NewestCol { seq = "COALESCE(MAX(seq), 0)" }
+    NewestCol { seq = "COALESCE(MAX(last_seq), 0)" }
 }
 
 columns! {
     /// The outbox events of one minute: how many, and the first one's time.
-    MinuteCol { minute = "created_at / 60000000", events = "COUNT(*)", first_at = "MIN(created_at)" }
+    MinuteCol { minute = "e.created_at / 60000000", events = "COUNT(*)", first_at = "MIN(e.created_at)" }
 }
 
 columns! {
@@ -53,10 +53,14 @@ pub(crate) async fn overview(db: &mut Db<'_>, now: Timestamp, since: Timestamp) 
             CountCol::LIST
         )
     });
-    static NEWEST: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM outbox", NewestCol::LIST));
+    static NEWEST: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM stamp_numbers", NewestCol::LIST));
     // Counted by the engine, a row per minute (times are positive, so `/` is a floor).
     static PER_MINUTE: LazyLock<String> = LazyLock::new(|| {
-        format!("SELECT {} FROM outbox WHERE seq > $1 GROUP BY created_at / 60000000", MinuteCol::LIST)
+        format!(
+            "SELECT {} FROM {} WHERE n.last_seq > $1 AND e.pos > $1 - n.first_seq + 1 GROUP BY e.created_at / 60000000",
+            MinuteCol::LIST,
+            crate::ops::EVENTS
+        )
     });
     let mut out = Overview::default();
     for r in db.all(&JOBS, args![]).await? {

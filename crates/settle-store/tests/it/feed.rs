@@ -107,28 +107,43 @@ async fn postgres_a_tailing_reader_sees_every_event_once_in_order() {
 }
 
 /// Events a process committed and then died before numbering (PostgreSQL): nobody pokes the
-/// sequencer for them, and no reader asks — the idle round of any process numbers them.
+/// sequencer for them, and no reader asks — the idle round of any process numbers them: this
+/// release's (a stamp in `stamps_pending`, its events in `events`) and, during a rolling upgrade,
+/// the previous release's (its events queued in `outbox_pending`: migration 0024).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_events_of_a_process_that_died_after_commit_are_numbered_by_the_idle_round() {
     let k = Kit::new(EngineKind::Postgres).await;
     k.account("a", 10).await;
-    let before = k.event_types().await.len();
     let wake = k.store.events_wake();
-    let woken = wake.notified();
-    tokio::pin!(woken);
-    woken.as_mut().enable();
-    k.raw_script(
-        "INSERT INTO outbox_pending (stamp, pos, type, job_id, account_id, data, created_at) \
-         VALUES (nextval('outbox_stamps'), 1, 'account.granted', NULL, 'a', '{\"amount\":1}', 0)",
-    )
-    .await
-    .unwrap();
-    tokio::time::timeout(std::time::Duration::from_secs(5), woken)
-        .await
-        .expect("an idle round numbered the event nobody asked for");
-    let events = k.event_types().await;
-    assert_eq!(events.len(), before + 1);
-    assert_eq!(events.last().map(String::as_str), Some("account.granted"));
+    for (release, sql) in [
+        (
+            "this release",
+            "INSERT INTO events (stamp, pos, type, job_id, account_id, data, created_at) \
+               VALUES (nextval('outbox_stamps'), 1, 'account.granted', NULL, 'a', '{\"amount\":1}', 0), \
+                      (currval('outbox_stamps'), 2, 'account.adjusted', NULL, 'a', '{\"amount\":-1}', 0); \
+             INSERT INTO stamps_pending (stamp, events, wakes) VALUES (currval('outbox_stamps'), 2, 0)",
+        ),
+        (
+            "the previous release",
+            "INSERT INTO outbox_pending (stamp, pos, type, job_id, account_id, data, created_at) \
+               VALUES (nextval('outbox_stamps'), 1, 'account.granted', NULL, 'a', '{\"amount\":1}', 0), \
+                      (currval('outbox_stamps'), 2, 'account.adjusted', NULL, 'a', '{\"amount\":-1}', 0)",
+        ),
+    ] {
+        let before = k.event_types().await.len();
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        k.raw_script(sql).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(5), woken)
+            .await
+            .unwrap_or_else(|_| panic!("an idle round numbered {release}'s events nobody asked for"));
+        let events = k.event_types().await;
+        assert_eq!(events.len(), before + 2, "{release}");
+        assert_eq!(events[before..], ["account.granted", "account.adjusted"], "{release}");
+    }
+    let audit = k.store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
 }
 
 /// Operations that fail inside a batch after their events were numbered (a crash injected after

@@ -77,6 +77,7 @@ async fn from_before_migration_15(engine: EngineKind) {
     let events_before = k.event_types().await.len();
     // The previous release's schema: migration 0015's columns, tables and record gone; the ledger
     // counter where that release kept it.
+    k.raw_script(undo_24(&k)).await.unwrap();
     k.raw_script(UNDO_17).await.unwrap();
     let back = if k.is_sqlite() {
         "ALTER TABLE items DROP COLUMN hold; DELETE FROM _sqlx_migrations WHERE version = 16; \
@@ -272,6 +273,7 @@ async fn from_before_migration_18(engine: EngineKind) {
     k.items_job("j", &a, &[10, 20]).await;
     let t1 = k.claim_one("j").await;
     k.fail("j", &t1, "TIMEOUT").await;
+    k.raw_script(undo_24(&k)).await.unwrap();
     let undo = if k.is_sqlite() {
         "DELETE FROM _sqlx_migrations WHERE version = 18"
     } else {
@@ -289,20 +291,22 @@ async fn from_before_migration_18(engine: EngineKind) {
     assert_eq!(store.operators().verify_chain(&a).await.unwrap(), None, "new entries continue the chain");
     assert!(store.audit(None).await.unwrap().violations.is_empty());
     assert_eq!(store.account(&a).await.unwrap().balance.get(), 100 - 30 - 18);
+    // On PostgreSQL migration 0018 kept `outbox_pending` from autovacuum's truncation; since 0024
+    // the table is a view and `stamps_pending` is kept the same way.
     if !url.starts_with("sqlite:") {
         use sqlx::{ConnectOptions, Connection};
         use std::str::FromStr;
         let mut c = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
         let kept: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM pg_class c, pg_options_to_table(c.reloptions) o \
-             WHERE c.oid = 'outbox_pending'::regclass AND o.option_name = 'vacuum_truncate' \
+             WHERE c.oid = 'stamps_pending'::regclass AND o.option_name = 'vacuum_truncate' \
              AND o.option_value IN ('off', 'false'))",
         )
         .fetch_one(&mut c)
         .await
         .unwrap();
         c.close().await.unwrap();
-        assert!(kept, "migration 0018 applied: outbox_pending is not truncated by autovacuum");
+        assert!(kept, "stamps_pending is not truncated by autovacuum");
     }
 }
 
@@ -351,6 +355,7 @@ async fn from_before_migration_20(engine: EngineKind) {
     let now = order_keys(&k.url).await;
     assert!(now.len() >= 2 && now[0].2 == "delivered", "the grant delivered, the job's events pending: {now:?}");
     // The release before 0020: keys were the job's id, or `account:` and the account's id.
+    k.raw_script(undo_24(&k)).await.unwrap();
     k.raw_script(
         "UPDATE webhook_deliveries SET order_key = CASE WHEN order_key LIKE 'job %' THEN substr(order_key, 5) \
          ELSE 'account:' || substr(order_key, 9) END; \
@@ -384,4 +389,141 @@ async fn sqlite_a_database_from_before_migration_20_rekeys_its_pending_deliverie
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_database_from_before_migration_20_rekeys_its_pending_deliveries() {
     from_before_migration_20(EngineKind::Postgres).await;
+}
+
+/// Takes a database back to before migration 0024 (each event written once): the numbered events
+/// back in `outbox`, pending stamps back in `outbox_pending`, the delivery's foreign key back.
+fn undo_24(k: &Kit) -> &'static str {
+    if k.is_sqlite() {
+        "CREATE TABLE outbox (seq INTEGER PRIMARY KEY, type TEXT NOT NULL, job_id TEXT, account_id TEXT NOT NULL, \
+           data TEXT NOT NULL, created_at INTEGER NOT NULL) STRICT; \
+         INSERT INTO outbox SELECT n.first_seq + e.pos - 1, e.type, e.job_id, e.account_id, e.data, e.created_at \
+           FROM stamp_numbers n JOIN events e ON e.stamp = n.stamp; \
+         CREATE INDEX outbox_job ON outbox (job_id, seq); \
+         CREATE TABLE outbox_pending (stamp INTEGER NOT NULL, pos INTEGER NOT NULL, type TEXT NOT NULL, job_id TEXT, \
+           account_id TEXT NOT NULL, data TEXT NOT NULL, created_at INTEGER NOT NULL, PRIMARY KEY (stamp, pos)) STRICT; \
+         DROP TABLE events; DROP TABLE stamp_numbers; DROP TABLE stamps_pending; \
+         DELETE FROM _sqlx_migrations WHERE version = 24"
+    } else {
+        "DROP VIEW outbox; DROP FUNCTION outbox_numbered_by_an_old_pass(); \
+         DROP VIEW outbox_pending; DROP FUNCTION outbox_pending_queued_by_an_old_writer(); \
+         CREATE TABLE outbox_pending (stamp bigint NOT NULL, pos bigint NOT NULL, type text NOT NULL, job_id text, \
+           account_id text NOT NULL, data text NOT NULL, created_at bigint NOT NULL, PRIMARY KEY (stamp, pos)); \
+         CREATE TABLE outbox (seq bigint PRIMARY KEY, type text NOT NULL, job_id text, account_id text NOT NULL, \
+           data text NOT NULL, created_at bigint NOT NULL); \
+         INSERT INTO outbox SELECT n.first_seq + e.pos - 1, e.type, e.job_id, e.account_id, e.data, e.created_at \
+           FROM stamp_numbers n JOIN events e ON e.stamp = n.stamp; \
+         INSERT INTO outbox_pending SELECT e.* FROM events e JOIN stamps_pending p ON p.stamp = e.stamp; \
+         CREATE INDEX outbox_job ON outbox (job_id, seq); \
+         ALTER TABLE webhook_deliveries ADD FOREIGN KEY (event_seq) REFERENCES outbox (seq); \
+         DROP TABLE events; DROP TABLE stamp_numbers; DROP TABLE stamps_pending; \
+         DELETE FROM _sqlx_migrations WHERE version = 24"
+    }
+}
+
+/// The feed as (seq, type, job), from the first event.
+async fn feed(store: &SqlStore) -> Vec<(i64, String, Option<String>)> {
+    let rows = store.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows;
+    rows.into_iter().map(|e| (e.seq, e.kind.as_str().to_owned(), e.job_id)).collect()
+}
+
+/// A database made by the release before migration 0024 (each event written once, issue 43) opens
+/// with this one, on both engines: its events keep their numbers, a
+/// webhook delivery still finds its event, the audit is clean, and new events are numbered on,
+/// gap-free. On PostgreSQL, events a process of the previous release queued in `outbox_pending`
+/// and never numbered are numbered after the migration; and while a process of that release still
+/// runs, its writers' events are numbered by this release's passes (its own pass finds nothing
+/// pending and fails nowhere).
+async fn from_before_migration_24(engine: EngineKind) {
+    use settle_store::StartFrom;
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10, 20]).await;
+    let t = k.claim_one("j").await;
+    k.fail("j", &t, "TIMEOUT").await;
+    k.store.webhooks().start("ops", StartFrom::Beginning).await.unwrap();
+    k.store.webhooks().fan_out("ops", 100).await.unwrap();
+    let before = feed(&k.store).await;
+    let deliveries = k.store.webhooks().deliveries(&Default::default(), 0, 100).await.unwrap().rows;
+    assert_eq!(deliveries.len(), before.len());
+    k.raw_script(undo_24(&k)).await.unwrap();
+    if !k.is_sqlite() {
+        // A previous-release process committed events and died before its pass.
+        k.raw_script(
+            "INSERT INTO outbox_pending (stamp, pos, type, job_id, account_id, data, created_at) \
+             VALUES (nextval('outbox_stamps'), 1, 'account.granted', NULL, 'a', '{}', 0)",
+        )
+        .await
+        .unwrap();
+    }
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    let after = feed(&store).await;
+    assert_eq!(after[..before.len()], before[..], "every event keeps its number");
+    let legacy = usize::from(!url.starts_with("sqlite:"));
+    assert_eq!(after.len(), before.len() + legacy, "{after:?}");
+    let now = store.webhooks().deliveries(&Default::default(), 0, 100).await.unwrap().rows;
+    assert_eq!(
+        now.iter().map(|d| (d.event.seq, d.event.kind)).collect::<Vec<_>>(),
+        deliveries.iter().map(|d| (d.event.seq, d.event.kind)).collect::<Vec<_>>(),
+        "each delivery finds its event"
+    );
+    assert!(store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().applied);
+    let more = feed(&store).await;
+    assert!(more.len() > after.len());
+    assert!(more.iter().enumerate().all(|(i, e)| e.0 == i as i64 + 1), "gap-free: {more:?}");
+    if !url.starts_with("sqlite:") {
+        // A writer of the previous release queues an event (its statement's shape), and a pass of
+        // that release (its statement as it was) runs: it finds nothing, and this release's pass
+        // numbers the event.
+        use sqlx::{ConnectOptions, Connection};
+        use std::str::FromStr;
+        let mut c = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+        let mut tx = c.begin().await.unwrap();
+        sqlx::query(
+            "INSERT INTO outbox_pending (stamp, pos, type, job_id, account_id, data, created_at) \
+             VALUES (nextval('outbox_stamps'), 1, 'account.adjusted', NULL, 'a', '{}', 0)",
+        )
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        let mut tx = c.begin().await.unwrap();
+        let last: i64 = sqlx::query_scalar("SELECT value FROM counters WHERE name = 'outbox' FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        let moved: i64 = sqlx::query_scalar(OLD_PASS).bind(last).bind(100i64).fetch_one(&mut *tx).await.unwrap();
+        tx.commit().await.unwrap();
+        c.close().await.unwrap();
+        assert_eq!(moved, 0, "the old pass finds nothing pending");
+        let last_feed = feed(&store).await;
+        assert_eq!(last_feed.last().map(|e| (e.0, e.1.as_str())), Some((more.len() as i64 + 1, "account.adjusted")));
+    }
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
+/// The previous release's pass (ops/outbox.rs before migration 0024), as it was sent.
+const OLD_PASS: &str = "WITH todo AS (SELECT stamp FROM outbox_pending GROUP BY stamp ORDER BY stamp LIMIT $2), \
+     moved AS (DELETE FROM outbox_pending p USING todo WHERE p.stamp = todo.stamp \
+               RETURNING p.stamp, p.pos, p.type, p.job_id, p.account_id, p.data, p.created_at), \
+     numbered AS (SELECT $1 + row_number() OVER (ORDER BY stamp, pos) AS seq, stamp, type, job_id, account_id, \
+                  data, created_at FROM moved), \
+     ins AS (INSERT INTO outbox (seq, type, job_id, account_id, data, created_at) \
+             SELECT seq, type, job_id, account_id, data, created_at FROM numbered RETURNING seq, type), \
+     bump AS (UPDATE counters SET value = (SELECT MAX(seq) FROM ins) \
+              WHERE name = 'outbox' AND EXISTS (SELECT 1 FROM ins) RETURNING value) \
+     SELECT (SELECT COUNT(*) FROM ins)";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_database_from_before_migration_24_keeps_its_event_numbers() {
+    from_before_migration_24(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_database_from_before_migration_24_keeps_its_event_numbers() {
+    from_before_migration_24(EngineKind::Postgres).await;
 }
