@@ -138,7 +138,7 @@ columns! {
 
 columns! {
     /// A grant as L5 reads it.
-    GrantRow { key, account_id, origin, source_id, amount, remaining, expiry_key, expired_at, expired_seq }
+    GrantRow { key, account_id, origin, source_id, amount, remaining, spent, expiry_key, expired_at, expired_seq }
 }
 
 columns! {
@@ -198,6 +198,14 @@ impl L5 {
             let key = r.i64(C::key)?;
             if r.text(C::origin)? == "grant" {
                 self.by_source.insert(r.text(C::source_id)?, key);
+            }
+            // `spent` is the burn-down index's predicate (migration 0025): a grant marked spent
+            // with something left would never be charged again; one marked live with nothing left
+            // would be read by every charge.
+            let (remaining, spent) = (r.i64(C::remaining)?, r.i64(C::spent)?);
+            if spent != i64::from(remaining == 0) {
+                let account = r.text(C::account_id)?;
+                self.found.push((account, format!("grant {key} has {remaining} left but is marked spent = {spent}")));
             }
             let tally = GrantTally {
                 account: r.text(C::account_id)?,

@@ -117,7 +117,7 @@ columns! {
 
 static HEAD: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM grants WHERE account_id = $1 AND remaining > 0 AND expired_at IS NULL \
+        "SELECT {} FROM grants WHERE account_id = $1 AND spent = 0 AND expired_at IS NULL \
          AND (priority, expiry_key, key) > ($2, $3, $4) ORDER BY priority, expiry_key, key LIMIT $5",
         HeadCol::LIST
     )
@@ -125,7 +125,7 @@ static HEAD: LazyLock<String> = LazyLock::new(|| {
 // A withdrawal's: only credit that never expires is cash (docs/decisions/0023).
 static CASH_HEAD: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM grants WHERE account_id = $1 AND remaining > 0 AND expired_at IS NULL \
+        "SELECT {} FROM grants WHERE account_id = $1 AND spent = 0 AND expired_at IS NULL \
          AND (priority, expiry_key, key) > ($2, $3, $4) AND expiry_key = 9223372036854775807 \
          ORDER BY priority, expiry_key, key LIMIT $5",
         HeadCol::LIST
@@ -134,7 +134,7 @@ static CASH_HEAD: LazyLock<String> = LazyLock::new(|| {
 // Every grant the cash rule counts (semantics §1), by the burn-down index.
 static CASH: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM grants WHERE account_id = $1 AND remaining > 0 AND expired_at IS NULL \
+        "SELECT {} FROM grants WHERE account_id = $1 AND spent = 0 AND expired_at IS NULL \
          AND expiry_key = 9223372036854775807",
         CashCol::LIST
     )
@@ -177,12 +177,15 @@ static LOCK_ACCOUNT_PG: LazyLock<String> =
 static READ_ACCOUNT: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", LockCol::LIST));
 
-const TAKE: &str =
-    "UPDATE grants SET remaining = remaining - $2 WHERE key = $1 AND remaining >= $2 AND expired_at IS NULL";
-const RETURN_LIVE: &str = "UPDATE grants SET remaining = remaining + $2 WHERE key = $1 AND expired_at IS NULL";
+// Every write of `remaining` keeps `spent` (1 when nothing remains: the burn-down index's predicate,
+// migration 0025), so a take that leaves something changes no indexed column.
+const TAKE: &str = "UPDATE grants SET remaining = remaining - $2, spent = CASE WHEN remaining = $2 THEN 1 ELSE 0 END \
+     WHERE key = $1 AND remaining >= $2 AND expired_at IS NULL";
+const RETURN_LIVE: &str = "UPDATE grants SET remaining = remaining + $2, \
+     spent = CASE WHEN remaining + $2 = 0 THEN 1 ELSE 0 END WHERE key = $1 AND expired_at IS NULL";
 const GIVE_BACK: &str =
     "UPDATE allocations SET given_back = given_back + $2 WHERE id = $1 AND given_back + $2 <= taken";
-const EXPIRE: &str = "UPDATE grants SET expired_at = $2, expired_seq = $4, remaining = 0 \
+const EXPIRE: &str = "UPDATE grants SET expired_at = $2, expired_seq = $4, remaining = 0, spent = 1 \
      WHERE key = $1 AND expired_at IS NULL AND remaining = $3";
 const SETTLE: &str = "UPDATE allocations SET settled = settled + $2 WHERE id = $1 AND grant_key IS NULL \
      AND given_back + settled + $2 <= taken";
@@ -203,10 +206,11 @@ const INSERT_ALLOCATIONS_PG: &str = "INSERT INTO allocations (account_id, grant_
 macro_rules! take_from_head_pg {
     ($filter:literal) => {
         concat!(
-            "WITH head AS (SELECT key FROM grants WHERE account_id = $1 AND remaining > 0 AND expired_at IS NULL ",
+            "WITH head AS (SELECT key FROM grants WHERE account_id = $1 AND spent = 0 AND expired_at IS NULL ",
             $filter,
             " ORDER BY priority, expiry_key, key LIMIT 1), \
-             took AS (UPDATE grants g SET remaining = g.remaining - $2 FROM head \
+             took AS (UPDATE grants g SET remaining = g.remaining - $2, \
+             spent = CASE WHEN g.remaining = $2 THEN 1 ELSE 0 END FROM head \
              WHERE g.key = head.key AND g.remaining >= $2 RETURNING g.key) \
              INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, account_seq, taken, created_at) \
              SELECT $1, took.key, $3, $4, $5, $6, $7, $2, $8 FROM took"
@@ -216,7 +220,8 @@ macro_rules! take_from_head_pg {
 const TAKE_FROM_HEAD_PG: &str = take_from_head_pg!("");
 const TAKE_FROM_CASH_HEAD_PG: &str = take_from_head_pg!("AND expiry_key = 9223372036854775807");
 const INSERT_GRANT: &str = "INSERT INTO grants (account_id, origin, source_id, amount, priority, expires_at, \
-     expiry_key, remaining, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING key";
+     expiry_key, remaining, spent, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+     CASE WHEN $8 = 0 THEN 1 ELSE 0 END, $9) RETURNING key";
 
 columns! {
     /// A new grant's key.

@@ -77,6 +77,7 @@ async fn from_before_migration_15(engine: EngineKind) {
     let events_before = k.event_types().await.len();
     // The previous release's schema: migration 0015's columns, tables and record gone; the ledger
     // counter where that release kept it.
+    k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     k.raw_script(UNDO_17).await.unwrap();
     let back = if k.is_sqlite() {
@@ -213,6 +214,7 @@ async fn from_before_migration_17(engine: EngineKind) {
         .await
         .unwrap();
     k.job("jb", &b, 30).await;
+    k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(UNDO_17).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
     drop(store);
@@ -273,6 +275,7 @@ async fn from_before_migration_18(engine: EngineKind) {
     k.items_job("j", &a, &[10, 20]).await;
     let t1 = k.claim_one("j").await;
     k.fail("j", &t1, "TIMEOUT").await;
+    k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     let undo = if k.is_sqlite() {
         "DELETE FROM _sqlx_migrations WHERE version = 18"
@@ -355,6 +358,7 @@ async fn from_before_migration_20(engine: EngineKind) {
     let now = order_keys(&k.url).await;
     assert!(now.len() >= 2 && now[0].2 == "delivered", "the grant delivered, the job's events pending: {now:?}");
     // The release before 0020: keys were the job's id, or `account:` and the account's id.
+    k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     k.raw_script(
         "UPDATE webhook_deliveries SET order_key = CASE WHEN order_key LIKE 'job %' THEN substr(order_key, 5) \
@@ -446,6 +450,7 @@ async fn from_before_migration_24(engine: EngineKind) {
     let before = feed(&k.store).await;
     let deliveries = k.store.webhooks().deliveries(&Default::default(), 0, 100).await.unwrap().rows;
     assert_eq!(deliveries.len(), before.len());
+    k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     if !k.is_sqlite() {
         // A previous-release process committed events and died before its pass.
@@ -526,4 +531,71 @@ async fn sqlite_a_database_from_before_migration_24_keeps_its_event_numbers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_database_from_before_migration_24_keeps_its_event_numbers() {
     from_before_migration_24(EngineKind::Postgres).await;
+}
+
+/// Takes a database back to before migration 0025 (the hot tables' first change): the burn-down
+/// index on `remaining` again, no `spent`, the reference index over every line.
+fn undo_25(k: &Kit) -> &'static str {
+    if k.is_sqlite() {
+        "DROP INDEX grants_burn; ALTER TABLE grants DROP COLUMN spent; \
+         CREATE INDEX grants_burn ON grants (account_id, priority, expiry_key, key) WHERE remaining > 0 AND expired_at IS NULL; \
+         DROP INDEX ledger_entries_ref; CREATE UNIQUE INDEX ledger_entries_ref ON ledger_entries (kind, ref_id); \
+         DELETE FROM _sqlx_migrations WHERE version = 25"
+    } else {
+        "DROP INDEX grants_burn; ALTER TABLE grants DROP COLUMN spent; ALTER TABLE grants RESET (fillfactor); \
+         CREATE INDEX grants_burn ON grants (account_id, priority, expiry_key, key) WHERE remaining > 0 AND expired_at IS NULL; \
+         DROP INDEX ledger_entries_ref; CREATE UNIQUE INDEX ledger_entries_ref ON ledger_entries (kind, ref_id); \
+         DELETE FROM _sqlx_migrations WHERE version = 25"
+    }
+}
+
+/// A database made by the release before migration 0025 opens with this one, on both engines:
+/// each grant is marked spent exactly when nothing remains, charges still burn down in order (a
+/// spent grant is skipped, a refund brings it back), and the audit is clean.
+async fn from_before_migration_25(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 10).await;
+    let g = NewGrant {
+        id: RefId::parse("g2").unwrap(),
+        amount: Credits::new(30),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
+    k.store.grant(&a, g, SYSTEM_ACTOR).await.unwrap();
+    // The first grant used up, the second partly.
+    k.job("spent", &a, 15).await;
+    k.raw_script(undo_25(&k)).await.unwrap();
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    async fn grants(store: &SqlStore, a: &AccountId) -> Vec<(String, i64)> {
+        let rows = store.grants(a, Page { after: 0, limit: 100 }).await.unwrap().rows;
+        rows.into_iter().map(|g| (g.id, g.remaining.get())).collect()
+    }
+    assert_eq!(grants(&store, &a).await, [("g-a".to_owned(), 0), ("g2".to_owned(), 25)]);
+    assert!(store.audit(None).await.unwrap().violations.is_empty());
+    // A charge skips the spent grant; a refund brings the first back to life; the next charge
+    // takes from it first again (it is first in the burn order).
+    store.create_job(new_job("j2", &a, 5)).await.unwrap();
+    assert_eq!(grants(&store, &a).await, [("g-a".to_owned(), 0), ("g2".to_owned(), 20)]);
+    let claimed = store.claim(claim_req("w", 1)).await.unwrap();
+    assert_eq!(claimed[0].job.id, "spent");
+    store.fail(&claimed[0].job.id, fail_sig(&claimed[0].lease_token, "BAD_INPUT")).await.unwrap();
+    assert_eq!(grants(&store, &a).await, [("g-a".to_owned(), 10), ("g2".to_owned(), 25)]);
+    store.create_job(new_job("j3", &a, 1)).await.unwrap();
+    assert_eq!(grants(&store, &a).await, [("g-a".to_owned(), 9), ("g2".to_owned(), 25)]);
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_database_from_before_migration_25_marks_its_spent_grants() {
+    from_before_migration_25(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
+    from_before_migration_25(EngineKind::Postgres).await;
 }

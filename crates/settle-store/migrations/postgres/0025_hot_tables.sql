@@ -1,0 +1,19 @@
+-- The hot tables, first measured change (issue 43 item 3, docs/design/hot-tables.md).
+--
+-- grants: the burn-down index's predicate named `remaining`, so every take and every give-back was
+-- an update PostgreSQL could not make HOT: a new entry in each of the table's four indexes, and the
+-- burn-down index of a busy account full of dead entries its next charge had to step over. The
+-- predicate now names `spent` (1 when nothing remains), which changes only when a grant is used up
+-- or comes back to life; a take that leaves something is a HOT update when its page has room.
+ALTER TABLE grants ADD COLUMN spent bigint NOT NULL DEFAULT 0;
+UPDATE grants SET spent = 1 WHERE remaining = 0;
+ALTER TABLE grants ADD CONSTRAINT grants_spent_check CHECK (spent = CASE WHEN remaining = 0 THEN 1 ELSE 0 END);
+DROP INDEX grants_burn;
+CREATE INDEX grants_burn ON grants (account_id, priority, expiry_key, key) WHERE spent = 0 AND expired_at IS NULL;
+-- Room on each page for the next version of a row (HOT needs it on the same page).
+ALTER TABLE grants SET (fillfactor = 85);
+
+-- ledger_entries: grant and adjustment idempotency needs (kind, ref_id) unique where a reference is
+-- given; a job's lines have none, and each paid for an entry in the index all the same.
+DROP INDEX ledger_entries_ref;
+CREATE UNIQUE INDEX ledger_entries_ref ON ledger_entries (kind, ref_id) WHERE ref_id IS NOT NULL;
