@@ -143,7 +143,7 @@ columns! {
 
 columns! {
     /// An allocation as L5 reads it.
-    AllocationRow { id, account_id, grant_key, kind, account_seq, taken, given_back, settled, paid_part }
+    AllocationRow { id, account_id, grant_key, kind, account_seq, taken, given_back, settled, paid_part, owed }
 }
 
 columns! {
@@ -232,6 +232,16 @@ impl L5 {
             use AllocationRow as C;
             let (taken, given_back) = (i128::from(r.i64(C::taken)?), i128::from(r.i64(C::given_back)?));
             let account = r.str(C::account_id)?;
+            // `owed` is the unpaid-debt index's predicate (migration 0025): a debt part with
+            // something unpaid that says otherwise would never be settled.
+            let owes = r.opt_i64(C::grant_key)?.is_none() && taken > given_back + i128::from(r.i64(C::settled)?);
+            if r.i64(C::owed)? != i64::from(owes) {
+                let id = r.i64(C::id)?;
+                found.push((
+                    account.to_owned(),
+                    format!("allocation {id} is marked owed = {} but owes {owes}", r.i64(C::owed)?),
+                ));
+            }
             let Some(key) = r.opt_i64(C::grant_key)? else {
                 let part_settled = i128::from(r.i64(C::settled)?);
                 *unpaid.entry(account.to_owned()).or_default() += taken - given_back - part_settled;

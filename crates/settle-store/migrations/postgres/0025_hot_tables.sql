@@ -13,6 +13,17 @@ CREATE INDEX grants_burn ON grants (account_id, priority, expiry_key, key) WHERE
 -- Room on each page for the next version of a row (HOT needs it on the same page).
 ALTER TABLE grants SET (fillfactor = 85);
 
+-- allocations: likewise, the unpaid-debt index's predicate named `given_back` and `settled`, so
+-- every give-back of a refund was a non-HOT update. The predicate now names `owed` (1 for a debt part
+-- with something unpaid), which only a debt part's settlement or give-back changes.
+ALTER TABLE allocations ADD COLUMN owed bigint NOT NULL DEFAULT 0;
+UPDATE allocations SET owed = 1 WHERE grant_key IS NULL AND taken > given_back + settled;
+ALTER TABLE allocations ADD CONSTRAINT allocations_owed_check
+    CHECK (owed = CASE WHEN grant_key IS NULL AND taken > given_back + settled THEN 1 ELSE 0 END);
+DROP INDEX allocations_unpaid;
+CREATE INDEX allocations_unpaid ON allocations (account_id, id) WHERE owed = 1;
+ALTER TABLE allocations SET (fillfactor = 90);
+
 -- ledger_entries: grant and adjustment idempotency needs (kind, ref_id) unique where a reference is
 -- given; a job's lines have none, and each paid for an entry in the index all the same.
 DROP INDEX ledger_entries_ref;

@@ -141,7 +141,7 @@ static CASH: LazyLock<String> = LazyLock::new(|| {
 });
 static UNPAID: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT {} FROM allocations WHERE account_id = $1 AND grant_key IS NULL AND taken > given_back + settled \
+        "SELECT {} FROM allocations WHERE account_id = $1 AND owed = 1 \
          ORDER BY id LIMIT $2",
         UnpaidCol::LIST
     )
@@ -183,22 +183,30 @@ const TAKE: &str = "UPDATE grants SET remaining = remaining - $2, spent = CASE W
      WHERE key = $1 AND remaining >= $2 AND expired_at IS NULL";
 const RETURN_LIVE: &str = "UPDATE grants SET remaining = remaining + $2, \
      spent = CASE WHEN remaining + $2 = 0 THEN 1 ELSE 0 END WHERE key = $1 AND expired_at IS NULL";
-const GIVE_BACK: &str =
-    "UPDATE allocations SET given_back = given_back + $2 WHERE id = $1 AND given_back + $2 <= taken";
+// Every write of `given_back` or `settled` keeps `owed` (1 for a debt part with something unpaid:
+// the unpaid-debt index's predicate, migration 0025), so a grant part's give-back changes no indexed
+// column.
+const GIVE_BACK: &str = "UPDATE allocations SET given_back = given_back + $2, \
+     owed = CASE WHEN grant_key IS NULL AND taken > given_back + $2 + settled THEN 1 ELSE 0 END \
+     WHERE id = $1 AND given_back + $2 <= taken";
 const EXPIRE: &str = "UPDATE grants SET expired_at = $2, expired_seq = $4, remaining = 0, spent = 1 \
      WHERE key = $1 AND expired_at IS NULL AND remaining = $3";
-const SETTLE: &str = "UPDATE allocations SET settled = settled + $2 WHERE id = $1 AND grant_key IS NULL \
+const SETTLE: &str = "UPDATE allocations SET settled = settled + $2, \
+     owed = CASE WHEN taken > given_back + settled + $2 THEN 1 ELSE 0 END WHERE id = $1 AND grant_key IS NULL \
      AND given_back + settled + $2 <= taken";
 // A debt part given back: what it returns beyond its unpaid rest un-pays it ($3), as its
 // settlements are given back to the grants that paid them.
-const GIVE_BACK_DEBT: &str = "UPDATE allocations SET given_back = given_back + $2, settled = settled - $3 \
+const GIVE_BACK_DEBT: &str = "UPDATE allocations SET given_back = given_back + $2, settled = settled - $3, \
+     owed = CASE WHEN taken > given_back + $2 + settled - $3 THEN 1 ELSE 0 END \
      WHERE id = $1 AND grant_key IS NULL AND settled >= $3 AND given_back + $2 + settled - $3 <= taken";
 const SET_DEBT: &str = "UPDATE accounts SET debt = $2 WHERE id = $1";
 const SET_NEXT_EXPIRY: &str = "UPDATE accounts SET next_expiry = $2 WHERE id = $1";
 const INSERT_ALLOCATION: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
-     account_seq, taken, paid_part, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+     account_seq, taken, paid_part, owed, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+     CASE WHEN $2 IS NULL AND $8 > 0 THEN 1 ELSE 0 END, $10)";
 const INSERT_ALLOCATIONS_PG: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
-     account_seq, taken, paid_part, created_at) SELECT $1, g, k, j, i, r, s, t, p, $2 FROM unnest($3::bigint[], \
+     account_seq, taken, paid_part, owed, created_at) SELECT $1, g, k, j, i, r, s, t, p, \
+     CASE WHEN g IS NULL AND t > 0 THEN 1 ELSE 0 END, $2 FROM unnest($3::bigint[], \
      $4::text[], $5::text[], $6::text[], $7::text[], $8::bigint[], $9::bigint[], $10::bigint[]) \
      AS a(g, k, j, i, r, s, t, p)";
 /// `TAKE` and `INSERT_ALLOCATION` of the head grant in one statement: the head (as `HEAD` orders

@@ -538,11 +538,15 @@ async fn postgres_a_database_from_before_migration_24_keeps_its_event_numbers() 
 fn undo_25(k: &Kit) -> &'static str {
     if k.is_sqlite() {
         "DROP INDEX grants_burn; ALTER TABLE grants DROP COLUMN spent; \
+         DROP INDEX allocations_unpaid; ALTER TABLE allocations DROP COLUMN owed; \
+         CREATE INDEX allocations_unpaid ON allocations (account_id, id) WHERE grant_key IS NULL AND taken > given_back + settled; \
          CREATE INDEX grants_burn ON grants (account_id, priority, expiry_key, key) WHERE remaining > 0 AND expired_at IS NULL; \
          DROP INDEX ledger_entries_ref; CREATE UNIQUE INDEX ledger_entries_ref ON ledger_entries (kind, ref_id); \
          DELETE FROM _sqlx_migrations WHERE version = 25"
     } else {
         "DROP INDEX grants_burn; ALTER TABLE grants DROP COLUMN spent; ALTER TABLE grants RESET (fillfactor); \
+         DROP INDEX allocations_unpaid; ALTER TABLE allocations DROP COLUMN owed; ALTER TABLE allocations RESET (fillfactor); \
+         CREATE INDEX allocations_unpaid ON allocations (account_id, id) WHERE grant_key IS NULL AND taken > given_back + settled; \
          CREATE INDEX grants_burn ON grants (account_id, priority, expiry_key, key) WHERE remaining > 0 AND expired_at IS NULL; \
          DROP INDEX ledger_entries_ref; CREATE UNIQUE INDEX ledger_entries_ref ON ledger_entries (kind, ref_id); \
          DELETE FROM _sqlx_migrations WHERE version = 25"
@@ -565,6 +569,13 @@ async fn from_before_migration_25(engine: EngineKind) {
     k.store.grant(&a, g, SYSTEM_ACTOR).await.unwrap();
     // The first grant used up, the second partly.
     k.job("spent", &a, 15).await;
+    // An account on its overdraft: a debt part with all of it unpaid.
+    let b = acc("b");
+    k.store
+        .create_account(NewAccount { id: b.clone(), overdraft_limit: Credits::new(50) }, SYSTEM_ACTOR)
+        .await
+        .unwrap();
+    k.job("owing", &b, 15).await;
     k.raw_script(undo_25(&k)).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
     drop(store);
@@ -586,6 +597,17 @@ async fn from_before_migration_25(engine: EngineKind) {
     assert_eq!(grants(&store, &a).await, [("g-a".to_owned(), 10), ("g2".to_owned(), 25)]);
     store.create_job(new_job("j3", &a, 1)).await.unwrap();
     assert_eq!(grants(&store, &a).await, [("g-a".to_owned(), 9), ("g2".to_owned(), 25)]);
+    // The old debt part is found as owed: a grant pays it first.
+    let g = NewGrant {
+        id: RefId::parse("gb").unwrap(),
+        amount: Credits::new(10),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
+    store.grant(&b, g, SYSTEM_ACTOR).await.unwrap();
+    assert_eq!(grants(&store, &b).await, [("gb".to_owned(), 0)], "the grant paid the debt");
+    assert_eq!(store.account(&b).await.unwrap().balance.get(), -5);
     let audit = store.audit(None).await.unwrap();
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
 }
