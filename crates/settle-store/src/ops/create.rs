@@ -2,7 +2,7 @@
 //! one ledger line each, in one transaction with its `job.queued` event.
 
 use super::grants::Spend;
-use super::{BalanceCheck, Cx, Holds, Line, attach, emit, guard_hit, lock_account_job, next_seq, post};
+use super::{BalanceCheck, Cx, Holds, Line, Posting, attach, emit, guard_hit, lock_account_job, next_seq, post};
 use crate::db::{Db, Engine, Value, args};
 use crate::error::StoreError;
 use crate::model::*;
@@ -250,7 +250,7 @@ async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, check: BalanceCh
     let holds = Holds { held: job.total.get(), exposure: 0 };
     // A withdrawal being made draws only on credit that never expires, and is refused otherwise.
     let spend = if check == BalanceCheck::Cash { Spend::CashOnly } else { Spend::Any };
-    post(db, cx, req.account_id.as_str(), check, &lines, holds, spend).await
+    post(db, cx, Posting { account_id: req.account_id.as_str(), check, lines: &lines, holds }, spend).await
 }
 
 /// The job as `insert_job` wrote it, built from the request.

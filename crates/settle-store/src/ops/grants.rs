@@ -44,8 +44,8 @@ impl Origin {
 pub(crate) enum Expiry {
     /// The background pass, in an operation of its own.
     Pass,
-    /// A posting that met them; `now`: it writes its lines at once (`post_now`), so must the expiry.
-    Met { now: bool },
+    /// A posting that met them; the expiry's lines are written when the posting's are.
+    Met { write: super::Write },
 }
 
 /// Which grants a debit may take from (docs/decisions/0023).
@@ -741,11 +741,13 @@ async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]
 /// `expire` entry of what it had left (none when nothing), one `grant.expired` event each, and the
 /// account's next expiry. Locks the account row first; nothing when nothing is due (another pass or
 /// posting got there first). Returns how many grants it expired.
-/// `now`: write the lines at once (inside `post_now`) rather than queue them.
 pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, how: Expiry) -> Result<u32, StoreError> {
     // The crash points are the pass's own: a posting that meets a grant due crashes at its own.
     let point = |p: CrashPoint| if how == Expiry::Pass { cx.point(p) } else { Ok(()) };
-    let now = how == (Expiry::Met { now: true });
+    let write = match how {
+        Expiry::Met { write } => write,
+        Expiry::Pass => super::Write::WithTheTransaction,
+    };
     let lock = match db.engine() {
         Engine::Postgres => &*LOCK_ACCOUNT_PG,
         Engine::Sqlite => &*READ_ACCOUNT,
@@ -785,7 +787,7 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, how: 
             request_hash: None,
         })
         .collect();
-    super::ledger::post_expiries(db, cx, account_id, &lines, now).await?;
+    super::ledger::post_expiries(db, cx, account_id, &lines, write).await?;
     point(CrashPoint::AfterLedger)?;
     let next = db.one(&NEXT, args![account_id]).await?.opt_i64(NextCol::next)?.unwrap_or(NEVER);
     let rows = db.exec(SET_NEXT_EXPIRY, args![account_id, next]).await?;

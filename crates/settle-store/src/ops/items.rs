@@ -2,7 +2,7 @@
 //! account's held and exposed amounts, in the caller's transaction.
 
 use super::grants::Spend;
-use super::{BalanceCheck, Cx, Holds, JobRow, Line, guard_hit, post, price_of};
+use super::{BalanceCheck, Cx, Holds, JobRow, Line, Posting, guard_hit, post, price_of};
 use crate::broken::Guard;
 use crate::db::{Db, args, columns};
 use crate::error::StoreError;
@@ -184,7 +184,8 @@ pub(crate) async fn move_items(db: &mut Db<'_>, cx: &Cx, job: &JobRow, m: Move<'
     // A withdrawal's item moves cash: its reclaim (the payout went out after all) takes only from
     // credit that never expires (docs/decisions/0023).
     let spend = if returnable { Spend::Cash } else { Spend::Any };
-    post(db, cx, &job.account_id, BalanceCheck::Never, &lines, holds, spend).await?;
+    post(db, cx, Posting { account_id: &job.account_id, check: BalanceCheck::Never, lines: &lines, holds }, spend)
+        .await?;
     Ok(moved)
 }
 

@@ -151,6 +151,27 @@ pub(crate) async fn change_holds(db: &mut Db<'_>, account_id: &str, holds: Holds
     guard_hit(rows, "held")
 }
 
+/// One operation's ledger lines on one account, and what guards them: the balance check, and how
+/// the operation moves the account's holds. Built by the operation, carried whole down the posting
+/// path (`postings::post`, `append`, the balance change).
+#[derive(Clone, Copy)]
+pub(crate) struct Posting<'a> {
+    pub account_id: &'a str,
+    pub check: BalanceCheck,
+    pub lines: &'a [Line<'a>],
+    pub holds: Holds,
+}
+
+/// When a posting's lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// With the transaction: on PostgreSQL queued for its `flush`, which gives them their `seq` and
+    /// hashes just before COMMIT (decision 0021); at once on SQLite, whose writer numbers as it goes.
+    WithTheTransaction,
+    /// At once on both engines, for an answer that is the entry itself (grants, adjustments).
+    Now,
+}
+
 /// One ledger line to append.
 pub(crate) struct Line<'a> {
     pub kind: EntryKind,
@@ -169,12 +190,13 @@ pub(crate) async fn post_expiries(
     cx: &Cx,
     account_id: &str,
     lines: &[Line<'_>],
-    now: bool,
+    write: Write,
 ) -> Result<(), StoreError> {
     if lines.is_empty() {
         return Ok(());
     }
-    let appended = append(db, cx, account_id, BalanceCheck::Never, lines, Holds::default(), Guard::Off, now).await?;
+    let posting = Posting { account_id, check: BalanceCheck::Never, lines, holds: Holds::default() };
+    let appended = append(db, cx, &posting, Guard::Off, write).await?;
     appended.map(drop).ok_or_else(|| StoreError::internal("an unguarded posting waited for an expiry"))
 }
 
@@ -187,27 +209,24 @@ pub(crate) enum Guard {
     Off,
 }
 
-/// The guarded balance change and the lines: written at once (`now`, or SQLite), else queued.
-/// Returns the posting's place and, when written, its entries — or `None` under `Guard::Clock` when
-/// the account has a grant due and not expired yet: nothing was written, and the caller expires
-/// the account's due grants first (`grants::expire_due`) and posts again.
-#[allow(clippy::too_many_arguments)]
+/// The guarded balance change and the lines: written at once (`Write::Now`, or SQLite), else
+/// queued. Returns the posting's place and, when written, its entries — or `None` under
+/// `Guard::Clock` when the account has a grant due and not expired yet: nothing was written, and
+/// the caller expires the account's due grants first (`grants::expire_due`) and posts again.
 pub(crate) async fn append(
     db: &mut Db<'_>,
     cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
-    lines: &[Line<'_>],
-    holds: Holds,
+    posting: &Posting<'_>,
     guard: Guard,
-    now: bool,
+    write: Write,
 ) -> Result<Option<(Posted, Vec<LedgerEntry>)>, StoreError> {
     let pending = match &cx.pending {
-        Some(p) if !now => p,
-        _ => return post_lines(db, cx, account_id, check, lines, holds, guard).await,
+        Some(p) if write == Write::WithTheTransaction => p,
+        _ => return post_lines(db, cx, posting, guard).await,
     };
+    let Posting { account_id, lines, .. } = *posting;
     let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
-    let Some(posted) = change_balance(db, cx, account_id, check, total, holds, lines.len(), guard).await? else {
+    let Some(posted) = change_balance(db, cx, posting, total, guard).await? else {
         return Ok(None);
     };
     let mut balance = Credits::new(posted.balance).checked_sub(total)?;
@@ -240,20 +259,17 @@ pub(crate) struct Posted {
     pub debt: i64,
 }
 
-/// The guarded balance change for a posting of `total` in `lines` lines. Under `Guard::Clock` an
+/// The guarded balance change for `posting`, whose lines sum to `total`. Under `Guard::Clock` an
 /// account with a grant due matches nothing: `None`, for the caller to expire its due grants first.
-#[allow(clippy::too_many_arguments)]
 async fn change_balance(
     db: &mut Db<'_>,
     cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
+    posting: &Posting<'_>,
     total: Credits,
-    holds: Holds,
-    lines: usize,
     guard: Guard,
 ) -> Result<Option<Posted>, StoreError> {
-    let (held, exposure, n) = (holds.held, holds.exposure, lines as i64);
+    let Posting { account_id, check, holds, .. } = *posting;
+    let (held, exposure, n) = (holds.held, holds.exposure, posting.lines.len() as i64);
     let max = limits::BALANCE_MAX;
     let clock = match guard {
         Guard::Clock if cx.broken(crate::broken::Guard::ExpiryClock) => i64::MIN,
@@ -337,19 +353,16 @@ async fn sequence_numbers(db: &mut Db<'_>, n: usize) -> Result<Vec<i64>, StoreEr
     Ok(seqs)
 }
 
-/// Posts and writes `lines` at once.
-#[allow(clippy::too_many_arguments)]
+/// Posts and writes the posting's lines at once.
 async fn post_lines(
     db: &mut Db<'_>,
     cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
-    lines: &[Line<'_>],
-    holds: Holds,
+    posting: &Posting<'_>,
     guard: Guard,
 ) -> Result<Option<(Posted, Vec<LedgerEntry>)>, StoreError> {
+    let Posting { account_id, lines, .. } = *posting;
     let total = Credits::checked_sum(lines.iter().map(|l| l.amount))?;
-    let Some(posted) = change_balance(db, cx, account_id, check, total, holds, lines.len(), guard).await? else {
+    let Some(posted) = change_balance(db, cx, posting, total, guard).await? else {
         return Ok(None);
     };
     let mut balance = Credits::new(posted.balance).checked_sub(total)?;

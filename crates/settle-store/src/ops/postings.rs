@@ -7,7 +7,7 @@
 //! account row, so no check counts credit that is already dead.
 
 use super::grants::{self, Books, Spend, Terms};
-use super::{BalanceCheck, Cx, Guard, Holds, Line, Posted, append, change_holds, emit, lock_pending};
+use super::{BalanceCheck, Cx, Guard, Holds, Line, Posted, Posting, Write, append, change_holds, emit, lock_pending};
 use crate::db::Db;
 use crate::error::StoreError;
 use crate::model::LedgerEntry;
@@ -15,21 +15,13 @@ use settle_core::Credits;
 use settle_core::history::EventKind;
 use settle_core::ledger::EntryKind;
 
-/// Appends `lines` to one account's ledger: one server-side balance change for their sum (guarded
-/// per `check`, numbering them in the account), then the lines themselves — at once on SQLite; on
-/// PostgreSQL queued for `flush`, which gives them their `seq` and hashes just before COMMIT — and
-/// the grants' side of it: its debits taken from the grants `spend` allows.
-pub(crate) async fn post(
-    db: &mut Db<'_>,
-    cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
-    lines: &[Line<'_>],
-    holds: Holds,
-    spend: Spend,
-) -> Result<(), StoreError> {
+/// Appends a posting's lines to its account's ledger: one server-side balance change for their sum
+/// (guarded per its check, numbering them in the account), then the lines themselves — at once on
+/// SQLite; on PostgreSQL queued for `flush`, which gives them their `seq` and hashes just before
+/// COMMIT — and the grants' side of it: its debits taken from the grants `spend` allows.
+pub(crate) async fn post(db: &mut Db<'_>, cx: &Cx, posting: Posting<'_>, spend: Spend) -> Result<(), StoreError> {
     let side = Side { terms: Terms::default(), spend };
-    post_with(db, cx, account_id, check, lines, holds, side, false).await.map(|_| ())
+    post_with(db, cx, &posting, side, Write::WithTheTransaction).await.map(|_| ())
 }
 
 /// The grants' side of a posting: a grant line's terms, which grants its debits take from.
@@ -40,9 +32,9 @@ struct Side {
 }
 
 /// `post`, with the lines numbered and written at once, for an answer that is the entry itself
-/// (grants, adjustments; a grant line opens a grant on `terms`). It runs in a transaction of its
-/// own on PostgreSQL: nothing may be queued before it (the chain head it reads would miss the
-/// queued lines).
+/// (grants, adjustments; a grant line opens a grant on `terms`; no holds move). It runs in a
+/// transaction of its own on PostgreSQL: nothing may be queued before it (the chain head it reads
+/// would miss the queued lines).
 pub(crate) async fn post_now(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -57,45 +49,40 @@ pub(crate) async fn post_now(
         return Err(StoreError::internal("post_now after queued ledger lines would fork the chain"));
     }
     let side = Side { terms, spend: Spend::Any };
-    post_with(db, cx, account_id, check, lines, Holds::default(), side, true).await
+    let posting = Posting { account_id, check, lines, holds: Holds::default() };
+    post_with(db, cx, &posting, side, Write::Now).await
 }
 
 /// The balance change and lines, after the account's due grants have expired.
-#[allow(clippy::too_many_arguments)]
 async fn post_on_the_clock(
     db: &mut Db<'_>,
     cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
-    lines: &[Line<'_>],
-    holds: Holds,
-    now: bool,
+    posting: &Posting<'_>,
+    write: Write,
 ) -> Result<(Posted, Vec<LedgerEntry>), StoreError> {
-    if let Some(done) = append(db, cx, account_id, check, lines, holds, Guard::Clock, now).await? {
+    if let Some(done) = append(db, cx, posting, Guard::Clock, write).await? {
         return Ok(done);
     }
-    grants::expire_due(db, cx, account_id, grants::Expiry::Met { now }).await?;
-    append(db, cx, account_id, check, lines, holds, Guard::Clock, now)
+    let account_id = posting.account_id;
+    grants::expire_due(db, cx, account_id, grants::Expiry::Met { write }).await?;
+    append(db, cx, posting, Guard::Clock, write)
         .await?
         .ok_or_else(|| StoreError::internal(format!("account {account_id} still has a grant due after its expiry")))
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn post_with(
     db: &mut Db<'_>,
     cx: &Cx,
-    account_id: &str,
-    check: BalanceCheck,
-    lines: &[Line<'_>],
-    holds: Holds,
+    posting: &Posting<'_>,
     side: Side,
-    now: bool,
+    write: Write,
 ) -> Result<Vec<LedgerEntry>, StoreError> {
+    let Posting { account_id, lines, holds, .. } = *posting;
     if lines.is_empty() {
         change_holds(db, account_id, holds).await?;
         return Ok(Vec::new());
     }
-    let (posted, mut entries) = post_on_the_clock(db, cx, account_id, check, lines, holds, now).await?;
+    let (posted, mut entries) = post_on_the_clock(db, cx, posting, write).await?;
     let mut books = Books::new(account_id, posted.debt);
     grants::account_for(db, cx, &mut books, lines, posted.first_account_seq, side.terms, side.spend).await?;
     let after = posted.first_account_seq + lines.len() as i64;
@@ -115,7 +102,8 @@ async fn post_with(
                 request_hash: None,
             })
             .collect();
-        let unguarded = append(db, cx, account_id, BalanceCheck::Never, &lines, Holds::default(), Guard::Off, now);
+        let expiries = Posting { account_id, check: BalanceCheck::Never, lines: &lines, holds: Holds::default() };
+        let unguarded = append(db, cx, &expiries, Guard::Off, write);
         let (again, more) = unguarded.await?.ok_or_else(|| StoreError::internal("an unguarded posting waited"))?;
         if again.first_account_seq != after {
             return Err(StoreError::internal("an account moved between two postings of one operation"));
