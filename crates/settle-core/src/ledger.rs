@@ -23,6 +23,44 @@ crate::names! {
     }
 }
 
+crate::names! {
+    /// Where a grant (a source of an account's credit, spent in burn-down order) comes from
+    /// (docs/decisions/0023).
+    pub GrantOrigin {
+        /// `POST /v1/accounts/{id}/grants`.
+        Grant = "grant",
+        /// A positive adjustment.
+        Adjustment = "adjustment",
+        /// What an account held when grants were introduced (migration 0017).
+        Opening = "opening",
+    }
+}
+
+crate::names! {
+    /// Why credit left a grant (an allocation: which grant paid which debit), or, for a debt part,
+    /// what went unpaid.
+    pub AllocationKind {
+        Charge = "charge",
+        Reclaim = "reclaim",
+        Adjustment = "adjustment",
+        /// A grant paying an account's debt.
+        SettleDebt = "settle_debt",
+        /// Debt an account carried when grants were introduced (migration 0017).
+        Opening = "opening",
+    }
+}
+
+impl AllocationKind {
+    /// What a debit line takes from the grants as.
+    pub const fn of_debit(kind: EntryKind) -> AllocationKind {
+        match kind {
+            EntryKind::Charge => AllocationKind::Charge,
+            EntryKind::Reclaim => AllocationKind::Reclaim,
+            _ => AllocationKind::Adjustment,
+        }
+    }
+}
+
 pub type Hash32 = [u8; 32];
 pub const GENESIS_HASH: Hash32 = [0; 32];
 

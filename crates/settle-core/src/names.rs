@@ -66,6 +66,8 @@ mod tests {
             crate::item::ItemState,
             crate::item::RefundReason,
             crate::ledger::EntryKind,
+            crate::ledger::GrantOrigin,
+            crate::ledger::AllocationKind,
             crate::history::EventKind,
             crate::history::AttemptResult,
             crate::history::Signal,

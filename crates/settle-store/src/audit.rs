@@ -196,7 +196,7 @@ impl L5 {
         for r in &db.all(&GRANTS, args![]).await? {
             use GrantRow as C;
             let key = r.i64(C::key)?;
-            if r.text(C::origin)? == "grant" {
+            if r.text(C::origin)? == settle_core::ledger::GrantOrigin::Grant.as_str() {
                 self.by_source.insert(r.text(C::source_id)?, key);
             }
             // `spent` is the burn-down index's predicate (migration 0025): a grant marked spent

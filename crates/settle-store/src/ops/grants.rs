@@ -12,7 +12,7 @@ use crate::error::StoreError;
 use settle_core::Timestamp;
 use settle_core::crash::CrashPoint;
 use settle_core::history::EventKind;
-use settle_core::ledger::EntryKind;
+use settle_core::ledger::{AllocationKind, EntryKind, GrantOrigin};
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
@@ -22,22 +22,6 @@ pub(crate) const NEVER: i64 = i64::MAX;
 pub(crate) const PRIORITY_DEFAULT: i64 = 50;
 /// How many grants one read of the burn-down order takes.
 const HEAD_ROWS: i64 = 16;
-
-/// Where a new source of credit comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Origin {
-    Grant,
-    Adjustment,
-}
-
-impl Origin {
-    const fn as_str(self) -> &'static str {
-        match self {
-            Origin::Grant => "grant",
-            Origin::Adjustment => "adjustment",
-        }
-    }
-}
 
 /// Who expires an account's due grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,7 +231,7 @@ fn sub(a: i64, b: i64) -> Result<i64, StoreError> {
 /// One allocation row to insert.
 struct Part<'a> {
     grant_key: Option<i64>,
-    kind: &'static str,
+    kind: AllocationKind,
     job_id: Option<&'a str>,
     item_id: Option<&'a str>,
     ref_id: Option<&'a str>,
@@ -298,9 +282,9 @@ pub(crate) async fn account_for(
             EntryKind::Charge | EntryKind::Reclaim => takes.push((line, account_seq)),
             EntryKind::Adjustment if amount < 0 => takes.push((line, account_seq)),
             EntryKind::Refund | EntryKind::Release | EntryKind::PayoutReturn => returns.push(line),
-            EntryKind::Grant => open(db, cx, books, Origin::Grant, line, account_seq, terms).await?,
+            EntryKind::Grant => open(db, cx, books, GrantOrigin::Grant, line, account_seq, terms).await?,
             EntryKind::Adjustment => {
-                open(db, cx, books, Origin::Adjustment, line, account_seq, Terms::default()).await?
+                open(db, cx, books, GrantOrigin::Adjustment, line, account_seq, Terms::default()).await?
             }
             // Written by the expiry itself, which moves its grants.
             EntryKind::Expire => {}
@@ -353,7 +337,7 @@ async fn open(
     db: &mut Db<'_>,
     cx: &Cx,
     books: &mut Books<'_>,
-    origin: Origin,
+    origin: GrantOrigin,
     line: &Line<'_>,
     account_seq: i64,
     terms: Terms,
@@ -395,7 +379,7 @@ async fn open(
             guard_hit(db.exec(SETTLE, args![id, x]).await?, "debt settlement")?;
             parts.push(Part {
                 grant_key: Some(key),
-                kind: "settle_debt",
+                kind: AllocationKind::SettleDebt,
                 job_id: None,
                 item_id: None,
                 ref_id: Some(source),
@@ -454,7 +438,7 @@ async fn take(
     let mut parts: Vec<Part<'_>> = Vec::new();
     for (line, account_seq) in takes {
         let mut need = line.amount.get().checked_neg().ok_or(StoreError::Overflow)?;
-        let kind = take_kind(line.kind);
+        let kind = AllocationKind::of_debit(line.kind);
         while need > 0 {
             if at == grants.len() {
                 if exhausted {
@@ -552,18 +536,10 @@ async fn take_from_head(
         return Ok(false);
     }
     let sql = if cash { TAKE_FROM_CASH_HEAD_PG } else { TAKE_FROM_HEAD_PG };
-    let kind = take_kind(line.kind);
+    let kind = AllocationKind::of_debit(line.kind).as_str();
     let args =
         args![books.account_id, need, kind, line.job_id, line.item_id, line.ref_id, account_seq, cx.now.micros()];
     Ok(db.exec(sql, args).await? == 1)
-}
-
-fn take_kind(kind: EntryKind) -> &'static str {
-    match kind {
-        EntryKind::Charge => "charge",
-        EntryKind::Reclaim => "reclaim",
-        _ => "adjustment",
-    }
 }
 
 async fn insert_parts(db: &mut Db<'_>, cx: &Cx, account_id: &str, parts: &[Part<'_>]) -> Result<(), StoreError> {
@@ -578,7 +554,7 @@ async fn insert_parts(db: &mut Db<'_>, cx: &Cx, account_id: &str, parts: &[Part<
                     Value::from(account_id),
                     Value::I64(cx.now.micros()),
                     Value::OptI64s(parts.iter().map(|p| p.grant_key).collect()),
-                    Value::OptTexts(parts.iter().map(|p| Some(p.kind.to_owned())).collect()),
+                    Value::OptTexts(parts.iter().map(|p| Some(p.kind.as_str().to_owned())).collect()),
                     Value::OptTexts(owned(parts, |p| p.job_id)),
                     Value::OptTexts(owned(parts, |p| p.item_id)),
                     Value::OptTexts(owned(parts, |p| p.ref_id)),
@@ -596,7 +572,7 @@ async fn insert_parts(db: &mut Db<'_>, cx: &Cx, account_id: &str, parts: &[Part<
                     args![
                         account_id,
                         p.grant_key,
-                        p.kind,
+                        p.kind.as_str(),
                         p.job_id,
                         p.item_id,
                         p.ref_id,
@@ -812,6 +788,23 @@ mod plan_tests {
     /// The SQLite writer runs with the query planner stability guarantee (engine/sqlite.rs), under
     /// which a bound value never proves a partial index's condition: each statement that needs one
     /// must write the condition out. Planned here as the writer plans them, on the real schema.
+    /// The closed sets of grant origins and allocation kinds are the ones both schemas' CHECKs
+    /// allow, in the same order (decision 0020: every closed set named once).
+    #[test]
+    fn grant_origins_and_allocation_kinds_are_the_schemas() {
+        use settle_core::ledger::{AllocationKind, GrantOrigin};
+        let quoted = |names: &[&str]| names.iter().map(|n| format!("'{n}'")).collect::<Vec<_>>().join(", ");
+        let origins: Vec<_> = GrantOrigin::ALL.iter().map(|o| o.as_str()).collect();
+        let kinds: Vec<_> = AllocationKind::ALL.iter().map(|k| k.as_str()).collect();
+        for sql in [
+            include_str!("../../migrations/postgres/0017_grants.sql"),
+            include_str!("../../migrations/sqlite/0017_grants.sql"),
+        ] {
+            assert!(sql.contains(&format!("origin IN ({})", quoted(&origins))), "grant origins: {origins:?}");
+            assert!(sql.contains(&format!("kind IN ({})", quoted(&kinds))), "allocation kinds: {kinds:?}");
+        }
+    }
+
     #[test]
     fn the_writers_partial_index_reads_seek_their_index() {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
