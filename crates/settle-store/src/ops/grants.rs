@@ -3,8 +3,8 @@
 //!
 //! Everything here runs inside `postings::post`, after the posting's guarded balance UPDATE: that
 //! UPDATE holds the account row (PostgreSQL) or the single writer holds everything (SQLite), so no
-//! other transaction moves this account's grants, allocations or debt meanwhile. The lock order is
-//! job → account → grants everywhere; the expiry takes the account row first too.
+//! other transaction moves this account's grants, allocations or debt meanwhile (the lock order:
+//! ARCHITECTURE.md); the expiry takes the account row first too.
 
 use super::{Cx, Line, emit, guard_hit};
 use crate::db::{Db, Engine, Value, args, columns};

@@ -142,8 +142,8 @@ static JOB_ITEMS_AND_NET: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM items WHERE job_id = $1 ORDER BY ord", ItemNetCol::LIST));
 
 /// Reads the job row and, on PostgreSQL, locks it until commit. Every job transition starts here,
-/// so the decision below is made on a row no one else can change (lock order: job → account →
-/// grants and allocations; SQLite's writer holds everything).
+/// so the decision below is made on a row no one else can change (the first lock of the lock order,
+/// ARCHITECTURE.md; SQLite's writer holds everything).
 pub(crate) async fn lock_job(db: &mut Db<'_>, id: &str) -> Result<Option<JobRow>, StoreError> {
     let sql = match db.engine() {
         Engine::Sqlite => &*SELECT_JOB,
