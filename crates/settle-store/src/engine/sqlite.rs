@@ -131,7 +131,7 @@ pub(crate) fn open_writer(path: &std::path::Path, options: &StoreOptions) -> Res
     // parameter compared with a constant) to be prepared again after every new binding: the
     // burn-down's head read was parsed and planned afresh on every debit (docs/performance.md).
     // What it costs: a bound value no longer proves a partial index's condition, so every query
-    // that needs one writes the condition out (ops/grants.rs, `plan_tests`, checks that they do).
+    // that needs one writes the condition out (ops/allocations.rs, `plan_tests`, checks that they do).
     let qpsg = conn
         .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
         .map_err(StoreError::from_sqlite)?;

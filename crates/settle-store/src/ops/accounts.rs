@@ -1,7 +1,7 @@
 //! Accounts, grants and adjustments: the only writes that create credits from nothing, each answered
 //! with its ledger entry.
 
-use super::grants::{PRIORITY_DEFAULT, Terms};
+use super::allocations::{PRIORITY_DEFAULT, Terms};
 use super::{
     AccountCol, BalanceCheck, Cx, EntryCol, Line, SELECT_ACCOUNT, account_from_row, emit, entry_from_row, post_now,
 };

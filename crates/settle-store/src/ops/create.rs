@@ -1,7 +1,7 @@
 //! Creating a job: validated, fingerprinted for create-by-id replays, its items inserted and charged
 //! one ledger line each, in one transaction with its `job.queued` event.
 
-use super::grants::Spend;
+use super::allocations::Spend;
 use super::{BalanceCheck, Cx, Holds, Line, Posting, attach, emit, guard_hit, lock_account_job, next_seq, post};
 use crate::db::{Db, Engine, Value, args};
 use crate::error::StoreError;

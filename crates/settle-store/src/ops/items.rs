@@ -1,7 +1,7 @@
 //! The item arrows of `settle_core::item`, applied to a job's items with their ledger lines and the
 //! account's held and exposed amounts, in the caller's transaction.
 
-use super::grants::Spend;
+use super::allocations::Spend;
 use super::{BalanceCheck, Cx, Holds, JobRow, Line, Posting, guard_hit, post, price_of};
 use crate::broken::Guard;
 use crate::db::{Db, args, columns};

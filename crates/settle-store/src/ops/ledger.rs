@@ -212,7 +212,7 @@ pub(crate) enum Guard {
 /// The guarded balance change and the lines: written at once (`Write::Now`, or SQLite), else
 /// queued. Returns the posting's place and, when written, its entries — or `None` under
 /// `Guard::Clock` when the account has a grant due and not expired yet: nothing was written, and
-/// the caller expires the account's due grants first (`grants::expire_due`) and posts again.
+/// the caller expires the account's due grants first (`expiry::expire_due`) and posts again.
 pub(crate) async fn append(
     db: &mut Db<'_>,
     cx: &Cx,

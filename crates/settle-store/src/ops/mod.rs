@@ -32,10 +32,11 @@
 //! - [`history`]: the attempt log, the signal log and the operator actions.
 
 mod accounts;
+pub(crate) mod allocations;
 mod claim;
 mod create;
+pub(crate) mod expiry;
 mod failure;
-pub(crate) mod grants;
 mod history;
 mod items;
 mod ledger;

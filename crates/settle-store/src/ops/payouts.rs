@@ -73,7 +73,7 @@ pub(crate) async fn create_withdrawal(
     let key = format!("wd_{}", cx.token().simple());
     // The cash rule's figures as the withdrawal leaves them, read apart from the guard that
     // checked them (L6 of the audit judges them).
-    let cash_after = super::grants::cash(db, req.account_id.as_str()).await?;
+    let cash_after = super::allocations::cash(db, req.account_id.as_str()).await?;
     let debt_after = db.one(&SELECT_DEBT, args![req.account_id.as_str()]).await?.i64(DebtCol::debt)?;
     db.exec(
         "INSERT INTO withdrawals (job_id, destination, amount, idempotency_key, created_at, cash_after, debt_after) \

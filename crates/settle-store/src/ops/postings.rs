@@ -6,7 +6,8 @@
 //! expired posts nothing until its due grants are expired, in the same transaction on the same
 //! account row, so no check counts credit that is already dead.
 
-use super::grants::{self, Books, Spend, Terms};
+use super::allocations::{self, Books, Spend, Terms};
+use super::expiry::{self, Expiry};
 use super::{BalanceCheck, Cx, Guard, Holds, Line, Posted, Posting, Write, append, change_holds, emit, lock_pending};
 use crate::db::Db;
 use crate::error::StoreError;
@@ -64,7 +65,7 @@ async fn post_on_the_clock(
         return Ok(done);
     }
     let account_id = posting.account_id;
-    grants::expire_due(db, cx, account_id, grants::Expiry::Met { write }).await?;
+    expiry::expire_due(db, cx, account_id, Expiry::Met { write }).await?;
     append(db, cx, posting, Guard::Clock, write)
         .await?
         .ok_or_else(|| StoreError::internal(format!("account {account_id} still has a grant due after its expiry")))
@@ -84,9 +85,9 @@ async fn post_with(
     }
     let (posted, mut entries) = post_on_the_clock(db, cx, posting, write).await?;
     let mut books = Books::new(account_id, posted.debt);
-    grants::account_for(db, cx, &mut books, lines, posted.first_account_seq, side.terms, side.spend).await?;
+    allocations::account_for(db, cx, &mut books, lines, posted.first_account_seq, side.terms, side.spend).await?;
     let after = posted.first_account_seq + lines.len() as i64;
-    let reexpired = grants::reexpiries(db, &mut books, after).await?;
+    let reexpired = allocations::reexpiries(db, &mut books, after).await?;
     if !reexpired.is_empty() {
         // Parts given back to expired grants expire at once, right after the posting's lines, on
         // the account row this operation still holds.
@@ -115,6 +116,6 @@ async fn post_with(
             emit(db, cx, EventKind::GrantExpired, None, account_id, data).await?;
         }
     }
-    grants::close(db, &books).await?;
+    allocations::close(db, &books).await?;
     Ok(entries)
 }

@@ -154,7 +154,7 @@ impl Store for SqlStore {
                     req.id.as_str(),
                     req.amount,
                     Some(&req.reason),
-                    ops::grants::Terms::default(),
+                    ops::allocations::Terms::default(),
                 )
                 .await?;
                 if !out.replayed {
@@ -436,7 +436,7 @@ impl Store for SqlStore {
                     Route::Account(&id),
                     op!(
                         [account] | db,
-                        cx | ops::grants::expire_due(db, cx, &account, ops::grants::Expiry::Pass).await
+                        cx | ops::expiry::expire_due(db, cx, &account, ops::expiry::Expiry::Pass).await
                     ),
                 )
                 .await

@@ -1,17 +1,17 @@
 //! Which source of credit paid for each movement (docs/decisions/0023): grants burned down in order,
-//! every return back to where it came from, debt, and expiry.
+//! every return back to where it came from, and debt — the grants' side of a posting. It never posts
+//! itself: the posting calls it (`postings`), and the expiry of due grants has a room of its own
+//! (`expiry`), above the posting.
 //!
 //! Everything here runs inside `postings::post`, after the posting's guarded balance UPDATE: that
 //! UPDATE holds the account row (PostgreSQL) or the single writer holds everything (SQLite), so no
 //! other transaction moves this account's grants, allocations or debt meanwhile (the lock order:
 //! ARCHITECTURE.md); the expiry takes the account row first too.
 
-use super::{Cx, Line, emit, guard_hit};
+use super::{Cx, Line, guard_hit};
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use settle_core::Timestamp;
-use settle_core::crash::CrashPoint;
-use settle_core::history::EventKind;
 use settle_core::ledger::{AllocationKind, EntryKind, GrantOrigin};
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -22,15 +22,6 @@ pub(crate) const NEVER: i64 = i64::MAX;
 pub(crate) const PRIORITY_DEFAULT: i64 = 50;
 /// How many grants one read of the burn-down order takes.
 const HEAD_ROWS: i64 = 16;
-
-/// Who expires an account's due grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Expiry {
-    /// The background pass, in an operation of its own.
-    Pass,
-    /// A posting that met them; the expiry's lines are written when the posting's are.
-    Met { write: super::Write },
-}
 
 /// Which grants a debit may take from (docs/decisions/0023).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,23 +71,8 @@ columns! {
 }
 
 columns! {
-    /// A due grant.
-    DueCol { key, source_id, remaining, expires_at }
-}
-
-columns! {
     /// A grant's id, for the ref of an expiry.
     SourceCol { source_id }
-}
-
-columns! {
-    /// The account's soonest unexpired grant.
-    NextCol { next = "MIN(expiry_key)" }
-}
-
-columns! {
-    /// The account row as the expiry locks it.
-    LockCol { next_expiry, last_account_seq }
 }
 
 static HEAD: LazyLock<String> = LazyLock::new(|| {
@@ -147,19 +123,16 @@ static OPEN_PARTS: LazyLock<String> = LazyLock::new(|| {
         PartCol::LIST
     )
 });
-static DUE: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "SELECT {} FROM grants WHERE account_id = $1 AND expired_at IS NULL AND expiry_key <= $2 ORDER BY expiry_key, key",
-        DueCol::LIST
-    )
-});
 static SOURCE: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM grants WHERE key = $1", SourceCol::LIST));
-static NEXT: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM grants WHERE account_id = $1 AND expired_at IS NULL", NextCol::LIST));
-static LOCK_ACCOUNT_PG: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1 FOR NO KEY UPDATE", LockCol::LIST));
-static READ_ACCOUNT: LazyLock<String> =
+
+columns! {
+    /// The account row as the expiry locks it, and a new grant reads it.
+    pub(super) LockCol { next_expiry, last_account_seq }
+}
+
+pub(super) static READ_ACCOUNT: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", LockCol::LIST));
+pub(super) const SET_NEXT_EXPIRY: &str = "UPDATE accounts SET next_expiry = $2 WHERE id = $1";
 
 // Every write of `remaining` keeps `spent` (1 when nothing remains: the burn-down index's predicate,
 // migration 0025), so a take that leaves something changes no indexed column.
@@ -173,8 +146,6 @@ const RETURN_LIVE: &str = "UPDATE grants SET remaining = remaining + $2, \
 const GIVE_BACK: &str = "UPDATE allocations SET given_back = given_back + $2, \
      owed = CASE WHEN grant_key IS NULL AND taken > given_back + $2 + settled THEN 1 ELSE 0 END \
      WHERE id = $1 AND given_back + $2 <= taken";
-const EXPIRE: &str = "UPDATE grants SET expired_at = $2, expired_seq = $4, remaining = 0, spent = 1 \
-     WHERE key = $1 AND expired_at IS NULL AND remaining = $3";
 const SETTLE: &str = "UPDATE allocations SET settled = settled + $2, \
      owed = CASE WHEN taken > given_back + settled + $2 THEN 1 ELSE 0 END WHERE id = $1 AND grant_key IS NULL \
      AND given_back + settled + $2 <= taken";
@@ -184,7 +155,6 @@ const GIVE_BACK_DEBT: &str = "UPDATE allocations SET given_back = given_back + $
      owed = CASE WHEN taken > given_back + $2 + settled - $3 THEN 1 ELSE 0 END \
      WHERE id = $1 AND grant_key IS NULL AND settled >= $3 AND given_back + $2 + settled - $3 <= taken";
 const SET_DEBT: &str = "UPDATE accounts SET debt = $2 WHERE id = $1";
-const SET_NEXT_EXPIRY: &str = "UPDATE accounts SET next_expiry = $2 WHERE id = $1";
 const INSERT_ALLOCATION: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
      account_seq, taken, paid_part, owed, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
      CASE WHEN $2 IS NULL AND $8 > 0 THEN 1 ELSE 0 END, $10)";
@@ -713,81 +683,10 @@ async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]
     Ok(())
 }
 
-/// Expires every grant of the account that is due at `cx.now`: one guarded update per grant, one
-/// `expire` entry of what it had left (none when nothing), one `grant.expired` event each, and the
-/// account's next expiry. Locks the account row first; nothing when nothing is due (another pass or
-/// posting got there first). Returns how many grants it expired.
-pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, how: Expiry) -> Result<u32, StoreError> {
-    // The crash points are the pass's own: a posting that meets a grant due crashes at its own.
-    let point = |p: CrashPoint| if how == Expiry::Pass { cx.point(p) } else { Ok(()) };
-    let write = match how {
-        Expiry::Met { write } => write,
-        Expiry::Pass => super::Write::WithTheTransaction,
-    };
-    let lock = match db.engine() {
-        Engine::Postgres => &*LOCK_ACCOUNT_PG,
-        Engine::Sqlite => &*READ_ACCOUNT,
-    };
-    let Some(row) = db.opt(lock, args![account_id]).await? else {
-        return Err(StoreError::not_found("account", account_id));
-    };
-    let at = cx.now.micros();
-    if row.i64(LockCol::next_expiry)? > at {
-        return Ok(0);
-    }
-    // Each grant's `expired_seq`: its `expire` entry's position, or the account's last one when it
-    // had nothing left (the lines below are posted in this order).
-    let mut last = row.i64(LockCol::last_account_seq)?;
-    let due = db.all(&DUE, args![account_id, at]).await?;
-    let mut expired = Vec::with_capacity(due.len());
-    for r in &due {
-        let (key, source, remaining) = (r.i64(DueCol::key)?, r.text(DueCol::source_id)?, r.i64(DueCol::remaining)?);
-        if remaining > 0 {
-            last += 1;
-        }
-        let rows = db.exec(EXPIRE, args![key, at, remaining, last]).await?;
-        guard_hit(rows, "grant expiry")?;
-        expired.push((source, remaining, r.opt_i64(DueCol::expires_at)?));
-    }
-    point(CrashPoint::AfterGuard)?;
-    let lines: Vec<Line<'_>> = expired
-        .iter()
-        .filter(|(_, remaining, _)| *remaining > 0)
-        .map(|(source, remaining, _)| Line {
-            kind: EntryKind::Expire,
-            amount: settle_core::Credits::new(-*remaining),
-            job_id: None,
-            item_id: None,
-            ref_id: Some(source),
-            reason: None,
-            request_hash: None,
-        })
-        .collect();
-    super::ledger::post_expiries(db, cx, account_id, &lines, write).await?;
-    point(CrashPoint::AfterLedger)?;
-    let next = db.one(&NEXT, args![account_id]).await?.opt_i64(NextCol::next)?.unwrap_or(NEVER);
-    let rows = db.exec(SET_NEXT_EXPIRY, args![account_id, next]).await?;
-    guard_hit(rows, "account next expiry")?;
-    for (source, remaining, expires_at) in &expired {
-        let data = serde_json::json!({
-            "grant": source,
-            "amount": remaining,
-            "expires_at": expires_at.map(|t| Timestamp::from_micros(t).rfc3339()),
-        });
-        emit(db, cx, EventKind::GrantExpired, None, account_id, data).await?;
-    }
-    point(CrashPoint::AfterOutbox)?;
-    point(CrashPoint::BeforeCommit)?;
-    Ok(expired.len() as u32)
-}
-
 #[cfg(test)]
 mod plan_tests {
     use super::*;
 
-    /// The SQLite writer runs with the query planner stability guarantee (engine/sqlite.rs), under
-    /// which a bound value never proves a partial index's condition: each statement that needs one
-    /// must write the condition out. Planned here as the writer plans them, on the real schema.
     /// The closed sets of grant origins and allocation kinds are the ones both schemas' CHECKs
     /// allow, in the same order (decision 0020: every closed set named once).
     #[test]
@@ -805,6 +704,9 @@ mod plan_tests {
         }
     }
 
+    /// The SQLite writer runs with the query planner stability guarantee (engine/sqlite.rs), under
+    /// which a bound value never proves a partial index's condition: each statement that needs one
+    /// must write the condition out. Planned here as the writer plans them, on the real schema.
     #[test]
     fn the_writers_partial_index_reads_seek_their_index() {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
@@ -826,7 +728,7 @@ mod plan_tests {
             (&*CASH_HEAD, "grants_burn"),
             (&*CASH, "grants_due"),
             (&*UNPAID, "allocations_unpaid"),
-            (&*DUE, "grants_due"),
+            (&*super::super::expiry::DUE, "grants_due"),
             (&*OPEN_ITEM_PARTS, "allocations_item"),
             (&*SETTLEMENTS_OF, "allocations_paid"),
         ] {
