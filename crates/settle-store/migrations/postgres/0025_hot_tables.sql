@@ -28,3 +28,8 @@ ALTER TABLE allocations SET (fillfactor = 90);
 -- given; a job's lines have none, and each paid for an entry in the index all the same.
 DROP INDEX ledger_entries_ref;
 CREATE UNIQUE INDEX ledger_entries_ref ON ledger_entries (kind, ref_id) WHERE ref_id IS NOT NULL;
+
+-- ledger_entries: an account's pages read by position (`account_seq`, whose unique index exists
+-- anyway: an account's `seq` rises with its positions), so (account_id, seq) served nothing else
+-- and cost an entry per line.
+DROP INDEX ledger_entries_account;

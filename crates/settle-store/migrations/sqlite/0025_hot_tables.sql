@@ -14,3 +14,5 @@ CREATE INDEX allocations_unpaid ON allocations (account_id, id) WHERE owed = 1;
 
 DROP INDEX ledger_entries_ref;
 CREATE UNIQUE INDEX ledger_entries_ref ON ledger_entries (kind, ref_id) WHERE ref_id IS NOT NULL;
+
+DROP INDEX ledger_entries_account;

@@ -42,14 +42,70 @@ pub(crate) async fn accounts(
     Ok(AccountPage { rows: accounts, next_after })
 }
 
+// By position (`account_seq`): an account's `seq` rises with its positions, so position order is
+// `seq` order, and the unique (account_id, account_seq) index serves the page (no index on
+// (account_id, seq) is kept for it: migration 0025). `seq > $3` keeps the page exactly "after seq".
 static LEDGER_PAGE: LazyLock<String> = LazyLock::new(|| {
-    format!("SELECT {} FROM ledger_entries WHERE account_id = $1 AND seq > $2 ORDER BY seq LIMIT $3", EntryCol::LIST)
+    format!(
+        "SELECT {} FROM ledger_entries WHERE account_id = $1 AND account_seq > $2 AND seq > $3 \
+         ORDER BY account_seq LIMIT $4",
+        EntryCol::LIST
+    )
 });
+
+columns! {
+    /// An entry's place in its account.
+    PlaceCol { account_seq }
+}
+
+columns! {
+    /// The entry at a place.
+    NumberCol { seq }
+}
+
+columns! {
+    /// The account's last place.
+    LastPlaceCol { last = "last_account_seq" }
+}
+
+static OWN_PLACE: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE seq = $1 AND account_id = $2", PlaceCol::LIST));
+static NUMBER_AT: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM ledger_entries WHERE account_id = $1 AND account_seq = $2", NumberCol::LIST)
+});
+static LAST_PLACE: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", LastPlaceCol::LIST));
+
+/// Where a page of an account's entries "after `after`" (a `seq`) begins: the account's last
+/// position whose `seq` is at most `after`. An account's `seq` rises with its positions (decision
+/// 0021 §1; the audit checks it), so a cursor that is one of its own entries — every `next_after`
+/// this API gives — is found at once, and any other number by bisection over the positions.
+async fn position_after(db: &mut Db<'_>, account: &str, after: i64) -> Result<i64, StoreError> {
+    if after <= 0 {
+        return Ok(0);
+    }
+    if let Some(r) = db.opt(&OWN_PLACE, args![after, account]).await? {
+        return r.i64(PlaceCol::account_seq);
+    }
+    let last = db.one(&LAST_PLACE, args![account]).await?;
+    let (mut low, mut high) = (0, last.i64(LastPlaceCol::last)?);
+    while low < high {
+        let mid = low + (high - low + 1) / 2;
+        let seq = match db.opt(&NUMBER_AT, args![account, mid]).await? {
+            Some(r) => r.i64(NumberCol::seq)?,
+            // Counted by the account row but not visible yet: past every entry this page can see.
+            None => i64::MAX,
+        };
+        if seq <= after { low = mid } else { high = mid - 1 }
+    }
+    Ok(low)
+}
 
 pub(crate) async fn ledger(db: &mut Db<'_>, id: &AccountId, page: Page) -> Result<Paged<LedgerEntry>, StoreError> {
     account(db, id).await?;
     let limit = page_limit(page.limit);
-    let rows = db.all(&LEDGER_PAGE, args![id.as_str(), page.after, limit]).await?;
+    let from = position_after(db, id.as_str(), page.after).await?;
+    let rows = db.all(&LEDGER_PAGE, args![id.as_str(), from, page.after, limit]).await?;
     let entries = rows.iter().map(entry_from_row::<EntryCol>).collect::<Result<Vec<_>, _>>()?;
     let next = next_after(&entries, limit, |e| e.seq);
     Ok(Paged { rows: entries, next_after: next })
@@ -146,14 +202,15 @@ pub(crate) async fn entries(
         .await?
         .ok_or_else(|| StoreError::not_found("account", account))?;
     let limit = i64::from(page.limit.clamp(1, settle_core::limits::PAGE_LIMIT_MAX));
+    let from = position_after(db, account, page.after).await?;
     let rows = db
         .all_built(
             format!(
-                "SELECT {} FROM ledger_entries WHERE account_id = $1 AND seq > $2 \
-                 AND (CAST($3 AS TEXT) IS NULL OR kind = $3) AND created_at >= $4 ORDER BY seq LIMIT $5",
+                "SELECT {} FROM ledger_entries WHERE account_id = $1 AND account_seq > $6 AND seq > $2 \
+                 AND (CAST($3 AS TEXT) IS NULL OR kind = $3) AND created_at >= $4 ORDER BY account_seq LIMIT $5",
                 EntryCol::LIST
             ),
-            args![account, page.after, kind.map(|k| k.as_str()), since.map_or(i64::MIN, |t| t.micros()), limit],
+            args![account, page.after, kind.map(|k| k.as_str()), since.map_or(i64::MIN, |t| t.micros()), limit, from],
         )
         .await?;
     let entries = rows.iter().map(entry_from_row::<EntryCol>).collect::<Result<Vec<_>, _>>()?;

@@ -1170,6 +1170,22 @@ async fn events_and_ledger_pages_are_ordered(k: &Kit) {
     let rest = k.store.jobs(&JobFilter::ALL, Page { after: jobs.next_after.unwrap(), limit: 5 }).await.unwrap();
     assert_eq!(rest.rows.len(), 2);
     assert_eq!(rest.next_after, None);
+    // A cursor that is no entry of the account (another account's, or a number never given) begins
+    // the page exactly after it, whatever the account's entries around it.
+    let b = k.account("b", 1000).await;
+    for i in 0..5 {
+        k.job(&format!("a{i}"), &a, 1).await;
+        k.job(&format!("b{i}"), &b, 1).await;
+    }
+    let all: Vec<i64> =
+        k.store.ledger(&a, Page { after: 0, limit: 100 }).await.unwrap().rows.iter().map(|e| e.seq).collect();
+    let b_seqs: Vec<i64> =
+        k.store.ledger(&b, Page { after: 0, limit: 100 }).await.unwrap().rows.iter().map(|e| e.seq).collect();
+    for after in b_seqs.iter().copied().chain([0, 1_000_000]) {
+        let page = k.store.ledger(&a, Page { after, limit: 100 }).await.unwrap();
+        let want: Vec<i64> = all.iter().copied().filter(|s| *s > after).collect();
+        assert_eq!(page.rows.iter().map(|e| e.seq).collect::<Vec<_>>(), want, "after {after}");
+    }
 }
 
 async fn ledger_rejects_update_and_delete(k: &Kit) {

@@ -542,6 +542,7 @@ fn undo_25(k: &Kit) -> &'static str {
          CREATE INDEX allocations_unpaid ON allocations (account_id, id) WHERE grant_key IS NULL AND taken > given_back + settled; \
          CREATE INDEX grants_burn ON grants (account_id, priority, expiry_key, key) WHERE remaining > 0 AND expired_at IS NULL; \
          DROP INDEX ledger_entries_ref; CREATE UNIQUE INDEX ledger_entries_ref ON ledger_entries (kind, ref_id); \
+         CREATE INDEX ledger_entries_account ON ledger_entries (account_id, seq); \
          DELETE FROM _sqlx_migrations WHERE version = 25"
     } else {
         "DROP INDEX grants_burn; ALTER TABLE grants DROP COLUMN spent; ALTER TABLE grants RESET (fillfactor); \
@@ -549,6 +550,7 @@ fn undo_25(k: &Kit) -> &'static str {
          CREATE INDEX allocations_unpaid ON allocations (account_id, id) WHERE grant_key IS NULL AND taken > given_back + settled; \
          CREATE INDEX grants_burn ON grants (account_id, priority, expiry_key, key) WHERE remaining > 0 AND expired_at IS NULL; \
          DROP INDEX ledger_entries_ref; CREATE UNIQUE INDEX ledger_entries_ref ON ledger_entries (kind, ref_id); \
+         CREATE INDEX ledger_entries_account ON ledger_entries (account_id, seq); \
          DELETE FROM _sqlx_migrations WHERE version = 25"
     }
 }
