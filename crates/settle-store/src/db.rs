@@ -458,6 +458,8 @@ const READ_ONLY_CALLS: &[&str] = &[
     "row_number",
     "array_agg",
     "string_agg",
+    "json_agg",
+    "json_build_array",
     "ifnull",
     "nullif",
     "pg_snapshot_xmin",

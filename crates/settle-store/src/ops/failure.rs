@@ -1,12 +1,13 @@
 //! The failure path: a failure signal from the lease holder or a lapsed lease refunds per the job's
 //! policy, then schedules a retry with backoff or ends the job `dead`.
 
+use super::plan;
 use super::{
     After, Caller, Cx, Heard, JobRow, Move, Reported, attach, begin_teardown, check_caller, close_attempt, emit,
     guard_hit, holds_lease, lock_job, log_signal, move_items, must_lock_job, must_read_job, refusal,
     resume_if_cancelling, sum, token_attempt,
 };
-use crate::db::{Db, args, columns};
+use crate::db::{Db, Engine, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -36,6 +37,44 @@ pub(crate) struct Failure<'a> {
     pub(crate) reported: Option<Reported<'a>>,
 }
 
+/// Where a failure takes the job: the outcome, the state and `not_before` it is written with, and
+/// how far the budget's base moves up (an exempt failure does not count against the budget, now or
+/// later). A retry's backoff draws from the store's random stream here, once.
+pub(crate) struct Aftermath {
+    pub outcome: FailOutcome,
+    pub state: JobState,
+    pub not_before: i64,
+    pub base_step: i64,
+}
+
+pub(crate) fn aftermath(cx: &Cx, job: &JobRow, failure: &Failure<'_>) -> Aftermath {
+    let outcome = fail_outcome(job, failure);
+    let (state, not_before) = match outcome {
+        FailOutcome::Retry => {
+            let delay = match failure.retry_after_ms {
+                Some(ms) => ms.min(cx.policy.for_kind(&job.kind).backoff.backoff_ms_max),
+                None => {
+                    let mut rng = cx.rng.lock().expect("rng lock");
+                    let backoff = &cx.policy.for_kind(&job.kind).backoff;
+                    // The attempts that count (releases and requeues do not grow the backoff).
+                    let counted = job.attempt - job.budget_base;
+                    backoff.delay_ms(u32::try_from(counted).unwrap_or(u32::MAX), &mut rng)
+                }
+            };
+            (JobState::Queued, cx.now.plus_millis(delay).micros())
+        }
+        _ => (JobState::Dead, job.not_before),
+    };
+    Aftermath { outcome, state, not_before, base_step: i64::from(failure.budget_exempt) }
+}
+
+/// The outcome alone (no random draw): teardown, retry or dead.
+pub(crate) fn fail_outcome(job: &JobRow, failure: &Failure<'_>) -> FailOutcome {
+    let used = if failure.budget_exempt { 0 } else { u32::try_from(job.attempt - job.budget_base).unwrap_or(u32::MAX) };
+    let max = u32::try_from(job.max_attempts).unwrap_or(u32::MAX);
+    job::fail_outcome(job.cancel_requested && !failure.defer_cancel, failure.retryable, used, max)
+}
+
 /// The failure path shared by a worker's fail, the lease rescuer and reconcile-absent.
 pub(crate) async fn apply_failure(
     db: &mut Db<'_>,
@@ -43,11 +82,8 @@ pub(crate) async fn apply_failure(
     job: &JobRow,
     failure: Failure<'_>,
 ) -> Result<After, StoreError> {
-    let Failure { code, message, retryable, retry_after_ms, attempt_result, budget_exempt, defer_cancel, reported } =
-        failure;
-    let used = if budget_exempt { 0 } else { u32::try_from(job.attempt - job.budget_base).unwrap_or(u32::MAX) };
-    let max = u32::try_from(job.max_attempts).unwrap_or(u32::MAX);
-    let outcome = job::fail_outcome(job.cancel_requested && !defer_cancel, retryable, used, max);
+    let Failure { code, message, attempt_result, reported, .. } = failure;
+    let Aftermath { outcome, state, not_before, base_step } = aftermath(cx, job, &failure);
     if outcome == FailOutcome::Teardown {
         begin_teardown(
             db,
@@ -63,24 +99,6 @@ pub(crate) async fn apply_failure(
         .await?;
         return Ok(After::Teardown);
     }
-    let (state, not_before) = match outcome {
-        FailOutcome::Retry => {
-            let delay = match retry_after_ms {
-                Some(ms) => ms.min(cx.policy.for_kind(&job.kind).backoff.backoff_ms_max),
-                None => {
-                    let mut rng = cx.rng.lock().expect("rng lock");
-                    let backoff = &cx.policy.for_kind(&job.kind).backoff;
-                    // The attempts that count (releases and requeues do not grow the backoff).
-                    let counted = job.attempt - job.budget_base;
-                    backoff.delay_ms(u32::try_from(counted).unwrap_or(u32::MAX), &mut rng)
-                }
-            };
-            (JobState::Queued, cx.now.plus_millis(delay).micros())
-        }
-        _ => (JobState::Dead, job.not_before),
-    };
-    // An exempt failure does not count against the budget, now or later: the budget's base moves up.
-    let base_step = i64::from(budget_exempt);
     let rows = db
         .exec(
             "UPDATE jobs SET state = $3, not_before = $4, lease_token = NULL, lease_expires_at = NULL, lease_worker = NULL, \
@@ -172,22 +190,24 @@ pub(crate) async fn fail(
     // request for an attempt that can ask, never dead-letter (and refund) on it.
     let inconclusive = caller == Caller::PayoutProcessor && signal.code == FailCode::lookup_failed();
     let retryable = inconclusive || cx.policy.for_kind(&job.kind).is_retryable(&signal.code, signal.retryable);
-    let after = apply_failure(
-        db,
-        cx,
-        &job,
-        Failure {
-            code: &signal.code,
-            message: signal.message.as_deref(),
-            retryable,
-            retry_after_ms: signal.retry_after_ms,
-            attempt_result: AttemptResult::Failed,
-            budget_exempt: inconclusive,
-            defer_cancel: inconclusive,
-            reported: Some(Reported { signal: "fail", sent_code: Some(signal.code.as_str()) }),
-        },
-    )
-    .await?;
+    let failure = Failure {
+        code: &signal.code,
+        message: signal.message.as_deref(),
+        retryable,
+        retry_after_ms: signal.retry_after_ms,
+        attempt_result: AttemptResult::Failed,
+        budget_exempt: inconclusive,
+        defer_cancel: inconclusive,
+        reported: Some(Reported { signal: "fail", sent_code: Some(signal.code.as_str()) }),
+    };
+    // PostgreSQL: the common shape in three statements (docs/design/batch-plan.md §10).
+    if db.engine() == Engine::Postgres
+        && let Some(job) = plan::holder_fails(db, cx, &job, &failure).await?
+    {
+        cx.point(CrashPoint::BeforeCommit)?;
+        return Ok((Outcome { value: job, applied: true }, After::Nothing, None));
+    }
+    let after = apply_failure(db, cx, &job, failure).await?;
     let job = must_read_job(db, cx, id.as_str()).await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((Outcome { value: job, applied: true }, after, None))

@@ -42,6 +42,7 @@ mod items;
 mod ledger;
 mod outbox;
 pub(crate) mod payouts;
+mod plan;
 mod postings;
 mod prices;
 mod release;

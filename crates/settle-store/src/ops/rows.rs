@@ -266,7 +266,7 @@ pub(crate) async fn attach(db: &mut Db<'_>, cx: &Cx, row: JobRow) -> Result<Job,
 }
 
 /// A job from its row, its items and its net as stored, the transaction's queued entries added.
-fn assemble(cx: &Cx, row: JobRow, items: Vec<Item>, mut net: Credits) -> Result<Job, StoreError> {
+pub(super) fn assemble(cx: &Cx, row: JobRow, items: Vec<Item>, mut net: Credits) -> Result<Job, StoreError> {
     if let Some(pending) = &cx.pending {
         net = net.checked_add(lock_pending(pending).job_amount(&row.id)?)?;
     }
