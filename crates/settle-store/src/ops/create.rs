@@ -100,7 +100,11 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
         }
         return Ok(Created { value: attach(db, cx, existing).await?, replayed: true });
     }
-    let job = insert_job(db, cx, job, &fp, BalanceCheck::Overdraft).await?;
+    let job = match db.engine() {
+        // The common shape in three statements (docs/design/batch-plan.md §10).
+        Engine::Postgres => super::plan::creates(db, cx, job, &fp).await?,
+        Engine::Sqlite => insert_job(db, cx, job, &fp, BalanceCheck::Overdraft).await?,
+    };
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: job, replayed: false })
 }
@@ -117,16 +121,46 @@ pub(crate) async fn insert_job(
     check: BalanceCheck,
 ) -> Result<Job, StoreError> {
     debug_assert!(matches!(check, BalanceCheck::Overdraft | BalanceCheck::Cash), "a job's charges are debits");
-    let (req, total) = (&job.req, job.total);
-    let policy = cx.policy.for_kind(req.kind.as_str());
-    let max_attempts = req.max_attempts.unwrap_or(policy.attempts_max);
-    let refund_on = req.refund_on.unwrap_or(policy.refund_on);
-    let not_before = req.not_before.unwrap_or(cx.now);
-    insert_rows(db, cx, job, fp, max_attempts, refund_on, not_before).await?;
+    let req = &job.req;
+    let terms = Terms::of(cx, job);
+    insert_rows(db, cx, job, fp, &terms).await?;
     charge_items(db, cx, job, check).await?;
     cx.point(CrashPoint::AfterLedger)?;
-    // What was charged, split into the fixed prices (`cost`) and the holds of held items (`hold`,
-    // priced by their success): a hold is not a cost.
+    queued(db, cx, job).await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    let job = as_written(cx, job, &terms)?;
+    #[cfg(debug_assertions)]
+    {
+        let stored = super::must_read_job(db, cx, req.id.as_str()).await?;
+        assert_eq!(job, stored, "a created job's answer must be what was stored");
+    }
+    Ok(job)
+}
+
+/// What a new job takes from its kind's policy where the request names nothing.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Terms {
+    pub max_attempts: u32,
+    pub refund_on: job::RefundPolicy,
+    pub not_before: Timestamp,
+}
+
+impl Terms {
+    pub fn of(cx: &Cx, job: &ValidJob) -> Terms {
+        let req = &job.req;
+        let policy = cx.policy.for_kind(req.kind.as_str());
+        Terms {
+            max_attempts: req.max_attempts.unwrap_or(policy.attempts_max),
+            refund_on: req.refund_on.unwrap_or(policy.refund_on),
+            not_before: req.not_before.unwrap_or(cx.now),
+        }
+    }
+}
+
+/// `job.queued`: what was charged, split into the fixed prices (`cost`) and the holds of held items
+/// (`hold`, priced by their success): a hold is not a cost.
+pub(super) async fn queued(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Result<(), StoreError> {
+    let (req, total) = (&job.req, job.total);
     let mut held = 0_i64;
     for item in &req.items {
         if let Some(h) = item.price.hold() {
@@ -137,15 +171,7 @@ pub(crate) async fn insert_job(
     let data = serde_json::json!({
         "kind": req.kind.as_str(), "charged": total.get(), "cost": cost, "hold": held, "items": req.items.len(),
     });
-    emit(db, cx, EventKind::JobQueued, Some(req.id.as_str()), req.account_id.as_str(), data).await?;
-    cx.point(CrashPoint::AfterOutbox)?;
-    let job = as_written(cx, job, max_attempts, refund_on, not_before)?;
-    #[cfg(debug_assertions)]
-    {
-        let stored = super::must_read_job(db, cx, req.id.as_str()).await?;
-        assert_eq!(job, stored, "a created job's answer must be what was stored");
-    }
-    Ok(job)
+    emit(db, cx, EventKind::JobQueued, Some(req.id.as_str()), req.account_id.as_str(), data).await
 }
 
 /// The job row's INSERT; its number `{SEQ}`: SQLite's from the batch's counters (`$2`), PostgreSQL's
@@ -158,15 +184,7 @@ static INSERT_JOB_PG: LazyLock<String> =
     LazyLock::new(|| INSERT_JOB.replace("{SEQ}", "COALESCE($2, nextval('job_seq_numbers'))"));
 
 /// The job row, numbered (the `AfterGuard` crash point right after it), and its items `charged`.
-async fn insert_rows(
-    db: &mut Db<'_>,
-    cx: &Cx,
-    job: &ValidJob,
-    fp: &[u8; 32],
-    max_attempts: u32,
-    refund_on: job::RefundPolicy,
-    not_before: Timestamp,
-) -> Result<(), StoreError> {
+async fn insert_rows(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 32], terms: &Terms) -> Result<(), StoreError> {
     let req = &job.req;
     let (sql, job_seq) = match db.engine() {
         Engine::Sqlite => (&*INSERT_JOB_SQLITE, Some(next_seq(cx, "job", 1)?)),
@@ -181,9 +199,9 @@ async fn insert_rows(
                 req.account_id.as_str(),
                 req.kind.as_str(),
                 job.total.get(),
-                i64::from(max_attempts),
-                refund_on.as_str(),
-                not_before.micros(),
+                i64::from(terms.max_attempts),
+                terms.refund_on.as_str(),
+                terms.not_before.micros(),
                 i64::from(limits::LEASE_SECONDS_DEFAULT),
                 &job.payload,
                 fp,
@@ -231,9 +249,18 @@ async fn insert_rows(
 
 /// One charge per item under `check`; every charged item is held until it is decided.
 async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, check: BalanceCheck) -> Result<(), StoreError> {
+    let lines = charge_lines(job)?;
     let req = &job.req;
-    let lines: Vec<Line<'_>> = req
-        .items
+    let holds = Holds { held: job.total.get(), exposure: 0 };
+    // A withdrawal being made draws only on credit that never expires, and is refused otherwise.
+    let spend = if check == BalanceCheck::Cash { Spend::CashOnly } else { Spend::Any };
+    post(db, cx, Posting { account_id: req.account_id.as_str(), check, lines: &lines, holds }, spend).await
+}
+
+/// One charge line per item, in the job's order.
+pub(super) fn charge_lines(job: &ValidJob) -> Result<Vec<Line<'_>>, StoreError> {
+    let req = &job.req;
+    req.items
         .iter()
         .map(|i| {
             Ok(Line {
@@ -246,22 +273,13 @@ async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, check: BalanceCh
                 request_hash: None,
             })
         })
-        .collect::<Result<_, StoreError>>()?;
-    let holds = Holds { held: job.total.get(), exposure: 0 };
-    // A withdrawal being made draws only on credit that never expires, and is refused otherwise.
-    let spend = if check == BalanceCheck::Cash { Spend::CashOnly } else { Spend::Any };
-    post(db, cx, Posting { account_id: req.account_id.as_str(), check, lines: &lines, holds }, spend).await
+        .collect()
 }
 
 /// The job as `insert_job` wrote it, built from the request.
-fn as_written(
-    cx: &Cx,
-    job: &ValidJob,
-    max_attempts: u32,
-    refund_on: job::RefundPolicy,
-    not_before: Timestamp,
-) -> Result<Job, StoreError> {
+pub(super) fn as_written(cx: &Cx, job: &ValidJob, terms: &Terms) -> Result<Job, StoreError> {
     let req = &job.req;
+    let Terms { max_attempts, refund_on, not_before } = *terms;
     Ok(Job {
         id: req.id.clone(),
         account_id: req.account_id.clone(),

@@ -83,7 +83,41 @@ async fn post_with(
         change_holds(db, account_id, holds).await?;
         return Ok(Vec::new());
     }
-    let (posted, mut entries) = post_on_the_clock(db, cx, posting, write).await?;
+    let (posted, entries) = post_on_the_clock(db, cx, posting, write).await?;
+    grants_side(db, cx, posting, &posted, side, write, entries).await
+}
+
+/// The balance change and lines of a posting whose grants' side the caller writes itself (the plan,
+/// docs/design/batch-plan.md §10), or leaves to [`debits_from_grants`].
+pub(crate) async fn post_balance(db: &mut Db<'_>, cx: &Cx, posting: &Posting<'_>) -> Result<Posted, StoreError> {
+    post_on_the_clock(db, cx, posting, Write::WithTheTransaction).await.map(|(posted, _)| posted)
+}
+
+/// The grants' side of a posting of debits whose balance change `posted` is done: what the plan's
+/// one-statement take from the head of the burn-down order could not cover.
+pub(crate) async fn debits_from_grants(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    posting: &Posting<'_>,
+    posted: &Posted,
+    spend: Spend,
+) -> Result<(), StoreError> {
+    let side = Side { terms: Terms::default(), spend };
+    grants_side(db, cx, posting, posted, side, Write::WithTheTransaction, Vec::new()).await.map(drop)
+}
+
+/// Which grants pay for a posting's lines, after its balance change: debits taken, returns given
+/// back (and expired again at once where their grant has expired), new credit opened.
+async fn grants_side(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    posting: &Posting<'_>,
+    posted: &Posted,
+    side: Side,
+    write: Write,
+    mut entries: Vec<LedgerEntry>,
+) -> Result<Vec<LedgerEntry>, StoreError> {
+    let Posting { account_id, lines, .. } = *posting;
     let mut books = Books::new(account_id, posted.debt);
     allocations::account_for(db, cx, &mut books, lines, posted.first_account_seq, side.terms, side.spend).await?;
     let after = posted.first_account_seq + lines.len() as i64;

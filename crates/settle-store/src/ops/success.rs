@@ -6,7 +6,7 @@ use super::{
     guard_hit, holds_lease, job_items, log_signal, mark_reported_success, move_items, must_lock_job, must_read_job,
     record_action, refusal, resume_if_cancelling, sum, token_attempt,
 };
-use crate::db::{Db, args};
+use crate::db::{Db, Engine, args};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -141,6 +141,15 @@ pub(crate) async fn succeed(
     }
     let job = must_lock_job(db, id.as_str()).await?;
     check_caller(&job, Caller::Worker)?;
+    // PostgreSQL: the common shape in three or four statements (docs/design/batch-plan.md §10).
+    if let Reporter::Lease(t) = by
+        && costs.0.is_empty()
+        && db.engine() == Engine::Postgres
+        && let Some(job) = super::plan::succeeds(db, cx, &job, &t.0, result).await?
+    {
+        cx.point(CrashPoint::BeforeCommit)?;
+        return Ok((Outcome { value: job, applied: true }, After::Nothing, None));
+    }
     let heard = || Heard { signal: Signal::Succeed, code: None, message: None };
     let unmoved = |after| (false, after);
     let decided = match by {
