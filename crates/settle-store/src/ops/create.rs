@@ -121,7 +121,6 @@ pub(crate) async fn insert_job(
     check: BalanceCheck,
 ) -> Result<Job, StoreError> {
     debug_assert!(matches!(check, BalanceCheck::Overdraft | BalanceCheck::Cash), "a job's charges are debits");
-    let req = &job.req;
     let terms = Terms::of(cx, job);
     insert_rows(db, cx, job, fp, &terms).await?;
     charge_items(db, cx, job, check).await?;
@@ -131,7 +130,7 @@ pub(crate) async fn insert_job(
     let job = as_written(cx, job, &terms)?;
     #[cfg(debug_assertions)]
     {
-        let stored = super::must_read_job(db, cx, req.id.as_str()).await?;
+        let stored = super::must_read_job(db, cx, job.id.as_str()).await?;
         assert_eq!(job, stored, "a created job's answer must be what was stored");
     }
     Ok(job)

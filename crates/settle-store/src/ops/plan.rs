@@ -76,10 +76,11 @@ const FAIL_WRITE: &str = "WITH \
            RETURNING balance, last_account_seq), \
      p AS (UPDATE allocations SET given_back = given_back + u.x, owed = 0 \
            FROM unnest($17::bigint[], $18::bigint[]) AS u(id, x) \
-           WHERE allocations.id = u.id AND allocations.grant_key IS NOT NULL AND given_back + u.x <= taken RETURNING 1), \
+           WHERE allocations.job_id = $1 AND allocations.id = u.id AND allocations.grant_key IS NOT NULL \
+           AND given_back + u.x <= taken RETURNING 1), \
      g AS (UPDATE grants SET remaining = remaining + u.x, spent = CASE WHEN remaining + u.x = 0 THEN 1 ELSE 0 END \
            FROM unnest($19::bigint[], $20::bigint[]) AS u(key, x) \
-           WHERE grants.key = u.key AND expired_at IS NULL RETURNING 1) \
+           WHERE grants.account_id = $16 AND grants.key = u.key AND expired_at IS NULL RETURNING 1) \
      SELECT (SELECT count(*) FROM j) AS jobs, (SELECT count(*) FROM t) AS attempts, (SELECT count(*) FROM i) AS items, \
      (SELECT balance FROM b) AS balance, (SELECT last_account_seq FROM b) AS entries, \
      (SELECT count(*) FROM p) AS parts, (SELECT count(*) FROM g) AS grants";
