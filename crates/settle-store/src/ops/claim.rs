@@ -30,10 +30,36 @@ macro_rules! claim_sql {
         )
     };
 }
+/// PostgreSQL's claim opens its attempt row in the same statement (the plan,
+/// docs/design/batch-plan.md §10): `$4` the worker, `$2` the token, `$1` now.
+macro_rules! claim_pg {
+    ($cancel:literal) => {
+        concat!(
+            "WITH c AS (",
+            claim_sql!("FOR UPDATE SKIP LOCKED", $cancel),
+            "), a AS (INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) \
+             SELECT id, attempt, $4, $2, $1 FROM c RETURNING 1) \
+             SELECT {COLUMNS}, (SELECT count(*) FROM a) AS attempts FROM c"
+        )
+    };
+}
 const CLAIM_SQLITE: &str = claim_sql!("", "AND cancel_requested = 0");
-const CLAIM_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED", "AND cancel_requested = 0");
+const CLAIM_PG: &str = claim_pg!("AND cancel_requested = 0");
 const CLAIM_PAYOUTS_SQLITE: &str = claim_sql!("", "");
-const CLAIM_PAYOUTS_PG: &str = claim_sql!("FOR UPDATE SKIP LOCKED", "");
+const CLAIM_PAYOUTS_PG: &str = claim_pg!("");
+
+/// The count of attempt rows PostgreSQL's claim opened, after the job's columns.
+#[allow(non_camel_case_types)]
+#[derive(Debug, Clone, Copy)]
+enum AttemptsCol {
+    attempts,
+}
+
+impl crate::db::Col for AttemptsCol {
+    fn at(self) -> usize {
+        JobCol::COUNT + self as usize
+    }
+}
 
 /// Claims up to `limit` due jobs, one guarded UPDATE each; every claim opens an attempt row.
 /// Workers never get a withdrawal (a claim naming no kinds leaves them out); the payout processor
@@ -78,8 +104,11 @@ pub(crate) async fn claim(
         if caller == Caller::Worker {
             a.extend(req.kinds.iter().map(|k| crate::db::Value::from(k.as_str())));
         }
-        let Some(row) = db.opt_built(sql.clone(), &a).await? else { break };
-        let mut row = job_row(&row)?;
+        let Some(claimed_row) = db.opt_built(sql.clone(), &a).await? else { break };
+        let mut row = job_row(&claimed_row)?;
+        if db.engine() == Engine::Postgres {
+            guard_hit(u64::try_from(claimed_row.i64(AttemptsCol::attempts)?).unwrap_or(0), "claim's attempt")?;
+        }
         let (job_id, attempt) = (row.id.clone(), row.attempt);
         cx.point(CrashPoint::AfterGuard)?;
         // A claim that names no lease gets its job kind's.
@@ -97,11 +126,13 @@ pub(crate) async fn claim(
             row.lease_expires_at = Some(expires.micros());
             row.lease_seconds = i64::from(kind_lease);
         }
-        db.exec(
-            "INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) VALUES ($1, $2, $3, $4, $5)",
-            args![&job_id, attempt, req.worker.as_str(), &token, cx.now.micros()],
-        )
-        .await?;
+        if db.engine() == Engine::Sqlite {
+            db.exec(
+                "INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) VALUES ($1, $2, $3, $4, $5)",
+                args![&job_id, attempt, req.worker.as_str(), &token, cx.now.micros()],
+            )
+            .await?;
+        }
         let job = attach(db, cx, row).await?;
         #[cfg(debug_assertions)]
         assert_eq!(job, super::must_read_job(db, cx, &job_id).await?, "a claimed job's answer must be what was stored");
