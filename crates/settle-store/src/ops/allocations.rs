@@ -223,11 +223,19 @@ pub(crate) struct Books<'a> {
     debt: i64,
     debt_read: i64,
     reexpiries: Vec<Reexpiry>,
+    /// The head of the burn-down order was asked already (the plan's take, which found it short):
+    /// PostgreSQL's one-statement take is not tried again.
+    head_asked: bool,
 }
 
 impl<'a> Books<'a> {
     pub fn new(account_id: &'a str, debt: i64) -> Books<'a> {
-        Books { account_id, debt, debt_read: debt, reexpiries: Vec::new() }
+        Books { account_id, debt, debt_read: debt, reexpiries: Vec::new(), head_asked: false }
+    }
+
+    /// `new`, after the plan's take from the head of the burn-down order found it short.
+    pub fn after_the_head(account_id: &'a str, debt: i64) -> Books<'a> {
+        Books { head_asked: true, ..Books::new(account_id, debt) }
     }
 }
 
@@ -394,6 +402,7 @@ async fn take(
     }
     if let [(line, account_seq)] = takes
         && db.engine() == Engine::Postgres
+        && !books.head_asked
         && take_from_head(db, cx, books, line, *account_seq, cash).await?
     {
         return Ok(());

@@ -90,23 +90,45 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
     let fp = job_fingerprint(job);
     // The account, then the job: replay or conflict first, so a re-sent create takes no sequence
     // number. Two concurrent creates of one id on PostgreSQL: the loser hits `jobs_pkey`, is
-    // retried, and lands here.
-    let Some(existing) = lock_account_job(db, req.account_id.as_str(), req.id.as_str()).await? else {
-        return Err(StoreError::not_found("account", req.account_id.as_str()));
-    };
-    if let Some(existing) = existing {
-        if existing.request_hash != fp {
-            return Err(StoreError::IdempotencyConflict { what: "job", id: req.id.to_string() });
-        }
-        return Ok(Created { value: attach(db, cx, existing).await?, replayed: true });
+    // retried, and lands here — or, on PostgreSQL's plan, which charges before it inserts, finds the
+    // charge refused because the winner's charge took the credit: asked again below.
+    if let Some(replayed) = replay(db, cx, job, &fp).await? {
+        return replayed;
     }
     let job = match db.engine() {
         // The common shape in three statements (docs/design/batch-plan.md §10).
-        Engine::Postgres => super::plan::creates(db, cx, job, &fp).await?,
+        Engine::Postgres => match super::plan::creates(db, cx, job, &fp).await {
+            // The refusal waited for the account's row: a create of the same id that held it has
+            // committed by now, and the job it made is the answer (a replay, or a conflict).
+            Err(refused @ StoreError::InsufficientCredits { .. }) => match replay(db, cx, job, &fp).await? {
+                Some(replayed) => return replayed,
+                None => return Err(refused),
+            },
+            planned => planned?,
+        },
         Engine::Sqlite => insert_job(db, cx, job, &fp, BalanceCheck::Overdraft).await?,
     };
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: job, replayed: false })
+}
+
+/// The answer to a create whose id is taken already: the job as it stands when the request is the
+/// same (a replay), a conflict when it differs; `None` when the id is free.
+async fn replay(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &ValidJob,
+    fp: &[u8; 32],
+) -> Result<Option<Result<Created<Job>, StoreError>>, StoreError> {
+    let req = &job.req;
+    let Some(existing) = lock_account_job(db, req.account_id.as_str(), req.id.as_str()).await? else {
+        return Err(StoreError::not_found("account", req.account_id.as_str()));
+    };
+    let Some(existing) = existing else { return Ok(None) };
+    if existing.request_hash != *fp {
+        return Ok(Some(Err(StoreError::IdempotencyConflict { what: "job", id: req.id.to_string() })));
+    }
+    Ok(Some(Ok(Created { value: attach(db, cx, existing).await?, replayed: true })))
 }
 
 /// Inserts a new job (its id known to be free): the job row, its items `charged`, one charge per

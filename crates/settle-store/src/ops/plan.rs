@@ -318,7 +318,7 @@ static CREATE_WRITE: LazyLock<String> = LazyLock::new(|| {
                RETURNING 1), \
          i AS (INSERT INTO items (job_id, item_id, ord, cost, hold, state) \
                SELECT $1, u.item_id, u.ord - 1, u.cost, u.hold, 'charged' \
-               FROM unnest($12::text[], $13::bigint[], $14::bigint[]) WITH ORDINALITY AS u(item_id, cost, hold, ord) \
+               FROM j, unnest($12::text[], $13::bigint[], $14::bigint[]) WITH ORDINALITY AS u(item_id, cost, hold, ord) \
                RETURNING 1), \
          {take} \
          SELECT (SELECT count(*) FROM j) AS jobs, (SELECT count(*) FROM i) AS items, (SELECT count(*) FROM took) AS took, \
@@ -482,8 +482,9 @@ pub(crate) async fn succeeds(
     let (charged, refunded) = (ItemState::Charged.as_str(), ItemState::Refunded.as_str());
     let item_failed = Some(RefundReason::ItemFailed.as_str());
     let delivered: Vec<(String, i64)> = items.iter().filter(|i| i.3 == charged).map(|i| (i.0.clone(), i.1)).collect();
+    // As `RECLAIM_ALL` (whose `refund_reason <> 'item_failed'` a NULL reason does not pass).
     let reclaimed: Vec<(String, i64)> = (items.iter())
-        .filter(|i| i.3 == refunded && i.4.as_deref() != item_failed)
+        .filter(|i| i.3 == refunded && i.4.is_some() && i.4.as_deref() != item_failed)
         .map(|i| (i.0.clone(), i.1))
         .collect();
     let delivered_total = Credits::checked_sum(delivered.iter().map(|m| Credits::new(m.1)))?;

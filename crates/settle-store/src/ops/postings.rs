@@ -83,8 +83,10 @@ async fn post_with(
         change_holds(db, account_id, holds).await?;
         return Ok(Vec::new());
     }
-    let (posted, entries) = post_on_the_clock(db, cx, posting, write).await?;
-    grants_side(db, cx, posting, &posted, side, write, entries).await
+    let (posted, mut entries) = post_on_the_clock(db, cx, posting, write).await?;
+    let books = Books::new(account_id, posted.debt);
+    entries.extend(grants_side(db, cx, posting, &posted, side, write, books).await?);
+    Ok(entries)
 }
 
 /// The balance change and lines of a posting whose grants' side the caller writes itself (the plan,
@@ -103,11 +105,13 @@ pub(crate) async fn debits_from_grants(
     spend: Spend,
 ) -> Result<(), StoreError> {
     let side = Side { terms: Terms::default(), spend };
-    grants_side(db, cx, posting, posted, side, Write::WithTheTransaction, Vec::new()).await.map(drop)
+    let books = Books::after_the_head(posting.account_id, posted.debt);
+    grants_side(db, cx, posting, posted, side, Write::WithTheTransaction, books).await.map(drop)
 }
 
 /// Which grants pay for a posting's lines, after its balance change: debits taken, returns given
-/// back (and expired again at once where their grant has expired), new credit opened.
+/// back (and expired again at once where their grant has expired: those entries are returned),
+/// new credit opened.
 async fn grants_side(
     db: &mut Db<'_>,
     cx: &Cx,
@@ -115,10 +119,10 @@ async fn grants_side(
     posted: &Posted,
     side: Side,
     write: Write,
-    mut entries: Vec<LedgerEntry>,
+    mut books: Books<'_>,
 ) -> Result<Vec<LedgerEntry>, StoreError> {
     let Posting { account_id, lines, .. } = *posting;
-    let mut books = Books::new(account_id, posted.debt);
+    let mut entries = Vec::new();
     allocations::account_for(db, cx, &mut books, lines, posted.first_account_seq, side.terms, side.spend).await?;
     let after = posted.first_account_seq + lines.len() as i64;
     let reexpired = allocations::reexpiries(db, &mut books, after).await?;

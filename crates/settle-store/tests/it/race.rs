@@ -564,3 +564,44 @@ async fn sqlite_audits_under_load_are_clean() {
 async fn postgres_audits_under_load_are_clean() {
     audits_under_load_are_clean(EngineKind::Postgres).await;
 }
+
+/// Two processes send the same create at once for an account that can pay it only once. On
+/// PostgreSQL the plan charges before it inserts (docs/design/batch-plan.md §10), so the loser's
+/// charge waits for the winner's account row and then finds the credit gone: it must still answer
+/// the job the winner made — a replay — never `insufficient_credits` for a job that exists, and a
+/// different body still a conflict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_two_processes_creating_one_id_on_an_account_that_pays_once() {
+    let k = Arc::new(Kit::new(EngineKind::Postgres).await);
+    let options = StoreOptions { clock: k.clock.clone(), policy: test_policy().into(), ..StoreOptions::default() };
+    let other = Arc::new(SqlStore::open(&k.url, options).await.unwrap());
+    for round in 0..8 {
+        let a = k.account(&format!("a{round}"), 100).await;
+        let mut tasks = Vec::new();
+        for n in 0..8 {
+            let (k, other, a) = (k.clone(), other.clone(), a.clone());
+            // Half the senders re-send the body; one sends another cost.
+            let cost = if n == 7 { 99 } else { 100 };
+            tasks.push(tokio::spawn(async move {
+                let store: &SqlStore = if n % 2 == 0 { &k.store } else { &other };
+                (cost, store.create_job(new_job(&format!("same-{round}"), &a, cost)).await)
+            }));
+        }
+        let (mut created, mut replayed, mut conflicts) = (0, 0, 0);
+        for t in tasks {
+            match t.await.unwrap() {
+                (_, Ok(o)) if o.replayed => replayed += 1,
+                (_, Ok(_)) => created += 1,
+                (_, Err(StoreError::IdempotencyConflict { .. })) => conflicts += 1,
+                (cost, Err(e)) => panic!("round {round}: a create of cost {cost}: {e}"),
+            }
+        }
+        assert_eq!(created, 1, "round {round}: one create wins");
+        assert_eq!(created + replayed + conflicts, 8, "round {round}");
+        let job = k.get(&format!("same-{round}")).await;
+        let expect_conflicts = if job.cost.get() == 100 { 1 } else { 7 };
+        assert_eq!(conflicts, expect_conflicts, "round {round}: every other body is a conflict");
+        assert_eq!(k.store.account(&a).await.unwrap().balance.get(), 100 - job.cost.get());
+    }
+    k.assert_clean().await;
+}
