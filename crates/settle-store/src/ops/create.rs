@@ -2,8 +2,12 @@
 //! one ledger line each, in one transaction with its `job.queued` event.
 
 use super::allocations::Spend;
-use super::{BalanceCheck, Cx, Holds, Line, Posting, attach, emit, guard_hit, lock_account_job, next_seq, post};
-use crate::db::{Db, Engine, Value, args};
+use super::plan::{TAKE_FROM_HEAD, check_counts};
+use super::{
+    BalanceCheck, Cx, Holds, Line, Posting, attach, debits_from_grants, emit, guard_hit, lock_account_job, next_seq,
+    post, post_balance,
+};
+use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -11,7 +15,7 @@ use settle_core::fingerprint::{Fingerprint, canonical_json};
 use settle_core::history::EventKind;
 use settle_core::item::ItemState;
 use settle_core::job::{self, JobState};
-use settle_core::ledger::EntryKind;
+use settle_core::ledger::{AllocationKind, EntryKind};
 use settle_core::limits;
 use settle_core::{Credits, Timestamp};
 use std::sync::LazyLock;
@@ -97,7 +101,7 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
     }
     let job = match db.engine() {
         // The common shape in three statements (docs/design/batch-plan.md §10).
-        Engine::Postgres => match super::plan::creates(db, cx, job, &fp).await {
+        Engine::Postgres => match creates(db, cx, job, &fp).await {
             // The refusal waited for the account's row: a create of the same id that held it has
             // committed by now, and the job it made is the answer (a replay, or a conflict).
             Err(refused @ StoreError::InsufficientCredits { .. }) => match replay(db, cx, job, &fp).await? {
@@ -332,4 +336,96 @@ pub(super) fn as_written(cx: &Cx, job: &ValidJob, terms: &Terms) -> Result<Job, 
         created_at: cx.now,
         updated_at: cx.now,
     })
+}
+
+columns! {
+    /// What the write of a create changed, table by table, and whether the head grant paid.
+    CreateWroteCol { jobs, items, took, parts }
+}
+
+static CREATE_WRITE: LazyLock<String> = LazyLock::new(|| {
+    let take = TAKE_FROM_HEAD
+        .replace("$A", "$2")
+        .replace("$T", "$15")
+        .replace("$K", "$16")
+        .replace("$J", "$1")
+        .replace("$S", "$17")
+        .replace("$N", "$11")
+        .replace("$U", "$12::text[], $13::bigint[]");
+    format!(
+        "WITH \
+         j AS (INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, \
+               refund_on, cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at) \
+               VALUES ($1, nextval('job_seq_numbers'), $2, $3, 'queued', $4, 0, 0, $5, $6, 0, $7, $8, $9, $10, $11, $11) \
+               RETURNING 1), \
+         i AS (INSERT INTO items (job_id, item_id, ord, cost, hold, state) \
+               SELECT $1, u.item_id, u.ord - 1, u.cost, u.hold, 'charged' \
+               FROM j, unnest($12::text[], $13::bigint[], $14::bigint[]) WITH ORDINALITY AS u(item_id, cost, hold, ord) \
+               RETURNING 1), \
+         {take} \
+         SELECT (SELECT count(*) FROM j) AS jobs, (SELECT count(*) FROM i) AS items, (SELECT count(*) FROM took) AS took, \
+         (SELECT count(*) FROM parts) AS parts"
+    )
+});
+
+/// A new job (its id free, its account existing) in the plan: the charge first — the guarded
+/// balance UPDATE, which locks the account row, so the head grant read after it is current, and a
+/// refused charge writes nothing — then the job, its items and the head grant's take in one
+/// statement. When the head grant cannot pay it all, the general take (which may split across
+/// grants and run into debt) follows in the same transaction.
+pub(crate) async fn creates(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 32]) -> Result<Job, StoreError> {
+    let req = &job.req;
+    let terms = Terms::of(cx, job);
+    let lines = charge_lines(job)?;
+    let holds = Holds { held: job.total.get(), exposure: 0 };
+    let posting = Posting { account_id: req.account_id.as_str(), check: BalanceCheck::Overdraft, lines: &lines, holds };
+    let posted = post_balance(db, cx, &posting).await?;
+    let amounts: Vec<i64> = lines.iter().map(|l| -l.amount.get()).collect();
+    let wrote = db
+        .one(
+            &CREATE_WRITE,
+            &[
+                Value::from(req.id.as_str()),
+                req.account_id.as_str().into(),
+                req.kind.as_str().into(),
+                job.total.get().into(),
+                i64::from(terms.max_attempts).into(),
+                terms.refund_on.as_str().into(),
+                terms.not_before.micros().into(),
+                i64::from(limits::LEASE_SECONDS_DEFAULT).into(),
+                job.payload.as_str().into(),
+                Value::Blob(fp.to_vec()),
+                cx.now.micros().into(),
+                Value::Texts(req.items.iter().map(|i| i.id.to_string()).collect()),
+                Value::I64s(amounts.clone()),
+                Value::OptI64s(req.items.iter().map(|i| i.price.hold().map(|n| n.get())).collect()),
+                job.total.get().into(),
+                AllocationKind::of_debit(EntryKind::Charge).as_str().into(),
+                posted.first_account_seq.into(),
+            ],
+        )
+        .await?;
+    let paying = amounts.iter().filter(|x| **x > 0).count() as i64;
+    let took = wrote.i64(CreateWroteCol::took)?;
+    let counts = [
+        ("job", wrote.i64(CreateWroteCol::jobs)?, 1),
+        ("items", wrote.i64(CreateWroteCol::items)?, req.items.len() as i64),
+        ("allocation parts", wrote.i64(CreateWroteCol::parts)?, if took == 1 { paying } else { 0 }),
+    ];
+    check_counts("the create of job", req.id.as_str(), &counts)?;
+    cx.point(CrashPoint::AfterGuard)?;
+    if took == 0 && job.total.is_positive() {
+        debits_from_grants(db, cx, &posting, &posted, Spend::Any).await?;
+    }
+    cx.point(CrashPoint::AfterLedger)?;
+    queued(db, cx, job).await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    let answer = as_written(cx, job, &terms)?;
+    #[cfg(debug_assertions)]
+    assert_eq!(
+        answer,
+        super::must_read_job(db, cx, req.id.as_str()).await?,
+        "a planned create's answer must be what was stored"
+    );
+    Ok(answer)
 }

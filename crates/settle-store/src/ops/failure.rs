@@ -1,13 +1,14 @@
 //! The failure path: a failure signal from the lease holder or a lapsed lease refunds per the job's
 //! policy, then schedules a retry with backoff or ends the job `dead`.
 
-use super::plan;
+use super::plan::{ItemRead, check_counts, item, parse};
 use super::{
     After, Caller, Cx, Heard, JobRow, Move, Reported, attach, begin_teardown, check_caller, close_attempt, emit,
     guard_hit, holds_lease, lock_job, log_signal, move_items, must_lock_job, must_read_job, refusal,
     resume_if_cancelling, sum, token_attempt,
 };
-use crate::db::{Db, Engine, args, columns};
+use super::{PendingLine, assemble, lock_pending};
+use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
@@ -15,7 +16,9 @@ use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
 use settle_core::ids::{FailCode, JobId};
 use settle_core::item::{ItemSignal, ItemState, RefundReason};
 use settle_core::job::{self, FailOutcome, JobState};
+use settle_core::ledger::EntryKind;
 use settle_core::limits;
+use settle_core::{Credits, Timestamp};
 use std::sync::LazyLock;
 
 /// A failure as the failure path needs it.
@@ -202,7 +205,7 @@ pub(crate) async fn fail(
     };
     // PostgreSQL: the common shape in three statements (docs/design/batch-plan.md §10).
     if db.engine() == Engine::Postgres
-        && let Some(job) = plan::holder_fails(db, cx, &job, &failure).await?
+        && let Some(job) = holder_fails(db, cx, &job, &failure).await?
     {
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: true }, After::Nothing, None));
@@ -296,4 +299,266 @@ pub(crate) async fn expire_lease(
     .await?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((true, after))
+}
+
+columns! {
+    /// Step 2 of a failure: the job's items (in order), its net as stored, and the open parts of
+    /// its items with whether each part's grant is live.
+    FailReadCol {
+        items = "(SELECT CAST(json_agg(json_build_array(item_id, cost, hold, state, refund_reason) ORDER BY ord) AS text) \
+                 FROM items WHERE job_id = $1)",
+        net = "(SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = $1)",
+        parts = "(SELECT CAST(json_agg(json_build_array(p.id, p.grant_key, p.item_id, p.taken - p.given_back, \
+                 g.expired_at IS NULL) ORDER BY p.id DESC) AS text) FROM allocations p LEFT JOIN grants g ON g.key = p.grant_key \
+                 WHERE p.job_id = $1 AND p.given_back < p.taken)",
+        next_expiry = "(SELECT next_expiry FROM accounts WHERE id = $2)",
+    }
+}
+
+static FAIL_READ: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", FailReadCol::LIST));
+
+/// An open part as read: id, grant, item, open, whether its grant is live.
+type PartRead = (i64, Option<i64>, Option<String>, i64, Option<bool>);
+
+columns! {
+    /// What step 3 of a failure changed, table by table.
+    FailWroteCol { jobs, attempts, items, balance, entries, parts, grants }
+}
+
+/// Step 3 of a failure: the job, its attempt, its refunded items, the balance, the parts given
+/// back and the grants they return to — each guarded as the existing code guards it.
+const FAIL_WRITE: &str = "WITH \
+     j AS (UPDATE jobs SET state = $3, not_before = $4, lease_token = NULL, lease_expires_at = NULL, \
+           lease_worker = NULL, last_error_code = $5, last_error_message = $6, unknown_since = NULL, updated_at = $7, \
+           budget_base = budget_base + $8 WHERE id = $1 AND state = $2 RETURNING 1), \
+     t AS (UPDATE attempts SET finished_at = $7, result = $9, fail_code = $5, message = $6, reported = $10, \
+           sent_code = $11, expired_at = NULL, success_at = NULL \
+           WHERE job_id = $1 AND attempt_no = $12 AND finished_at IS NULL RETURNING 1), \
+     i AS (UPDATE items SET state = 'refunded', refund_reason = 'job_failed' \
+           WHERE job_id = $1 AND item_id = ANY($13::text[]) AND state = 'charged' RETURNING 1), \
+     b AS (UPDATE accounts SET balance = balance + $14, held = held - $14, exposure = exposure + $14, \
+           last_account_seq = last_account_seq + $15 WHERE id = $16 AND $15 > 0 AND next_expiry > $7 \
+           RETURNING balance, last_account_seq), \
+     p AS (UPDATE allocations SET given_back = given_back + u.x, owed = 0 \
+           FROM unnest($17::bigint[], $18::bigint[]) AS u(id, x) \
+           WHERE allocations.job_id = $1 AND allocations.id = u.id AND allocations.grant_key IS NOT NULL \
+           AND given_back + u.x <= taken RETURNING 1), \
+     g AS (UPDATE grants SET remaining = remaining + u.x, spent = CASE WHEN remaining + u.x = 0 THEN 1 ELSE 0 END \
+           FROM unnest($19::bigint[], $20::bigint[]) AS u(key, x) \
+           WHERE grants.account_id = $16 AND grants.key = u.key AND expired_at IS NULL RETURNING 1) \
+     SELECT (SELECT count(*) FROM j) AS jobs, (SELECT count(*) FROM t) AS attempts, (SELECT count(*) FROM i) AS items, \
+     (SELECT balance FROM b) AS balance, (SELECT last_account_seq FROM b) AS entries, \
+     (SELECT count(*) FROM p) AS parts, (SELECT count(*) FROM g) AS grants";
+
+/// The lease holder's failure in the plan, `job` locked: `Ok(None)` when it is not in the plan's
+/// shape (nothing written; the caller takes the existing path), else the job as it now is.
+pub(crate) async fn holder_fails(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    failure: &Failure<'_>,
+) -> Result<Option<Job>, StoreError> {
+    let outcome = fail_outcome(job, failure);
+    let in_shape = outcome != FailOutcome::Teardown
+        && job.kind != job::WITHDRAWAL_KIND
+        && job.state == JobState::Running
+        && failure.attempt_result == AttemptResult::Failed
+        && failure.reported.is_some()
+        && cx.broken.is_none();
+    if !in_shape {
+        return Ok(None);
+    }
+    let read = db.one(&FAIL_READ, args![&job.id, &job.account_id]).await?;
+    let mut items: Vec<ItemRead> = parse(read.opt_text(FailReadCol::items)?)?;
+    let parts: Vec<PartRead> = parse(read.opt_text(FailReadCol::parts)?)?;
+    let refunds = job::refunds_on(job.refund_on, outcome);
+    let Some(Refund { back, to_grants, moved }) = refund_of(refunds, &items, &parts)? else { return Ok(None) };
+    // Every posting waits for the account's due grants to expire first (`postings`): the existing
+    // path does that.
+    if !moved.is_empty() && read.opt_i64(FailReadCol::next_expiry)?.is_none_or(|at| at <= cx.now.micros()) {
+        return Ok(None);
+    }
+    let Aftermath { state, not_before, base_step, .. } = aftermath(cx, job, failure);
+    let total = Credits::checked_sum(moved.iter().map(|m| Credits::new(m.1)))?;
+    let code = failure.code.as_str();
+    let reported = failure.reported.expect("in shape: the worker's report");
+    let (parts_back, grants_back) = (back.len(), to_grants.len());
+    let (back_ids, back_x): (Vec<i64>, Vec<i64>) = back.into_iter().unzip();
+    let (grant_keys, grant_x): (Vec<i64>, Vec<i64>) = to_grants.into_iter().unzip();
+    let wrote = db
+        .one(
+            FAIL_WRITE,
+            &[
+                Value::from(job.id.as_str()),
+                job.state.as_str().into(),
+                state.as_str().into(),
+                not_before.into(),
+                code.into(),
+                failure.message.into(),
+                cx.now.micros().into(),
+                base_step.into(),
+                failure.attempt_result.as_str().into(),
+                reported.signal.into(),
+                reported.sent_code.into(),
+                job.attempt.into(),
+                Value::Texts(moved.iter().map(|m| m.0.clone()).collect()),
+                total.get().into(),
+                (moved.len() as i64).into(),
+                job.account_id.as_str().into(),
+                Value::I64s(back_ids),
+                Value::I64s(back_x),
+                Value::I64s(grant_keys),
+                Value::I64s(grant_x),
+            ],
+        )
+        .await?;
+    let counts = [
+        ("job", wrote.i64(FailWroteCol::jobs)?, 1),
+        ("items", wrote.i64(FailWroteCol::items)?, moved.len() as i64),
+        ("allocation parts", wrote.i64(FailWroteCol::parts)?, parts_back as i64),
+    ];
+    check_counts("the failure of job", &job.id, &counts)?;
+    // The account's side, read before its row was locked: a guard that missed is a stale read.
+    let balance = (wrote.opt_i64(FailWroteCol::balance)?).zip(wrote.opt_i64(FailWroteCol::entries)?);
+    let grants = wrote.i64(FailWroteCol::grants)?;
+    if grants != grants_back as i64 || balance.is_some() == moved.is_empty() {
+        return Err(StoreError::Retryable(format!(
+            "the account of job {} moved between the failure's read and its write (a grant expired or came due)",
+            job.id
+        )));
+    }
+    cx.point(CrashPoint::AfterGuard)?;
+    if let Some((balance, entries)) = balance {
+        queue_lines(cx, job, &moved, balance, entries)?;
+    }
+    cx.point(CrashPoint::AfterLedger)?;
+    failure_events(db, cx, job, failure, &moved, (state, not_before)).await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    // The answer, from the decision: the job row as written, its items as moved.
+    let row = failed_row(cx, job, failure, (state, not_before), base_step);
+    for item in items.iter_mut().filter(|i| moved.iter().any(|m| m.0 == i.0)) {
+        item.3 = ItemState::Refunded.as_str().to_owned();
+        item.4 = Some(RefundReason::JobFailed.as_str().to_owned());
+    }
+    let net = Credits::new(read.i64(FailReadCol::net)?);
+    let answer = assemble(cx, row, items.into_iter().map(item).collect::<Result<_, _>>()?, net)?;
+    #[cfg(debug_assertions)]
+    assert_eq!(
+        answer,
+        super::must_read_job(db, cx, &job.id).await?,
+        "a planned failure's answer must be what was stored"
+    );
+    Ok(Some(answer))
+}
+
+/// What a planned failure gives back: each part (id, amount), each grant's sum, each item moved
+/// (id, cost).
+struct Refund {
+    back: Vec<(i64, i64)>,
+    to_grants: Vec<(i64, i64)>,
+    moved: Vec<(String, i64)>,
+}
+
+/// The refund of every charged item when `refunds`: each one's open parts, all on live grants and
+/// covering its cost exactly (the existing path gives each back whole then, last taken first);
+/// `None` for anything else (held items, debt parts, expired grants), which is not the plan's shape.
+fn refund_of(refunds: bool, items: &[ItemRead], parts: &[PartRead]) -> Result<Option<Refund>, StoreError> {
+    let mut refund = Refund { back: Vec::new(), to_grants: Vec::new(), moved: Vec::new() };
+    if !refunds {
+        return Ok(Some(refund));
+    }
+    let charged = ItemState::Charged.as_str();
+    for (id, cost, hold, _, _) in items.iter().filter(|i| i.3 == charged) {
+        if hold.is_some() {
+            return Ok(None);
+        }
+        let mut covered = 0_i64;
+        for (part, grant, _, open, live) in parts.iter().filter(|p| p.2.as_deref() == Some(id.as_str())) {
+            let (Some(grant), Some(true)) = (grant, live) else { return Ok(None) };
+            covered = covered.checked_add(*open).ok_or(StoreError::Overflow)?;
+            refund.back.push((*part, *open));
+            match refund.to_grants.iter_mut().find(|(k, _)| k == grant) {
+                Some((_, sum)) => *sum = sum.checked_add(*open).ok_or(StoreError::Overflow)?,
+                None => refund.to_grants.push((*grant, *open)),
+            }
+        }
+        if covered != *cost {
+            return Ok(None);
+        }
+        refund.moved.push((id.clone(), *cost));
+    }
+    Ok(Some(refund))
+}
+
+/// `job.refunded` when anything was, then `job.retry_scheduled` or `job.dead`, as `apply_failure`
+/// writes them; `to` is the state and `not_before` the failure wrote.
+async fn failure_events(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    failure: &Failure<'_>,
+    moved: &[(String, i64)],
+    (state, not_before): (JobState, i64),
+) -> Result<(), StoreError> {
+    let code = failure.code.as_str();
+    if !moved.is_empty() {
+        let total = Credits::checked_sum(moved.iter().map(|m| Credits::new(m.1)))?;
+        let items: Vec<&str> = moved.iter().map(|m| m.0.as_str()).collect();
+        let data = serde_json::json!({ "reason": "job_failed", "code": code, "amount": total.get(), "items": items });
+        emit(db, cx, EventKind::JobRefunded, Some(&job.id), &job.account_id, data).await?;
+    }
+    let rfc = Timestamp::from_micros(not_before).rfc3339();
+    let data =
+        serde_json::json!({ "code": code, "message": failure.message, "attempt": job.attempt, "not_before": rfc });
+    let event = if state == JobState::Queued { EventKind::JobRetryScheduled } else { EventKind::JobDead };
+    emit(db, cx, event, Some(&job.id), &job.account_id, data).await
+}
+
+/// The job row as a planned failure wrote it.
+fn failed_row(
+    cx: &Cx,
+    job: &JobRow,
+    failure: &Failure<'_>,
+    (state, not_before): (JobState, i64),
+    base_step: i64,
+) -> JobRow {
+    let mut row = job.clone();
+    row.state = state;
+    row.not_before = not_before;
+    row.lease_token = None;
+    row.lease_expires_at = None;
+    row.last_error_code = Some(failure.code.as_str().to_owned());
+    row.last_error_message = failure.message.map(str::to_owned);
+    row.unknown_since = None;
+    row.updated_at = cx.now.micros();
+    row.budget_base += base_step;
+    row
+}
+
+/// The refund lines, one per item in the job's order, queued for the flush as `ledger::append`
+/// queues them: the balance UPDATE returned the balance after the last line and the account's
+/// last position.
+fn queue_lines(cx: &Cx, job: &JobRow, moved: &[(String, i64)], balance: i64, entries: i64) -> Result<(), StoreError> {
+    let pending = cx.pending.as_ref().ok_or_else(|| StoreError::internal("a plan without the transaction's queue"))?;
+    let total = Credits::checked_sum(moved.iter().map(|m| Credits::new(m.1)))?;
+    let mut after = Credits::new(balance).checked_sub(total)?;
+    let first = entries - moved.len() as i64 + 1;
+    let mut pending = lock_pending(pending);
+    for ((item, cost), account_seq) in moved.iter().zip(first..) {
+        after = after.checked_add(Credits::new(*cost))?;
+        pending.lines.push(PendingLine {
+            account_id: job.account_id.clone(),
+            account_seq,
+            kind: EntryKind::Refund,
+            amount: *cost,
+            balance_after: after.get(),
+            job_id: Some(job.id.clone()),
+            item_id: Some(item.clone()),
+            ref_id: None,
+            reason: Some(RefundReason::JobFailed.as_str().to_owned()),
+            request_hash: None,
+            created_at: cx.now.micros(),
+        });
+    }
+    Ok(())
 }

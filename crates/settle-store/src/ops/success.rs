@@ -1,20 +1,27 @@
 //! Success, accepted from any attempt (spec §3): what a failure refunded is reclaimed, and the
 //! attempt it overtakes is closed as superseded.
 
+use super::allocations::Spend;
+use super::plan::{ItemRead, TAKE_FROM_HEAD, check_counts, item, parse};
 use super::{
     After, Caller, Cx, Heard, JobRow, Move, Reported, begin_teardown, check_caller, check_costs, close_attempt, emit,
     guard_hit, holds_lease, job_items, log_signal, mark_reported_success, move_items, must_lock_job, must_read_job,
     record_action, refusal, resume_if_cancelling, sum, token_attempt,
 };
-use crate::db::{Db, Engine, args};
+use super::{BalanceCheck, Holds, Line, Posting, assemble, debits_from_grants, post_balance};
+use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
+use settle_core::Credits;
 use settle_core::crash::CrashPoint;
 use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
 use settle_core::ids::JobId;
-use settle_core::item::{ItemSignal, ItemState};
+use settle_core::item::{ItemSignal, ItemState, RefundReason};
+use settle_core::job;
 use settle_core::job::{JobState, RefundPolicy};
+use settle_core::ledger::{AllocationKind, EntryKind};
 use settle_core::limits;
+use std::sync::LazyLock;
 
 /// Success from any attempt (spec §3). A pending cancel wins over it unless the job's refund policy
 /// is `final_failure` (an external effect such as a payout cannot be taken back: docs/decisions/0004).
@@ -145,7 +152,7 @@ pub(crate) async fn succeed(
     if let Reporter::Lease(t) = by
         && costs.0.is_empty()
         && db.engine() == Engine::Postgres
-        && let Some(job) = super::plan::succeeds(db, cx, &job, &t.0, result).await?
+        && let Some(job) = succeeds(db, cx, &job, &t.0, result).await?
     {
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: true }, After::Nothing, None));
@@ -219,4 +226,242 @@ async fn check_replayed_costs(db: &mut Db<'_>, job: &JobRow, costs: &Costs) -> R
         return Ok(());
     }
     check_costs(&job_items(db, job).await?, costs)
+}
+
+columns! {
+    /// Step 2 of a success: the job's items (in order), its net as stored, and the attempt that
+    /// held the report's token.
+    SucceedReadCol {
+        items = "(SELECT CAST(json_agg(json_build_array(item_id, cost, hold, state, refund_reason) ORDER BY ord) AS text) \
+                 FROM items WHERE job_id = $1)",
+        net = "(SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = $1)",
+        attempt_no = "(SELECT attempt_no FROM attempts WHERE job_id = $1 AND lease_token = $2)",
+    }
+}
+
+static SUCCEED_READ: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", SucceedReadCol::LIST));
+
+columns! {
+    /// What the write of a success changed, table by table, and whether the head grant paid.
+    SucceedWroteCol { jobs, closed, marked, signals, items, held, took, parts }
+}
+
+static SUCCEED_WRITE: LazyLock<String> = LazyLock::new(|| {
+    let take = TAKE_FROM_HEAD
+        .replace("$A", "$7")
+        .replace("$T", "$13")
+        .replace("$K", "$14")
+        .replace("$J", "$1")
+        .replace("$S", "$15")
+        .replace("$N", "$3")
+        .replace("$U", "$16::text[], $17::bigint[]");
+    format!(
+        "WITH \
+         j AS (UPDATE jobs SET state = 'succeeded', lease_token = NULL, lease_expires_at = NULL, lease_worker = NULL, \
+               unknown_since = NULL, result = $4, updated_at = $3 WHERE id = $1 AND state = $2 RETURNING 1), \
+         closed AS (UPDATE attempts SET finished_at = $3, result = 'succeeded', fail_code = NULL, message = NULL, \
+               reported = 'succeed', sent_code = NULL, expired_at = NULL, success_at = $3 \
+               WHERE job_id = $1 AND attempt_no = $5 AND finished_at IS NULL AND $6 = 1 RETURNING 1), \
+         marked AS (UPDATE attempts SET reported = COALESCE(reported, 'succeed'), success_at = COALESCE(success_at, $3) \
+               WHERE job_id = $1 AND attempt_no = $5 AND $6 = 0 RETURNING 1), \
+         s AS (INSERT INTO signals (job_id, attempt_no, signal, fail_code, message, effect, received_at) \
+               SELECT $1, $5, 'succeed', NULL, NULL, 'recovered', $3 WHERE $6 = 0 RETURNING 1), \
+         i AS (UPDATE items SET state = u.to_state FROM unnest($8::text[], $9::text[], $10::text[]) AS u(id, from_state, to_state) \
+               WHERE items.job_id = $1 AND items.item_id = u.id AND items.state = u.from_state \
+               AND (u.from_state <> 'refunded' OR items.refund_reason <> 'item_failed') RETURNING 1), \
+         h AS (UPDATE accounts SET held = held + $11 WHERE id = $7 AND $11 <> 0 AND $12 = 1 RETURNING 1), \
+         {take} \
+         SELECT (SELECT count(*) FROM j) AS jobs, (SELECT count(*) FROM closed) AS closed, \
+         (SELECT count(*) FROM marked) AS marked, (SELECT count(*) FROM s) AS signals, (SELECT count(*) FROM i) AS items, \
+         (SELECT count(*) FROM h) AS held, (SELECT count(*) FROM took) AS took, (SELECT count(*) FROM parts) AS parts"
+    )
+});
+
+/// An item a planned success moves: its id and cost.
+type ItemMove = (String, i64);
+
+/// A success's item moves (id, cost): every charged item delivered, every refund reclaimed but an
+/// item's own failure — as `RECLAIM_ALL`, whose `refund_reason <> 'item_failed'` a NULL reason does
+/// not pass.
+fn delivered_and_reclaimed(items: &[ItemRead]) -> (Vec<ItemMove>, Vec<ItemMove>) {
+    let (charged, refunded) = (ItemState::Charged.as_str(), ItemState::Refunded.as_str());
+    let item_failed = Some(RefundReason::ItemFailed.as_str());
+    let delivered = items.iter().filter(|i| i.3 == charged).map(|i| (i.0.clone(), i.1)).collect();
+    let reclaimed = (items.iter())
+        .filter(|i| i.3 == refunded && i.4.is_some() && i.4.as_deref() != item_failed)
+        .map(|i| (i.0.clone(), i.1))
+        .collect();
+    (delivered, reclaimed)
+}
+
+/// `job.reclaimed` when anything was, then `job.succeeded`, as `settle_items` writes them.
+async fn success_events(db: &mut Db<'_>, cx: &Cx, job: &JobRow, reclaimed: &[ItemMove]) -> Result<(), StoreError> {
+    if !reclaimed.is_empty() {
+        let amount = Credits::checked_sum(reclaimed.iter().map(|m| Credits::new(m.1)))?;
+        let items: Vec<&str> = reclaimed.iter().map(|m| m.0.as_str()).collect();
+        let data = serde_json::json!({ "amount": amount.get(), "items": items });
+        emit(db, cx, EventKind::JobReclaimed, Some(&job.id), &job.account_id, data).await?;
+    }
+    let data = serde_json::json!({ "from": job.state.as_str(), "attempt": job.attempt });
+    emit(db, cx, EventKind::JobSucceeded, Some(&job.id), &job.account_id, data).await
+}
+
+/// The item moves as the write's arrays: ids, the states they leave, the states they take.
+fn item_moves(delivered: &[ItemMove], reclaimed: &[ItemMove]) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let (charged, refunded) = (ItemState::Charged.as_str(), ItemState::Refunded.as_str());
+    let moves = (delivered.iter().map(|m| (m, charged, ItemState::Succeeded)))
+        .chain(reclaimed.iter().map(|m| (m, refunded, ItemState::Reclaimed)));
+    let (mut ids, mut froms, mut tos) = (Vec::new(), Vec::new(), Vec::new());
+    for ((id, _), from, to) in moves {
+        ids.push(id.clone());
+        froms.push(from.to_owned());
+        tos.push(to.as_str().to_owned());
+    }
+    (ids, froms, tos)
+}
+
+/// The job row as a planned success wrote it, and its items (in place) as moved.
+fn succeeded_row(
+    cx: &Cx,
+    job: &JobRow,
+    result: Option<&str>,
+    items: &mut [ItemRead],
+    (delivered, reclaimed): (&[ItemMove], &[ItemMove]),
+) -> JobRow {
+    let mut row = job.clone();
+    row.state = JobState::Succeeded;
+    row.lease_token = None;
+    row.lease_expires_at = None;
+    row.unknown_since = None;
+    row.result = result.map(str::to_owned);
+    row.updated_at = cx.now.micros();
+    for item in items {
+        if delivered.iter().any(|m| m.0 == item.0) {
+            item.3 = ItemState::Succeeded.as_str().to_owned();
+        } else if reclaimed.iter().any(|m| m.0 == item.0) {
+            item.3 = ItemState::Reclaimed.as_str().to_owned();
+        }
+    }
+    row
+}
+
+/// One reclaim line per reclaimed item, in the job's order.
+fn reclaim_lines<'a>(job: &'a JobRow, reclaimed: &'a [ItemMove]) -> Result<Vec<Line<'a>>, StoreError> {
+    reclaimed
+        .iter()
+        .map(|(id, cost)| {
+            Ok(Line {
+                kind: EntryKind::Reclaim,
+                amount: Credits::new(*cost).checked_neg()?,
+                job_id: Some(job.id.as_str()),
+                item_id: Some(id.as_str()),
+                ref_id: None,
+                reason: None,
+                request_hash: None,
+            })
+        })
+        .collect()
+}
+
+/// A success reported with a lease token, in the plan, `job` locked: from the attempt holding the
+/// lease (a running job) or from an earlier attempt (the seed's late result, on a job queued again,
+/// dead or unknown). Every charged item is delivered, every refund but an item's own failure is
+/// reclaimed — the reclaim's balance change first (it locks the account, so the head grant read
+/// after it is current), then everything else in one statement. `Ok(None)`: not the plan's shape
+/// (a cancel requested, held items, a withdrawal, a token no attempt held), nothing written.
+pub(crate) async fn succeeds(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &JobRow,
+    token: &str,
+    result: Option<&str>,
+) -> Result<Option<Job>, StoreError> {
+    let current = job.state == JobState::Running && job.lease_token.as_deref() == Some(token);
+    let in_shape = cx.broken.is_none()
+        && job.kind != job::WITHDRAWAL_KIND
+        && !job.cancel_requested
+        && JobState::SUCCEED_FROM.contains(&job.state)
+        && (current || job.state != JobState::Running);
+    if !in_shape {
+        return Ok(None);
+    }
+    let read = db.one(&SUCCEED_READ, args![&job.id, token]).await?;
+    let attempt_no = match (current, read.opt_i64(SucceedReadCol::attempt_no)?) {
+        (true, _) => job.attempt,
+        (false, Some(n)) => n,
+        (false, None) => return Ok(None),
+    };
+    let mut items: Vec<ItemRead> = parse(read.opt_text(SucceedReadCol::items)?)?;
+    if items.iter().any(|i| i.2.is_some()) {
+        return Ok(None);
+    }
+    let (delivered, reclaimed) = delivered_and_reclaimed(&items);
+    let delivered_total = Credits::checked_sum(delivered.iter().map(|m| Credits::new(m.1)))?;
+    let reclaimed_total = Credits::checked_sum(reclaimed.iter().map(|m| Credits::new(m.1)))?;
+    // The reclaim's posting, with the delivery's release of its holds: one balance change.
+    let lines = reclaim_lines(job, &reclaimed)?;
+    let holds = Holds { held: delivered_total.checked_neg()?.get(), exposure: reclaimed_total.checked_neg()?.get() };
+    let posting = Posting { account_id: &job.account_id, check: BalanceCheck::Never, lines: &lines, holds };
+    let posted = match lines.is_empty() {
+        true => None,
+        false => Some(post_balance(db, cx, &posting).await?),
+    };
+    let (ids, froms, tos) = item_moves(&delivered, &reclaimed);
+    let amounts: Vec<i64> = reclaimed.iter().map(|m| m.1).collect();
+    let wrote = db
+        .one(
+            &SUCCEED_WRITE,
+            &[
+                Value::from(job.id.as_str()),
+                job.state.as_str().into(),
+                cx.now.micros().into(),
+                result.into(),
+                attempt_no.into(),
+                i64::from(current).into(),
+                job.account_id.as_str().into(),
+                Value::Texts(ids),
+                Value::Texts(froms),
+                Value::Texts(tos),
+                holds.held.into(),
+                i64::from(posted.is_none()).into(),
+                reclaimed_total.get().into(),
+                AllocationKind::of_debit(EntryKind::Reclaim).as_str().into(),
+                posted.as_ref().map_or(0, |p| p.first_account_seq).into(),
+                Value::Texts(reclaimed.iter().map(|m| m.0.clone()).collect()),
+                Value::I64s(amounts.clone()),
+            ],
+        )
+        .await?;
+    let took = wrote.i64(SucceedWroteCol::took)?;
+    let paying = amounts.iter().filter(|x| **x > 0).count() as i64;
+    let counts = [
+        ("job", wrote.i64(SucceedWroteCol::jobs)?, 1),
+        ("attempts closed", wrote.i64(SucceedWroteCol::closed)?, i64::from(current)),
+        ("attempts marked", wrote.i64(SucceedWroteCol::marked)?, i64::from(!current)),
+        ("signals", wrote.i64(SucceedWroteCol::signals)?, i64::from(!current)),
+        ("items", wrote.i64(SucceedWroteCol::items)?, (delivered.len() + reclaimed.len()) as i64),
+        ("accounts' holds", wrote.i64(SucceedWroteCol::held)?, i64::from(posted.is_none() && holds.held != 0)),
+        ("allocation parts", wrote.i64(SucceedWroteCol::parts)?, if took == 1 { paying } else { 0 }),
+    ];
+    check_counts("the success of job", &job.id, &counts)?;
+    cx.point(CrashPoint::AfterGuard)?;
+    if let Some(posted) = &posted
+        && took == 0
+        && reclaimed_total.is_positive()
+    {
+        debits_from_grants(db, cx, &posting, posted, Spend::Any).await?;
+    }
+    cx.point(CrashPoint::AfterLedger)?;
+    success_events(db, cx, job, &reclaimed).await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    let row = succeeded_row(cx, job, result, &mut items, (&delivered, &reclaimed));
+    let net = Credits::new(read.i64(SucceedReadCol::net)?);
+    let answer = assemble(cx, row, items.into_iter().map(item).collect::<Result<_, _>>()?, net)?;
+    #[cfg(debug_assertions)]
+    assert_eq!(
+        answer,
+        super::must_read_job(db, cx, &job.id).await?,
+        "a planned success's answer must be what was stored"
+    );
+    Ok(Some(answer))
 }
