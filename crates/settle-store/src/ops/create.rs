@@ -5,7 +5,7 @@ use super::allocations::Spend;
 use super::plan::{TAKE_FROM_HEAD, check_counts};
 use super::{
     BalanceCheck, Cx, Holds, Line, Posting, attach, debits_from_grants, emit, guard_hit, lock_account_job, next_seq,
-    post, post_balance,
+    post, post_balance, read_job_row,
 };
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
@@ -96,7 +96,7 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
     // number. Two concurrent creates of one id on PostgreSQL: the loser hits `jobs_pkey`, is
     // retried, and lands here — or, on PostgreSQL's plan, which charges before it inserts, finds the
     // charge refused because the winner's charge took the credit: asked again below.
-    if let Some(replayed) = replay(db, cx, job, &fp).await? {
+    if let Some(replayed) = replay(db, cx, job, &fp, Lock::Job).await? {
         return replayed;
     }
     let job = match db.engine() {
@@ -104,10 +104,12 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
         Engine::Postgres => match creates(db, cx, job, &fp).await {
             // The refusal waited for the account's row: a create of the same id that held it has
             // committed by now, and the job it made is the answer (a replay, or a conflict).
-            Err(refused @ StoreError::InsufficientCredits { .. }) => match replay(db, cx, job, &fp).await? {
-                Some(replayed) => return replayed,
-                None => return Err(refused),
-            },
+            Err(refused @ StoreError::InsufficientCredits { .. }) => {
+                match replay(db, cx, job, &fp, Lock::None).await? {
+                    Some(replayed) => return replayed,
+                    None => return Err(refused),
+                }
+            }
             planned => planned?,
         },
         Engine::Sqlite => insert_job(db, cx, job, &fp, BalanceCheck::Overdraft).await?,
@@ -116,16 +118,31 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
     Ok(Created { value: job, replayed: false })
 }
 
+/// Whether `replay` locks the job it finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lock {
+    Job,
+    None,
+}
+
 /// The answer to a create whose id is taken already: the job as it stands when the request is the
 /// same (a replay), a conflict when it differs; `None` when the id is free.
+/// `Lock::Job` first thing, as every job transition starts (the job's row, then the account's);
+/// `Lock::None` after a refused charge, which holds the account's row already: a job read then is
+/// not locked (locking it would take the job after the account, against the lock order).
 async fn replay(
     db: &mut Db<'_>,
     cx: &Cx,
     job: &ValidJob,
     fp: &[u8; 32],
+    lock: Lock,
 ) -> Result<Option<Result<Created<Job>, StoreError>>, StoreError> {
     let req = &job.req;
-    let Some(existing) = lock_account_job(db, req.account_id.as_str(), req.id.as_str()).await? else {
+    let existing = match lock {
+        Lock::Job => lock_account_job(db, req.account_id.as_str(), req.id.as_str()).await?,
+        Lock::None => Some(read_job_row(db, req.id.as_str()).await?),
+    };
+    let Some(existing) = existing else {
         return Err(StoreError::not_found("account", req.account_id.as_str()));
     };
     let Some(existing) = existing else { return Ok(None) };

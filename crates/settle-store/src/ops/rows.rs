@@ -152,6 +152,11 @@ pub(crate) async fn lock_job(db: &mut Db<'_>, id: &str) -> Result<Option<JobRow>
     db.opt(sql, args![id]).await?.map(|r| job_row(&r)).transpose()
 }
 
+/// The job row as committed, without a lock (`None`: no such job).
+pub(crate) async fn read_job_row(db: &mut Db<'_>, id: &str) -> Result<Option<JobRow>, StoreError> {
+    db.opt(&SELECT_JOB, args![id]).await?.map(|r| job_row(&r)).transpose()
+}
+
 /// A job's columns, each qualified by `alias` (`accounts` has columns of the same names).
 fn job_cols_of(alias: &str) -> String {
     JobCol::LIST.split(", ").map(|c| format!("{alias}.{c}")).collect::<Vec<_>>().join(", ")
