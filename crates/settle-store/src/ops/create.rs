@@ -2,7 +2,7 @@
 //! one ledger line each, in one transaction with its `job.queued` event.
 
 use super::allocations::Spend;
-use super::plan::{TAKE_FROM_HEAD, check_counts};
+use super::plan::{TakeAt, check_counts, take_from_head};
 use super::{
     BalanceCheck, Cx, Holds, Line, Posting, attach, debits_from_grants, emit, guard_hit, lock_account_job, next_seq,
     post, post_balance, read_job_row,
@@ -361,14 +361,15 @@ columns! {
 }
 
 static CREATE_WRITE: LazyLock<String> = LazyLock::new(|| {
-    let take = TAKE_FROM_HEAD
-        .replace("$A", "$2")
-        .replace("$T", "$15")
-        .replace("$K", "$16")
-        .replace("$J", "$1")
-        .replace("$S", "$17")
-        .replace("$N", "$11")
-        .replace("$U", "$12::text[], $13::bigint[]");
+    let take = take_from_head(&TakeAt {
+        account: "$2",
+        total: "$15",
+        kind: "$16",
+        job: "$1",
+        first_seq: "$17",
+        now: "$11",
+        lines: "$12::text[], $13::bigint[]",
+    });
     format!(
         "WITH \
          j AS (INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, \
@@ -439,10 +440,6 @@ pub(crate) async fn creates(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 
     cx.point(CrashPoint::AfterOutbox)?;
     let answer = as_written(cx, job, &terms)?;
     #[cfg(debug_assertions)]
-    assert_eq!(
-        answer,
-        super::must_read_job(db, cx, req.id.as_str()).await?,
-        "a planned create's answer must be what was stored"
-    );
+    super::plan::assert_stored(db, cx, &answer).await?;
     Ok(answer)
 }

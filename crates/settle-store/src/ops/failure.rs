@@ -443,11 +443,7 @@ pub(crate) async fn holder_fails(
     let net = Credits::new(read.i64(FailReadCol::net)?);
     let answer = assemble(cx, row, items.into_iter().map(item).collect::<Result<_, _>>()?, net)?;
     #[cfg(debug_assertions)]
-    assert_eq!(
-        answer,
-        super::must_read_job(db, cx, &job.id).await?,
-        "a planned failure's answer must be what was stored"
-    );
+    super::plan::assert_stored(db, cx, &answer).await?;
     Ok(Some(answer))
 }
 

@@ -16,6 +16,7 @@
 //! (`failure::holder_fails`), a new job (`create::creates`), a success reported with a lease token
 //! (`success::succeeds`). This file holds what they share.
 
+use super::Cx;
 use crate::error::StoreError;
 use crate::model::Item;
 use settle_core::Credits;
@@ -47,7 +48,7 @@ pub(super) fn item((id, cost, hold, state, reason): ItemRead) -> Result<Item, St
 /// that takes something — when the head has it all; else nothing, and the caller takes the general
 /// way (`postings::debits_from_grants`). `$A` the account, `$J` the job, `$K` the allocation kind,
 /// `$N` now: replaced by the statement's own placeholders.
-pub(super) const TAKE_FROM_HEAD: &str = "\
+const TAKE_FROM_HEAD: &str = "\
      head AS (SELECT key FROM grants WHERE account_id = $A AND spent = 0 AND expired_at IS NULL \
               ORDER BY priority, expiry_key, key LIMIT 1), \
      took AS (UPDATE grants g SET remaining = g.remaining - $T, spent = CASE WHEN g.remaining = $T THEN 1 ELSE 0 END \
@@ -63,5 +64,42 @@ pub(super) fn check_counts(what: &str, id: &str, counts: &[(&str, i64, i64)]) ->
             return Err(StoreError::internal(format!("{what} {id} changed {got} {table}, not {want}, on locked rows")));
         }
     }
+    Ok(())
+}
+
+/// Where `TAKE_FROM_HEAD`'s values are in the statement that holds it: each a placeholder (`$2`),
+/// `lines` two (`$12::text[], $13::bigint[]`: the lines' items and amounts).
+pub(super) struct TakeAt<'a> {
+    pub account: &'a str,
+    pub total: &'a str,
+    pub kind: &'a str,
+    pub job: &'a str,
+    pub first_seq: &'a str,
+    pub now: &'a str,
+    pub lines: &'a str,
+}
+
+/// `TAKE_FROM_HEAD` with its values at `at`, for a statement's `WITH` list.
+pub(super) fn take_from_head(at: &TakeAt<'_>) -> String {
+    TAKE_FROM_HEAD
+        .replace("$A", at.account)
+        .replace("$T", at.total)
+        .replace("$K", at.kind)
+        .replace("$J", at.job)
+        .replace("$S", at.first_seq)
+        .replace("$N", at.now)
+        .replace("$U", at.lines)
+}
+
+/// Debug builds (the whole test suite): a planned operation's answer, built from its decision, is
+/// the job as stored.
+#[cfg(debug_assertions)]
+pub(super) async fn assert_stored(
+    db: &mut crate::db::Db<'_>,
+    cx: &Cx,
+    answer: &crate::model::Job,
+) -> Result<(), StoreError> {
+    let stored = super::must_read_job(db, cx, answer.id.as_str()).await?;
+    assert_eq!(*answer, stored, "a planned operation's answer must be what was stored");
     Ok(())
 }

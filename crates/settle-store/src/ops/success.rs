@@ -2,7 +2,7 @@
 //! attempt it overtakes is closed as superseded.
 
 use super::allocations::Spend;
-use super::plan::{ItemRead, TAKE_FROM_HEAD, check_counts, item, parse};
+use super::plan::{ItemRead, TakeAt, check_counts, item, parse, take_from_head};
 use super::{
     After, Caller, Cx, Heard, JobRow, Move, Reported, begin_teardown, check_caller, check_costs, close_attempt, emit,
     guard_hit, holds_lease, job_items, log_signal, mark_reported_success, move_items, must_lock_job, must_read_job,
@@ -247,14 +247,15 @@ columns! {
 }
 
 static SUCCEED_WRITE: LazyLock<String> = LazyLock::new(|| {
-    let take = TAKE_FROM_HEAD
-        .replace("$A", "$7")
-        .replace("$T", "$13")
-        .replace("$K", "$14")
-        .replace("$J", "$1")
-        .replace("$S", "$15")
-        .replace("$N", "$3")
-        .replace("$U", "$16::text[], $17::bigint[]");
+    let take = take_from_head(&TakeAt {
+        account: "$7",
+        total: "$13",
+        kind: "$14",
+        job: "$1",
+        first_seq: "$15",
+        now: "$3",
+        lines: "$16::text[], $17::bigint[]",
+    });
     format!(
         "WITH \
          j AS (UPDATE jobs SET state = 'succeeded', lease_token = NULL, lease_expires_at = NULL, lease_worker = NULL, \
@@ -458,10 +459,6 @@ pub(crate) async fn succeeds(
     let net = Credits::new(read.i64(SucceedReadCol::net)?);
     let answer = assemble(cx, row, items.into_iter().map(item).collect::<Result<_, _>>()?, net)?;
     #[cfg(debug_assertions)]
-    assert_eq!(
-        answer,
-        super::must_read_job(db, cx, &job.id).await?,
-        "a planned success's answer must be what was stored"
-    );
+    super::plan::assert_stored(db, cx, &answer).await?;
     Ok(Some(answer))
 }
