@@ -711,6 +711,10 @@ mod plan_tests {
             assert!(sql.contains(&format!("origin IN ({})", quoted(&origins))), "grant origins: {origins:?}");
             assert!(sql.contains(&format!("kind IN ({})", quoted(&kinds))), "allocation kinds: {kinds:?}");
         }
+        // PostgreSQL's CHECKs became domains in migration 0026.
+        let domains = include_str!("../../migrations/postgres/0026_domains.sql");
+        assert!(domains.contains(&format!("VALUE IN ({})", quoted(&origins))), "grant origins: {origins:?}");
+        assert!(domains.contains(&format!("VALUE IN ({})", quoted(&kinds))), "allocation kinds: {kinds:?}");
     }
 
     /// The SQLite writer runs with the query planner stability guarantee (engine/sqlite.rs), under

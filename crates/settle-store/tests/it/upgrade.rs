@@ -77,6 +77,7 @@ async fn from_before_migration_15(engine: EngineKind) {
     let events_before = k.event_types().await.len();
     // The previous release's schema: migration 0015's columns, tables and record gone; the ledger
     // counter where that release kept it.
+    k.raw_script(undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     k.raw_script(UNDO_17).await.unwrap();
@@ -214,6 +215,7 @@ async fn from_before_migration_17(engine: EngineKind) {
         .await
         .unwrap();
     k.job("jb", &b, 30).await;
+    k.raw_script(undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(UNDO_17).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
@@ -275,6 +277,7 @@ async fn from_before_migration_18(engine: EngineKind) {
     k.items_job("j", &a, &[10, 20]).await;
     let t1 = k.claim_one("j").await;
     k.fail("j", &t1, "TIMEOUT").await;
+    k.raw_script(undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     let undo = if k.is_sqlite() {
@@ -358,6 +361,7 @@ async fn from_before_migration_20(engine: EngineKind) {
     let now = order_keys(&k.url).await;
     assert!(now.len() >= 2 && now[0].2 == "delivered", "the grant delivered, the job's events pending: {now:?}");
     // The release before 0020: keys were the job's id, or `account:` and the account's id.
+    k.raw_script(undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     k.raw_script(
@@ -450,6 +454,7 @@ async fn from_before_migration_24(engine: EngineKind) {
     let before = feed(&k.store).await;
     let deliveries = k.store.webhooks().deliveries(&Default::default(), 0, 100).await.unwrap().rows;
     assert_eq!(deliveries.len(), before.len());
+    k.raw_script(undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     if !k.is_sqlite() {
@@ -578,6 +583,7 @@ async fn from_before_migration_25(engine: EngineKind) {
         .await
         .unwrap();
     k.job("owing", &b, 15).await;
+    k.raw_script(undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
     drop(store);
@@ -622,4 +628,110 @@ async fn sqlite_a_database_from_before_migration_25_marks_its_spent_grants() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
     from_before_migration_25(EngineKind::Postgres).await;
+}
+
+/// Takes a database back to before migration 0026 (on SQLite it changed nothing but its record).
+fn undo_26(k: &Kit) -> &'static str {
+    if k.is_sqlite() { "DELETE FROM _sqlx_migrations WHERE version = 26" } else { UNDO_26 }
+}
+
+/// Takes a PostgreSQL database back to before migration 0026: the single-column CHECKs as table
+/// constraints again, no domains.
+const UNDO_26: &str = "
+    ALTER TABLE jobs ALTER COLUMN state TYPE text, ALTER COLUMN refund_on TYPE text,
+        ALTER COLUMN cancel_requested TYPE bigint, ALTER COLUMN cost TYPE bigint, ALTER COLUMN max_attempts TYPE bigint,
+        ADD CONSTRAINT jobs_state_check CHECK (state IN ('queued', 'running', 'unknown', 'cancelling', 'succeeded', 'dead', 'cancelled', 'returned')),
+        ADD CONSTRAINT jobs_refund_on_check CHECK (refund_on IN ('failure', 'final_failure')),
+        ADD CONSTRAINT jobs_cancel_requested_check CHECK (cancel_requested IN (0, 1)),
+        ADD CONSTRAINT jobs_cost_check CHECK (cost >= 0), ADD CONSTRAINT jobs_max_attempts_check CHECK (max_attempts >= 1);
+    ALTER TABLE items ALTER COLUMN state TYPE text, ALTER COLUMN refund_reason TYPE text, ALTER COLUMN cost TYPE bigint,
+        ADD CONSTRAINT items_state_check CHECK (state IN ('charged', 'succeeded', 'refunded', 'reclaimed', 'cancelled', 'returned')),
+        ADD CONSTRAINT items_refund_reason_check CHECK (refund_reason IN ('job_failed', 'item_failed', 'cancelled')),
+        ADD CONSTRAINT items_cost_check CHECK (cost >= 0);
+    ALTER TABLE accounts ALTER COLUMN debt TYPE bigint, ALTER COLUMN last_account_seq TYPE bigint,
+        ALTER COLUMN exposure TYPE bigint, ALTER COLUMN held TYPE bigint, ALTER COLUMN overdraft_limit TYPE bigint,
+        ADD CONSTRAINT accounts_debt_check CHECK (debt >= 0), ADD CONSTRAINT accounts_entries_check CHECK (last_account_seq >= 0),
+        ADD CONSTRAINT accounts_exposure_check CHECK (exposure >= 0), ADD CONSTRAINT accounts_held_check CHECK (held >= 0),
+        ADD CONSTRAINT accounts_overdraft_limit_check CHECK (overdraft_limit >= 0);
+    ALTER TABLE ledger_entries ALTER COLUMN account_seq TYPE bigint,
+        ADD CONSTRAINT ledger_entries_account_seq_check CHECK (account_seq >= 1);
+    ALTER TABLE grants ALTER COLUMN origin TYPE text, ALTER COLUMN amount TYPE bigint, ALTER COLUMN remaining TYPE bigint,
+        ALTER COLUMN priority TYPE bigint,
+        ADD CONSTRAINT grants_origin_check CHECK (origin IN ('grant', 'adjustment', 'opening')),
+        ADD CONSTRAINT grants_amount_check CHECK (amount >= 0), ADD CONSTRAINT grants_remaining_check CHECK (remaining >= 0),
+        ADD CONSTRAINT grants_priority_check CHECK (priority >= 0 AND priority <= 100);
+    ALTER TABLE allocations ALTER COLUMN kind TYPE text, ALTER COLUMN account_seq TYPE bigint, ALTER COLUMN taken TYPE bigint,
+        ALTER COLUMN given_back TYPE bigint, ALTER COLUMN settled TYPE bigint,
+        ADD CONSTRAINT allocations_kind_check CHECK (kind IN ('charge', 'reclaim', 'adjustment', 'settle_debt', 'opening')),
+        ADD CONSTRAINT allocations_account_seq_check CHECK (account_seq >= 0), ADD CONSTRAINT allocations_taken_check CHECK (taken > 0),
+        ADD CONSTRAINT allocations_given_back_check CHECK (given_back >= 0), ADD CONSTRAINT allocations_settled_check CHECK (settled >= 0);
+    DROP DOMAIN credits, positive_count, position_from_zero, position_from_one, flag, grant_priority, job_state, refund_on,
+        item_state, refund_reason, grant_origin, allocation_kind;
+    DELETE FROM _sqlx_migrations WHERE version = 26";
+
+/// A PostgreSQL database made by the release before migration 0026 opens with this one: its rows
+/// keep their heap (no table rewritten), the audit is clean, jobs go on, and each domain refuses
+/// what its table CHECK refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_database_from_before_migration_26_takes_domains_and_refuses_what_it_refused() {
+    async fn heap(url: &str) -> String {
+        use sqlx::{ConnectOptions, Connection};
+        use std::str::FromStr;
+        let mut conn = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().connect().await.unwrap();
+        let files: String = sqlx::query_scalar(
+            "SELECT string_agg(relname || ':' || relfilenode, ',' ORDER BY relname) FROM pg_class \
+             WHERE relname IN ('jobs', 'items', 'accounts', 'ledger_entries', 'allocations', 'jobs_due', 'jobs_pkey')",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+        files
+    }
+    let k = Kit::new(EngineKind::Postgres).await;
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10, 20]).await;
+    let t = k.claim_one("j").await;
+    k.raw_script(UNDO_26).await.unwrap();
+    let before = heap(&k.url).await;
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    assert_eq!(heap(&url).await, before, "no table or hot index rewritten");
+    assert!(store.audit(None).await.unwrap().violations.is_empty());
+    store.fail(&jid("j"), fail_sig(&t, "BAD_INPUT")).await.unwrap();
+    assert_eq!(store.account(&a).await.unwrap().balance.get(), 100);
+    let script = |sql: &'static str| {
+        let url = url.clone();
+        async move {
+            use sqlx::{ConnectOptions, Connection};
+            use std::str::FromStr;
+            let mut conn = sqlx::postgres::PgConnectOptions::from_str(&url)?.connect().await?;
+            let done = sqlx::raw_sql(sql).execute(&mut conn).await.map(drop);
+            conn.close().await?;
+            done
+        }
+    };
+    for bad in [
+        "UPDATE jobs SET state = 'lost'",
+        "UPDATE jobs SET cost = -1",
+        "UPDATE jobs SET cancel_requested = 2",
+        "UPDATE jobs SET max_attempts = 0",
+        "UPDATE jobs SET refund_on = 'never'",
+        "UPDATE items SET state = 'gone'",
+        "UPDATE items SET refund_reason = 'whim'",
+        "UPDATE accounts SET held = -1",
+        "UPDATE accounts SET overdraft_limit = -5",
+        // In the same implicit transaction as the statement that fails: the trigger stays.
+        "DROP TRIGGER ledger_entries_no_update ON ledger_entries; UPDATE ledger_entries SET account_seq = 0",
+        "UPDATE grants SET priority = 101",
+        "UPDATE grants SET origin = 'gift'",
+        "UPDATE allocations SET kind = 'loan'",
+        "UPDATE allocations SET taken = 0",
+    ] {
+        let e = script(bad).await.expect_err(bad);
+        assert!(e.to_string().contains("violates check constraint"), "{bad}: {e}");
+    }
+    assert!(store.audit(None).await.unwrap().violations.is_empty());
 }
