@@ -16,7 +16,6 @@
 //! (`failure::holder_fails`), a new job (`create::creates`), a success reported with a lease token
 //! (`success::succeeds`). This file holds what they share.
 
-use super::Cx;
 use crate::error::StoreError;
 use crate::model::Item;
 use settle_core::Credits;
@@ -96,7 +95,7 @@ pub(super) fn take_from_head(at: &TakeAt<'_>) -> String {
 #[cfg(debug_assertions)]
 pub(super) async fn assert_stored(
     db: &mut crate::db::Db<'_>,
-    cx: &Cx,
+    cx: &super::Cx,
     answer: &crate::model::Job,
 ) -> Result<(), StoreError> {
     let stored = super::must_read_job(db, cx, answer.id.as_str()).await?;
