@@ -711,10 +711,16 @@ mod plan_tests {
             assert!(sql.contains(&format!("origin IN ({})", quoted(&origins))), "grant origins: {origins:?}");
             assert!(sql.contains(&format!("kind IN ({})", quoted(&kinds))), "allocation kinds: {kinds:?}");
         }
-        // PostgreSQL's CHECKs became domains in migration 0026.
+        // Migration 0026: PostgreSQL's CHECKs became domains; SQLite's, comparisons joined by OR.
         let domains = include_str!("../../migrations/postgres/0026_domains.sql");
         assert!(domains.contains(&format!("VALUE IN ({})", quoted(&origins))), "grant origins: {origins:?}");
         assert!(domains.contains(&format!("VALUE IN ({})", quoted(&kinds))), "allocation kinds: {kinds:?}");
+        let either = |column: &str, names: &[&str]| {
+            names.iter().map(|n| format!("{column} = ''{n}''")).collect::<Vec<_>>().join(" OR ")
+        };
+        let compared = include_str!("../../migrations/sqlite/0026_domains.sql");
+        assert!(compared.contains(&either("origin", &origins)), "grant origins: {origins:?}");
+        assert!(compared.contains(&either("kind", &kinds)), "allocation kinds: {kinds:?}");
     }
 
     /// The SQLite writer runs with the query planner stability guarantee (engine/sqlite.rs), under

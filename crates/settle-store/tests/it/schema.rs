@@ -126,3 +126,30 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
         assert_eq!(indexes, pg_indexes, "indexes of {table}");
     }
 }
+
+/// SQLite builds a temporary b-tree for `x IN (a, b, c, …)` (three values or more) every time a
+/// statement that evaluates it runs: in a CHECK, on every write of its column. Migration 0026 wrote
+/// those CHECKs as comparisons; a write of each hot table's checked columns opens none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_writes_of_checked_columns_build_no_temporary_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("checks.db").display());
+    drop(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+    for sql in [
+        "UPDATE jobs SET state = ?1, refund_on = ?2, cancel_requested = ?3 WHERE id = ?4",
+        "UPDATE items SET state = ?1, refund_reason = ?2 WHERE job_id = ?3 AND item_id = ?4",
+        "INSERT INTO ledger_entries (seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, \
+         created_at, prev_hash, hash, account_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        "UPDATE grants SET origin = ?1 WHERE key = ?2",
+        "UPDATE allocations SET kind = ?1 WHERE id = ?2",
+        "UPDATE webhook_deliveries SET state = ?1 WHERE event_seq = ?2",
+        "UPDATE webhook_breakers SET state = ?1 WHERE endpoint_id = ?2",
+    ] {
+        let program = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}"))).fetch_all(&mut c).await.unwrap();
+        let opcodes: Vec<String> = program.iter().map(|r| r.get::<String, _>(1)).collect();
+        assert!(opcodes.iter().any(|o| o == "Halt"), "the program was read: {opcodes:?}");
+        assert!(!opcodes.iter().any(|o| o == "OpenEphemeral"), "{sql} builds a temporary table");
+    }
+    c.close().await.unwrap();
+}

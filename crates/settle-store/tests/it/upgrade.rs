@@ -77,7 +77,7 @@ async fn from_before_migration_15(engine: EngineKind) {
     let events_before = k.event_types().await.len();
     // The previous release's schema: migration 0015's columns, tables and record gone; the ledger
     // counter where that release kept it.
-    k.raw_script(undo_26(&k)).await.unwrap();
+    k.raw_script(&undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     k.raw_script(UNDO_17).await.unwrap();
@@ -215,7 +215,7 @@ async fn from_before_migration_17(engine: EngineKind) {
         .await
         .unwrap();
     k.job("jb", &b, 30).await;
-    k.raw_script(undo_26(&k)).await.unwrap();
+    k.raw_script(&undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(UNDO_17).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
@@ -277,7 +277,7 @@ async fn from_before_migration_18(engine: EngineKind) {
     k.items_job("j", &a, &[10, 20]).await;
     let t1 = k.claim_one("j").await;
     k.fail("j", &t1, "TIMEOUT").await;
-    k.raw_script(undo_26(&k)).await.unwrap();
+    k.raw_script(&undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     let undo = if k.is_sqlite() {
@@ -361,7 +361,7 @@ async fn from_before_migration_20(engine: EngineKind) {
     let now = order_keys(&k.url).await;
     assert!(now.len() >= 2 && now[0].2 == "delivered", "the grant delivered, the job's events pending: {now:?}");
     // The release before 0020: keys were the job's id, or `account:` and the account's id.
-    k.raw_script(undo_26(&k)).await.unwrap();
+    k.raw_script(&undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     k.raw_script(
@@ -454,7 +454,7 @@ async fn from_before_migration_24(engine: EngineKind) {
     let before = feed(&k.store).await;
     let deliveries = k.store.webhooks().deliveries(&Default::default(), 0, 100).await.unwrap().rows;
     assert_eq!(deliveries.len(), before.len());
-    k.raw_script(undo_26(&k)).await.unwrap();
+    k.raw_script(&undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     k.raw_script(undo_24(&k)).await.unwrap();
     if !k.is_sqlite() {
@@ -583,7 +583,7 @@ async fn from_before_migration_25(engine: EngineKind) {
         .await
         .unwrap();
     k.job("owing", &b, 15).await;
-    k.raw_script(undo_26(&k)).await.unwrap();
+    k.raw_script(&undo_26(&k)).await.unwrap();
     k.raw_script(undo_25(&k)).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
     drop(store);
@@ -630,9 +630,45 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
     from_before_migration_25(EngineKind::Postgres).await;
 }
 
-/// Takes a database back to before migration 0026 (on SQLite it changed nothing but its record).
-fn undo_26(k: &Kit) -> &'static str {
-    if k.is_sqlite() { "DELETE FROM _sqlx_migrations WHERE version = 26" } else { UNDO_26 }
+/// Takes a database back to before migration 0026.
+fn undo_26(k: &Kit) -> String {
+    if k.is_sqlite() { undo_26_sqlite() } else { UNDO_26.to_owned() }
+}
+
+/// SQLite's migration 0026 replaces each CHECK's text (a literal `'CHECK (…)'`, the text before)
+/// with another (the next such literal, the text after): the same replacements the other way round.
+fn undo_26_sqlite() -> String {
+    let forward = include_str!("../../migrations/sqlite/0026_domains.sql");
+    // Each literal as written in the SQL (quotes inside it doubled), up to its closing quote.
+    let mut literals = Vec::new();
+    let mut rest = forward;
+    while let Some(at) = rest.find("'CHECK") {
+        let body = &rest[at + 1..];
+        let mut end = 0;
+        let bytes = body.as_bytes();
+        while end < bytes.len() {
+            match (bytes[end], bytes.get(end + 1)) {
+                (b'\'', Some(b'\'')) => end += 2,
+                (b'\'', _) => break,
+                _ => end += 1,
+            }
+        }
+        literals.push(&body[..end]);
+        rest = &body[end..];
+    }
+    assert!(literals.len() >= 14 && literals.len() % 2 == 0, "pairs of texts: {literals:?}");
+    let mut sql = String::from("PRAGMA writable_schema = ON;");
+    for pair in literals.chunks(2) {
+        let (before, after) = (pair[0], pair[1]);
+        sql.push_str(&format!(
+            " UPDATE sqlite_schema SET sql = replace(sql, '{after}', '{before}') WHERE type = 'table';"
+        ));
+    }
+    sql.push_str(
+        " PRAGMA writable_schema = OFF; CREATE TABLE reread (x INTEGER); DROP TABLE reread; \
+         DELETE FROM _sqlx_migrations WHERE version = 26",
+    );
+    sql
 }
 
 /// Takes a PostgreSQL database back to before migration 0026: the single-column CHECKs as table
@@ -734,4 +770,66 @@ async fn postgres_a_database_from_before_migration_26_takes_domains_and_refuses_
         assert!(e.to_string().contains("violates check constraint"), "{bad}: {e}");
     }
     assert!(store.audit(None).await.unwrap().violations.is_empty());
+}
+
+/// How many temporary tables SQLite's programs for writes of the hot tables' checked columns build.
+async fn sqlite_temporary_tables(url: &str) -> usize {
+    use sqlx::{ConnectOptions, Connection, Row};
+    use std::str::FromStr;
+    let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(url).unwrap().connect().await.unwrap();
+    let mut n = 0;
+    for sql in [
+        "EXPLAIN UPDATE jobs SET state = ?1 WHERE id = ?2",
+        "EXPLAIN UPDATE items SET state = ?1, refund_reason = ?2 WHERE job_id = ?3 AND item_id = ?4",
+        "EXPLAIN UPDATE allocations SET kind = ?1 WHERE id = ?2",
+    ] {
+        let rows = sqlx::query(sql).fetch_all(&mut c).await.unwrap();
+        n += rows.iter().filter(|r| r.get::<String, _>(1) == "OpenEphemeral").count();
+    }
+    c.close().await.unwrap();
+    n
+}
+
+/// A SQLite database made by the release before migration 0026 opens with this one: its CHECKs
+/// are compared value by value instead of through a temporary table, the file's integrity holds,
+/// jobs go on, and every CHECK refuses what it refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_database_from_before_migration_26_compares_and_refuses_what_it_refused() {
+    let k = Kit::new(EngineKind::Sqlite).await;
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10, 20]).await;
+    let t = k.claim_one("j").await;
+    k.raw_script(&undo_26(&k)).await.unwrap();
+    assert!(sqlite_temporary_tables(&k.url).await >= 3, "the release before built one per IN list");
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    assert_eq!(sqlite_temporary_tables(&url).await, 0);
+    store.fail(&jid("j"), fail_sig(&t, "BAD_INPUT")).await.unwrap();
+    assert_eq!(store.account(&a).await.unwrap().balance.get(), 100);
+    assert!(store.audit(None).await.unwrap().violations.is_empty());
+    let script = |sql: &'static str| {
+        let url = url.clone();
+        async move {
+            use sqlx::{ConnectOptions, Connection};
+            use std::str::FromStr;
+            let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?.connect().await?;
+            let done = sqlx::raw_sql(sql).fetch_all(&mut conn).await.map(|rows| rows.len());
+            conn.close().await?;
+            done
+        }
+    };
+    assert_eq!(script("PRAGMA integrity_check").await.unwrap(), 1, "one row: ok");
+    for bad in [
+        "UPDATE jobs SET state = 'lost'",
+        "UPDATE items SET state = 'gone'",
+        "UPDATE items SET refund_reason = 'whim'",
+        "UPDATE grants SET origin = 'gift'",
+        "UPDATE allocations SET kind = 'loan'",
+        "DROP TRIGGER ledger_entries_no_update; UPDATE ledger_entries SET kind = 'gift'",
+    ] {
+        let e = script(bad).await.expect_err(bad);
+        assert!(e.to_string().contains("CHECK constraint failed"), "{bad}: {e}");
+    }
 }
