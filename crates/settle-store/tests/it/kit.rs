@@ -247,18 +247,7 @@ impl Kit {
 
     /// Raw SQL statements (`;`-separated) straight at the database, behind Settle's back.
     pub async fn raw_script(&self, sql: &str) -> Result<(), sqlx::Error> {
-        use sqlx::{ConnectOptions, Connection};
-        use std::str::FromStr;
-        let sql = sqlx::AssertSqlSafe(sql.to_owned());
-        if self.url.starts_with("sqlite:") {
-            let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url)?.connect().await?;
-            sqlx::raw_sql(sql).execute(&mut conn).await?;
-            conn.close().await
-        } else {
-            let mut conn = sqlx::postgres::PgConnectOptions::from_str(&self.url)?.connect().await?;
-            sqlx::raw_sql(sql).execute(&mut conn).await?;
-            conn.close().await
-        }
+        raw_script_at(&self.url, sql).await
     }
 
     pub fn is_sqlite(&self) -> bool {
@@ -273,6 +262,24 @@ impl Kit {
             "DROP TRIGGER ledger_entries_no_update ON ledger_entries"
         };
         self.raw(sql).await.unwrap();
+    }
+}
+
+/// `Kit::raw_script` at a store's URL (after its `Kit` is taken apart to reopen the store).
+pub async fn raw_script_at(url: &str, sql: &str) -> Result<(), sqlx::Error> {
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    if url.starts_with("sqlite:") {
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(url)?.connect().await?;
+        let done = sqlx::raw_sql(sql).execute(&mut conn).await.map(drop);
+        conn.close().await?;
+        done
+    } else {
+        let mut conn = sqlx::postgres::PgConnectOptions::from_str(url)?.connect().await?;
+        let done = sqlx::raw_sql(sql).execute(&mut conn).await.map(drop);
+        conn.close().await?;
+        done
     }
 }
 

@@ -738,36 +738,29 @@ async fn postgres_a_database_from_before_migration_26_takes_domains_and_refuses_
     assert!(store.audit(None).await.unwrap().violations.is_empty());
     store.fail(&jid("j"), fail_sig(&t, "BAD_INPUT")).await.unwrap();
     assert_eq!(store.account(&a).await.unwrap().balance.get(), 100);
-    let script = |sql: &'static str| {
-        let url = url.clone();
-        async move {
-            use sqlx::{ConnectOptions, Connection};
-            use std::str::FromStr;
-            let mut conn = sqlx::postgres::PgConnectOptions::from_str(&url)?.connect().await?;
-            let done = sqlx::raw_sql(sql).execute(&mut conn).await.map(drop);
-            conn.close().await?;
-            done
-        }
-    };
-    for bad in [
-        "UPDATE jobs SET state = 'lost'",
-        "UPDATE jobs SET cost = -1",
-        "UPDATE jobs SET cancel_requested = 2",
-        "UPDATE jobs SET max_attempts = 0",
-        "UPDATE jobs SET refund_on = 'never'",
-        "UPDATE items SET state = 'gone'",
-        "UPDATE items SET refund_reason = 'whim'",
-        "UPDATE accounts SET held = -1",
-        "UPDATE accounts SET overdraft_limit = -5",
+    // Each refused by the domain that took its column's CHECK (named in the error).
+    for (bad, domain) in [
+        ("UPDATE jobs SET state = 'lost'", "job_state_check"),
+        ("UPDATE jobs SET cost = -1", "credits_check"),
+        ("UPDATE jobs SET cancel_requested = 2", "flag_check"),
+        ("UPDATE jobs SET max_attempts = 0", "positive_count_check"),
+        ("UPDATE jobs SET refund_on = 'never'", "refund_on_check"),
+        ("UPDATE items SET state = 'gone'", "item_state_check"),
+        ("UPDATE items SET refund_reason = 'whim'", "refund_reason_check"),
+        ("UPDATE accounts SET held = -1", "credits_check"),
+        ("UPDATE accounts SET overdraft_limit = -5", "credits_check"),
         // In the same implicit transaction as the statement that fails: the trigger stays.
-        "DROP TRIGGER ledger_entries_no_update ON ledger_entries; UPDATE ledger_entries SET account_seq = 0",
-        "UPDATE grants SET priority = 101",
-        "UPDATE grants SET origin = 'gift'",
-        "UPDATE allocations SET kind = 'loan'",
-        "UPDATE allocations SET taken = 0",
+        (
+            "DROP TRIGGER ledger_entries_no_update ON ledger_entries; UPDATE ledger_entries SET account_seq = 0",
+            "position_from_one_check",
+        ),
+        ("UPDATE grants SET priority = 101", "grant_priority_check"),
+        ("UPDATE grants SET origin = 'gift'", "grant_origin_check"),
+        ("UPDATE allocations SET kind = 'loan'", "allocation_kind_check"),
+        ("UPDATE allocations SET taken = 0", "positive_count_check"),
     ] {
-        let e = script(bad).await.expect_err(bad);
-        assert!(e.to_string().contains("violates check constraint"), "{bad}: {e}");
+        let e = raw_script_at(&url, bad).await.expect_err(bad);
+        assert!(e.to_string().contains(&format!("violates check constraint \"{domain}\"")), "{bad}: {e}");
     }
     assert!(store.audit(None).await.unwrap().violations.is_empty());
 }
@@ -809,27 +802,25 @@ async fn sqlite_a_database_from_before_migration_26_compares_and_refuses_what_it
     store.fail(&jid("j"), fail_sig(&t, "BAD_INPUT")).await.unwrap();
     assert_eq!(store.account(&a).await.unwrap().balance.get(), 100);
     assert!(store.audit(None).await.unwrap().violations.is_empty());
-    let script = |sql: &'static str| {
-        let url = url.clone();
-        async move {
-            use sqlx::{ConnectOptions, Connection};
-            use std::str::FromStr;
-            let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?.connect().await?;
-            let done = sqlx::raw_sql(sql).fetch_all(&mut conn).await.map(|rows| rows.len());
-            conn.close().await?;
-            done
-        }
-    };
-    assert_eq!(script("PRAGMA integrity_check").await.unwrap(), 1, "one row: ok");
-    for bad in [
-        "UPDATE jobs SET state = 'lost'",
-        "UPDATE items SET state = 'gone'",
-        "UPDATE items SET refund_reason = 'whim'",
-        "UPDATE grants SET origin = 'gift'",
-        "UPDATE allocations SET kind = 'loan'",
-        "DROP TRIGGER ledger_entries_no_update; UPDATE ledger_entries SET kind = 'gift'",
+    {
+        use sqlx::{ConnectOptions, Connection};
+        use std::str::FromStr;
+        let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+        let found: Vec<String> = sqlx::query_scalar("PRAGMA integrity_check").fetch_all(&mut c).await.unwrap();
+        assert_eq!(found, ["ok"]);
+        c.close().await.unwrap();
+    }
+    // Each refused by its column's CHECK as migration 0026 wrote it (SQLite names the expression).
+    for (bad, check) in [
+        ("UPDATE jobs SET state = 'lost'", "state = 'queued' OR"),
+        ("UPDATE items SET state = 'gone'", "state = 'charged' OR"),
+        ("UPDATE items SET refund_reason = 'whim'", "refund_reason = 'job_failed' OR"),
+        ("UPDATE grants SET origin = 'gift'", "origin = 'grant' OR"),
+        ("UPDATE allocations SET kind = 'loan'", "kind = 'charge' OR"),
+        // The trigger goes with this file; nothing after this reads it.
+        ("DROP TRIGGER ledger_entries_no_update; UPDATE ledger_entries SET kind = 'gift'", "kind = 'grant' OR"),
     ] {
-        let e = script(bad).await.expect_err(bad);
-        assert!(e.to_string().contains("CHECK constraint failed"), "{bad}: {e}");
+        let e = raw_script_at(&url, bad).await.expect_err(bad);
+        assert!(e.to_string().contains("CHECK constraint failed") && e.to_string().contains(check), "{bad}: {e}");
     }
 }
