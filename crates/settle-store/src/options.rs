@@ -6,6 +6,7 @@ use crate::ops::CrashHook;
 use settle_core::job::Policies;
 use settle_core::{Clock, SystemClock, limits};
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 /// SQLite durability. `Full` (the default) fsyncs the WAL at every commit; `Normal` may lose the
@@ -42,6 +43,10 @@ pub struct StoreOptions {
     /// PostgreSQL write lanes per process: tasks committing batches of operations in parallel
     /// (docs/decisions/0013); each holds one of the `pg_max_connections` while it commits.
     pub pg_write_lanes: usize,
+    /// Tests only: while this holds `n` > 1, a PostgreSQL lane waits until it holds `n` operations
+    /// (at most `GATHER_WAIT`) before it runs a batch, so a test can make a batch of chosen
+    /// operations. `None` in use.
+    pub pg_batch_gather: Option<Arc<AtomicUsize>>,
     /// How long a PostgreSQL statement waits for a row lock, and runs at most; past either the
     /// transaction is rolled back and the caller gets `Busy` (`503` with `Retry-After`).
     pub pg_lock_timeout: Duration,
@@ -80,6 +85,7 @@ impl Default for StoreOptions {
             migrate: true,
             pg_max_connections: 16,
             pg_write_lanes: 4,
+            pg_batch_gather: None,
             pg_lock_timeout: Duration::from_secs(10),
             pg_statement_timeout: Duration::from_secs(60),
             pg_acquire_timeout: Duration::from_secs(5),

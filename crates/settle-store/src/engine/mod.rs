@@ -14,6 +14,7 @@ pub(crate) mod sqlite;
 
 use crate::db::Db;
 use crate::error::StoreError;
+use crate::ops::plan::Intent;
 use crate::ops::{CrashHook, Cx, Pending};
 use futures_util::future::BoxFuture;
 use settle_core::Clock;
@@ -66,6 +67,8 @@ pub(crate) fn answered_now(outcome: Option<Ran>, earlier_done: bool, op: &dyn Ba
 
 /// An operation queued for a batch, type-erased.
 pub(crate) trait BatchOp: Send {
+    /// What the operation will move, if a lane may plan it with others.
+    fn intent(&self) -> Option<&Intent>;
     fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Ran>;
     /// Answers after the batch: its own result if it ran, else `committed`'s error.
     fn deliver(self: Box<Self>, committed: Result<(), StoreError>);
@@ -82,18 +85,23 @@ pub(crate) type Answer = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
 
 pub(crate) struct Op<T> {
     pub f: OpFn<T>,
+    pub intent: Option<Intent>,
     pub out: Option<Result<T, StoreError>>,
     pub reply: oneshot::Sender<Result<T, StoreError>>,
 }
 
 impl<T: Send + 'static> Op<T> {
-    pub fn boxed(f: OpFn<T>) -> (Box<dyn BatchOp>, oneshot::Receiver<Result<T, StoreError>>) {
+    pub fn boxed(f: OpFn<T>, intent: Option<Intent>) -> (Box<dyn BatchOp>, oneshot::Receiver<Result<T, StoreError>>) {
         let (reply, answer) = oneshot::channel();
-        (Box::new(Op { f, out: None, reply }), answer)
+        (Box::new(Op { f, intent, out: None, reply }), answer)
     }
 }
 
 impl<T: Send + 'static> BatchOp for Op<T> {
+    fn intent(&self) -> Option<&Intent> {
+        self.intent.as_ref()
+    }
+
     fn run<'a>(&'a mut self, db: &'a mut Db<'_>, cx: &'a Cx) -> BoxFuture<'a, Ran> {
         Box::pin(async move {
             // A run after a rolled-back one (a batch that fell back) answers with its own result
@@ -183,6 +191,7 @@ impl Env {
             broken: self.broken,
             pending,
             counters: None,
+            ahead: Mutex::new(None),
         }
     }
 }

@@ -18,12 +18,13 @@ use super::sequencer::Sequencer;
 use super::{Batch, BatchOp, CAREFUL_BATCHES, Env, OpFn, Ran, answered_now};
 use crate::db::Db;
 use crate::error::StoreError;
-use crate::ops::{self, Pending};
+use crate::ops::plan::Intent;
+use crate::ops::{self, Pending, ReadAhead};
 use futures_util::FutureExt;
 use settle_core::limits;
 use sqlx::postgres::PgPool;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -42,12 +43,43 @@ pub(crate) struct PgShared {
     pub pool: PgPool,
     pub env: Env,
     pub tx_retries: AtomicU64,
+    /// What the batches' phase 1 did (docs/design/batch-plan.md §12).
+    pub plan: PlanCounts,
     /// The store's lock timeout, restored before the flush.
     pub lock_timeout: Duration,
     /// Numbers the events of every COMMIT that wrote some.
     pub sequencer: Arc<Sequencer>,
     /// Which host is the primary; told of every failover signal (docs/decisions/0024).
     pub primary: Arc<Primary>,
+}
+
+/// What the lanes' phase 1 did so far (docs/design/batch-plan.md §12), counted.
+#[derive(Default)]
+pub(crate) struct PlanCounts {
+    ahead: AtomicU64,
+    skipped: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// `PlanCounts` as read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanTally {
+    /// Intents whose job a batch locked and read ahead.
+    pub ahead: u64,
+    /// Intents whose job another transaction held (or that has none): run alone after their batch.
+    pub skipped: u64,
+    /// Phase 1s that failed (their batches' operations ran alone).
+    pub failed: u64,
+}
+
+impl PlanCounts {
+    pub fn tally(&self) -> PlanTally {
+        PlanTally {
+            ahead: self.ahead.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// How long a transaction (or a lane's batch) may go without an answer before its connection is
@@ -185,20 +217,34 @@ fn lane_of(account: &str, lanes: usize) -> usize {
     (h % lanes as u64) as usize
 }
 
+/// The longest a lane waits to gather a test's batch (`StoreOptions::pg_batch_gather`).
+const GATHER_WAIT: Duration = Duration::from_secs(5);
+
 /// Starts `lanes` lane tasks, a queue each; they end when the `Lanes` are dropped.
-pub(crate) fn spawn_lanes(shared: Arc<PgShared>, lanes: usize, batch_max: usize) -> Lanes {
+/// `gather`: tests only (`StoreOptions::pg_batch_gather`).
+pub(crate) fn spawn_lanes(
+    shared: Arc<PgShared>,
+    lanes: usize,
+    batch_max: usize,
+    gather: Option<Arc<AtomicUsize>>,
+) -> Lanes {
     let lanes = lanes.max(1);
     let queues = (0..lanes)
         .map(|_| {
             let (tx, rx) = mpsc::channel::<Box<dyn BatchOp>>((limits::WRITE_QUEUE_MAX / lanes).max(1));
-            tokio::spawn(lane(shared.clone(), rx, batch_max.clamp(1, BATCH_MAX)));
+            tokio::spawn(lane(shared.clone(), rx, batch_max.clamp(1, BATCH_MAX), gather.clone()));
             tx
         })
         .collect();
     Lanes { queues }
 }
 
-async fn lane(shared: Arc<PgShared>, mut rx: mpsc::Receiver<Box<dyn BatchOp>>, batch_max: usize) {
+async fn lane(
+    shared: Arc<PgShared>,
+    mut rx: mpsc::Receiver<Box<dyn BatchOp>>,
+    batch_max: usize,
+    gather: Option<Arc<AtomicUsize>>,
+) {
     let mut batch: Vec<Box<dyn BatchOp>> = Vec::with_capacity(batch_max);
     // Batches left to run in careful mode after one fell back.
     let mut careful_left: u32 = 0;
@@ -211,6 +257,15 @@ async fn lane(shared: Arc<PgShared>, mut rx: mpsc::Receiver<Box<dyn BatchOp>>, b
             match rx.try_recv() {
                 Ok(op) => batch.push(op),
                 Err(_) => break,
+            }
+        }
+        if let Some(least) = gather.as_ref().map(|n| n.load(Ordering::Relaxed)) {
+            let until = tokio::time::Instant::now() + GATHER_WAIT;
+            while batch.len() < least.min(batch_max) {
+                match tokio::time::timeout_at(until, rx.recv()).await {
+                    Ok(Some(op)) => batch.push(op),
+                    Ok(None) | Err(_) => break,
+                }
             }
         }
         if batch.len() == 1 {
@@ -297,6 +352,11 @@ async fn run_batch(
             return Batch::Ended;
         }
     };
+    let Ok(mut ahead) = read_batch_ahead(shared, &mut tx, batch, later, careful).await else {
+        let _ = tx.rollback().await;
+        all_alone(shared, batch.drain(..));
+        return Batch::Ended;
+    };
     let pending = new_pending();
     // How each operation ended, by its place in `batch`.
     let mut ended: Vec<Ran> = Vec::with_capacity(batch.len());
@@ -306,7 +366,8 @@ async fn run_batch(
     let mut broken: Option<String> = None;
     while broken.is_none() && ended.len() < batch.len() {
         let at = ended.len();
-        let (outcome, touched, panicked) = run_op(shared, &mut tx, &pending, &mut *batch[at], careful).await;
+        let (op, read) = (&mut *batch[at], ahead.get_mut(at).and_then(Option::take));
+        let (outcome, touched, panicked) = run_op(shared, &mut tx, &pending, op, careful, read).await;
         let step = match (careful, outcome) {
             (true, Ran::Done) => exec(&mut tx, "RELEASE SAVEPOINT op; SAVEPOINT op").await,
             (true, _) => exec(&mut tx, "ROLLBACK TO SAVEPOINT op").await,
@@ -378,9 +439,12 @@ async fn run_op(
     pending: &Arc<Mutex<Pending>>,
     op: &mut dyn BatchOp,
     careful: bool,
+    ahead: Option<ReadAhead>,
 ) -> (Ran, bool, bool) {
     let mark = pending.lock().unwrap_or_else(|p| p.into_inner()).mark();
     let cx = shared.env.cx(Some(pending.clone()));
+    // For this operation and this run only (review of §12, finding 1).
+    *cx.ahead.lock().unwrap_or_else(|p| p.into_inner()) = ahead;
     // Debug builds (the whole test suite) check the rule against PostgreSQL's own count.
     let check = cfg!(debug_assertions) && !careful;
     let changes = if check { row_changes(tx).await } else { 0 };
@@ -404,6 +468,72 @@ async fn run_op(
         pending.lock().unwrap_or_else(|p| p.into_inner()).truncate(mark);
     }
     (outcome, touched, panicked)
+}
+
+/// A batch's phase 1 (docs/design/batch-plan.md §12), as its transaction's first statements: the
+/// intents first, their jobs locked and read. With
+/// two intents or more on distinct jobs (of two on one job only the first is one), `batch` is
+/// reordered — the intents first, in arrival order, then the others in arrival order: every
+/// operation of a batch is in flight until the COMMIT, so any order is one its clients could have
+/// seen — and their jobs are locked and read in two statements. An intent whose job was not locked
+/// (another transaction holds it, or there is none) leaves for `later`, to run alone after the
+/// batch, having touched nothing. Returns each of the first operations' reads, by place; nothing
+/// in careful mode. `Err`: phase 1 failed (counted, and a lost connection told to the primary's
+/// watcher); the batch is to be rolled back and its operations run alone.
+async fn read_batch_ahead(
+    shared: &PgShared,
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    batch: &mut Vec<Box<dyn BatchOp>>,
+    later: &mut Vec<Box<dyn BatchOp>>,
+    careful: bool,
+) -> Result<Vec<Option<ReadAhead>>, ()> {
+    if careful {
+        return Ok(Vec::new());
+    }
+    let mut seen = std::collections::HashSet::new();
+    let first: Vec<bool> = batch.iter().map(|op| op.intent().is_some_and(|i| seen.insert(i.job.clone()))).collect();
+    if first.iter().filter(|f| **f).count() < 2 {
+        return Ok(Vec::new());
+    }
+    let (mut intents, mut others) = (Vec::new(), Vec::new());
+    for (op, first) in batch.drain(..).zip(first) {
+        if first { intents.push(op) } else { others.push(op) }
+    }
+    let read = {
+        let named: Vec<&Intent> = intents.iter().filter_map(|op| op.intent()).collect();
+        let mut db = Db::pg(tx);
+        AssertUnwindSafe(ops::plan::read_ahead(&mut db, &named)).catch_unwind().await
+    };
+    let read = match read {
+        Ok(Ok(read)) => read,
+        failed => {
+            batch.extend(intents.into_iter().chain(others));
+            let e = match failed {
+                Ok(Err(e)) => shared.observed(e),
+                _ => StoreError::internal("a batch's phase 1 panicked"),
+            };
+            tracing::warn!(reason = %e, ops = batch.len(), "a write batch's phase 1 failed; its operations run alone");
+            shared.plan.failed.fetch_add(1, Ordering::Relaxed);
+            return Err(());
+        }
+    };
+    let (mut ahead, mut skipped) = (Vec::with_capacity(intents.len()), 0);
+    for (op, read) in intents.into_iter().zip(read) {
+        match read {
+            Some(read) => {
+                batch.push(op);
+                ahead.push(Some(read));
+            }
+            None => {
+                later.push(op);
+                skipped += 1;
+            }
+        }
+    }
+    shared.plan.ahead.fetch_add(ahead.len() as u64, Ordering::Relaxed);
+    shared.plan.skipped.fetch_add(skipped, Ordering::Relaxed);
+    batch.extend(others);
+    Ok(ahead)
 }
 
 /// Answers a batch's operations once its COMMIT has ended, and starts those that must run alone.

@@ -1,12 +1,13 @@
 //! The failure path: a failure signal from the lease holder or a lapsed lease refunds per the job's
 //! policy, then schedules a retry with backoff or ends the job `dead`.
 
-use super::plan::{ItemRead, check_counts, item, parse};
+use super::plan::{IntentKind, check_counts, item, plan_read};
 use super::{
     After, Caller, Cx, Heard, JobRow, Move, Reported, attach, begin_teardown, check_caller, close_attempt, emit,
     guard_hit, holds_lease, lock_job, log_signal, move_items, must_lock_job, must_read_job, refusal,
     resume_if_cancelling, sum, token_attempt,
 };
+use super::{ItemRead, PartRead, PlanRead};
 use super::{PendingLine, assemble, lock_pending};
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
@@ -157,7 +158,11 @@ pub(crate) async fn fail(
     {
         return Err(StoreError::invalid(format!("message is longer than {} bytes", limits::MESSAGE_LEN_MAX)));
     }
-    let job = must_lock_job(db, id.as_str()).await?;
+    // Locked and read by the batch's phase 1, or here.
+    let (job, ahead) = match cx.take_ahead(id.as_str()) {
+        Some(a) => (a.row, Some(a.read)),
+        None => (must_lock_job(db, id.as_str()).await?, None),
+    };
     check_caller(&job, caller)?;
     if !holds_lease(cx, &job, &signal.lease_token) {
         let token = signal.lease_token.0.as_str();
@@ -205,7 +210,7 @@ pub(crate) async fn fail(
     };
     // PostgreSQL: the common shape in three statements (docs/design/batch-plan.md §10).
     if db.engine() == Engine::Postgres
-        && let Some(job) = holder_fails(db, cx, &job, &failure).await?
+        && let Some(job) = holder_fails(db, cx, &job, &failure, ahead).await?
     {
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: true }, After::Nothing, None));
@@ -302,25 +307,6 @@ pub(crate) async fn expire_lease(
 }
 
 columns! {
-    /// Step 2 of a failure: the job's items (in order), its net as stored, and the open parts of
-    /// its items with whether each part's grant is live.
-    FailReadCol {
-        items = "(SELECT CAST(json_agg(json_build_array(item_id, cost, hold, state, refund_reason) ORDER BY ord) AS text) \
-                 FROM items WHERE job_id = $1)",
-        net = "(SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = $1)",
-        parts = "(SELECT CAST(json_agg(json_build_array(p.id, p.grant_key, p.item_id, p.taken - p.given_back, \
-                 g.expired_at IS NULL) ORDER BY p.id DESC) AS text) FROM allocations p LEFT JOIN grants g ON g.key = p.grant_key \
-                 WHERE p.job_id = $1 AND p.given_back < p.taken)",
-        next_expiry = "(SELECT next_expiry FROM accounts WHERE id = $2)",
-    }
-}
-
-static FAIL_READ: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", FailReadCol::LIST));
-
-/// An open part as read: id, grant, item, open, whether its grant is live.
-type PartRead = (i64, Option<i64>, Option<String>, i64, Option<bool>);
-
-columns! {
     /// What step 3 of a failure changed, table by table.
     FailWroteCol { jobs, attempts, items, balance, entries, parts, grants }
 }
@@ -357,6 +343,7 @@ pub(crate) async fn holder_fails(
     cx: &Cx,
     job: &JobRow,
     failure: &Failure<'_>,
+    ahead: Option<PlanRead>,
 ) -> Result<Option<Job>, StoreError> {
     let outcome = fail_outcome(job, failure);
     let in_shape = outcome != FailOutcome::Teardown
@@ -368,14 +355,12 @@ pub(crate) async fn holder_fails(
     if !in_shape {
         return Ok(None);
     }
-    let read = db.one(&FAIL_READ, args![&job.id, &job.account_id]).await?;
-    let mut items: Vec<ItemRead> = parse(read.opt_text(FailReadCol::items)?)?;
-    let parts: Vec<PartRead> = parse(read.opt_text(FailReadCol::parts)?)?;
+    let PlanRead { mut items, net, parts, next_expiry, .. } = plan_read(db, job, &IntentKind::Fail, ahead).await?;
     let refunds = job::refunds_on(job.refund_on, outcome);
     let Some(Refund { back, to_grants, moved }) = refund_of(refunds, &items, &parts)? else { return Ok(None) };
     // Every posting waits for the account's due grants to expire first (`postings`): the existing
     // path does that.
-    if !moved.is_empty() && read.opt_i64(FailReadCol::next_expiry)?.is_none_or(|at| at <= cx.now.micros()) {
+    if !moved.is_empty() && next_expiry.is_none_or(|at| at <= cx.now.micros()) {
         return Ok(None);
     }
     let Aftermath { state, not_before, base_step, .. } = aftermath(cx, job, failure);
@@ -440,8 +425,7 @@ pub(crate) async fn holder_fails(
         item.3 = ItemState::Refunded.as_str().to_owned();
         item.4 = Some(RefundReason::JobFailed.as_str().to_owned());
     }
-    let net = Credits::new(read.i64(FailReadCol::net)?);
-    let answer = assemble(cx, row, items.into_iter().map(item).collect::<Result<_, _>>()?, net)?;
+    let answer = assemble(cx, row, items.into_iter().map(item).collect::<Result<_, _>>()?, Credits::new(net))?;
     #[cfg(debug_assertions)]
     super::plan::assert_stored(db, cx, &answer).await?;
     Ok(Some(answer))

@@ -42,7 +42,7 @@ mod items;
 mod ledger;
 mod outbox;
 pub(crate) mod payouts;
-mod plan;
+pub(crate) mod plan;
 mod postings;
 mod prices;
 mod release;
@@ -100,6 +100,9 @@ pub(crate) struct Cx {
     /// SQLite: the writer batch's gap-free counters, read once after its `BEGIN IMMEDIATE` and
     /// written back once before its COMMIT. `None` on PostgreSQL and for reads.
     pub counters: Option<Arc<Mutex<Counters>>>,
+    /// PostgreSQL: the job this operation's intent names, locked and read by its batch's phase 1
+    /// (docs/design/batch-plan.md §12) — for this operation, this run only; taken once.
+    pub ahead: Mutex<Option<ReadAhead>>,
 }
 
 /// The `counters` rows (job, ledger and outbox numbers) as one SQLite writer batch holds them: the
@@ -220,6 +223,13 @@ fn lock_pending(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> 
 }
 
 impl Cx {
+    /// The job `job` as this operation's batch locked and read it ahead (`None`: it did not; the
+    /// operation locks and reads it itself). Taken once.
+    pub fn take_ahead(&self, job: &str) -> Option<ReadAhead> {
+        let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        if ahead.as_ref().is_some_and(|a| a.row.id == job) { ahead.take() } else { None }
+    }
+
     /// Whether the simulator's test removed `guard` (always `false` without `broken-guards`).
     pub fn broken(&self, guard: crate::broken::Guard) -> bool {
         crate::broken::is_broken(self.broken, guard)

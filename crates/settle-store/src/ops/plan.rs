@@ -16,14 +16,133 @@
 //! (`failure::holder_fails`), a new job (`create::creates`), a success reported with a lease token
 //! (`success::succeeds`). This file holds what they share.
 
+use super::{ItemRead, JobCol, JobRow, PlanRead, ReadAhead, job_row};
+use crate::db::{Db, Value, columns};
 use crate::error::StoreError;
 use crate::model::Item;
 use settle_core::Credits;
 use settle_core::ids::ItemId;
 use settle_core::item::{ItemState, RefundReason};
+use std::sync::LazyLock;
 
-/// An item as read: id, cost, hold, state, refund reason.
-pub(super) type ItemRead = (String, i64, Option<i64>, String, Option<String>);
+/// What a queued operation will move, when a PostgreSQL lane may plan it with the batch's others
+/// (docs/design/batch-plan.md §12): the job, and the token of a success (whose plan reads the
+/// attempt that held it). SQLite ignores intents.
+#[derive(Debug, Clone)]
+pub(crate) struct Intent {
+    pub job: String,
+    pub kind: IntentKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum IntentKind {
+    /// A worker's failure report.
+    Fail,
+    /// A success reported with this lease token and no prices.
+    Succeed { token: String },
+}
+
+/// A job whose plan is read: its id, its account, and what its intent needs.
+pub(super) struct ToRead<'a> {
+    pub job: &'a str,
+    pub account: &'a str,
+    pub kind: &'a IntentKind,
+}
+
+columns! {
+    /// `PLAN_READ`'s row for each job, in the order asked.
+    PlanReadCol {
+        items = "(SELECT CAST(json_agg(json_build_array(item_id, cost, hold, state, refund_reason) ORDER BY ord) AS text) \
+                 FROM items WHERE job_id = u.id)",
+        net = "(SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = u.id)",
+        parts = "(SELECT CAST(json_agg(json_build_array(p.id, p.grant_key, p.item_id, p.taken - p.given_back, \
+                 g.expired_at IS NULL) ORDER BY p.id DESC) AS text) FROM allocations p LEFT JOIN grants g ON g.key = p.grant_key \
+                 WHERE u.fails = 1 AND p.job_id = u.id AND p.given_back < p.taken)",
+        token_attempt = "(SELECT attempt_no FROM attempts WHERE job_id = u.id AND lease_token = u.token)",
+        next_expiry = "(SELECT next_expiry FROM accounts WHERE id = u.account)",
+    }
+}
+
+/// Every job's plan read in one statement: each column a subquery correlated on its own job (so
+/// each is an index lookup whatever the number of jobs; a join against the arrays would be planned
+/// for unnest's 100-row guess), the rows in the order asked.
+static PLAN_READ: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) WITH ORDINALITY \
+         AS u(id, account, token, fails, ord) ORDER BY u.ord",
+        PlanReadCol::LIST
+    )
+});
+
+/// The plans of `jobs`, read in one statement, in their order.
+pub(super) async fn plan_reads(db: &mut Db<'_>, jobs: &[ToRead<'_>]) -> Result<Vec<PlanRead>, StoreError> {
+    let ids = jobs.iter().map(|j| j.job.to_owned()).collect();
+    let accounts = jobs.iter().map(|j| j.account.to_owned()).collect();
+    let (tokens, fails) = jobs
+        .iter()
+        .map(|j| match j.kind {
+            IntentKind::Fail => (None, 1),
+            IntentKind::Succeed { token } => (Some(token.clone()), 0),
+        })
+        .unzip();
+    let rows = db
+        .all(&PLAN_READ, &[Value::Texts(ids), Value::Texts(accounts), Value::OptTexts(tokens), Value::I64s(fails)])
+        .await?;
+    if rows.len() != jobs.len() {
+        return Err(StoreError::internal(format!("a plan read {} rows for {} jobs", rows.len(), jobs.len())));
+    }
+    rows.iter()
+        .map(|r| {
+            Ok(PlanRead {
+                items: parse(r.opt_text(PlanReadCol::items)?)?,
+                net: r.i64(PlanReadCol::net)?,
+                parts: parse(r.opt_text(PlanReadCol::parts)?)?,
+                token_attempt: r.opt_i64(PlanReadCol::token_attempt)?,
+                next_expiry: r.opt_i64(PlanReadCol::next_expiry)?,
+            })
+        })
+        .collect()
+}
+
+/// `job`'s plan as its batch read it ahead, or read now.
+pub(super) async fn plan_read(
+    db: &mut Db<'_>,
+    job: &JobRow,
+    kind: &IntentKind,
+    ahead: Option<PlanRead>,
+) -> Result<PlanRead, StoreError> {
+    if let Some(read) = ahead {
+        return Ok(read);
+    }
+    let to_read = ToRead { job: &job.id, account: &job.account_id, kind };
+    plan_reads(db, &[to_read]).await?.pop().ok_or_else(|| StoreError::internal("a plan read no row"))
+}
+
+/// Phase 1's lock: the intents' jobs, in id order, never waiting — a job another transaction holds
+/// is skipped (the batch holds no lock yet, so nothing skipped is its own).
+static LOCK_AHEAD: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM jobs WHERE id = ANY($1::text[]) ORDER BY id FOR UPDATE SKIP LOCKED", JobCol::LIST)
+});
+
+/// A batch's phase 1 (docs/design/batch-plan.md §12): every intent's job locked in one statement
+/// and every plan read in one more, after the locks. `None` for an intent whose job was not locked
+/// (another transaction holds it, or there is none).
+pub(crate) async fn read_ahead(db: &mut Db<'_>, intents: &[&Intent]) -> Result<Vec<Option<ReadAhead>>, StoreError> {
+    let ids: Vec<String> = intents.iter().map(|i| i.job.clone()).collect();
+    let mut locked: Vec<JobRow> =
+        (db.all(&LOCK_AHEAD, &[Value::Texts(ids)]).await?.iter()).map(job_row).collect::<Result<_, _>>()?;
+    let mut rows: Vec<Option<JobRow>> =
+        intents.iter().map(|i| locked.iter().position(|r| r.id == i.job).map(|at| locked.swap_remove(at))).collect();
+    let to_read: Vec<ToRead<'_>> = (intents.iter().zip(&rows))
+        .filter_map(|(i, row)| row.as_ref().map(|r| ToRead { job: &r.id, account: &r.account_id, kind: &i.kind }))
+        .collect();
+    let mut reads = plan_reads(db, &to_read).await?.into_iter();
+    drop(to_read);
+    Ok(rows
+        .iter_mut()
+        .map(|row| row.take().map(|row| ReadAhead { row, read: reads.next().expect("one read per locked job") }))
+        .collect())
+}
 
 pub(super) fn parse<T: serde::de::DeserializeOwned>(json: Option<String>) -> Result<Vec<T>, StoreError> {
     match json {

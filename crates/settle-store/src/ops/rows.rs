@@ -449,3 +449,30 @@ mod tests {
         assert_eq!(crate::db::Col::at(JobItemCol::item_id), JobCol::COUNT);
     }
 }
+
+/// An item as read: id, cost, hold, state, refund reason.
+pub(crate) type ItemRead = (String, i64, Option<i64>, String, Option<String>);
+
+/// An open allocation part as read: id, grant, item, what is still open, whether its grant is live.
+pub(crate) type PartRead = (i64, Option<i64>, Option<String>, i64, Option<bool>);
+
+/// What a job's plan reads before it decides, under the job's lock (its snapshot taken after the
+/// lock: review H1): its items in order, its net as stored, the open parts of its items with
+/// whether each part's grant is live (a failure's), the attempt that held a success's token, and
+/// its account's `next_expiry` — the last two of the account's side, not locked, so guarded again
+/// by the write.
+#[derive(Debug, Clone)]
+pub(crate) struct PlanRead {
+    pub items: Vec<ItemRead>,
+    pub net: i64,
+    pub parts: Vec<PartRead>,
+    pub token_attempt: Option<i64>,
+    pub next_expiry: Option<i64>,
+}
+
+/// A job an intent names, locked and read by its batch's phase 1 (docs/design/batch-plan.md §12).
+#[derive(Debug, Clone)]
+pub(crate) struct ReadAhead {
+    pub row: JobRow,
+    pub read: PlanRead,
+}

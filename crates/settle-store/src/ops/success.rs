@@ -2,13 +2,14 @@
 //! attempt it overtakes is closed as superseded.
 
 use super::allocations::Spend;
-use super::plan::{ItemRead, TakeAt, check_counts, item, parse, take_from_head};
+use super::plan::{IntentKind, TakeAt, check_counts, item, plan_read, take_from_head};
 use super::{
     After, Caller, Cx, Heard, JobRow, Move, Reported, begin_teardown, check_caller, check_costs, close_attempt, emit,
     guard_hit, holds_lease, job_items, log_signal, mark_reported_success, move_items, must_lock_job, must_read_job,
     record_action, refusal, resume_if_cancelling, sum, token_attempt,
 };
 use super::{BalanceCheck, Holds, Line, Posting, assemble, debits_from_grants, post_balance};
+use super::{ItemRead, PlanRead};
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
@@ -146,13 +147,17 @@ pub(crate) async fn succeed(
     if result.is_some_and(|r| r.len() > limits::PAYLOAD_BYTES_MAX) {
         return Err(StoreError::invalid(format!("result is larger than {} bytes", limits::PAYLOAD_BYTES_MAX)));
     }
-    let job = must_lock_job(db, id.as_str()).await?;
+    // Locked and read by the batch's phase 1, or here.
+    let (job, ahead) = match cx.take_ahead(id.as_str()) {
+        Some(a) => (a.row, Some(a.read)),
+        None => (must_lock_job(db, id.as_str()).await?, None),
+    };
     check_caller(&job, Caller::Worker)?;
     // PostgreSQL: the common shape in three or four statements (docs/design/batch-plan.md §10).
     if let Reporter::Lease(t) = by
         && costs.0.is_empty()
         && db.engine() == Engine::Postgres
-        && let Some(job) = succeeds(db, cx, &job, &t.0, result).await?
+        && let Some(job) = succeeds(db, cx, &job, &t.0, result, ahead).await?
     {
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((Outcome { value: job, applied: true }, After::Nothing, None));
@@ -227,19 +232,6 @@ async fn check_replayed_costs(db: &mut Db<'_>, job: &JobRow, costs: &Costs) -> R
     }
     check_costs(&job_items(db, job).await?, costs)
 }
-
-columns! {
-    /// Step 2 of a success: the job's items (in order), its net as stored, and the attempt that
-    /// held the report's token.
-    SucceedReadCol {
-        items = "(SELECT CAST(json_agg(json_build_array(item_id, cost, hold, state, refund_reason) ORDER BY ord) AS text) \
-                 FROM items WHERE job_id = $1)",
-        net = "(SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_id = $1)",
-        attempt_no = "(SELECT attempt_no FROM attempts WHERE job_id = $1 AND lease_token = $2)",
-    }
-}
-
-static SUCCEED_READ: LazyLock<String> = LazyLock::new(|| format!("SELECT {}", SucceedReadCol::LIST));
 
 columns! {
     /// What the write of a success changed, table by table, and whether the head grant paid.
@@ -376,6 +368,7 @@ pub(crate) async fn succeeds(
     job: &JobRow,
     token: &str,
     result: Option<&str>,
+    ahead: Option<PlanRead>,
 ) -> Result<Option<Job>, StoreError> {
     let current = job.state == JobState::Running && job.lease_token.as_deref() == Some(token);
     let in_shape = cx.broken.is_none()
@@ -386,13 +379,13 @@ pub(crate) async fn succeeds(
     if !in_shape {
         return Ok(None);
     }
-    let read = db.one(&SUCCEED_READ, args![&job.id, token]).await?;
-    let attempt_no = match (current, read.opt_i64(SucceedReadCol::attempt_no)?) {
+    let kind = IntentKind::Succeed { token: token.to_owned() };
+    let PlanRead { mut items, net, token_attempt, .. } = plan_read(db, job, &kind, ahead).await?;
+    let attempt_no = match (current, token_attempt) {
         (true, _) => job.attempt,
         (false, Some(n)) => n,
         (false, None) => return Ok(None),
     };
-    let mut items: Vec<ItemRead> = parse(read.opt_text(SucceedReadCol::items)?)?;
     if items.iter().any(|i| i.2.is_some()) {
         return Ok(None);
     }
@@ -456,8 +449,7 @@ pub(crate) async fn succeeds(
     success_events(db, cx, job, &reclaimed).await?;
     cx.point(CrashPoint::AfterOutbox)?;
     let row = succeeded_row(cx, job, result, &mut items, (&delivered, &reclaimed));
-    let net = Credits::new(read.i64(SucceedReadCol::net)?);
-    let answer = assemble(cx, row, items.into_iter().map(item).collect::<Result<_, _>>()?, net)?;
+    let answer = assemble(cx, row, items.into_iter().map(item).collect::<Result<_, _>>()?, Credits::new(net))?;
     #[cfg(debug_assertions)]
     super::plan::assert_stored(db, cx, &answer).await?;
     Ok(Some(answer))

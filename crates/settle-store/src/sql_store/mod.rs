@@ -10,12 +10,13 @@
 
 use crate::artifacts::ArtifactStore;
 use crate::db::{Db, Engine};
-use crate::engine::postgres::PgShared;
+use crate::engine::postgres::{PgShared, PlanCounts, PlanTally};
 use crate::engine::primary::{Hosts, Leased, Primary};
 use crate::engine::sequencer::Sequencer;
 use crate::engine::{BatchOp, Env, Op, OpFn};
 use crate::error::StoreError;
 use crate::model::*;
+use crate::ops::plan::{Intent, IntentKind};
 use crate::ops::{self, Caller, Cx};
 pub use crate::options::{Durability, StoreOptions};
 use futures_util::future::BoxFuture;
@@ -276,12 +277,17 @@ impl SqlStore {
             pool,
             env: env.clone(),
             tx_retries: AtomicU64::new(0),
+            plan: PlanCounts::default(),
             lock_timeout: options.pg_lock_timeout,
             sequencer,
             primary,
         });
-        let lanes =
-            crate::engine::postgres::spawn_lanes(shared.clone(), options.pg_write_lanes, options.write_batch_max);
+        let lanes = crate::engine::postgres::spawn_lanes(
+            shared.clone(),
+            options.pg_write_lanes,
+            options.write_batch_max,
+            options.pg_batch_gather,
+        );
         Ok(SqlStore {
             backend: Backend::Postgres { lanes, shared, jobs: route::JobAccounts::new() },
             env,
@@ -369,6 +375,15 @@ impl SqlStore {
         }
     }
 
+    /// What the PostgreSQL lanes' phase 1 did so far (docs/design/batch-plan.md §12); zeros on
+    /// SQLite.
+    pub fn plan_counts(&self) -> PlanTally {
+        match &self.backend {
+            Backend::Sqlite { .. } => PlanTally::default(),
+            Backend::Postgres { shared, .. } => shared.plan.tally(),
+        }
+    }
+
     /// Runs one write operation in its own transaction (SQLite: one operation of the writer's batch)
     /// and answers after the commit.
     /// A write that appends outbox events when it succeeds: wakes the events long-polls (on
@@ -379,7 +394,18 @@ impl SqlStore {
 
     /// `write`, for an operation on `route`'s rows (on PostgreSQL, queued on its account's lane).
     async fn write_to<T: Send + 'static>(&self, route: Route<'_>, f: OpFn<T>) -> Result<T, StoreError> {
-        let out = self.write_inner(route, f).await;
+        self.write_intent(route, None, f).await
+    }
+
+    /// `write_to`, for an operation with an intent: a PostgreSQL lane may lock and read its job
+    /// together with the batch's others (docs/design/batch-plan.md §12).
+    async fn write_intent<T: Send + 'static>(
+        &self,
+        route: Route<'_>,
+        intent: Option<Intent>,
+        f: OpFn<T>,
+    ) -> Result<T, StoreError> {
+        let out = self.write_inner(route, intent, f).await;
         if out.is_ok() {
             self.events_appended();
         }
@@ -406,12 +432,12 @@ impl SqlStore {
     /// A write that appends nothing to the outbox (heartbeats, webhook bookkeeping): wakes no one,
     /// so a loop that waits on a wake-up never wakes itself.
     async fn write_quiet<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
-        self.write_inner(Route::Any, f).await
+        self.write_inner(Route::Any, None, f).await
     }
 
     /// `write_quiet`, for an operation on `route`'s rows.
     async fn write_quiet_to<T: Send + 'static>(&self, route: Route<'_>, f: OpFn<T>) -> Result<T, StoreError> {
-        self.write_inner(route, f).await
+        self.write_inner(route, None, f).await
     }
 
     /// PostgreSQL: the job's account is `account`, for routing its later operations.
@@ -450,7 +476,7 @@ impl SqlStore {
     /// on PostgreSQL in a transaction of its own, never in a lane's batch.
     async fn write_alone<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
         let out = match &self.backend {
-            Backend::Sqlite { .. } => self.write_inner(Route::Any, f).await,
+            Backend::Sqlite { .. } => self.write_inner(Route::Any, None, f).await,
             Backend::Postgres { shared, .. } => shared.transaction(f).await,
         };
         if out.is_ok() {
@@ -464,16 +490,21 @@ impl SqlStore {
         self.wake.notify_waiters();
     }
 
-    async fn write_inner<T: Send + 'static>(&self, route: Route<'_>, f: OpFn<T>) -> Result<T, StoreError> {
+    async fn write_inner<T: Send + 'static>(
+        &self,
+        route: Route<'_>,
+        intent: Option<Intent>,
+        f: OpFn<T>,
+    ) -> Result<T, StoreError> {
         let account = self.lane_account(route).await;
         match &self.backend {
             Backend::Sqlite { writer, .. } => {
-                let (op, answer) = Op::boxed(f);
+                let (op, answer) = Op::boxed(f, None);
                 writer.send(op).await.map_err(|_| StoreError::Unavailable("the writer has stopped".into()))?;
                 answer.await.map_err(|_| StoreError::Unavailable("the writer dropped the operation".into()))?
             }
             Backend::Postgres { lanes, .. } => {
-                let (op, answer) = Op::boxed(f);
+                let (op, answer) = Op::boxed(f, intent);
                 lanes.send(account.as_deref(), op).await?;
                 answer.await.map_err(|_| StoreError::Unavailable("the write lanes dropped the operation".into()))?
             }
@@ -525,9 +556,11 @@ impl SqlStore {
     async fn fail_as(&self, job: &JobId, signal: FailSignal, caller: Caller) -> Result<Outcome<Job>, StoreError> {
         check_text("message", signal.message.as_deref(), false)?;
         let id = job.clone();
+        let intent = Intent { job: job.as_str().to_owned(), kind: IntentKind::Fail };
         let (outcome, after, refused) = self
-            .write_to(
+            .write_intent(
                 Route::Job(job.as_str()),
+                Some(intent),
                 op!([id, signal] | db, cx | ops::fail(db, cx, &id, &signal, caller).await),
             )
             .await?;

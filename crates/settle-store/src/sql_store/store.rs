@@ -5,6 +5,7 @@ use super::{Backend, Route, SqlStore, check_text, lease_lost, next_cursor};
 use crate::db::Db;
 use crate::error::StoreError;
 use crate::model::*;
+use crate::ops::plan::{Intent, IntentKind};
 use crate::ops::{self, After, Caller, Cx};
 use crate::store::{Operators, Payouts, Store, Webhooks};
 use crate::{audit, reads};
@@ -329,9 +330,17 @@ impl Store for SqlStore {
                 return Err(StoreError::invalid("a success needs a lease token or an operator"));
             }
         };
+        // A success with a lease token and no prices is the plan's (docs/design/batch-plan.md §12).
+        let intent = match (&token, costs.0.is_empty()) {
+            (Some(t), true) => {
+                Some(Intent { job: job.as_str().to_owned(), kind: IntentKind::Succeed { token: t.0.clone() } })
+            }
+            _ => None,
+        };
         let (outcome, after, refused) = self
-            .write_to(
+            .write_intent(
                 Route::Job(job.as_str()),
+                intent,
                 op!(
                     [id, token, actor, result, costs] | db,
                     cx | {

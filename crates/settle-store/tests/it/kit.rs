@@ -122,6 +122,16 @@ impl Kit {
     }
 
     pub async fn with(engine: EngineKind, policy: RetryPolicy, batch: usize) -> Kit {
+        Kit::tuned(engine, policy, batch, |_| {}).await
+    }
+
+    /// `with`, the store's options changed by `tune` before it opens.
+    pub async fn tuned(
+        engine: EngineKind,
+        policy: RetryPolicy,
+        batch: usize,
+        tune: impl FnOnce(&mut StoreOptions),
+    ) -> Kit {
         let dir = tempfile::tempdir().unwrap();
         let clock = Arc::new(FakeClock::new(Timestamp::from_micros(T0)));
         let artifacts = Arc::new(TestArtifacts {
@@ -135,7 +145,7 @@ impl Kit {
             EngineKind::Sqlite => format!("sqlite://{}", dir.path().join("settle.db").display()),
             EngineKind::Postgres => settle_testkit::fresh_database().await,
         };
-        let options = StoreOptions {
+        let mut options = StoreOptions {
             clock: clock.clone(),
             policy: policy.into(),
             jitter_seed: 7,
@@ -144,6 +154,7 @@ impl Kit {
             crash: Some(crasher.clone()),
             ..StoreOptions::default()
         };
+        tune(&mut options);
         let store = SqlStore::open(&url, options).await.unwrap();
         Kit { store, clock, artifacts, crasher, url, dir }
     }

@@ -11,6 +11,7 @@ mod feed;
 mod grants;
 mod held;
 mod identity;
+mod plan;
 mod primary;
 mod race;
 mod release;
