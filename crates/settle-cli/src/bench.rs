@@ -157,10 +157,13 @@ async fn run_postgres(args: &BenchArgs, server: &str) -> anyhow::Result<()> {
         };
         let store = Arc::new(SqlStore::open(&url, options).await?);
         let rate = drive(store.clone(), concurrency.max(1), args.jobs).await?;
+        let plan = store.plan_counts();
         println!(
-            "{concurrency:>11} {rate:>14.0} {raw:>16.0} {:>9.2}   (transaction retries: {})",
+            "{concurrency:>11} {rate:>14.0} {raw:>16.0} {:>9.2}   (transaction retries: {}; batch plan: {} read ahead, {} skipped)",
             rate / raw,
-            store.tx_retries()
+            store.tx_retries(),
+            plan.ahead,
+            plan.skipped,
         );
     }
     Ok(())

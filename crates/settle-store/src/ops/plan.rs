@@ -74,20 +74,36 @@ static PLAN_READ: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// `PLAN_READ` for one job, without the arrays (the function scan and sort of `unnest` are executor
+/// nodes a read of one job would start for nothing).
+static PLAN_READ_ONE: LazyLock<String> = LazyLock::new(|| {
+    let list = (PlanReadCol::LIST.replace("u.id", "$1::text").replace("u.account", "$2::text"))
+        .replace("u.token", "$3::text")
+        .replace("u.fails", "$4::bigint");
+    format!("SELECT {list}")
+});
+
 /// The plans of `jobs`, read in one statement, in their order.
 pub(super) async fn plan_reads(db: &mut Db<'_>, jobs: &[ToRead<'_>]) -> Result<Vec<PlanRead>, StoreError> {
     let ids = jobs.iter().map(|j| j.job.to_owned()).collect();
     let accounts = jobs.iter().map(|j| j.account.to_owned()).collect();
-    let (tokens, fails) = jobs
+    let (tokens, fails): (Vec<Option<String>>, Vec<i64>) = jobs
         .iter()
         .map(|j| match j.kind {
             IntentKind::Fail => (None, 1),
             IntentKind::Succeed { token } => (Some(token.clone()), 0),
         })
         .unzip();
-    let rows = db
-        .all(&PLAN_READ, &[Value::Texts(ids), Value::Texts(accounts), Value::OptTexts(tokens), Value::I64s(fails)])
-        .await?;
+    let rows = match (jobs, tokens.first(), fails.first()) {
+        ([job], Some(token), Some(fails)) => {
+            let args = [job.job.into(), job.account.into(), Value::OptText(token.clone()), (*fails).into()];
+            db.all(&PLAN_READ_ONE, &args).await?
+        }
+        _ => {
+            let args = [Value::Texts(ids), Value::Texts(accounts), Value::OptTexts(tokens), Value::I64s(fails)];
+            db.all(&PLAN_READ, &args).await?
+        }
+    };
     if rows.len() != jobs.len() {
         return Err(StoreError::internal(format!("a plan read {} rows for {} jobs", rows.len(), jobs.len())));
     }
