@@ -65,6 +65,11 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         "Answers that said the PostgreSQL server is no longer the primary",
     ),
     ("settle_pg_primary_changes_total", Kind::Counter, "Times the PostgreSQL primary written to changed"),
+    (
+        "settle_pg_batch_plan_total",
+        Kind::Counter,
+        "Write batches' plan: jobs locked and read ahead, skipped (held elsewhere, run alone), phase 1s failed",
+    ),
     ("settle_jobs", Kind::Gauge, "Jobs by state"),
     ("settle_ledger_entries", Kind::Gauge, "Ledger entries by kind"),
     ("settle_queue_depth", Kind::Gauge, "Jobs queued, by kind, due or not"),
@@ -103,6 +108,9 @@ pub fn read_connection_counters(s: &AppState) {
     metrics::counter!("settle_pg_connections_opened_total").absolute(db.connections_opened);
     metrics::counter!("settle_pg_failover_signals_total").absolute(db.failover_signals);
     metrics::counter!("settle_pg_primary_changes_total").absolute(db.primary_changes);
+    metrics::counter!("settle_pg_batch_plan_total", "outcome" => "read_ahead").absolute(db.plan.ahead);
+    metrics::counter!("settle_pg_batch_plan_total", "outcome" => "skipped").absolute(db.plan.skipped);
+    metrics::counter!("settle_pg_batch_plan_total", "outcome" => "failed").absolute(db.plan.failed);
 }
 
 /// The gauges that come from the store's whole-table aggregates (jobs by state and kind, entries by

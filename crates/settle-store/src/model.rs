@@ -772,6 +772,10 @@ pub struct DatabaseStats {
     pub failover_signals: u64,
     /// Times the primary was found on another host than before.
     pub primary_changes: u64,
+    /// The write lanes' batch plan (docs/design/batch-plan.md §12): intents whose job a batch
+    /// locked and read ahead, intents whose job another transaction held (run alone after their
+    /// batch), and phase 1s that failed.
+    pub plan: crate::PlanTally,
     /// The host connections go to now (`host:port` as the URL wrote it).
     pub primary: Option<String>,
 }

@@ -360,6 +360,7 @@ impl SqlStore {
                     connections_opened: c.connections_opened.load(Ordering::Relaxed),
                     failover_signals: c.failover_signals.load(Ordering::Relaxed),
                     primary_changes: c.primary_changes.load(Ordering::Relaxed),
+                    plan: shared.plan.tally(),
                     primary: Some(shared.primary.host()),
                 }
             }
