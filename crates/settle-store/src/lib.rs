@@ -38,7 +38,6 @@ pub mod store;
 pub mod broken;
 pub use artifacts::{ArtifactStore, ArtifactsError, DIRECTORY_MARKER, ObjectArtifactStore, StoreCheck};
 pub use db::{Engine, redacted_url};
-pub use engine::postgres::PlanTally;
 pub use error::StoreError;
 pub use model::*;
 pub use ops::CrashHook;

@@ -762,6 +762,17 @@ pub struct NewArtifact {
     pub key: ArtifactKey,
 }
 
+/// What the PostgreSQL write lanes' batch plan did so far (docs/design/batch-plan.md §12).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanTally {
+    /// Intents whose job a batch locked and read ahead.
+    pub ahead: u64,
+    /// Intents whose job another transaction held (or that has none): run alone after their batch.
+    pub skipped: u64,
+    /// Phase 1s that failed (their batches' operations ran alone).
+    pub failed: u64,
+}
+
 /// What this process saw of its PostgreSQL connections (docs/decisions/0024); zeros on SQLite.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DatabaseStats {
@@ -775,7 +786,7 @@ pub struct DatabaseStats {
     /// The write lanes' batch plan (docs/design/batch-plan.md §12): intents whose job a batch
     /// locked and read ahead, intents whose job another transaction held (run alone after their
     /// batch), and phase 1s that failed.
-    pub plan: crate::PlanTally,
+    pub plan: PlanTally,
     /// The host connections go to now (`host:port` as the URL wrote it).
     pub primary: Option<String>,
 }

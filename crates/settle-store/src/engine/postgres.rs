@@ -18,6 +18,7 @@ use super::sequencer::Sequencer;
 use super::{Batch, BatchOp, CAREFUL_BATCHES, Env, OpFn, Ran, answered_now};
 use crate::db::Db;
 use crate::error::StoreError;
+use crate::model::PlanTally;
 use crate::ops::plan::Intent;
 use crate::ops::{self, Pending, ReadAhead};
 use futures_util::FutureExt;
@@ -64,17 +65,6 @@ pub(crate) struct PlanCounts {
     ahead: AtomicU64,
     skipped: AtomicU64,
     failed: AtomicU64,
-}
-
-/// `PlanCounts` as read.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PlanTally {
-    /// Intents whose job a batch locked and read ahead.
-    pub ahead: u64,
-    /// Intents whose job another transaction held (or that has none): run alone after their batch.
-    pub skipped: u64,
-    /// Phase 1s that failed (their batches' operations ran alone).
-    pub failed: u64,
 }
 
 impl PlanCounts {

@@ -10,7 +10,7 @@
 
 use crate::artifacts::ArtifactStore;
 use crate::db::{Db, Engine};
-use crate::engine::postgres::{PgShared, PlanCounts, PlanTally};
+use crate::engine::postgres::{PgShared, PlanCounts};
 use crate::engine::primary::{Hosts, Leased, Primary};
 use crate::engine::sequencer::Sequencer;
 use crate::engine::{BatchOp, Env, Op, OpFn};
