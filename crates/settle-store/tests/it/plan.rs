@@ -12,19 +12,30 @@ use settle_store::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A PostgreSQL kit whose lanes gather batches while `gate` holds more than one.
-async fn gathering_kit() -> (Arc<Kit>, Arc<AtomicUsize>) {
+/// A PostgreSQL store whose lanes gather batches while `gate` holds more than one, an account `a`
+/// holding 1,000, and `n` jobs `j0`, `j1`, … of two items (10 and 20) on it, each claimed.
+struct Setup {
+    k: Arc<Kit>,
+    gate: Arc<AtomicUsize>,
+    a: AccountId,
+    tokens: Vec<LeaseToken>,
+}
+
+async fn setup(n: usize) -> Setup {
     let gate = Arc::new(AtomicUsize::new(0));
     let g = gate.clone();
     let k = Kit::tuned(EngineKind::Postgres, test_policy(), limits_batch(), move |o| o.pg_batch_gather = Some(g)).await;
-    (Arc::new(k), gate)
+    let a = k.account("a", 1_000).await;
+    let tokens = running_jobs(&k, &a, "j", n).await;
+    Setup { k: Arc::new(k), gate, a, tokens }
 }
 
-/// `n` jobs of two items (10 and 20) on `account`, each claimed: their tokens, in order.
-async fn running_jobs(k: &Kit, account: &AccountId, n: usize) -> Vec<LeaseToken> {
+/// `n` jobs `{prefix}0`, `{prefix}1`, … of two items (10 and 20) on `account`, each claimed: their
+/// tokens, in order.
+async fn running_jobs(k: &Kit, account: &AccountId, prefix: &str, n: usize) -> Vec<LeaseToken> {
     let mut tokens = Vec::new();
     for i in 0..n {
-        let id = format!("j{i}");
+        let id = format!("{prefix}{i}");
         k.items_job(&id, account, &[10, 20]).await;
         tokens.push(k.claim_one(&id).await);
     }
@@ -65,9 +76,7 @@ async fn lines(k: &Kit, account: &AccountId, job: &str, kind: EntryKind) -> usiz
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_a_batch_of_failures_and_successes_is_locked_and_read_ahead() {
-    let (k, gate) = gathering_kit().await;
-    let a = k.account("a", 1_000).await;
-    let tokens = running_jobs(&k, &a, 6).await;
+    let Setup { k, gate, a, tokens } = setup(6).await;
     let before = k.store.plan_counts();
     gate.store(6, Ordering::Relaxed);
     let ops = (0..6)
@@ -100,9 +109,7 @@ async fn postgres_a_batch_of_failures_and_successes_is_locked_and_read_ahead() {
 /// one of the orders the batch could have run in, nothing is refunded twice, the audit is clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_intents_beside_other_operations_on_their_jobs() {
-    let (k, gate) = gathering_kit().await;
-    let a = k.account("a", 1_000).await;
-    let tokens = running_jobs(&k, &a, 4).await;
+    let Setup { k, gate, a, tokens } = setup(4).await;
     gate.store(7, Ordering::Relaxed);
     let ops = vec![
         // j0: a cancel that arrived before its failure.
@@ -148,9 +155,7 @@ async fn postgres_intents_beside_other_operations_on_their_jobs() {
 async fn postgres_an_intent_whose_job_is_held_elsewhere_runs_alone() {
     use sqlx::{ConnectOptions, Connection};
     use std::str::FromStr;
-    let (k, gate) = gathering_kit().await;
-    let a = k.account("a", 1_000).await;
-    let tokens = running_jobs(&k, &a, 3).await;
+    let Setup { k, gate, tokens, .. } = setup(3).await;
     let mut other = sqlx::postgres::PgConnectOptions::from_str(&k.url).unwrap().connect().await.unwrap();
     let mut held = other.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM jobs WHERE id = 'j0' FOR UPDATE").execute(&mut *held).await.unwrap();
@@ -169,29 +174,38 @@ async fn postgres_an_intent_whose_job_is_held_elsewhere_runs_alone() {
     k.assert_clean().await;
 }
 
-/// A planned operation that fails after it wrote rolls its batch back, and the others run again
-/// careful (without phase 1): the crashed one answered with its crash, its job as it was.
+/// A planned operation that dies after it wrote, at each crash point its path passes, rolls its
+/// batch back, and the others run again careful (without phase 1): the crashed one is answered with
+/// its crash and its job is as it was; its failure sent again converges to where the others are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_a_batch_read_ahead_that_falls_back_runs_again_careful() {
-    let (k, gate) = gathering_kit().await;
-    let a = k.account("a", 1_000).await;
-    let tokens = running_jobs(&k, &a, 4).await;
-    k.crasher.arm(CrashPoint::AfterGuard);
-    gate.store(4, Ordering::Relaxed);
-    let ops = (0..4).map(|i| failing(&k, &format!("j{i}"), &tokens[i], "lost".into())).collect();
-    let answers = one_batch(&gate, ops).await;
-    let crashed: Vec<usize> = (0..4).filter(|i| matches!(answers[*i], Err(StoreError::InjectedCrash(_)))).collect();
-    assert_eq!(crashed.len(), 1, "{answers:?}");
-    for (i, answer) in answers.iter().enumerate() {
-        let job = k.get(&format!("j{i}")).await;
-        if crashed.contains(&i) {
-            assert_state(&job, JobState::Running);
-            assert_eq!(states(&job), ["charged", "charged"]);
-        } else {
-            assert!(answer.as_ref().unwrap().applied);
-            assert_state(&job, JobState::Queued);
+async fn postgres_a_batch_read_ahead_that_dies_rolls_back_and_converges() {
+    let Setup { k, gate, a, .. } = setup(0).await;
+    let points = [CrashPoint::AfterGuard, CrashPoint::AfterLedger, CrashPoint::AfterOutbox, CrashPoint::BeforeCommit];
+    for (round, point) in points.into_iter().enumerate() {
+        let prefix = format!("r{round}-j");
+        let tokens = running_jobs(&k, &a, &prefix, 4).await;
+        k.crasher.arm(point);
+        gate.store(4, Ordering::Relaxed);
+        let ops = (0..4).map(|i| failing(&k, &format!("{prefix}{i}"), &tokens[i], "lost".into())).collect();
+        let answers = one_batch(&gate, ops).await;
+        let crashed: Vec<usize> = (0..4).filter(|i| matches!(answers[*i], Err(StoreError::InjectedCrash(_)))).collect();
+        assert_eq!(crashed.len(), 1, "{point:?}: {answers:?}");
+        for (i, answer) in answers.iter().enumerate() {
+            let id = format!("{prefix}{i}");
+            if crashed.contains(&i) {
+                let job = k.get(&id).await;
+                assert_state(&job, JobState::Running);
+                assert_eq!(states(&job), ["charged", "charged"], "{point:?}: nothing of {id}'s failure stayed");
+                let again = failing(&k, &id, &tokens[i], "lost".into()).await.unwrap().unwrap();
+                assert!(again.applied, "{point:?}: {id}'s failure sent again applies");
+            } else {
+                assert!(answer.as_ref().unwrap().applied, "{point:?}: {id}");
+            }
+            assert_state(&k.get(&id).await, JobState::Queued);
+            assert_eq!(lines(&k, &a, &id, EntryKind::Refund).await, 2, "{point:?}: {id} refunded once");
         }
+        // Every round's four jobs charged 30 each and refunded.
+        assert_eq!(k.balance(&a).await, 1_000, "{point:?}");
+        k.assert_clean().await;
     }
-    assert_eq!(k.balance(&a).await, 1_000 - 30);
-    k.assert_clean().await;
 }
