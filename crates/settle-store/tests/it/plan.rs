@@ -136,8 +136,9 @@ async fn postgres_intents_beside_other_operations_on_their_jobs() {
     let answers = one_batch(&gate, ops).await;
     let j0 = k.get("j0").await;
     assert!(matches!(j0.state, JobState::Cancelled | JobState::Cancelling | JobState::Queued), "j0: {:?}", j0.state);
-    assert!(answers[2].as_ref().unwrap().applied, "j1's first failure applies");
-    assert!(!answers[3].as_ref().unwrap().applied, "j1's second failure is its replay");
+    // The two copies of j1's failure reach the lane in either order: one applies, the other is its replay.
+    let j1: Vec<bool> = answers[2..4].iter().map(|a| a.as_ref().unwrap().applied).collect();
+    assert_eq!(j1.iter().filter(|applied| **applied).count(), 1, "j1: {j1:?}");
     assert!(matches!(answers[4], Err(StoreError::Invalid(_))), "{:?}", answers[4]);
     assert!(answers[5].as_ref().unwrap().applied, "j2's valid failure applies");
     assert!(matches!(answers[6], Err(StoreError::LeaseLost(_))), "{:?}", answers[6]);
