@@ -71,16 +71,21 @@ holds!(CreditCol: EntryCol {
 static SELECT_CREDIT: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE kind = $1 AND ref_id = $2", CreditCol::LIST));
 
+/// A grant (`amount > 0`, on `terms`) or an adjustment (`amount ≠ 0`, reason required, default
+/// terms), as asked: one posting of one line.
+pub(crate) struct Credit<'a> {
+    pub kind: EntryKind,
+    pub account: &'a AccountId,
+    pub id: &'a str,
+    pub amount: Credits,
+    pub reason: Option<&'a str>,
+    pub terms: Terms,
+}
+
 /// A grant's or adjustment's fingerprint. A grant's terms join it only when given (a priority only
 /// when not the default), so grants made before grants could expire still replay.
-pub(crate) fn credit_fingerprint(
-    kind: EntryKind,
-    account: &AccountId,
-    id: &str,
-    amount: Credits,
-    reason: Option<&str>,
-    terms: Terms,
-) -> [u8; 32] {
+fn credit_fingerprint(c: &Credit<'_>) -> [u8; 32] {
+    let Credit { kind, account, id, amount, reason, terms } = *c;
     let mut f = Fingerprint::new(kind.as_str())
         .str("account_id", account.as_str())
         .str("id", id)
@@ -108,21 +113,11 @@ pub(crate) fn grant_terms(
     Ok(Terms { priority, expires_at })
 }
 
-/// Grants (`amount > 0`, on `terms`) and adjustments (`amount ≠ 0`, reason required, default
-/// terms), created by id.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn credit(
-    db: &mut Db<'_>,
-    cx: &Cx,
-    kind: EntryKind,
-    account: &AccountId,
-    id: &str,
-    amount: Credits,
-    reason: Option<&str>,
-    terms: Terms,
-) -> Result<Created<LedgerEntry>, StoreError> {
+/// A grant or adjustment, created by its id.
+pub(crate) async fn credit(db: &mut Db<'_>, cx: &Cx, c: &Credit<'_>) -> Result<Created<LedgerEntry>, StoreError> {
+    let Credit { kind, account, id, amount, reason, terms } = *c;
     debug_assert!(matches!(kind, EntryKind::Grant | EntryKind::Adjustment));
-    let fp = credit_fingerprint(kind, account, id, amount, reason, terms);
+    let fp = credit_fingerprint(c);
     if let Some(existing) = db.opt(&SELECT_CREDIT, args![kind.as_str(), id]).await? {
         if existing.blob(CreditCol::request_hash)? != fp {
             // Ids are unique across accounts: say so when the id is another account's.

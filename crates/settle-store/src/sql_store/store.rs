@@ -112,17 +112,15 @@ impl Store for SqlStore {
         let (account, actor) = (account.clone(), actor.to_owned());
         let out = self
             .write_alone(op!([account, req, actor] | db, cx | {
-                let out = ops::credit(
-                    db,
-                    cx,
-                    EntryKind::Grant,
-                    &account,
-                    req.id.as_str(),
-                    req.amount,
-                    req.reason.as_deref(),
+                let credit = ops::Credit {
+                    kind: EntryKind::Grant,
+                    account: &account,
+                    id: req.id.as_str(),
+                    amount: req.amount,
+                    reason: req.reason.as_deref(),
                     terms,
-                )
-                .await?;
+                };
+                let out = ops::credit(db, cx, &credit).await?;
                 if !out.replayed {
                     let detail = serde_json::json!({ "id": req.id.as_str(), "amount": req.amount.get(), "seq": out.value.seq });
                     ops::record_action(db, cx, &actor, ActionKind::AccountGrant, None, Some(account.as_str()), detail).await?;
@@ -147,17 +145,15 @@ impl Store for SqlStore {
         let (account, actor) = (account.clone(), actor.to_owned());
         let out = self
             .write_alone(op!([account, req, actor] | db, cx | {
-                let out = ops::credit(
-                    db,
-                    cx,
-                    EntryKind::Adjustment,
-                    &account,
-                    req.id.as_str(),
-                    req.amount,
-                    Some(&req.reason),
-                    ops::allocations::Terms::default(),
-                )
-                .await?;
+                let credit = ops::Credit {
+                    kind: EntryKind::Adjustment,
+                    account: &account,
+                    id: req.id.as_str(),
+                    amount: req.amount,
+                    reason: Some(&req.reason),
+                    terms: ops::allocations::Terms::default(),
+                };
+                let out = ops::credit(db, cx, &credit).await?;
                 if !out.replayed {
                     let detail = serde_json::json!({
                         "id": req.id.as_str(), "amount": req.amount.get(), "reason": req.reason, "seq": out.value.seq
