@@ -222,6 +222,25 @@ def test_a_retry_redoes_the_items_a_failed_attempt_refunded(admin, worker_client
     assert admin.account("redo")["balance"] == 70, "each item charged once in the end"
 
 
+def test_priority_and_labels_choose_what_a_worker_claims(admin, worker_client):
+    """Issue 44: a lower priority number is claimed first, and a job requiring labels goes only to a
+    worker that has them all."""
+    account(admin, "lines", 100)
+    admin.create_job("lines-late", "lines", "lines", cost=1, priority=90)
+    admin.create_job("lines-gpu", "lines", "lines", cost=1, requires=["region:eu", "gpu:a100"])
+    made = admin.create_job("lines-soon", "lines", "lines", cost=1, priority=5)
+    assert (made["priority"], made["requires"]) == (5, [])
+    assert admin.job("lines-gpu")["requires"] == ["gpu:a100", "region:eu"]
+    claimed = [worker_client.claim("py-lines", kinds=["lines"])[0]["id"] for _ in range(2)]
+    assert claimed == ["lines-soon", "lines-late"]
+    assert worker_client.claim("py-lines", kinds=["lines"], labels=["gpu:a100"]) == []
+    (gpu,) = worker_client.claim("py-lines", kinds=["lines"], labels=["gpu:a100", "region:eu", "x"])
+    assert gpu["id"] == "lines-gpu"
+    with pytest.raises(SettleError) as e:
+        admin.create_job("lines-bad", "lines", "lines", cost=1, priority=101)
+    assert e.value.code == "invalid_request"
+
+
 def test_a_trial_grant_is_spent_first_and_listed(admin):
     admin.create_account("trialp")
     admin.grant("trialp", "pack-trialp", 100)

@@ -47,6 +47,10 @@ export interface NewJob {
   refundOn?: "failure" | "final_failure";
   /** RFC 3339: not claimed before then. */
   notBefore?: string;
+  /** 0 to 100 (default 50): a lower number is claimed first; accounts take turns within one. */
+  priority?: number;
+  /** Labels a worker must have to claim it (`gpu:a100`), at most 8. */
+  requires?: string[];
 }
 
 export interface JobFilter {
@@ -190,6 +194,8 @@ export class Settle {
     if (job.maxAttempts !== undefined) body.max_attempts = job.maxAttempts;
     if (job.refundOn !== undefined) body.refund_on = job.refundOn;
     if (job.notBefore !== undefined) body.not_before = job.notBefore;
+    if (job.priority !== undefined) body.priority = job.priority;
+    if (job.requires !== undefined) body.requires = job.requires;
     return this.#create("/v1/jobs", body);
   }
 

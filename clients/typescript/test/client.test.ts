@@ -71,6 +71,16 @@ test("a Node backend charges for a job in ten lines", async () => {
   assert.equal((await settle.audit()).ok, true);
 });
 
+test("a job carries its priority and the labels a worker needs", async () => {
+  await admin.createAccount("liney");
+  await admin.grant("liney", { id: "welcome-liney", amount: 10 });
+  const job = await admin.createJob({ id: "gpu-eu", accountId: "liney", kind: "render", cost: 1, priority: 7, requires: ["region:eu", "gpu:a100"] });
+  assert.equal(job.priority, 7);
+  assert.deepEqual(job.requires, ["gpu:a100", "region:eu"]);
+  assert.equal((await admin.job("gpu-eu")).priority, 7);
+  await assert.rejects(admin.createJob({ id: "gpu-bad", accountId: "liney", kind: "render", cost: 1, priority: 101 }), /priority/);
+});
+
 test("a held job is charged its hold, and a cancel refunds the hold", async () => {
   await admin.createAccount("heldy");
   await admin.grant("heldy", { id: "welcome-heldy", amount: 100 });

@@ -260,6 +260,15 @@ pub struct CreateJob {
     /// Not claimable before this time (RFC 3339 UTC time); default now.
     #[serde(default)]
     pub not_before: Option<String>,
+    /// 0 to 100, default 50: a lower number is claimed first. Within one priority, accounts take
+    /// turns.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 100)]
+    pub priority: Option<u8>,
+    /// Labels a worker must have to claim it (`gpu:a100`, `region:eu`): at most 8, each 1-64
+    /// characters of `[A-Za-z0-9_.:/=-]`.
+    #[serde(default)]
+    pub requires: Option<Vec<String>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -316,6 +325,10 @@ pub struct Job {
     pub cancel_requested: bool,
     /// Not claimable before this time (RFC 3339 UTC time); a retry's backoff moves it.
     pub not_before: String,
+    /// 0 to 100: a lower number is claimed first.
+    pub priority: u8,
+    /// The labels a worker must have to claim it, sorted.
+    pub requires: Vec<String>,
     /// The last failure, if any.
     pub last_error: Option<LastError>,
     /// The job's items, in the order they were given.
@@ -375,6 +388,8 @@ impl From<store::Job> for Job {
             refund_on: j.refund_on.as_str().to_owned(),
             cancel_requested: j.cancel_requested,
             not_before: rfc3339(j.not_before),
+            priority: j.priority,
+            requires: j.requires.iter().map(|l| l.as_str().to_owned()).collect(),
             last_error: j.last_error.map(|e| LastError { code: e.code, message: e.message }),
             items: j.items.into_iter().map(Item::from).collect(),
             payload: json_text(&j.payload),
@@ -592,6 +607,10 @@ pub struct Claim {
     /// Claim only these kinds (each a job kind); all kinds but withdrawals when absent.
     #[serde(default)]
     pub kinds: Option<Vec<String>>,
+    /// The worker's labels (at most 64): it is given only jobs whose every required label is
+    /// among them. None: only jobs that require none.
+    #[serde(default)]
+    pub labels: Option<Vec<String>>,
     /// At most this many jobs: 1 to 100, default 1.
     #[serde(default)]
     #[schema(minimum = 1, maximum = 100)]

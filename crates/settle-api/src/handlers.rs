@@ -22,6 +22,16 @@ fn id<T>(parse: fn(&str) -> Result<T, IdError>, s: &str) -> Result<T, ApiError> 
     parse(s).map_err(|e| ApiError::invalid(format!("The {} is malformed: it must be {}.", e.what, e.rule)))
 }
 
+/// A job's requirements or a worker's labels, each checked, as one canonical set of at most `max`.
+fn labels(given: &[String], max: usize) -> Result<Labels, ApiError> {
+    let set = Labels::parse(given, usize::MAX)
+        .map_err(|e| ApiError::invalid(format!("The {} is malformed: it must be {}.", e.what, e.rule)))?;
+    if set.len() > max {
+        return Err(ApiError::invalid(format!("At most {max} distinct labels.")));
+    }
+    Ok(set)
+}
+
 fn created<T, D: serde::Serialize>(c: Created<T>, to_dto: impl FnOnce(T) -> D) -> Response {
     let body = to_dto(c.value);
     if c.replayed {
@@ -362,6 +372,8 @@ pub async fn create_job(State(s): State<AppState>, auth: Auth<ClientRole>, Json(
         max_attempts: b.max_attempts,
         refund_on,
         not_before,
+        priority: b.priority,
+        requires: labels(&b.requires.unwrap_or_default(), limits::JOB_REQUIRES_MAX)?,
     };
     auth.actor.may_use_account(req.account_id.as_str())?;
     auth.actor.may_use_kind(req.kind.as_str())?;
@@ -586,6 +598,7 @@ pub async fn claim(
     let req = store::ClaimRequest {
         worker: id(WorkerName::parse, &b.worker)?,
         kinds,
+        labels: labels(&b.labels.unwrap_or_default(), limits::CLAIM_LABELS_MAX)?,
         limit: b.limit.unwrap_or(1),
         lease_seconds: b.lease_seconds,
     };

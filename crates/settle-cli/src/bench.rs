@@ -284,6 +284,8 @@ pub(crate) fn bench_job(
         max_attempts: None,
         refund_on: None,
         not_before,
+        priority: None,
+        requires: Default::default(),
     })
 }
 
@@ -414,6 +416,8 @@ async fn drive_priced(
                     max_attempts: None,
                     refund_on: None,
                     not_before: None,
+                    priority: None,
+                    requires: Default::default(),
                 };
                 store.create_job(req).await?;
                 let claim = ClaimRequest {
@@ -421,6 +425,7 @@ async fn drive_priced(
                     kinds: vec![],
                     limit: 1,
                     lease_seconds: Some(30),
+                    labels: Default::default(),
                 };
                 let claimed = store.claim(claim).await?;
                 // Another client may have claimed this one; succeed whatever we got, then ours from any attempt.
@@ -565,6 +570,8 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
                         max_attempts: None,
                         refund_on: None,
                         not_before: Some(later),
+                        priority: None,
+                        requires: Default::default(),
                     };
                     store.create_job(req).await?;
                     progress.inc(1);
@@ -640,9 +647,17 @@ async fn run_teardown(args: &BenchArgs) -> anyhow::Result<()> {
             max_attempts: None,
             refund_on: None,
             not_before: None,
+            priority: None,
+            requires: Default::default(),
         };
         store.create_job(req).await?;
-        let claim = ClaimRequest { worker: worker.clone(), kinds: vec![], limit: 1, lease_seconds: Some(600) };
+        let claim = ClaimRequest {
+            worker: worker.clone(),
+            kinds: vec![],
+            limit: 1,
+            lease_seconds: Some(600),
+            labels: Default::default(),
+        };
         let token = store.claim(claim).await?.pop().context("the job is due")?.lease_token;
         let key = ArtifactKey::parse("out.bin")?;
         for i in 0..n {
@@ -711,13 +726,22 @@ async fn fill_console(store: &Arc<SqlStore>, fill: &AccountId, jobs: u64) -> any
                     max_attempts: Some(1),
                     refund_on: None,
                     not_before: if dead { None } else { Some(later) },
+                    priority: None,
+                    requires: Default::default(),
                 };
                 store.create_job(req).await?;
                 progress.inc(1);
                 if dead {
                     let worker = WorkerName::parse("bench")?;
-                    let claimed =
-                        store.claim(ClaimRequest { worker, kinds: vec![kind], limit: 1, lease_seconds: None }).await?;
+                    let claimed = store
+                        .claim(ClaimRequest {
+                            worker,
+                            kinds: vec![kind],
+                            limit: 1,
+                            lease_seconds: None,
+                            labels: Default::default(),
+                        })
+                        .await?;
                     for c in claimed {
                         let signal = FailSignal {
                             lease_token: c.lease_token,

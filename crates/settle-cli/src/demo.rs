@@ -24,7 +24,13 @@ impl Demo {
     }
 
     async fn claim(&self, worker: &str) -> anyhow::Result<ClaimedJob> {
-        let req = ClaimRequest { worker: WorkerName::parse(worker)?, kinds: vec![], limit: 1, lease_seconds: Some(30) };
+        let req = ClaimRequest {
+            worker: WorkerName::parse(worker)?,
+            kinds: vec![],
+            limit: 1,
+            lease_seconds: Some(30),
+            labels: Default::default(),
+        };
         let mut got = self.store.claim(req).await?;
         ensure!(got.len() == 1, "expected one job to be due");
         let c = got.remove(0);
@@ -45,6 +51,8 @@ impl Demo {
             max_attempts: None,
             refund_on: None,
             not_before: None,
+            priority: None,
+            requires: Default::default(),
         };
         let job = self.store.create_job(req).await?.value;
         self.say(format!("{id} submitted for {} credits ({} item(s)) — charged up front", job.cost, job.items.len()));
@@ -197,7 +205,13 @@ async fn retried_with_backoff(d: &Demo, alice: &AccountId) -> anyhow::Result<()>
     d.say(format!("NODE_DOWN is retryable: image-1 back to {} with not_before +{wait} ms, refunded", j.state.as_str()));
     let none = d
         .store
-        .claim(ClaimRequest { worker: WorkerName::parse("eager")?, kinds: vec![], limit: 1, lease_seconds: Some(30) })
+        .claim(ClaimRequest {
+            worker: WorkerName::parse("eager")?,
+            kinds: vec![],
+            limit: 1,
+            lease_seconds: Some(30),
+            labels: Default::default(),
+        })
         .await?;
     d.say(format!("a claim before the backoff ends finds {} job(s)", none.len()));
     d.clock.advance_millis(wait as u64);
@@ -628,6 +642,8 @@ async fn priced_at_the_end(d: &Demo) -> anyhow::Result<()> {
             max_attempts: None,
             refund_on: None,
             not_before: None,
+            priority: None,
+            requires: Default::default(),
         })
     };
     let main_at = |cost: i64| Costs::main(Credits::new(cost));

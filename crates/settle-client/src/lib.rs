@@ -252,8 +252,25 @@ impl Client {
         lease_seconds: Option<u32>,
         wait_seconds: u32,
     ) -> Result<Vec<ClaimedJob>, ClientError> {
+        self.claim_labelled(worker, kinds, &[], limit, lease_seconds, wait_seconds).await
+    }
+
+    /// `claim` by a worker that has `labels` (`gpu:a100`, `region:eu`): it is given only jobs whose
+    /// every required label is among them.
+    pub async fn claim_labelled(
+        &self,
+        worker: &str,
+        kinds: &[String],
+        labels: &[String],
+        limit: u32,
+        lease_seconds: Option<u32>,
+        wait_seconds: u32,
+    ) -> Result<Vec<ClaimedJob>, ClientError> {
         let mut body =
             json!({"worker": worker, "limit": limit.clamp(1, CLAIM_LIMIT_MAX), "wait_seconds": wait_seconds});
+        if !labels.is_empty() {
+            body["labels"] = json!(labels);
+        }
         if let Some(l) = lease_seconds {
             body["lease_seconds"] = json!(l);
         }
@@ -530,11 +547,20 @@ pub trait Handler: Send + Sync {
     async fn run(&self, ctx: &JobContext) -> Outcome;
 }
 
+/// A worker's labels from its environment: `SETTLE_WORKER_LABELS`, comma-separated.
+fn labels_from_env() -> Vec<String> {
+    let given = std::env::var("SETTLE_WORKER_LABELS").unwrap_or_default();
+    given.split(',').map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect()
+}
+
 /// Claims and runs jobs until cancelled.
 pub struct Worker {
     pub client: Client,
     pub name: String,
     pub kinds: Vec<String>,
+    /// What this worker has (`gpu:a100`, `region:eu`): it is given only jobs whose every required
+    /// label is among them. `Worker::new` takes them from `SETTLE_WORKER_LABELS` (comma-separated).
+    pub labels: Vec<String>,
     /// Jobs run at once.
     pub concurrency: u32,
     /// A claim waits up to this long for work.
@@ -552,6 +578,7 @@ impl Worker {
             client,
             name: name.to_owned(),
             kinds: Vec::new(),
+            labels: labels_from_env(),
             concurrency: 4,
             wait_seconds: 5,
             lease_seconds: None,
@@ -584,7 +611,9 @@ impl Worker {
             }
             // Not raced against `stop`: a claim the server committed must not be thrown away
             // (its jobs would wait for their leases to expire). It is bounded by `wait_seconds`.
-            let claimed = self.client.claim(&self.name, &self.kinds, free, self.lease_seconds, self.wait_seconds).await;
+            let claimed = (self.client)
+                .claim_labelled(&self.name, &self.kinds, &self.labels, free, self.lease_seconds, self.wait_seconds)
+                .await;
             let jobs = match claimed {
                 Ok(jobs) => {
                     outage.answered();

@@ -1,7 +1,9 @@
 //! Validated identifiers. Construction is the only place input is checked; a value of one of
 //! these types is known to be well-formed everywhere else.
 
-use crate::limits::{ARTIFACT_KEY_LEN_MAX, DESTINATION_LEN_MAX, FAIL_CODE_LEN_MAX, ID_LEN_MAX, WORKER_LEN_MAX};
+use crate::limits::{
+    ARTIFACT_KEY_LEN_MAX, DESTINATION_LEN_MAX, FAIL_CODE_LEN_MAX, ID_LEN_MAX, LABEL_LEN_MAX, WORKER_LEN_MAX,
+};
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -155,6 +157,66 @@ impl fmt::Display for FailCode {
     }
 }
 
+/// A worker capability a job may require (`gpu:a100`, `region:eu`): 1-64 characters of
+/// `[A-Za-z0-9_.:/=-]`, compared exactly.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Label(String);
+
+impl Label {
+    pub fn parse(s: &str) -> Result<Label, IdError> {
+        let ok = !s.is_empty()
+            && s.len() <= LABEL_LEN_MAX
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '/' | '=' | '-'));
+        if !ok {
+            return Err(IdError { what: "label", rule: "1-64 characters of [A-Za-z0-9_.:/=-]" });
+        }
+        Ok(Label(s.to_owned()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A set of labels in one canonical form — sorted, each once — so equal sets have equal text: a
+/// job's requirements are stored and compared as `Labels::text`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct Labels(Vec<Label>);
+
+impl Labels {
+    /// At most `max` distinct labels (duplicates are folded before counting).
+    pub fn parse<S: AsRef<str>>(labels: &[S], max: usize) -> Result<Labels, IdError> {
+        let mut set = labels.iter().map(|l| Label::parse(l.as_ref())).collect::<Result<Vec<_>, _>>()?;
+        set.sort();
+        set.dedup();
+        if set.len() > max {
+            return Err(IdError { what: "labels", rule: "at most 8 distinct labels for a job, 64 for a worker" });
+        }
+        Ok(Labels(set))
+    }
+    /// Labels stored by Settle itself, in `text`'s form.
+    pub fn stored(text: &str) -> Labels {
+        Labels(text.split(' ').filter(|l| !l.is_empty()).map(|l| Label(l.to_owned())).collect())
+    }
+    /// The canonical text: the labels in order, each followed by nothing but one space between
+    /// (`""` for none). No label holds a space.
+    pub fn text(&self) -> String {
+        self.0.iter().map(Label::as_str).collect::<Vec<_>>().join(" ")
+    }
+    pub fn iter(&self) -> impl Iterator<Item = &Label> {
+        self.0.iter()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    /// Whether every label of `self` is in `have`.
+    pub fn covered_by(&self, have: &Labels) -> bool {
+        self.0.iter().all(|l| have.0.binary_search(l).is_ok())
+    }
+}
+
 /// A key in the artifact store: a relative path of safe characters, no `..`, no empty segment.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ArtifactKey(String);
@@ -249,6 +311,22 @@ mod tests {
         let kind = JobKind::parse("withdrawal").unwrap();
         assert!(kind == "withdrawal" && kind == *"withdrawal" && kind != "render");
         assert_eq!(String::from(JobId::parse("j-1").unwrap()), "j-1");
+    }
+
+    #[test]
+    fn labels_are_one_canonical_set() {
+        let a = Labels::parse(&["region:eu", "gpu:a100", "gpu:a100"], 8).unwrap();
+        assert_eq!(a.text(), "gpu:a100 region:eu");
+        assert_eq!(Labels::stored(&a.text()), a);
+        assert_eq!(Labels::stored(""), Labels::default());
+        assert!(a.covered_by(&Labels::parse(&["x", "region:eu", "gpu:a100"], 64).unwrap()));
+        assert!(!a.covered_by(&Labels::parse(&["gpu:a100"], 64).unwrap()));
+        assert!(Labels::default().covered_by(&Labels::default()));
+        for bad in ["", "a b", "é", &"x".repeat(65)] {
+            assert!(Label::parse(bad).is_err(), "{bad:?}");
+        }
+        let nine: Vec<String> = (0..9).map(|i| format!("l{i}")).collect();
+        assert!(Labels::parse(&nine, 8).is_err() && Labels::parse(&nine, 64).is_ok());
     }
 
     #[test]

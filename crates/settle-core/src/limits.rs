@@ -69,6 +69,14 @@ pub const CONFIRM_WINDOW_SECONDS_DEFAULT: u64 = 3_600;
 pub const BALANCE_MAX: i64 = 1 << 61;
 /// Most job kinds one claim may filter on.
 pub const CLAIM_KINDS_MAX: usize = 32;
+/// A job's priority: 0 (first) to 100 (last), 50 unless given (spec §3a).
+pub const JOB_PRIORITY_MAX: u8 = 100;
+pub const JOB_PRIORITY_DEFAULT: u8 = 50;
+/// Most labels a job may require (spec §3a), and most a worker's claim may carry.
+pub const JOB_REQUIRES_MAX: usize = 8;
+pub const CLAIM_LABELS_MAX: usize = 64;
+/// Longest label (`gpu:a100`, `region:eu`).
+pub const LABEL_LEN_MAX: usize = 64;
 /// Longest long-poll (`wait_seconds`) of a claim or an events read.
 pub const WAIT_SECONDS_MAX: u32 = 30;
 /// How often a long-poll looks again when no wake-up arrives.

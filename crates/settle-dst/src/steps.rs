@@ -100,6 +100,8 @@ async fn create_job(w: &mut World, m: &Machine) {
         max_attempts: Some(1 + w.pick(3) as u32),
         refund_on,
         not_before: None,
+        priority: None,
+        requires: Default::default(),
     };
     let made = m.store.create_job(req).await;
     w.answer(&format!("create {id} {kind} x{n}"), made.as_ref().map(|c| c.value.state));
@@ -112,6 +114,7 @@ async fn claim(w: &mut World, m: &Machine) {
     let req = ClaimRequest {
         worker: WorkerName::parse(&worker).expect("a worker"),
         kinds: KINDS.iter().map(|k| JobKind::parse(k).expect("a kind")).collect(),
+        labels: Default::default(),
         limit: 1 + w.pick(2) as u32,
         lease_seconds: None,
     };
@@ -371,6 +374,7 @@ pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> 
         let req = ClaimRequest {
             worker: WorkerName::parse("drain").expect("a worker"),
             kinds: KINDS.iter().map(|k| JobKind::parse(k).expect("a kind")).collect(),
+            labels: Default::default(),
             limit: 50,
             lease_seconds: None,
         };

@@ -1,7 +1,7 @@
 //! What goes into and comes out of the store. Plain data; the api crate maps it to JSON.
 
 use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
-use settle_core::ids::{AccountId, ArtifactKey, FailCode, ItemId, JobId, JobKind, RefId, WorkerName};
+use settle_core::ids::{AccountId, ArtifactKey, FailCode, ItemId, JobId, JobKind, Labels, RefId, WorkerName};
 use settle_core::item::{ItemState, RefundReason};
 use settle_core::job::{JobState, RefundPolicy};
 use settle_core::ledger::EntryKind;
@@ -245,6 +245,10 @@ pub struct NewJob {
     pub max_attempts: Option<u32>,
     pub refund_on: Option<RefundPolicy>,
     pub not_before: Option<Timestamp>,
+    /// 0 (claimed first) to 100; `None`: 50 (spec §3a).
+    pub priority: Option<u8>,
+    /// The labels a worker must have to claim it (at most 8).
+    pub requires: Labels,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,6 +298,10 @@ pub struct Job {
     pub refund_on: RefundPolicy,
     pub cancel_requested: bool,
     pub not_before: Timestamp,
+    /// 0 (claimed first) to 100.
+    pub priority: u8,
+    /// The labels a worker must have to claim it.
+    pub requires: Labels,
     pub lease_expires_at: Option<Timestamp>,
     pub last_error: Option<LastError>,
     pub items: Vec<Item>,
@@ -432,6 +440,8 @@ pub struct LeaseToken(pub String);
 pub struct ClaimRequest {
     pub worker: WorkerName,
     pub kinds: Vec<JobKind>,
+    /// The worker's labels: it is given only jobs whose every required label is among them.
+    pub labels: Labels,
     pub limit: u32,
     /// `None`: the lease length of each claimed job's kind.
     pub lease_seconds: Option<u32>,

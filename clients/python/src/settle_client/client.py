@@ -142,6 +142,8 @@ class _ops:
         max_attempts: int | None,
         refund_on: str | None,
         not_before: str | None,
+        priority: int | None = None,
+        requires: Sequence[str] | None = None,
     ) -> _Req:
         if sum(x is not None for x in (cost, hold, items)) != 1:
             raise ValueError("a job has exactly one of cost, hold and items")
@@ -153,7 +155,14 @@ class _ops:
         else:
             # (id, cost) for a fixed price, or {"id": …, "hold": …} for a held item.
             body["items"] = [dict(i) if isinstance(i, dict) else {"id": i[0], "cost": i[1]} for i in items or ()]
-        body |= _drop_none(payload=payload, max_attempts=max_attempts, refund_on=refund_on, not_before=not_before)
+        body |= _drop_none(
+            payload=payload,
+            max_attempts=max_attempts,
+            refund_on=refund_on,
+            not_before=not_before,
+            priority=priority,
+            requires=None if requires is None else list(requires),
+        )
         return _Req("POST", "/v1/jobs", body)
 
     @staticmethod
@@ -197,9 +206,20 @@ class _ops:
         return _Req("GET", "/v1/events", params=_drop_none(after=after, limit=limit, wait_seconds=wait_seconds))
 
     @staticmethod
-    def claim(worker: str, kinds: Sequence[str] | None, limit: int, lease_seconds: int | None, wait_seconds: int) -> _Req:
+    def claim(
+        worker: str,
+        kinds: Sequence[str] | None,
+        limit: int,
+        lease_seconds: int | None,
+        wait_seconds: int,
+        labels: Sequence[str] | None = None,
+    ) -> _Req:
         body = {"worker": worker, "limit": limit, "wait_seconds": wait_seconds}
-        body |= _drop_none(kinds=None if kinds is None else list(kinds), lease_seconds=lease_seconds)
+        body |= _drop_none(
+            kinds=None if kinds is None else list(kinds),
+            lease_seconds=lease_seconds,
+            labels=None if labels is None else list(labels),
+        )
         return _Req("POST", "/v1/claims", body, then=lambda body: body["jobs"])
 
     @staticmethod
@@ -314,8 +334,13 @@ class Client:
         max_attempts: int | None = None,
         refund_on: str | None = None,
         not_before: str | None = None,
+        priority: int | None = None,
+        requires: Sequence[str] | None = None,
     ) -> Job:
-        return self._send(_ops.create_job(id, account_id, kind, cost, hold, items, payload, max_attempts, refund_on, not_before))
+        """`priority`: 0 to 100 (default 50), lower claimed first; `requires`: labels a worker must have."""
+        return self._send(
+            _ops.create_job(id, account_id, kind, cost, hold, items, payload, max_attempts, refund_on, not_before, priority, requires)
+        )
 
     def job(self, id: str) -> Job:
         return self._send(_ops.job(id))
@@ -377,9 +402,10 @@ class Client:
 
     # ----- the worker protocol -----
     def claim(
-        self, worker: str, kinds: Sequence[str] | None = None, limit: int = 1, lease_seconds: int | None = None, wait_seconds: int = 0
+        self, worker: str, kinds: Sequence[str] | None = None, limit: int = 1, lease_seconds: int | None = None, wait_seconds: int = 0,
+        labels: Sequence[str] | None = None,
     ) -> list[ClaimedJob]:
-        return self._send(_ops.claim(worker, kinds, limit, lease_seconds, wait_seconds))
+        return self._send(_ops.claim(worker, kinds, limit, lease_seconds, wait_seconds, labels))
 
     def heartbeat(self, id: str, lease_token: str) -> Heartbeat:
         return self._send(_ops.heartbeat(id, lease_token))
@@ -481,8 +507,13 @@ class AsyncClient:
         max_attempts: int | None = None,
         refund_on: str | None = None,
         not_before: str | None = None,
+        priority: int | None = None,
+        requires: Sequence[str] | None = None,
     ) -> Job:
-        return await self._send(_ops.create_job(id, account_id, kind, cost, hold, items, payload, max_attempts, refund_on, not_before))
+        """`priority`: 0 to 100 (default 50), lower claimed first; `requires`: labels a worker must have."""
+        return await self._send(
+            _ops.create_job(id, account_id, kind, cost, hold, items, payload, max_attempts, refund_on, not_before, priority, requires)
+        )
 
     async def job(self, id: str) -> Job:
         return await self._send(_ops.job(id))
@@ -545,9 +576,10 @@ class AsyncClient:
 
     # ----- the worker protocol -----
     async def claim(
-        self, worker: str, kinds: Sequence[str] | None = None, limit: int = 1, lease_seconds: int | None = None, wait_seconds: int = 0
+        self, worker: str, kinds: Sequence[str] | None = None, limit: int = 1, lease_seconds: int | None = None, wait_seconds: int = 0,
+        labels: Sequence[str] | None = None,
     ) -> list[ClaimedJob]:
-        return await self._send(_ops.claim(worker, kinds, limit, lease_seconds, wait_seconds))
+        return await self._send(_ops.claim(worker, kinds, limit, lease_seconds, wait_seconds, labels))
 
     async def heartbeat(self, id: str, lease_token: str) -> Heartbeat:
         return await self._send(_ops.heartbeat(id, lease_token))

@@ -109,6 +109,8 @@ class Job(_Replayable):
     refund_on: str
     cancel_requested: bool
     not_before: str
+    priority: int  # 0 to 100: a lower number is claimed first
+    requires: list[str]  # the labels a worker must have to claim it
     lease_expires_at: str | None
     last_error: LastError | None
     items: list[Item]

@@ -42,11 +42,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import random
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +98,13 @@ class _Outage:
             if self._since is not None:
                 log.warning("Settle answers again after %.1f s", time.monotonic() - self._since)
                 self._since = None
+
+
+def _labels(given: Sequence[str] | None) -> list[str]:
+    """A worker's labels: as given, else from `SETTLE_WORKER_LABELS` (comma-separated)."""
+    if given is not None:
+        return list(given)
+    return [label.strip() for label in os.environ.get("SETTLE_WORKER_LABELS", "").split(",") if label.strip()]
 
 
 def _retrying(call: Callable[[], Any], what: str, outage: _Outage, patience: float = REPORT_PATIENCE_SECONDS) -> Any:
@@ -392,9 +400,14 @@ class Worker:
         name: str = "python-worker",
         lease_seconds: int | None = None,
         wait_seconds: int = 5,
+        labels: Sequence[str] | None = None,
     ):
+        """`labels`: what this worker has (`gpu:a100`, `region:eu`); it is given only jobs whose
+        every required label is among them. None: the `SETTLE_WORKER_LABELS` environment variable
+        (comma-separated), else no labels."""
         self.client, self.kind, self.handler, self.name = client, kind, handler, name
         self.lease_seconds, self.wait_seconds = lease_seconds, wait_seconds
+        self.labels = _labels(labels)
         self._stop = threading.Event()
         self._outage = _Outage()
 
@@ -415,7 +428,7 @@ class Worker:
         ran, failures = 0, 0
         while not self._stop.is_set() and (max_jobs is None or ran < max_jobs):
             try:
-                jobs = self.client.claim(self.name, [self.kind], 1, self.lease_seconds, self.wait_seconds)
+                jobs = self.client.claim(self.name, [self.kind], 1, self.lease_seconds, self.wait_seconds, self.labels)
             except Exception as e:
                 failures += 1
                 self._stop.wait(_claim_failed(self._outage, failures, e))
@@ -574,8 +587,10 @@ class AsyncWorker:
         name: str = "python-worker",
         wait_seconds: int = 5,
         lease_seconds: int | None = None,
+        labels: Sequence[str] | None = None,
     ):
         self.client, self.kind, self.handler, self.name, self.wait_seconds = client, kind, handler, name, wait_seconds
+        self.labels = _labels(labels)
         self.lease_seconds = lease_seconds
         self._stop = asyncio.Event()
         self._outage = _Outage()
@@ -591,7 +606,7 @@ class AsyncWorker:
         ran, failures = 0, 0
         while not self._stop.is_set() and (max_jobs is None or ran < max_jobs):
             try:
-                jobs = await self.client.claim(self.name, [self.kind], 1, self.lease_seconds, self.wait_seconds)
+                jobs = await self.client.claim(self.name, [self.kind], 1, self.lease_seconds, self.wait_seconds, self.labels)
             except Exception as e:
                 failures += 1
                 await asyncio.sleep(_claim_failed(self._outage, failures, e))

@@ -26,6 +26,8 @@ fn job(id: &str, not_before: Option<settle_core::Timestamp>) -> NewJob {
         max_attempts: None,
         refund_on: None,
         not_before,
+        priority: None,
+        requires: Default::default(),
     }
 }
 

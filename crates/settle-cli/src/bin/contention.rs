@@ -148,6 +148,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 kinds: vec![],
                 limit: 4,
                 lease_seconds: Some(LEASE_SECONDS),
+                labels: Default::default(),
             })
             .await?;
         for c in &claimed {

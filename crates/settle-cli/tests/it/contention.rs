@@ -106,6 +106,8 @@ async fn four_processes_share_one_postgres_ledger() {
             max_attempts: None,
             refund_on: None,
             not_before: None,
+            priority: None,
+            requires: Default::default(),
         }
     };
     for n in 0..JOBS {

@@ -176,6 +176,7 @@ pub(crate) struct Env {
     /// `StoreOptions::token_seed`'s stream, when set.
     pub tokens: Option<Arc<Mutex<SplitMix64>>>,
     pub broken: Option<crate::broken::Guard>,
+    pub lines: Arc<Mutex<crate::ops::lines::Lines>>,
 }
 
 impl Env {
@@ -192,6 +193,7 @@ impl Env {
             pending,
             counters: None,
             ahead: Mutex::new(None),
+            lines: self.lines.clone(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Claims: due jobs leased to workers, each with a new attempt row, in one guarded UPDATE per job.
 
-use super::{Caller, Cx, JobCol, attach, emit, guard_hit, job_row};
+use super::{Caller, Cx, JobCol, attach, emit, guard_hit, job_row, lines};
+use crate::db::Row;
 use crate::db::{Db, Engine, args};
 use crate::error::StoreError;
 use crate::model::*;
@@ -8,6 +9,7 @@ use settle_core::crash::CrashPoint;
 use settle_core::history::EventKind;
 use settle_core::job::{self};
 use settle_core::limits;
+use std::sync::LazyLock;
 
 /// The job claim; `$lock` as for webhooks: nothing on SQLite, `FOR UPDATE SKIP LOCKED` on PostgreSQL,
 /// and the guard again in the outer WHERE. `{KINDS}` is replaced by the kind filter's placeholders,
@@ -43,10 +45,38 @@ macro_rules! claim_pg {
         )
     };
 }
-const CLAIM_SQLITE: &str = claim_sql!("", "AND cancel_requested = 0");
-const CLAIM_PG: &str = claim_pg!("AND cancel_requested = 0");
 const CLAIM_PAYOUTS_SQLITE: &str = claim_sql!("", "");
 const CLAIM_PAYOUTS_PG: &str = claim_pg!("");
+
+/// A worker's claim from one line (docs/design/fair-claims.md §4): the line's lowest lined job by
+/// `(turn, job_seq)` — due, no cancel requested — and its turn cleared, so a job that comes back to
+/// `queued` waits to be lined again. `$6`–`$8` the line's priority, kind and requires; `$lock` as
+/// for `claim_sql!`, and the guard again in the outer WHERE.
+macro_rules! claim_line_sql {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_token = $2, \
+             lease_expires_at = $3, lease_worker = $4, lease_seconds = $5, updated_at = $1, turn = NULL \
+             WHERE id = (SELECT id FROM jobs WHERE priority = $6 AND kind = $7 AND requires = $8 \
+             AND state = 'queued' AND turn IS NOT NULL AND cancel_requested = 0 AND not_before <= $1 \
+             ORDER BY turn, job_seq LIMIT 1 ",
+            $lock,
+            ") AND state = 'queued' AND turn IS NOT NULL AND cancel_requested = 0 AND not_before <= $1 \
+             RETURNING {COLUMNS}"
+        )
+    };
+}
+const CLAIM_LINE_SQLITE: &str = claim_line_sql!("");
+const CLAIM_LINE_PG: &str = concat!(
+    "WITH c AS (",
+    claim_line_sql!("FOR UPDATE SKIP LOCKED"),
+    "), a AS (INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) \
+     SELECT id, attempt, $4, $2, $1 FROM c RETURNING 1) \
+     SELECT {COLUMNS}, (SELECT count(*) FROM a) AS attempts FROM c"
+);
+
+/// Most lines a claim tries for one job before it answers with what it has.
+const LINES_TRIED_MAX: usize = 8;
 
 /// The count of attempt rows PostgreSQL's claim opened, after the job's columns.
 #[allow(non_camel_case_types)]
@@ -62,49 +92,41 @@ impl crate::db::Col for AttemptsCol {
 }
 
 /// Claims up to `limit` due jobs, one guarded UPDATE each; every claim opens an attempt row.
-/// Workers never get a withdrawal (a claim naming no kinds leaves them out); the payout processor
-/// gets only withdrawals.
+/// Workers take jobs from lines, by priority and turn (docs/design/fair-claims.md §4), and never a
+/// withdrawal (a claim naming no kinds leaves them out); the payout processor takes only
+/// withdrawals, first due first.
 pub(crate) async fn claim(
     db: &mut Db<'_>,
     cx: &Cx,
     req: &ClaimRequest,
     caller: Caller,
 ) -> Result<Vec<ClaimedJob>, StoreError> {
-    let template = match (db.engine(), caller) {
-        (Engine::Sqlite, Caller::Worker) => CLAIM_SQLITE,
-        (Engine::Postgres, Caller::Worker) => CLAIM_PG,
-        (Engine::Sqlite, Caller::PayoutProcessor) => CLAIM_PAYOUTS_SQLITE,
-        (Engine::Postgres, Caller::PayoutProcessor) => CLAIM_PAYOUTS_PG,
-    };
-    let names_withdrawal = req.kinds.iter().any(|k| k.as_str() == job::WITHDRAWAL_KIND);
-    let kinds_sql = match caller {
-        Caller::PayoutProcessor => format!("AND kind = '{}'", job::WITHDRAWAL_KIND),
-        Caller::Worker if names_withdrawal => {
-            return Err(StoreError::invalid("withdrawals are claimed only by the built-in payout processor"));
-        }
-        Caller::Worker if req.kinds.is_empty() => format!("AND kind <> '{}'", job::WITHDRAWAL_KIND),
-        Caller::Worker => {
-            let params: Vec<String> = (0..req.kinds.len()).map(|i| format!("${}", 6 + i)).collect();
-            format!("AND kind IN ({})", params.join(", "))
-        }
-    };
-    let sql = template.replace("{KINDS}", &kinds_sql).replace("{COLUMNS}", JobCol::LIST);
+    if caller == Caller::Worker && req.kinds.iter().any(|k| k.as_str() == job::WITHDRAWAL_KIND) {
+        return Err(StoreError::invalid("withdrawals are claimed only by the built-in payout processor"));
+    }
+    let payouts_sql = match db.engine() {
+        Engine::Sqlite => CLAIM_PAYOUTS_SQLITE,
+        Engine::Postgres => CLAIM_PAYOUTS_PG,
+    }
+    .replace("{KINDS}", &format!("AND kind = '{}'", job::WITHDRAWAL_KIND))
+    .replace("{COLUMNS}", JobCol::LIST);
     let lease_seconds = req.lease_seconds.unwrap_or(cx.policy.default.lease_seconds);
     let lease_expires_at = cx.now.plus_seconds(u64::from(lease_seconds));
     let mut claimed = Vec::new();
     for _ in 0..req.limit.min(limits::CLAIM_LIMIT_MAX) {
         let token = cx.token().to_string();
-        let mut a = vec![
+        let a = vec![
             crate::db::Value::from(cx.now.micros()),
             token.clone().into(),
             lease_expires_at.micros().into(),
             req.worker.as_str().into(),
             i64::from(lease_seconds).into(),
         ];
-        if caller == Caller::Worker {
-            a.extend(req.kinds.iter().map(|k| crate::db::Value::from(k.as_str())));
-        }
-        let Some(claimed_row) = db.opt_built(sql.clone(), &a).await? else { break };
+        let found = match caller {
+            Caller::PayoutProcessor => db.opt_built(payouts_sql.clone(), &a).await?,
+            Caller::Worker => take_from_lines(db, cx, req, &a).await?,
+        };
+        let Some(claimed_row) = found else { break };
         let mut row = job_row(&claimed_row)?;
         if db.engine() == Engine::Postgres {
             guard_hit(u64::try_from(claimed_row.i64(AttemptsCol::attempts)?).unwrap_or(0), "claim's attempt")?;
@@ -150,4 +172,63 @@ pub(crate) async fn claim(
     }
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(claimed)
+}
+
+static CLAIM_LINE: LazyLock<[String; 2]> = LazyLock::new(|| {
+    [CLAIM_LINE_SQLITE.replace("{COLUMNS}", JobCol::LIST), CLAIM_LINE_PG.replace("{COLUMNS}", JobCol::LIST)]
+});
+
+/// A worker's next job: from the lines its kinds and labels allow, best priority first, lines of
+/// one priority in turn; `None` when none has a job to give. The process's list of lines is read
+/// again when stale, and once more — after lining up what became due — before answering `None`.
+async fn take_from_lines(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    req: &ClaimRequest,
+    base: &[crate::db::Value],
+) -> Result<Option<Row>, StoreError> {
+    let sql = match db.engine() {
+        Engine::Sqlite => &CLAIM_LINE[0],
+        Engine::Postgres => &CLAIM_LINE[1],
+    };
+    if lock_lines(cx).line_up_due(cx.now) {
+        line_up_now(db, cx).await?;
+    }
+    for pass in 0..2 {
+        if pass == 1 {
+            line_up_now(db, cx).await?;
+        }
+        if pass == 1 || !lock_lines(cx).is_fresh(cx.now) {
+            let after = lock_lines(cx).page_after().cloned();
+            let read = lines::active_lines(db, after.as_ref()).await?;
+            lock_lines(cx).replace(cx.now, read);
+        }
+        let candidates = lock_lines(cx).for_claim(&req.kinds, &req.labels);
+        for line in candidates.iter().take(LINES_TRIED_MAX) {
+            // Served when chosen: this process's next claim, concurrent or not, tries another
+            // line of the same priority first.
+            lock_lines(cx).served(line);
+            let mut a = base.to_vec();
+            a.extend([line.priority.into(), line.kind.as_str().into(), line.requires.as_str().into()]);
+            if let Some(row) = db.opt(sql, &a).await? {
+                return Ok(Some(row));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Lines up due waiting jobs, and notes the lines they joined.
+async fn line_up_now(db: &mut Db<'_>, cx: &Cx) -> Result<(), StoreError> {
+    let lined = lines::line_up(db, cx.now).await?;
+    let mut known = lock_lines(cx);
+    known.lined_up(cx.now);
+    for line in lined {
+        known.add(line);
+    }
+    Ok(())
+}
+
+pub(super) fn lock_lines(cx: &Cx) -> std::sync::MutexGuard<'_, lines::Lines> {
+    cx.lines.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -39,6 +39,14 @@ pub(crate) fn job_fingerprint(job: &ValidJob) -> [u8; 32] {
             Price::Hold(n) => f.i64("hold", n.get()),
         };
     }
+    // Priority and labels join only when they say something, so creates made before them, and an
+    // explicit default, still replay.
+    if let Some(p) = req.priority.filter(|p| *p != limits::JOB_PRIORITY_DEFAULT) {
+        f = f.i64("priority", i64::from(p));
+    }
+    if !req.requires.is_empty() {
+        f = f.str("requires", &req.requires.text());
+    }
     f.finish()
 }
 
@@ -77,6 +85,14 @@ pub(crate) fn validate_job(req: NewJob) -> Result<ValidJob, StoreError> {
     {
         return Err(StoreError::invalid(format!("max_attempts must be between 1 and {}", limits::ATTEMPTS_MAX_LIMIT)));
     }
+    if let Some(p) = req.priority
+        && p > limits::JOB_PRIORITY_MAX
+    {
+        return Err(StoreError::invalid(format!("priority must be between 0 and {}", limits::JOB_PRIORITY_MAX)));
+    }
+    if req.requires.len() > limits::JOB_REQUIRES_MAX {
+        return Err(StoreError::invalid(format!("a job requires at most {} labels", limits::JOB_REQUIRES_MAX)));
+    }
     let payload = canonical_json(&req.payload);
     if payload.len() > limits::PAYLOAD_BYTES_MAX {
         return Err(StoreError::invalid(format!("payload is larger than {} bytes", limits::PAYLOAD_BYTES_MAX)));
@@ -114,6 +130,15 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
         },
         Engine::Sqlite => insert_job(db, cx, job, &fp, BalanceCheck::Overdraft).await?,
     };
+    if job.not_before <= cx.now {
+        // Lined at once: this process's claims know the line without reading the list again.
+        let line = super::lines::LineKey {
+            priority: i64::from(job.priority),
+            kind: job.kind.to_string(),
+            requires: job.requires.text(),
+        };
+        super::claim::lock_lines(cx).add(line);
+    }
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: job, replayed: false })
 }
@@ -219,11 +244,37 @@ pub(super) async fn queued(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Result<(
 /// The job row's INSERT; its number `{SEQ}`: SQLite's from the batch's counters (`$2`), PostgreSQL's
 /// from a sequence in the same statement (`$2` is NULL there).
 const INSERT_JOB: &str = "INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, \
-     refund_on, cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at) \
-     VALUES ($1, {SEQ}, $3, $4, 'queued', $5, 0, 0, $6, $7, 0, $8, $9, $10, $11, $12, $12)";
-static INSERT_JOB_SQLITE: LazyLock<String> = LazyLock::new(|| INSERT_JOB.replace("{SEQ}", "$2"));
-static INSERT_JOB_PG: LazyLock<String> =
-    LazyLock::new(|| INSERT_JOB.replace("{SEQ}", "COALESCE($2, nextval('job_seq_numbers'))"));
+     refund_on, cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at, priority, \
+     requires, turn) \
+     VALUES ($1, {SEQ}, $3, $4, 'queued', $5, 0, 0, $6, $7, 0, $8, $9, $10, $11, $12, $12, $13, $14, {TURN})";
+static INSERT_JOB_SQLITE: LazyLock<String> = LazyLock::new(|| {
+    INSERT_JOB
+        .replace("{SEQ}", "$2")
+        .replace("{TURN}", &turn_of_new(Engine::Sqlite, "$13", "$4", "$14", "$3", "$8", "$12"))
+});
+static INSERT_JOB_PG: LazyLock<String> = LazyLock::new(|| {
+    INSERT_JOB
+        .replace("{SEQ}", "COALESCE($2, nextval('job_seq_numbers'))")
+        .replace("{TURN}", &turn_of_new(Engine::Postgres, "$13", "$4", "$14", "$3", "$8", "$12"))
+});
+
+/// A new job's turn in its line (docs/design/fair-claims.md §4), from the jobs lined now: the line's
+/// front, or one after its account's last turn there, whichever is later; NULL (waiting, lined when
+/// due) for a job not due yet and for a withdrawal (never lined). Each argument is the placeholder
+/// of: the priority, kind, requires, account, `not_before`, now.
+pub(super) fn turn_of_new(engine: Engine, p: &str, k: &str, r: &str, a: &str, not_before: &str, now: &str) -> String {
+    let greatest = match engine {
+        Engine::Sqlite => "MAX",
+        Engine::Postgres => "GREATEST",
+    };
+    let line = format!("priority = {p} AND kind = {k} AND requires = {r} AND state = 'queued' AND turn IS NOT NULL");
+    format!(
+        "CASE WHEN {not_before} <= {now} AND {k} <> '{withdrawal}' THEN {greatest}(\
+         COALESCE((SELECT turn FROM jobs WHERE {line} ORDER BY turn LIMIT 1), 0), \
+         COALESCE((SELECT MAX(turn) + 1 FROM jobs WHERE {line} AND account_id = {a}), 0)) END",
+        withdrawal = job::WITHDRAWAL_KIND
+    )
+}
 
 /// The job row, numbered (the `AfterGuard` crash point right after it), and its items `charged`.
 async fn insert_rows(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 32], terms: &Terms) -> Result<(), StoreError> {
@@ -247,7 +298,9 @@ async fn insert_rows(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 32], te
                 i64::from(limits::LEASE_SECONDS_DEFAULT),
                 &job.payload,
                 fp,
-                cx.now.micros()
+                cx.now.micros(),
+                i64::from(req.priority.unwrap_or(limits::JOB_PRIORITY_DEFAULT)),
+                req.requires.text()
             ],
         )
         .await?;
@@ -335,6 +388,8 @@ pub(super) fn as_written(cx: &Cx, job: &ValidJob, terms: &Terms) -> Result<Job, 
         refund_on,
         cancel_requested: false,
         not_before,
+        priority: req.priority.unwrap_or(limits::JOB_PRIORITY_DEFAULT),
+        requires: req.requires.clone(),
         lease_expires_at: None,
         last_error: None,
         items: req
@@ -370,11 +425,15 @@ static CREATE_WRITE: LazyLock<String> = LazyLock::new(|| {
         now: "$11",
         lines: "$12::text[], $13::bigint[]",
     });
+    let turn =
+        turn_of_new(Engine::Postgres, "$18::bigint", "$3::text", "$19::text", "$2::text", "$7::bigint", "$11::bigint");
     format!(
         "WITH \
          j AS (INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, \
-               refund_on, cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at) \
-               VALUES ($1, nextval('job_seq_numbers'), $2, $3, 'queued', $4, 0, 0, $5, $6, 0, $7, $8, $9, $10, $11, $11) \
+               refund_on, cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at, \
+               priority, requires, turn) \
+               VALUES ($1, nextval('job_seq_numbers'), $2, $3, 'queued', $4, 0, 0, $5, $6, 0, $7, $8, $9, $10, $11, $11, \
+               $18, $19, {turn}) \
                RETURNING 1), \
          i AS (INSERT INTO items (job_id, item_id, ord, cost, hold, state) \
                SELECT $1, u.item_id, u.ord - 1, u.cost, u.hold, 'charged' \
@@ -420,6 +479,8 @@ pub(crate) async fn creates(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 
                 job.total.get().into(),
                 AllocationKind::of_debit(EntryKind::Charge).as_str().into(),
                 posted.first_account_seq.into(),
+                i64::from(req.priority.unwrap_or(limits::JOB_PRIORITY_DEFAULT)).into(),
+                req.requires.text().into(),
             ],
         )
         .await?;

@@ -105,7 +105,7 @@ pub(crate) async fn apply_failure(
     }
     let rows = db
         .exec(
-            "UPDATE jobs SET state = $3, not_before = $4, lease_token = NULL, lease_expires_at = NULL, lease_worker = NULL, \
+            "UPDATE jobs SET state = $3, turn = NULL, not_before = $4, lease_token = NULL, lease_expires_at = NULL, lease_worker = NULL, \
              last_error_code = $5, last_error_message = $6, unknown_since = NULL, updated_at = $7, \
              budget_base = budget_base + $8 WHERE id = $1 AND state = $2",
             args![&job.id, job.state.as_str(), state.as_str(), not_before, code.as_str(), message, cx.now.micros(), base_step],
@@ -314,7 +314,7 @@ columns! {
 /// Step 3 of a failure: the job, its attempt, its refunded items, the balance, the parts given
 /// back and the grants they return to — each guarded as the existing code guards it.
 const FAIL_WRITE: &str = "WITH \
-     j AS (UPDATE jobs SET state = $3, not_before = $4, lease_token = NULL, lease_expires_at = NULL, \
+     j AS (UPDATE jobs SET state = $3, turn = NULL, not_before = $4, lease_token = NULL, lease_expires_at = NULL, \
            lease_worker = NULL, last_error_code = $5, last_error_message = $6, unknown_since = NULL, updated_at = $7, \
            budget_base = budget_base + $8 WHERE id = $1 AND state = $2 RETURNING 1), \
      t AS (UPDATE attempts SET finished_at = $7, result = $9, fail_code = $5, message = $6, reported = $10, \

@@ -12,7 +12,8 @@
 //!
 //! - [`accounts`]: accounts, grants and adjustments.
 //! - [`create`]: a job and its items, charged.
-//! - [`claim`]: due jobs leased to workers, each with an attempt row.
+//! - [`claim`]: due jobs leased to workers, each with an attempt row; [`lines`]: the lines and turns
+//!   claims take them from.
 //! - [`signals`]: heartbeats, item reports and artifacts from the lease holder.
 //! - [`failure`]: a failure signal or a lapsed lease: refund, then retry or dead.
 //! - [`success`]: success from any attempt, reclaiming what a failure refunded.
@@ -40,6 +41,7 @@ mod failure;
 mod history;
 mod items;
 mod ledger;
+pub(crate) mod lines;
 mod outbox;
 pub(crate) mod payouts;
 pub(crate) mod plan;
@@ -103,6 +105,8 @@ pub(crate) struct Cx {
     /// PostgreSQL: the job this operation's intent names, locked and read by its batch's phase 1
     /// (docs/design/batch-plan.md §12) — for this operation, this run only; taken once.
     pub ahead: Mutex<Option<ReadAhead>>,
+    /// The store's lines as this process last read them (docs/design/fair-claims.md §4).
+    pub lines: Arc<Mutex<lines::Lines>>,
 }
 
 /// The `counters` rows (job, ledger and outbox numbers) as one SQLite writer batch holds them: the

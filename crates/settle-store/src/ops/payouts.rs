@@ -66,6 +66,8 @@ pub(crate) async fn create_withdrawal(
         // Never handed back while it may still leave, whatever the kind's configuration says.
         refund_on: Some(RefundPolicy::FinalFailure),
         not_before: None,
+        priority: None,
+        requires: Default::default(),
     };
     // Cash leaves: drawn on the balance alone, never the overdraft (spec §1).
     super::insert_job(db, cx, &super::validate_job(new_job)?, &fp, super::BalanceCheck::Cash).await?;

@@ -46,7 +46,7 @@ pub(crate) async fn release(
     }
     let rows = db
         .exec(
-            "UPDATE jobs SET state = 'queued', not_before = $3, lease_token = NULL, lease_expires_at = NULL, \
+            "UPDATE jobs SET state = 'queued', turn = NULL, not_before = $3, lease_token = NULL, lease_expires_at = NULL, \
              lease_worker = NULL, updated_at = $3, budget_base = budget_base + 1 \
              WHERE id = $1 AND state = 'running' AND lease_token = $2",
             args![&job.id, &token.0, cx.now.micros()],

@@ -5,7 +5,7 @@ use crate::db::{Db, Engine, Holds, Row, args, columns, holds};
 use crate::error::StoreError;
 use crate::model::*;
 use settle_core::history::EventKind;
-use settle_core::ids::{AccountId, ItemId, JobId, JobKind};
+use settle_core::ids::{AccountId, ItemId, JobId, JobKind, Labels};
 use settle_core::item::{ItemState, RefundReason};
 use settle_core::job::{self, JobState, RefundPolicy};
 use settle_core::ledger::EntryKind;
@@ -17,7 +17,8 @@ columns! {
     pub(crate) JobCol {
         id, account_id, kind, state, cost, attempt, budget_base, max_attempts, refund_on, cancel_requested,
         not_before, lease_token, lease_expires_at, lease_worker, last_error_code, last_error_message,
-        unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq, result,
+        unknown_since, payload, request_hash, created_at, updated_at, lease_seconds, job_seq, result, priority,
+        requires,
     }
 }
 
@@ -95,6 +96,9 @@ pub(crate) struct JobRow {
     pub lease_seconds: i64,
     pub job_seq: i64,
     pub result: Option<String>,
+    pub priority: u8,
+    /// `Labels::text`.
+    pub requires: String,
 }
 
 pub(crate) fn job_row(r: &Row) -> Result<JobRow, StoreError> {
@@ -126,6 +130,8 @@ pub(crate) fn job_row(r: &Row) -> Result<JobRow, StoreError> {
         lease_seconds: r.i64(C::lease_seconds)?,
         job_seq: r.i64(C::job_seq)?,
         result: r.opt_text(C::result)?,
+        priority: u8::try_from(r.i64(C::priority)?).map_err(StoreError::internal)?,
+        requires: r.text(C::requires)?,
     })
 }
 
@@ -288,6 +294,8 @@ pub(super) fn assemble(cx: &Cx, row: JobRow, items: Vec<Item>, mut net: Credits)
         refund_on: row.refund_on,
         cancel_requested: row.cancel_requested,
         not_before: Timestamp::from_micros(row.not_before),
+        priority: row.priority,
+        requires: Labels::stored(&row.requires),
         lease_expires_at: row.lease_expires_at.map(Timestamp::from_micros),
         last_error: row.last_error_code.map(|code| LastError { code, message: row.last_error_message }),
         items,

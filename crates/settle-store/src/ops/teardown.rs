@@ -195,7 +195,7 @@ pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job,
     }
     let rows = db
         .exec(
-            "UPDATE jobs SET state = 'queued', budget_base = attempt, not_before = $2, updated_at = $2 WHERE id = $1 AND state = 'dead'",
+            "UPDATE jobs SET state = 'queued', turn = NULL, budget_base = attempt, not_before = $2, updated_at = $2 WHERE id = $1 AND state = 'dead'",
             args![&job.id, cx.now.micros()],
         )
         .await?;

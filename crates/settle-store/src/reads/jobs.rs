@@ -178,7 +178,7 @@ columns! {
 }
 
 columns! {
-    /// The earliest time a queued job is due.
+    /// The earliest time a waiting job is due.
     DueCol { not_before = "MIN(not_before)" }
 }
 
@@ -248,7 +248,13 @@ pub(crate) async fn next_due_at(
     db: &mut Db<'_>,
     kinds: &[settle_core::ids::JobKind],
 ) -> Result<Option<Timestamp>, StoreError> {
-    let mut sql = format!("SELECT {} FROM jobs WHERE state = 'queued' AND cancel_requested = 0", DueCol::LIST);
+    // Waiting jobs only (docs/design/fair-claims.md §4): a lined job is due now, and one the
+    // worker could take would have been claimed; one it cannot take (its labels) must not wake it.
+    let mut sql = format!(
+        "SELECT {} FROM jobs WHERE state = 'queued' AND turn IS NULL AND kind <> '{}' AND cancel_requested = 0",
+        DueCol::LIST,
+        settle_core::job::WITHDRAWAL_KIND
+    );
     let mut a: Vec<Value> = Vec::new();
     if !kinds.is_empty() {
         let params: Vec<String> = (1..=kinds.len()).map(|i| format!("${i}")).collect();

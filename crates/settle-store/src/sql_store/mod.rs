@@ -188,6 +188,7 @@ impl SqlStore {
             crash: options.crash.clone(),
             tokens: options.token_seed.map(|s| Arc::new(Mutex::new(SplitMix64::new(s)))),
             broken: options.broken,
+            lines: Arc::default(),
         };
         let (tx, rx) = mpsc::channel(limits::WRITE_QUEUE_MAX);
         let conn = crate::engine::sqlite::open_writer(&path, &options)?;
@@ -263,6 +264,7 @@ impl SqlStore {
             crash: options.crash.clone(),
             tokens: options.token_seed.map(|s| Arc::new(Mutex::new(SplitMix64::new(s)))),
             broken: options.broken,
+            lines: Arc::default(),
         };
         let wake = Arc::new(tokio::sync::Notify::new());
         let events_wake = Arc::new(tokio::sync::Notify::new());

@@ -52,7 +52,13 @@ impl Payouts for SqlStore {
         if limit == 0 || limit > limits::CLAIM_LIMIT_MAX {
             return Err(StoreError::invalid(format!("limit must be between 1 and {}", limits::CLAIM_LIMIT_MAX)));
         }
-        let req = ClaimRequest { worker: worker.clone(), kinds: Vec::new(), limit, lease_seconds: None };
+        let req = ClaimRequest {
+            worker: worker.clone(),
+            kinds: Vec::new(),
+            labels: Default::default(),
+            limit,
+            lease_seconds: None,
+        };
         let out =
             self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, Caller::PayoutProcessor).await)).await?;
         if !out.is_empty() {

@@ -321,6 +321,8 @@ pub fn new_job(id: &str, account: &AccountId, cost: i64) -> NewJob {
         max_attempts: None,
         refund_on: None,
         not_before: None,
+        priority: None,
+        requires: Default::default(),
     }
 }
 
@@ -350,7 +352,13 @@ pub fn with_policy(mut j: NewJob, p: RefundPolicy) -> NewJob {
 }
 
 pub fn claim_req(worker: &str, limit: u32) -> ClaimRequest {
-    ClaimRequest { worker: WorkerName::parse(worker).unwrap(), kinds: vec![], limit, lease_seconds: Some(30) }
+    ClaimRequest {
+        worker: WorkerName::parse(worker).unwrap(),
+        kinds: vec![],
+        limit,
+        lease_seconds: Some(30),
+        labels: Default::default(),
+    }
 }
 
 pub fn fail_sig(token: &LeaseToken, c: &str) -> FailSignal {

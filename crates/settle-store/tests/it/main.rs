@@ -7,6 +7,7 @@ mod kit;
 #[macro_use]
 mod conformance;
 mod crash;
+mod fair;
 mod feed;
 mod grants;
 mod held;

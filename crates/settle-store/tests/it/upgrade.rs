@@ -631,8 +631,16 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
 }
 
 /// Takes a database back to before migration 0026.
+/// Back to before migration 0026 — and so first before 0027 (its columns and indexes gone).
 fn undo_26(k: &Kit) -> String {
-    if k.is_sqlite() { undo_26_sqlite() } else { UNDO_26.to_owned() }
+    let undo_27 = "DROP INDEX jobs_line; DROP INDEX jobs_line_account; DROP INDEX jobs_waiting; \
+                   ALTER TABLE jobs DROP COLUMN turn; ALTER TABLE jobs DROP COLUMN requires; \
+                   ALTER TABLE jobs DROP COLUMN priority; DELETE FROM _sqlx_migrations WHERE version = 27;";
+    if k.is_sqlite() {
+        format!("{undo_27} {}", undo_26_sqlite())
+    } else {
+        format!("{undo_27} DROP DOMAIN job_priority; {UNDO_26}")
+    }
 }
 
 /// SQLite's migration 0026 replaces each CHECK's text (a literal `'CHECK (…)'`, the text before)
@@ -728,7 +736,7 @@ async fn postgres_a_database_from_before_migration_26_takes_domains_and_refuses_
     let a = k.account("a", 100).await;
     k.items_job("j", &a, &[10, 20]).await;
     let t = k.claim_one("j").await;
-    k.raw_script(UNDO_26).await.unwrap();
+    k.raw_script(&undo_26(&k)).await.unwrap();
     let before = heap(&k.url).await;
     let Kit { store, clock, url, dir: _dir, .. } = k;
     drop(store);

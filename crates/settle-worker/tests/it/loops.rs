@@ -59,6 +59,8 @@ async fn unknown_job(f: &Fixture, id: &str, kind: &str) {
         max_attempts: None,
         refund_on: None,
         not_before: None,
+        priority: None,
+        requires: Default::default(),
     };
     f.store.create_job(req).await.unwrap();
     let c = f
@@ -68,6 +70,7 @@ async fn unknown_job(f: &Fixture, id: &str, kind: &str) {
             kinds: vec![JobKind::parse(kind).unwrap()],
             limit: 1,
             lease_seconds: None,
+            labels: Default::default(),
         })
         .await
         .unwrap();
@@ -138,10 +141,18 @@ async fn rescue_and_sweep_passes_move_jobs() {
         max_attempts: None,
         refund_on: None,
         not_before: None,
+        priority: None,
+        requires: Default::default(),
     };
     f.store.create_job(req).await.unwrap();
     f.store
-        .claim(ClaimRequest { worker: WorkerName::parse("w").unwrap(), kinds: vec![], limit: 1, lease_seconds: None })
+        .claim(ClaimRequest {
+            worker: WorkerName::parse("w").unwrap(),
+            kinds: vec![],
+            limit: 1,
+            lease_seconds: None,
+            labels: Default::default(),
+        })
         .await
         .unwrap();
     let m = Maintenance::new(f.store.clone(), LoopSettings::default());

@@ -117,6 +117,8 @@ async fn scenario(store: &SqlStore) {
             max_attempts: None,
             refund_on: None,
             not_before: None,
+            priority: None,
+            requires: Default::default(),
         };
         store.create_job(req).await.unwrap();
         let c = store
@@ -125,6 +127,7 @@ async fn scenario(store: &SqlStore) {
                 kinds: vec![],
                 limit: 1,
                 lease_seconds: None,
+                labels: Default::default(),
             })
             .await
             .unwrap();
@@ -315,6 +318,8 @@ async fn a_job_named_like_an_account_does_not_hold_back_its_events() {
         max_attempts: None,
         refund_on: None,
         not_before: None,
+        priority: None,
+        requires: Default::default(),
     };
     store.create_job(job).await.unwrap();
     let later = NewGrant {
@@ -782,6 +787,8 @@ async fn scenario_named(store: &SqlStore, round: u32) {
             max_attempts: None,
             refund_on: None,
             not_before: None,
+            priority: None,
+            requires: Default::default(),
         };
         store.create_job(req).await.unwrap();
         store.cancel(&id, None).await.unwrap();
