@@ -177,6 +177,11 @@ export interface Claim {
    */
   kinds?: Array<string> | null;
   /**
+   * The worker's labels (at most 64): it is given only jobs whose every required label is
+   * among them. None: only jobs that require none.
+   */
+  labels?: Array<string> | null;
+  /**
    * How long the lease lasts without a heartbeat, in seconds: 1 to 3,600 (default per kind, else 30).
    */
   lease_seconds?: number | null;
@@ -309,10 +314,20 @@ export interface CreateJob {
    */
   payload?: unknown;
   /**
+   * 0 to 100, default 50: a lower number is claimed first. Within one priority, accounts take
+   * turns.
+   */
+  priority?: number | null;
+  /**
    * `failure` (default: refund at every failure, reclaim on a late success) or `final_failure` (refund
    * only when the job is dead).
    */
   refund_on?: string | null;
+  /**
+   * Labels a worker must have to claim it (`gpu:a100`, `region:eu`): at most 8, each 1-64
+   * characters of `[A-Za-z0-9_.:/=-]`.
+   */
+  requires?: Array<string> | null;
 }
 
 export interface CreateWithdrawal {
@@ -649,9 +664,17 @@ export interface Job {
    */
   payload: unknown;
   /**
+   * 0 to 100: a lower number is claimed first.
+   */
+  priority: number;
+  /**
    * `failure` or `final_failure`.
    */
   refund_on: string;
+  /**
+   * The labels a worker must have to claim it, sorted.
+   */
+  requires: Array<string>;
   /**
    * What the worker's success carried (any JSON); null before success.
    */
