@@ -6,6 +6,8 @@
 -- with enough credit; BENCH_RUN (an env var) keeps job ids unique across runs on one database.
 -- BENCH_ACCOUNT=bench-1 puts every thread's jobs on that one account (a big customer's batch).
 -- BENCH_STORY=roundtrip plays the queue's round trip instead: create -> claim -> succeed.
+-- BENCH_MIX=1 (with the round trip) spreads the jobs over the 64 accounts and three priorities
+-- (10, 50, 90 in turn): the multi-tenant queue's claim (issue 44) beside the plain one.
 
 local threads = {}
 local counter = 0
@@ -21,6 +23,8 @@ transitions, errors, empty = 0, 0, 0
 local run = os.getenv("BENCH_RUN") or "0"
 local one_account = os.getenv("BENCH_ACCOUNT")
 local roundtrip = os.getenv("BENCH_STORY") == "roundtrip"
+local mix = os.getenv("BENCH_MIX") == "1"
+local priorities = { 10, 50, 90 }
 jobs_done = 0
 local headers = { ["Content-Type"] = "application/json" }
 
@@ -28,8 +32,13 @@ function request()
   if step == 0 then
     n = n + 1
     local account = one_account or string.format("bench-%d", tid)
+    local extra = ""
+    if mix then
+      account = string.format("bench-%d", (tid * 7 + n) % 64 + 1)
+      extra = string.format(',"priority":%d', priorities[n % 3 + 1])
+    end
     local body = string.format(
-      '{"id":"r%s-t%d-%d","account_id":"%s","kind":"render","cost":10,"max_attempts":1}', run, tid, n, account)
+      '{"id":"r%s-t%d-%d","account_id":"%s","kind":"render","cost":10,"max_attempts":1%s}', run, tid, n, account, extra)
     return wrk.format("POST", "/v1/jobs", headers, body)
   elseif step == 1 then
     return wrk.format("POST", "/v1/claims", headers,

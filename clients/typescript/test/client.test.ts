@@ -78,7 +78,7 @@ test("a job carries its priority and the labels a worker needs", async () => {
   assert.equal(job.priority, 7);
   assert.deepEqual(job.requires, ["gpu:a100", "region:eu"]);
   assert.equal((await admin.job("gpu-eu")).priority, 7);
-  await assert.rejects(admin.createJob({ id: "gpu-bad", accountId: "liney", kind: "render", cost: 1, priority: 101 }), /priority/);
+  await assert.rejects(admin.createJob({ id: "gpu-bad", accountId: "liney", kind: "render", cost: 1, priority: 101 }), /priority/i);
 });
 
 test("a held job is charged its hold, and a cancel refunds the hold", async () => {
