@@ -879,6 +879,8 @@ pub struct JobsQuery {
     pub account_id: Option<String>,
     /// Only jobs whose last fail code is this.
     pub fail_code: Option<String>,
+    /// Only jobs of this priority (0 to 100).
+    pub priority: Option<u8>,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

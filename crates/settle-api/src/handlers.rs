@@ -396,7 +396,7 @@ pub async fn get_job(State(s): State<AppState>, auth: Auth<ClientRole>, Path(job
 
 /// List jobs
 ///
-/// Jobs in creation order, filtered by `state`, `kind`, `account_id` and `fail_code`, one page at a
+/// Jobs in creation order, filtered by `state`, `kind`, `account_id`, `fail_code` and `priority`, one page at a
 /// time: pass the answer's `next_after` as `after` for the next page.
 #[utoipa::path(get, path = "/v1/jobs", tag = "jobs", params(dto::JobsQuery),
     responses((status = 200, body = dto::JobPage), (status = 400, body = ErrorBody)))]
@@ -413,6 +413,10 @@ pub async fn list_jobs(
         kind: q.kind.as_deref().map(|k| id(JobKind::parse, k)).transpose()?,
         account_id: q.account_id.as_deref().map(|a| id(AccountId::parse, a)).transpose()?,
         fail_code: q.fail_code.as_deref().map(|c| id(FailCode::parse, c)).transpose()?,
+        priority: match q.priority {
+            Some(p) if p > limits::JOB_PRIORITY_MAX => return Err(ApiError::invalid("priority is 0 to 100.")),
+            p => p,
+        },
         id_prefix: None,
         until_seq: None,
         // A scoped token lists only what its scope names, whatever the filter asks.

@@ -79,6 +79,13 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         Kind::Gauge,
         "How long the longest-waiting due job of a kind has been due (0: none is)",
     ),
+    ("settle_queue_depth_by_priority", Kind::Gauge, "Jobs queued, by priority, due or not"),
+    ("settle_queue_due_by_priority", Kind::Gauge, "Jobs a claim could take now, by priority"),
+    (
+        "settle_queue_oldest_due_seconds_by_priority",
+        Kind::Gauge,
+        "How long the longest-waiting due job of a priority has been due (0: none is)",
+    ),
     ("settle_dead_letters", Kind::Gauge, "Jobs dead, waiting for an operator"),
     ("settle_webhook_breaker_open", Kind::Gauge, "1 while an endpoint's circuit breaker is open or probing"),
     ("settle_webhook_pending", Kind::Gauge, "Deliveries waiting to be sent, by endpoint"),
@@ -133,6 +140,13 @@ pub async fn read_store_gauges(s: &AppState) -> Result<(), ApiError> {
         let waited = q.oldest_due_since.map_or(0.0, |t| seconds_since(now, t));
         metrics::gauge!("settle_queue_oldest_due_seconds", "kind" => kind).set(waited);
     }
+    for q in shown_priorities(stats.priorities) {
+        let priority = q.kind.clone();
+        metrics::gauge!("settle_queue_depth_by_priority", "priority" => priority.clone()).set(q.queued as f64);
+        metrics::gauge!("settle_queue_due_by_priority", "priority" => priority.clone()).set(q.due as f64);
+        let waited = q.oldest_due_since.map_or(0.0, |t| seconds_since(now, t));
+        metrics::gauge!("settle_queue_oldest_due_seconds_by_priority", "priority" => priority).set(waited);
+    }
     let dead = stats.jobs_by_state.iter().find(|(name, _)| name == "dead").map_or(0, |(_, n)| *n);
     metrics::gauge!("settle_dead_letters").set(dead as f64);
     metrics::counter!("settle_store_tx_retries_total", "engine" => s.store.engine_name()).absolute(stats.tx_retries);
@@ -162,6 +176,19 @@ fn labelled_queues(mut queues: Vec<store::KindQueue>) -> Vec<store::KindQueue> {
         }
         queues.push(other);
     }
+    let mut shown = SHOWN.lock().unwrap_or_else(|e| e.into_inner());
+    let now: BTreeSet<String> = queues.iter().map(|q| q.kind.clone()).collect();
+    for gone in shown.difference(&now) {
+        queues.push(store::KindQueue { kind: gone.clone(), queued: 0, due: 0, oldest_due_since: None });
+    }
+    *shown = now;
+    queues
+}
+
+/// The priorities to show: those with queued jobs now, and at zero those shown last time but not
+/// now (a priority is one of 101 values: no series cap is needed).
+fn shown_priorities(mut queues: Vec<store::KindQueue>) -> Vec<store::KindQueue> {
+    static SHOWN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
     let mut shown = SHOWN.lock().unwrap_or_else(|e| e.into_inner());
     let now: BTreeSet<String> = queues.iter().map(|q| q.kind.clone()).collect();
     for gone in shown.difference(&now) {

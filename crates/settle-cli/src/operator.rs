@@ -107,6 +107,7 @@ pub async fn jobs(store: &dyn Store, cmd: Jobs) -> anyhow::Result<()> {
                 kind: kind.as_deref().map(JobKind::parse).transpose()?,
                 account_id: account.as_deref().map(AccountId::parse).transpose()?,
                 fail_code: fail_code.as_deref().map(FailCode::parse).transpose()?,
+                priority: None,
                 id_prefix: None,
                 until_seq: None,
                 scope: settle_core::scope::Scope::ALL,

@@ -30,4 +30,6 @@ pub struct SimJob {
     pub final_failure: bool,
     /// A cancel of it was accepted while it ran (`202`): from then on no success completes it.
     pub cancel_accepted: bool,
+    /// The labels its worker must have.
+    pub requires: Vec<String>,
 }

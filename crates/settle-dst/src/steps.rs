@@ -6,7 +6,7 @@ use crate::world::{GRANT, SimJob, World, code};
 use settle_core::Credits;
 use settle_core::crash::CrashPoint;
 use settle_core::ids::RefId;
-use settle_core::ids::{AccountId, ArtifactKey, Destination, ItemId, JobId, JobKind, WorkerName};
+use settle_core::ids::{AccountId, ArtifactKey, Destination, ItemId, JobId, JobKind, Labels, WorkerName};
 use settle_core::job::RefundPolicy;
 use settle_store::{
     ClaimRequest, Costs, FailSignal, LeaseToken, NewArtifact, NewGrant, NewItem, NewJob, NewWithdrawal, Price,
@@ -14,6 +14,8 @@ use settle_store::{
 };
 
 const KINDS: [&str; 2] = ["render", "batch"];
+/// The labels each simulated worker has (`w0`, `w1`, `w2`), and the drain's: every one.
+const WORKER_LABELS: [&[&str]; 3] = [&[], &["gpu"], &["gpu", "eu"]];
 
 /// Runs one step; returns whether it was a crash (the caller reopens the store).
 pub async fn step(w: &mut World, m: &Machine, rig: &Rig) -> bool {
@@ -91,6 +93,19 @@ async fn create_job(w: &mut World, m: &Machine) {
     }
     let refund_on = if w.chance(20) { Some(RefundPolicy::FinalFailure) } else { None };
     sim.final_failure = refund_on.is_some();
+    // Priorities and labels (issue 44): a claim may only hand a job to a worker with its labels,
+    // and the drain (a worker with every label) must leave none behind.
+    let priority = match w.pick(4) {
+        0 => Some(0),
+        1 => Some(90),
+        _ => None,
+    };
+    let requires: &[&str] = match w.pick(8) {
+        0 | 1 => &["gpu"],
+        2 => &["eu", "gpu"],
+        _ => &[],
+    };
+    sim.requires = requires.iter().map(|l| (*l).to_owned()).collect();
     let req = NewJob {
         id: JobId::parse(&id).expect("a job id"),
         account_id: account,
@@ -100,8 +115,8 @@ async fn create_job(w: &mut World, m: &Machine) {
         max_attempts: Some(1 + w.pick(3) as u32),
         refund_on,
         not_before: None,
-        priority: None,
-        requires: Default::default(),
+        priority,
+        requires: Labels::parse(requires, 8).expect("labels"),
     };
     let made = m.store.create_job(req).await;
     w.answer(&format!("create {id} {kind} x{n}"), made.as_ref().map(|c| c.value.state));
@@ -110,11 +125,13 @@ async fn create_job(w: &mut World, m: &Machine) {
 }
 
 async fn claim(w: &mut World, m: &Machine) {
-    let worker = format!("w{}", w.pick(3));
+    let n = w.pick(3);
+    let worker = format!("w{n}");
+    let labels = WORKER_LABELS[n];
     let req = ClaimRequest {
         worker: WorkerName::parse(&worker).expect("a worker"),
         kinds: KINDS.iter().map(|k| JobKind::parse(k).expect("a kind")).collect(),
-        labels: Default::default(),
+        labels: Labels::parse(labels, 64).expect("labels"),
         limit: 1 + w.pick(2) as u32,
         lease_seconds: None,
     };
@@ -124,6 +141,11 @@ async fn claim(w: &mut World, m: &Machine) {
         let id = c.job.id.as_str().to_owned();
         w.trace(&format!("claimed {id}"));
         if let Some(sim) = w.jobs.get_mut(&id) {
+            if let Some(missing) = sim.requires.iter().find(|l| !labels.contains(&l.as_str())) {
+                let broke = format!("{worker} (labels {labels:?}) was given {id}, which requires {missing}");
+                w.tape.broken.push(broke);
+                return;
+            }
             sim.tokens.push(c.lease_token);
         }
         w.touched.insert(id);
@@ -374,7 +396,7 @@ pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> 
         let req = ClaimRequest {
             worker: WorkerName::parse("drain").expect("a worker"),
             kinds: KINDS.iter().map(|k| JobKind::parse(k).expect("a kind")).collect(),
-            labels: Default::default(),
+            labels: Labels::parse(WORKER_LABELS[2], 64).expect("labels"),
             limit: 50,
             lease_seconds: None,
         };

@@ -318,6 +318,8 @@ pub struct JobFilter {
     pub kind: Option<JobKind>,
     pub account_id: Option<AccountId>,
     pub fail_code: Option<FailCode>,
+    /// Jobs of this priority (0–100).
+    pub priority: Option<u8>,
     /// Jobs whose id starts with this (an id's characters, 1 to 128 of them).
     pub id_prefix: Option<String>,
     /// Jobs created no later than the one numbered this (`JobTotals::last_seq`): what a bulk
@@ -333,6 +335,7 @@ impl JobFilter {
         kind: None,
         account_id: None,
         fail_code: None,
+        priority: None,
         id_prefix: None,
         until_seq: None,
         scope: settle_core::scope::Scope::ALL,
@@ -808,6 +811,8 @@ pub struct Stats {
     pub entries_by_kind: Vec<(String, i64)>,
     /// Every job kind the store has seen, with its queue now.
     pub queues: Vec<KindQueue>,
+    /// The queue by priority: every priority some queued job has (`KindQueue::kind` the priority).
+    pub priorities: Vec<KindQueue>,
     /// PostgreSQL transactions retried after a serialization failure, deadlock or concurrent
     /// create, since this process opened the store.
     pub tx_retries: u64,

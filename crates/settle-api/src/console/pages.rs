@@ -298,6 +298,7 @@ pub fn jobs(
             label { "kind " input name="kind" value=[q.kind.as_deref()] size="12"; }
             label { "account " input name="account" value=[q.account.as_deref()] size="12"; }
             label { "fail code " input name="fail_code" value=[q.fail_code.as_deref()] size="12"; }
+            label { "priority " input name="priority" value=[q.priority.as_deref()] size="3" inputmode="numeric"; }
             label { "id prefix " input name="prefix" value=[q.prefix.as_deref()] size="12"; }
             button type="submit" { "Filter" }
         }
@@ -324,13 +325,14 @@ pub fn jobs(
         }
         div class="scroll" {
             table class="jobs" {
-                thead { tr { th { "job" } th { "state" } th { "kind" } th { "account" } th class="num" { "cost" } th class="num" { "net" } th class="num" { "attempts" } th { "last error" } th { "updated" } } }
+                thead { tr { th { "job" } th { "state" } th { "kind" } th class="num" { "priority" } th { "account" } th class="num" { "cost" } th class="num" { "net" } th class="num" { "attempts" } th { "last error" } th { "updated" } } }
                 tbody {
                     @for j in page {
                         tr {
                             td { a href={ "/console/jobs/" (j.id) } { (j.id) } }
                             td { (state_badge(j.state)) @if j.cancel_requested { " " span class="badge s-cancelling" { "cancel requested" } } }
-                            td { (j.kind) }
+                            td { (j.kind) @for l in j.requires.iter() { " " span class="badge" { (l.as_str()) } } }
+                            td class="num" { (j.priority) }
                             td { a href={ "/console/accounts/" (j.account_id) } { (j.account_id) } }
                             td class="num" { (credits(j.cost.get())) }
                             td class="num" { (signed(j.net.get())) }
@@ -339,7 +341,7 @@ pub fn jobs(
                             td class="nowrap" { (time(j.updated_at)) }
                         }
                     }
-                    @if page.is_empty() { tr { td colspan="9" class="muted" { "No jobs match." } } }
+                    @if page.is_empty() { tr { td colspan="10" class="muted" { "No jobs match." } } }
                 }
             }
         }
@@ -372,6 +374,13 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
             dl {
                 dt { "account" } dd { a href={ "/console/accounts/" (j.account_id) } { (j.account_id) } }
                 dt { "kind" } dd { (j.kind) }
+                @if j.kind != settle_core::job::WITHDRAWAL_KIND {
+                    dt { "priority" } dd { (j.priority) span class="muted" { " (0 is claimed first)" } }
+                    dt { "requires" } dd {
+                        @if j.requires.is_empty() { span class="muted" { "no labels: any worker of its kind" } }
+                        @for l in j.requires.iter() { code { (l.as_str()) } " " }
+                    }
+                }
                 @if let Some(w) = p.withdrawal {
                     dt { "destination" } dd { code { (w.destination) } }
                     dt { "provider txid" } dd { @if let Some(t) = &w.provider_txid { code { (t) } } @else { span class="muted" { "not known yet" } } }

@@ -5,6 +5,7 @@ use crate::error::ApiError;
 use serde::Deserialize;
 use settle_core::ids::{AccountId, FailCode, JobKind};
 use settle_core::job::JobState;
+use settle_core::limits;
 use settle_store::JobFilter;
 
 settle_core::names! {
@@ -25,6 +26,7 @@ pub struct JobsQuery {
     pub kind: Option<String>,
     pub account: Option<String>,
     pub fail_code: Option<String>,
+    pub priority: Option<String>,
     pub prefix: Option<String>,
     pub after: Option<i64>,
 }
@@ -53,6 +55,7 @@ impl JobsQuery {
             ("kind", &self.kind),
             ("account", &self.account),
             ("fail_code", &self.fail_code),
+            ("priority", &self.priority),
             ("prefix", &self.prefix),
         ];
         pairs
@@ -71,6 +74,9 @@ impl JobsQuery {
             account_id: nonempty(&self.account).map(|a| AccountId::parse(a).map_err(|_| bad("account"))).transpose()?,
             fail_code: nonempty(&self.fail_code)
                 .map(|c| FailCode::parse(c).map_err(|_| bad("fail code")))
+                .transpose()?,
+            priority: nonempty(&self.priority)
+                .map(|p| p.parse::<u8>().ok().filter(|p| *p <= limits::JOB_PRIORITY_MAX).ok_or_else(|| bad("priority")))
                 .transpose()?,
             id_prefix: nonempty(&self.prefix).map(str::to_owned),
             until_seq: None,

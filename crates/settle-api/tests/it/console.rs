@@ -15,6 +15,7 @@ on_both_engines!(
     bulk_requeue_acts_on_every_job_the_filter_matches,
     the_pages_show_where_the_credits_went,
     a_held_item_shows_its_hold_price_and_release,
+    a_job_shows_its_priority_and_labels_and_the_list_filters_by_priority,
     a_signed_out_or_rotated_session_is_no_session,
     cross_site_posts_and_foreign_hosts_are_refused,
     a_sign_out_holds_in_every_process_and_after_a_restart,
@@ -392,6 +393,29 @@ async fn a_held_item_shows_its_hold_price_and_release(e: Engine) {
     let (_, html) = page(&b, &s, "/console/accounts/gpu").await;
     assert!(html.contains("the unused rest of a hold") && html.contains(", priced at 37"), "the release explained");
     assert!(html.contains("a hold: 63 released at"), "the charge paired with its release");
+}
+
+async fn a_job_shows_its_priority_and_labels_and_the_list_filters_by_priority(e: Engine) {
+    let s = server(e).await;
+    s.account("gpu", 500).await;
+    let urgent = serde_json::json!({"id": "urgent", "account_id": "gpu", "kind": "render", "cost": 1,
+        "priority": 5, "requires": ["region:eu", "gpu:a100"]});
+    assert_eq!(s.post("/v1/jobs", urgent).await.status, 201);
+    let plain = serde_json::json!({"id": "plain", "account_id": "gpu", "kind": "render", "cost": 1});
+    assert_eq!(s.post("/v1/jobs", plain).await.status, 201);
+    let (b, _) = sign_in(&s, CLIENT).await;
+    let (_, html) = page(&b, &s, "/console/jobs/urgent").await;
+    assert!(html.contains("<dt>priority</dt><dd>5"), "{html}");
+    assert!(html.contains("<code>gpu:a100</code> <code>region:eu</code>"), "{html}");
+    let (_, html) = page(&b, &s, "/console/jobs/plain").await;
+    assert!(html.contains("<dt>priority</dt><dd>50") && html.contains("no labels"), "{html}");
+    let (_, html) = page(&b, &s, "/console/jobs?priority=5").await;
+    assert!(html.contains("1 jobs match") && html.contains("urgent") && !html.contains(">plain<"), "{html}");
+    let (status, _) = page(&b, &s, "/console/jobs?priority=101").await;
+    assert_eq!(status, 400);
+    let listed = s.send("GET", "/v1/jobs?priority=50", None, Some(CLIENT)).await;
+    let ids: Vec<&str> = listed.body["jobs"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["plain"]);
 }
 
 async fn a_signed_out_or_rotated_session_is_no_session(e: Engine) {

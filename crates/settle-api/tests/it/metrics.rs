@@ -32,6 +32,9 @@ async fn each_kind_has_its_queue_and_every_family_explains_itself(e: Engine) {
         ("t1", "transcribe", None),
     ] {
         let mut job = json!({"id": id, "account_id": "a", "kind": kind, "cost": 1});
+        if id == "r2" {
+            job["priority"] = json!(7);
+        }
         if let Some(at) = not_before {
             job["not_before"] = json!(at);
         }
@@ -52,6 +55,11 @@ async fn each_kind_has_its_queue_and_every_family_explains_itself(e: Engine) {
     // transcribe's only job is running: its queue reads 0, not absent.
     assert_eq!(m[r#"settle_queue_depth{kind="transcribe"}"#], 0.0, "{text}");
     assert_eq!(m[r#"settle_queue_oldest_due_seconds{kind="transcribe"}"#], 0.0);
+    // By priority (issue 44): r2 alone at 7, r1 and r3 (not due) at 50; t1 runs.
+    assert_eq!(m[r#"settle_queue_depth_by_priority{priority="7"}"#], 1.0, "{text}");
+    assert_eq!(m[r#"settle_queue_depth_by_priority{priority="50"}"#], 2.0, "{text}");
+    assert_eq!(m[r#"settle_queue_due_by_priority{priority="50"}"#], 1.0, "{text}");
+    assert!(m[r#"settle_queue_oldest_due_seconds_by_priority{priority="7"}"#] >= 1.0, "{text}");
     // Every state has its gauge, 0 when no job is in it.
     assert_eq!(m[r#"settle_jobs{state="running"}"#], 1.0);
     assert_eq!(m[r#"settle_jobs{state="dead"}"#], 0.0);

@@ -24,6 +24,9 @@ pub(crate) fn filter_sql(filter: &JobFilter, a: &mut Vec<Value>) -> String {
     if let Some(code) = &filter.fail_code {
         add(&mut sql, "last_error_code", code.as_str().into());
     }
+    if let Some(p) = filter.priority {
+        add(&mut sql, "priority", i64::from(p).into());
+    }
     if let Some(until) = filter.until_seq {
         a.push(Value::I64(until));
         sql.push_str(&format!(" AND job_seq <= ${}", a.len()));

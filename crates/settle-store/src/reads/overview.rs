@@ -128,7 +128,23 @@ pub(crate) async fn stats(db: &mut Db<'_>, now: Timestamp) -> Result<Stats, Stor
             })
         })
         .collect::<Result<_, StoreError>>()?;
-    Ok(Stats { jobs_by_state, entries_by_kind, queues, tx_retries: 0 })
+    // By priority, the queued jobs only (the partial indexes hold them; a priority with none
+    // queued is not listed).
+    static PRIORITIES: LazyLock<String> = LazyLock::new(|| {
+        let list = QueueCol::list_with(QueueCol::kind, "CAST(CAST(priority AS bigint) AS text)");
+        format!("SELECT {list} FROM jobs WHERE state = 'queued' GROUP BY priority ORDER BY priority")
+    });
+    let priorities = (db.all(&PRIORITIES, args![now.micros()]).await?.iter())
+        .map(|r| {
+            Ok(KindQueue {
+                kind: r.text(QueueCol::kind)?,
+                queued: r.i64(QueueCol::queued)?,
+                due: r.i64(QueueCol::due)?,
+                oldest_due_since: r.opt_i64(QueueCol::oldest_due)?.map(Timestamp::from_micros),
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
+    Ok(Stats { jobs_by_state, entries_by_kind, queues, priorities, tx_retries: 0 })
 }
 
 /// The admin actions on a job (`job`) or an account (`account`), oldest first.
