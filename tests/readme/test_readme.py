@@ -82,6 +82,7 @@ CLAIMS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "webhook_config": ("toml", lambda t: "[[webhooks]]" in t),
     "event_body": ("json", lambda t: '"seq"' in t),
     "refund_on_recipe": ("sh", lambda t: "erin-pack" in t),
+    "lines_session": ("sh", lambda t: "fay-pack" in t),
     "card_recipe": ("python", lambda t: "on_payment_succeeded" in t),
 }
 
@@ -288,6 +289,11 @@ def test_first_session_then_payouts(env: Env) -> None:
         assert shown == [("dave-pack", 200, 200, "active"), ("dave-trial", 70, 100, "active")], out
         assert grants[1]["expires_at"] and grants[1]["priority"] == 10, grants
         assert http("GET", env.s + "/v1/accounts/dave")[1]["balance"] == 270
+        out = run_sh(env, setup + block("lines_session"))
+        assert '"jobs":[]' in out, out
+        for job, worker in [("fay-urgent", "cpu-1"), ("fay-a100", "gpu-eu-1")]:
+            assert http("GET", f"{env.s}/v1/jobs/{job}")[1]["state"] == "succeeded", out
+            assert http("GET", f"{env.s}/v1/jobs/{job}/attempts")[1]["attempts"][0]["worker"] == worker, out
 
     # The payouts step restarts settle serve on the same ./settle.db, pointed at the simulator.
     setup = "".join(line + "\n" for line in block("first_session").splitlines() if re.match(r"^[SJ]=", line))

@@ -36,6 +36,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("teardown_retries", "job_id"),
     ("console_signouts", "nonce"),
     ("store_epochs", "epoch"),
+    ("worker_labels", "labels"),
 ];
 
 /// Tables a new store fills itself (a migration's seed rows): replaced by the source's, not a

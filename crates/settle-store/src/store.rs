@@ -28,6 +28,13 @@ pub trait Store: Send + Sync {
     /// The store's clock (injected; tests use a fake one).
     fn now(&self) -> settle_core::Timestamp;
 
+    /// The label sets workers claimed with since `since` (each written at most once a minute per
+    /// process: a minute's precision).
+    async fn worker_labels_since(
+        &self,
+        since: settle_core::Timestamp,
+    ) -> Result<Vec<settle_core::ids::Labels>, StoreError>;
+
     /// When the next queued job of these kinds (all kinds when empty) becomes due, if any is queued.
     async fn next_due_at(
         &self,

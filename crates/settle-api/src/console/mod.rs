@@ -396,6 +396,14 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
     } else {
         None
     };
+    // A queued job that requires labels: has any worker shown them lately?
+    let unmatched = if job.state == settle_core::job::JobState::Queued && !job.requires.is_empty() {
+        let since = s.store.now().minus_seconds(pages::LABELS_SEEN_WINDOW_SECONDS);
+        let seen = s.store.worker_labels_since(since).await.map_err(err)?;
+        !seen.iter().any(|have| job.requires.covered_by(have))
+    } else {
+        false
+    };
     let p = pages::JobPage {
         job: &job,
         attempts: &attempts,
@@ -404,6 +412,7 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
         actions: &actions,
         withdrawal: withdrawal.as_ref(),
         paid_by: &paid_by,
+        unmatched,
     };
     Ok(page(StatusCode::OK, pages::job(&session, &p)))
 }

@@ -362,7 +362,12 @@ pub struct JobPage<'a> {
     pub withdrawal: Option<&'a settle_store::Withdrawal>,
     /// Which grants paid for its items (docs/decisions/0023).
     pub paid_by: &'a [settle_store::Allocation],
+    /// Queued, requiring labels no worker has claimed with in `LABELS_SEEN_WINDOW_SECONDS`.
+    pub unmatched: bool,
 }
+
+/// How far back the console looks for a worker with a queued job's labels.
+pub const LABELS_SEEN_WINDOW_SECONDS: u64 = 600;
 
 pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
     let j = p.job;
@@ -379,6 +384,9 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
                     dt { "requires" } dd {
                         @if j.requires.is_empty() { span class="muted" { "no labels: any worker of its kind" } }
                         @for l in j.requires.iter() { code { (l.as_str()) } " " }
+                        @if p.unmatched {
+                            br; strong class="error" { "Waiting: no worker with these labels has claimed in the last " (LABELS_SEEN_WINDOW_SECONDS / 60) " minutes." }
+                        }
                     }
                 }
                 @if let Some(w) = p.withdrawal {

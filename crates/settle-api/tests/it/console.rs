@@ -407,8 +407,12 @@ async fn a_job_shows_its_priority_and_labels_and_the_list_filters_by_priority(e:
     let (_, html) = page(&b, &s, "/console/jobs/urgent").await;
     assert!(html.contains("<dt>priority</dt><dd>5"), "{html}");
     assert!(html.contains("<code>gpu:a100</code> <code>region:eu</code>"), "{html}");
+    // No worker has shown those labels: the page says why it waits; once one claims with them
+    // (and finds it), it no longer does.
+    assert!(html.contains("Waiting: no worker with these labels"), "{html}");
     let (_, html) = page(&b, &s, "/console/jobs/plain").await;
     assert!(html.contains("<dt>priority</dt><dd>50") && html.contains("no labels"), "{html}");
+    assert!(!html.contains("Waiting: no worker"), "{html}");
     let (_, html) = page(&b, &s, "/console/jobs?priority=5").await;
     assert!(html.contains("1 jobs match") && html.contains("urgent") && !html.contains(">plain<"), "{html}");
     let (status, _) = page(&b, &s, "/console/jobs?priority=101").await;
@@ -416,6 +420,17 @@ async fn a_job_shows_its_priority_and_labels_and_the_list_filters_by_priority(e:
     let listed = s.send("GET", "/v1/jobs?priority=50", None, Some(CLIENT)).await;
     let ids: Vec<&str> = listed.body["jobs"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["plain"]);
+    // A worker with only one of the two labels: still waiting. One with both takes it.
+    let gpu_only = serde_json::json!({"worker": "w-gpu", "kinds": ["render"], "labels": ["gpu:a100"]});
+    let r = s.send("POST", "/v1/claims", Some(gpu_only), Some(WORKER)).await;
+    assert_eq!(r.body["jobs"][0]["id"], "plain", "{}", r.body);
+    let (_, html) = page(&b, &s, "/console/jobs/urgent").await;
+    assert!(html.contains("Waiting: no worker with these labels"), "{html}");
+    let both = serde_json::json!({"worker": "w-eu", "kinds": ["other"], "labels": ["gpu:a100", "region:eu"]});
+    let r = s.send("POST", "/v1/claims", Some(both), Some(WORKER)).await;
+    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 0, "{}", r.body);
+    let (_, html) = page(&b, &s, "/console/jobs/urgent").await;
+    assert!(!html.contains("Waiting: no worker"), "a worker with both labels has been seen: {html}");
 }
 
 async fn a_signed_out_or_rotated_session_is_no_session(e: Engine) {

@@ -35,3 +35,10 @@ UPDATE jobs SET turn = r.k - 1
 FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY kind, account_id ORDER BY not_before, job_seq) AS k
       FROM jobs WHERE state = 'queued' AND kind <> 'withdrawal' AND not_before <= CAST(extract(epoch FROM clock_timestamp()) * 1000000 AS bigint)) AS r
 WHERE jobs.id = r.id;
+
+-- The label sets workers claimed with lately (one row per set, `last_seen` written at most once a
+-- minute per process): the console says when a job requires labels no worker has shown.
+CREATE TABLE worker_labels (
+    labels    text PRIMARY KEY,
+    last_seen bigint NOT NULL
+);

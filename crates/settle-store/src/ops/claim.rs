@@ -170,6 +170,12 @@ pub(crate) async fn claim(
         cx.point(CrashPoint::AfterOutbox)?;
         claimed.push(ClaimedJob { job, lease_token: LeaseToken(token), lease_expires_at: expires });
     }
+    if caller == Caller::Worker && !req.labels.is_empty() {
+        let labels = req.labels.text();
+        if lock_lines(cx).labels_due(&labels, cx.now) {
+            lines::labels_seen(db, &labels, cx.now).await?;
+        }
+    }
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(claimed)
 }

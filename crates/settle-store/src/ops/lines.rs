@@ -27,6 +27,8 @@ pub(crate) struct LineKey {
 const LINES_FRESH_MICROS: i64 = 25_000;
 /// How often a claiming process lines up due waiting jobs even when its claims find work.
 const LINE_UP_EVERY_MICROS: i64 = 100_000;
+/// How often a process writes that a worker label set claimed.
+const LABELS_SEEN_EVERY_MICROS: i64 = 60_000_000;
 /// Most jobs one line-up statement lines.
 const LINE_UP_MAX: i64 = 256;
 /// Most lines one read takes (a bound on a claim's work, whatever the data): more lines than this
@@ -48,6 +50,8 @@ pub(crate) struct Lines {
     lined_up_at: Option<i64>,
     served: HashMap<LineKey, u64>,
     serves: u64,
+    /// When this process last wrote each worker label set's `last_seen`.
+    labels_seen: HashMap<String, i64>,
 }
 
 impl Lines {
@@ -91,6 +95,18 @@ impl Lines {
 
     pub fn lined_up(&mut self, now: Timestamp) {
         self.lined_up_at = Some(now.micros());
+    }
+
+    /// Whether a claim with these labels should write their `last_seen` (once a minute per set).
+    pub fn labels_due(&mut self, labels: &str, now: Timestamp) -> bool {
+        let due = self
+            .labels_seen
+            .get(labels)
+            .is_none_or(|at| now.micros() - at >= LABELS_SEEN_EVERY_MICROS || now.micros() < *at);
+        if due {
+            self.labels_seen.insert(labels.to_owned(), now.micros());
+        }
+        due
     }
 
     pub fn served(&mut self, line: &LineKey) {
@@ -237,4 +253,34 @@ pub(crate) async fn line_up(db: &mut Db<'_>, now: Timestamp) -> Result<Vec<LineK
     lines.sort();
     lines.dedup();
     Ok(lines)
+}
+
+/// Notes that a worker claimed with `labels` now (`worker_labels`).
+pub(crate) async fn labels_seen(db: &mut Db<'_>, labels: &str, now: Timestamp) -> Result<(), StoreError> {
+    static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
+        let sql = |g: &str| {
+            format!(
+                "INSERT INTO worker_labels (labels, last_seen) VALUES ($1, $2) ON CONFLICT (labels) \
+                 DO UPDATE SET last_seen = {g}(worker_labels.last_seen, excluded.last_seen)"
+            )
+        };
+        [sql("MAX"), sql("GREATEST")]
+    });
+    let sql = match db.engine() {
+        Engine::Sqlite => &SQL[0],
+        Engine::Postgres => &SQL[1],
+    };
+    db.exec(sql, args![labels, now.micros()]).await?;
+    Ok(())
+}
+
+/// The label sets workers claimed with since `since`.
+pub(crate) async fn labels_seen_since(db: &mut Db<'_>, since: Timestamp) -> Result<Vec<Labels>, StoreError> {
+    columns! {
+        /// A worker label set.
+        SeenCol { labels }
+    }
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM worker_labels WHERE last_seen >= $1 ORDER BY labels", SeenCol::LIST));
+    db.all(&SQL, args![since.micros()]).await?.iter().map(|r| Ok(Labels::stored(&r.text(SeenCol::labels)?))).collect()
 }

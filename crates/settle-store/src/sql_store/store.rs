@@ -48,6 +48,13 @@ impl Store for SqlStore {
         self.env.clock.now()
     }
 
+    async fn worker_labels_since(
+        &self,
+        since: settle_core::Timestamp,
+    ) -> Result<Vec<settle_core::ids::Labels>, StoreError> {
+        self.read(op!([] | db, _cx | crate::ops::lines::labels_seen_since(db, since).await)).await
+    }
+
     async fn next_due_at(
         &self,
         kinds: &[settle_core::ids::JobKind],

@@ -633,7 +633,7 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
 /// Takes a database back to before migration 0026.
 /// Back to before migration 0026 — and so first before 0027 (its columns and indexes gone).
 fn undo_26(k: &Kit) -> String {
-    let undo_27 = "DROP INDEX jobs_line; DROP INDEX jobs_line_account; DROP INDEX jobs_waiting; \
+    let undo_27 = "DROP TABLE worker_labels; DROP INDEX jobs_line; DROP INDEX jobs_line_account; DROP INDEX jobs_waiting; \
                    ALTER TABLE jobs DROP COLUMN turn; ALTER TABLE jobs DROP COLUMN requires; \
                    ALTER TABLE jobs DROP COLUMN priority; DELETE FROM _sqlx_migrations WHERE version = 27;";
     if k.is_sqlite() {
