@@ -181,7 +181,9 @@ pub(crate) async fn claim(
 }
 
 static CLAIM_LINE: LazyLock<[String; 2]> = LazyLock::new(|| {
-    [CLAIM_LINE_SQLITE.replace("{COLUMNS}", JobCol::LIST), CLAIM_LINE_PG.replace("{COLUMNS}", JobCol::LIST)]
+    // SQLite, without statistics, would walk `jobs_due` (every queued job) and sort: named.
+    let sqlite = CLAIM_LINE_SQLITE.replace("FROM jobs WHERE priority", "FROM jobs INDEXED BY jobs_line WHERE priority");
+    [sqlite.replace("{COLUMNS}", JobCol::LIST), CLAIM_LINE_PG.replace("{COLUMNS}", JobCol::LIST)]
 });
 
 /// A worker's next job: from the lines its kinds and labels allow, best priority first, lines of

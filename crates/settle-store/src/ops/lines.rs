@@ -164,7 +164,8 @@ static LINES_PG: LazyLock<String> = LazyLock::new(|| {
 /// SQLite: the next line after one, the same skip scan a probe at a time (in process, no round trip).
 static NEXT_LINE_SQLITE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "SELECT priority, kind, requires FROM jobs WHERE {LINED} AND (priority, kind, requires) > ($1, $2, $3) \
+        "SELECT priority, kind, requires FROM jobs INDEXED BY jobs_line WHERE {LINED} \
+         AND (priority, kind, requires) > ($1, $2, $3) \
          ORDER BY priority, kind, requires LIMIT 1"
     )
 });
@@ -197,7 +198,7 @@ pub(crate) async fn active_lines(db: &mut Db<'_>, after: Option<&LineKey>) -> Re
 /// `{LOCK}`: PostgreSQL's `FOR UPDATE SKIP LOCKED` (a job another transaction holds is lined by a
 /// later line-up), nothing on SQLite; `{GREATEST}` the engine's two-argument maximum.
 const LINE_UP: &str = "\
-    WITH {ONE_AT_A_TIME} w AS (SELECT id, priority, kind, requires, account_id, not_before, job_seq FROM jobs \
+    WITH {ONE_AT_A_TIME} w AS (SELECT id, priority, kind, requires, account_id, not_before, job_seq FROM jobs {WAITING} \
                WHERE state = 'queued' AND turn IS NULL AND kind <> '{WITHDRAWAL}' AND not_before <= $1 {ALONE} \
                ORDER BY not_before, job_seq LIMIT $2 {LOCK}), \
     g AS (SELECT priority, kind, requires, account_id, {GREATEST}(\
@@ -223,6 +224,7 @@ static LINE_UP_PG: LazyLock<String> = LazyLock::new(|| {
             &format!("alone AS MATERIALIZED (SELECT pg_try_advisory_xact_lock({class}, {key}) AS ok),"),
         )
         .replace("{ALONE}", "AND (SELECT ok FROM alone)")
+        .replace("{WAITING}", "")
         .replace("{WITHDRAWAL}", job::WITHDRAWAL_KIND)
         .replace("{LOCK}", "FOR UPDATE SKIP LOCKED")
         .replace("{GREATEST}", "GREATEST")
@@ -234,6 +236,8 @@ static LINE_UP_SQLITE: LazyLock<String> = LazyLock::new(|| {
     LINE_UP
         .replace("{ONE_AT_A_TIME}", "")
         .replace("{ALONE}", "")
+        // Without statistics SQLite would walk `jobs_due`, every queued job: named.
+        .replace("{WAITING}", "INDEXED BY jobs_waiting")
         .replace("{WITHDRAWAL}", job::WITHDRAWAL_KIND)
         .replace("{LOCK}", "")
         .replace("{GREATEST}", "MAX")
