@@ -195,7 +195,10 @@ pub(crate) async fn active_lines(db: &mut Db<'_>, after: Option<&LineKey>) -> Re
 
 /// The turn of each job a line-up lines, from its group's base (the line's front, or one past its
 /// account's last turn there) and its place in the group; `$1` now, `$2` the most to line.
-/// `{LOCK}`: PostgreSQL's `FOR UPDATE SKIP LOCKED` (a job another transaction holds is lined by a
+/// The UPDATE finds its rows by id (`IN`), never by joining `jobs` to them: SQLite would walk
+/// every queued job to join, and with the guard `{GUARD}` in its WHERE it would still walk them
+/// (`jobs_due`), so SQLite — one writer: nothing can move the rows it just read — writes unguarded;
+/// PostgreSQL guards the rows it locked. `{LOCK}`: PostgreSQL's `FOR UPDATE SKIP LOCKED` (a job another transaction holds is lined by a
 /// later line-up), nothing on SQLite; `{GREATEST}` the engine's two-argument maximum.
 const LINE_UP: &str = "\
     WITH {ONE_AT_A_TIME} w AS (SELECT id, priority, kind, requires, account_id, not_before, job_seq FROM jobs {WAITING} \
@@ -213,7 +216,8 @@ const LINE_UP: &str = "\
                                                    ORDER BY w.not_before, w.job_seq) - 1 AS turn \
           FROM w JOIN g ON g.priority = w.priority AND g.kind = w.kind AND g.requires = w.requires \
                         AND g.account_id = w.account_id) \
-    UPDATE jobs SET turn = r.turn FROM r WHERE jobs.id = r.id AND jobs.state = 'queued' AND jobs.turn IS NULL \
+    UPDATE jobs SET turn = (SELECT r.turn FROM r WHERE r.id = jobs.id) \
+    WHERE jobs.id IN (SELECT r.id FROM r) {GUARD} \
     RETURNING {PRIORITY}, {KIND}, {REQUIRES}";
 
 static LINE_UP_PG: LazyLock<String> = LazyLock::new(|| {
@@ -225,6 +229,7 @@ static LINE_UP_PG: LazyLock<String> = LazyLock::new(|| {
         )
         .replace("{ALONE}", "AND (SELECT ok FROM alone)")
         .replace("{WAITING}", "")
+        .replace("{GUARD}", "AND jobs.state = 'queued' AND jobs.turn IS NULL")
         .replace("{WITHDRAWAL}", job::WITHDRAWAL_KIND)
         .replace("{LOCK}", "FOR UPDATE SKIP LOCKED")
         .replace("{GREATEST}", "GREATEST")
@@ -238,6 +243,7 @@ static LINE_UP_SQLITE: LazyLock<String> = LazyLock::new(|| {
         .replace("{ALONE}", "")
         // Without statistics SQLite would walk `jobs_due`, every queued job: named.
         .replace("{WAITING}", "INDEXED BY jobs_waiting")
+        .replace("{GUARD}", "")
         .replace("{WITHDRAWAL}", job::WITHDRAWAL_KIND)
         .replace("{LOCK}", "")
         .replace("{GREATEST}", "MAX")
