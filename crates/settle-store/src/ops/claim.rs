@@ -199,14 +199,23 @@ async fn take_from_lines(
         Engine::Sqlite => &CLAIM_LINE[0],
         Engine::Postgres => &CLAIM_LINE[1],
     };
-    if lock_lines(cx).line_up_due(cx.now) {
+    let lined_first = lock_lines(cx).line_up_due(cx.now);
+    if lined_first {
         line_up_now(db, cx).await?;
     }
+    let mut read_now = false;
     for pass in 0..2 {
         if pass == 1 {
-            line_up_now(db, cx).await?;
+            // Nothing found: line up what became due (unless this claim just did), and read the
+            // lines again — unless this claim has just read them and nothing was lined, when the
+            // same lines would give the same nothing.
+            let lined = !lined_first && line_up_now(db, cx).await?;
+            if read_now && !lined {
+                return Ok(None);
+            }
         }
         if pass == 1 || !lock_lines(cx).is_fresh(cx.now) {
+            read_now = true;
             let after = lock_lines(cx).page_after().cloned();
             let read = lines::active_lines(db, after.as_ref()).await?;
             lock_lines(cx).replace(cx.now, read);
@@ -226,15 +235,16 @@ async fn take_from_lines(
     Ok(None)
 }
 
-/// Lines up due waiting jobs, and notes the lines they joined.
-async fn line_up_now(db: &mut Db<'_>, cx: &Cx) -> Result<(), StoreError> {
+/// Lines up due waiting jobs, and notes the lines they joined; whether it lined any.
+async fn line_up_now(db: &mut Db<'_>, cx: &Cx) -> Result<bool, StoreError> {
     let lined = lines::line_up(db, cx.now).await?;
     let mut known = lock_lines(cx);
     known.lined_up(cx.now);
+    let any = !lined.is_empty();
     for line in lined {
         known.add(line);
     }
-    Ok(())
+    Ok(any)
 }
 
 pub(super) fn lock_lines(cx: &Cx) -> std::sync::MutexGuard<'_, lines::Lines> {
