@@ -105,6 +105,16 @@ columns! {
     }
 }
 
+/// One queue's row (a kind's, or a priority's in the `kind` column).
+fn kind_queue(r: &crate::db::Row) -> Result<KindQueue, StoreError> {
+    Ok(KindQueue {
+        kind: r.text(QueueCol::kind)?,
+        queued: r.i64(QueueCol::queued)?,
+        due: r.i64(QueueCol::due)?,
+        oldest_due_since: r.opt_i64(QueueCol::oldest_due)?.map(Timestamp::from_micros),
+    })
+}
+
 pub(crate) async fn stats(db: &mut Db<'_>, now: Timestamp) -> Result<Stats, StoreError> {
     static JOBS: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM jobs GROUP BY state ORDER BY state", StateCountCol::LIST));
@@ -118,32 +128,16 @@ pub(crate) async fn stats(db: &mut Db<'_>, now: Timestamp) -> Result<Stats, Stor
         .collect::<Result<_, StoreError>>()?;
     static QUEUES: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM jobs GROUP BY kind ORDER BY kind", QueueCol::LIST));
-    let queues = (db.all(&QUEUES, args![now.micros()]).await?.iter())
-        .map(|r| {
-            Ok(KindQueue {
-                kind: r.text(QueueCol::kind)?,
-                queued: r.i64(QueueCol::queued)?,
-                due: r.i64(QueueCol::due)?,
-                oldest_due_since: r.opt_i64(QueueCol::oldest_due)?.map(Timestamp::from_micros),
-            })
-        })
-        .collect::<Result<_, StoreError>>()?;
+    let queues =
+        (db.all(&QUEUES, args![now.micros()]).await?.iter()).map(kind_queue).collect::<Result<_, StoreError>>()?;
     // By priority, the queued jobs only (the partial indexes hold them; a priority with none
     // queued is not listed).
     static PRIORITIES: LazyLock<String> = LazyLock::new(|| {
         let list = QueueCol::list_with(QueueCol::kind, "CAST(CAST(priority AS bigint) AS text)");
         format!("SELECT {list} FROM jobs WHERE state = 'queued' GROUP BY priority ORDER BY priority")
     });
-    let priorities = (db.all(&PRIORITIES, args![now.micros()]).await?.iter())
-        .map(|r| {
-            Ok(KindQueue {
-                kind: r.text(QueueCol::kind)?,
-                queued: r.i64(QueueCol::queued)?,
-                due: r.i64(QueueCol::due)?,
-                oldest_due_since: r.opt_i64(QueueCol::oldest_due)?.map(Timestamp::from_micros),
-            })
-        })
-        .collect::<Result<_, StoreError>>()?;
+    let priorities =
+        (db.all(&PRIORITIES, args![now.micros()]).await?.iter()).map(kind_queue).collect::<Result<_, StoreError>>()?;
     Ok(Stats { jobs_by_state, entries_by_kind, queues, priorities, tx_retries: 0 })
 }
 
