@@ -110,7 +110,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(BaseOpenApi::openapi())
         .routes(routes!(h::create_account, h::list_accounts))
-        .routes(routes!(h::get_account))
+        .routes(routes!(h::get_account, h::update_account))
         .routes(routes!(h::create_grant, h::list_grants))
         .routes(routes!(h::create_adjustment))
         .routes(routes!(h::get_ledger))

@@ -27,6 +27,32 @@ pub struct CreateAccount {
     #[serde(default)]
     #[schema(minimum = 0)]
     pub overdraft_limit: Option<i64>,
+    /// The most of the account's jobs that may run at once (0 to 10,000; absent or null: no cap). A
+    /// claim never takes a job that would put the account over it.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 10000)]
+    pub max_running: Option<i64>,
+}
+
+/// `PATCH /v1/accounts/{id}`: each field given is set, the others kept.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateAccount {
+    /// How far below zero charges may take the balance, in credits; 0 to 2^61. Lowering it below
+    /// what the balance already owes refuses further charges; it moves no credits.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub overdraft_limit: Option<i64>,
+    /// The account's cap on running jobs, 0 to 10,000; `null` removes the cap. Lowered below what
+    /// runs now, running jobs finish and nothing new starts until the account is below it.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i64>, minimum = 0, maximum = 10000)]
+    pub max_running: Option<Option<i64>>,
+}
+
+/// A field that may be given as `null`: absent is `None`, `null` is `Some(None)`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<i64>>, D::Error> {
+    Option::<i64>::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -37,6 +63,8 @@ pub struct Account {
     pub balance: i64,
     /// How far below zero charges may take the balance, in credits.
     pub overdraft_limit: i64,
+    /// The most of the account's jobs that may run at once; null: no cap.
+    pub max_running: Option<i64>,
     /// When the account was created (RFC 3339 UTC time).
     pub created_at: String,
 }
@@ -47,6 +75,7 @@ impl From<store::Account> for Account {
             id: a.id.to_string(),
             balance: a.balance.get(),
             overdraft_limit: a.overdraft_limit.get(),
+            max_running: a.max_running,
             created_at: rfc3339(a.created_at),
         }
     }

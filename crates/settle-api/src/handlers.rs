@@ -188,6 +188,7 @@ pub async fn create_account(
     let req = store::NewAccount {
         id: id(AccountId::parse, &b.id)?,
         overdraft_limit: Credits::new(b.overdraft_limit.unwrap_or(0)),
+        max_running: b.max_running,
     };
     tracing::info!(actor = %auth.actor, account = %req.id, "create account");
     let c = s.store.create_account(req, &auth.actor.name).await?;
@@ -221,6 +222,29 @@ pub async fn get_account(State(s): State<AppState>, auth: Auth<ClientRole>, Path
     let account = id(AccountId::parse, &account)?;
     seen_account(&auth.actor, &account)?;
     Ok(ok(dto::Account::from(s.store.account(&account).await?)))
+}
+
+/// Change an account's overdraft limit or cap
+///
+/// Sets each field given and keeps the others: `overdraft_limit` (0 to 2^61) and `max_running` (0 to
+/// 10,000; `null` removes the cap). A cap lowered below what runs now stops new claims until the
+/// account is below it; running jobs finish. A change writes one `account.updated` event and is
+/// recorded in the action log; a body that changes nothing writes nothing. Admin only.
+#[utoipa::path(patch, path = "/v1/accounts/{id}", tag = "accounts", params(("id" = String, Path)),
+    request_body = dto::UpdateAccount,
+    responses((status = 200, body = dto::Account), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn update_account(
+    State(s): State<AppState>,
+    auth: Auth<AdminRole>,
+    Path(account): Path<String>,
+    Json(b): Json<dto::UpdateAccount>,
+) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    let changes =
+        store::AccountChanges { overdraft_limit: b.overdraft_limit.map(Credits::new), max_running: b.max_running };
+    tracing::info!(actor = %auth.actor, account = %account, "update account");
+    Ok(ok(dto::Account::from(s.store.update_account(&account, changes, &auth.actor.name).await?)))
 }
 
 /// Grant credits to an account

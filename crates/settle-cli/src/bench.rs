@@ -196,7 +196,10 @@ async fn run_wake(args: &BenchArgs) -> anyhow::Result<()> {
     let server = tokio::spawn(app.run_until(stop.clone().cancelled_owned()));
     let account = AccountId::parse("bench")?;
     store
-        .create_account(NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await?;
     let grant = NewGrant {
         id: RefId::parse("g")?,
@@ -385,7 +388,7 @@ async fn drive_priced(
         let (store, run) = (store.clone(), run.to_owned());
         fills.push(tokio::spawn(async move {
             let id = AccountId::parse(&format!("{run}acct-{a}"))?;
-            let account = NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO };
+            let account = NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO, max_running: None };
             store.create_account(account, settle_store::SYSTEM_ACTOR).await?;
             fill_grants(&store, &id, &run, a, grants.max(1)).await?;
             Ok::<AccountId, anyhow::Error>(id)
@@ -535,7 +538,7 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
     let fill = AccountId::parse("fill")?;
     store
         .create_account(
-            NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) },
+            NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60), max_running: None },
             settle_store::SYSTEM_ACTOR,
         )
         .await?;
@@ -626,7 +629,7 @@ async fn run_teardown(args: &BenchArgs) -> anyhow::Result<()> {
     let a = AccountId::parse("bench")?;
     store
         .create_account(
-            NewAccount { id: a.clone(), overdraft_limit: Credits::new(1 << 40) },
+            NewAccount { id: a.clone(), overdraft_limit: Credits::new(1 << 40), max_running: None },
             settle_store::SYSTEM_ACTOR,
         )
         .await?;
@@ -771,7 +774,7 @@ async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
     let fill = AccountId::parse("fill")?;
     store
         .create_account(
-            NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60) },
+            NewAccount { id: fill.clone(), overdraft_limit: Credits::new(1 << 60), max_running: None },
             settle_store::SYSTEM_ACTOR,
         )
         .await?;

@@ -64,7 +64,7 @@ async fn phase(
         let (store, committed, run) = (store.clone(), committed.clone(), run.to_owned());
         handles.push(tokio::spawn(async move {
             let account = AccountId::parse(&format!("{run}-acct-{w}"))?;
-            let new = NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO };
+            let new = NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO, max_running: None };
             store.create_account(new, settle_store::SYSTEM_ACTOR).await?;
             let grant = NewGrant {
                 id: RefId::parse(&format!("{run}-g-{w}"))?,

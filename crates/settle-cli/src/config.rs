@@ -23,6 +23,8 @@ pub struct PolicyFile {
     pub lease_seconds: Option<u32>,
     pub confirm_window_seconds: Option<u64>,
     pub refund_on: Option<String>,
+    /// A kind's cap on running jobs (`[kinds.NAME]` only; docs/design/fair-claims.md §9).
+    pub max_running: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -414,11 +416,17 @@ fn apply(base: &RetryPolicy, f: &PolicyFile, what: &str) -> anyhow::Result<Retry
         p.refund_on =
             RefundPolicy::parse(r).with_context(|| format!("{what}.refund_on is \"failure\" or \"final_failure\""))?;
     }
+    if let Some(cap) = f.max_running {
+        if !(0..=limits::MAX_RUNNING_MAX).contains(&cap) {
+            bail!("{what}.max_running must be between 0 and {}", limits::MAX_RUNNING_MAX);
+        }
+        p.max_running = Some(cap);
+    }
     Ok(p)
 }
 
 /// The fields `env_overrides` reads after its prefix.
-const POLICY_FIELDS: [&str; 8] = [
+const POLICY_FIELDS: [&str; 9] = [
     "ATTEMPTS_MAX",
     "BACKOFF_MS_BASE",
     "BACKOFF_MS_MAX",
@@ -427,6 +435,7 @@ const POLICY_FIELDS: [&str; 8] = [
     "LEASE_SECONDS",
     "CONFIRM_WINDOW_SECONDS",
     "REFUND_ON",
+    "MAX_RUNNING",
 ];
 
 /// Every `SETTLE_KIND_…` variable must name a kind of the configuration and one of its fields: one
@@ -479,6 +488,9 @@ fn env_overrides(prefix: &str, f: &mut PolicyFile, env: &BTreeMap<String, String
     }
     if let Some(v) = get("REFUND_ON") {
         f.refund_on = Some(v.clone());
+    }
+    if let Some(v) = num("MAX_RUNNING")? {
+        f.max_running = Some(i64::try_from(v)?);
     }
     Ok(())
 }
@@ -540,6 +552,14 @@ impl Config {
         }
         provider_from_env(&mut file.provider, env)?;
         check_loops(&file.loops)?;
+        if file.defaults.max_running.is_some() {
+            bail!("max_running is a job kind's cap: set it in [kinds.NAME], not in [defaults] (or SETTLE_MAX_RUNNING)");
+        }
+        if file.kinds.get(WITHDRAWAL_KIND).is_some_and(|w| w.max_running.is_some()) {
+            bail!(
+                "[kinds.withdrawal].max_running: withdrawals are never capped (the payout processor sends them in order)"
+            );
+        }
         let default = apply(&RetryPolicy::default(), &file.defaults, "[defaults]")?;
         let mut kinds = BTreeMap::new();
         for (kind, f) in &file.kinds {
@@ -611,6 +631,7 @@ impl Config {
                 lease_seconds: Some(p.lease_seconds),
                 confirm_window_seconds: Some(p.confirm_window_seconds),
                 refund_on: Some(p.refund_on.as_str().to_owned()),
+                max_running: p.max_running,
             }
         }
         let out = ConfigFile {

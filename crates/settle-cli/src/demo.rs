@@ -102,7 +102,10 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
     let d = Demo { store, clock, start };
     let alice = AccountId::parse("alice")?;
     d.store
-        .create_account(NewAccount { id: alice.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: alice.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await?;
     d.store
         .grant(
@@ -480,7 +483,10 @@ async fn payouts_setup(
     );
     let bob = AccountId::parse("bob")?;
     d.store
-        .create_account(NewAccount { id: bob.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: bob.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await?;
     let grant = NewGrant {
         id: RefId::parse("bob-salary")?,
@@ -621,8 +627,11 @@ async fn priced_at_the_end(d: &Demo) -> anyhow::Result<()> {
     println!("\n8. Priced at the end (issue 23): renders billed by the GPU-second, 1 credit a second");
     let carol = AccountId::parse("carol")?;
     let s = &d.store;
-    s.create_account(NewAccount { id: carol.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
-        .await?;
+    s.create_account(
+        NewAccount { id: carol.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+        settle_store::SYSTEM_ACTOR,
+    )
+    .await?;
     let grant = NewGrant {
         id: RefId::parse("carol-credits")?,
         amount: Credits::new(300),
@@ -683,8 +692,11 @@ async fn credits_that_expire(d: &Demo) -> anyhow::Result<()> {
     println!("\n9. Credits that expire (issue 24): a 100-credit trial for one hour, spent first");
     let dave = AccountId::parse("dave")?;
     let s = &d.store;
-    s.create_account(NewAccount { id: dave.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
-        .await?;
+    s.create_account(
+        NewAccount { id: dave.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+        settle_store::SYSTEM_ACTOR,
+    )
+    .await?;
     let hour = Timestamp::from_micros(d.clock.now().micros() + 3_600_000_000);
     let trial = NewGrant {
         id: RefId::parse("dave-trial")?,

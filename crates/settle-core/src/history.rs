@@ -8,6 +8,8 @@ crate::names! {
         AccountCreated = "account.created",
         AccountGranted = "account.granted",
         AccountAdjusted = "account.adjusted",
+        /// An admin changed the account's overdraft limit or cap (`PATCH /v1/accounts/{id}`).
+        AccountUpdated = "account.updated",
         JobQueued = "job.queued",
         JobClaimed = "job.claimed",
         JobItemSucceeded = "job.item_succeeded",

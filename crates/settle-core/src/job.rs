@@ -69,6 +69,9 @@ pub struct RetryPolicy {
     pub lease_seconds: u32,
     /// Refund policy of a job created without one.
     pub refund_on: RefundPolicy,
+    /// The most jobs of the kind that may run at once (`None`: no cap; docs/design/fair-claims.md
+    /// §9). Set per kind only, never for withdrawals.
+    pub max_running: Option<i64>,
 }
 
 /// The policy of every job kind: a default and per-kind overrides.
@@ -101,6 +104,7 @@ impl Default for RetryPolicy {
             confirm_window_seconds: CONFIRM_WINDOW_SECONDS_DEFAULT,
             lease_seconds: LEASE_SECONDS_DEFAULT,
             refund_on: RefundPolicy::Failure,
+            max_running: None,
         }
     }
 }

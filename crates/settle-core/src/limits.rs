@@ -72,6 +72,9 @@ pub const CLAIM_KINDS_MAX: usize = 32;
 /// A job's priority: 0 (first) to 100 (last), 50 unless given (spec §3a).
 pub const JOB_PRIORITY_MAX: u8 = 100;
 pub const JOB_PRIORITY_DEFAULT: u8 = 50;
+/// The most `max_running` an account or a job kind may carry (docs/design/fair-claims.md §9): a
+/// capped claim reads at most this many running jobs to count them. 0 starts nothing (a pause).
+pub const MAX_RUNNING_MAX: i64 = 10_000;
 /// Most labels a job may require (spec §3a), and most a worker's claim may carry.
 pub const JOB_REQUIRES_MAX: usize = 8;
 pub const CLAIM_LABELS_MAX: usize = 64;

@@ -90,7 +90,10 @@ impl World {
             let id = format!("acct{n}");
             let account = AccountId::parse(&id).expect("an account id");
             let made = store
-                .create_account(NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO }, SYSTEM_ACTOR)
+                .create_account(
+                    NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+                    SYSTEM_ACTOR,
+                )
                 .await;
             self.answer("setup account", made.as_ref().map(|_| ()));
             let grant = NewGrant {
@@ -118,7 +121,7 @@ impl World {
         let account = AccountId::parse(&id).expect("an account id");
         let made = store
             .create_account(
-                NewAccount { id: account.clone(), overdraft_limit: Credits::new(OWING_OVERDRAFT) },
+                NewAccount { id: account.clone(), overdraft_limit: Credits::new(OWING_OVERDRAFT), max_running: None },
                 SYSTEM_ACTOR,
             )
             .await;

@@ -97,6 +97,16 @@ impl std::fmt::Display for LeaseLost {
 pub struct NewAccount {
     pub id: AccountId,
     pub overdraft_limit: Credits,
+    /// The most of its jobs that may run at once (`None`: no cap; docs/design/fair-claims.md §9).
+    pub max_running: Option<i64>,
+}
+
+/// What `PATCH /v1/accounts/{id}` changes: each field given is set, the others kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccountChanges {
+    pub overdraft_limit: Option<Credits>,
+    /// `Some(None)` removes the cap.
+    pub max_running: Option<Option<i64>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +114,7 @@ pub struct Account {
     pub id: AccountId,
     pub balance: Credits,
     pub overdraft_limit: Credits,
+    pub max_running: Option<i64>,
     pub created_at: Timestamp,
 }
 
@@ -547,6 +558,7 @@ settle_core::names! {
     /// What an operator did, as the action log records it: `domain.verb`, one spelling each.
     pub ActionKind {
         AccountCreate = "account.create",
+        AccountUpdate = "account.update",
         AccountGrant = "account.grant",
         AccountAdjust = "account.adjust",
         JobCancel = "job.cancel",

@@ -44,6 +44,10 @@ pub trait Store: Send + Sync {
     /// Creates an account, recording `actor` (a token's name, or `SYSTEM_ACTOR`) in the action log.
     async fn create_account(&self, req: NewAccount, actor: &str) -> Result<Created<Account>, StoreError>;
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError>;
+    /// `PATCH /v1/accounts/{id}`: the overdraft limit and the cap (`max_running`) set as `changes`
+    /// gives them, recorded in the action log under `actor` when anything changed.
+    async fn update_account(&self, id: &AccountId, changes: AccountChanges, actor: &str)
+    -> Result<Account, StoreError>;
     /// The accounts `scope` sees, a page at a time in id order after the id `after` (`None`: from
     /// the first).
     async fn accounts(

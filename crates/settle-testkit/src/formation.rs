@@ -214,11 +214,34 @@ impl Formation {
             }
             assert!(
                 Instant::now() < deadline,
-                "the formation did not get to {what} in {secs} s: {s:?}\nthe monitor's last events:\n{}",
-                self.events(30)
+                "the formation did not get to {what} in {secs} s: {s:?}\nthe monitor's last events:\n{}\n{}",
+                self.events(30),
+                self.unsettled_logs(&s)
             );
             std::thread::sleep(Duration::from_millis(500));
         }
+    }
+
+    /// The last lines of the keeper's log and of PostgreSQL's own log of every node that is not in
+    /// its assigned state: what tells a node stuck in a transition from Settle's part in a failure.
+    fn unsettled_logs(&self, s: &[NodeState]) -> String {
+        let mut out = String::new();
+        for n in s.iter().filter(|n| n.reported != n.assigned) {
+            let Some(node) = self.ports.iter().position(|&port| port == n.port).map(|i| i + 1) else { continue };
+            out.push_str(&format!("--- {} ({} → {}): keeper{node}.log\n", n.name, n.reported, n.assigned));
+            out.push_str(&tail(&self.root.join(format!("keeper{node}.log")), 40));
+            let logs = Path::new(&self.data(node)).join("log");
+            let newest = std::fs::read_dir(&logs)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok());
+            if let Some(e) = newest {
+                out.push_str(&format!("--- {}: {}\n", n.name, e.path().display()));
+                out.push_str(&tail(&e.path(), 30));
+            }
+        }
+        out
     }
 
     /// The monitor's last `count` events (`pg_autoctl show events`), oldest first: what a failed
@@ -306,6 +329,53 @@ impl Formation {
         }
     }
 
+    /// Waits until the primary streams to `standbys` standbys that have replayed to within 1 MB of
+    /// its WAL, at most `secs`. A standby the monitor calls `secondary` may still be replaying
+    /// what it missed while it was down; switched over in that state, pg_auto_failover 1.6's
+    /// rejoin can leave it in `join_secondary` for good, waiting for WAL of the old timeline
+    /// (seen on 2026-12-05: "waiting for WAL to become available" for four minutes). An operator
+    /// switches over to caught-up standbys; so does the test.
+    pub fn wait_caught_up(&self, standbys: usize, secs: u64) {
+        let sql = "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming' \
+                   AND pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn) < 1048576";
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let caught_up = self
+                .writable()
+                .and_then(|p| self.psql(p, sql))
+                .and_then(|out| out.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if caught_up >= standbys {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the standbys did not catch up in {secs} s: {:?}\n{}",
+                self.writable().and_then(|p| self.psql(
+                    p,
+                    "SELECT application_name, state, pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn) \
+                     FROM pg_stat_replication"
+                )),
+                self.events(20)
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// `sql` run by psql on node `node` (1–3) as `postgres`: its unaligned output, or None.
+    fn psql(&self, node: usize, sql: &str) -> Option<String> {
+        let port = self.ports[node - 1].to_string();
+        let args = ["-h", "127.0.0.1", "-p", &port, "-d", "settle", "-XAtc", sql];
+        let psql = "/usr/lib/postgresql/15/bin/psql";
+        let out = if crate::is_root() {
+            Command::new("runuser").args(["-u", "postgres", "--", psql]).args(args).output()
+        } else {
+            Command::new(psql).args(args).output()
+        }
+        .ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// `pg_autoctl perform switchover`: the monitor promotes a standby after the primary drained.
     /// Returns at once (`--wait 0`): the caller waits for the new primary with [`Formation::wait`]
     /// (pg_autoctl's own wait gives up after 60 s while a standby that just rejoined reports in).
@@ -318,6 +388,20 @@ impl Formation {
 /// `/tmp/pg_autoctl/…` (runuser passes no `XDG_RUNTIME_DIR` to the postgres user here).
 fn runtime_dir(pgdata: &str) -> PathBuf {
     Path::new("/tmp/pg_autoctl").join(pgdata.trim_start_matches('/'))
+}
+
+/// The last `lines` lines of a file, or why there are none.
+fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            let mut out = all[all.len().saturating_sub(lines)..].join("\n");
+            out.push('\n');
+            out
+        }
+        Err(e) => format!("({}: {e})\n", path.display()),
+    }
 }
 
 /// The processes whose parent is `parent` (from `/proc/*/stat`).

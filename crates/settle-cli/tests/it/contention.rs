@@ -68,7 +68,10 @@ async fn four_processes_share_one_postgres_ledger() {
     let accounts: Vec<AccountId> = (0..ACCOUNTS).map(|a| AccountId::parse(&format!("acct-{a}")).unwrap()).collect();
     for a in &accounts {
         store
-            .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+            .create_account(
+                NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+                settle_store::SYSTEM_ACTOR,
+            )
             .await
             .unwrap();
         store

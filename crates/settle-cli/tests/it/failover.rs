@@ -339,7 +339,8 @@ async fn settle_rides_out_a_standby_loss_a_switchover_and_a_primary_killed_under
         s.iter().filter(|n| n.reported == "secondary" && n.assigned == "secondary").count() == 2
     });
 
-    // 2. A planned switchover.
+    // 2. A planned switchover, once both standbys have caught up (formation.rs, `wait_caught_up`).
+    formation.wait_caught_up(2, 120);
     let before = formation.primary().expect("a primary");
     let t = Instant::now();
     formation.switchover();
@@ -420,7 +421,12 @@ async fn no_acknowledgement_without_a_standby(formation: &Formation, url: &str) 
     let writer = store.clone();
     let write = tokio::spawn(async move {
         let id = settle_core::ids::AccountId::parse("unacknowledged").unwrap();
-        writer.create_account(NewAccount { id, overdraft_limit: settle_core::Credits::ZERO }, SYSTEM_ACTOR).await
+        writer
+            .create_account(
+                NewAccount { id, overdraft_limit: settle_core::Credits::ZERO, max_running: None },
+                SYSTEM_ACTOR,
+            )
+            .await
     });
     tokio::time::sleep(Duration::from_secs(3)).await;
     let early = write.is_finished();

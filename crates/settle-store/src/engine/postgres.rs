@@ -36,11 +36,22 @@ use tokio::sync::mpsc;
 /// plans' `unnest`s) is otherwise planned again on every run, PostgreSQL estimating each custom plan
 /// from the arrays' lengths cheaper than the generic one (decision 0031, amended: +10 % of the
 /// server's CPU per transition measured without it).
-const BATCH_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '50ms'; \
-                           SET LOCAL plan_cache_mode = force_generic_plan";
+/// Every write transaction passes the cap gate first (before its short lock timeout: a cap change
+/// holds the gate for milliseconds).
+const BATCH_BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock_shared(24184, 0); \
+                           SET LOCAL lock_timeout = '50ms'; SET LOCAL plan_cache_mode = force_generic_plan";
 /// `BATCH_BEGIN` in careful mode, with the first operation's savepoint.
-const BATCH_BEGIN_CAREFUL: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '50ms'; \
-                                   SET LOCAL plan_cache_mode = force_generic_plan; SAVEPOINT op";
+const BATCH_BEGIN_CAREFUL: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock_shared(24184, 0); \
+                                   SET LOCAL lock_timeout = '50ms'; SET LOCAL plan_cache_mode = force_generic_plan; \
+                                   SAVEPOINT op";
+/// One operation's transaction, through the cap gate.
+const BEGIN_GATED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SELECT pg_advisory_xact_lock_shared(24184, 0)";
+/// The transaction of a cap change, which closes the gate itself (`ops::close_cap_gate`).
+const BEGIN_UNGATED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+/// The cap gate (docs/design/fair-claims.md §10): every write transaction holds it shared from its
+/// BEGIN, a change of an account's `max_running` holds it exclusive (class 0x5e78, key 0), so no
+/// transaction that claims overlaps a cap change and every claim reads the cap it runs under.
+pub(crate) const CAP_GATE: (i32, i32) = (0x5e78, 0);
 /// Savepoints per transaction: PostgreSQL caches 64 subtransaction ids per backend; past that every
 /// snapshot in the cluster must consult pg_subtrans.
 pub(crate) const BATCH_MAX: usize = 48;
@@ -123,6 +134,15 @@ impl PgShared {
     /// One PostgreSQL transaction (READ COMMITTED) for one operation, retried whole on the
     /// retryable SQLSTATEs.
     pub async fn transaction<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        self.transaction_from(BEGIN_GATED, f).await
+    }
+
+    /// `transaction` for a cap change: it does not pass the gate shared, as it closes it.
+    pub async fn transaction_closing_gate<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        self.transaction_from(BEGIN_UNGATED, f).await
+    }
+
+    async fn transaction_from<T: Send + 'static>(&self, begin: &'static str, f: OpFn<T>) -> Result<T, StoreError> {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -130,7 +150,7 @@ impl PgShared {
             // A deadline that closes the connection instead of cancelling anything: the server
             // goes on with a COMMIT it has (a closed socket cuts no wait for a standby short), and
             // the answer is `Unavailable` — the outcome unknown, never "not done".
-            let outcome = match tokio::time::timeout(ANSWER_LIMIT, self.attempt(&mut conn, &f)).await {
+            let outcome = match tokio::time::timeout(ANSWER_LIMIT, self.attempt(&mut conn, begin, &f)).await {
                 Ok(outcome) => outcome,
                 Err(_) => Err(StoreError::Unavailable(format!(
                     "no answer from PostgreSQL in {} s; the outcome is unknown",
@@ -154,10 +174,15 @@ impl PgShared {
     }
 
     /// One attempt of `transaction`, on `conn`.
-    async fn attempt<T: Send + 'static>(&self, conn: &mut sqlx::PgConnection, f: &OpFn<T>) -> Result<T, StoreError> {
+    async fn attempt<T: Send + 'static>(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        begin: &'static str,
+        f: &OpFn<T>,
+    ) -> Result<T, StoreError> {
         // A `Transaction` rolls back if this future is dropped midway (a client hanging up, a
         // timeout): a pooled connection never goes back with a transaction open.
-        let mut tx = sqlx::Connection::begin_with(conn, "BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+        let mut tx = sqlx::Connection::begin_with(conn, begin).await?;
         let pending = new_pending();
         let cx = self.env.cx(Some(pending.clone()));
         let out = {

@@ -17,20 +17,42 @@ use settle_core::ledger::EntryKind;
 use settle_core::limits;
 use std::sync::LazyLock;
 
+/// An account create's fingerprint; `max_running` joins it only when given, so creates made before
+/// caps existed still replay.
 pub(crate) fn account_fingerprint(req: &NewAccount) -> [u8; 32] {
-    Fingerprint::new("account").str("id", req.id.as_str()).i64("overdraft_limit", req.overdraft_limit.get()).finish()
+    let f = Fingerprint::new("account").str("id", req.id.as_str()).i64("overdraft_limit", req.overdraft_limit.get());
+    match req.max_running {
+        Some(cap) => f.i64("max_running", cap).finish(),
+        None => f.finish(),
+    }
+}
+
+fn check_overdraft_limit(limit: Credits) -> Result<(), StoreError> {
+    if limit.is_negative() || limit.get() > limits::BALANCE_MAX {
+        return Err(StoreError::invalid(format!("overdraft_limit must be between 0 and {}", limits::BALANCE_MAX)));
+    }
+    Ok(())
+}
+
+fn check_max_running(cap: Option<i64>) -> Result<(), StoreError> {
+    if cap.is_some_and(|c| !(0..=limits::MAX_RUNNING_MAX).contains(&c)) {
+        return Err(StoreError::invalid(format!(
+            "max_running must be between 0 and {} (null: no cap)",
+            limits::MAX_RUNNING_MAX
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) async fn create_account(db: &mut Db<'_>, cx: &Cx, req: &NewAccount) -> Result<Created<Account>, StoreError> {
-    if req.overdraft_limit.is_negative() || req.overdraft_limit.get() > limits::BALANCE_MAX {
-        return Err(StoreError::invalid(format!("overdraft_limit must be between 0 and {}", limits::BALANCE_MAX)));
-    }
+    check_overdraft_limit(req.overdraft_limit)?;
+    check_max_running(req.max_running)?;
     let fp = account_fingerprint(req);
     let inserted = db
         .exec(
-            "INSERT INTO accounts (id, balance, overdraft_limit, created_at, request_hash) VALUES ($1, 0, $2, $3, $4) \
-             ON CONFLICT (id) DO NOTHING",
-            args![req.id.as_str(), req.overdraft_limit.get(), cx.now.micros(), &fp],
+            "INSERT INTO accounts (id, balance, overdraft_limit, max_running, created_at, request_hash) \
+             VALUES ($1, 0, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+            args![req.id.as_str(), req.overdraft_limit.get(), req.max_running, cx.now.micros(), &fp],
         )
         .await?;
     cx.point(CrashPoint::AfterGuard)?;
@@ -48,12 +70,90 @@ pub(crate) async fn create_account(db: &mut Db<'_>, cx: &Cx, req: &NewAccount) -
         EventKind::AccountCreated,
         None,
         req.id.as_str(),
-        serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() }),
+        serde_json::json!({ "overdraft_limit": req.overdraft_limit.get(), "max_running": req.max_running }),
     )
     .await?;
     cx.point(CrashPoint::AfterOutbox)?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok(Created { value: account, replayed: false })
+}
+
+/// The account row, locked on PostgreSQL as every posting locks it (SQLite's one writer needs none).
+static LOCK_ACCOUNT: LazyLock<[String; 2]> = LazyLock::new(|| {
+    let sql = format!("SELECT {} FROM accounts WHERE id = $1", AccountCol::LIST);
+    [sql.clone(), format!("{sql} FOR NO KEY UPDATE")]
+});
+
+/// Closes the cap gate for the rest of this transaction (PostgreSQL; docs/design/fair-claims.md
+/// §10): waits for every write transaction in flight, and holds back every new one, so no claim
+/// runs across the cap change and every later one reads the new cap. Its transaction must not pass
+/// the gate shared (`SqlStore::write_closing_gate`).
+async fn close_cap_gate(db: &mut Db<'_>) -> Result<(), StoreError> {
+    if db.engine() == crate::db::Engine::Postgres {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            let (class, key) = crate::engine::postgres::CAP_GATE;
+            format!("SELECT 1 AS closed FROM (SELECT pg_advisory_xact_lock({class}, {key})) g")
+        });
+        db.one(&SQL, args![]).await?;
+    }
+    Ok(())
+}
+
+/// Sets what `changes` gives of the account's overdraft limit and cap: the account as it is after,
+/// and whether anything changed (a change that changes nothing writes nothing, not even an event). A lowered cap stops new claims while the
+/// account runs at or over it; a raised or removed one lets its parked jobs return (the unpark pass).
+pub(crate) async fn update_account(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    id: &AccountId,
+    changes: &AccountChanges,
+) -> Result<(Account, bool), StoreError> {
+    if let Some(limit) = changes.overdraft_limit {
+        check_overdraft_limit(limit)?;
+    }
+    if let Some(cap) = changes.max_running {
+        check_max_running(cap)?;
+    }
+    if changes.max_running.is_some() {
+        close_cap_gate(db).await?;
+    }
+    let sql = match db.engine() {
+        crate::db::Engine::Sqlite => &LOCK_ACCOUNT[0],
+        crate::db::Engine::Postgres => &LOCK_ACCOUNT[1],
+    };
+    let Some(row) = db.opt(sql, args![id.as_str()]).await? else {
+        return Err(StoreError::NotFound { what: "account", id: id.to_string() });
+    };
+    let before = account_from_row(&row)?;
+    let limit = changes.overdraft_limit.unwrap_or(before.overdraft_limit);
+    let cap = changes.max_running.unwrap_or(before.max_running);
+    if limit == before.overdraft_limit && cap == before.max_running {
+        return Ok((before, false));
+    }
+    let rows = db
+        .exec(
+            "UPDATE accounts SET overdraft_limit = $2, max_running = $3 WHERE id = $1",
+            args![id.as_str(), limit.get(), cap],
+        )
+        .await?;
+    super::guard_hit(rows, "account update")?;
+    cx.point(CrashPoint::AfterGuard)?;
+    let after = Account { overdraft_limit: limit, max_running: cap, ..before.clone() };
+    emit(
+        db,
+        cx,
+        EventKind::AccountUpdated,
+        None,
+        id.as_str(),
+        serde_json::json!({
+            "overdraft_limit": limit.get(), "max_running": cap,
+            "before": { "overdraft_limit": before.overdraft_limit.get(), "max_running": before.max_running },
+        }),
+    )
+    .await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    cx.point(CrashPoint::BeforeCommit)?;
+    Ok((after, true))
 }
 
 columns! {

@@ -1,6 +1,6 @@
 //! Claims: due jobs leased to workers, each with a new attempt row, in one guarded UPDATE per job.
 
-use super::{Caller, Cx, JobCol, attach, emit, guard_hit, job_row, lines};
+use super::{Caller, Cx, JobCol, attach, caps, emit, guard_hit, job_row, lines};
 use crate::db::Row;
 use crate::db::{Db, Engine, args};
 use crate::error::StoreError;
@@ -9,7 +9,6 @@ use settle_core::crash::CrashPoint;
 use settle_core::history::EventKind;
 use settle_core::job::{self};
 use settle_core::limits;
-use std::sync::LazyLock;
 
 /// The job claim; `$lock` as for webhooks: nothing on SQLite, `FOR UPDATE SKIP LOCKED` on PostgreSQL,
 /// and the guard again in the outer WHERE. `{KINDS}` is replaced by the kind filter's placeholders,
@@ -48,35 +47,20 @@ macro_rules! claim_pg {
 const CLAIM_PAYOUTS_SQLITE: &str = claim_sql!("", "");
 const CLAIM_PAYOUTS_PG: &str = claim_pg!("");
 
-/// A worker's claim from one line (docs/design/fair-claims.md §4): the line's lowest lined job by
-/// `(turn, job_seq)` — due, no cancel requested — and its turn cleared, so a job that comes back to
-/// `queued` waits to be lined again. `$6`–`$8` the line's priority, kind and requires; `$lock` as
-/// for `claim_sql!`, and the guard again in the outer WHERE.
-macro_rules! claim_line_sql {
-    ($lock:literal) => {
-        concat!(
-            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_token = $2, \
-             lease_expires_at = $3, lease_worker = $4, lease_seconds = $5, updated_at = $1, turn = NULL \
-             WHERE id = (SELECT id FROM jobs WHERE priority = $6 AND kind = $7 AND requires = $8 \
-             AND state = 'queued' AND turn IS NOT NULL AND cancel_requested = 0 AND not_before <= $1 \
-             ORDER BY turn, job_seq LIMIT 1 ",
-            $lock,
-            ") AND state = 'queued' AND turn IS NOT NULL AND cancel_requested = 0 AND not_before <= $1 \
-             RETURNING {COLUMNS}"
-        )
-    };
-}
-const CLAIM_LINE_SQLITE: &str = claim_line_sql!("");
-const CLAIM_LINE_PG: &str = concat!(
-    "WITH c AS (",
-    claim_line_sql!("FOR UPDATE SKIP LOCKED"),
-    "), a AS (INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) \
-     SELECT id, attempt, $4, $2, $1 FROM c RETURNING 1) \
-     SELECT {COLUMNS}, (SELECT count(*) FROM a) AS attempts FROM c"
-);
-
 /// Most lines a claim tries for one job before it answers with what it has.
 const LINES_TRIED_MAX: usize = 8;
+/// Most capped candidates one claim request decides (docs/design/fair-claims.md §10): each costs a
+/// try-lock and a counted UPDATE, and the request answers with what it has after them.
+const CAPPED_DECISIONS_MAX: usize = 8;
+
+/// What one claim request learned about caps, kept across its jobs: the accounts it skips (busy,
+/// or at their cap and parked), the kinds it leaves (busy or full), and its capped decisions.
+#[derive(Default)]
+struct CapsSeen {
+    skip: Vec<String>,
+    kinds_left: Vec<String>,
+    decisions: usize,
+}
 
 /// The count of attempt rows PostgreSQL's claim opened, after the job's columns.
 #[allow(non_camel_case_types)]
@@ -113,6 +97,7 @@ pub(crate) async fn claim(
     let lease_seconds = req.lease_seconds.unwrap_or(cx.policy.default.lease_seconds);
     let lease_expires_at = cx.now.plus_seconds(u64::from(lease_seconds));
     let mut claimed = Vec::new();
+    let mut caps = CapsSeen::default();
     for _ in 0..req.limit.min(limits::CLAIM_LIMIT_MAX) {
         let token = cx.token().to_string();
         let a = vec![
@@ -124,7 +109,7 @@ pub(crate) async fn claim(
         ];
         let found = match caller {
             Caller::PayoutProcessor => db.opt_built(payouts_sql.clone(), &a).await?,
-            Caller::Worker => take_from_lines(db, cx, req, &a).await?,
+            Caller::Worker => take_from_lines(db, cx, req, &a, &mut caps).await?,
         };
         let Some(claimed_row) = found else { break };
         let mut row = job_row(&claimed_row)?;
@@ -180,12 +165,6 @@ pub(crate) async fn claim(
     Ok(claimed)
 }
 
-static CLAIM_LINE: LazyLock<[String; 2]> = LazyLock::new(|| {
-    // SQLite, without statistics, would walk `jobs_due` (every queued job) and sort: named.
-    let sqlite = CLAIM_LINE_SQLITE.replace("FROM jobs WHERE priority", "FROM jobs INDEXED BY jobs_line WHERE priority");
-    [sqlite.replace("{COLUMNS}", JobCol::LIST), CLAIM_LINE_PG.replace("{COLUMNS}", JobCol::LIST)]
-});
-
 /// A worker's next job: from the lines its kinds and labels allow, best priority first, lines of
 /// one priority in turn; `None` when none has a job to give. The process's list of lines is read
 /// again when stale, and once more — after lining up what became due — before answering `None`.
@@ -194,17 +173,17 @@ async fn take_from_lines(
     cx: &Cx,
     req: &ClaimRequest,
     base: &[crate::db::Value],
+    caps: &mut CapsSeen,
 ) -> Result<Option<Row>, StoreError> {
-    let sql = match db.engine() {
-        Engine::Sqlite => &CLAIM_LINE[0],
-        Engine::Postgres => &CLAIM_LINE[1],
-    };
     let lined_first = lock_lines(cx).line_up_due(cx.now);
     if lined_first {
         line_up_now(db, cx).await?;
     }
     let mut read_now = false;
     for pass in 0..2 {
+        if caps.decisions >= CAPPED_DECISIONS_MAX {
+            return Ok(None);
+        }
         if pass == 1 {
             // Nothing found: line up what became due (unless this claim just did), and read the
             // lines again — unless this claim has just read them and nothing was lined, when the
@@ -222,12 +201,13 @@ async fn take_from_lines(
         }
         let candidates = lock_lines(cx).for_claim(&req.kinds, &req.labels);
         for line in candidates.iter().take(LINES_TRIED_MAX) {
+            if caps.kinds_left.contains(&line.kind) {
+                continue;
+            }
             // Served when chosen: this process's next claim, concurrent or not, tries another
             // line of the same priority first.
             lock_lines(cx).served(line);
-            let mut a = base.to_vec();
-            a.extend([line.priority.into(), line.kind.as_str().into(), line.requires.as_str().into()]);
-            if let Some(row) = db.opt(sql, &a).await? {
+            if let Some(row) = take_from_line(db, cx, line, base, caps).await? {
                 return Ok(Some(row));
             }
         }
@@ -235,8 +215,61 @@ async fn take_from_lines(
     Ok(None)
 }
 
-/// Lines up due waiting jobs, and notes the lines they joined; whether it lined any.
+/// The line's next job this claim may take (docs/design/fair-claims.md §10): uncapped, in the one
+/// statement that finds it; capped, decided alone — an account busy or at its cap is skipped and the
+/// line tried again, a kind busy or full leaves the line.
+async fn take_from_line(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    line: &lines::LineKey,
+    base: &[crate::db::Value],
+    seen: &mut CapsSeen,
+) -> Result<Option<Row>, StoreError> {
+    let kind_cap = cx.policy.for_kind(&line.kind).max_running;
+    loop {
+        let candidate = match caps::take(db, line, base, &seen.skip, kind_cap.is_some()).await? {
+            caps::Take::Claimed(row) => return Ok(Some(row)),
+            caps::Take::Empty => return Ok(None),
+            caps::Take::Capped(c) => c,
+        };
+        if seen.decisions >= CAPPED_DECISIONS_MAX {
+            return Ok(None);
+        }
+        seen.decisions += 1;
+        match caps::decide(db, base, &candidate, line, kind_cap).await? {
+            caps::Decision::Claimed(row) => return Ok(Some(row)),
+            caps::Decision::AccountBusy | caps::Decision::AccountFull => seen.skip.push(candidate.account_id),
+            caps::Decision::KindBusy | caps::Decision::KindFull => {
+                seen.kinds_left.push(line.kind.clone());
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// Lets parked jobs of accounts below their caps wait again (`caps::unpark`), in this process's
+/// rotation over the accounts that have some; how many.
+pub(crate) async fn unpark_pass(db: &mut Db<'_>, cx: &Cx) -> Result<u64, StoreError> {
+    let after = lock_lines(cx).unpark_after.clone();
+    let (unparked, next) = caps::unpark(db, &after).await?;
+    lock_lines(cx).unpark_after = next;
+    Ok(unparked)
+}
+
+/// The unpark pass of the lease rescuer: [`unpark_pass`], and when it unparked any, a wake-up for
+/// other processes' long-polling claims (this process wakes its own).
+pub(crate) async fn unpark_and_wake(db: &mut Db<'_>, cx: &Cx) -> Result<u64, StoreError> {
+    let unparked = unpark_pass(db, cx).await?;
+    if unparked > 0 && db.engine() == Engine::Postgres {
+        db.one("SELECT 1 AS woken FROM (SELECT pg_notify('settle_wake', '')) n", args![]).await?;
+    }
+    Ok(unparked)
+}
+
+/// Lines up due waiting jobs (parked ones that may run again first), and notes the lines they
+/// joined; whether it lined any.
 async fn line_up_now(db: &mut Db<'_>, cx: &Cx) -> Result<bool, StoreError> {
+    unpark_pass(db, cx).await?;
     let lined = lines::line_up(db, cx.now).await?;
     let mut known = lock_lines(cx);
     known.lined_up(cx.now);

@@ -52,6 +52,8 @@ pub(crate) struct Lines {
     serves: u64,
     /// When this process last wrote each worker label set's `last_seen`.
     labels_seen: HashMap<String, i64>,
+    /// Where this process's next unpark pass starts (an account id; empty: the first).
+    pub unpark_after: String,
 }
 
 impl Lines {
@@ -210,7 +212,7 @@ pub(crate) async fn active_lines(db: &mut Db<'_>, after: Option<&LineKey>) -> Re
 /// later line-up), nothing on SQLite; `{GREATEST}` the engine's two-argument maximum.
 const LINE_UP: &str = "\
     WITH {ONE_AT_A_TIME} w AS (SELECT id, priority, kind, requires, account_id, not_before, job_seq FROM jobs {WAITING} \
-               WHERE state = 'queued' AND turn IS NULL AND kind <> '{WITHDRAWAL}' AND not_before <= $1 {ALONE} \
+               WHERE state = 'queued' AND turn IS NULL AND parked = 0 AND kind <> '{WITHDRAWAL}' AND not_before <= $1 {ALONE} \
                ORDER BY not_before, job_seq LIMIT $2 {LOCK}), \
     g AS (SELECT priority, kind, requires, account_id, {GREATEST}(\
             COALESCE((SELECT x.turn FROM jobs x WHERE x.priority = d.priority AND x.kind = d.kind \
@@ -237,7 +239,7 @@ static LINE_UP_PG: LazyLock<String> = LazyLock::new(|| {
         )
         .replace("{ALONE}", "AND (SELECT ok FROM alone)")
         .replace("{WAITING}", "")
-        .replace("{GUARD}", "AND jobs.state = 'queued' AND jobs.turn IS NULL")
+        .replace("{GUARD}", "AND jobs.state = 'queued' AND jobs.turn IS NULL AND jobs.parked = 0")
         .replace("{WITHDRAWAL}", job::WITHDRAWAL_KIND)
         .replace("{LOCK}", "FOR UPDATE SKIP LOCKED")
         .replace("{GREATEST}", "GREATEST")
@@ -250,7 +252,7 @@ static LINE_UP_SQLITE: LazyLock<String> = LazyLock::new(|| {
         .replace("{ONE_AT_A_TIME}", "")
         .replace("{ALONE}", "")
         // Without statistics SQLite would walk `jobs_due`, every queued job: named.
-        .replace("{WAITING}", "INDEXED BY jobs_waiting")
+        .replace("{WAITING}", "INDEXED BY jobs_waiting_unparked")
         .replace("{GUARD}", "")
         .replace("{WITHDRAWAL}", job::WITHDRAWAL_KIND)
         .replace("{LOCK}", "")

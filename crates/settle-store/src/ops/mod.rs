@@ -34,6 +34,7 @@
 
 mod accounts;
 pub(crate) mod allocations;
+mod caps;
 mod claim;
 mod create;
 pub(crate) mod expiry;

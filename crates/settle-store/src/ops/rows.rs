@@ -45,7 +45,7 @@ columns! {
 columns! {
     /// An account row's columns, as `Account` shows them, and the fingerprint of the request that
     /// created it (what a replay of the create is compared with).
-    pub(crate) AccountCol { id, balance, overdraft_limit, created_at, request_hash }
+    pub(crate) AccountCol { id, balance, overdraft_limit, max_running, created_at, request_hash }
 }
 
 columns! {
@@ -349,6 +349,7 @@ pub(crate) fn account_from_row(r: &Row) -> Result<Account, StoreError> {
         id: stored_id(AccountId::stored, "account id", &r.text(C::id)?)?,
         balance: Credits::new(r.i64(C::balance)?),
         overdraft_limit: Credits::new(r.i64(C::overdraft_limit)?),
+        max_running: r.opt_i64(C::max_running)?,
         created_at: Timestamp::from_micros(r.i64(C::created_at)?),
     })
 }

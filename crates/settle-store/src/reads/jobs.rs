@@ -251,11 +251,11 @@ pub(crate) async fn next_due_at(
     // Waiting jobs only (docs/design/fair-claims.md §4): a lined job is due now, and one the
     // worker could take would have been claimed; one it cannot take (its labels) must not wake it.
     let index = match db.engine() {
-        crate::db::Engine::Sqlite => "INDEXED BY jobs_waiting ",
+        crate::db::Engine::Sqlite => "INDEXED BY jobs_waiting_unparked ",
         crate::db::Engine::Postgres => "",
     };
     let mut sql = format!(
-        "SELECT {} FROM jobs {index}WHERE state = 'queued' AND turn IS NULL AND kind <> '{}' AND cancel_requested = 0",
+        "SELECT {} FROM jobs {index}WHERE state = 'queued' AND turn IS NULL AND parked = 0 AND kind <> '{}' AND cancel_requested = 0",
         DueCol::LIST,
         settle_core::job::WITHDRAWAL_KIND
     );

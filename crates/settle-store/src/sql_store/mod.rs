@@ -488,6 +488,21 @@ impl SqlStore {
         out
     }
 
+    /// A change of an account's cap: on PostgreSQL in a transaction of its own that closes the cap
+    /// gate (`ops::close_cap_gate`, docs/design/fair-claims.md §10); SQLite's one writer needs none.
+    async fn write_closing_gate<T: Send + 'static>(&self, f: OpFn<T>) -> Result<T, StoreError> {
+        let out = match &self.backend {
+            Backend::Sqlite { .. } => self.write_inner(Route::Any, None, f).await,
+            Backend::Postgres { shared, .. } => shared.transaction_closing_gate(f).await,
+        };
+        if out.is_ok() {
+            self.events_appended();
+            // A raised or removed cap may let parked jobs return: the claims look again.
+            self.work_due();
+        }
+        out
+    }
+
     /// Work may have become due: wake the long-polling claims of this process.
     fn work_due(&self) {
         self.wake.notify_waiters();

@@ -74,7 +74,10 @@ impl Store for SqlStore {
                     cx | {
                         let out = ops::create_account(db, cx, &req).await?;
                         if !out.replayed {
-                            let detail = serde_json::json!({ "overdraft_limit": req.overdraft_limit.get() });
+                            let detail = serde_json::json!({
+                                "overdraft_limit": req.overdraft_limit.get(),
+                                "max_running": req.max_running,
+                            });
                             ops::record_action(
                                 db,
                                 cx,
@@ -90,6 +93,35 @@ impl Store for SqlStore {
                     }
                 ),
             )
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn update_account(
+        &self,
+        id: &AccountId,
+        changes: AccountChanges,
+        actor: &str,
+    ) -> Result<Account, StoreError> {
+        let actor = actor.to_owned();
+        let id = id.clone();
+        let out = self
+            .write_closing_gate(op!(
+                [id, changes, actor] | db,
+                cx | {
+                    let (account, changed) = ops::update_account(db, cx, &id, &changes).await?;
+                    if changed {
+                        let detail = serde_json::json!({
+                            "overdraft_limit": account.overdraft_limit.get(),
+                            "max_running": account.max_running,
+                        });
+                        ops::record_action(db, cx, &actor, ActionKind::AccountUpdate, None, Some(id.as_str()), detail)
+                            .await?;
+                    }
+                    Ok(account)
+                }
+            ))
             .await?;
         self.crash_point(CrashPoint::AfterCommit)?;
         Ok(out)
@@ -497,6 +529,14 @@ impl Store for SqlStore {
                 Err(e @ (StoreError::InjectedCrash(_) | StoreError::Unavailable(_))) => return Err(e),
                 Err(e) => tracing::error!(job = %id, error = %e, "lease rescue failed; continuing with the next job"),
             }
+        }
+        // Parked jobs of accounts below their caps wait again (docs/design/fair-claims.md §10): here
+        // too, not only in claims, so they return while every worker long-polls.
+        match self.write(op!([] | db, cx | ops::unpark_and_wake(db, cx).await)).await {
+            Ok(0) => {}
+            Ok(_) => self.work_due(),
+            Err(e @ (StoreError::InjectedCrash(_) | StoreError::Unavailable(_))) => return Err(e),
+            Err(e) => tracing::error!(error = %e, "the unpark pass failed; the next one tries again"),
         }
         Ok(rescued)
     }

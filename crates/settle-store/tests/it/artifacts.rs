@@ -232,7 +232,10 @@ async fn a_teardown_deletes_artifacts_in_the_store_they_were_registered_in() {
     let first = open("a").await.unwrap();
     let a = acc("a");
     first
-        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     let grant = NewGrant {

@@ -94,7 +94,7 @@ conformance!(
 );
 
 async fn account_create_is_idempotent_by_id(k: &Kit) {
-    let req = NewAccount { id: acc("a"), overdraft_limit: Credits::new(5) };
+    let req = NewAccount { id: acc("a"), overdraft_limit: Credits::new(5), max_running: None };
     let first = k.store.create_account(req.clone(), settle_store::SYSTEM_ACTOR).await.unwrap();
     assert!(!first.replayed);
     assert_eq!(first.value.balance, Credits::ZERO);
@@ -108,7 +108,10 @@ async fn account_create_is_idempotent_by_id(k: &Kit) {
     assert!(matches!(other, Err(StoreError::IdempotencyConflict { .. })), "{other:?}");
     let negative = k
         .store
-        .create_account(NewAccount { id: acc("b"), overdraft_limit: Credits::new(-1) }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: acc("b"), overdraft_limit: Credits::new(-1), max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await;
     assert!(matches!(negative, Err(StoreError::Invalid(_))));
     assert!(matches!(k.store.account(&acc("b")).await, Err(StoreError::NotFound { .. })));
@@ -316,7 +319,10 @@ async fn insufficient_credits_write_nothing(k: &Kit) {
 async fn overdraft_allows_a_negative_balance(k: &Kit) {
     let a = acc("a");
     k.store
-        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(20) }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::new(20), max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     k.job("j1", &a, 15).await;
@@ -1316,7 +1322,10 @@ async fn reclaims_can_never_overflow(k: &Kit) {
     let big = settle_core::limits::BALANCE_MAX;
     let a = acc("a");
     k.store
-        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(big) }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::new(big), max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     k.job("j1", &a, big).await;
@@ -1361,7 +1370,10 @@ async fn refunds_can_never_overflow(k: &Kit) {
     let big = settle_core::limits::BALANCE_MAX;
     let a = acc("a");
     k.store
-        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     let mut tokens = Vec::new();

@@ -20,7 +20,7 @@ async fn grant(k: &Kit, account: &AccountId, id: &str, amount: i64, priority: Op
 
 async fn open_account(k: &Kit, id: &str, overdraft: i64) -> AccountId {
     let a = acc(id);
-    let req = NewAccount { id: a.clone(), overdraft_limit: Credits::new(overdraft) };
+    let req = NewAccount { id: a.clone(), overdraft_limit: Credits::new(overdraft), max_running: None };
     k.store.create_account(req, SYSTEM_ACTOR).await.unwrap();
     a
 }

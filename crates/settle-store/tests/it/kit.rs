@@ -167,7 +167,10 @@ impl Kit {
     pub async fn account(&self, id: &str, grant: i64) -> AccountId {
         let id = acc(id);
         self.store
-            .create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+            .create_account(
+                NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+                settle_store::SYSTEM_ACTOR,
+            )
             .await
             .unwrap();
         if grant > 0 {

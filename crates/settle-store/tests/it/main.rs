@@ -6,6 +6,7 @@ mod artifacts;
 mod kit;
 #[macro_use]
 mod conformance;
+mod caps;
 mod crash;
 mod fair;
 mod feed;

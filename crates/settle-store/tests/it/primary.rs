@@ -111,7 +111,8 @@ async fn postgres_a_primary_that_stops_waiting_for_its_standby_is_left_at_once()
         ..StoreOptions::default()
     };
     let store = std::sync::Arc::new(SqlStore::open(&url, options).await.unwrap());
-    let account = |id: &str| NewAccount { id: AccountId::parse(id).unwrap(), overdraft_limit: Credits::ZERO };
+    let account =
+        |id: &str| NewAccount { id: AccountId::parse(id).unwrap(), overdraft_limit: Credits::ZERO, max_running: None };
 
     // 1. The server stops waiting while Settle's connections sit in its pool: the next write is
     // refused before it begins, and writes nothing.

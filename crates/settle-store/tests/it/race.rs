@@ -300,7 +300,7 @@ async fn postgres_store_with_one_connection_still_writes() {
     let r = tokio::time::timeout(
         std::time::Duration::from_secs(10),
         store.create_account(
-            NewAccount { id: a.clone(), overdraft_limit: settle_core::Credits::ZERO },
+            NewAccount { id: a.clone(), overdraft_limit: settle_core::Credits::ZERO, max_running: None },
             settle_store::SYSTEM_ACTOR,
         ),
     )
@@ -328,7 +328,7 @@ async fn overdraft_boundary(engine: EngineKind) {
     let a = acc("a");
     k.store
         .create_account(
-            NewAccount { id: a.clone(), overdraft_limit: settle_core::Credits::new(10) },
+            NewAccount { id: a.clone(), overdraft_limit: settle_core::Credits::new(10), max_running: None },
             settle_store::SYSTEM_ACTOR,
         )
         .await

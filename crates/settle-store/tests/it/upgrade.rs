@@ -211,7 +211,10 @@ async fn from_before_migration_17(engine: EngineKind) {
     k.items_job("ja", &a, &[10, 20]).await;
     let b = acc("b");
     k.store
-        .create_account(NewAccount { id: b.clone(), overdraft_limit: Credits::new(50) }, SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: b.clone(), overdraft_limit: Credits::new(50), max_running: None },
+            SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     k.job("jb", &b, 30).await;
@@ -579,7 +582,10 @@ async fn from_before_migration_25(engine: EngineKind) {
     // An account on its overdraft: a debt part with all of it unpaid.
     let b = acc("b");
     k.store
-        .create_account(NewAccount { id: b.clone(), overdraft_limit: Credits::new(50) }, SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: b.clone(), overdraft_limit: Credits::new(50), max_running: None },
+            SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     k.job("owing", &b, 15).await;
@@ -630,16 +636,21 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
     from_before_migration_25(EngineKind::Postgres).await;
 }
 
-/// Takes a database back to before migration 0026.
-/// Back to before migration 0026 — and so first before 0027 (its columns and indexes gone).
+/// Back to before migration 0026 — and so first before 0028 and 0027 (their columns and indexes
+/// gone).
 fn undo_26(k: &Kit) -> String {
+    let undo_28 = "DROP INDEX jobs_running_account; DROP INDEX jobs_running_kind; DROP INDEX jobs_parked; \
+                   DROP INDEX jobs_waiting_unparked; ALTER TABLE jobs DROP COLUMN parked; \
+                   ALTER TABLE accounts DROP COLUMN max_running; DELETE FROM _sqlx_migrations WHERE version = 28;";
+    let undo_28 =
+        if k.is_sqlite() { undo_28.to_owned() } else { format!("{undo_28} DROP DOMAIN account_max_running;") };
     let undo_27 = "DROP TABLE worker_labels; DROP INDEX jobs_line; DROP INDEX jobs_line_account; DROP INDEX jobs_waiting; \
                    ALTER TABLE jobs DROP COLUMN turn; ALTER TABLE jobs DROP COLUMN requires; \
                    ALTER TABLE jobs DROP COLUMN priority; DELETE FROM _sqlx_migrations WHERE version = 27;";
     if k.is_sqlite() {
-        format!("{undo_27} {}", undo_26_sqlite())
+        format!("{undo_28} {undo_27} {}", undo_26_sqlite())
     } else {
-        format!("{undo_27} DROP DOMAIN job_priority; {UNDO_26}")
+        format!("{undo_28} {undo_27} DROP DOMAIN job_priority; {UNDO_26}")
     }
 }
 

@@ -417,7 +417,10 @@ async fn payout_returns_can_never_overflow(k: &Kit) {
 async fn withdrawals_never_draw_on_the_overdraft(k: &Kit) {
     let a = acc("od");
     k.store
-        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::new(500) }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::new(500), max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     let before = (k.ledger_kinds(&a).await, k.event_types().await);

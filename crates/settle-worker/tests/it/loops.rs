@@ -29,7 +29,10 @@ async fn fixture() -> Fixture {
     let store = Arc::new(SqlStore::open(&url, options).await.unwrap());
     let a = AccountId::parse("a").unwrap();
     store
-        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     store

@@ -66,7 +66,10 @@ fn worker(name: &str) -> WorkerName {
 async fn account(store: &SqlStore, id: &str, grant: i64) -> AccountId {
     let a = AccountId::parse(id).unwrap();
     store
-        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     let g = NewGrant {

@@ -89,7 +89,10 @@ async fn serve_receiver(receiver: Arc<Receiver>) -> std::net::SocketAddr {
 async fn scenario(store: &SqlStore) {
     let a = AccountId::parse("a").unwrap();
     store
-        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     store
@@ -297,7 +300,10 @@ async fn a_job_named_like_an_account_does_not_hold_back_its_events() {
     for a in ["mallory", "acme-alice"] {
         let id = AccountId::parse(a).unwrap();
         store
-            .create_account(NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO }, SYSTEM_ACTOR)
+            .create_account(
+                NewAccount { id: id.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+                SYSTEM_ACTOR,
+            )
             .await
             .unwrap();
         let grant = NewGrant {
@@ -435,7 +441,7 @@ async fn a_hanging_receiver_times_out_and_a_redirect_is_not_followed() {
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     store
         .create_account(
-            NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO },
+            NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO, max_running: None },
             settle_store::SYSTEM_ACTOR,
         )
         .await
@@ -496,7 +502,7 @@ async fn starts_from_now(engine: &str) {
     assert_eq!((count("all").await, count("new").await), (history, 0));
     store
         .create_account(
-            NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO },
+            NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO, max_running: None },
             settle_store::SYSTEM_ACTOR,
         )
         .await
@@ -543,7 +549,7 @@ async fn pruned_after_retention(engine: &str) {
     clock.advance_seconds(2);
     store
         .create_account(
-            NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO },
+            NewAccount { id: AccountId::parse("later").unwrap(), overdraft_limit: Credits::ZERO, max_running: None },
             settle_store::SYSTEM_ACTOR,
         )
         .await
@@ -765,7 +771,10 @@ async fn deliverers_race(engine: &str) {
 async fn scenario_named(store: &SqlStore, round: u32) {
     let a = AccountId::parse(&format!("a{round}")).unwrap();
     store
-        .create_account(NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO }, settle_store::SYSTEM_ACTOR)
+        .create_account(
+            NewAccount { id: a.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+            settle_store::SYSTEM_ACTOR,
+        )
         .await
         .unwrap();
     let grant = NewGrant {
@@ -815,7 +824,7 @@ async fn lapsed_leases(engine: &str) {
     let store = SqlStore::open(&url, StoreOptions { clock: clock.clone(), ..StoreOptions::default() }).await.unwrap();
     store
         .create_account(
-            NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO },
+            NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO, max_running: None },
             settle_store::SYSTEM_ACTOR,
         )
         .await
@@ -853,7 +862,7 @@ async fn a_failed_send_never_records_the_url_or_its_credentials() {
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
     store
         .create_account(
-            NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO },
+            NewAccount { id: AccountId::parse("a").unwrap(), overdraft_limit: Credits::ZERO, max_running: None },
             settle_store::SYSTEM_ACTOR,
         )
         .await
