@@ -404,6 +404,25 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
     } else {
         false
     };
+    // A queued job whose account is capped: how many of the account's jobs run against the cap.
+    let capped = if job.state == settle_core::job::JobState::Queued && job.kind != settle_core::job::WITHDRAWAL_KIND {
+        let account = s.store.account(&job.account_id).await.map_err(err)?;
+        match account.max_running {
+            Some(cap) => {
+                let filter = settle_store::JobFilter {
+                    state: Some(settle_core::job::JobState::Running),
+                    account_id: Some(job.account_id.clone()),
+                    ..settle_store::JobFilter::ALL
+                };
+                let limit = u32::try_from(cap + 1).unwrap_or(u32::MAX).min(settle_core::limits::PAGE_LIMIT_MAX);
+                let running = s.store.jobs(&filter, settle_store::Page { after: 0, limit }).await.map_err(err)?;
+                Some((cap, running.rows.len()))
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
     let p = pages::JobPage {
         job: &job,
         attempts: &attempts,
@@ -413,6 +432,7 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
         withdrawal: withdrawal.as_ref(),
         paid_by: &paid_by,
         unmatched,
+        capped,
     };
     Ok(page(StatusCode::OK, pages::job(&session, &p)))
 }

@@ -364,6 +364,8 @@ pub struct JobPage<'a> {
     pub paid_by: &'a [settle_store::Allocation],
     /// Queued, requiring labels no worker has claimed with in `LABELS_SEEN_WINDOW_SECONDS`.
     pub unmatched: bool,
+    /// Queued, its account capped: the cap and how many of the account's jobs run now.
+    pub capped: Option<(i64, usize)>,
 }
 
 /// How far back the console looks for a worker with a queued job's labels.
@@ -386,6 +388,14 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
                         @for l in j.requires.iter() { code { (l.as_str()) } " " }
                         @if p.unmatched {
                             br; strong class="error" { "Waiting: no worker with these labels has claimed in the last " (LABELS_SEEN_WINDOW_SECONDS / 60) " minutes." }
+                        }
+                    }
+                    @if let Some((cap, running)) = p.capped {
+                        dt { "account cap" } dd {
+                            (running) " of at most " (cap) " running"
+                            @if running as i64 >= cap {
+                                br; strong class="error" { "Waiting: its account is at its cap; it starts when one of them ends." }
+                            }
                         }
                     }
                 }
@@ -716,6 +726,12 @@ pub fn account(session: &Session, p: &AccountPage<'_>, q: &super::query::Entries
         section class="tiles" {
             div class="tile" { span class="n" { (credits(a.balance.get())) } span { "balance" } }
             div class="tile" { span class="n" { (credits(a.overdraft_limit.get())) } span { "overdraft limit" } }
+            div class="tile" {
+                @match a.max_running {
+                    Some(cap) => { span class="n" { (cap) } span { "jobs at most running at once (its cap)" } }
+                    None => { span class="n" { "—" } span { "no cap on running jobs" } }
+                }
+            }
             div class="tile" { span class="n" { (credits(d.pending)) } span { "charged to work not decided yet (jobs, unpaid withdrawals)" } }
             div class="tile" { span class="n" { (credits(d.exposure)) } span { "refunded, reclaimable by a late success" } }
             @if d.debt > 0 {

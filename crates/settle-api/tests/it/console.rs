@@ -16,6 +16,7 @@ on_both_engines!(
     the_pages_show_where_the_credits_went,
     a_held_item_shows_its_hold_price_and_release,
     a_job_shows_its_priority_and_labels_and_the_list_filters_by_priority,
+    an_account_at_its_cap_says_why_its_job_waits,
     a_signed_out_or_rotated_session_is_no_session,
     cross_site_posts_and_foreign_hosts_are_refused,
     a_sign_out_holds_in_every_process_and_after_a_restart,
@@ -431,6 +432,46 @@ async fn a_job_shows_its_priority_and_labels_and_the_list_filters_by_priority(e:
     assert_eq!(r.body["jobs"].as_array().unwrap().len(), 0, "{}", r.body);
     let (_, html) = page(&b, &s, "/console/jobs/urgent").await;
     assert!(!html.contains("Waiting: no worker"), "a worker with both labels has been seen: {html}");
+}
+
+/// Caps over HTTP and in the console: a PATCH caps the account, the claim stops at the cap, the
+/// account page shows it and the waiting job says why it waits.
+async fn an_account_at_its_cap_says_why_its_job_waits(e: Engine) {
+    let s = server(e).await;
+    let made =
+        s.send("POST", "/v1/accounts", Some(serde_json::json!({"id": "gpu", "max_running": 1})), Some(ADMIN)).await;
+    assert_eq!((made.status, &made.body["max_running"]), (201, &serde_json::json!(1)), "{}", made.body);
+    let grant = serde_json::json!({"id": "g-gpu", "amount": 100});
+    assert_eq!(s.send("POST", "/v1/accounts/gpu/grants", Some(grant), Some(ADMIN)).await.status, 201);
+    for id in ["first", "second"] {
+        let job = serde_json::json!({"id": id, "account_id": "gpu", "kind": "render", "cost": 1});
+        assert_eq!(s.post("/v1/jobs", job).await.status, 201);
+    }
+    let r = s.send("POST", "/v1/claims", Some(serde_json::json!({"worker": "w", "limit": 5})), Some(WORKER)).await;
+    assert_eq!(r.body["jobs"].as_array().unwrap().len(), 1, "one at a time: {}", r.body);
+    let (b, _) = sign_in(&s, CLIENT).await;
+    let (_, html) = page(&b, &s, "/console/jobs/second").await;
+    assert!(html.contains("1 of at most 1 running") && html.contains("Waiting: its account is at its cap"), "{html}");
+    let (_, html) = page(&b, &s, "/console/accounts/gpu").await;
+    assert!(html.contains("jobs at most running at once"), "{html}");
+    // Bad caps: refused, nothing changed; a client may not change caps; null removes the cap.
+    for bad in [
+        serde_json::json!({"max_running": -1}),
+        serde_json::json!({"max_running": 10001}),
+        serde_json::json!({"cap": 2}),
+    ] {
+        let r = s.send("PATCH", "/v1/accounts/gpu", Some(bad), Some(ADMIN)).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+    }
+    let r = s.send("PATCH", "/v1/accounts/gpu", Some(serde_json::json!({"max_running": 5})), Some(CLIENT)).await;
+    assert_eq!(r.status, 403);
+    let r = s.send("PATCH", "/v1/accounts/nobody", Some(serde_json::json!({"max_running": 5})), Some(ADMIN)).await;
+    assert_eq!(r.status, 404);
+    let r = s.send("PATCH", "/v1/accounts/gpu", Some(serde_json::json!({"max_running": null})), Some(ADMIN)).await;
+    assert_eq!((r.status, &r.body["max_running"]), (200, &serde_json::Value::Null), "{}", r.body);
+    assert_eq!(r.body["overdraft_limit"], 0, "the other field kept");
+    let r = s.send("POST", "/v1/claims", Some(serde_json::json!({"worker": "w", "limit": 5})), Some(WORKER)).await;
+    assert_eq!(r.body["jobs"][0]["id"], "second", "no cap: the waiting job starts: {}", r.body);
 }
 
 async fn a_signed_out_or_rotated_session_is_no_session(e: Engine) {
