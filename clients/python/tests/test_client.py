@@ -241,6 +241,27 @@ def test_priority_and_labels_choose_what_a_worker_claims(admin, worker_client):
     assert e.value.code == "invalid_request"
 
 
+def test_an_account_cap_bounds_what_runs(admin, worker_client):
+    """Issue 44: an account's `max_running` is set at creation, changed and removed by
+    `update_account`; a claim never takes a job over it."""
+    made = admin.create_account("capped", max_running=1)
+    assert made["max_running"] == 1
+    admin.grant("capped", "g-capped", 10)
+    for n in range(3):
+        admin.create_job(f"capped-{n}", "capped", "capped", cost=1)
+    assert len(worker_client.claim("py-capped", kinds=["capped"], limit=5)) == 1
+    assert worker_client.claim("py-capped", kinds=["capped"], limit=5) == []
+    assert admin.update_account("capped", max_running=2)["max_running"] == 2
+    assert len(worker_client.claim("py-capped", kinds=["capped"], limit=5)) == 1
+    kept = admin.update_account("capped", overdraft_limit=5)
+    assert (kept["overdraft_limit"], kept["max_running"]) == (5, 2), "a field not given is kept"
+    assert admin.update_account("capped", max_running=None)["max_running"] is None
+    assert len(worker_client.claim("py-capped", kinds=["capped"], limit=5)) == 1
+    with pytest.raises(SettleError) as e:
+        admin.update_account("capped", max_running=-1)
+    assert e.value.code == "invalid_request"
+
+
 def test_a_trial_grant_is_spent_first_and_listed(admin):
     admin.create_account("trialp")
     admin.grant("trialp", "pack-trialp", 100)

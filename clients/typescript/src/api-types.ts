@@ -22,6 +22,10 @@ export interface Account {
    */
   id: string;
   /**
+   * The most of the account's jobs that may run at once; null: no cap.
+   */
+  max_running?: number | null;
+  /**
    * How far below zero charges may take the balance, in credits.
    */
   overdraft_limit: number;
@@ -223,6 +227,11 @@ export interface CreateAccount {
    * idempotent.
    */
   id: string;
+  /**
+   * The most of the account's jobs that may run at once (0 to 10,000; absent or null: no cap). A
+   * claim never takes a job that would put the account over it.
+   */
+  max_running?: number | null;
   /**
    * How far below zero charges may take the balance, in credits (minor units); 0 (the default) to 2^61.
    */
@@ -918,6 +927,22 @@ export interface Unknown {
    * What is known, up to 2,000 bytes.
    */
   message?: string | null;
+}
+
+/**
+ * `PATCH /v1/accounts/{id}`: each field given is set, the others kept.
+ */
+export interface UpdateAccount {
+  /**
+   * The account's cap on running jobs, 0 to 10,000; `null` removes the cap. Lowered below what
+   * runs now, running jobs finish and nothing new starts until the account is below it.
+   */
+  max_running?: number | null;
+  /**
+   * How far below zero charges may take the balance, in credits; 0 to 2^61. Lowering it below
+   * what the balance already owes refuses further charges; it moves no credits.
+   */
+  overdraft_limit?: number | null;
 }
 
 export interface Violation {

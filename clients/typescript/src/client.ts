@@ -129,8 +129,18 @@ export class Settle {
 
   // ----- accounts and ledgers -----
 
-  async createAccount(id: string, overdraftLimit?: number): Promise<Created<Account>> {
-    return this.#create("/v1/accounts", { id, ...(overdraftLimit === undefined ? {} : { overdraft_limit: overdraftLimit }) });
+  /** `maxRunning`: the most of the account's jobs that may run at once (no cap when absent). */
+  async createAccount(id: string, overdraftLimit?: number, maxRunning?: number): Promise<Created<Account>> {
+    return this.#create("/v1/accounts", {
+      id,
+      ...(overdraftLimit === undefined ? {} : { overdraft_limit: overdraftLimit }),
+      ...(maxRunning === undefined ? {} : { max_running: maxRunning }),
+    });
+  }
+
+  /** Sets what is given and keeps the rest: `max_running: null` removes the account's cap. */
+  async updateAccount(id: string, changes: { overdraft_limit?: number; max_running?: number | null }): Promise<Account> {
+    return (await this.#call<Account>("PATCH", `/v1/accounts/${seg("account id", id)}`, changes)).value;
   }
 
   async account(id: string): Promise<Account> {

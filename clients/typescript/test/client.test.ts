@@ -81,6 +81,16 @@ test("a job carries its priority and the labels a worker needs", async () => {
   await assert.rejects(admin.createJob({ id: "gpu-bad", accountId: "liney", kind: "render", cost: 1, priority: 101 }), /priority/i);
 });
 
+test("an account's cap is set, changed and removed", async () => {
+  const made = await admin.createAccount("cappy", undefined, 2);
+  assert.equal(made.max_running, 2);
+  assert.equal((await admin.updateAccount("cappy", { max_running: 1 })).max_running, 1);
+  const kept = await admin.updateAccount("cappy", { overdraft_limit: 3 });
+  assert.deepEqual([kept.overdraft_limit, kept.max_running], [3, 1]);
+  assert.equal((await admin.updateAccount("cappy", { max_running: null })).max_running, null);
+  await assert.rejects(admin.updateAccount("cappy", { max_running: 10001 }), /max_running/i);
+});
+
 test("a held job is charged its hold, and a cancel refunds the hold", async () => {
   await admin.createAccount("heldy");
   await admin.grant("heldy", { id: "welcome-heldy", amount: 100 });

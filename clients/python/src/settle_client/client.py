@@ -96,6 +96,10 @@ class _Req:
     then: Callable[[Json], Any] = lambda body: body
 
 
+KEEP: Any = object()
+"""`update_account`'s default for a field it leaves as it is (`None` means "remove")."""
+
+
 def _drop_none(**fields: Any) -> Json:
     return {k: v for k, v in fields.items() if v is not None}
 
@@ -104,8 +108,15 @@ class _ops:
     """Every operation of the API both clients offer, as the request it sends (docs/api.md)."""
 
     @staticmethod
-    def create_account(id: str, overdraft_limit: int | None) -> _Req:
-        return _Req("POST", "/v1/accounts", _drop_none(id=id, overdraft_limit=overdraft_limit))
+    def create_account(id: str, overdraft_limit: int | None, max_running: int | None) -> _Req:
+        return _Req("POST", "/v1/accounts", _drop_none(id=id, overdraft_limit=overdraft_limit, max_running=max_running))
+
+    @staticmethod
+    def update_account(id: str, overdraft_limit: int | None, max_running: Any) -> _Req:
+        body = _drop_none(overdraft_limit=overdraft_limit)
+        if max_running is not KEEP:
+            body["max_running"] = max_running
+        return _Req("PATCH", f"/v1/accounts/{_seg(id)}", body)
 
     @staticmethod
     def account(id: str) -> _Req:
@@ -290,8 +301,13 @@ class Client:
         return req.then(_body(self._http.request(req.method, req.path, params=req.params, json=body)))
 
     # ----- accounts -----
-    def create_account(self, id: str, overdraft_limit: int | None = None) -> Account:
-        return self._send(_ops.create_account(id, overdraft_limit))
+    def create_account(self, id: str, overdraft_limit: int | None = None, max_running: int | None = None) -> Account:
+        """`max_running`: the most of the account's jobs that may run at once (no cap when absent)."""
+        return self._send(_ops.create_account(id, overdraft_limit, max_running))
+
+    def update_account(self, id: str, overdraft_limit: int | None = None, max_running: Any = KEEP) -> Account:
+        """Sets what is given: `max_running=None` removes the cap; leaving it out keeps it."""
+        return self._send(_ops.update_account(id, overdraft_limit, max_running))
 
     def account(self, id: str) -> Account:
         return self._send(_ops.account(id))
@@ -463,8 +479,13 @@ class AsyncClient:
         return req.then(_body(await self._http.request(req.method, req.path, params=req.params, json=body)))
 
     # ----- accounts -----
-    async def create_account(self, id: str, overdraft_limit: int | None = None) -> Account:
-        return await self._send(_ops.create_account(id, overdraft_limit))
+    async def create_account(
+        self, id: str, overdraft_limit: int | None = None, max_running: int | None = None
+    ) -> Account:
+        return await self._send(_ops.create_account(id, overdraft_limit, max_running))
+
+    async def update_account(self, id: str, overdraft_limit: int | None = None, max_running: Any = KEEP) -> Account:
+        return await self._send(_ops.update_account(id, overdraft_limit, max_running))
 
     async def account(self, id: str) -> Account:
         return await self._send(_ops.account(id))

@@ -42,6 +42,7 @@ class Account(_Replayable):
     id: str
     balance: int
     overdraft_limit: int
+    max_running: int | None  # the most of its jobs that may run at once; None: no cap
     created_at: str
 
 
