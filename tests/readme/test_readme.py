@@ -294,6 +294,9 @@ def test_first_session_then_payouts(env: Env) -> None:
         for job, worker in [("fay-urgent", "cpu-1"), ("fay-a100", "gpu-eu-1")]:
             assert http("GET", f"{env.s}/v1/jobs/{job}")[1]["state"] == "succeeded", out
             assert http("GET", f"{env.s}/v1/jobs/{job}/attempts")[1]["attempts"][0]["worker"] == worker, out
+        assert http("GET", env.s + "/v1/accounts/fay")[1]["max_running"] == 1, out
+        states = [http("GET", f"{env.s}/v1/jobs/{job}")[1]["state"] for job in ("fay-1", "fay-2")]
+        assert states == ["running", "queued"], (states, out)
 
     # The payouts step restarts settle serve on the same ./settle.db, pointed at the simulator.
     setup = "".join(line + "\n" for line in block("first_session").splitlines() if re.match(r"^[SJ]=", line))

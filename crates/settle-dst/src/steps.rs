@@ -25,7 +25,8 @@ pub async fn step(w: &mut World, m: &Machine, rig: &Rig) -> bool {
         37..62 => report(w, m, rig).await,
         62..66 => cancel(w, m).await,
         66..71 => withdrawal(w, m).await,
-        71..73 => grant(w, m).await,
+        71..72 => grant(w, m).await,
+        72..73 => set_cap(w, m).await,
         73..85 => pass(w, m).await,
         85..97 => advance(w, rig),
         _ => return crash(w, m, rig).await,
@@ -137,7 +138,12 @@ async fn claim(w: &mut World, m: &Machine) {
     };
     let claimed = m.store.claim(req).await;
     w.answer(&format!("claim by {worker}"), claimed.as_ref().map(|c| c.len()));
-    for c in claimed.unwrap_or_default() {
+    let claimed = claimed.unwrap_or_default();
+    if let Err(broke) = caps_held(w, m, &claimed).await {
+        w.tape.broken.push(broke);
+        return;
+    }
+    for c in claimed {
         let id = c.job.id.as_str().to_owned();
         w.trace(&format!("claimed {id}"));
         if let Some(sim) = w.jobs.get_mut(&id) {
@@ -149,6 +155,54 @@ async fn claim(w: &mut World, m: &Machine) {
             sim.tokens.push(c.lease_token);
         }
         w.touched.insert(id);
+    }
+}
+
+/// A claim that gave out a job of a capped account or kind left it at most at its cap: each step
+/// runs alone, so the running jobs counted now are those before the claim and what it gave.
+async fn caps_held(w: &World, m: &Machine, claimed: &[settle_store::ClaimedJob]) -> Result<(), String> {
+    use settle_core::job::JobState;
+    use settle_store::{JobFilter, Page};
+    let running = |filter: JobFilter| async move {
+        let page = Page { after: 0, limit: 1_000 };
+        // Withdrawals never count toward a cap (decision 0032).
+        let rows = m.store.jobs(&JobFilter { state: Some(JobState::Running), ..filter }, page).await;
+        rows.map(|p| p.rows.iter().filter(|j| j.kind.as_str() != settle_core::job::WITHDRAWAL_KIND).count())
+    };
+    let mut accounts: Vec<&AccountId> = claimed.iter().map(|c| &c.job.account_id).collect();
+    accounts.dedup();
+    for a in accounts {
+        let Some(Some(cap)) = w.caps.get(a.as_str()) else { continue };
+        let filter = JobFilter { account_id: Some(a.clone()), ..JobFilter::ALL };
+        let n = running(filter).await.map_err(|e| format!("count running: {e}"))?;
+        if n as i64 > *cap {
+            return Err(format!("a claim put account {a} at {n} running jobs, over its cap {cap}"));
+        }
+    }
+    let (kind, cap) = crate::world::KIND_CAP;
+    if claimed.iter().any(|c| c.job.kind.as_str() == kind) {
+        let filter = JobFilter { kind: Some(JobKind::parse(kind).expect("a kind")), ..JobFilter::ALL };
+        let n = running(filter).await.map_err(|e| format!("count running: {e}"))?;
+        if n as i64 > cap {
+            return Err(format!("a claim put kind {kind} at {n} running jobs, over its cap {cap}"));
+        }
+    }
+    Ok(())
+}
+
+/// An admin sets or removes an account's cap (never 0 here: the drain at the end must finish
+/// every job).
+async fn set_cap(w: &mut World, m: &Machine) {
+    let account = account(w);
+    let cap = match w.pick(4) {
+        0 => None,
+        n => Some(n as i64),
+    };
+    let changes = settle_store::AccountChanges { overdraft_limit: None, max_running: Some(cap) };
+    let set = m.store.update_account(&account, changes, settle_store::SYSTEM_ACTOR).await;
+    w.answer(&format!("cap {account} {cap:?}"), set.as_ref().map(|a| a.max_running));
+    if set.is_ok() {
+        w.caps.insert(account.as_str().to_owned(), cap);
     }
 }
 

@@ -23,12 +23,22 @@ const OWING_CASH: i64 = 60;
 const OWING_TRIAL: i64 = 100;
 const OWING_OVERDRAFT: i64 = 200;
 
-/// Short leases and backoffs, so a few hundred steps of simulated time see them run out.
+/// The account that starts with a cap (issue 44), and its cap; the kind with one, and its.
+pub const CAPPED: &str = "acct0";
+pub const ACCOUNT_CAP: i64 = 2;
+pub const KIND_CAP: (&str, i64) = ("batch", 3);
+
+/// Short leases and backoffs, so a few hundred steps of simulated time see them run out; a cap on
+/// the kind `batch`.
 pub fn policies() -> Policies {
     let default =
         RetryPolicy { attempts_max: 3, lease_seconds: 30, confirm_window_seconds: 120, ..RetryPolicy::default() };
     let withdrawal = RetryPolicy { refund_on: RefundPolicy::FinalFailure, lease_seconds: 60, ..default.clone() };
-    Policies { default, kinds: [("withdrawal".to_owned(), withdrawal)].into_iter().collect() }
+    let batch = RetryPolicy { max_running: Some(KIND_CAP.1), ..default.clone() };
+    Policies {
+        default,
+        kinds: [("withdrawal".to_owned(), withdrawal), (KIND_CAP.0.to_owned(), batch)].into_iter().collect(),
+    }
 }
 
 pub struct World {
@@ -48,6 +58,8 @@ pub struct World {
     pub hooks: crate::hooks::Hooks,
     /// How much of the provider's log `check` has read.
     provider_read: usize,
+    /// Each account's cap as the simulated admin last set it.
+    pub caps: BTreeMap<String, Option<i64>>,
 }
 
 impl World {
@@ -63,6 +75,7 @@ impl World {
             books: crate::money::Books::default(),
             hooks: crate::hooks::Hooks::default(),
             provider_read: 0,
+            caps: BTreeMap::new(),
         }
     }
 
@@ -89,13 +102,15 @@ impl World {
         for n in 0..ACCOUNTS {
             let id = format!("acct{n}");
             let account = AccountId::parse(&id).expect("an account id");
+            let cap = (id == CAPPED).then_some(ACCOUNT_CAP);
             let made = store
                 .create_account(
-                    NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+                    NewAccount { id: account.clone(), overdraft_limit: Credits::ZERO, max_running: cap },
                     SYSTEM_ACTOR,
                 )
                 .await;
             self.answer("setup account", made.as_ref().map(|_| ()));
+            self.caps.insert(id.clone(), cap);
             let grant = NewGrant {
                 id: RefId::parse(&format!("g{n}")).expect("a ref id"),
                 amount: Credits::new(GRANT),

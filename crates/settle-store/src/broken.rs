@@ -24,6 +24,8 @@ pub enum Guard {
     /// A success of a job whose cancel was requested tears it down instead of completing it (seed
     /// 003's race ⑤).
     CancelWins,
+    /// A claim takes a capped account's or kind's job only while it runs fewer than its cap.
+    Cap,
 }
 
 /// Whether `guard` is removed in this store.

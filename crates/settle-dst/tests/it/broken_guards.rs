@@ -69,3 +69,8 @@ fn without_the_expiry_clock_on_balance_updates() {
 fn without_completion_conditional_on_no_cancel() {
     caught(Breakage::Store(Guard::CancelWins));
 }
+
+#[test]
+fn without_the_cap_count_on_a_capped_claim() {
+    caught(Breakage::Store(Guard::Cap));
+}

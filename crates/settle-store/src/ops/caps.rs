@@ -244,6 +244,7 @@ async fn claim_by_id(
 /// account's lined jobs of the line when the account is at its cap).
 pub(crate) async fn decide(
     db: &mut Db<'_>,
+    cx: &super::Cx,
     base: &[Value],
     c: &Candidate,
     line: &LineKey,
@@ -281,7 +282,12 @@ pub(crate) async fn decide(
             return Ok(Decision::KindBusy);
         }
     }
-    if let Some(row) = claim_by_id(db, base, c, c.account_cap, line, kind_cap).await? {
+    // The simulator's broken variant counts nothing (crate::broken).
+    let (account_cap, counted_kind_cap) = match cx.broken(crate::broken::Guard::Cap) {
+        true => (None, None),
+        false => (c.account_cap, kind_cap),
+    };
+    if let Some(row) = claim_by_id(db, base, c, account_cap, line, counted_kind_cap).await? {
         return Ok(Decision::Claimed(row));
     }
     // A cap is full (the candidate is this transaction's: nothing else moved it). Which one:

@@ -236,7 +236,7 @@ async fn take_from_line(
             return Ok(None);
         }
         seen.decisions += 1;
-        match caps::decide(db, base, &candidate, line, kind_cap).await? {
+        match caps::decide(db, cx, base, &candidate, line, kind_cap).await? {
             caps::Decision::Claimed(row) => return Ok(Some(row)),
             caps::Decision::AccountBusy | caps::Decision::AccountFull => seen.skip.push(candidate.account_id),
             caps::Decision::KindBusy | caps::Decision::KindFull => {
