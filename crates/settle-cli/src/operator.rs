@@ -225,6 +225,9 @@ pub async fn accounts(store: &dyn Store, cmd: Accounts) -> anyhow::Result<()> {
                 d.exposure,
                 d.entries
             )?;
+            if let Some(cap) = d.account.max_running {
+                out!("  at most {cap} jobs running at once (max_running)")?;
+            }
             let mut page = Page { after: 0, limit: 1000 };
             loop {
                 let p = store.grants(&id, page).await?;

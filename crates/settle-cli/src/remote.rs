@@ -247,6 +247,9 @@ pub async fn accounts(r: &Remote, cmd: Accounts) -> anyhow::Result<()> {
     let Accounts::Show { id } = cmd;
     let a = r.get(&format!("/v1/accounts/{}", enc(&id))).await?;
     out!("{}  balance {}  overdraft limit {}", s(&a["id"]), a["balance"], n(&a["overdraft_limit"]))?;
+    if let Some(cap) = a["max_running"].as_i64() {
+        out!("  at most {cap} jobs running at once (max_running)")?;
+    }
     for g in r.all(&format!("/v1/accounts/{}/grants", enc(&id)), "grants", u32::MAX).await? {
         let expiry = match (g["expires_at"].as_str(), g["state"].as_str()) {
             (None, _) => "never expires".to_owned(),

@@ -76,8 +76,9 @@ async fn until<F: AsyncFn() -> bool>(secs: u64, what: &str, cond: F) {
 }
 
 /// After the fault: every create was answered, and only `201` or `503` — never a `500`, never a
-/// cut connection; every job not acknowledged is sent again with the same
-/// body and answers `201` (it was not written) or `200` (it was, and this is its replay); every
+/// cut connection; every job not acknowledged is sent again with the same body (again after a
+/// `503`, as a client would) and answers `201` (it was not written) or `200` (it was, and this is
+/// its replay); every
 /// acknowledged job is there; the balance is the grant minus every job's cost, exactly.
 async fn check_nothing_lost(http: &reqwest::Client, base: &str, load: &Load) {
     let mut sent = load.sent.lock().await;
@@ -94,7 +95,17 @@ async fn check_nothing_lost(http: &reqwest::Client, base: &str, load: &Load) {
             assert_eq!(status, 200, "acknowledged job {id} is missing: {job}");
             assert_eq!(job["state"], "queued", "{job}");
         } else {
-            let again = create(http, base, id, *cost).await;
+            // Sent again as a client does: a 503 says "try again" (the store may still be settling
+            // what the full disk left, a checkpoint or a reopened writer), so a few more tries,
+            // spaced out, before the answer must be 201 (not written) or 200 (written: a replay).
+            let mut again = create(http, base, id, *cost).await;
+            for _ in 0..20 {
+                if again != Answer::Status(503) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                again = create(http, base, id, *cost).await;
+            }
             assert!(matches!(again, Answer::Status(200 | 201)), "{id} sent again: {again:?}");
             answers.push(again);
         }

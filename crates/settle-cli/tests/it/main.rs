@@ -2,6 +2,7 @@
 
 // What the modules share; not every module uses all of it.
 mod artifacts;
+mod caps;
 mod cli;
 #[allow(dead_code)]
 mod common;
