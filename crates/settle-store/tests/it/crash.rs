@@ -15,6 +15,9 @@ use std::collections::{BTreeSet, HashMap};
 #[derive(Clone, Debug)]
 enum Step {
     Account(&'static str),
+    /// An admin's cap change (`PATCH /v1/accounts/{id}`): later claims of the account take the
+    /// capped path (docs/design/fair-claims.md §10).
+    Cap(&'static str, Option<i64>),
     Grant(&'static str, i64),
     Adjust(&'static str, i64),
     Job(&'static str, &'static [i64], RefundPolicy),
@@ -54,6 +57,7 @@ fn scenario() -> Vec<Step> {
         Account("a"),
         Grant("a", 1_000),
         Adjust("a", -5),
+        Cap("a", Some(10)),
         Job("j1", &[40], FailedOnlyP),
         Job("j2", &[10, 20, 30], FailedOnlyP),
         Job("j3", &[10], FinalP),
@@ -135,6 +139,14 @@ impl Runner<'_> {
             Step::Account(a) => s
                 .create_account(
                     NewAccount { id: acc(a), overdraft_limit: Credits::ZERO, max_running: None },
+                    settle_store::SYSTEM_ACTOR,
+                )
+                .await
+                .map(drop),
+            Step::Cap(a, cap) => s
+                .update_account(
+                    &acc(a),
+                    AccountChanges { overdraft_limit: None, max_running: Some(*cap) },
                     settle_store::SYSTEM_ACTOR,
                 )
                 .await
