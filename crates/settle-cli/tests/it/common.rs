@@ -31,7 +31,7 @@ impl Drop for Process {
 pub struct Serve {
     pub child: Child,
     pub base: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Serve {
@@ -48,10 +48,15 @@ impl Serve {
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         self.child.wait().map(|s| s.success()).unwrap_or(false)
     }
+
+    /// What the process has logged so far (its standard error).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()
+    }
 }
 
 /// `settle serve` in a temp dir of its own (its default SQLite database lives there) on a free
-/// port, with the database and config given, output discarded.
+/// port, with the database and config given; its log goes to a file there (`Serve::log`).
 pub fn serve(db: Option<&str>, config: Option<&std::path::Path>) -> Serve {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
@@ -63,15 +68,16 @@ pub fn serve(db: Option<&str>, config: Option<&std::path::Path>) -> Serve {
     if let Some(c) = config {
         cmd.arg("--config").arg(c);
     }
+    let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
     let child = cmd
         .env_remove("SETTLE_DATABASE_URL")
         .env_remove("SETTLE_TOKENS")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap();
     wait_for(port);
-    Serve { child, base: format!("http://127.0.0.1:{port}"), _dir: dir }
+    Serve { child, base: format!("http://127.0.0.1:{port}"), dir }
 }
 
 pub async fn call(http: &reqwest::Client, method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
