@@ -83,6 +83,7 @@ CLAIMS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "event_body": ("json", lambda t: '"seq"' in t),
     "refund_on_recipe": ("sh", lambda t: "erin-pack" in t),
     "lines_session": ("sh", lambda t: "fay-pack" in t),
+    "alerts_session": ("sh", lambda t: "gil-pack" in t),
     "card_recipe": ("python", lambda t: "on_payment_succeeded" in t),
 }
 
@@ -297,6 +298,10 @@ def test_first_session_then_payouts(env: Env) -> None:
         assert http("GET", env.s + "/v1/accounts/fay")[1]["max_running"] == 1, out
         states = [http("GET", f"{env.s}/v1/jobs/{job}")[1]["state"] for job in ("fay-1", "fay-2")]
         assert states == ["running", "queued"], (states, out)
+        out = run_sh(env, setup + block("alerts_session"))
+        fired = re.findall(r'"type":"account\.balance_low"', out)
+        assert len(fired) == 1 and '"balance_after":40' in out, out
+        assert http("GET", env.s + "/v1/accounts/gil/alerts")[1]["alerts"] == [{"id": "low", "below": 50, "side": "below"}]
 
     # The payouts step restarts settle serve on the same ./settle.db, pointed at the simulator.
     setup = "".join(line + "\n" for line in block("first_session").splitlines() if re.match(r"^[SJ]=", line))
@@ -490,7 +495,7 @@ def test_postgres_demo_and_audit(env: Env) -> None:
     assert url, "SETTLE_README_TESTS_DB (an empty PostgreSQL database) is set by scripts/test-readme"
     out = run_sh(env, block("postgres"), timeout=600, SETTLE_DATABASE_URL=url)
     # The demo's stories ran on PostgreSQL (its last line the totals), and the audit found them clean.
-    assert re.search(r"^audit: clean \(\d+ accounts, \d+ items, \d+ ledger entries checked; L1-L6 hold\)$", out, re.M), out
+    assert re.search(r"^audit: clean \(\d+ accounts, \d+ items, \d+ ledger entries checked; L1-L7 hold\)$", out, re.M), out
     assert "payout" in out, out
 
 

@@ -262,6 +262,29 @@ def test_an_account_cap_bounds_what_runs(admin, worker_client):
     assert e.value.code == "invalid_request"
 
 
+def test_balance_alerts_fire_once_per_crossing(admin):
+    """Issue 45: alerts are set and read; a posting under the threshold fires one
+    `account.balance_low`, more postings below fire nothing, a grant back fires one
+    `account.balance_recovered`."""
+    admin.create_account("alerted")
+    admin.grant("alerted", "g-alerted", 1000)
+    after = admin.events(limit=1000)["next_after"]
+    assert admin.set_alerts("alerted", [("low", 500)]) == {"alerts": [{"id": "low", "below": 500, "side": "above"}]}
+    for n in range(4):
+        admin.create_job(f"alerted-{n}", "alerted", "alerts", cost=200)
+    admin.grant("alerted", "top-alerted", 500)
+    seen = [
+        (e["type"], e["data"]["balance_after"])
+        for e in admin.events(after=after, limit=1000)["events"]
+        if e["account_id"] == "alerted" and e["type"].startswith("account.balance_")
+    ]
+    assert seen == [("account.balance_low", 400), ("account.balance_recovered", 700)]
+    assert admin.alerts("alerted")["alerts"][0]["side"] == "above"
+    with pytest.raises(SettleError) as e:
+        admin.set_alerts("alerted", [("zero", 0)])
+    assert e.value.code == "invalid_request"
+
+
 def test_a_trial_grant_is_spent_first_and_listed(admin):
     admin.create_account("trialp")
     admin.grant("trialp", "pack-trialp", 100)

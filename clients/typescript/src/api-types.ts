@@ -61,6 +61,31 @@ export interface Action {
   detail: unknown;
 }
 
+export interface Alert {
+  /**
+   * The threshold in credits.
+   */
+  below: number;
+  /**
+   * The alert's name, unique on the account.
+   */
+  id: string;
+  /**
+   * `above` (the balance is at or above `below`) or `below`.
+   */
+  side: string;
+}
+
+/**
+ * An account's alerts, in threshold order.
+ */
+export interface AlertList {
+  /**
+   * The account's alerts, lowest threshold first (ties by id).
+   */
+  alerts: Array<Alert>;
+}
+
 export interface Allocation {
   /**
    * Credits of it given back since (refunds, releases go home).
@@ -815,6 +840,18 @@ export interface LedgerPage {
   next_after?: number | null;
 }
 
+export interface NewAlert {
+  /**
+   * The threshold in credits, 1 to 2^61: `account.balance_low` when a posting takes the balance
+   * from at or above it to under it, `account.balance_recovered` back.
+   */
+  below: number;
+  /**
+   * The alert's name, unique on the account (the id charset, 1–128 characters).
+   */
+  id: string;
+}
+
 export interface NewItem {
   /**
    * The item's price in credits (minor units), 0 or more; charged when the job is created.
@@ -831,6 +868,16 @@ export interface NewItem {
    * The item's id, unique within the job: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`.
    */
   id: string;
+}
+
+/**
+ * `PUT /v1/accounts/{id}/alerts`: the account's whole set of alerts.
+ */
+export interface PutAlerts {
+  /**
+   * At most 16; an empty list removes them all.
+   */
+  alerts: Array<NewAlert>;
 }
 
 export interface RegisterArtifact {

@@ -2,6 +2,7 @@
 // errors. No dependencies beyond Node >= 20's `fetch`.
 import type {
   Account,
+  AlertList,
   Audit,
   Event,
   EventPage,
@@ -145,6 +146,17 @@ export class Settle {
 
   async account(id: string): Promise<Account> {
     return this.#get(`/v1/accounts/${seg("account id", id)}`);
+  }
+
+  /** Replaces the account's balance alerts (at most 16; `[]` removes them). Each fires
+   * `account.balance_low` once when a posting takes the balance under `below`, and
+   * `account.balance_recovered` once when one takes it back; setting them fires nothing. */
+  async setAlerts(accountId: string, alerts: { id: string; below: number }[]): Promise<AlertList> {
+    return (await this.#call<AlertList>("PUT", `/v1/accounts/${seg("account id", accountId)}/alerts`, { alerts })).value;
+  }
+
+  async alerts(accountId: string): Promise<AlertList> {
+    return this.#get(`/v1/accounts/${seg("account id", accountId)}/alerts`);
   }
 
   /** Credits an account; grant ids are unique across all accounts. `expires_at` (RFC 3339, in the

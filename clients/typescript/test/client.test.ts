@@ -91,6 +91,22 @@ test("an account's cap is set, changed and removed", async () => {
   await assert.rejects(admin.updateAccount("cappy", { max_running: 10001 }), /max_running/i);
 });
 
+test("balance alerts fire once per crossing", async () => {
+  await admin.createAccount("alerty");
+  await admin.grant("alerty", { id: "g-alerty", amount: 1000 });
+  const from = (await admin.events(0, { limit: 1000 })).next_after ?? 0;
+  const set = await admin.setAlerts("alerty", [{ id: "low", below: 500 }]);
+  assert.deepEqual(set, { alerts: [{ id: "low", below: 500, side: "above" }] });
+  for (let n = 0; n < 4; n++) await admin.createJob({ id: `alerty-${n}`, accountId: "alerty", kind: "render", cost: 200 });
+  await admin.grant("alerty", { id: "top-alerty", amount: 500 });
+  const seen = (await admin.events(from, { limit: 1000 })).events
+    .filter((e) => e.account_id === "alerty" && e.type.startsWith("account.balance_"))
+    .map((e) => `${e.type} ${(e.data as { balance_after: number }).balance_after}`);
+  assert.deepEqual(seen, ["account.balance_low 400", "account.balance_recovered 700"]);
+  assert.equal((await admin.alerts("alerty")).alerts[0]?.side, "above");
+  await assert.rejects(admin.setAlerts("alerty", [{ id: "zero", below: 0 }]), /below/);
+});
+
 test("a held job is charged its hold, and a cancel refunds the hold", async () => {
   await admin.createAccount("heldy");
   await admin.grant("heldy", { id: "welcome-heldy", amount: 100 });

@@ -111,6 +111,7 @@ fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(BaseOpenApi::openapi())
         .routes(routes!(h::create_account, h::list_accounts))
         .routes(routes!(h::get_account, h::update_account))
+        .routes(routes!(h::put_alerts, h::get_alerts))
         .routes(routes!(h::create_grant, h::list_grants))
         .routes(routes!(h::create_adjustment))
         .routes(routes!(h::get_ledger))

@@ -50,6 +50,53 @@ pub struct UpdateAccount {
     pub max_running: Option<Option<i64>>,
 }
 
+/// `PUT /v1/accounts/{id}/alerts`: the account's whole set of alerts.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutAlerts {
+    /// At most 16; an empty list removes them all.
+    pub alerts: Vec<NewAlert>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewAlert {
+    /// The alert's name, unique on the account (the id charset, 1–128 characters).
+    pub id: String,
+    /// The threshold in credits, 1 to 2^61: `account.balance_low` when a posting takes the balance
+    /// from at or above it to under it, `account.balance_recovered` back.
+    #[schema(minimum = 1)]
+    pub below: i64,
+}
+
+/// An account's alerts, in threshold order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AlertList {
+    /// The account's alerts, lowest threshold first (ties by id).
+    pub alerts: Vec<Alert>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Alert {
+    /// The alert's name, unique on the account.
+    pub id: String,
+    /// The threshold in credits.
+    pub below: i64,
+    /// `above` (the balance is at or above `below`) or `below`.
+    pub side: String,
+}
+
+impl From<Vec<store::Alert>> for AlertList {
+    fn from(alerts: Vec<store::Alert>) -> AlertList {
+        AlertList {
+            alerts: alerts
+                .into_iter()
+                .map(|a| Alert { id: a.id, below: a.below, side: a.side.as_str().to_owned() })
+                .collect(),
+        }
+    }
+}
+
 /// A field that may be given as `null`: absent is `None`, `null` is `Some(None)`.
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<i64>>, D::Error> {
     Option::<i64>::deserialize(d).map(Some)

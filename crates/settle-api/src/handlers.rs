@@ -247,6 +247,40 @@ pub async fn update_account(
     Ok(ok(dto::Account::from(s.store.update_account(&account, changes, &auth.actor.name).await?)))
 }
 
+/// Set an account's balance alerts
+///
+/// Replaces the account's alerts (at most 16, each `{id, below}` with `below` from 1 to 2^61; an empty
+/// list removes them). Each alert is edge-triggered: a posting that takes the balance from at or above
+/// `below` to under it writes one `account.balance_low` event in its own transaction, one that takes
+/// it back writes one `account.balance_recovered`, and nothing fires while the balance stays on one
+/// side. Setting alerts records the side the balance is on now and fires nothing.
+#[utoipa::path(put, path = "/v1/accounts/{id}/alerts", tag = "accounts", params(("id" = String, Path)),
+    request_body = dto::PutAlerts,
+    responses((status = 200, body = dto::AlertList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn put_alerts(
+    State(s): State<AppState>,
+    auth: Auth<ClientRole>,
+    Path(account): Path<String>,
+    Json(b): Json<dto::PutAlerts>,
+) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    let alerts = b.alerts.into_iter().map(|a| (a.id, a.below)).collect();
+    tracing::info!(actor = %auth.actor, %account, "set alerts");
+    Ok(ok(dto::AlertList::from(s.store.set_alerts(&account, alerts, &auth.actor.name).await?)))
+}
+
+/// Read an account's balance alerts
+///
+/// The account's alerts in threshold order, each with the side of it the balance is on now.
+#[utoipa::path(get, path = "/v1/accounts/{id}/alerts", tag = "accounts", params(("id" = String, Path)),
+    responses((status = 200, body = dto::AlertList), (status = 404, body = ErrorBody)))]
+pub async fn get_alerts(State(s): State<AppState>, auth: Auth<ClientRole>, Path(account): Path<String>) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    Ok(ok(dto::AlertList::from(s.store.alerts(&account).await?)))
+}
+
 /// Grant credits to an account
 ///
 /// Adds `amount` credits (> 0) to the balance with one `grant` ledger entry, answered with that entry.
@@ -1217,7 +1251,7 @@ pub async fn requeue_dead_deliveries(
 
 /// Audit the ledger
 ///
-/// Recomputes invariants L1–L6 from the stored rows: every balance is the sum of its entries, every
+/// Recomputes invariants L1–L7 from the stored rows: every balance is the sum of its entries, every
 /// item's money state matches its entries, each account's hash chain is intact, every account's live
 /// grants less its debt are its balance, no withdrawal left never-expiring credit below the debt
 /// (the cash rule), and every event matches its transition. Answers `ok` and the violations found.

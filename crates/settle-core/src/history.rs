@@ -10,6 +10,10 @@ crate::names! {
         AccountAdjusted = "account.adjusted",
         /// An admin changed the account's overdraft limit or cap (`PATCH /v1/accounts/{id}`).
         AccountUpdated = "account.updated",
+        /// A posting took the balance under one of the account's alerts (spec §4a).
+        AccountBalanceLow = "account.balance_low",
+        /// A posting took the balance back to or above one of the account's alerts.
+        AccountBalanceRecovered = "account.balance_recovered",
         JobQueued = "job.queued",
         JobClaimed = "job.claimed",
         JobItemSucceeded = "job.item_succeeded",

@@ -1,4 +1,4 @@
-//! `settle audit`: the ledger invariants L1–L6 of the spec, recomputed from the rows.
+//! `settle audit`: the ledger invariants L1–L7 of the spec, recomputed from the rows.
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
 use crate::db::{Db, args, columns};
@@ -75,6 +75,14 @@ fn v(invariant: Invariant, account: Option<&str>, job: Option<&str>, item: Optio
 columns! {
     /// An account's stored figures.
     AccountRow { id, balance, exposure, held, entries = "last_account_seq" }
+}
+
+columns! {
+    /// An account's balance and alert band beside one of its alerts (none: NULLs).
+    AlertRow {
+        account_id = "c.id", balance = "c.balance", alert_floor = "c.alert_floor", alert_ceiling = "c.alert_ceiling",
+        alert_id = "a.alert_id", below = "a.below", side = "a.side",
+    }
 }
 
 columns! {
@@ -516,6 +524,7 @@ impl<'p> Audit<'p> {
         }
         self.withdrawals(db).await?;
         self.grants(db).await?;
+        self.alerts(db).await?;
         self.outbox(db).await?;
         let Audit { accounts, violations, .. } = self;
         Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
@@ -701,6 +710,54 @@ impl<'p> Audit<'p> {
                 Some(&item),
                 "ledger entries name an item that does not exist".to_owned(),
             );
+        }
+        Ok(())
+    }
+
+    /// L7: each alert on the side of its threshold its account's balance is on, and each account's
+    /// band (`alert_floor`, `alert_ceiling`) what its alerts' sides give — else a crossing was
+    /// missed, or would fire twice.
+    async fn alerts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM accounts c LEFT JOIN account_alerts a ON a.account_id = c.id \
+                 WHERE a.account_id IS NOT NULL OR c.alert_floor IS NOT NULL OR c.alert_ceiling IS NOT NULL \
+                 ORDER BY c.id, a.below, a.alert_id",
+                AlertRow::LIST
+            )
+        });
+        let rows = db.all(&SQL, args![]).await?;
+        let mut at = 0;
+        while at < rows.len() {
+            use AlertRow as C;
+            let account = rows[at].text(C::account_id)?;
+            let (balance, floor, ceiling) =
+                (rows[at].i64(C::balance)?, rows[at].opt_i64(C::alert_floor)?, rows[at].opt_i64(C::alert_ceiling)?);
+            let (mut want_floor, mut want_ceiling) = (None::<i64>, None::<i64>);
+            while at < rows.len() && rows[at].text(C::account_id)? == account {
+                if let (Some(id), Some(below), Some(side)) =
+                    (rows[at].opt_text(C::alert_id)?, rows[at].opt_i64(C::below)?, rows[at].opt_text(C::side)?)
+                {
+                    let right = if balance >= below { "above" } else { "below" };
+                    if side != right {
+                        let message =
+                            format!("alert {id} (below {below}) is on the {side} side of a balance of {balance}");
+                        self.push(Invariant::L7, Some(&account), None, None, message);
+                    }
+                    if side == "above" {
+                        want_floor = want_floor.max(Some(below));
+                    } else {
+                        want_ceiling = Some(want_ceiling.map_or(below, |c| c.min(below)));
+                    }
+                }
+                at += 1;
+            }
+            if (floor, ceiling) != (want_floor, want_ceiling) {
+                let message = format!(
+                    "the alert band is {floor:?}..{ceiling:?}, but the alerts' sides give {want_floor:?}..{want_ceiling:?}"
+                );
+                self.push(Invariant::L7, Some(&account), None, None, message);
+            }
         }
         Ok(())
     }

@@ -17,6 +17,7 @@ use std::str::FromStr;
 /// `_sqlx_migrations` is each store's own.
 pub const TABLES: &[(&str, &str)] = &[
     ("accounts", "id"),
+    ("account_alerts", "account_id, alert_id"),
     ("grants", "key"),
     ("jobs", "job_seq"),
     ("items", "job_id, ord, item_id"),

@@ -118,6 +118,23 @@ pub struct Account {
     pub created_at: Timestamp,
 }
 
+settle_core::names! {
+    /// Which side of an alert's threshold the balance is on: `above` (at or above it), `below`.
+    pub AlertSide {
+        Above = "above",
+        Below = "below",
+    }
+}
+
+/// A balance alert of an account (spec §4a): `account.balance_low` when a posting takes the balance
+/// from at or above `below` to under it, `account.balance_recovered` back; `side` is where it is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alert {
+    pub id: String,
+    pub below: i64,
+    pub side: AlertSide,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewGrant {
     pub id: RefId,
@@ -559,6 +576,7 @@ settle_core::names! {
     pub ActionKind {
         AccountCreate = "account.create",
         AccountUpdate = "account.update",
+        AccountAlerts = "account.alerts",
         AccountGrant = "account.grant",
         AccountAdjust = "account.adjust",
         JobCancel = "job.cancel",
@@ -753,6 +771,9 @@ settle_core::names! {
         /// No withdrawal left its account with never-expiring credit less than its debt (the cash
         /// rule: the overdraft never leaves as cash).
         L6 = "L6",
+        /// Every balance alert is on the side of its threshold the balance is on, and the account's
+        /// band is what its alerts' sides give (alerts fire once per crossing).
+        L7 = "L7",
         /// A gap in the ledger's or the outbox's numbering.
         Seq = "SEQ",
     }
@@ -972,7 +993,7 @@ mod tests {
         }
         round_trip!(FailureState, DeliveryState, BreakerState, ActionKind, Invariant);
         // The audit's texts are on the wire (`GET /v1/audit`): exactly these.
-        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "L5", "L6", "SEQ"]);
+        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "L5", "L6", "L7", "SEQ"]);
         for (old, new) in [("grant", ActionKind::AccountGrant), ("audit", ActionKind::LedgerAudit)] {
             assert_eq!(ActionKind::parse_stored(old), Some(new));
         }

@@ -48,6 +48,17 @@ pub trait Store: Send + Sync {
     /// gives them, recorded in the action log under `actor` when anything changed.
     async fn update_account(&self, id: &AccountId, changes: AccountChanges, actor: &str)
     -> Result<Account, StoreError>;
+    /// `PUT /v1/accounts/{id}/alerts`: replaces the account's alerts (`(id, below)` each), each on
+    /// the side the balance is on now; fires nothing; recorded in the action log under `actor` when
+    /// anything changed. Answers the alerts as stored, in threshold order.
+    async fn set_alerts(
+        &self,
+        id: &AccountId,
+        alerts: Vec<(String, i64)>,
+        actor: &str,
+    ) -> Result<Vec<Alert>, StoreError>;
+    /// An account's alerts, in threshold order.
+    async fn alerts(&self, id: &AccountId) -> Result<Vec<Alert>, StoreError>;
     /// The accounts `scope` sees, a page at a time in id order after the id `after` (`None`: from
     /// the first).
     async fn accounts(

@@ -25,6 +25,8 @@ from .errors import (
 )
 from .models import (
     Account,
+    Alert,
+    AlertList,
     Artifact,
     Attempt,
     Audit,
@@ -61,6 +63,8 @@ from .worker import (
 
 __all__ = [
     "Account",
+    "Alert",
+    "AlertList",
     "Applied",
     "Artifact",
     "Attempt",

@@ -20,6 +20,7 @@ import httpx
 from .errors import InvalidId, SettleError, error_for
 from .models import (
     Account,
+    AlertList,
     Attempt,
     Audit,
     ClaimedJob,
@@ -117,6 +118,15 @@ class _ops:
         if max_running is not KEEP:
             body["max_running"] = max_running
         return _Req("PATCH", f"/v1/accounts/{_seg(id)}", body)
+
+    @staticmethod
+    def set_alerts(account_id: str, alerts: Sequence[tuple[str, int]]) -> _Req:
+        body = {"alerts": [{"id": id, "below": below} for id, below in alerts]}
+        return _Req("PUT", f"/v1/accounts/{_seg(account_id)}/alerts", body)
+
+    @staticmethod
+    def alerts(account_id: str) -> _Req:
+        return _Req("GET", f"/v1/accounts/{_seg(account_id)}/alerts")
 
     @staticmethod
     def account(id: str) -> _Req:
@@ -312,6 +322,15 @@ class Client:
     def account(self, id: str) -> Account:
         return self._send(_ops.account(id))
 
+    def set_alerts(self, account_id: str, alerts: Sequence[tuple[str, int]]) -> AlertList:
+        """Replaces the account's balance alerts with `(id, below)` pairs (at most 16; empty removes
+        them). Each fires `account.balance_low` once when a posting takes the balance under `below`,
+        `account.balance_recovered` once when one takes it back; setting them fires nothing."""
+        return self._send(_ops.set_alerts(account_id, alerts))
+
+    def alerts(self, account_id: str) -> AlertList:
+        return self._send(_ops.alerts(account_id))
+
     def grant(
         self,
         account_id: str,
@@ -489,6 +508,12 @@ class AsyncClient:
 
     async def account(self, id: str) -> Account:
         return await self._send(_ops.account(id))
+
+    async def set_alerts(self, account_id: str, alerts: Sequence[tuple[str, int]]) -> AlertList:
+        return await self._send(_ops.set_alerts(account_id, alerts))
+
+    async def alerts(self, account_id: str) -> AlertList:
+        return await self._send(_ops.alerts(account_id))
 
     async def grant(
         self,

@@ -61,6 +61,16 @@ class LedgerEntry(_Replayable):
     hash: str
 
 
+class Alert(TypedDict):
+    id: str
+    below: int  # the threshold in credits
+    side: str  # above (the balance is at or above `below`) or below
+
+
+class AlertList(TypedDict):
+    alerts: list[Alert]  # lowest threshold first
+
+
 class LedgerPage(TypedDict):
     entries: list[LedgerEntry]
     next_after: int | None

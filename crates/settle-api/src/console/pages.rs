@@ -207,7 +207,7 @@ pub fn overview(
             @if session.can_act() {
                 section class="card" {
                     h2 { "Audit" }
-                    p class="muted" { "Recompute L1–L6 from the stored rows (every balance, item, chain and event)." }
+                    p class="muted" { "Recompute L1–L7 from the stored rows (every balance, item, chain and event)." }
                     (action_button(session, "/console/audit", "Run settle audit", None, false))
                 }
             }
@@ -712,6 +712,7 @@ pub struct AccountPage<'a> {
     pub detail: &'a AccountDetail,
     pub chain: Option<Option<i64>>,
     pub grants: &'a [settle_store::Grant],
+    pub alerts: &'a [settle_store::Alert],
     pub entries: &'a [LedgerEntry],
     pub next: Option<i64>,
     pub actions: &'a [Action],
@@ -758,6 +759,23 @@ pub fn account(session: &Session, p: &AccountPage<'_>, q: &super::query::Entries
                         }
                     }
                     @if p.grants.is_empty() { tr { td colspan="7" class="muted" { "None." } } }
+                }
+            } }
+        }
+        section class="card" {
+            h2 { "Balance alerts" }
+            p class="muted" { "Each fires account.balance_low once when a posting takes the balance under its threshold, and account.balance_recovered once when one takes it back; nothing fires while the balance stays on one side." }
+            div class="scroll" { table class="alerts" {
+                thead { tr { th { "alert" } th class="num" { "below" } th { "the balance is" } } }
+                tbody {
+                    @for al in p.alerts {
+                        tr {
+                            td { code { (al.id) } }
+                            td class="num" { (credits(al.below)) }
+                            td { @if al.side == settle_store::AlertSide::Below { strong class="error" { "below" } } @else { "above" } }
+                        }
+                    }
+                    @if p.alerts.is_empty() { tr { td colspan="3" class="muted" { "None. PUT /v1/accounts/" (a.id.as_str()) "/alerts sets them." } } }
                 }
             } }
         }
@@ -897,7 +915,7 @@ pub fn audit(session: &Session, report: &settle_store::AuditReport) -> Markup {
         h1 { "Audit" }
         section class="card" {
             @if report.violations.is_empty() {
-                p class="ok" { strong { "Clean." } " L1–L6 hold: " (credits(report.accounts_checked as i64)) " accounts, "
+                p class="ok" { strong { "Clean." } " L1–L7 hold: " (credits(report.accounts_checked as i64)) " accounts, "
                     (credits(report.items_checked as i64)) " items, " (credits(report.entries_checked as i64)) " ledger entries checked." }
             } @else {
                 p class="error" { strong { (report.violations.len()) " violations." } }

@@ -17,6 +17,7 @@ on_both_engines!(
     a_held_item_shows_its_hold_price_and_release,
     a_job_shows_its_priority_and_labels_and_the_list_filters_by_priority,
     an_account_at_its_cap_says_why_its_job_waits,
+    the_account_page_shows_its_alerts_and_their_sides,
     a_signed_out_or_rotated_session_is_no_session,
     cross_site_posts_and_foreign_hosts_are_refused,
     a_sign_out_holds_in_every_process_and_after_a_restart,
@@ -432,6 +433,23 @@ async fn a_job_shows_its_priority_and_labels_and_the_list_filters_by_priority(e:
     assert_eq!(r.body["jobs"].as_array().unwrap().len(), 0, "{}", r.body);
     let (_, html) = page(&b, &s, "/console/jobs/urgent").await;
     assert!(!html.contains("Waiting: no worker"), "a worker with both labels has been seen: {html}");
+}
+
+/// Balance alerts on the account page (issue 45): each with its threshold and the side the
+/// balance is on, the one crossed marked below.
+async fn the_account_page_shows_its_alerts_and_their_sides(e: Engine) {
+    let s = server(e).await;
+    s.account("alerted", 1_000).await;
+    let (b, _) = sign_in(&s, CLIENT).await;
+    let (_, html) = page(&b, &s, "/console/accounts/alerted").await;
+    assert!(html.contains("Balance alerts") && html.contains("/alerts sets them"), "{html}");
+    let set = serde_json::json!({"alerts": [{"id": "low-water", "below": 500}, {"id": "empty", "below": 10}]});
+    assert_eq!(s.send("PUT", "/v1/accounts/alerted/alerts", Some(set), Some(CLIENT)).await.status, 200);
+    s.job("spend", "alerted", 600).await;
+    let (_, html) = page(&b, &s, "/console/accounts/alerted").await;
+    let at = html.find("low-water").expect("the alert is listed");
+    assert!(html[at..].find("below").is_some_and(|i| i < 200), "low-water is marked below: {html}");
+    assert!(html.contains("empty"), "{html}");
 }
 
 /// Caps over HTTP and in the console: a PATCH caps the account, the claim stops at the cap, the

@@ -3,6 +3,7 @@
 
 #[macro_use]
 mod api;
+mod alerts;
 mod answers;
 mod console;
 mod events;

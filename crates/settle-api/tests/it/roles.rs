@@ -11,6 +11,8 @@ const TABLE: &[(&str, &str, Option<Role>)] = &[
     ("POST", "/v1/accounts", Some(Role::Admin)),
     ("GET", "/v1/accounts/{id}", Some(Role::Client)),
     ("PATCH", "/v1/accounts/{id}", Some(Role::Admin)),
+    ("PUT", "/v1/accounts/{id}/alerts", Some(Role::Client)),
+    ("GET", "/v1/accounts/{id}/alerts", Some(Role::Client)),
     ("POST", "/v1/accounts/{id}/grants", Some(Role::Admin)),
     ("GET", "/v1/accounts/{id}/grants", Some(Role::Client)),
     ("POST", "/v1/accounts/{id}/adjustments", Some(Role::Admin)),
@@ -88,7 +90,7 @@ async fn every_operation_by_every_role(e: Engine) {
             template.replace("{seq}", "1").replace("{endpoint}", "ops").replace("{item}", "main").replace("{id}", "x");
         // A body that is valid JSON but not what any operation takes: authorization comes first.
         // (`succeed` with a token: without one it is an operator's act, admin only — decision 0019.)
-        let body = (*method == "POST" || *method == "PATCH").then(|| {
+        let body = (*method == "POST" || *method == "PATCH" || *method == "PUT").then(|| {
             if template.ends_with("}/succeed") && template.starts_with("/v1/jobs/") {
                 json!({"lease_token": "some-token"})
             } else {

@@ -308,7 +308,7 @@ pub(crate) async fn expire_lease(
 
 columns! {
     /// What step 3 of a failure changed, table by table.
-    FailWroteCol { jobs, attempts, items, balance, entries, parts, grants }
+    FailWroteCol { jobs, attempts, items, balance, entries, alert_floor, alert_ceiling, parts, grants }
 }
 
 /// Step 3 of a failure: the job, its attempt, its refunded items, the balance, the parts given
@@ -324,7 +324,7 @@ const FAIL_WRITE: &str = "WITH \
            WHERE job_id = $1 AND item_id = ANY($13::text[]) AND state = 'charged' RETURNING 1), \
      b AS (UPDATE accounts SET balance = balance + $14, held = held - $14, exposure = exposure + $14, \
            last_account_seq = last_account_seq + $15 WHERE id = $16 AND $15 > 0 AND next_expiry > $7 \
-           RETURNING balance, last_account_seq), \
+           RETURNING balance, last_account_seq, alert_floor, alert_ceiling), \
      p AS (UPDATE allocations SET given_back = given_back + u.x, owed = 0 \
            FROM unnest($17::bigint[], $18::bigint[]) AS u(id, x) \
            WHERE allocations.job_id = $1 AND allocations.id = u.id AND allocations.grant_key IS NOT NULL \
@@ -334,6 +334,7 @@ const FAIL_WRITE: &str = "WITH \
            WHERE grants.account_id = $16 AND grants.key = u.key AND expired_at IS NULL RETURNING 1) \
      SELECT (SELECT count(*) FROM j) AS jobs, (SELECT count(*) FROM t) AS attempts, (SELECT count(*) FROM i) AS items, \
      (SELECT balance FROM b) AS balance, (SELECT last_account_seq FROM b) AS entries, \
+     (SELECT alert_floor FROM b) AS alert_floor, (SELECT alert_ceiling FROM b) AS alert_ceiling, \
      (SELECT count(*) FROM p) AS parts, (SELECT count(*) FROM g) AS grants";
 
 /// The lease holder's failure in the plan, `job` locked: `Ok(None)` when it is not in the plan's
@@ -414,7 +415,12 @@ pub(crate) async fn holder_fails(
     }
     cx.point(CrashPoint::AfterGuard)?;
     if let Some((balance, entries)) = balance {
-        queue_lines(cx, job, &moved, balance, entries)?;
+        let band = super::alerts::Band {
+            floor: wrote.opt_i64(FailWroteCol::alert_floor)?,
+            ceiling: wrote.opt_i64(FailWroteCol::alert_ceiling)?,
+        };
+        let lines = queue_lines(cx, job, &moved, balance, entries)?;
+        super::alerts::after_posting(db, cx, &job.account_id, band, &lines).await?;
     }
     cx.point(CrashPoint::AfterLedger)?;
     failure_events(db, cx, job, failure, &moved, (state, not_before)).await?;
@@ -517,15 +523,23 @@ fn failed_row(
 
 /// The refund lines, one per item in the job's order, queued for the flush as `ledger::append`
 /// queues them: the balance UPDATE returned the balance after the last line and the account's
-/// last position.
-fn queue_lines(cx: &Cx, job: &JobRow, moved: &[(String, i64)], balance: i64, entries: i64) -> Result<(), StoreError> {
+/// last position. Returns the lines as the alerts see them.
+fn queue_lines(
+    cx: &Cx,
+    job: &JobRow,
+    moved: &[(String, i64)],
+    balance: i64,
+    entries: i64,
+) -> Result<Vec<super::alerts::LineAt>, StoreError> {
     let pending = cx.pending.as_ref().ok_or_else(|| StoreError::internal("a plan without the transaction's queue"))?;
     let total = Credits::checked_sum(moved.iter().map(|m| Credits::new(m.1)))?;
     let mut after = Credits::new(balance).checked_sub(total)?;
     let first = entries - moved.len() as i64 + 1;
     let mut pending = lock_pending(pending);
+    let mut lines = Vec::with_capacity(moved.len());
     for ((item, cost), account_seq) in moved.iter().zip(first..) {
         after = after.checked_add(Credits::new(*cost))?;
+        lines.push(super::alerts::LineAt { balance_after: after.get(), amount: *cost, seq: None, account_seq });
         pending.lines.push(PendingLine {
             account_id: job.account_id.clone(),
             account_seq,
@@ -540,5 +554,5 @@ fn queue_lines(cx: &Cx, job: &JobRow, moved: &[(String, i64)], balance: i64, ent
             created_at: cx.now.micros(),
         });
     }
-    Ok(())
+    Ok(lines)
 }

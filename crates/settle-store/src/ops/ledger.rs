@@ -8,6 +8,7 @@
 //! is locked, so no global row is held on the commit path (docs/decisions/0021). On PostgreSQL the
 //! lines wait in the transaction's `Pending` and are hashed and written by `flush_lines`.
 
+use super::alerts::{Band, LineAt, after_posting};
 use super::{Cx, PendingLine, guard_hit, lock_pending, next_seq};
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
@@ -36,7 +37,7 @@ pub(crate) enum BalanceCheck {
 columns! {
     /// What a balance change returns: the balance after it, and the account's entries counting the
     /// posting's lines (its last line's `account_seq`).
-    BalanceCol { balance, entries = "last_account_seq", debt }
+    BalanceCol { balance, entries = "last_account_seq", debt, alert_floor, alert_ceiling }
 }
 
 columns! {
@@ -230,24 +231,29 @@ pub(crate) async fn append(
         return Ok(None);
     };
     let mut balance = Credits::new(posted.balance).checked_sub(total)?;
-    let mut pending = lock_pending(pending);
-    for (line, account_seq) in lines.iter().zip(posted.first_account_seq..) {
-        balance = balance.checked_add(line.amount)?;
-        pending.lines.push(PendingLine {
-            account_id: account_id.to_owned(),
-            account_seq,
-            kind: line.kind,
-            amount: line.amount.get(),
-            balance_after: balance.get(),
-            job_id: line.job_id.map(str::to_owned),
-            item_id: line.item_id.map(str::to_owned),
-            ref_id: line.ref_id.map(str::to_owned),
-            reason: line.reason.map(str::to_owned),
-            request_hash: line.request_hash.map(|h| h.to_vec()),
-            created_at: cx.now.micros(),
-        });
+    let mut at = Vec::with_capacity(lines.len());
+    {
+        let mut pending = lock_pending(pending);
+        for (line, account_seq) in lines.iter().zip(posted.first_account_seq..) {
+            balance = balance.checked_add(line.amount)?;
+            at.push(LineAt { balance_after: balance.get(), amount: line.amount.get(), seq: None, account_seq });
+            pending.lines.push(PendingLine {
+                account_id: account_id.to_owned(),
+                account_seq,
+                kind: line.kind,
+                amount: line.amount.get(),
+                balance_after: balance.get(),
+                job_id: line.job_id.map(str::to_owned),
+                item_id: line.item_id.map(str::to_owned),
+                ref_id: line.ref_id.map(str::to_owned),
+                reason: line.reason.map(str::to_owned),
+                request_hash: line.request_hash.map(|h| h.to_vec()),
+                created_at: cx.now.micros(),
+            });
+        }
+        assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
     }
-    assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
+    after_posting(db, cx, account_id, posted.band, &at).await?;
     Ok(Some((posted, Vec::new())))
 }
 
@@ -257,6 +263,8 @@ pub(crate) struct Posted {
     pub balance: i64,
     pub first_account_seq: i64,
     pub debt: i64,
+    /// The account's alert band as the change found it (`alerts::after_posting`).
+    pub band: Band,
 }
 
 /// The guarded balance change for `posting`, whose lines sum to `total`. Under `Guard::Clock` an
@@ -299,6 +307,10 @@ async fn change_balance(
                 balance: row.i64(BalanceCol::balance)?,
                 first_account_seq: entries - n + 1,
                 debt: row.i64(BalanceCol::debt)?,
+                band: Band {
+                    floor: row.opt_i64(BalanceCol::alert_floor)?,
+                    ceiling: row.opt_i64(BalanceCol::alert_ceiling)?,
+                },
             }));
         }
         let limits: &'static str = match db.engine() {
@@ -421,6 +433,16 @@ async fn post_lines(
         });
         prev = hash;
     }
+    let at: Vec<LineAt> = out
+        .iter()
+        .map(|e| LineAt {
+            balance_after: e.balance_after.get(),
+            amount: e.amount.get(),
+            seq: Some(e.seq),
+            account_seq: e.account_seq,
+        })
+        .collect();
+    after_posting(db, cx, account_id, posted.band, &at).await?;
     assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
     Ok(Some((posted, out)))
 }
@@ -443,7 +465,7 @@ async fn chain_head(db: &mut Db<'_>, account_id: &str, account_seq: i64) -> Resu
 
 /// PostgreSQL, just before COMMIT: gives the transaction's queued lines their `seq` from the ledger
 /// sequence and chains them per account, in one statement; returns the columns of their INSERT
-/// (`INSERT_LINES`), which `outbox::flush` sends with the events as the transaction's last statement.
+/// (`INSERT_LINES`), which `outbox::flush_with_lines` sends with the events as the transaction's last statement.
 /// Each account's previous hash is its entry before the first queued line's `account_seq`; it
 /// cannot change meanwhile, as this transaction holds the row of every account it posted to.
 pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Result<Vec<Value>, StoreError> {
@@ -531,11 +553,3 @@ pub(super) async fn flush_lines(db: &mut Db<'_>, lines: &[PendingLine]) -> Resul
         Value::OptBlobs(hashes.into_iter().map(Some).collect()),
     ])
 }
-
-/// The queued lines' INSERT, from the 14 arrays `flush_lines` returns, bound from `$1`: the text of a
-/// `SELECT` list over `unnest`, for `outbox::flush` to put in its last statement.
-pub(super) const INSERT_LINES: &str = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, \
-     balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, prev_hash, hash) \
-     SELECT u.* FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
-     $7::text[], $8::text[], $9::text[], $10::text[], $11::bytea[], $12::bigint[], $13::bytea[], $14::bytea[]) AS u \
-     CROSS JOIN cfg";

@@ -33,9 +33,11 @@
 //! - [`history`]: the attempt log, the signal log and the operator actions.
 
 mod accounts;
+pub(crate) mod alerts;
 pub(crate) mod allocations;
 mod caps;
 mod claim;
+mod commit;
 mod create;
 pub(crate) mod expiry;
 mod failure;
@@ -58,6 +60,7 @@ pub(crate) mod webhooks;
 
 pub(crate) use accounts::*;
 pub(crate) use claim::*;
+pub(crate) use commit::flush;
 pub(crate) use create::*;
 pub(crate) use failure::*;
 pub(crate) use history::*;
@@ -217,7 +220,18 @@ pub(crate) struct PendingEvent {
     pub account_id: String,
     pub data: String,
     pub created_at: i64,
+    /// The `account_seq` of the queued ledger line whose `seq` the flush writes into the data's
+    /// `ledger_seq` (an alert's crossing of a line not yet numbered).
+    pub ledger_line: Option<i64>,
 }
+
+/// The queued lines' INSERT, from the 14 arrays `ledger::flush_lines` returns, bound from `$1`: the text of a
+/// `SELECT` list over `unnest`, for `outbox::flush_with_lines` to put in its last statement.
+pub(crate) const INSERT_LINES: &str = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, \
+     balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, prev_hash, hash) \
+     SELECT u.* FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
+     $7::text[], $8::text[], $9::text[], $10::text[], $11::bytea[], $12::bigint[], $13::bytea[], $14::bytea[]) AS u \
+     CROSS JOIN cfg";
 
 fn lock_counters(counters: &Mutex<Counters>) -> std::sync::MutexGuard<'_, Counters> {
     counters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

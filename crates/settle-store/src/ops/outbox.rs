@@ -33,6 +33,7 @@ pub(crate) async fn emit(
             account_id: account_id.to_owned(),
             data: data.to_string(),
             created_at: cx.now.micros(),
+            ledger_line: None,
         });
         return Ok(());
     }
@@ -52,6 +53,54 @@ pub(crate) async fn emit(
     )
     .await?;
     Ok(())
+}
+
+/// An event about one ledger line of `account_id` (an alert's crossing): its data's `ledger_seq`
+/// is the line's `seq` — given now when the line is numbered (`seq`), else written in by the flush
+/// that numbers the queued line at `account_seq`.
+pub(crate) async fn emit_at_line(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    kind: EventKind,
+    account_id: &str,
+    data: serde_json::Value,
+    (seq, account_seq): (Option<i64>, i64),
+) -> Result<(), StoreError> {
+    match (&cx.pending, seq) {
+        (Some(pending), None) => {
+            lock_pending(pending).events.push(PendingEvent {
+                kind,
+                job_id: None,
+                account_id: account_id.to_owned(),
+                data: data.to_string(),
+                created_at: cx.now.micros(),
+                ledger_line: Some(account_seq),
+            });
+            Ok(())
+        }
+        (None, None) => Err(StoreError::internal("a ledger line without its seq outside a transaction's queue")),
+        _ => emit(db, cx, kind, None, account_id, data).await,
+    }
+}
+
+/// Writes each queued line's `seq` into the data of the events about it (`PendingEvent::ledger_line`).
+fn number_lines_in_events(pending: &Pending, seqs: &[i64]) -> Result<Vec<String>, StoreError> {
+    pending
+        .events
+        .iter()
+        .map(|e| {
+            let Some(account_seq) = e.ledger_line else { return Ok(e.data.clone()) };
+            let at = pending
+                .lines
+                .iter()
+                .position(|l| l.account_id == e.account_id && l.account_seq == account_seq)
+                .ok_or_else(|| StoreError::internal("an event about a ledger line the transaction did not queue"))?;
+            let mut data: serde_json::Value =
+                serde_json::from_str(&e.data).map_err(|err| StoreError::internal(format!("event data: {err}")))?;
+            data["ledger_seq"] = serde_json::json!(seqs[at]);
+            Ok(data.to_string())
+        })
+        .collect()
 }
 
 /// The events' INSERTs, their 5 arrays bound from `$first` and whether one makes work due as
@@ -98,27 +147,24 @@ fn commit_settings(param: usize) -> String {
 /// The last statement of a transaction that queued lines and events, of one that queued lines
 /// only, of one that queued events only, and of one that queued nothing.
 static LINES_AND_EVENTS: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "WITH {}, lines AS ({} RETURNING 1), {}",
-        commit_settings(21),
-        super::ledger::INSERT_LINES,
-        insert_events(15, true)
-    )
+    format!("WITH {}, lines AS ({} RETURNING 1), {}", commit_settings(21), super::INSERT_LINES, insert_events(15, true))
 });
-static LINES_ONLY: LazyLock<String> =
-    LazyLock::new(|| format!("WITH {} {}", commit_settings(15), super::ledger::INSERT_LINES));
+static LINES_ONLY: LazyLock<String> = LazyLock::new(|| format!("WITH {} {}", commit_settings(15), super::INSERT_LINES));
 static EVENTS_ONLY: LazyLock<String> =
     LazyLock::new(|| format!("WITH {}, {}", commit_settings(7), insert_events(1, false)));
 static NOTHING: LazyLock<String> = LazyLock::new(|| format!("WITH {} SELECT 1 FROM cfg", commit_settings(1)));
 
-/// PostgreSQL, the statements before COMMIT: the chain heads and ledger numbers of the queued lines,
-/// then one statement that writes the lines and the events and sets what COMMIT needs
-/// (`commit_settings`, `lock_timeout` the store's). Returns whether it wrote events, so the engine
-/// asks the sequencer to number them once the COMMIT is done.
-pub(crate) async fn flush(db: &mut Db<'_>, pending: &Pending, lock_timeout: Duration) -> Result<bool, StoreError> {
+/// PostgreSQL, the transaction's last statement before COMMIT: the queued lines (`lines`, the
+/// columns `ledger::flush_lines` made of them; empty when none) and the events written, and what
+/// COMMIT needs set (`commit_settings`, `lock_timeout` the store's). Returns whether it wrote events.
+pub(crate) async fn flush_with_lines(
+    db: &mut Db<'_>,
+    pending: &Pending,
+    lines: Vec<Value>,
+    lock_timeout: Duration,
+) -> Result<bool, StoreError> {
     let events = &pending.events;
-    let mut binds =
-        if pending.lines.is_empty() { Vec::new() } else { super::ledger::flush_lines(db, &pending.lines).await? };
+    let mut binds = lines;
     let sql: &'static str = match (binds.is_empty(), events.is_empty()) {
         (false, false) => &LINES_AND_EVENTS,
         (false, true) => &LINES_ONLY,
@@ -126,11 +172,20 @@ pub(crate) async fn flush(db: &mut Db<'_>, pending: &Pending, lock_timeout: Dura
         (true, true) => &NOTHING,
     };
     if !events.is_empty() {
+        let data = match binds.first() {
+            Some(Value::I64s(seqs)) if events.iter().any(|e| e.ledger_line.is_some()) => {
+                number_lines_in_events(pending, seqs)?
+            }
+            _ if events.iter().any(|e| e.ledger_line.is_some()) => {
+                return Err(StoreError::internal("an event about a ledger line in a transaction without lines"));
+            }
+            _ => events.iter().map(|e| e.data.clone()).collect(),
+        };
         binds.extend([
             Value::OptTexts(events.iter().map(|e| Some(e.kind.as_str().to_owned())).collect()),
             Value::OptTexts(events.iter().map(|e| e.job_id.clone()).collect()),
             Value::OptTexts(events.iter().map(|e| Some(e.account_id.clone())).collect()),
-            Value::OptTexts(events.iter().map(|e| Some(e.data.clone())).collect()),
+            Value::OptTexts(data.into_iter().map(Some).collect()),
             Value::I64s(events.iter().map(|e| e.created_at).collect()),
             Value::I64(i64::from(events.iter().any(|e| e.kind.wakes_claims()))),
         ]);

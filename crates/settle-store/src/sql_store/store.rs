@@ -127,6 +127,39 @@ impl Store for SqlStore {
         Ok(out)
     }
 
+    async fn set_alerts(
+        &self,
+        id: &AccountId,
+        alerts: Vec<(String, i64)>,
+        actor: &str,
+    ) -> Result<Vec<Alert>, StoreError> {
+        let actor = actor.to_owned();
+        let id = id.clone();
+        let out = self
+            .write(op!(
+                [id, alerts, actor] | db,
+                cx | {
+                    let (stored, changed) = ops::alerts::set_alerts(db, id.as_str(), &alerts).await?;
+                    if changed {
+                        let detail = serde_json::json!({
+                            "alerts": stored.iter().map(|a| serde_json::json!({"id": a.id, "below": a.below})).collect::<Vec<_>>(),
+                        });
+                        ops::record_action(db, cx, &actor, ActionKind::AccountAlerts, None, Some(id.as_str()), detail)
+                            .await?;
+                    }
+                    Ok(stored)
+                }
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn alerts(&self, id: &AccountId) -> Result<Vec<Alert>, StoreError> {
+        let id = id.clone();
+        self.read(op!([id] | db, _cx | ops::alerts::alerts(db, id.as_str()).await)).await
+    }
+
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError> {
         let id = id.clone();
         self.read(op!([id] | db, _cx | reads::account(db, &id).await)).await

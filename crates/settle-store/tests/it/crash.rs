@@ -18,6 +18,8 @@ enum Step {
     /// An admin's cap change (`PATCH /v1/accounts/{id}`): later claims of the account take the
     /// capped path (docs/design/fair-claims.md §10).
     Cap(&'static str, Option<i64>),
+    /// Balance alerts (issue 45): later postings that cross them fire in their own transactions.
+    Alerts(&'static str, &'static [(&'static str, i64)]),
     Grant(&'static str, i64),
     Adjust(&'static str, i64),
     Job(&'static str, &'static [i64], RefundPolicy),
@@ -58,6 +60,9 @@ fn scenario() -> Vec<Step> {
         Grant("a", 1_000),
         Adjust("a", -5),
         Cap("a", Some(10)),
+        // The balance crosses these down (j2's charge), back up (j1's refund) and down again
+        // (j1's reclaim), among others: each crossing crashed at every point and re-run.
+        Alerts("a", &[("low", 950), ("mid", 900), ("deep", 880)]),
         Job("j1", &[40], FailedOnlyP),
         Job("j2", &[10, 20, 30], FailedOnlyP),
         Job("j3", &[10], FinalP),
@@ -147,6 +152,14 @@ impl Runner<'_> {
                 .update_account(
                     &acc(a),
                     AccountChanges { overdraft_limit: None, max_running: Some(*cap) },
+                    settle_store::SYSTEM_ACTOR,
+                )
+                .await
+                .map(drop),
+            Step::Alerts(a, alerts) => s
+                .set_alerts(
+                    &acc(a),
+                    alerts.iter().map(|(id, below)| (id.to_string(), *below)).collect(),
                     settle_store::SYSTEM_ACTOR,
                 )
                 .await
@@ -283,11 +296,16 @@ async fn dump(k: &Kit) -> String {
     for g in s.grants(&acc("a"), settle_store::Page { after: 0, limit: 1000 }).await.unwrap().rows {
         out += &format!("{g:?}\n");
     }
+    out += &format!("{:?}\n", s.alerts(&acc("a")).await.unwrap());
     for e in s.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows {
         // A grant's or adjustment's event names its entry by `seq`: compared by the entry's place.
         let mut data: serde_json::Value = serde_json::from_str(&e.data).unwrap();
         if let Some(seq) = data.get("seq").and_then(|v| v.as_i64()) {
             data["seq"] = serde_json::json!({ "account_seq": positions.get(&seq) });
+        }
+        // So does an alert's crossing (`ledger_seq`).
+        if let Some(seq) = data.get("ledger_seq").and_then(|v| v.as_i64()) {
+            data["ledger_seq"] = serde_json::json!({ "account_seq": positions.get(&seq) });
         }
         out += &format!("{} {:?} {} {}\n", e.seq, e.job_id, e.kind, data);
     }
@@ -324,7 +342,11 @@ async fn clean_run(engine: EngineKind) -> (String, Vec<Vec<CrashPoint>>) {
         visited.push(seen);
     }
     k.assert_clean().await;
-    (dump(&k).await, visited)
+    let dumped = dump(&k).await;
+    for crossing in ["account.balance_low", "account.balance_recovered"] {
+        assert!(dumped.contains(crossing), "the scenario's postings cross its alerts: no {crossing}");
+    }
+    (dumped, visited)
 }
 
 // Each engine's runs are dealt to shards (run `n` to shard `n % SHARDS`), so the suite runs them

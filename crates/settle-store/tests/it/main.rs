@@ -4,6 +4,7 @@
 mod artifacts;
 #[macro_use]
 mod kit;
+mod alerts;
 #[macro_use]
 mod conformance;
 mod caps;
