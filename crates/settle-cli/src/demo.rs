@@ -121,6 +121,8 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
         )
         .await?;
     d.say("account alice created and granted 500 credits");
+    d.store.set_alerts(&alice, vec![("low".to_owned(), 450)], settle_store::SYSTEM_ACTOR).await?;
+    d.say("a balance alert on alice: low, below 450 (fires once per crossing)");
 
     late_success(&d, &alice).await?;
     racing_failures(&d, &alice).await?;
@@ -136,12 +138,37 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
 
     credits_that_expire(&d).await?;
 
+    alerts_fired(&d, &alice).await?;
+
     println!("\nThe ledger (append-only; the balance is the sum of its rows):");
     print::ledger(d.store.as_ref(), &alice).await?;
     let report = d.store.audit(None).await?;
     println!();
     print::audit(&report)?;
     Ok(if report.ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// Alice's balance alert, as the stories crossed it: one event per crossing, each naming the entry
+/// that crossed, never one per posting while below (decision 0033).
+async fn alerts_fired(d: &Demo, alice: &AccountId) -> anyhow::Result<()> {
+    use settle_core::history::EventKind;
+    println!("\nalice's balance alert (low, below 450), each crossing once:");
+    let events = d.store.events(0, 10_000, &settle_core::scope::Scope::ALL).await?;
+    let crossings = events.rows.iter().filter(|e| {
+        e.account_id == alice.as_str()
+            && matches!(e.kind, EventKind::AccountBalanceLow | EventKind::AccountBalanceRecovered)
+    });
+    for e in crossings {
+        let data: serde_json::Value = serde_json::from_str(&e.data)?;
+        println!(
+            "  {:<26} {} → {} (ledger entry {})",
+            e.kind.as_str(),
+            data["balance_before"],
+            data["balance_after"],
+            data["ledger_seq"]
+        );
+    }
+    Ok(())
 }
 
 /// Seed 002: the render that times out at 30 s, is refunded, and recovers at 32 s.

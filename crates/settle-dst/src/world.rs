@@ -27,6 +27,10 @@ const OWING_OVERDRAFT: i64 = 200;
 pub const CAPPED: &str = "acct0";
 pub const ACCOUNT_CAP: i64 = 2;
 pub const KIND_CAP: (&str, i64) = ("batch", 3);
+/// The balance alerts every funded account carries from the start, spread over what a run spends
+/// (a few hundred credits), so its charges, refunds and reclaims cross them both ways (issue 45).
+pub const ALERTS: [(&str, i64); 5] =
+    [("a40", GRANT - 40), ("a120", GRANT - 120), ("a200", GRANT - 200), ("a300", GRANT - 300), ("a450", GRANT - 450)];
 
 /// Short leases and backoffs, so a few hundred steps of simulated time see them run out; a cap on
 /// the kind `batch`.
@@ -123,6 +127,9 @@ impl World {
             if granted.is_ok() {
                 self.books.granted(&id, GRANT);
             }
+            let alerts = ALERTS.iter().map(|(a, below)| (a.to_string(), *below)).collect();
+            let set = store.set_alerts(&account, alerts, SYSTEM_ACTOR).await;
+            self.answer("setup alerts", set.as_ref().map(|_| ()));
             self.accounts.push(id);
         }
         self.setup_in_debt(store).await;
@@ -183,7 +190,7 @@ impl World {
     /// The auditor, after each step: the rules the step's answers broke; every touched job's items
     /// moved only along the item machine, an item a worker failed never reclaimed, a cancelled job
     /// left no artifact; every send of a key came right after a lookup that found it absent; and
-    /// with `full`, the store's own audit (L1–L6).
+    /// with `full`, the store's own audit (L1–L7).
     pub async fn check(
         &mut self,
         store: &SqlStore,
@@ -328,6 +335,7 @@ impl World {
             }
         }
         self.check_withdrawals(store, provider).await?;
+        self.check_alerts(store).await?;
         self.hooks.check_end(store).await?;
         let mut next = 1;
         loop {
@@ -347,6 +355,79 @@ impl World {
 }
 
 impl World {
+    /// Balance alerts (issue 45): each funded account's `account.balance_low` and
+    /// `account.balance_recovered` events, in feed order, are exactly the crossings of `ALERTS` its
+    /// ledger shows after the setup grant (each line's balance against each alert's side, starting
+    /// above all of them), each naming the entry that crossed.
+    async fn check_alerts(&self, store: &SqlStore) -> Result<(), String> {
+        use settle_core::history::EventKind;
+        let mut fired: BTreeMap<String, Vec<(EventKind, String, i64, i64)>> = BTreeMap::new();
+        let mut after = 0;
+        loop {
+            let page = store.events(after, 500, &settle_core::scope::Scope::ALL).await.map_err(|e| e.to_string())?;
+            let Some(last) = page.rows.last() else { break };
+            after = last.seq;
+            for e in page
+                .rows
+                .iter()
+                .filter(|e| matches!(e.kind, EventKind::AccountBalanceLow | EventKind::AccountBalanceRecovered))
+            {
+                let d: serde_json::Value = serde_json::from_str(&e.data).map_err(|err| err.to_string())?;
+                let field = |k: &str| d[k].as_i64().unwrap_or(i64::MIN);
+                let alert = d["alert"].as_str().unwrap_or_default().to_owned();
+                fired.entry(e.account_id.clone()).or_default().push((
+                    e.kind,
+                    alert,
+                    field("balance_after"),
+                    field("ledger_seq"),
+                ));
+            }
+        }
+        // The owing account carries no alerts: none may fire there.
+        if let Some(stray) = fired.remove(OWING) {
+            return Err(format!("account {OWING} has no alerts, yet fired {stray:?}"));
+        }
+        for account in self.accounts.iter().filter(|a| a.as_str() != OWING) {
+            let id = AccountId::parse(account).expect("an account id");
+            let mut above = [true; ALERTS.len()];
+            let mut want = Vec::new();
+            let mut after = 0;
+            loop {
+                let page = store.ledger(&id, Page { after, limit: 500 }).await.map_err(|e| e.to_string())?;
+                for e in page.rows.iter().filter(|e| e.account_seq > 1) {
+                    let balance = e.balance_after.get();
+                    // Falling: the highest threshold first; rising: the lowest (ALERTS runs high to low).
+                    let order: Vec<usize> = if e.amount.is_negative() {
+                        (0..ALERTS.len()).collect()
+                    } else {
+                        (0..ALERTS.len()).rev().collect()
+                    };
+                    for i in order {
+                        let (alert, below) = ALERTS[i];
+                        let kind = match above[i] {
+                            true if balance < below => EventKind::AccountBalanceLow,
+                            false if balance >= below => EventKind::AccountBalanceRecovered,
+                            _ => continue,
+                        };
+                        above[i] = !above[i];
+                        want.push((kind, alert.to_owned(), balance, e.seq));
+                    }
+                }
+                match page.next_after {
+                    Some(n) => after = n,
+                    None => break,
+                }
+            }
+            let got = fired.remove(account).unwrap_or_default();
+            if got != want {
+                return Err(format!(
+                    "account {account}'s alert events {got:?} are not its ledger's crossings {want:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Every withdrawal against the provider's book, after the drain:
     /// - succeeded: executed once, with its amount;
     /// - executed but dead (a hung send carried out after a definitive refusal): the re-check found

@@ -26,6 +26,9 @@ pub enum Guard {
     CancelWins,
     /// A claim takes a capped account's or kind's job only while it runs fewer than its cap.
     Cap,
+    /// A balance alert fires only when the balance crosses its threshold (its stored side
+    /// changes), not on every posting on the far side of it (Blnk #318's monitors).
+    AlertEdge,
 }
 
 /// Whether `guard` is removed in this store.

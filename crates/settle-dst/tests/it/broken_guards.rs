@@ -74,3 +74,8 @@ fn without_completion_conditional_on_no_cancel() {
 fn without_the_cap_count_on_a_capped_claim() {
     caught(Breakage::Store(Guard::Cap));
 }
+
+#[test]
+fn without_the_alerts_edge() {
+    caught(Breakage::Store(Guard::AlertEdge));
+}

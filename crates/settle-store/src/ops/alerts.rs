@@ -83,13 +83,14 @@ pub(crate) async fn after_posting(
     band: Band,
     lines: &[LineAt],
 ) -> Result<(), StoreError> {
-    if lines.iter().all(|l| band.holds(l.balance_after)) {
+    let level = cx.broken(crate::broken::Guard::AlertEdge);
+    if !level && lines.iter().all(|l| band.holds(l.balance_after)) {
         return Ok(());
     }
     let mut alerts = read(db, account_id).await?;
     let before: Vec<AlertSide> = alerts.iter().map(|a| a.side).collect();
     for line in lines {
-        cross(db, cx, account_id, &mut alerts, line).await?;
+        cross(db, cx, account_id, &mut alerts, line, level).await?;
     }
     for (alert, was) in alerts.iter().zip(before) {
         if alert.side != was {
@@ -107,12 +108,14 @@ pub(crate) async fn after_posting(
 
 /// The crossings of one line, in the order its balance change passes the thresholds: falling,
 /// the highest first; rising, the lowest first (`alerts` is sorted by threshold, then id).
+/// `level` (a broken guard, for the simulator): fire on every line under a threshold.
 async fn cross(
     db: &mut Db<'_>,
     cx: &Cx,
     account_id: &str,
     alerts: &mut [Alert],
     line: &LineAt,
+    level: bool,
 ) -> Result<(), StoreError> {
     let after = line.balance_after;
     let before = after - line.amount;
@@ -122,6 +125,7 @@ async fn cross(
         let alert = &mut alerts[i];
         let (side, kind) = match alert.side {
             AlertSide::Above if after < alert.below => (AlertSide::Below, EventKind::AccountBalanceLow),
+            AlertSide::Below if level && after < alert.below => (AlertSide::Below, EventKind::AccountBalanceLow),
             AlertSide::Below if after >= alert.below => (AlertSide::Above, EventKind::AccountBalanceRecovered),
             _ => continue,
         };

@@ -53,6 +53,8 @@ per_engine!(
     a_second_release_is_l4,
     an_unpriced_held_item_off_its_hold_is_l3,
     the_database_refuses_a_price_above_the_hold,
+    an_alert_on_the_wrong_side_is_l7,
+    an_alert_band_its_sides_do_not_give_is_l7,
 );
 
 /// Ledger: 1 grant b 5 · 2 grant a 100 · 3 charge j/i0 −10 · 4 refund j/i0 +10 · 5 charge k/i0 −7.
@@ -173,6 +175,33 @@ async fn a_deleted_event_is_a_gap_in_the_outbox(k: &Kit) {
     )
     .await;
     only(k, "SEQ", "numbers events 2..=2 but holds 0 events").await;
+}
+
+/// Account `a` (balance 93) with alerts at 50 (above) and 95 (below).
+async fn alerted(k: &Kit) {
+    scenario(k).await;
+    let alerts = vec![("fifty".to_owned(), 50), ("ninety-five".to_owned(), 95)];
+    k.store.set_alerts(&acc("a"), alerts, SYSTEM_ACTOR).await.unwrap();
+    k.assert_clean().await;
+}
+
+async fn an_alert_on_the_wrong_side_is_l7(k: &Kit) {
+    alerted(k).await;
+    // The side flipped and the band with it (as a missed crossing would leave them): only the side
+    // disagrees with the balance.
+    tamper(
+        k,
+        "UPDATE account_alerts SET side = 'below' WHERE alert_id = 'fifty'; \
+         UPDATE accounts SET alert_floor = NULL, alert_ceiling = 50 WHERE id = 'a'",
+    )
+    .await;
+    only(k, "L7", "alert fifty (below 50) is on the below side of a balance of 93").await;
+}
+
+async fn an_alert_band_its_sides_do_not_give_is_l7(k: &Kit) {
+    alerted(k).await;
+    tamper(k, "UPDATE accounts SET alert_ceiling = 120 WHERE id = 'a'").await;
+    only(k, "L7", "the alert band is Some(50)..Some(120), but the alerts' sides give Some(50)..Some(95)").await;
 }
 
 async fn a_wrong_balance_is_l1(k: &Kit) {
