@@ -186,6 +186,7 @@ static LOCK_BALANCE: LazyLock<[String; 2]> = LazyLock::new(|| {
 /// alerts as stored, and whether anything changed.
 pub(crate) async fn set_alerts(
     db: &mut Db<'_>,
+    cx: &Cx,
     account_id: &str,
     asked: &[(String, i64)],
 ) -> Result<(Vec<Alert>, bool), StoreError> {
@@ -220,6 +221,8 @@ pub(crate) async fn set_alerts(
         .await?;
     }
     write_band(db, account_id, Band::of(&alerts)).await?;
+    // A crash here loses the whole replacement; the PUT re-sent replaces again (crash suite).
+    cx.point(settle_core::crash::CrashPoint::AfterGuard)?;
     Ok((alerts, true))
 }
 

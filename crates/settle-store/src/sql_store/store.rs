@@ -139,7 +139,7 @@ impl Store for SqlStore {
             .write(op!(
                 [id, alerts, actor] | db,
                 cx | {
-                    let (stored, changed) = ops::alerts::set_alerts(db, id.as_str(), &alerts).await?;
+                    let (stored, changed) = ops::alerts::set_alerts(db, cx, id.as_str(), &alerts).await?;
                     if changed {
                         let detail = serde_json::json!({
                             "alerts": stored.iter().map(|a| serde_json::json!({"id": a.id, "below": a.below})).collect::<Vec<_>>(),
@@ -147,6 +147,7 @@ impl Store for SqlStore {
                         ops::record_action(db, cx, &actor, ActionKind::AccountAlerts, None, Some(id.as_str()), detail)
                             .await?;
                     }
+                    cx.point(CrashPoint::BeforeCommit)?;
                     Ok(stored)
                 }
             ))
