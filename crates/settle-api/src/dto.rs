@@ -97,6 +97,68 @@ impl From<Vec<store::Alert>> for AlertList {
     }
 }
 
+/// `PUT /v1/accounts/{id}/limits`: the account's whole set of spend limits.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutLimits {
+    /// At most 16; an empty list removes them all.
+    pub limits: Vec<NewLimit>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewLimit {
+    /// `day` (a UTC day) or `month` (a UTC calendar month).
+    pub period: String,
+    /// The most the period's spend may reach through creates, in credits, 1 to 2^61.
+    #[schema(minimum = 1)]
+    pub amount: i64,
+    /// The job kinds it counts (at most 16, unique); absent or empty: every kind but
+    /// `withdrawal`, which counts only when named.
+    #[serde(default)]
+    pub kinds: Vec<String>,
+}
+
+/// An account's spend limits, in the order they were put.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LimitList {
+    /// The account's limits.
+    pub limits: Vec<SpendLimit>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SpendLimit {
+    /// `day` or `month` (UTC).
+    pub period: String,
+    /// The most the period's spend may reach through creates.
+    pub amount: i64,
+    /// The job kinds it counts; empty: every kind but `withdrawal`.
+    pub kinds: Vec<String>,
+    /// What the current period spent: charges, holds and reclaims posted in it, less the refunds,
+    /// releases and payout returns posted in it (negative when refunds of an earlier period's
+    /// charges came back in it).
+    pub spent: i64,
+    /// When the next period starts (RFC 3339, UTC).
+    pub resets_at: String,
+}
+
+impl From<Vec<store::SpendLimit>> for LimitList {
+    fn from(limits: Vec<store::SpendLimit>) -> LimitList {
+        LimitList {
+            limits: limits
+                .into_iter()
+                .map(|l| SpendLimit {
+                    period: l.period.as_str().to_owned(),
+                    amount: l.amount,
+                    kinds: l.kinds,
+                    spent: l.spent,
+                    resets_at: l.resets_at.rfc3339(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// A field that may be given as `null`: absent is `None`, `null` is `Some(None)`.
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<i64>>, D::Error> {
     Option::<i64>::deserialize(d).map(Some)

@@ -118,6 +118,17 @@ impl From<StoreError> for ApiError {
             | StoreError::InsufficientCash { .. } => {
                 ApiError::new(S::PAYMENT_REQUIRED, "insufficient_credits", sentence(e.to_string()))
             }
+            StoreError::SpendLimitExceeded { ref exceeded } => ApiError {
+                details: Some(serde_json::json!({
+                    "period": exceeded.period.as_str(),
+                    "amount": exceeded.amount,
+                    "spent": exceeded.spent,
+                    "remaining": exceeded.remaining,
+                    "kinds": exceeded.kinds,
+                    "needed": exceeded.needed,
+                })),
+                ..ApiError::new(S::PAYMENT_REQUIRED, "spend_limit_exceeded", sentence(e.to_string()))
+            },
             StoreError::IdempotencyConflict { .. } | StoreError::IdTaken { .. } | StoreError::ReportConflict(_) => {
                 ApiError::new(S::CONFLICT, "idempotency_conflict", sentence(e.to_string()))
             }

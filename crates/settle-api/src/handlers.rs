@@ -281,6 +281,49 @@ pub async fn get_alerts(State(s): State<AppState>, auth: Auth<ClientRole>, Path(
     Ok(ok(dto::AlertList::from(s.store.alerts(&account).await?)))
 }
 
+/// Set an account's spend limits
+///
+/// Replaces the account's spend limits (at most 16; an empty list removes them). Each bounds what
+/// one UTC `day` or `month` may spend through creates — charges, holds and reclaims posted in the
+/// period, less the refunds, releases and payout returns posted in it — on the job kinds it names
+/// (none: every kind but `withdrawal`, which counts only when named). A create (or a withdrawal a
+/// limit names) that would take a period over its `amount` is `402 spend_limit_exceeded` with the
+/// limit, its spend and what is left, and writes nothing; a reclaim is never refused, and counts.
+/// A limit put mid-period starts from what the period's ledger says was spent.
+#[utoipa::path(put, path = "/v1/accounts/{id}/limits", tag = "accounts", params(("id" = String, Path)),
+    request_body = dto::PutLimits,
+    responses((status = 200, body = dto::LimitList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn put_limits(
+    State(s): State<AppState>,
+    auth: Auth<ClientRole>,
+    Path(account): Path<String>,
+    Json(b): Json<dto::PutLimits>,
+) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    let mut limits = Vec::with_capacity(b.limits.len());
+    for (i, l) in b.limits.into_iter().enumerate() {
+        let period = settle_core::spend::Period::parse(&l.period).ok_or_else(|| {
+            ApiError::invalid(format!("Spend limit {i}: period must be day or month, not {:?}.", l.period))
+        })?;
+        limits.push(store::NewLimit { period, amount: l.amount, kinds: l.kinds });
+    }
+    tracing::info!(actor = %auth.actor, %account, "set spend limits");
+    Ok(ok(dto::LimitList::from(s.store.set_limits(&account, limits, &auth.actor.name).await?)))
+}
+
+/// Read an account's spend limits
+///
+/// The account's spend limits in the order they were put, each with what its current period spent
+/// and when the next period starts.
+#[utoipa::path(get, path = "/v1/accounts/{id}/limits", tag = "accounts", params(("id" = String, Path)),
+    responses((status = 200, body = dto::LimitList), (status = 404, body = ErrorBody)))]
+pub async fn get_limits(State(s): State<AppState>, auth: Auth<ClientRole>, Path(account): Path<String>) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    Ok(ok(dto::LimitList::from(s.store.limits(&account).await?)))
+}
+
 /// Grant credits to an account
 ///
 /// Adds `amount` credits (> 0) to the balance with one `grant` ledger entry, answered with that entry.
@@ -1251,7 +1294,7 @@ pub async fn requeue_dead_deliveries(
 
 /// Audit the ledger
 ///
-/// Recomputes invariants L1–L7 from the stored rows: every balance is the sum of its entries, every
+/// Recomputes invariants L1–L8 from the stored rows: every balance is the sum of its entries, every
 /// item's money state matches its entries, each account's hash chain is intact, every account's live
 /// grants less its debt are its balance, no withdrawal left never-expiring credit below the debt
 /// (the cash rule), and every event matches its transition. Answers `ok` and the violations found.

@@ -92,7 +92,7 @@ enum Command {
         #[arg(long)]
         to: String,
     },
-    /// Checks the ledger invariants L1–L7; prints violations and exits 1 if there are any.
+    /// Checks the ledger invariants L1–L8; prints violations and exits 1 if there are any.
     Audit {
         #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,

@@ -13,6 +13,7 @@
 //! - [`crash`]: the `CrashPoint` enum the crash-convergence harness iterates.
 //! - [`limits`]: every bound, named.
 //! - [`names`]: `names!`, the one way a closed set of names (states, kinds, codes) is written.
+//! - [`spend`]: spend limits' periods (UTC days and months), what a posting spends, whether a charge fits.
 //! - [`signature`]: HMAC-SHA256 and the webhook `Settle-Signature` header (sign, verify).
 
 pub mod backoff;
@@ -29,6 +30,7 @@ pub mod money;
 pub mod names;
 pub mod scope;
 pub mod signature;
+pub mod spend;
 
 pub use clock::{Clock, FakeClock, SystemClock, Timestamp};
 pub use money::{Credits, MoneyError};

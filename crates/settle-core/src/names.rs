@@ -71,7 +71,8 @@ mod tests {
             crate::history::EventKind,
             crate::history::AttemptResult,
             crate::history::Signal,
-            crate::history::SignalEffect
+            crate::history::SignalEffect,
+            crate::spend::Period
         );
     }
 

@@ -73,6 +73,7 @@ pub fn error_name(e: &StoreError) -> &'static str {
         StoreError::InsufficientCredits { .. } => "insufficient_credits",
         StoreError::InsufficientBalance { .. } => "insufficient_balance",
         StoreError::InsufficientCash { .. } => "insufficient_cash",
+        StoreError::SpendLimitExceeded { .. } => "spend_limit_exceeded",
         StoreError::IdempotencyConflict { .. } => "idempotency_conflict",
         StoreError::ReportConflict(_) => "report_conflict",
         StoreError::CostRequired { .. } => "cost_required",

@@ -1,4 +1,4 @@
-//! `settle audit`: the ledger invariants L1–L7 of the spec, recomputed from the rows.
+//! `settle audit`: the ledger invariants L1–L8 of the spec, recomputed from the rows.
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
 use crate::db::{Db, args, columns};
@@ -83,6 +83,24 @@ columns! {
         account_id = "c.id", balance = "c.balance", alert_floor = "c.alert_floor", alert_ceiling = "c.alert_ceiling",
         alert_id = "a.alert_id", below = "a.below", side = "a.side",
     }
+}
+
+columns! {
+    /// A spend limit with the spend of the period its row carries, and its account's flag.
+    LimitRow {
+        account_id = "c.id", spend_limited = "c.spend_limited", limit_no = "l.limit_no", period = "l.period",
+        all_kinds = "l.all_kinds", period_start = "l.period_start", spent = "l.spent",
+    }
+}
+
+columns! {
+    /// A kind a spend limit names.
+    LimitKindRow { account_id, limit_no, kind }
+}
+
+columns! {
+    /// A spend line of an account with limits: its amount, date and job's kind.
+    SpendLineRow { account_id = "e.account_id", amount = "e.amount", created_at = "e.created_at", kind = "j.kind" }
 }
 
 columns! {
@@ -525,6 +543,7 @@ impl<'p> Audit<'p> {
         self.withdrawals(db).await?;
         self.grants(db).await?;
         self.alerts(db).await?;
+        self.spend_limits(db).await?;
         self.outbox(db).await?;
         let Audit { accounts, violations, .. } = self;
         Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
@@ -757,6 +776,82 @@ impl<'p> Audit<'p> {
                     "the alert band is {floor:?}..{ceiling:?}, but the alerts' sides give {want_floor:?}..{want_ceiling:?}"
                 );
                 self.push(Invariant::L7, Some(&account), None, None, message);
+            }
+        }
+        Ok(())
+    }
+
+    /// L8: an account is marked `spend_limited` exactly when it has limits, and each limit's `spent`
+    /// is what the ledger's job lines of the kinds it covers, dated in its row's period, add up to —
+    /// else a posting was not counted, or counted twice, and the next check would judge wrongly.
+    async fn spend_limits(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        use settle_core::spend::{self, Period};
+        static LIMITS: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM accounts c LEFT JOIN spend_limits l ON l.account_id = c.id \
+                 WHERE l.account_id IS NOT NULL OR c.spend_limited <> 0 ORDER BY c.id, l.limit_no",
+                LimitRow::LIST
+            )
+        });
+        static KINDS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM spend_limit_kinds", LimitKindRow::LIST));
+        static LINES: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM ledger_entries e JOIN jobs j ON j.id = e.job_id \
+                 WHERE e.account_id IN (SELECT account_id FROM spend_limits) \
+                 AND e.kind IN ('charge', 'refund', 'reclaim', 'release', 'payout_return')",
+                SpendLineRow::LIST
+            )
+        });
+        let limits = db.all(&LIMITS, args![]).await?;
+        if limits.is_empty() {
+            return Ok(());
+        }
+        let mut kinds: BTreeMap<(String, i64), Vec<String>> = BTreeMap::new();
+        for r in &db.all(&KINDS, args![]).await? {
+            use LimitKindRow as C;
+            kinds.entry((r.text(C::account_id)?, r.i64(C::limit_no)?)).or_default().push(r.text(C::kind)?);
+        }
+        let mut lines: BTreeMap<String, Vec<(i64, i64, String)>> = BTreeMap::new();
+        for r in &db.all(&LINES, args![]).await? {
+            use SpendLineRow as C;
+            let at = (r.i64(C::amount)?, r.i64(C::created_at)?, r.text(C::kind)?);
+            lines.entry(r.text(C::account_id)?).or_default().push(at);
+        }
+        for r in &limits {
+            use LimitRow as C;
+            let account = r.text(C::account_id)?;
+            let Some(no) = r.opt_i64(C::limit_no)? else {
+                self.push(Invariant::L8, Some(&account), None, None, "marked spend_limited without limits".to_owned());
+                continue;
+            };
+            if r.i64(C::spend_limited)? != 1 {
+                self.push(Invariant::L8, Some(&account), None, None, "has spend limits, not marked".to_owned());
+            }
+            let text = r.opt_text(C::period)?.unwrap_or_default();
+            let period = Period::parse(&text)
+                .ok_or_else(|| StoreError::internal(format!("a spend limit of an unknown period: {text}")))?;
+            let start = r.opt_i64(C::period_start)?.unwrap_or_default();
+            let end = period.next(settle_core::Timestamp::from_micros(start)).micros();
+            let named = match r.opt_i64(C::all_kinds)? {
+                Some(1) => Vec::new(),
+                _ => kinds.get(&(account.clone(), no)).cloned().unwrap_or_default(),
+            };
+            let net: i128 = lines
+                .get(&account)
+                .into_iter()
+                .flatten()
+                .filter(|(_, at, kind)| (start..end).contains(at) && spend::covers(&named, kind))
+                .map(|(amount, _, _)| i128::from(*amount))
+                .sum();
+            let spent = r.opt_i64(C::spent)?.unwrap_or_default();
+            if i128::from(spent) != -net {
+                let message = format!(
+                    "spend limit {no} ({text} from {}) records {spent} spent, but its period's ledger lines say {}",
+                    settle_core::Timestamp::from_micros(start).rfc3339(),
+                    -net
+                );
+                self.push(Invariant::L8, Some(&account), None, None, message);
             }
         }
         Ok(())

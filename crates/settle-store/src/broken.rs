@@ -29,6 +29,9 @@ pub enum Guard {
     /// A balance alert fires only when the balance crosses its threshold (its stored side
     /// changes), not on every posting on the far side of it (Blnk #318's monitors).
     AlertEdge,
+    /// A create or withdrawal is refused when its charge would take a spend limit's period over
+    /// its amount (the caps that overshoot: anthropics/claude-code#59858).
+    SpendLimit,
 }
 
 /// Whether `guard` is removed in this store.

@@ -18,6 +18,8 @@ use std::str::FromStr;
 pub const TABLES: &[(&str, &str)] = &[
     ("accounts", "id"),
     ("account_alerts", "account_id, alert_id"),
+    ("spend_limits", "account_id, limit_no"),
+    ("spend_limit_kinds", "account_id, limit_no, kind"),
     ("grants", "key"),
     ("jobs", "job_seq"),
     ("items", "job_id, ord, item_id"),

@@ -22,6 +22,14 @@ pub enum StoreError {
         "insufficient credits for a withdrawal: {available} of the {needed} needed is cash (credit that never expires, less what the account owes); credit with an expiry is never withdrawn and never pays for one"
     )]
     InsufficientCash { available: i64, needed: i64 },
+    /// A create (or a withdrawal a limit names) that would take a spend limit's period over its
+    /// amount (spec §4a): the first such limit, its period's spend and what is left. Nothing was
+    /// written.
+    #[error(
+        "spend limit exceeded: the {} limit of {} has {} spent this {}, {} left, and this needs {}",
+        exceeded.period.as_str(), exceeded.amount, exceeded.spent, exceeded.period.as_str(), exceeded.remaining, exceeded.needed
+    )]
+    SpendLimitExceeded { exceeded: Box<crate::model::LimitExceeded> },
     #[error("{what} {id} already exists with a different request")]
     IdempotencyConflict { what: &'static str, id: String },
     /// A worker's report re-sent with another body than the one that took effect (a `fail` with

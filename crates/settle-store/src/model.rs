@@ -135,6 +135,38 @@ pub struct Alert {
     pub side: AlertSide,
 }
 
+/// A spend limit as put (spec §4a): at most `amount` spent per UTC `period` on the job kinds
+/// `kinds` (empty: every kind but withdrawals).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewLimit {
+    pub period: settle_core::spend::Period,
+    pub amount: i64,
+    pub kinds: Vec<String>,
+}
+
+/// A spend limit and its current period: what was spent in it (net; negative when refunds of an
+/// earlier period's charges came back in it) and when the next period starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpendLimit {
+    pub period: settle_core::spend::Period,
+    pub amount: i64,
+    pub kinds: Vec<String>,
+    pub spent: i64,
+    pub resets_at: Timestamp,
+}
+
+/// Why a charge was refused by a spend limit: the limit, its period's spend, what is left, and what
+/// the charge needed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitExceeded {
+    pub period: settle_core::spend::Period,
+    pub amount: i64,
+    pub kinds: Vec<String>,
+    pub spent: i64,
+    pub remaining: i64,
+    pub needed: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewGrant {
     pub id: RefId,
@@ -577,6 +609,7 @@ settle_core::names! {
         AccountCreate = "account.create",
         AccountUpdate = "account.update",
         AccountAlerts = "account.alerts",
+        AccountLimits = "account.limits",
         AccountGrant = "account.grant",
         AccountAdjust = "account.adjust",
         JobCancel = "job.cancel",
@@ -774,6 +807,9 @@ settle_core::names! {
         /// Every balance alert is on the side of its threshold the balance is on, and the account's
         /// band is what its alerts' sides give (alerts fire once per crossing).
         L7 = "L7",
+        /// An account is marked as having spend limits exactly when it has some, and each limit's
+        /// recorded spend is what its period's ledger lines say.
+        L8 = "L8",
         /// A gap in the ledger's or the outbox's numbering.
         Seq = "SEQ",
     }
@@ -993,7 +1029,7 @@ mod tests {
         }
         round_trip!(FailureState, DeliveryState, BreakerState, ActionKind, Invariant);
         // The audit's texts are on the wire (`GET /v1/audit`): exactly these.
-        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "L5", "L6", "L7", "SEQ"]);
+        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "SEQ"]);
         for (old, new) in [("grant", ActionKind::AccountGrant), ("audit", ActionKind::LedgerAudit)] {
             assert_eq!(ActionKind::parse_stored(old), Some(new));
         }

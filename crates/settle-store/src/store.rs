@@ -59,6 +59,17 @@ pub trait Store: Send + Sync {
     ) -> Result<Vec<Alert>, StoreError>;
     /// An account's alerts, in threshold order.
     async fn alerts(&self, id: &AccountId) -> Result<Vec<Alert>, StoreError>;
+    /// `PUT /v1/accounts/{id}/limits`: replaces the account's spend limits, each starting from what
+    /// the ledger says its current period spent; recorded in the action log under `actor` when
+    /// anything changed. Answers the limits as stored, in the order given.
+    async fn set_limits(
+        &self,
+        id: &AccountId,
+        limits: Vec<NewLimit>,
+        actor: &str,
+    ) -> Result<Vec<SpendLimit>, StoreError>;
+    /// An account's spend limits with their current period's spend, in order.
+    async fn limits(&self, id: &AccountId) -> Result<Vec<SpendLimit>, StoreError>;
     /// The accounts `scope` sees, a page at a time in id order after the id `after` (`None`: from
     /// the first).
     async fn accounts(

@@ -207,7 +207,7 @@ pub fn overview(
             @if session.can_act() {
                 section class="card" {
                     h2 { "Audit" }
-                    p class="muted" { "Recompute L1–L7 from the stored rows (every balance, item, chain and event)." }
+                    p class="muted" { "Recompute L1–L8 from the stored rows (every balance, item, chain and event)." }
                     (action_button(session, "/console/audit", "Run settle audit", None, false))
                 }
             }
@@ -915,7 +915,7 @@ pub fn audit(session: &Session, report: &settle_store::AuditReport) -> Markup {
         h1 { "Audit" }
         section class="card" {
             @if report.violations.is_empty() {
-                p class="ok" { strong { "Clean." } " L1–L7 hold: " (credits(report.accounts_checked as i64)) " accounts, "
+                p class="ok" { strong { "Clean." } " L1–L8 hold: " (credits(report.accounts_checked as i64)) " accounts, "
                     (credits(report.items_checked as i64)) " items, " (credits(report.entries_checked as i64)) " ledger entries checked." }
             } @else {
                 p class="error" { strong { (report.violations.len()) " violations." } }

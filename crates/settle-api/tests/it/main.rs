@@ -14,6 +14,7 @@ mod http_limits;
 mod kit;
 mod latency;
 mod licence;
+mod limits;
 mod metrics;
 mod openapi;
 mod roles;

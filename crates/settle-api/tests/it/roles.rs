@@ -13,6 +13,8 @@ const TABLE: &[(&str, &str, Option<Role>)] = &[
     ("PATCH", "/v1/accounts/{id}", Some(Role::Admin)),
     ("PUT", "/v1/accounts/{id}/alerts", Some(Role::Client)),
     ("GET", "/v1/accounts/{id}/alerts", Some(Role::Client)),
+    ("PUT", "/v1/accounts/{id}/limits", Some(Role::Client)),
+    ("GET", "/v1/accounts/{id}/limits", Some(Role::Client)),
     ("POST", "/v1/accounts/{id}/grants", Some(Role::Admin)),
     ("GET", "/v1/accounts/{id}/grants", Some(Role::Client)),
     ("POST", "/v1/accounts/{id}/adjustments", Some(Role::Admin)),

@@ -119,8 +119,9 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
         // The common shape in three statements (docs/design/batch-plan.md §10).
         Engine::Postgres => match creates(db, cx, job, &fp).await {
             // The refusal waited for the account's row: a create of the same id that held it has
-            // committed by now, and the job it made is the answer (a replay, or a conflict).
-            Err(refused @ StoreError::InsufficientCredits { .. }) => {
+            // committed by now, and the job it made is the answer (a replay, or a conflict) — its
+            // charge may be what took the credit or the spend limit's room.
+            Err(refused @ (StoreError::InsufficientCredits { .. } | StoreError::SpendLimitExceeded { .. })) => {
                 match replay(db, cx, job, &fp, Lock::None).await? {
                     Some(replayed) => return replayed,
                     None => return Err(refused),
@@ -190,6 +191,9 @@ pub(crate) async fn insert_job(
 ) -> Result<Job, StoreError> {
     debug_assert!(matches!(check, BalanceCheck::Overdraft | BalanceCheck::Cash), "a job's charges are debits");
     let terms = Terms::of(cx, job);
+    // The job row is written before its charge: the spend limits are checked first.
+    super::spend_limits::check_first(db, cx, job.req.account_id.as_str(), job.req.kind.as_str(), job.total.get())
+        .await?;
     insert_rows(db, cx, job, fp, &terms).await?;
     charge_items(db, cx, job, check).await?;
     cx.point(CrashPoint::AfterLedger)?;
@@ -368,7 +372,9 @@ async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, check: BalanceCh
     let holds = Holds { held: job.total.get(), exposure: 0 };
     // A withdrawal being made draws only on credit that never expires, and is refused otherwise.
     let spend = if check == BalanceCheck::Cash { Spend::CashOnly } else { Spend::Any };
-    post(db, cx, Posting { account_id: req.account_id.as_str(), check, lines: &lines, holds }, spend).await
+    let kind = Some(req.kind.as_str());
+    post(db, cx, Posting { account_id: req.account_id.as_str(), job_kind: kind, check, lines: &lines, holds }, spend)
+        .await
 }
 
 /// One charge line per item, in the job's order.
@@ -475,7 +481,13 @@ pub(crate) async fn creates(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 
     let terms = Terms::of(cx, job);
     let lines = charge_lines(job)?;
     let holds = Holds { held: job.total.get(), exposure: 0 };
-    let posting = Posting { account_id: req.account_id.as_str(), check: BalanceCheck::Overdraft, lines: &lines, holds };
+    let posting = Posting {
+        account_id: req.account_id.as_str(),
+        job_kind: Some(req.kind.as_str()),
+        check: BalanceCheck::Overdraft,
+        lines: &lines,
+        holds,
+    };
     let posted = post_balance(db, cx, &posting).await?;
     let amounts: Vec<i64> = lines.iter().map(|l| -l.amount.get()).collect();
     let wrote = db

@@ -308,7 +308,7 @@ pub(crate) async fn expire_lease(
 
 columns! {
     /// What step 3 of a failure changed, table by table.
-    FailWroteCol { jobs, attempts, items, balance, entries, alert_floor, alert_ceiling, parts, grants }
+    FailWroteCol { jobs, attempts, items, balance, entries, alert_floor, alert_ceiling, spend_limited, parts, grants }
 }
 
 /// Step 3 of a failure: the job, its attempt, its refunded items, the balance, the parts given
@@ -324,7 +324,7 @@ const FAIL_WRITE: &str = "WITH \
            WHERE job_id = $1 AND item_id = ANY($13::text[]) AND state = 'charged' RETURNING 1), \
      b AS (UPDATE accounts SET balance = balance + $14, held = held - $14, exposure = exposure + $14, \
            last_account_seq = last_account_seq + $15 WHERE id = $16 AND $15 > 0 AND next_expiry > $7 \
-           RETURNING balance, last_account_seq, alert_floor, alert_ceiling), \
+           RETURNING balance, last_account_seq, alert_floor, alert_ceiling, spend_limited), \
      p AS (UPDATE allocations SET given_back = given_back + u.x, owed = 0 \
            FROM unnest($17::bigint[], $18::bigint[]) AS u(id, x) \
            WHERE allocations.job_id = $1 AND allocations.id = u.id AND allocations.grant_key IS NOT NULL \
@@ -335,6 +335,7 @@ const FAIL_WRITE: &str = "WITH \
      SELECT (SELECT count(*) FROM j) AS jobs, (SELECT count(*) FROM t) AS attempts, (SELECT count(*) FROM i) AS items, \
      (SELECT balance FROM b) AS balance, (SELECT last_account_seq FROM b) AS entries, \
      (SELECT alert_floor FROM b) AS alert_floor, (SELECT alert_ceiling FROM b) AS alert_ceiling, \
+     (SELECT spend_limited FROM b) AS spend_limited, \
      (SELECT count(*) FROM p) AS parts, (SELECT count(*) FROM g) AS grants";
 
 /// The lease holder's failure in the plan, `job` locked: `Ok(None)` when it is not in the plan's
@@ -421,6 +422,10 @@ pub(crate) async fn holder_fails(
         };
         let lines = queue_lines(cx, job, &moved, balance, entries)?;
         super::alerts::after_posting(db, cx, &job.account_id, band, &lines).await?;
+        // The refunds give back what the job's charges spent (`total` is what they credit).
+        let limited = wrote.i64(FailWroteCol::spend_limited)? == 1;
+        let x = total.checked_neg()?.get();
+        super::spend_limits::after_posting(db, cx, &job.account_id, limited, Some(&job.kind), x).await?;
     }
     cx.point(CrashPoint::AfterLedger)?;
     failure_events(db, cx, job, failure, &moved, (state, not_before)).await?;

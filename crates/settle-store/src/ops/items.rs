@@ -184,8 +184,19 @@ pub(crate) async fn move_items(db: &mut Db<'_>, cx: &Cx, job: &JobRow, m: Move<'
     // A withdrawal's item moves cash: its reclaim (the payout went out after all) takes only from
     // credit that never expires (docs/decisions/0023).
     let spend = if returnable { Spend::Cash } else { Spend::Any };
-    post(db, cx, Posting { account_id: &job.account_id, check: BalanceCheck::Never, lines: &lines, holds }, spend)
-        .await?;
+    post(
+        db,
+        cx,
+        Posting {
+            account_id: &job.account_id,
+            job_kind: Some(&job.kind),
+            check: BalanceCheck::Never,
+            lines: &lines,
+            holds,
+        },
+        spend,
+    )
+    .await?;
     Ok(moved)
 }
 

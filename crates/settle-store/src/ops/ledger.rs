@@ -9,7 +9,7 @@
 //! lines wait in the transaction's `Pending` and are hashed and written by `flush_lines`.
 
 use super::alerts::{Band, LineAt, after_posting};
-use super::{Cx, PendingLine, guard_hit, lock_pending, next_seq};
+use super::{Cx, PendingLine, guard_hit, lock_pending, next_seq, spend_limits};
 use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
@@ -37,12 +37,13 @@ pub(crate) enum BalanceCheck {
 columns! {
     /// What a balance change returns: the balance after it, and the account's entries counting the
     /// posting's lines (its last line's `account_seq`).
-    BalanceCol { balance, entries = "last_account_seq", debt, alert_floor, alert_ceiling }
+    BalanceCol { balance, entries = "last_account_seq", debt, alert_floor, alert_ceiling, spend_limited }
 }
 
 columns! {
-    /// Why a debit was refused: the balance and the overdraft it may use.
-    LimitCol { balance, overdraft_limit, next_expiry }
+    /// Why a debit was refused: the balance and the overdraft it may use; whether the account has
+    /// spend limits (a checked debit misses an account that has, until its limits are checked).
+    LimitCol { balance, overdraft_limit, next_expiry, spend_limited }
 }
 
 columns! {
@@ -66,6 +67,9 @@ columns! {
     SeqCol { seq = "nextval('ledger_seq_numbers')" }
 }
 
+// The checked debits (a create's charges, a withdrawal) match an account with spend limits
+// (`spend_limited = 1`) only once its limits have passed the charge ($8 = 1): an account with limits
+// misses first, and the miss path checks them on the locked row, before anything is written.
 // Debits (charges, negative adjustments) keep `balance − exposure ≥ −BALANCE_MAX`: the balance
 // after every possible reclaim stays inside i64 (docs/decisions/0003).
 // Each also moves `held` by $4 and `exposure` by $5 (`Holds`) in the same statement, and counts the
@@ -75,7 +79,7 @@ static DEBIT_OVERDRAFT: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, last_account_seq = last_account_seq + $6 \
          WHERE id = $1 AND balance >= (0 - overdraft_limit) - $2 AND balance - exposure >= (0 - $3) - $2 \
-         AND next_expiry > $7 RETURNING {}",
+         AND next_expiry > $7 AND spend_limited <= $8 RETURNING {}",
         BalanceCol::LIST
     )
 });
@@ -84,7 +88,7 @@ static DEBIT_CASH: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, last_account_seq = last_account_seq + $6 \
          WHERE id = $1 AND balance >= 0 - $2 AND balance - exposure >= (0 - $3) - $2 AND next_expiry > $7 \
-         RETURNING {}",
+         AND spend_limited <= $8 RETURNING {}",
         BalanceCol::LIST
     )
 });
@@ -158,6 +162,9 @@ pub(crate) async fn change_holds(db: &mut Db<'_>, account_id: &str, holds: Holds
 #[derive(Clone, Copy)]
 pub(crate) struct Posting<'a> {
     pub account_id: &'a str,
+    /// The kind of the job the lines belong to (a posting's lines are one job's), for the spend
+    /// limits covering it; `None` for lines of no job (grants, adjustments, expiries).
+    pub job_kind: Option<&'a str>,
     pub check: BalanceCheck,
     pub lines: &'a [Line<'a>],
     pub holds: Holds,
@@ -196,7 +203,7 @@ pub(crate) async fn post_expiries(
     if lines.is_empty() {
         return Ok(());
     }
-    let posting = Posting { account_id, check: BalanceCheck::Never, lines, holds: Holds::default() };
+    let posting = Posting { account_id, job_kind: None, check: BalanceCheck::Never, lines, holds: Holds::default() };
     let appended = append(db, cx, &posting, Guard::Off, write).await?;
     appended.map(drop).ok_or_else(|| StoreError::internal("an unguarded posting waited for an expiry"))
 }
@@ -254,6 +261,8 @@ pub(crate) async fn append(
         assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
     }
     after_posting(db, cx, account_id, posted.band, &at).await?;
+    spend_limits::after_posting(db, cx, account_id, posted.limited, posting.job_kind, spend_limits::of_lines(lines)?)
+        .await?;
     Ok(Some((posted, Vec::new())))
 }
 
@@ -265,6 +274,9 @@ pub(crate) struct Posted {
     pub debt: i64,
     /// The account's alert band as the change found it (`alerts::after_posting`).
     pub band: Band,
+    /// Whether the account has spend limits, for the posting to count its spend in
+    /// (`spend_limits::after_posting`).
+    pub limited: bool,
 }
 
 /// The guarded balance change for `posting`, whose lines sum to `total`. Under `Guard::Clock` an
@@ -277,6 +289,10 @@ async fn change_balance(
     guard: Guard,
 ) -> Result<Option<Posted>, StoreError> {
     let Posting { account_id, check, holds, .. } = *posting;
+    debug_assert!(
+        posting.lines.windows(2).all(|w| w[0].job_id == w[1].job_id),
+        "a posting's lines are one job's (its spend counts under one kind)"
+    );
     let (held, exposure, n) = (holds.held, holds.exposure, posting.lines.len() as i64);
     let max = limits::BALANCE_MAX;
     let clock = match guard {
@@ -284,9 +300,15 @@ async fn change_balance(
         Guard::Clock => cx.now.micros(),
         Guard::Off => i64::MIN,
     };
-    let args = match check {
+    // `$8` of the checked debits: whether the account's spend limits passed this charge.
+    let mut args = match check {
         BalanceCheck::Never => args![account_id, total.get(), held, exposure, n, clock].to_vec(),
-        _ => args![account_id, total.get(), max, held, exposure, n, clock].to_vec(),
+        BalanceCheck::Overdraft | BalanceCheck::Cash => {
+            // A charge of nothing spends nothing: no limit to check.
+            let passed = i64::from(!total.is_negative());
+            args![account_id, total.get(), max, held, exposure, n, clock, passed].to_vec()
+        }
+        BalanceCheck::Bounded => args![account_id, total.get(), max, held, exposure, n, clock].to_vec(),
     };
     let sql: &'static str = match check {
         BalanceCheck::Overdraft => &DEBIT_OVERDRAFT,
@@ -297,9 +319,12 @@ async fn change_balance(
     };
     debug_assert!(!matches!(check, BalanceCheck::Overdraft | BalanceCheck::Cash) || !total.is_positive());
     // A miss is judged on the locked row: the UPDATE that missed took no lock, so another
-    // transaction (an expiry, a grant) may have moved the account since. Under the lock, a grant
-    // due answers `None`; anything else is tried once more before it is refused.
+    // transaction (an expiry, a grant) may have moved the account since. Under the lock, spend
+    // limits are checked first (a refusal writes nothing), then a grant due answers `None`;
+    // anything else is tried once more before it is refused.
     let mut locked = false;
+    let checked_debit = matches!(check, BalanceCheck::Overdraft | BalanceCheck::Cash);
+    let mut spend_checked = !total.is_negative();
     loop {
         if let Some(row) = db.opt(sql, &args).await? {
             let entries = row.i64(BalanceCol::entries)?;
@@ -311,6 +336,7 @@ async fn change_balance(
                     floor: row.opt_i64(BalanceCol::alert_floor)?,
                     ceiling: row.opt_i64(BalanceCol::alert_ceiling)?,
                 },
+                limited: row.i64(BalanceCol::spend_limited)? == 1,
             }));
         }
         let limits: &'static str = match db.engine() {
@@ -319,6 +345,12 @@ async fn change_balance(
         };
         let current =
             db.opt(limits, args![account_id]).await?.ok_or_else(|| StoreError::not_found("account", account_id))?;
+        if checked_debit && !spend_checked && current.i64(LimitCol::spend_limited)? == 1 {
+            let kind = posting.job_kind.ok_or_else(|| StoreError::internal("a checked debit of no job"))?;
+            spend_limits::check(db, cx, account_id, kind, total.checked_neg()?.get()).await?;
+            spend_checked = true;
+            args[7] = Value::I64(1);
+        }
         if current.i64(LimitCol::next_expiry)? <= clock {
             return Ok(None);
         }
@@ -443,6 +475,8 @@ async fn post_lines(
         })
         .collect();
     after_posting(db, cx, account_id, posted.band, &at).await?;
+    spend_limits::after_posting(db, cx, account_id, posted.limited, posting.job_kind, spend_limits::of_lines(lines)?)
+        .await?;
     assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
     Ok(Some((posted, out)))
 }

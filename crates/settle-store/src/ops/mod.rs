@@ -20,6 +20,7 @@
 //! - [`unknown`]: outcomes nobody knows yet, and their reconciliation.
 //! - [`release`]: a job handed back by a worker that must stop, at an item boundary.
 //! - [`teardown`]: cancel, requeue, and the cancelling job's artifact cleanup and end.
+//! - [`alerts`] and [`spend_limits`]: an account's money controls, on the postings' path.
 //! - [`payouts`]: withdrawals created, paid, resolved and returned.
 //! - [`webhooks`]: deliveries fanned out, claimed and reported; the circuit breaker.
 //!
@@ -53,6 +54,7 @@ mod prices;
 mod release;
 mod rows;
 mod signals;
+pub(crate) mod spend_limits;
 mod success;
 mod teardown;
 mod unknown;

@@ -50,7 +50,7 @@ pub(crate) async fn post_now(
         return Err(StoreError::internal("post_now after queued ledger lines would fork the chain"));
     }
     let side = Side { terms, spend: Spend::Any };
-    let posting = Posting { account_id, check, lines, holds: Holds::default() };
+    let posting = Posting { account_id, job_kind: None, check, lines, holds: Holds::default() };
     post_with(db, cx, &posting, side, Write::Now).await
 }
 
@@ -141,7 +141,8 @@ async fn grants_side(
                 request_hash: None,
             })
             .collect();
-        let expiries = Posting { account_id, check: BalanceCheck::Never, lines: &lines, holds: Holds::default() };
+        let expiries =
+            Posting { account_id, job_kind: None, check: BalanceCheck::Never, lines: &lines, holds: Holds::default() };
         let unguarded = append(db, cx, &expiries, Guard::Off, write);
         let (again, more) = unguarded.await?.ok_or_else(|| StoreError::internal("an unguarded posting waited"))?;
         if again.first_account_seq != after {

@@ -395,7 +395,13 @@ pub(crate) async fn succeeds(
     // The reclaim's posting, with the delivery's release of its holds: one balance change.
     let lines = reclaim_lines(job, &reclaimed)?;
     let holds = Holds { held: delivered_total.checked_neg()?.get(), exposure: reclaimed_total.checked_neg()?.get() };
-    let posting = Posting { account_id: &job.account_id, check: BalanceCheck::Never, lines: &lines, holds };
+    let posting = Posting {
+        account_id: &job.account_id,
+        job_kind: Some(&job.kind),
+        check: BalanceCheck::Never,
+        lines: &lines,
+        holds,
+    };
     let posted = match lines.is_empty() {
         true => None,
         false => Some(post_balance(db, cx, &posting).await?),

@@ -161,6 +161,42 @@ impl Store for SqlStore {
         self.read(op!([id] | db, _cx | ops::alerts::alerts(db, id.as_str()).await)).await
     }
 
+    async fn set_limits(
+        &self,
+        id: &AccountId,
+        limits: Vec<NewLimit>,
+        actor: &str,
+    ) -> Result<Vec<SpendLimit>, StoreError> {
+        let actor = actor.to_owned();
+        let id = id.clone();
+        let out = self
+            .write_alone(op!(
+                [id, limits, actor] | db,
+                cx | {
+                    let (stored, changed) = ops::spend_limits::set_limits(db, cx, id.as_str(), &limits).await?;
+                    if changed {
+                        let detail = serde_json::json!({
+                            "limits": stored.iter().map(|l| serde_json::json!({
+                                "period": l.period.as_str(), "amount": l.amount, "kinds": l.kinds,
+                            })).collect::<Vec<_>>(),
+                        });
+                        ops::record_action(db, cx, &actor, ActionKind::AccountLimits, None, Some(id.as_str()), detail)
+                            .await?;
+                    }
+                    cx.point(CrashPoint::BeforeCommit)?;
+                    Ok(stored)
+                }
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn limits(&self, id: &AccountId) -> Result<Vec<SpendLimit>, StoreError> {
+        let id = id.clone();
+        self.read(op!([id] | db, cx | ops::spend_limits::spend_limits(db, cx, id.as_str()).await)).await
+    }
+
     async fn account(&self, id: &AccountId) -> Result<Account, StoreError> {
         let id = id.clone();
         self.read(op!([id] | db, _cx | reads::account(db, &id).await)).await

@@ -14,6 +14,7 @@ mod feed;
 mod grants;
 mod held;
 mod identity;
+mod limits;
 mod plan;
 mod primary;
 mod race;

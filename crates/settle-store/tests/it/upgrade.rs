@@ -636,9 +636,11 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
     from_before_migration_25(EngineKind::Postgres).await;
 }
 
-/// Back to before migration 0026 — and so first before 0029, 0028 and 0027 (their columns,
+/// Back to before migration 0026 — and so first before 0030, 0029, 0028 and 0027 (their columns,
 /// tables and indexes gone).
 fn undo_26(k: &Kit) -> String {
+    let undo_30 = "DROP TABLE spend_limit_kinds; DROP TABLE spend_limits; ALTER TABLE accounts DROP COLUMN spend_limited; \
+                   DELETE FROM _sqlx_migrations WHERE version = 30;";
     let undo_29 = "DROP TABLE account_alerts; ALTER TABLE accounts DROP COLUMN alert_floor; \
                    ALTER TABLE accounts DROP COLUMN alert_ceiling; DELETE FROM _sqlx_migrations WHERE version = 29;";
     let undo_28 = "DROP INDEX jobs_running_account; DROP INDEX jobs_running_kind; DROP INDEX jobs_parked; \
@@ -650,9 +652,9 @@ fn undo_26(k: &Kit) -> String {
                    ALTER TABLE jobs DROP COLUMN turn; ALTER TABLE jobs DROP COLUMN requires; \
                    ALTER TABLE jobs DROP COLUMN priority; DELETE FROM _sqlx_migrations WHERE version = 27;";
     if k.is_sqlite() {
-        format!("{undo_29} {undo_28} {undo_27} {}", undo_26_sqlite())
+        format!("{undo_30} {undo_29} {undo_28} {undo_27} {}", undo_26_sqlite())
     } else {
-        format!("{undo_29} {undo_28} {undo_27} DROP DOMAIN job_priority; {UNDO_26}")
+        format!("{undo_30} {undo_29} {undo_28} {undo_27} DROP DOMAIN job_priority; {UNDO_26}")
     }
 }
 
