@@ -138,6 +138,8 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
 
     credits_that_expire(&d).await?;
 
+    spend_limited(&d).await?;
+
     alerts_fired(&d, &alice).await?;
 
     println!("\nThe ledger (append-only; the balance is the sum of its rows):");
@@ -767,4 +769,52 @@ async fn credits_that_expire(d: &Demo) -> anyhow::Result<()> {
     }
     println!("\n   Dave's ledger:");
     print::ledger(s.as_ref(), &dave).await
+}
+
+/// Issue 45: a daily spend limit on renders, checked before the charge is written: a render past it
+/// is refused whole, a failure's refund gives its room back, and the next render fits.
+async fn spend_limited(d: &Demo) -> anyhow::Result<()> {
+    println!("\n10. A spend limit (issue 45): erin may spend 100 credits a day on renders");
+    let erin = AccountId::parse("erin")?;
+    let s = &d.store;
+    s.create_account(
+        NewAccount { id: erin.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+        settle_store::SYSTEM_ACTOR,
+    )
+    .await?;
+    let pack = NewGrant {
+        id: RefId::parse("erin-pack")?,
+        amount: Credits::new(1_000),
+        reason: None,
+        expires_at: None,
+        priority: None,
+    };
+    s.grant(&erin, pack, settle_store::SYSTEM_ACTOR).await?;
+    let limit = NewLimit { period: settle_core::spend::Period::Day, amount: 100, kinds: vec!["render".into()] };
+    s.set_limits(&erin, vec![limit], settle_store::SYSTEM_ACTOR).await?;
+    d.say(format!("account erin: 1000 credits, a day limit of 100 on renders; balance {}", d.balance(&erin).await?));
+    d.job("erin-1", &erin, &[("main", 60)]).await?;
+    match d.job("erin-2", &erin, &[("main", 50)]).await {
+        Err(e) => match e.downcast_ref::<StoreError>() {
+            Some(StoreError::SpendLimitExceeded { exceeded }) => d.say(format!(
+                "erin-2 (50 credits) refused before anything is written: spend_limit_exceeded, {} spent today, {} left",
+                exceeded.spent, exceeded.remaining
+            )),
+            _ => return Err(e),
+        },
+        Ok(_) => anyhow::bail!("a render past erin's limit was accepted"),
+    }
+    let c = d.claim("gpu-worker-10").await?;
+    s.fail(&JobId::parse("erin-1")?, fail(&c.lease_token, "BAD_INPUT", "the prompt was empty")?).await?;
+    d.say("erin-1 fails for good: its refund gives the 60 back to today's spend");
+    d.job("erin-2", &erin, &[("main", 50)]).await?;
+    let limits = s.limits(&erin).await?;
+    ensure!(limits[0].spent == 50, "erin's day spent exactly what the ledger says");
+    d.say(format!(
+        "erin-2 fits now: today's spend {} of {}, the limit resets at {}",
+        limits[0].spent,
+        limits[0].amount,
+        limits[0].resets_at.rfc3339()
+    ));
+    Ok(())
 }

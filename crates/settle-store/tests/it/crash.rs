@@ -20,6 +20,10 @@ enum Step {
     Cap(&'static str, Option<i64>),
     /// Balance alerts (issue 45): later postings that cross them fire in their own transactions.
     Alerts(&'static str, &'static [(&'static str, i64)]),
+    /// Spend limits (issue 45): every later posting counts in them, in its own transaction.
+    Limits(&'static str, &'static [(settle_core::spend::Period, i64)]),
+    /// A create a spend limit refuses: nothing written, whatever crashed before it.
+    Refused(&'static str, &'static [i64]),
     Grant(&'static str, i64),
     Adjust(&'static str, i64),
     Job(&'static str, &'static [i64], RefundPolicy),
@@ -63,6 +67,9 @@ fn scenario() -> Vec<Step> {
         // The balance crosses these down (j2's charge), back up (j1's refund) and down again
         // (j1's reclaim), among others: each crossing crashed at every point and re-run.
         Alerts("a", &[("low", 950), ("mid", 900), ("deep", 880)]),
+        // Every posting after counts in both (charges, refunds, reclaims, releases, the plan's
+        // failures), each crashed at every point; the refused create must leave no trace.
+        Limits("a", &[(settle_core::spend::Period::Day, 600), (settle_core::spend::Period::Month, 5_000)]),
         Job("j1", &[40], FailedOnlyP),
         Job("j2", &[10, 20, 30], FailedOnlyP),
         Job("j3", &[10], FinalP),
@@ -109,6 +116,7 @@ fn scenario() -> Vec<Step> {
         Fail("h2", "TIMEOUT"),
         Advance(2),
         SucceedPriced("h2", &[("i1", 41)]),
+        Refused("big", &[400, 300]),
         // Expiring grants: a trial pays first, expires by the pass with some left, and a refund
         // lands on it after; a promo past its instant is expired by the charge that meets it.
         GrantTerms("trial", 200, 0, 100),
@@ -164,6 +172,22 @@ impl Runner<'_> {
                 )
                 .await
                 .map(drop),
+            Step::Limits(a, limits) => s
+                .set_limits(
+                    &acc(a),
+                    limits
+                        .iter()
+                        .map(|(period, amount)| NewLimit { period: *period, amount: *amount, kinds: Vec::new() })
+                        .collect(),
+                    settle_store::SYSTEM_ACTOR,
+                )
+                .await
+                .map(drop),
+            Step::Refused(id, costs) => match s.create_job(items_job(id, &acc("a"), costs)).await {
+                Err(StoreError::SpendLimitExceeded { .. }) => Ok(()),
+                Err(e) => Err(e),
+                Ok(_) => panic!("{id} passed a spend limit"),
+            },
             Step::Grant(a, n) => s
                 .grant(
                     &acc(a),
@@ -297,6 +321,7 @@ async fn dump(k: &Kit) -> String {
         out += &format!("{g:?}\n");
     }
     out += &format!("{:?}\n", s.alerts(&acc("a")).await.unwrap());
+    out += &format!("{:?}\n", s.limits(&acc("a")).await.unwrap());
     for e in s.events(0, 1000, &settle_core::scope::Scope::ALL).await.unwrap().rows {
         // A grant's or adjustment's event names its entry by `seq`: compared by the entry's place.
         let mut data: serde_json::Value = serde_json::from_str(&e.data).unwrap();

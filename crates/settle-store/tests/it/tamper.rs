@@ -55,6 +55,8 @@ per_engine!(
     the_database_refuses_a_price_above_the_hold,
     an_alert_on_the_wrong_side_is_l7,
     an_alert_band_its_sides_do_not_give_is_l7,
+    a_limit_that_lost_a_posting_is_l8,
+    limits_on_an_unmarked_account_are_l8,
 );
 
 /// Ledger: 1 grant b 5 · 2 grant a 100 · 3 charge j/i0 −10 · 4 refund j/i0 +10 · 5 charge k/i0 −7.
@@ -202,6 +204,31 @@ async fn an_alert_band_its_sides_do_not_give_is_l7(k: &Kit) {
     alerted(k).await;
     tamper(k, "UPDATE accounts SET alert_ceiling = 120 WHERE id = 'a'").await;
     only(k, "L7", "the alert band is Some(50)..Some(120), but the alerts' sides give Some(50)..Some(95)").await;
+}
+
+/// Account `a` with a day limit of 1,000 on every kind: the day spent 7 (10 charged, 10 refunded,
+/// 7 charged).
+async fn limited(k: &Kit) {
+    scenario(k).await;
+    let limit = NewLimit { period: settle_core::spend::Period::Day, amount: 1_000, kinds: Vec::new() };
+    let stored = k.store.set_limits(&acc("a"), vec![limit], SYSTEM_ACTOR).await.unwrap();
+    assert_eq!(stored[0].spent, 7);
+    k.assert_clean().await;
+}
+
+async fn a_limit_that_lost_a_posting_is_l8(k: &Kit) {
+    limited(k).await;
+    // As a posting that was not counted would leave it: the next check would allow 1 too many.
+    tamper(k, "UPDATE spend_limits SET spent = spent - 1 WHERE account_id = 'a'").await;
+    only(k, "L8", "spend limit 0 (day from 2026-01-01T00:00:00Z) records 6 spent, but its period's ledger lines say 7")
+        .await;
+}
+
+async fn limits_on_an_unmarked_account_are_l8(k: &Kit) {
+    limited(k).await;
+    // Unmarked, the account's creates would never be checked.
+    tamper(k, "UPDATE accounts SET spend_limited = 0 WHERE id = 'a'").await;
+    only(k, "L8", "has spend limits, not marked").await;
 }
 
 async fn a_wrong_balance_is_l1(k: &Kit) {
