@@ -32,6 +32,12 @@ pub const KIND_CAP: (&str, i64) = ("batch", 3);
 pub const ALERTS: [(&str, i64); 5] =
     [("a40", GRANT - 40), ("a120", GRANT - 120), ("a200", GRANT - 200), ("a300", GRANT - 300), ("a450", GRANT - 450)];
 
+/// The account that carries spend limits from the start (issue 45), and its limits (period,
+/// amount, the one kind they are for or every kind): tight enough that a run's creates meet them.
+pub const LIMITED: &str = "acct1";
+pub const LIMITS: [(settle_core::spend::Period, i64, Option<&str>); 2] =
+    [(settle_core::spend::Period::Day, 100, Some("render")), (settle_core::spend::Period::Month, 300, None)];
+
 /// Short leases and backoffs, so a few hundred steps of simulated time see them run out; a cap on
 /// the kind `batch`.
 pub fn policies() -> Policies {
@@ -130,6 +136,18 @@ impl World {
             let alerts = ALERTS.iter().map(|(a, below)| (a.to_string(), *below)).collect();
             let set = store.set_alerts(&account, alerts, SYSTEM_ACTOR).await;
             self.answer("setup alerts", set.as_ref().map(|_| ()));
+            if id == LIMITED {
+                let limits = LIMITS
+                    .iter()
+                    .map(|(period, amount, kind)| settle_store::NewLimit {
+                        period: *period,
+                        amount: *amount,
+                        kinds: kind.iter().map(|k| (*k).to_owned()).collect(),
+                    })
+                    .collect();
+                let set = store.set_limits(&account, limits, SYSTEM_ACTOR).await;
+                self.answer("setup limits", set.as_ref().map(|_| ()));
+            }
             self.accounts.push(id);
         }
         self.setup_in_debt(store).await;
@@ -336,6 +354,7 @@ impl World {
         }
         self.check_withdrawals(store, provider).await?;
         self.check_alerts(store).await?;
+        self.check_limits(store).await?;
         self.hooks.check_end(store).await?;
         let mut next = 1;
         loop {
@@ -423,6 +442,63 @@ impl World {
                 return Err(format!(
                     "account {account}'s alert events {got:?} are not its ledger's crossings {want:?}"
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Spend limits (issue 45): walking the limited account's ledger in order, with each line's job
+    /// kind and date, every create's charge (a job's charge lines, posted together) left each
+    /// limit covering its kind at or under its amount in the line's period — only reclaims may
+    /// take a period over (the work was delivered), and no create may pass after them.
+    async fn check_limits(&self, store: &SqlStore) -> Result<(), String> {
+        use settle_core::ledger::EntryKind;
+        use settle_core::spend::{self, counts};
+        let id = AccountId::parse(LIMITED).expect("an account id");
+        let mut entries = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = store.ledger(&id, Page { after, limit: 500 }).await.map_err(|e| e.to_string())?;
+            entries.extend(page.rows);
+            match page.next_after {
+                Some(n) => after = n,
+                None => break,
+            }
+        }
+        let mut kinds: BTreeMap<String, String> = BTreeMap::new();
+        for job in entries.iter().filter_map(|e| e.job_id.clone()) {
+            if !kinds.contains_key(&job) {
+                let j = store.job(&settle_core::ids::JobId::parse(&job).expect("a job id")).await;
+                kinds.insert(job, j.map_err(|e| e.to_string())?.kind.as_str().to_owned());
+            }
+        }
+        // (limit, period start) → the net spent so far.
+        let mut spent: BTreeMap<(usize, i64), i64> = BTreeMap::new();
+        for (i, e) in entries.iter().enumerate() {
+            let Some(job) = &e.job_id else { continue };
+            if !counts(e.kind) {
+                continue;
+            }
+            let kind = &kinds[job];
+            for (l, (period, amount, only)) in LIMITS.iter().enumerate() {
+                let named: Vec<String> = only.iter().map(|k| (*k).to_owned()).collect();
+                if !spend::covers(&named, kind) {
+                    continue;
+                }
+                let at = (l, period.start(e.created_at).micros());
+                let total = spent.entry(at).or_default();
+                *total -= e.amount.get();
+                // A create's charge ends where the next line is not a charge of the same job.
+                let next = entries.get(i + 1);
+                let ends = e.kind == EntryKind::Charge
+                    && next.is_none_or(|n| n.kind != EntryKind::Charge || n.job_id.as_ref() != Some(job));
+                if ends && *total > *amount {
+                    return Err(format!(
+                        "account {LIMITED}'s create {job} ({kind}) took its {} limit of {amount} to {total} (entry {})",
+                        period.as_str(),
+                        e.seq
+                    ));
+                }
             }
         }
         Ok(())

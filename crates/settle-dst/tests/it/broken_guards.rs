@@ -79,3 +79,8 @@ fn without_the_cap_count_on_a_capped_claim() {
 fn without_the_alerts_edge() {
     caught(Breakage::Store(Guard::AlertEdge));
 }
+
+#[test]
+fn without_the_spend_limit_check() {
+    caught(Breakage::Store(Guard::SpendLimit));
+}
