@@ -467,9 +467,9 @@ impl World {
         }
         let mut kinds: BTreeMap<String, String> = BTreeMap::new();
         for job in entries.iter().filter_map(|e| e.job_id.clone()) {
-            if !kinds.contains_key(&job) {
-                let j = store.job(&settle_core::ids::JobId::parse(&job).expect("a job id")).await;
-                kinds.insert(job, j.map_err(|e| e.to_string())?.kind.as_str().to_owned());
+            if let std::collections::btree_map::Entry::Vacant(slot) = kinds.entry(job) {
+                let j = store.job(&settle_core::ids::JobId::parse(slot.key()).expect("a job id")).await;
+                slot.insert(j.map_err(|e| e.to_string())?.kind.as_str().to_owned());
             }
         }
         // (limit, period start) → the net spent so far.
