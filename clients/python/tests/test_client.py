@@ -285,6 +285,29 @@ def test_balance_alerts_fire_once_per_crossing(admin):
     assert e.value.code == "invalid_request"
 
 
+def test_a_spend_limit_refuses_a_create_past_it(admin):
+    """Issue 45: a day limit is set and read; a create past it is `402 spend_limit_exceeded` with
+    the limit, its spend and what is left, and writes nothing; one that fits passes."""
+    admin.create_account("limited")
+    admin.grant("limited", "g-limited", 1000)
+    stored = admin.set_limits("limited", [{"period": "day", "amount": 100, "kinds": ["render"]}])
+    assert [(l["period"], l["amount"], l["kinds"], l["spent"]) for l in stored["limits"]] == [("day", 100, ["render"], 0)]
+    admin.create_job("limited-1", "limited", "render", cost=70)
+    with pytest.raises(SettleError) as e:
+        admin.create_job("limited-2", "limited", "render", cost=31)
+    assert (e.value.status, e.value.code) == (402, "spend_limit_exceeded")
+    assert (e.value.details["spent"], e.value.details["remaining"], e.value.details["needed"]) == (70, 30, 31)
+    with pytest.raises(SettleError) as missing:
+        admin.job("limited-2")
+    assert missing.value.status == 404
+    admin.create_job("limited-2", "limited", "render", cost=30)
+    admin.create_job("limited-3", "limited", "transcribe", cost=500)
+    assert admin.limits("limited")["limits"][0]["spent"] == 100
+    with pytest.raises(SettleError) as bad:
+        admin.set_limits("limited", [{"period": "week", "amount": 5}])
+    assert bad.value.code == "invalid_request"
+
+
 def test_a_trial_grant_is_spent_first_and_listed(admin):
     admin.create_account("trialp")
     admin.grant("trialp", "pack-trialp", 100)

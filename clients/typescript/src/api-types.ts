@@ -840,6 +840,16 @@ export interface LedgerPage {
   next_after?: number | null;
 }
 
+/**
+ * An account's spend limits, in the order they were put.
+ */
+export interface LimitList {
+  /**
+   * The account's limits.
+   */
+  limits: Array<SpendLimit>;
+}
+
 export interface NewAlert {
   /**
    * The threshold in credits, 1 to 2^61: `account.balance_low` when a posting takes the balance
@@ -870,6 +880,22 @@ export interface NewItem {
   id: string;
 }
 
+export interface NewLimit {
+  /**
+   * The most the period's spend may reach through creates, in credits, 1 to 2^61.
+   */
+  amount: number;
+  /**
+   * The job kinds it counts (at most 16, unique); absent or empty: every kind but
+   * `withdrawal`, which counts only when named.
+   */
+  kinds?: Array<string>;
+  /**
+   * `day` (a UTC day) or `month` (a UTC calendar month).
+   */
+  period: string;
+}
+
 /**
  * `PUT /v1/accounts/{id}/alerts`: the account's whole set of alerts.
  */
@@ -878,6 +904,16 @@ export interface PutAlerts {
    * At most 16; an empty list removes them all.
    */
   alerts: Array<NewAlert>;
+}
+
+/**
+ * `PUT /v1/accounts/{id}/limits`: the account's whole set of spend limits.
+ */
+export interface PutLimits {
+  /**
+   * At most 16; an empty list removes them all.
+   */
+  limits: Array<NewLimit>;
 }
 
 export interface RegisterArtifact {
@@ -943,6 +979,31 @@ export interface SignalRecord {
    * `succeed`, `fail`, `unknown`, `heartbeat`, …
    */
   signal: string;
+}
+
+export interface SpendLimit {
+  /**
+   * The most the period's spend may reach through creates.
+   */
+  amount: number;
+  /**
+   * The job kinds it counts; empty: every kind but `withdrawal`.
+   */
+  kinds: Array<string>;
+  /**
+   * `day` or `month` (UTC).
+   */
+  period: string;
+  /**
+   * When the next period starts (RFC 3339, UTC).
+   */
+  resets_at: string;
+  /**
+   * What the current period spent: charges, holds and reclaims posted in it, less the refunds,
+   * releases and payout returns posted in it (negative when refunds of an earlier period's
+   * charges came back in it).
+   */
+  spent: number;
 }
 
 export interface Succeed {

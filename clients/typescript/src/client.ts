@@ -12,6 +12,8 @@ import type {
   JobPage,
   LedgerEntry,
   LedgerPage,
+  LimitList,
+  NewLimit,
   Withdrawal,
   WithdrawalPage,
 } from "./api-types.js";
@@ -157,6 +159,17 @@ export class Settle {
 
   async alerts(accountId: string): Promise<AlertList> {
     return this.#get(`/v1/accounts/${seg("account id", accountId)}/alerts`);
+  }
+
+  /** Replaces the account's spend limits (at most 16; `[]` removes them): each bounds what a UTC
+   * `day` or `month` may spend through creates on its `kinds` (none: every kind but withdrawal).
+   * A create past one is refused with `SpendLimitExceeded`, having written nothing. */
+  async setLimits(accountId: string, limits: NewLimit[]): Promise<LimitList> {
+    return (await this.#call<LimitList>("PUT", `/v1/accounts/${seg("account id", accountId)}/limits`, { limits })).value;
+  }
+
+  async limits(accountId: string): Promise<LimitList> {
+    return this.#get(`/v1/accounts/${seg("account id", accountId)}/limits`);
   }
 
   /** Credits an account; grant ids are unique across all accounts. `expires_at` (RFC 3339, in the

@@ -29,6 +29,9 @@ export class Forbidden extends SettleError {}
 export class NotFound extends SettleError {}
 /** 402: the balance (with its overdraft; a withdrawal: without) cannot cover it; nothing was written. */
 export class InsufficientCredits extends SettleError {}
+/** 402: a spend limit of the account would be passed; `details` say which (`period`, `amount`,
+ * `kinds`) and how far (`spent`, `remaining`, `needed`); nothing was written. */
+export class SpendLimitExceeded extends SettleError {}
 /** 409: the id was used before with another body (or another account's). */
 export class IdempotencyConflict extends SettleError {}
 /** 409: the job already ended. */
@@ -58,6 +61,7 @@ const BY_CODE: Record<string, typeof SettleError> = {
   forbidden: Forbidden,
   not_found: NotFound,
   insufficient_credits: InsufficientCredits,
+  spend_limit_exceeded: SpendLimitExceeded,
   idempotency_conflict: IdempotencyConflict,
   job_finished: JobFinished,
   outcome_unknown: OutcomeUnknown,

@@ -7,10 +7,12 @@ import {
   Forbidden,
   IdempotencyConflict,
   InsufficientCredits,
+  InvalidRequest,
   InvalidId,
   NotFound,
   Settle,
   SignatureError,
+  SpendLimitExceeded,
   Unauthorized,
   Unavailable,
   errorFor,
@@ -105,6 +107,24 @@ test("balance alerts fire once per crossing", async () => {
   assert.deepEqual(seen, ["account.balance_low 400", "account.balance_recovered 700"]);
   assert.equal((await admin.alerts("alerty")).alerts[0]?.side, "above");
   await assert.rejects(admin.setAlerts("alerty", [{ id: "zero", below: 0 }]), /below/);
+});
+
+test("a spend limit refuses a create past it, and writes nothing", async () => {
+  await admin.createAccount("limity");
+  await admin.grant("limity", { id: "g-limity", amount: 1000 });
+  const set = await admin.setLimits("limity", [{ period: "day", amount: 100, kinds: ["render"] }]);
+  assert.deepEqual(set.limits.map((l) => `${l.period} ${l.amount} ${l.kinds.join(",")} ${l.spent}`), ["day 100 render 0"]);
+  await admin.createJob({ id: "limity-1", accountId: "limity", kind: "render", cost: 70 });
+  await assert.rejects(admin.createJob({ id: "limity-2", accountId: "limity", kind: "render", cost: 31 }), (e: unknown) => {
+    assert.ok(e instanceof SpendLimitExceeded);
+    assert.equal(e.status, 402);
+    assert.deepEqual([e.details?.spent, e.details?.remaining, e.details?.needed], [70, 30, 31]);
+    return true;
+  });
+  await assert.rejects(admin.job("limity-2"), NotFound);
+  await admin.createJob({ id: "limity-2", accountId: "limity", kind: "render", cost: 30 });
+  assert.equal((await admin.limits("limity")).limits[0]?.spent, 100);
+  await assert.rejects(admin.setLimits("limity", [{ period: "week", amount: 5 }]), InvalidRequest);
 });
 
 test("a held job is charged its hold, and a cancel refunds the hold", async () => {

@@ -21,6 +21,8 @@ from .errors import InvalidId, SettleError, error_for
 from .models import (
     Account,
     AlertList,
+    LimitList,
+    NewLimit,
     Attempt,
     Audit,
     ClaimedJob,
@@ -127,6 +129,14 @@ class _ops:
     @staticmethod
     def alerts(account_id: str) -> _Req:
         return _Req("GET", f"/v1/accounts/{_seg(account_id)}/alerts")
+
+    @staticmethod
+    def set_limits(account_id: str, limits: Sequence[NewLimit]) -> _Req:
+        return _Req("PUT", f"/v1/accounts/{_seg(account_id)}/limits", {"limits": list(limits)})
+
+    @staticmethod
+    def limits(account_id: str) -> _Req:
+        return _Req("GET", f"/v1/accounts/{_seg(account_id)}/limits")
 
     @staticmethod
     def account(id: str) -> _Req:
@@ -331,6 +341,16 @@ class Client:
     def alerts(self, account_id: str) -> AlertList:
         return self._send(_ops.alerts(account_id))
 
+    def set_limits(self, account_id: str, limits: Sequence[NewLimit]) -> LimitList:
+        """Replaces the account's spend limits (at most 16; empty removes them): each bounds what a
+        UTC `day` or `month` may spend through creates on its `kinds` (none: every kind but
+        withdrawal). A create past one raises `SettleError` with code `spend_limit_exceeded` and
+        `details` {period, amount, spent, remaining, kinds, needed}, having written nothing."""
+        return self._send(_ops.set_limits(account_id, limits))
+
+    def limits(self, account_id: str) -> LimitList:
+        return self._send(_ops.limits(account_id))
+
     def grant(
         self,
         account_id: str,
@@ -514,6 +534,12 @@ class AsyncClient:
 
     async def alerts(self, account_id: str) -> AlertList:
         return await self._send(_ops.alerts(account_id))
+
+    async def set_limits(self, account_id: str, limits: Sequence[NewLimit]) -> LimitList:
+        return await self._send(_ops.set_limits(account_id, limits))
+
+    async def limits(self, account_id: str) -> LimitList:
+        return await self._send(_ops.limits(account_id))
 
     async def grant(
         self,

@@ -71,6 +71,24 @@ class AlertList(TypedDict):
     alerts: list[Alert]  # lowest threshold first
 
 
+class NewLimit(TypedDict, total=False):
+    period: str  # day or month (UTC); required
+    amount: int  # the most the period may spend through creates; required
+    kinds: list[str]  # the job kinds it counts; absent or empty: every kind but withdrawal
+
+
+class SpendLimit(TypedDict):
+    period: str  # day or month (UTC)
+    amount: int
+    kinds: list[str]  # empty: every kind but withdrawal
+    spent: int  # the current period's net spend (negative when refunds of earlier charges came back)
+    resets_at: str  # when the next period starts
+
+
+class LimitList(TypedDict):
+    limits: list[SpendLimit]  # in the order put
+
+
 class LedgerPage(TypedDict):
     entries: list[LedgerEntry]
     next_after: int | None
