@@ -84,6 +84,7 @@ CLAIMS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "refund_on_recipe": ("sh", lambda t: "erin-pack" in t),
     "lines_session": ("sh", lambda t: "fay-pack" in t),
     "alerts_session": ("sh", lambda t: "gil-pack" in t),
+    "limits_session": ("sh", lambda t: "hal-pack" in t),
     "card_recipe": ("python", lambda t: "on_payment_succeeded" in t),
 }
 
@@ -302,6 +303,11 @@ def test_first_session_then_payouts(env: Env) -> None:
         fired = re.findall(r'"type":"account\.balance_low"', out)
         assert len(fired) == 1 and '"balance_after":40' in out, out
         assert http("GET", env.s + "/v1/accounts/gil/alerts")[1]["alerts"] == [{"id": "low", "below": 50, "side": "below"}]
+        out = run_sh(env, setup + block("limits_session"))
+        assert '"code":"spend_limit_exceeded"' in out and '"remaining":20' in out, out
+        assert http("GET", env.s + "/v1/jobs/hal-2")[0] == 404, out
+        limits = http("GET", env.s + "/v1/accounts/hal/limits")[1]["limits"]
+        assert [(l["period"], l["spent"], l["amount"], l["kinds"]) for l in limits] == [("day", 30, 50, ["render"])], out
 
     # The payouts step restarts settle serve on the same ./settle.db, pointed at the simulator.
     setup = "".join(line + "\n" for line in block("first_session").splitlines() if re.match(r"^[SJ]=", line))

@@ -473,11 +473,13 @@ async fn account(
     let actions = s.store.operators().actions(None, Some(&id)).await.map_err(|e| err(e.into()))?;
     let grants = s.store.grants(&id, Page { after: 0, limit: 1000 }).await.map_err(|e| err(e.into()))?;
     let alerts = s.store.alerts(&id).await.map_err(|e| err(e.into()))?;
+    let limits = s.store.limits(&id).await.map_err(|e| err(e.into()))?;
     let p = pages::AccountPage {
         detail: &detail,
         chain,
         grants: &grants.rows,
         alerts: &alerts,
+        limits: &limits,
         entries: &entries.rows,
         next: entries.next_after,
         actions: &actions,

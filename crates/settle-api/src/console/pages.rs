@@ -713,6 +713,7 @@ pub struct AccountPage<'a> {
     pub chain: Option<Option<i64>>,
     pub grants: &'a [settle_store::Grant],
     pub alerts: &'a [settle_store::Alert],
+    pub limits: &'a [settle_store::SpendLimit],
     pub entries: &'a [LedgerEntry],
     pub next: Option<i64>,
     pub actions: &'a [Action],
@@ -776,6 +777,25 @@ pub fn account(session: &Session, p: &AccountPage<'_>, q: &super::query::Entries
                         }
                     }
                     @if p.alerts.is_empty() { tr { td colspan="3" class="muted" { "None. PUT /v1/accounts/" (a.id.as_str()) "/alerts sets them." } } }
+                }
+            } }
+        }
+        section class="card" {
+            h2 { "Spend limits" }
+            p class="muted" { "A create that would take a period's spend over a limit is refused (402 spend_limit_exceeded) and writes nothing. Spend is what charges, holds and reclaims took in the period, less what refunds and releases gave back; a reclaim is never refused, so a period may end over." }
+            div class="scroll" { table class="limits" {
+                thead { tr { th { "per" } th class="num" { "spent" } th class="num" { "limit" } th { "kinds" } th { "resets" } } }
+                tbody {
+                    @for l in p.limits {
+                        tr {
+                            td { "UTC " (l.period.as_str()) }
+                            td class="num" { @if l.spent >= l.amount { strong class="error" { (credits(l.spent)) } } @else { (credits(l.spent)) } }
+                            td class="num" { (credits(l.amount)) }
+                            td { @if l.kinds.is_empty() { span class="muted" { "every kind but withdrawal" } } @else { @for (i, k) in l.kinds.iter().enumerate() { @if i > 0 { ", " } code { (k) } } } }
+                            td { (time(l.resets_at)) }
+                        }
+                    }
+                    @if p.limits.is_empty() { tr { td colspan="5" class="muted" { "None. PUT /v1/accounts/" (a.id.as_str()) "/limits sets them." } } }
                 }
             } }
         }

@@ -18,6 +18,7 @@ on_both_engines!(
     a_job_shows_its_priority_and_labels_and_the_list_filters_by_priority,
     an_account_at_its_cap_says_why_its_job_waits,
     the_account_page_shows_its_alerts_and_their_sides,
+    the_account_page_shows_its_spend_limits,
     a_signed_out_or_rotated_session_is_no_session,
     cross_site_posts_and_foreign_hosts_are_refused,
     a_sign_out_holds_in_every_process_and_after_a_restart,
@@ -450,6 +451,24 @@ async fn the_account_page_shows_its_alerts_and_their_sides(e: Engine) {
     let at = html.find("low-water").expect("the alert is listed");
     assert!(html[at..].find("below").is_some_and(|i| i < 200), "low-water is marked below: {html}");
     assert!(html.contains("empty"), "{html}");
+}
+
+/// Spend limits on the account page (issue 45): each with its period, what it spent, its amount,
+/// its kinds and when it resets; a limit reached is marked.
+async fn the_account_page_shows_its_spend_limits(e: Engine) {
+    let s = server(e).await;
+    s.account("limited", 1_000).await;
+    let (b, _) = sign_in(&s, CLIENT).await;
+    let (_, html) = page(&b, &s, "/console/accounts/limited").await;
+    assert!(html.contains("Spend limits") && html.contains("/limits sets them"), "{html}");
+    let set = serde_json::json!({"limits": [{"period": "day", "amount": 300, "kinds": ["render"]}, {"period": "month", "amount": 900}]});
+    assert_eq!(s.send("PUT", "/v1/accounts/limited/limits", Some(set), Some(CLIENT)).await.status, 200);
+    s.job("spend", "limited", 300).await;
+    let (_, html) = page(&b, &s, "/console/accounts/limited").await;
+    let at = html.find("UTC day").expect("the day limit is listed");
+    assert!(html[at..].find("class=\"error\"").is_some_and(|i| i < 120), "the day limit is marked reached: {html}");
+    assert!(html.contains("<code>render</code>") && html.contains("every kind but withdrawal"), "{html}");
+    assert!(html.contains("UTC month"), "{html}");
 }
 
 /// Caps over HTTP and in the console: a PATCH caps the account, the claim stops at the cap, the
