@@ -13,6 +13,9 @@
 //! one whose answer was lost is answered as a replay. A refused token (`401`, `403`) ends
 //! [`Worker::run`] with that error.
 
+mod accounts;
+
+pub use accounts::{Alert, NewLimit, SpendLimit};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -99,9 +102,10 @@ pub enum ClientError {
     /// "never_issued", "attempt": {…} | null}` — what became of the job and of the token's attempt.
     #[error("lease lost: {message}")]
     LeaseLost { message: String, details: Value },
-    /// Settle answered with an error body.
+    /// Settle answered with an error body; `details` are its `error.details` (`Null` when none),
+    /// e.g. a `spend_limit_exceeded`'s `{period, amount, spent, remaining, kinds, needed}`.
     #[error("{status} {code}: {message}")]
-    Api { status: u16, code: String, message: String },
+    Api { status: u16, code: String, message: String, details: Value },
     #[error("transport: {0}")]
     Transport(String),
     /// An id that cannot be a path segment: nothing was sent.
@@ -225,7 +229,20 @@ impl Client {
 
     /// A POST whose answer may be a replay (`Idempotent-Replayed: true`).
     async fn report(&self, path: &str, body: Value) -> Result<Report<Value>, ClientError> {
-        let mut req = self.http.post(format!("{}{path}", self.base)).json(&body);
+        self.request(reqwest::Method::POST, path, Some(body)).await
+    }
+
+    /// One request, its error body made a `ClientError`.
+    async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Report<Value>, ClientError> {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = &body {
+            req = req.json(body);
+        }
         if let Some(t) = &self.token {
             req = req.bearer_auth(t);
         }
@@ -241,7 +258,7 @@ impl Client {
         if code == "lease_lost" {
             return Err(ClientError::LeaseLost { message, details: v["error"]["details"].clone() });
         }
-        Err(ClientError::Api { status, code, message })
+        Err(ClientError::Api { status, code, message, details: v["error"]["details"].clone() })
     }
 
     pub async fn claim(

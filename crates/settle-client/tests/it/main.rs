@@ -7,3 +7,4 @@ mod cancel;
 mod common;
 mod held;
 mod ids;
+mod money;

@@ -1,0 +1,72 @@
+//! An account's money controls (api-v1 "Money controls"), for a platform's backend: balance alerts
+//! and spend limits, each set whole and read back.
+
+use crate::{Client, ClientError, segment};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// A balance alert as stored: `account.balance_low` when a posting takes the balance from at or
+/// above `below` to under it, `account.balance_recovered` back; `side` is where the balance is.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Alert {
+    pub id: String,
+    pub below: i64,
+    /// `above` or `below`.
+    pub side: String,
+}
+
+/// A spend limit to put: at most `amount` spent per UTC `period` (`day` or `month`) through
+/// creates of the job `kinds` (empty: every kind but `withdrawal`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NewLimit {
+    pub period: String,
+    pub amount: i64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kinds: Vec<String>,
+}
+
+/// A spend limit with its current period: what it spent (net: negative when refunds of an
+/// earlier period's charges came back in it) and when the next period starts.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct SpendLimit {
+    pub period: String,
+    pub amount: i64,
+    pub kinds: Vec<String>,
+    pub spent: i64,
+    pub resets_at: String,
+}
+
+fn list<T: for<'de> Deserialize<'de>>(v: Value, field: &str) -> Result<Vec<T>, ClientError> {
+    serde_json::from_value(v[field].clone()).map_err(|e| ClientError::Transport(format!("an answer's {field}: {e}")))
+}
+
+impl Client {
+    /// `PUT /v1/accounts/{id}/alerts`: replaces the account's alerts with `(id, below)` pairs (at
+    /// most 16; none removes them); setting them fires nothing.
+    pub async fn set_alerts(&self, account: &str, alerts: &[(&str, i64)]) -> Result<Vec<Alert>, ClientError> {
+        let path = format!("/v1/accounts/{}/alerts", segment("account id", account)?);
+        let body =
+            json!({"alerts": alerts.iter().map(|(id, below)| json!({"id": id, "below": below})).collect::<Vec<_>>()});
+        list(self.request(reqwest::Method::PUT, &path, Some(body)).await?.value(), "alerts")
+    }
+
+    /// An account's alerts, lowest threshold first.
+    pub async fn alerts(&self, account: &str) -> Result<Vec<Alert>, ClientError> {
+        let path = format!("/v1/accounts/{}/alerts", segment("account id", account)?);
+        list(self.request(reqwest::Method::GET, &path, None).await?.value(), "alerts")
+    }
+
+    /// `PUT /v1/accounts/{id}/limits`: replaces the account's spend limits (at most 16; none
+    /// removes them). A create past one then fails with `ClientError::Api` of code
+    /// `spend_limit_exceeded`, its `details` saying which limit and what is left.
+    pub async fn set_limits(&self, account: &str, limits: &[NewLimit]) -> Result<Vec<SpendLimit>, ClientError> {
+        let path = format!("/v1/accounts/{}/limits", segment("account id", account)?);
+        list(self.request(reqwest::Method::PUT, &path, Some(json!({"limits": limits}))).await?.value(), "limits")
+    }
+
+    /// An account's spend limits in the order put, each with its current period's spend.
+    pub async fn limits(&self, account: &str) -> Result<Vec<SpendLimit>, ClientError> {
+        let path = format!("/v1/accounts/{}/limits", segment("account id", account)?);
+        list(self.request(reqwest::Method::GET, &path, None).await?.value(), "limits")
+    }
+}
