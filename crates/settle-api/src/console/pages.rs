@@ -719,6 +719,48 @@ pub struct AccountPage<'a> {
     pub actions: &'a [Action],
 }
 
+/// The account page's money controls: its balance alerts and its spend limits.
+fn money_controls(account: &str, alerts: &[settle_store::Alert], limits: &[settle_store::SpendLimit]) -> Markup {
+    html! {
+    section class="card" {
+        h2 { "Balance alerts" }
+        p class="muted" { "Each fires account.balance_low once when a posting takes the balance under its threshold, and account.balance_recovered once when one takes it back; nothing fires while the balance stays on one side." }
+        div class="scroll" { table class="alerts" {
+            thead { tr { th { "alert" } th class="num" { "below" } th { "the balance is" } } }
+            tbody {
+                @for al in alerts {
+                    tr {
+                        td { code { (al.id) } }
+                        td class="num" { (credits(al.below)) }
+                        td { @if al.side == settle_store::AlertSide::Below { strong class="error" { "below" } } @else { "above" } }
+                    }
+                }
+                @if alerts.is_empty() { tr { td colspan="3" class="muted" { "None. PUT /v1/accounts/" (account) "/alerts sets them." } } }
+            }
+        } }
+    }
+    section class="card" {
+        h2 { "Spend limits" }
+        p class="muted" { "A create that would take a period's spend over a limit is refused (402 spend_limit_exceeded) and writes nothing. Spend is what charges, holds and reclaims took in the period, less what refunds and releases gave back; a reclaim is never refused, so a period may end over." }
+        div class="scroll" { table class="limits" {
+            thead { tr { th { "per" } th class="num" { "spent" } th class="num" { "limit" } th { "kinds" } th { "resets" } } }
+            tbody {
+                @for l in limits {
+                    tr {
+                        td { "UTC " (l.period.as_str()) }
+                        td class="num" { @if l.spent >= l.amount { strong class="error" { (credits(l.spent)) } } @else { (credits(l.spent)) } }
+                        td class="num" { (credits(l.amount)) }
+                        td { @if l.kinds.is_empty() { span class="muted" { "every kind but withdrawal" } } @else { @for (i, k) in l.kinds.iter().enumerate() { @if i > 0 { ", " } code { (k) } } } }
+                        td { (time(l.resets_at)) }
+                    }
+                }
+                @if limits.is_empty() { tr { td colspan="5" class="muted" { "None. PUT /v1/accounts/" (account) "/limits sets them." } } }
+            }
+        } }
+    }
+    }
+}
+
 pub fn account(session: &Session, p: &AccountPage<'_>, q: &super::query::EntriesQuery) -> Markup {
     let (d, chain, entries, next, actions) = (p.detail, p.chain, p.entries, p.next, p.actions);
     let a = &d.account;
@@ -763,42 +805,7 @@ pub fn account(session: &Session, p: &AccountPage<'_>, q: &super::query::Entries
                 }
             } }
         }
-        section class="card" {
-            h2 { "Balance alerts" }
-            p class="muted" { "Each fires account.balance_low once when a posting takes the balance under its threshold, and account.balance_recovered once when one takes it back; nothing fires while the balance stays on one side." }
-            div class="scroll" { table class="alerts" {
-                thead { tr { th { "alert" } th class="num" { "below" } th { "the balance is" } } }
-                tbody {
-                    @for al in p.alerts {
-                        tr {
-                            td { code { (al.id) } }
-                            td class="num" { (credits(al.below)) }
-                            td { @if al.side == settle_store::AlertSide::Below { strong class="error" { "below" } } @else { "above" } }
-                        }
-                    }
-                    @if p.alerts.is_empty() { tr { td colspan="3" class="muted" { "None. PUT /v1/accounts/" (a.id.as_str()) "/alerts sets them." } } }
-                }
-            } }
-        }
-        section class="card" {
-            h2 { "Spend limits" }
-            p class="muted" { "A create that would take a period's spend over a limit is refused (402 spend_limit_exceeded) and writes nothing. Spend is what charges, holds and reclaims took in the period, less what refunds and releases gave back; a reclaim is never refused, so a period may end over." }
-            div class="scroll" { table class="limits" {
-                thead { tr { th { "per" } th class="num" { "spent" } th class="num" { "limit" } th { "kinds" } th { "resets" } } }
-                tbody {
-                    @for l in p.limits {
-                        tr {
-                            td { "UTC " (l.period.as_str()) }
-                            td class="num" { @if l.spent >= l.amount { strong class="error" { (credits(l.spent)) } } @else { (credits(l.spent)) } }
-                            td class="num" { (credits(l.amount)) }
-                            td { @if l.kinds.is_empty() { span class="muted" { "every kind but withdrawal" } } @else { @for (i, k) in l.kinds.iter().enumerate() { @if i > 0 { ", " } code { (k) } } } }
-                            td { (time(l.resets_at)) }
-                        }
-                    }
-                    @if p.limits.is_empty() { tr { td colspan="5" class="muted" { "None. PUT /v1/accounts/" (a.id.as_str()) "/limits sets them." } } }
-                }
-            } }
-        }
+        (money_controls(a.id.as_str(), p.alerts, p.limits))
         section class="card" {
             h2 { "Why the balance is what it is" }
             p {

@@ -424,8 +424,7 @@ pub(crate) async fn holder_fails(
         super::alerts::after_posting(db, cx, &job.account_id, band, &lines).await?;
         // The refunds give back what the job's charges spent (`total` is what they credit).
         let limited = wrote.i64(FailWroteCol::spend_limited)? == 1;
-        let x = total.checked_neg()?.get();
-        super::spend_limits::after_posting(db, cx, &job.account_id, limited, Some(&job.kind), x).await?;
+        super::spend_limits::after_posting(db, cx, &job.account_id, limited, Some(&job.kind), -total.get()).await?;
     }
     cx.point(CrashPoint::AfterLedger)?;
     failure_events(db, cx, job, failure, &moved, (state, not_before)).await?;

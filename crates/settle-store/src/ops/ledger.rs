@@ -261,9 +261,13 @@ pub(crate) async fn append(
         assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
     }
     after_posting(db, cx, account_id, posted.band, &at).await?;
-    spend_limits::after_posting(db, cx, account_id, posted.limited, posting.job_kind, spend_limits::of_lines(lines)?)
-        .await?;
+    spend_limits::after_posting(db, cx, account_id, posted.limited, posting.job_kind, spent(lines)?).await?;
     Ok(Some((posted, Vec::new())))
+}
+
+/// What a posting's lines spend (spec §4a): the negated sum of its job lines.
+fn spent(lines: &[Line<'_>]) -> Result<i64, StoreError> {
+    settle_core::spend::of_lines(lines.iter().map(|l| (l.kind, l.amount.get()))).ok_or(StoreError::Overflow)
 }
 
 /// What a guarded balance change left: the balance after it, the `account_seq` of the first of
@@ -475,8 +479,7 @@ async fn post_lines(
         })
         .collect();
     after_posting(db, cx, account_id, posted.band, &at).await?;
-    spend_limits::after_posting(db, cx, account_id, posted.limited, posting.job_kind, spend_limits::of_lines(lines)?)
-        .await?;
+    spend_limits::after_posting(db, cx, account_id, posted.limited, posting.job_kind, spent(lines)?).await?;
     assert_eq!(balance.get(), posted.balance, "ledger lines must sum to the balance change");
     Ok(Some((posted, out)))
 }

@@ -7,22 +7,17 @@
 //! match only an account without limits, so one with limits misses, is read locked, and is checked
 //! before anything is written. Every write of a limit row happens with the account row held.
 
-use super::{Cx, Line};
+use super::Cx;
 use crate::db::{Db, Engine, args, columns};
 use crate::error::StoreError;
 use crate::model::{LimitExceeded, NewLimit, SpendLimit};
-use settle_core::spend::{self, Period, Room};
+use settle_core::spend::{Period, Room};
 use settle_core::{Timestamp, job, limits};
 use std::sync::LazyLock;
 
 /// At most this many limits per account, and kinds per limit.
 pub(crate) const LIMITS_MAX: usize = 16;
 pub(crate) const LIMIT_KINDS_MAX: usize = 16;
-
-/// What a posting's lines spend (spec §4a): the negated sum of its job lines.
-pub(crate) fn of_lines(lines: &[Line<'_>]) -> Result<i64, StoreError> {
-    spend::of_lines(lines.iter().map(|l| (l.kind, l.amount.get()))).ok_or(StoreError::Overflow)
-}
 
 /// The kinds a limit row covers, as a condition on the row (`spend_limits` under its own name) and
 /// a job kind `{kind}`.
