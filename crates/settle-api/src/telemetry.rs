@@ -70,6 +70,13 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Write batches' plan: jobs locked and read ahead, skipped (held elsewhere, run alone), phase 1s failed",
     ),
+    ("settle_pg_batches_total", Kind::Counter, "Write batches the PostgreSQL lanes ran (optimistic)"),
+    ("settle_pg_batch_operations_total", Kind::Counter, "Operations in those batches"),
+    (
+        "settle_pg_batch_intents_total",
+        Kind::Counter,
+        "Intents a batch read ahead: failures, successes, and those sharing their account with another of the batch",
+    ),
     ("settle_jobs", Kind::Gauge, "Jobs by state"),
     ("settle_ledger_entries", Kind::Gauge, "Ledger entries by kind"),
     ("settle_queue_depth", Kind::Gauge, "Jobs queued, by kind, due or not"),
@@ -118,6 +125,11 @@ pub fn read_connection_counters(s: &AppState) {
     metrics::counter!("settle_pg_batch_plan_total", "outcome" => "read_ahead").absolute(db.plan.ahead);
     metrics::counter!("settle_pg_batch_plan_total", "outcome" => "skipped").absolute(db.plan.skipped);
     metrics::counter!("settle_pg_batch_plan_total", "outcome" => "failed").absolute(db.plan.failed);
+    metrics::counter!("settle_pg_batches_total").absolute(db.plan.batches);
+    metrics::counter!("settle_pg_batch_operations_total").absolute(db.plan.operations);
+    metrics::counter!("settle_pg_batch_intents_total", "kind" => "fail").absolute(db.plan.fails);
+    metrics::counter!("settle_pg_batch_intents_total", "kind" => "succeed").absolute(db.plan.succeeds);
+    metrics::counter!("settle_pg_batch_intents_total", "kind" => "shared_account").absolute(db.plan.shared_account);
 }
 
 /// The gauges that come from the store's whole-table aggregates (jobs by state and kind, entries by

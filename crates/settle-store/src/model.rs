@@ -853,6 +853,14 @@ pub struct PlanTally {
     pub skipped: u64,
     /// Phase 1s that failed (their batches' operations ran alone).
     pub failed: u64,
+    /// Batches the lanes ran optimistic, and the operations in them.
+    pub batches: u64,
+    pub operations: u64,
+    /// Of the intents read ahead: failures, successes, and those whose account another intent of
+    /// the same batch also has (issue 43: what a batch-wide write of the accounts could merge).
+    pub fails: u64,
+    pub succeeds: u64,
+    pub shared_account: u64,
 }
 
 /// What this process saw of its PostgreSQL connections (docs/decisions/0024); zeros on SQLite.

@@ -76,15 +76,44 @@ pub(crate) struct PlanCounts {
     ahead: AtomicU64,
     skipped: AtomicU64,
     failed: AtomicU64,
+    /// The shape of the lanes' batches (issue 43's measurement): batches run optimistic, their
+    /// operations, and of the intents read ahead, the failures, the successes, and those whose
+    /// account another intent of the same batch also has.
+    batches: AtomicU64,
+    operations: AtomicU64,
+    fails: AtomicU64,
+    succeeds: AtomicU64,
+    shared_account: AtomicU64,
 }
 
 impl PlanCounts {
     pub fn tally(&self) -> PlanTally {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         PlanTally {
-            ahead: self.ahead.load(Ordering::Relaxed),
-            skipped: self.skipped.load(Ordering::Relaxed),
-            failed: self.failed.load(Ordering::Relaxed),
+            ahead: load(&self.ahead),
+            skipped: load(&self.skipped),
+            failed: load(&self.failed),
+            batches: load(&self.batches),
+            operations: load(&self.operations),
+            fails: load(&self.fails),
+            succeeds: load(&self.succeeds),
+            shared_account: load(&self.shared_account),
         }
+    }
+
+    /// The intents a batch read ahead, by kind and by whether their account is another's too.
+    fn shape(&self, read: &[(&Intent, &ReadAhead)]) {
+        let mut accounts: std::collections::HashMap<&str, u64> = std::collections::HashMap::new();
+        for (intent, ahead) in read {
+            *accounts.entry(ahead.row.account_id.as_str()).or_default() += 1;
+            let kind = match intent.kind {
+                ops::plan::IntentKind::Fail => &self.fails,
+                ops::plan::IntentKind::Succeed { .. } => &self.succeeds,
+            };
+            kind.fetch_add(1, Ordering::Relaxed);
+        }
+        let shared: u64 = accounts.values().filter(|n| **n > 1).sum();
+        self.shared_account.fetch_add(shared, Ordering::Relaxed);
     }
 }
 
@@ -510,6 +539,8 @@ async fn read_batch_ahead(
     if careful {
         return Ok(Vec::new());
     }
+    shared.plan.batches.fetch_add(1, Ordering::Relaxed);
+    shared.plan.operations.fetch_add(batch.len() as u64, Ordering::Relaxed);
     let mut seen = std::collections::HashSet::new();
     let first: Vec<bool> = batch.iter().map(|op| op.intent().is_some_and(|i| seen.insert(i.job.clone()))).collect();
     if first.iter().filter(|f| **f).count() < 2 {
@@ -537,6 +568,9 @@ async fn read_batch_ahead(
             return Err(());
         }
     };
+    let shape: Vec<(&Intent, &ReadAhead)> =
+        intents.iter().zip(&read).filter_map(|(op, read)| Some((op.intent()?, read.as_ref()?))).collect();
+    shared.plan.shape(&shape);
     let (mut ahead, mut skipped) = (Vec::with_capacity(intents.len()), 0);
     for (op, read) in intents.into_iter().zip(read) {
         match read {
