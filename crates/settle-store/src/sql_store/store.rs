@@ -140,14 +140,10 @@ impl Store for SqlStore {
                 [id, alerts, actor] | db,
                 cx | {
                     let (stored, changed) = ops::alerts::set_alerts(db, cx, id.as_str(), &alerts).await?;
-                    if changed {
-                        let detail = serde_json::json!({
-                            "alerts": stored.iter().map(|a| serde_json::json!({"id": a.id, "below": a.below})).collect::<Vec<_>>(),
-                        });
-                        ops::record_action(db, cx, &actor, ActionKind::AccountAlerts, None, Some(id.as_str()), detail)
-                            .await?;
-                    }
-                    cx.point(CrashPoint::BeforeCommit)?;
+                    let detail = || serde_json::json!({
+                        "alerts": stored.iter().map(|a| serde_json::json!({"id": a.id, "below": a.below})).collect::<Vec<_>>(),
+                    });
+                    replaced(db, cx, (&actor, ActionKind::AccountAlerts, id.as_str()), changed, detail).await?;
                     Ok(stored)
                 }
             ))
@@ -174,16 +170,14 @@ impl Store for SqlStore {
                 [id, limits, actor] | db,
                 cx | {
                     let (stored, changed) = ops::spend_limits::set_limits(db, cx, id.as_str(), &limits).await?;
-                    if changed {
-                        let detail = serde_json::json!({
+                    let detail = || {
+                        serde_json::json!({
                             "limits": stored.iter().map(|l| serde_json::json!({
                                 "period": l.period.as_str(), "amount": l.amount, "kinds": l.kinds,
                             })).collect::<Vec<_>>(),
-                        });
-                        ops::record_action(db, cx, &actor, ActionKind::AccountLimits, None, Some(id.as_str()), detail)
-                            .await?;
-                    }
-                    cx.point(CrashPoint::BeforeCommit)?;
+                        })
+                    };
+                    replaced(db, cx, (&actor, ActionKind::AccountLimits, id.as_str()), changed, detail).await?;
                     Ok(stored)
                 }
             ))
@@ -955,4 +949,19 @@ fn sqlite_audit(
     let report = runtime.block_on(audit.finish(&mut Db::lite(&mut first), ledger));
     let _ = first.execute_batch("ROLLBACK");
     report
+}
+
+/// An account's set (alerts, limits) replaced: the replacement recorded in the action log under
+/// `actor` when it changed anything, then the crash point before COMMIT.
+async fn replaced(
+    db: &mut Db<'_>,
+    cx: &ops::Cx,
+    (actor, kind, account): (&str, ActionKind, &str),
+    changed: bool,
+    detail: impl FnOnce() -> serde_json::Value,
+) -> Result<(), StoreError> {
+    if changed {
+        ops::record_action(db, cx, actor, kind, None, Some(account), detail()).await?;
+    }
+    cx.point(CrashPoint::BeforeCommit)
 }

@@ -30,6 +30,19 @@ fn exceeded(r: Result<Created<Job>, StoreError>) -> LimitExceeded {
     }
 }
 
+/// How many of racing creates passed; every other must have been refused by a limit.
+async fn passed(tasks: Vec<tokio::task::JoinHandle<Result<Created<Job>, StoreError>>>) -> usize {
+    let mut created = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => created += 1,
+            Err(StoreError::SpendLimitExceeded { .. }) => {}
+            Err(e) => panic!("create: {e}"),
+        }
+    }
+    created
+}
+
 async fn spent(k: &Kit, account: &settle_core::ids::AccountId) -> Vec<i64> {
     k.store.limits(account).await.unwrap().iter().map(|l| l.spent).collect()
 }
@@ -165,14 +178,7 @@ async fn racing_creates_never_pass_a_limit(engine: EngineKind) {
             tokio::spawn(async move { k.store.create_job(new_job(&format!("j{n}"), &a, 7)).await })
         })
         .collect();
-    let mut created = 0;
-    for t in tasks {
-        match t.await.unwrap() {
-            Ok(_) => created += 1,
-            Err(StoreError::SpendLimitExceeded { .. }) => {}
-            Err(e) => panic!("create: {e}"),
-        }
-    }
+    let created = passed(tasks).await;
     assert_eq!(created, 71);
     assert_eq!(spent(&k, &a).await, [497]);
     let events = k.store.events(before, 10_000, &Scope::ALL).await.unwrap().rows;
@@ -233,14 +239,7 @@ async fn postgres_creates_in_two_stores_never_pass_a_limit() {
             tokio::spawn(async move { store.create_job(new_job(&format!("j{n}"), &a, 13)).await })
         })
         .collect();
-    let mut created = 0;
-    for t in tasks {
-        match t.await.unwrap() {
-            Ok(_) => created += 1,
-            Err(StoreError::SpendLimitExceeded { .. }) => {}
-            Err(e) => panic!("create: {e}"),
-        }
-    }
+    let created = passed(tasks).await;
     assert_eq!(created, 76, "⌊1000/13⌋");
     assert_eq!(spent(&k, &a).await, [988]);
     k.assert_clean().await;
