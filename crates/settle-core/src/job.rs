@@ -36,12 +36,75 @@ impl JobState {
 /// the built-in payout processor and reconciler move it (docs/decisions/0010).
 pub const WITHDRAWAL_KIND: &str = "withdrawal";
 
+/// The job kind of top-ups (spec §4a). Reserved: only `POST /v1/top-ups` and the auto rule create
+/// it and only the built-in funding processor and reconciler move it.
+pub const TOP_UP_KIND: &str = "top_up";
+
+crate::names! {
+    /// Which machinery moves the jobs of a kind (docs/design/money-controls.md §11.1). Work is what
+    /// workers claim and report; each other rail is one reserved kind that only its built-in
+    /// processor moves, against the external system that is its only source of truth. Every place
+    /// that treats a reserved kind apart asks the rail, never the kind's name.
+    pub Rail {
+        /// Jobs of the platform's own kinds: claimed and reported by workers.
+        Work = "work",
+        /// Withdrawals: sent by the payout processor (`provider-v1`).
+        Payout = "payout",
+        /// Top-ups: charged by the funding processor (`funding-v1`).
+        Funding = "funding",
+    }
+}
+
+impl Rail {
+    /// The rail a job kind travels on.
+    pub fn of(kind: &str) -> Rail {
+        match kind {
+            WITHDRAWAL_KIND => Rail::Payout,
+            TOP_UP_KIND => Rail::Funding,
+            _ => Rail::Work,
+        }
+    }
+
+    /// The one kind a processor's rail carries; `None` for work.
+    pub const fn kind(self) -> Option<&'static str> {
+        match self {
+            Rail::Work => None,
+            Rail::Payout => Some(WITHDRAWAL_KIND),
+            Rail::Funding => Some(TOP_UP_KIND),
+        }
+    }
+
+    /// Whether only a built-in processor moves the rail's jobs.
+    pub const fn is_reserved(self) -> bool {
+        !matches!(self, Rail::Work)
+    }
+
+    /// The table of the rail's own rows (the idempotency key, the marker of an attempt that started
+    /// its external call); `None` for work.
+    pub const fn table(self) -> Option<&'static str> {
+        match self {
+            Rail::Work => None,
+            Rail::Payout => Some("withdrawals"),
+            Rail::Funding => Some("top_ups"),
+        }
+    }
+}
+
+/// A SQL predicate: `expr` (a kind) is none of the reserved kinds — what a worker's claim, lines,
+/// caps and wake-ups ask. Written as one `<>` per kind, never `NOT IN`: the partial indexes say
+/// `kind <> 'withdrawal'`, and SQLite uses a partial index only when the query repeats its terms.
+pub fn not_reserved(expr: &str) -> String {
+    let terms: Vec<String> = Rail::ALL.iter().filter_map(|r| r.kind()).map(|k| format!("{expr} <> '{k}'")).collect();
+    terms.join(" AND ")
+}
+
 /// Where an expired lease takes a running job: `unknown` when only the external system can tell
-/// what happened. A withdrawal whose attempt had started its send (`sending`: the marker is
-/// committed before the request leaves) may have paid out; any other `final_failure` job's worker
-/// may have acted once a cancel was requested. Otherwise the failure path (retry) is safe.
+/// what happened. A processor's job whose attempt had started its external call (`sending`: the
+/// marker is committed before the request leaves) may have paid out or charged; any other
+/// `final_failure` job's worker may have acted once a cancel was requested. Otherwise the failure
+/// path (retry) is safe.
 pub fn lease_expiry_is_unknown(kind: &str, sending: bool, refund_on: RefundPolicy, cancel_requested: bool) -> bool {
-    if kind == WITHDRAWAL_KIND {
+    if Rail::of(kind).is_reserved() {
         return sending;
     }
     cancel_requested && refund_on == RefundPolicy::FinalFailure
@@ -197,6 +260,21 @@ mod tests {
         assert!(!lease_expiry_is_unknown("render", false, RefundPolicy::FinalFailure, false));
         assert!(!lease_expiry_is_unknown("render", false, RefundPolicy::Failure, true));
         assert_eq!(cancel_action(JobState::Returned), CancelAction::Finished);
+    }
+
+    #[test]
+    fn each_reserved_kind_has_its_rail_and_the_sql_list_names_them_all() {
+        assert_eq!(Rail::of(WITHDRAWAL_KIND), Rail::Payout);
+        assert_eq!(Rail::of(TOP_UP_KIND), Rail::Funding);
+        assert_eq!(Rail::of("render"), Rail::Work);
+        assert!(lease_expiry_is_unknown(TOP_UP_KIND, true, RefundPolicy::FinalFailure, false));
+        assert!(!lease_expiry_is_unknown(TOP_UP_KIND, false, RefundPolicy::FinalFailure, true));
+        assert_eq!(not_reserved("kind"), "kind <> 'withdrawal' AND kind <> 'top_up'");
+        assert!(
+            Rail::ALL
+                .iter()
+                .all(|r| r.is_reserved() == r.kind().is_some() && r.kind().is_some() == r.table().is_some())
+        );
     }
 
     #[test]

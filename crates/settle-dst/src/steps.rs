@@ -167,7 +167,7 @@ async fn caps_held(w: &World, m: &Machine, claimed: &[settle_store::ClaimedJob])
         let page = Page { after: 0, limit: 1_000 };
         // Withdrawals never count toward a cap (decision 0032).
         let rows = m.store.jobs(&JobFilter { state: Some(JobState::Running), ..filter }, page).await;
-        rows.map(|p| p.rows.iter().filter(|j| j.kind.as_str() != settle_core::job::WITHDRAWAL_KIND).count())
+        rows.map(|p| p.rows.iter().filter(|j| !settle_core::job::Rail::of(j.kind.as_str()).is_reserved()).count())
     };
     let mut accounts: Vec<&AccountId> = claimed.iter().map(|c| &c.job.account_id).collect();
     accounts.dedup();

@@ -96,8 +96,9 @@ impl Maintenance {
         *self.reconcile_after.lock().expect("cursor lock") = page.next_after.unwrap_or(0);
         let mut resolved = Vec::new();
         for job in page.rows {
-            // Only the provider can say what became of a payout: never "absent" for lack of asking.
-            if job.kind == settle_core::job::WITHDRAWAL_KIND {
+            // Only the provider can say what became of a payout or a charge: never "absent" for lack
+            // of asking (their processors reconcile them).
+            if settle_core::job::Rail::of(job.kind.as_str()).is_reserved() {
                 continue;
             }
             let finding = match self.checkers.get(job.kind.as_str()) {

@@ -196,11 +196,11 @@ fn claim_by_id_sql(engine: Engine) -> String {
     let update = format!(
         "UPDATE jobs SET {CLAIM_SET} WHERE id = $6 AND {CLAIMABLE} \
          AND ($8 < 0 OR (SELECT count(*) FROM (SELECT 1 FROM jobs{acct_index} WHERE account_id = $7 \
-              AND state = 'running' AND kind <> '{w}' LIMIT {max}($8, 0)) r) < $8) \
+              AND state = 'running' AND {w} LIMIT {max}($8, 0)) r) < $8) \
          AND ($10 < 0 OR (SELECT count(*) FROM (SELECT 1 FROM jobs{kind_index} WHERE kind = $9 \
-              AND state = 'running' AND kind <> '{w}' LIMIT {max}($10, 0)) r) < $10) \
+              AND state = 'running' AND {w} LIMIT {max}($10, 0)) r) < $10) \
          RETURNING {cols}",
-        w = job::WITHDRAWAL_KIND,
+        w = job::not_reserved("kind"),
         cols = super::JobCol::LIST,
     );
     match engine {
@@ -309,8 +309,8 @@ async fn running_of_account(db: &mut Db<'_>, account: &str, cap: i64) -> Result<
         let sql = |index: &str| {
             format!(
                 "SELECT count(*) AS n FROM (SELECT 1 FROM jobs{index} WHERE account_id = $1 AND state = 'running' \
-                 AND kind <> '{}' LIMIT $2) r",
-                job::WITHDRAWAL_KIND
+                 AND {} LIMIT $2) r",
+                job::not_reserved("kind")
             )
         };
         [sql(" INDEXED BY jobs_running_account"), sql("")]

@@ -7,7 +7,7 @@ use crate::error::StoreError;
 use crate::model::*;
 use settle_core::crash::CrashPoint;
 use settle_core::history::EventKind;
-use settle_core::job::{self};
+use settle_core::job::Rail;
 use settle_core::limits;
 
 /// The job claim; `$lock` as for webhooks: nothing on SQLite, `FOR UPDATE SKIP LOCKED` on PostgreSQL,
@@ -77,23 +77,32 @@ impl crate::db::Col for AttemptsCol {
 
 /// Claims up to `limit` due jobs, one guarded UPDATE each; every claim opens an attempt row.
 /// Workers take jobs from lines, by priority and turn (docs/design/fair-claims.md §4), and never a
-/// withdrawal (a claim naming no kinds leaves them out); the payout processor takes only
-/// withdrawals, first due first.
+/// reserved kind (a claim naming no kinds leaves them out); a rail's processor takes only its own
+/// kind, first due first.
 pub(crate) async fn claim(
     db: &mut Db<'_>,
     cx: &Cx,
     req: &ClaimRequest,
     caller: Caller,
 ) -> Result<Vec<ClaimedJob>, StoreError> {
-    if caller == Caller::Worker && req.kinds.iter().any(|k| k.as_str() == job::WITHDRAWAL_KIND) {
-        return Err(StoreError::invalid("withdrawals are claimed only by the built-in payout processor"));
+    if caller == Caller::Worker
+        && let Some(reserved) = req.kinds.iter().find(|k| Rail::of(k.as_str()).is_reserved())
+    {
+        return Err(StoreError::invalid(format!(
+            "the job kind {reserved} is reserved: only its built-in processor claims it"
+        )));
     }
-    let payouts_sql = match db.engine() {
-        Engine::Sqlite => CLAIM_PAYOUTS_SQLITE,
-        Engine::Postgres => CLAIM_PAYOUTS_PG,
-    }
-    .replace("{KINDS}", &format!("AND kind = '{}'", job::WITHDRAWAL_KIND))
-    .replace("{COLUMNS}", JobCol::LIST);
+    let rail_sql = match caller {
+        Caller::Processor(rail) => rail.kind().map(|kind| {
+            match db.engine() {
+                Engine::Sqlite => CLAIM_PAYOUTS_SQLITE,
+                Engine::Postgres => CLAIM_PAYOUTS_PG,
+            }
+            .replace("{KINDS}", &format!("AND kind = '{kind}'"))
+            .replace("{COLUMNS}", JobCol::LIST)
+        }),
+        Caller::Worker => None,
+    };
     let lease_seconds = req.lease_seconds.unwrap_or(cx.policy.default.lease_seconds);
     let lease_expires_at = cx.now.plus_seconds(u64::from(lease_seconds));
     let mut claimed = Vec::new();
@@ -107,9 +116,9 @@ pub(crate) async fn claim(
             req.worker.as_str().into(),
             i64::from(lease_seconds).into(),
         ];
-        let found = match caller {
-            Caller::PayoutProcessor => db.opt_built(payouts_sql.clone(), &a).await?,
-            Caller::Worker => take_from_lines(db, cx, req, &a, &mut caps).await?,
+        let found = match &rail_sql {
+            Some(sql) => db.opt_built(sql.clone(), &a).await?,
+            None => take_from_lines(db, cx, req, &a, &mut caps).await?,
         };
         let Some(claimed_row) = found else { break };
         let mut row = job_row(&claimed_row)?;

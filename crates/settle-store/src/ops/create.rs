@@ -102,10 +102,16 @@ pub(crate) fn validate_job(req: NewJob) -> Result<ValidJob, StoreError> {
 
 pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Result<Created<Job>, StoreError> {
     let req = &job.req;
-    if req.kind.as_str() == job::WITHDRAWAL_KIND {
-        return Err(StoreError::invalid(
-            "the job kind withdrawal is reserved: create withdrawals with POST /v1/withdrawals",
-        ));
+    match job::Rail::of(req.kind.as_str()) {
+        job::Rail::Work => {}
+        job::Rail::Payout => {
+            return Err(StoreError::invalid(
+                "the job kind withdrawal is reserved: create withdrawals with POST /v1/withdrawals",
+            ));
+        }
+        job::Rail::Funding => {
+            return Err(StoreError::invalid("the job kind top_up is reserved: create top-ups with POST /v1/top-ups"));
+        }
     }
     let fp = job_fingerprint(job);
     // The account, then the job: replay or conflict first, so a re-sent create takes no sequence
@@ -251,18 +257,20 @@ const INSERT_JOB: &str = "INSERT INTO jobs (id, job_seq, account_id, kind, state
      refund_on, cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at, priority, \
      requires, turn, parked) \
      VALUES ($1, {SEQ}, $3, $4, 'queued', $5, 0, 0, $6, $7, 0, $8, $9, $10, $11, $12, $12, $13, $14, {TURN}, \
-     CASE WHEN $4 <> 'withdrawal' THEN {PARKED} ELSE 0 END)";
+     CASE WHEN {NOT_RESERVED} THEN {PARKED} ELSE 0 END)";
 static INSERT_JOB_SQLITE: LazyLock<String> = LazyLock::new(|| {
     INSERT_JOB
         .replace("{SEQ}", "$2")
         .replace("{TURN}", &turn_of_new(Engine::Sqlite, "$13", "$4", "$14", "$3", "$8", "$12"))
         .replace("{PARKED}", &parked_of_new(Engine::Sqlite, "$3"))
+        .replace("{NOT_RESERVED}", &job::not_reserved("$4"))
 });
 static INSERT_JOB_PG: LazyLock<String> = LazyLock::new(|| {
     INSERT_JOB
         .replace("{SEQ}", "COALESCE($2, nextval('job_seq_numbers'))")
         .replace("{TURN}", &turn_of_new(Engine::Postgres, "$13", "$4", "$14", "$3", "$8", "$12"))
         .replace("{PARKED}", &parked_of_new(Engine::Postgres, "$3"))
+        .replace("{NOT_RESERVED}", &job::not_reserved("$4"))
 });
 
 /// A new job's turn in its line (docs/design/fair-claims.md §4), from the jobs lined now: the line's
@@ -276,10 +284,10 @@ pub(super) fn turn_of_new(engine: Engine, p: &str, k: &str, r: &str, a: &str, no
     };
     let line = format!("priority = {p} AND kind = {k} AND requires = {r} AND state = 'queued' AND turn IS NOT NULL");
     format!(
-        "CASE WHEN {not_before} <= {now} AND {k} <> '{withdrawal}' AND {parked} = 0 THEN {greatest}(\
+        "CASE WHEN {not_before} <= {now} AND {reserved} AND {parked} = 0 THEN {greatest}(\
          COALESCE((SELECT turn FROM jobs WHERE {line} ORDER BY turn LIMIT 1), 0), \
          COALESCE((SELECT MAX(turn) + 1 FROM jobs WHERE {line} AND account_id = {a}), 0)) END",
-        withdrawal = job::WITHDRAWAL_KIND,
+        reserved = job::not_reserved(k),
         parked = parked_of_new(engine, a),
     )
 }
@@ -453,13 +461,14 @@ static CREATE_WRITE: LazyLock<String> = LazyLock::new(|| {
     let turn =
         turn_of_new(Engine::Postgres, "$18::bigint", "$3::text", "$19::text", "$2::text", "$7::bigint", "$11::bigint");
     let parked = parked_of_new(Engine::Postgres, "$2::text");
+    let reserved = job::not_reserved("$3::text");
     format!(
         "WITH \
          j AS (INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, \
                refund_on, cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at, \
                priority, requires, turn, parked) \
                VALUES ($1, nextval('job_seq_numbers'), $2, $3, 'queued', $4, 0, 0, $5, $6, 0, $7, $8, $9, $10, $11, $11, \
-               $18, $19, {turn}, CASE WHEN $3::text <> 'withdrawal' THEN {parked} ELSE 0 END) \
+               $18, $19, {turn}, CASE WHEN {reserved} THEN {parked} ELSE 0 END) \
                RETURNING 1), \
          i AS (INSERT INTO items (job_id, item_id, ord, cost, hold, state) \
                SELECT $1, u.item_id, u.ord - 1, u.cost, u.hold, 'charged' \

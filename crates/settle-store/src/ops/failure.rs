@@ -16,7 +16,7 @@ use settle_core::crash::CrashPoint;
 use settle_core::history::{AttemptResult, EventKind, Signal, SignalEffect};
 use settle_core::ids::{FailCode, JobId};
 use settle_core::item::{ItemSignal, ItemState, RefundReason};
-use settle_core::job::{self, FailOutcome, JobState};
+use settle_core::job::{self, FailOutcome, JobState, Rail};
 use settle_core::ledger::EntryKind;
 use settle_core::limits;
 use settle_core::{Credits, Timestamp};
@@ -196,7 +196,7 @@ pub(crate) async fn fail(
     }
     // A payout attempt that could not ask the provider learned nothing: retry, keep any cancel
     // request for an attempt that can ask, never dead-letter (and refund) on it.
-    let inconclusive = caller == Caller::PayoutProcessor && signal.code == FailCode::lookup_failed();
+    let inconclusive = matches!(caller, Caller::Processor(_)) && signal.code == FailCode::lookup_failed();
     let retryable = inconclusive || cx.policy.for_kind(&job.kind).is_retryable(&signal.code, signal.retryable);
     let failure = Failure {
         code: &signal.code,
@@ -238,13 +238,19 @@ pub(crate) async fn expire_lease(
     if job.state != JobState::Running || job.lease_token.as_deref() != Some(seen_token) || !expired {
         return Ok((false, After::Nothing));
     }
-    let sending = if job.kind == job::WITHDRAWAL_KIND {
-        static SQL: LazyLock<String> =
-            LazyLock::new(|| format!("SELECT {} FROM withdrawals WHERE job_id = $1", SendingCol::LIST));
-        let marker = db.one(&SQL, args![&job.id]).await?;
-        marker.opt_i64(SendingCol::sending_attempt)? == Some(job.attempt)
-    } else {
-        false
+    static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
+        [Rail::Payout, Rail::Funding].map(|rail| {
+            format!("SELECT {} FROM {} WHERE job_id = $1", SendingCol::LIST, rail.table().unwrap_or_default())
+        })
+    });
+    let marker_sql = match Rail::of(&job.kind) {
+        Rail::Work => None,
+        Rail::Payout => Some(&SQL[0]),
+        Rail::Funding => Some(&SQL[1]),
+    };
+    let sending = match marker_sql {
+        Some(sql) => db.one(sql, args![&job.id]).await?.opt_i64(SendingCol::sending_attempt)? == Some(job.attempt),
+        None => false,
     };
     if job::lease_expiry_is_unknown(&job.kind, sending, job.refund_on, job.cancel_requested) {
         // The worker of an external effect vanished: a payout processor mid-attempt (it may have
@@ -283,9 +289,9 @@ pub(crate) async fn expire_lease(
         cx.point(CrashPoint::BeforeCommit)?;
         return Ok((true, After::Nothing));
     }
-    // A withdrawal whose attempt never started its send sent nothing: retry it, and let the next
-    // attempt ask the provider before any refund.
-    let payout = job.kind == job::WITHDRAWAL_KIND;
+    // A processor's job whose attempt never started its external call did nothing: retry it, and
+    // let the next attempt ask the provider before any refund.
+    let payout = Rail::of(&job.kind).is_reserved();
     let after = apply_failure(
         db,
         cx,
@@ -349,7 +355,7 @@ pub(crate) async fn holder_fails(
 ) -> Result<Option<Job>, StoreError> {
     let outcome = fail_outcome(job, failure);
     let in_shape = outcome != FailOutcome::Teardown
-        && job.kind != job::WITHDRAWAL_KIND
+        && !Rail::of(&job.kind).is_reserved()
         && job.state == JobState::Running
         && failure.attempt_result == AttemptResult::Failed
         && failure.reported.is_some()

@@ -121,7 +121,7 @@ impl Lines {
     pub fn for_claim(&self, kinds: &[settle_core::ids::JobKind], labels: &Labels) -> Vec<LineKey> {
         let mut lines: Vec<&LineKey> = (self.known.iter())
             .filter(|l| match kinds.is_empty() {
-                true => l.kind != job::WITHDRAWAL_KIND,
+                true => !job::Rail::of(&l.kind).is_reserved(),
                 false => kinds.iter().any(|k| k.as_str() == l.kind),
             })
             .filter(|l| Labels::stored(&l.requires).covered_by(labels))
@@ -212,7 +212,7 @@ pub(crate) async fn active_lines(db: &mut Db<'_>, after: Option<&LineKey>) -> Re
 /// later line-up), nothing on SQLite; `{GREATEST}` the engine's two-argument maximum.
 const LINE_UP: &str = "\
     WITH {ONE_AT_A_TIME} w AS (SELECT id, priority, kind, requires, account_id, not_before, job_seq FROM jobs {WAITING} \
-               WHERE state = 'queued' AND turn IS NULL AND parked = 0 AND kind <> '{WITHDRAWAL}' AND not_before <= $1 {ALONE} \
+               WHERE state = 'queued' AND turn IS NULL AND parked = 0 AND {NOT_RESERVED} AND not_before <= $1 {ALONE} \
                ORDER BY not_before, job_seq LIMIT $2 {LOCK}), \
     g AS (SELECT priority, kind, requires, account_id, {GREATEST}(\
             COALESCE((SELECT x.turn FROM jobs x WHERE x.priority = d.priority AND x.kind = d.kind \
@@ -240,7 +240,7 @@ static LINE_UP_PG: LazyLock<String> = LazyLock::new(|| {
         .replace("{ALONE}", "AND (SELECT ok FROM alone)")
         .replace("{WAITING}", "")
         .replace("{GUARD}", "AND jobs.state = 'queued' AND jobs.turn IS NULL AND jobs.parked = 0")
-        .replace("{WITHDRAWAL}", job::WITHDRAWAL_KIND)
+        .replace("{NOT_RESERVED}", &job::not_reserved("kind"))
         .replace("{LOCK}", "FOR UPDATE SKIP LOCKED")
         .replace("{GREATEST}", "GREATEST")
         .replace("{PRIORITY}", "CAST(jobs.priority AS bigint) AS priority")
@@ -254,7 +254,7 @@ static LINE_UP_SQLITE: LazyLock<String> = LazyLock::new(|| {
         // Without statistics SQLite would walk `jobs_due`, every queued job: named.
         .replace("{WAITING}", "INDEXED BY jobs_waiting_unparked")
         .replace("{GUARD}", "")
-        .replace("{WITHDRAWAL}", job::WITHDRAWAL_KIND)
+        .replace("{NOT_RESERVED}", &job::not_reserved("kind"))
         .replace("{LOCK}", "")
         .replace("{GREATEST}", "MAX")
         .replace("{PRIORITY}", "priority")

@@ -163,7 +163,7 @@ pub(crate) async fn payout_succeeded(
 ) -> Result<(Outcome<Withdrawal>, After), StoreError> {
     check_txid(txid)?;
     let job = super::must_lock_job(db, id.as_str()).await?;
-    super::check_caller(&job, Caller::PayoutProcessor)?;
+    super::check_caller(&job, Caller::PAYOUTS)?;
     // A withdrawal is `final_failure`: its success wins over a cancel request. Only a teardown that
     // had already begun (`cancelling`) is left to finish.
     let reporter = token.map_or(Reporter::Reconciler, Reporter::Lease);

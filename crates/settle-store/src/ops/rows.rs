@@ -7,7 +7,7 @@ use crate::model::*;
 use settle_core::history::EventKind;
 use settle_core::ids::{AccountId, ItemId, JobId, JobKind, Labels};
 use settle_core::item::{ItemState, RefundReason};
-use settle_core::job::{self, JobState, RefundPolicy};
+use settle_core::job::{JobState, Rail, RefundPolicy};
 use settle_core::ledger::EntryKind;
 use settle_core::{Credits, Timestamp, limits};
 use std::sync::LazyLock;
@@ -412,30 +412,44 @@ pub(crate) fn delivery_from_row(r: &Row) -> Result<Delivery, StoreError> {
     })
 }
 
-/// Who sends a signal. Withdrawals move only through the payout processor and reconciler (the
-/// provider is their only source of truth); every other job only through workers.
+/// Who sends a signal. A reserved kind's jobs move only through its rail's processor and
+/// reconciler (the external system is their only source of truth); every other job only through
+/// workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Caller {
     Worker,
-    PayoutProcessor,
+    /// The built-in processor of a reserved rail (payouts, funding).
+    Processor(Rail),
+}
+
+impl Caller {
+    pub(crate) const PAYOUTS: Caller = Caller::Processor(Rail::Payout);
+
+    fn rail(self) -> Rail {
+        match self {
+            Caller::Worker => Rail::Work,
+            Caller::Processor(rail) => rail,
+        }
+    }
 }
 
 /// Refuses a signal whose caller may not move this job (docs/decisions/0010).
 pub(crate) fn check_caller(job: &JobRow, caller: Caller) -> Result<(), StoreError> {
-    let is_withdrawal = job.kind == job::WITHDRAWAL_KIND;
-    match (is_withdrawal, caller) {
-        (true, Caller::Worker) => Err(StoreError::InvalidTransition {
-            job: job.id.clone(),
-            action: "take worker signals (withdrawals are settled by the payout processor against the provider)",
-            state: job.state.as_str().to_owned(),
-        }),
-        (false, Caller::PayoutProcessor) => Err(StoreError::InvalidTransition {
-            job: job.id.clone(),
-            action: "be settled as a payout (it is not a withdrawal)",
-            state: job.state.as_str().to_owned(),
-        }),
-        _ => Ok(()),
+    let rail = Rail::of(&job.kind);
+    if rail == caller.rail() {
+        return Ok(());
     }
+    let action = match (rail, caller) {
+        (Rail::Payout, Caller::Worker) => {
+            "take worker signals (withdrawals are settled by the payout processor against the provider)"
+        }
+        (Rail::Funding, Caller::Worker) => {
+            "take worker signals (top-ups are settled by the funding processor against the provider)"
+        }
+        (_, Caller::Processor(Rail::Funding)) => "be settled as a top-up (it is not a top-up)",
+        _ => "be settled as a payout (it is not a withdrawal)",
+    };
+    Err(StoreError::InvalidTransition { job: job.id.clone(), action, state: job.state.as_str().to_owned() })
 }
 
 #[cfg(test)]

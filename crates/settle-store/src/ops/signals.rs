@@ -15,7 +15,7 @@ use settle_core::crash::CrashPoint;
 use settle_core::history::{EventKind, Signal, SignalEffect};
 use settle_core::ids::{FailCode, ItemId, JobId};
 use settle_core::item::{self, ItemSignal, ItemState, RefundReason};
-use settle_core::job::JobState;
+use settle_core::job::{JobState, Rail};
 use std::sync::LazyLock;
 
 /// A signal refused because its lease is gone. It is logged in the same transaction, which then
@@ -67,10 +67,15 @@ pub(crate) async fn heartbeat(
     guard_hit(rows, "heartbeat")?;
     // The payout processor's last heartbeat before a send marks the attempt as sending, committed
     // before the request leaves: from here an expired lease is `unknown` (docs/design/payouts.md).
-    if caller == Caller::PayoutProcessor && !job.cancel_requested {
-        let rows = db
-            .exec("UPDATE withdrawals SET sending_attempt = $2 WHERE job_id = $1", args![&job.id, job.attempt])
-            .await?;
+    let marker = match caller {
+        Caller::Worker | Caller::Processor(Rail::Work) => None,
+        Caller::Processor(Rail::Payout) => Some("UPDATE withdrawals SET sending_attempt = $2 WHERE job_id = $1"),
+        Caller::Processor(Rail::Funding) => Some("UPDATE top_ups SET sending_attempt = $2 WHERE job_id = $1"),
+    };
+    if let Some(sql) = marker
+        && !job.cancel_requested
+    {
+        let rows = db.exec(sql, args![&job.id, job.attempt]).await?;
         guard_hit(rows, "sending marker")?;
     }
     cx.point(CrashPoint::AfterGuard)?;

@@ -372,7 +372,7 @@ pub(crate) async fn succeeds(
 ) -> Result<Option<Job>, StoreError> {
     let current = job.state == JobState::Running && job.lease_token.as_deref() == Some(token);
     let in_shape = cx.broken.is_none()
-        && job.kind != job::WITHDRAWAL_KIND
+        && !job::Rail::of(&job.kind).is_reserved()
         && !job.cancel_requested
         && JobState::SUCCEED_FROM.contains(&job.state)
         && (current || job.state != JobState::Running);

@@ -115,14 +115,22 @@ pub(super) fn resume_if_cancelling(job: &JobRow) -> After {
 /// Cancel, per the spec's table. Returns the job and what is left to do after the commit.
 pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job, After), StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
-    let is_withdrawal = job.kind == job::WITHDRAWAL_KIND;
+    let rail = job::Rail::of(&job.kind);
     let action = match job::cancel_action(job.state) {
-        // A dead withdrawal's hold was refunded already; `cancelled` would only hide it from the
-        // late-execution check.
-        job::CancelAction::Teardown if is_withdrawal && job.state == JobState::Dead => job::CancelAction::Finished,
-        // A queued withdrawal that was tried before is cancelled through the processor, which asks
-        // the provider first (an earlier send may have gone through after all).
-        job::CancelAction::Teardown if is_withdrawal && job.attempt > 0 => job::CancelAction::RequestFlag,
+        // A dead withdrawal's hold was refunded already (a dead top-up charged nothing); `cancelled`
+        // would only hide it from the late-execution check.
+        job::CancelAction::Teardown if rail.is_reserved() && job.state == JobState::Dead => job::CancelAction::Finished,
+        // A queued withdrawal or top-up that was tried before is cancelled through its processor,
+        // which asks the provider first (an earlier send or charge may have gone through after all).
+        job::CancelAction::Teardown if rail.is_reserved() && job.attempt > 0 => job::CancelAction::RequestFlag,
+        // A running top-up may be charging the customer right now: not cancellable (spec §4a).
+        job::CancelAction::RequestFlag if rail == job::Rail::Funding => {
+            return Err(StoreError::InvalidTransition {
+                job: job.id,
+                action: "be cancelled while running (the customer may be being charged)",
+                state: job.state.as_str().to_owned(),
+            });
+        }
         other => other,
     };
     let after = match action {
@@ -165,14 +173,16 @@ pub(crate) async fn cancel(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<(Job,
 
 pub(crate) async fn requeue(db: &mut Db<'_>, cx: &Cx, id: &JobId) -> Result<Job, StoreError> {
     let job = must_lock_job(db, id.as_str()).await?;
-    if job.kind == job::WITHDRAWAL_KIND {
+    let refused = match job::Rail::of(&job.kind) {
+        job::Rail::Work => None,
         // Dead means the hold was refunded after a definitive "not sent", and an item is refunded
         // once: a re-run is a new withdrawal with a new key (docs/decisions/0010).
-        return Err(StoreError::InvalidTransition {
-            job: job.id,
-            action: "be requeued (a dead withdrawal's hold was refunded: create a new withdrawal)",
-            state: job.state.as_str().to_owned(),
-        });
+        job::Rail::Payout => Some("be requeued (a dead withdrawal's hold was refunded: create a new withdrawal)"),
+        // A declined card is not charged again by a requeue: buying again is a new top-up.
+        job::Rail::Funding => Some("be requeued (a dead top-up was declined or gave up: create a new top-up)"),
+    };
+    if let Some(action) = refused {
+        return Err(StoreError::InvalidTransition { job: job.id, action, state: job.state.as_str().to_owned() });
     }
     // A requeue re-sent after its answer was lost finds the job requeued and not claimed since:
     // answer it again rather than fail (docs/decisions/0005).

@@ -68,9 +68,12 @@ pub(crate) async fn reconcile(
         (false, After::Nothing)
     } else {
         match finding {
-            // A withdrawal's success needs its txid: `ops::payouts::payout_succeeded`.
-            Finding::Present if job.kind == job::WITHDRAWAL_KIND => {
-                return Err(StoreError::invalid("a withdrawal found at the provider is recorded with its txid"));
+            // A withdrawal's success needs its txid (`ops::payouts::payout_succeeded`), a top-up's
+            // its charge id and its grant.
+            Finding::Present if job::Rail::of(&job.kind).is_reserved() => {
+                return Err(StoreError::invalid(
+                    "a withdrawal or top-up found at the provider is recorded by its processor, with the provider's id",
+                ));
             }
             Finding::Present => apply_success(db, cx, &job, Reporter::Reconciler, None, &Costs::default()).await?,
             Finding::Absent => {
@@ -90,7 +93,7 @@ pub(crate) async fn reconcile(
                             retryable: true,
                             retry_after_ms: None,
                             attempt_result: AttemptResult::Failed,
-                            budget_exempt: job.kind == job::WITHDRAWAL_KIND,
+                            budget_exempt: job::Rail::of(&job.kind).is_reserved(),
                             defer_cancel: false,
                             reported: None,
                         },

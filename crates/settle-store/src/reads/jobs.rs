@@ -255,9 +255,9 @@ pub(crate) async fn next_due_at(
         crate::db::Engine::Postgres => "",
     };
     let mut sql = format!(
-        "SELECT {} FROM jobs {index}WHERE state = 'queued' AND turn IS NULL AND parked = 0 AND kind <> '{}' AND cancel_requested = 0",
+        "SELECT {} FROM jobs {index}WHERE state = 'queued' AND turn IS NULL AND parked = 0 AND {} AND cancel_requested = 0",
         DueCol::LIST,
-        settle_core::job::WITHDRAWAL_KIND
+        settle_core::job::not_reserved("kind")
     );
     let mut a: Vec<Value> = Vec::new();
     if !kinds.is_empty() {

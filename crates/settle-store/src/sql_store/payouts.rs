@@ -59,8 +59,7 @@ impl Payouts for SqlStore {
             limit,
             lease_seconds: None,
         };
-        let out =
-            self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, Caller::PayoutProcessor).await)).await?;
+        let out = self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, Caller::PAYOUTS).await)).await?;
         if !out.is_empty() {
             self.events_appended();
         }
@@ -72,7 +71,7 @@ impl Payouts for SqlStore {
     }
 
     async fn payout_heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
-        self.heartbeat_as(job, token, Caller::PayoutProcessor).await
+        self.heartbeat_as(job, token, Caller::PAYOUTS).await
     }
 
     async fn payout_succeeded(
@@ -97,7 +96,7 @@ impl Payouts for SqlStore {
     }
 
     async fn payout_failed(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
-        self.fail_as(job, signal, Caller::PayoutProcessor).await
+        self.fail_as(job, signal, Caller::PAYOUTS).await
     }
 
     async fn payout_unknown(
@@ -106,7 +105,7 @@ impl Payouts for SqlStore {
         token: &LeaseToken,
         message: Option<&str>,
     ) -> Result<Outcome<Job>, StoreError> {
-        self.unknown_as(job, token, message, Caller::PayoutProcessor).await
+        self.unknown_as(job, token, message, Caller::PAYOUTS).await
     }
 
     async fn payout_resolve(

@@ -100,6 +100,12 @@ async fn the_withdrawal_kind_is_reserved_for_the_processor(k: &Kit) {
     let mut plain = new_job("x", &a, 5);
     plain.kind = JobKind::parse("withdrawal").unwrap();
     assert!(matches!(k.store.create_job(plain).await, Err(StoreError::Invalid(_))));
+    // so is a top-up's (the funding rail): never created nor claimed as work
+    let mut bought = new_job("x", &a, 0);
+    bought.kind = JobKind::parse("top_up").unwrap();
+    assert!(matches!(k.store.create_job(bought).await, Err(StoreError::Invalid(_))));
+    let named = ClaimRequest { kinds: vec![JobKind::parse("top_up").unwrap()], ..claim_req("w1", 10) };
+    assert!(matches!(k.store.claim(named).await, Err(StoreError::Invalid(_))));
     withdraw(k, "w", &a, 10).await;
     k.job("r", &a, 5).await;
     // workers never get it, and may not ask for it
