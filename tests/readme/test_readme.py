@@ -73,6 +73,7 @@ CLAIMS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "grants_session": ("sh", lambda t: "dave-trial" in t),
     "payouts_serve": ("sh", lambda t: "provider-sim" in t),
     "payouts_session": ("sh", lambda t: "/v1/withdrawals -H" in t),
+    "top_ups_session": ("sh", lambda t: "/v1/top-ups -H" in t),
     "python_worker": ("python", lambda t: "Worker(" in t),
     "python_webhook": ("python", lambda t: "HTTPServer" in t),
     "ts_charge": ("ts", lambda t: "createJob" in t),
@@ -118,6 +119,7 @@ class Env:
     api: int
     provider: int
     hook: int
+    funding: int
     vars: dict[str, str]
 
     @property
@@ -125,7 +127,7 @@ class Env:
         return f"http://127.0.0.1:{self.api}"
 
     def localize(self, text: str) -> str:
-        for readme_port, port in ((7070, self.api), (7071, self.provider), (8080, self.hook)):
+        for readme_port, port in ((7070, self.api), (7071, self.provider), (7072, self.funding), (8080, self.hook)):
             text = text.replace(f"127.0.0.1:{readme_port}", f"127.0.0.1:{port}")
             text = text.replace(f"{readme_port}, \"127.0.0.1\"", f"{port}, \"127.0.0.1\"")  # listen(8080, "127.0.0.1")
             text = text.replace(f"(\"127.0.0.1\", {readme_port})", f"(\"127.0.0.1\", {port})")  # HTTPServer(("127.0.0.1", 8080)…
@@ -147,7 +149,7 @@ def env(tmp_path: Path) -> Env:
     cargo.chmod(0o755)
     cwd = tmp_path / "work"
     cwd.mkdir()
-    e = Env(cwd, free_port(), free_port(), free_port(), {})
+    e = Env(cwd, free_port(), free_port(), free_port(), free_port(), {})
     e.vars = {
         "PATH": f"{shims}:{os.environ['PATH']}",
         "SETTLE_BIN": str(SETTLE_BIN),
@@ -312,7 +314,12 @@ def test_first_session_then_payouts(env: Env) -> None:
     # The payouts step restarts settle serve on the same ./settle.db, pointed at the simulator.
     setup = "".join(line + "\n" for line in block("first_session").splitlines() if re.match(r"^[SJ]=", line))
     with sh_background(env, block("payouts_serve"), "payouts-serve") as serve:
-        serve.wait_for(lambda: answers(env.s + "/healthz") and answers(f"http://127.0.0.1:{env.provider}/v1/executed"))
+        funding = f"http://127.0.0.1:{env.funding}"
+        serve.wait_for(
+            lambda: answers(env.s + "/healthz")
+            and answers(f"http://127.0.0.1:{env.provider}/v1/executed")
+            and answers(funding + "/v1/executed")
+        )
         run_sh(env, setup + block("payouts_session"))
 
         def state(id: str) -> dict | None:
@@ -326,6 +333,22 @@ def test_first_session_then_payouts(env: Env) -> None:
         executed = http("GET", f"http://127.0.0.1:{env.provider}/v1/executed")[1]["transfers"]
         assert [(t["key"], t["sends_after_executed"]) for t in executed] == [(one["idempotency_key"], 0)]
         assert http("GET", env.s + "/v1/accounts/alice")[1]["balance"] == 35  # 60 − 25; payout-2's hold refunded
+        assert http("GET", env.s + "/v1/audit")[1]["ok"] is True
+
+        # Top-ups through the funding simulator (losing half its answers), on the same server.
+        run_sh(env, setup + block("top_ups_session"))
+
+        def bought(id: str) -> dict | None:
+            t = http("GET", f"{env.s}/v1/top-ups/{id}")[1]
+            return t if t["state"] in ("succeeded", "dead") else None
+
+        paid = poll(lambda: bought("buy-1"), 120, "buy-1 never settled")
+        declined = poll(lambda: bought("buy-2"), 120, "buy-2 never settled")
+        assert (paid["state"], paid["grant_id"]) == ("succeeded", "buy-1") and paid["provider_charge_id"], paid
+        assert (declined["state"], declined["last_error"]["code"], declined["grant_id"]) == ("dead", "CARD_DECLINED", None)
+        charges = http("GET", funding + "/v1/executed")[1]["transfers"]
+        assert [(t["key"], t["sends_after_executed"]) for t in charges] == [(paid["idempotency_key"], 0)]
+        assert http("GET", env.s + "/v1/accounts/alice")[1]["balance"] == 535  # 35 + the 500 bought
         assert http("GET", env.s + "/v1/audit")[1]["ok"] is True
 
 
@@ -501,7 +524,7 @@ def test_postgres_demo_and_audit(env: Env) -> None:
     assert url, "SETTLE_README_TESTS_DB (an empty PostgreSQL database) is set by scripts/test-readme"
     out = run_sh(env, block("postgres"), timeout=600, SETTLE_DATABASE_URL=url)
     # The demo's stories ran on PostgreSQL (its last line the totals), and the audit found them clean.
-    assert re.search(r"^audit: clean \(\d+ accounts, \d+ items, \d+ ledger entries checked; L1-L8 hold\)$", out, re.M), out
+    assert re.search(r"^audit: clean \(\d+ accounts, \d+ items, \d+ ledger entries checked; L1-L9 hold\)$", out, re.M), out
     assert "payout" in out, out
 
 

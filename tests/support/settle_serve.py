@@ -60,3 +60,29 @@ def settle_serve(workdir: Path, args: list[str], env: dict[str, str]) -> Iterato
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextlib.contextmanager
+def settle_funding_sim(workdir: Path) -> Iterator[str]:
+    """Runs `settle funding-sim` (the funding provider simulator, `funding-v1`) on a free loopback
+    port; yields its base URL. Customers starting with `declined` are declined."""
+    binary = Path(os.environ.get("SETTLE_BIN", ROOT / "target" / "debug" / "settle"))
+    port = free_port()
+    with open(workdir / "funding-sim.log", "w") as log:
+        proc = subprocess.Popen(
+            [str(binary), "funding-sim", "--listen", f"127.0.0.1:{port}"], cwd=workdir, stdout=log, stderr=log
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(400):
+                try:
+                    urllib.request.urlopen(base + "/v1/executed", timeout=1)
+                    break
+                except OSError:
+                    if proc.poll() is not None:
+                        raise RuntimeError("settle funding-sim exited: " + (workdir / "funding-sim.log").read_text())
+                    time.sleep(0.05)
+            yield base
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

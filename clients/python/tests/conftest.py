@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
-from settle_serve import settle_serve  # noqa: E402 (the helper the repository's Python suites share)
+from settle_serve import settle_funding_sim, settle_serve  # noqa: E402 (the helper the repository's Python suites share)
 
 ADMIN = "python-tests-admin-token"
 WORKER = "python-tests-worker-token"
@@ -90,8 +90,10 @@ start_from = "beginning"
         "SETTLE_DATABASE_URL": os.environ.get("SETTLE_PYTHON_TESTS_DB", "sqlite://" + str(Path(work.name) / "settle.db")),
     }
     args = ["--config", str(config), "--artifacts", str(Path(work.name) / "artifacts")]
-    with settle_serve(Path(work.name), args, env) as base:
-        yield base, Path(work.name)
+    with settle_funding_sim(Path(work.name)) as funding:
+        env["SETTLE_FUNDING_URL"] = funding
+        with settle_serve(Path(work.name), args, env) as base:
+            yield base, Path(work.name)
     work.cleanup()
 
 

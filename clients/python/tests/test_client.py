@@ -308,6 +308,32 @@ def test_a_spend_limit_refuses_a_create_past_it(admin):
     assert bad.value.code == "invalid_request"
 
 
+def test_a_top_up_is_granted_once_its_charge_is_confirmed(admin):
+    """Issue 45: a top-up charges nothing to the account; the funding processor charges the
+    customer through the funding provider and only the confirmed charge grants the credits. A
+    declined card ends the top-up without a grant."""
+    admin.create_account("buyer")
+    t = admin.create_top_up("buy-1", "buyer", 500, 499, "eur", "cus_buyer")
+    assert (t["kind"], t["credits"], t["currency"], t["grant_id"]) == ("top_up", 500, "EUR", None)
+    again = admin.create_top_up("buy-1", "buyer", 500, 499, "EUR", "cus_buyer")
+    assert again["idempotency_key"] == t["idempotency_key"]
+    admin.create_top_up("buy-2", "buyer", 300, 299, "EUR", "declined-buyer")
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        states = {x["id"]: x["state"] for x in admin.top_ups(account_id="buyer")}
+        if states == {"buy-1": "succeeded", "buy-2": "dead"}:
+            break
+        time.sleep(0.1)
+    paid = admin.top_up("buy-1")
+    assert (paid["state"], paid["grant_id"]) == ("succeeded", "buy-1") and paid["provider_charge_id"]
+    declined = admin.top_up("buy-2")
+    assert (declined["state"], declined["last_error"]["code"], declined["grant_id"]) == ("dead", "CARD_DECLINED", None)
+    assert admin.account("buyer")["balance"] == 500
+    with pytest.raises(SettleError) as bad:
+        admin.create_top_up("buy-3", "buyer", 5, 1, "XXX", "cus_buyer")
+    assert bad.value.code == "invalid_request"
+
+
 def test_a_trial_grant_is_spent_first_and_listed(admin):
     admin.create_account("trialp")
     admin.grant("trialp", "pack-trialp", 100)

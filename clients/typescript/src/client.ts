@@ -14,6 +14,8 @@ import type {
   LedgerPage,
   LimitList,
   NewLimit,
+  TopUp,
+  TopUpPage,
   Withdrawal,
   WithdrawalPage,
 } from "./api-types.js";
@@ -275,6 +277,42 @@ export class Settle {
     while (after !== null && after !== undefined) {
       const page: WithdrawalPage = await this.#get(`/v1/withdrawals${query({ state: filter.state, account_id: filter.accountId, after })}`);
       yield* page.withdrawals;
+      after = page.next_after;
+    }
+  }
+
+  // ----- top-ups -----
+
+  /** Buys `credits` for `price` minor units of `currency`, charged to the funding provider's
+   * `customer`. Nothing is charged to the account; the credits are granted (under the top-up's id)
+   * once the provider confirms the charge. Idempotent by `id`. */
+  async createTopUp(t: {
+    id: string;
+    accountId: string;
+    credits: number;
+    price: number;
+    currency: string;
+    customer: string;
+  }): Promise<Created<TopUp>> {
+    return this.#create("/v1/top-ups", {
+      id: t.id,
+      account_id: t.accountId,
+      credits: t.credits,
+      price: t.price,
+      currency: t.currency,
+      customer: t.customer,
+    });
+  }
+
+  async topUp(id: string): Promise<TopUp> {
+    return this.#get(`/v1/top-ups/${seg("top-up id", id)}`);
+  }
+
+  async *topUps(filter: { state?: string; accountId?: string } = {}): AsyncGenerator<TopUp> {
+    let after: number | null | undefined = 0;
+    while (after !== null && after !== undefined) {
+      const page: TopUpPage = await this.#get(`/v1/top-ups${query({ state: filter.state, account_id: filter.accountId, after })}`);
+      yield* page.top_ups;
       after = page.next_after;
     }
   }

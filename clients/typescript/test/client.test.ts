@@ -127,6 +127,31 @@ test("a spend limit refuses a create past it, and writes nothing", async () => {
   await assert.rejects(admin.setLimits("limity", [{ period: "week", amount: 5 }]), InvalidRequest);
 });
 
+test("a top-up is granted once its charge is confirmed; a declined card is not", async () => {
+  await admin.createAccount("buyer");
+  const t = await admin.createTopUp({ id: "buy-1", accountId: "buyer", credits: 500, price: 499, currency: "eur", customer: "cus_b" });
+  assert.deepEqual([t.kind, t.credits, t.currency, t.grant_id, t.replayed], ["top_up", 500, "EUR", null, false]);
+  await admin.createTopUp({ id: "buy-2", accountId: "buyer", credits: 300, price: 299, currency: "EUR", customer: "declined-b" });
+  const deadline = Date.now() + 20_000;
+  let states: Record<string, string> = {};
+  while (Date.now() < deadline) {
+    states = {};
+    for await (const x of admin.topUps({ accountId: "buyer" })) states[x.id] = x.state;
+    if (states["buy-1"] === "succeeded" && states["buy-2"] === "dead") break;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const paid = await admin.topUp("buy-1");
+  assert.deepEqual([paid.state, paid.grant_id], ["succeeded", "buy-1"]);
+  assert.ok(paid.provider_charge_id);
+  const declined = await admin.topUp("buy-2");
+  assert.deepEqual([declined.state, declined.last_error?.code, declined.grant_id], ["dead", "CARD_DECLINED", null]);
+  assert.equal((await admin.account("buyer")).balance, 500);
+  await assert.rejects(
+    admin.createTopUp({ id: "buy-3", accountId: "buyer", credits: 5, price: 1, currency: "XXX", customer: "c" }),
+    InvalidRequest,
+  );
+});
+
 test("a held job is charged its hold, and a cancel refunds the hold", async () => {
   await admin.createAccount("heldy");
   await admin.grant("heldy", { id: "welcome-heldy", amount: 100 });

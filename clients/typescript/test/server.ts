@@ -36,8 +36,24 @@ export async function serve(hookUrl: string): Promise<Served> {
     config,
     `[loops]\nrescue_every_ms = 200\nsweep_every_ms = 200\n\n[[webhooks]]\nid = "ts"\nurl = "${hookUrl}"\nsecret = "${HOOK_SECRET}"\nstart_from = "beginning"\n`,
   );
+  // The funding provider simulator: top-ups are charged through it (customers `declined…` are declined).
+  const fundingPort = await freePort();
+  const funding: ChildProcess = spawn(binary, ["funding-sim", "--listen", `127.0.0.1:${fundingPort}`], {
+    cwd: dir,
+    stdio: ["ignore", "ignore", "inherit"],
+  });
+  for (let i = 0; ; i++) {
+    try {
+      if ((await fetch(`http://127.0.0.1:${fundingPort}/v1/executed`)).ok) break;
+    } catch {
+      // not listening yet
+    }
+    if (funding.exitCode !== null || i > 400) throw new Error("settle funding-sim did not start");
+    await new Promise((r) => setTimeout(r, 50));
+  }
   const port = await freePort();
   const env = {
+    SETTLE_FUNDING_URL: `http://127.0.0.1:${fundingPort}`,
     ...process.env,
     SETTLE_LOG: process.env.SETTLE_LOG ?? "warn",
     SETTLE_TOKENS: `admin:ts-admin=${ADMIN},client:ts-client=${CLIENT}`,
@@ -62,7 +78,10 @@ export async function serve(hookUrl: string): Promise<Served> {
     base,
     stop: () =>
       new Promise<void>((ok) => {
-        child.once("exit", () => ok());
+        child.once("exit", () => {
+          funding.kill("SIGTERM");
+          ok();
+        });
         child.kill("SIGTERM");
       }),
   };

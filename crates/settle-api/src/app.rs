@@ -136,6 +136,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(h::get_withdrawal))
         .routes(routes!(h::withdrawal_returned))
         .routes(routes!(h::resolve_withdrawal))
+        .routes(routes!(h::create_top_up, h::list_top_ups))
+        .routes(routes!(h::get_top_up))
         .routes(routes!(h::failure_summary))
         .routes(routes!(h::events))
         .routes(routes!(h::audit))

@@ -625,6 +625,82 @@ pub struct WithdrawalsQuery {
     pub account_id: Option<String>,
 }
 
+// ----- top-ups -----------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTopUp {
+    /// The top-up's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`.
+    /// Makes the request idempotent; the credits, once paid, are granted under this id.
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
+    pub id: String,
+    /// The account the credits go to.
+    #[schema(pattern = r"^[A-Za-z0-9_.:-]{1,128}$")]
+    pub account_id: String,
+    /// Credits bought: 1 to 2^53.
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_992_i64)]
+    pub credits: i64,
+    /// What the customer pays, in minor units of `currency`: 0 to 2^53 (0 only with the admin role:
+    /// a free top-up gives credit away).
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_i64)]
+    pub price: i64,
+    /// An ISO 4217 code (either case; answered in capitals).
+    #[schema(example = "USD", min_length = 3, max_length = 3)]
+    pub currency: String,
+    /// Who the funding provider charges: 1-256 printable ASCII characters, not starting or ending with a space.
+    #[schema(pattern = r"^[!-~]([ -~]{0,254}[!-~])?$", min_length = 1, max_length = 256)]
+    pub customer: String,
+}
+
+/// A top-up: its job (kind `top_up`, `refund_on = final_failure`, nothing charged to the account)
+/// and the charge's own fields.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TopUp {
+    /// The top-up's job.
+    #[serde(flatten)]
+    pub job: Job,
+    /// Credits bought; granted once the charge is confirmed.
+    pub credits: i64,
+    /// In minor units of `currency`.
+    pub price: i64,
+    /// The ISO 4217 code of the price, in capitals.
+    pub currency: String,
+    /// Who the funding provider charges.
+    pub customer: String,
+    /// Made once at creation; every attempt looks up and charges with it.
+    pub idempotency_key: String,
+    /// The funding provider's id of the charge, once confirmed.
+    pub provider_charge_id: Option<String>,
+    /// The grant the confirmed charge wrote (the top-up's id), once written.
+    pub grant_id: Option<String>,
+    /// Made by the account's auto top-up rule.
+    pub rule: bool,
+}
+
+impl From<store::TopUp> for TopUp {
+    fn from(t: store::TopUp) -> TopUp {
+        TopUp {
+            job: t.job.into(),
+            credits: t.credits.get(),
+            price: t.price,
+            currency: t.currency,
+            customer: t.customer,
+            idempotency_key: t.idempotency_key,
+            provider_charge_id: t.provider_charge_id,
+            grant_id: t.grant_id,
+            rule: t.rule,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TopUpPage {
+    /// Top-ups in creation order.
+    pub top_ups: Vec<TopUp>,
+    /// Pass as `after` for the next page; null at the end.
+    pub next_after: Option<i64>,
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AccountPage {
     /// Accounts in id order (a scoped token's own only).

@@ -1070,16 +1070,88 @@ pub async fn list_withdrawals(
     Query(q): Query<dto::WithdrawalsQuery>,
 ) -> ApiResult {
     let filter = store::WithdrawalFilter {
-        state: match q.state.as_deref() {
-            None => None,
-            Some(st) => Some(JobState::parse(st).ok_or_else(|| ApiError::invalid("state is not a job state."))?),
-        },
+        state: job_state(q.state.as_deref())?,
         account_id: q.account_id.as_deref().map(|a| id(AccountId::parse, a)).transpose()?,
         updated_since: None,
         scope: auth.actor.scope.clone(),
     };
     let p = s.store.payouts().withdrawals(&filter, page(q.after, q.limit)?).await?;
     Ok(ok(dto::WithdrawalPage { withdrawals: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
+}
+
+/// Buy credits
+///
+/// A top-up: `credits` bought for `price` minor units of `currency`, charged to the funding
+/// provider's `customer` by the built-in funding processor. Nothing is charged to the account; the
+/// credits are granted (origin `top_up`, never expiring, id the top-up's) only when the provider
+/// confirms the charge, in the same transaction as `top_up.succeeded`. Create-by-id: a replay
+/// answers the stored top-up, another body is `409`. A free top-up (`price: 0`) needs the admin role.
+#[utoipa::path(post, path = "/v1/top-ups", tag = "top-ups", request_body = dto::CreateTopUp,
+    responses((status = 201, body = dto::TopUp), (status = 200, description = "replay", body = dto::TopUp),
+              (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
+pub async fn create_top_up(
+    State(s): State<AppState>,
+    auth: Auth<ClientRole>,
+    Json(b): Json<dto::CreateTopUp>,
+) -> ApiResult {
+    let req = store::NewTopUp {
+        id: id(JobId::parse, &b.id)?,
+        account_id: id(AccountId::parse, &b.account_id)?,
+        credits: Credits::new(b.credits),
+        price: b.price,
+        currency: settle_core::currency::Currency::parse(&b.currency)
+            .ok_or_else(|| ApiError::invalid("currency is not an ISO 4217 code."))?,
+        customer: id(settle_core::ids::Customer::parse, &b.customer)?,
+    };
+    auth.actor.may_use_account(req.account_id.as_str())?;
+    auth.actor.may_use_kind(settle_core::job::TOP_UP_KIND)?;
+    if req.price == 0 && auth.actor.role != crate::auth::Role::Admin {
+        return Err(ApiError::forbidden("admin (a top-up with price 0 gives credit away)"));
+    }
+    Ok(created(s.store.funding().create_top_up(req).await?, dto::TopUp::from))
+}
+
+/// Read a top-up
+///
+/// The top-up's job with its idempotency key and, once the provider confirmed the charge, its id and
+/// the grant it wrote.
+#[utoipa::path(get, path = "/v1/top-ups/{id}", tag = "top-ups", params(("id" = String, Path)),
+    responses((status = 200, body = dto::TopUp), (status = 404, body = ErrorBody)))]
+pub async fn get_top_up(State(s): State<AppState>, auth: Auth<ClientRole>, Path(top_up): Path<String>) -> ApiResult {
+    let t = s.store.funding().top_up(&id(JobId::parse, &top_up)?).await?;
+    if !auth.actor.scope.job(t.job.account_id.as_str(), t.job.kind.as_str()) {
+        return Err(store::StoreError::not_found("top-up", t.job.id).into());
+    }
+    Ok(ok(dto::TopUp::from(t)))
+}
+
+/// List top-ups
+///
+/// Top-ups in creation order, filtered by `state` and `account_id`, one page at a time.
+#[utoipa::path(get, path = "/v1/top-ups", tag = "top-ups", params(dto::WithdrawalsQuery),
+    responses((status = 200, body = dto::TopUpPage), (status = 400, body = ErrorBody)))]
+pub async fn list_top_ups(
+    State(s): State<AppState>,
+    auth: Auth<ClientRole>,
+    Query(q): Query<dto::WithdrawalsQuery>,
+) -> ApiResult {
+    let filter = store::TopUpFilter {
+        state: job_state(q.state.as_deref())?,
+        account_id: q.account_id.as_deref().map(|a| id(AccountId::parse, a)).transpose()?,
+        updated_since: None,
+        scope: auth.actor.scope.clone(),
+    };
+    let p = s.store.funding().top_ups(&filter, page(q.after, q.limit)?).await?;
+    Ok(ok(dto::TopUpPage { top_ups: p.rows.into_iter().map(Into::into).collect(), next_after: p.next_after }))
+}
+
+/// A `state` filter: a job state, or none.
+fn job_state(state: Option<&str>) -> Result<Option<JobState>, ApiError> {
+    match state {
+        None => Ok(None),
+        Some(st) => Ok(Some(JobState::parse(st).ok_or_else(|| ApiError::invalid("state is not a job state."))?)),
+    }
 }
 
 /// Record a returned payout
@@ -1294,7 +1366,7 @@ pub async fn requeue_dead_deliveries(
 
 /// Audit the ledger
 ///
-/// Recomputes invariants L1–L8 from the stored rows: every balance is the sum of its entries, every
+/// Recomputes invariants L1–L9 from the stored rows: every balance is the sum of its entries, every
 /// item's money state matches its entries, each account's hash chain is intact, every account's live
 /// grants less its debt are its balance, no withdrawal left never-expiring credit below the debt
 /// (the cash rule), and every event matches its transition. Answers `ok` and the violations found.

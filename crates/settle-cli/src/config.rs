@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 use settle_core::backoff::Jitter;
 use settle_core::ids::{FailCode, JobKind};
-use settle_core::job::{Policies, RefundPolicy, RetryPolicy, WITHDRAWAL_KIND};
+use settle_core::job::{Policies, RefundPolicy, RetryPolicy, TOP_UP_KIND, WITHDRAWAL_KIND};
 use settle_core::limits;
 use std::collections::BTreeMap;
 
@@ -135,7 +135,9 @@ pub struct ProviderFile {
     pub return_window_seconds: Option<u64>,
 }
 
-/// The payout provider, when one is configured.
+/// A provider (`[provider]` for payouts, `[funding]` for top-ups), when one is configured.
+/// `return_window_seconds`: how long closed jobs are asked about again (a payout sent back, a
+/// late execution or charge).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Provider {
     pub url: String,
@@ -205,6 +207,7 @@ pub struct ConfigFile {
     pub http: Http,
     pub postgres: Postgres,
     pub provider: ProviderFile,
+    pub funding: ProviderFile,
     pub webhooks: Vec<WebhookFile>,
 }
 
@@ -249,18 +252,21 @@ pub struct Config {
     pub http: Http,
     pub postgres: Postgres,
     pub provider: Option<Provider>,
+    /// The funding provider of top-ups (`[funding]`, `SETTLE_FUNDING_URL`).
+    pub funding: Option<Provider>,
     pub webhooks: Vec<settle_worker::webhooks::Endpoint>,
 }
 
-fn provider(f: &ProviderFile) -> anyhow::Result<Option<Provider>> {
+/// `[provider]` or `[funding]` (`section`).
+fn provider(f: &ProviderFile, section: &str) -> anyhow::Result<Option<Provider>> {
     let Some(url) = &f.url else {
         if f.timeout_ms.is_some() || f.connect_timeout_ms.is_some() || f.return_window_seconds.is_some() {
-            bail!("[provider] needs a url");
+            bail!("[{section}] needs a url");
         }
         return Ok(None);
     };
     if !(url.starts_with("http://") || url.starts_with("https://")) {
-        bail!("[provider] url must be http:// or https://");
+        bail!("[{section}] url must be http:// or https://");
     }
     let timeout_ms = f.timeout_ms.unwrap_or(limits::PROVIDER_TIMEOUT_MS_DEFAULT);
     let connect_timeout_ms =
@@ -268,7 +274,7 @@ fn provider(f: &ProviderFile) -> anyhow::Result<Option<Provider>> {
     let bounds = limits::PROVIDER_TIMEOUT_MS_MIN..=limits::PROVIDER_TIMEOUT_MS_MAX;
     if !bounds.contains(&timeout_ms) || !bounds.contains(&connect_timeout_ms) || connect_timeout_ms > timeout_ms {
         bail!(
-            "[provider] timeout_ms and connect_timeout_ms are between {} and {} ms, the connect timeout at most the whole",
+            "[{section}] timeout_ms and connect_timeout_ms are between {} and {} ms, the connect timeout at most the whole",
             limits::PROVIDER_TIMEOUT_MS_MIN,
             limits::PROVIDER_TIMEOUT_MS_MAX
         );
@@ -288,6 +294,41 @@ fn withdrawal_base(default: &RetryPolicy) -> RetryPolicy {
     p.refund_on = RefundPolicy::FinalFailure;
     p.attempts_max = p.attempts_max.max(8);
     p.backoff.backoff_ms_base = p.backoff.backoff_ms_base.max(5_000).min(p.backoff.backoff_ms_max);
+    p
+}
+
+/// The processors' kinds: never handed back while the provider may still act, and a lease long
+/// enough for a call to end inside it.
+fn check_rails(
+    kinds: &BTreeMap<String, RetryPolicy>,
+    provider: &Option<Provider>,
+    funding: &Option<Provider>,
+) -> anyhow::Result<()> {
+    for (kind, section, p) in [(WITHDRAWAL_KIND, "provider", provider), (TOP_UP_KIND, "funding", funding)] {
+        let policy = &kinds[kind];
+        if policy.refund_on != RefundPolicy::FinalFailure {
+            bail!(
+                "[kinds.{kind}].refund_on is always \"final_failure\": nothing is handed back while the provider may still act"
+            );
+        }
+        if let Some(p) = p
+            && u64::from(policy.lease_seconds) * 1_000 < 2 * p.timeout_ms + 1_000
+        {
+            bail!(
+                "[kinds.{kind}].lease_seconds ({}) must be at least 2 × [{section}].timeout_ms + 1 s, so a send ends inside its lease",
+                policy.lease_seconds
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What top-ups start from before `[kinds.top_up]`: as withdrawals (never closed while a charge
+/// may still be confirmed, a longer budget), with the funding protocol's retryable codes.
+fn top_up_base(default: &RetryPolicy) -> RetryPolicy {
+    let mut p = withdrawal_base(default);
+    let codes = ["PROCESSOR_DOWN", "RATE_LIMITED", "UNAVAILABLE", "LEASE_EXPIRED", "TIMEOUT_CONFIRMED_NOT_CHARGED"];
+    p.retryable_codes = codes.iter().map(|c| FailCode::parse(c).expect("valid codes")).collect();
     p
 }
 
@@ -534,6 +575,7 @@ impl Config {
         }
         env_overrides("SETTLE_", &mut file.defaults, env)?;
         file.kinds.entry(WITHDRAWAL_KIND.to_owned()).or_default();
+        file.kinds.entry(TOP_UP_KIND.to_owned()).or_default();
         check_kind_variables(&file.kinds, env)?;
         for (kind, f) in file.kinds.iter_mut() {
             JobKind::parse(kind).with_context(|| format!("[kinds.{kind}]"))?;
@@ -550,37 +592,30 @@ impl Config {
                 other => bail!("SETTLE_POSTGRES_SYNCHRONOUS_STANDBY={other}: auto, required or off"),
             };
         }
-        provider_from_env(&mut file.provider, env)?;
+        provider_from_env(&mut file.provider, env, "SETTLE_PROVIDER_")?;
+        provider_from_env(&mut file.funding, env, "SETTLE_FUNDING_")?;
         check_loops(&file.loops)?;
         if file.defaults.max_running.is_some() {
             bail!("max_running is a job kind's cap: set it in [kinds.NAME], not in [defaults] (or SETTLE_MAX_RUNNING)");
         }
-        if file.kinds.get(WITHDRAWAL_KIND).is_some_and(|w| w.max_running.is_some()) {
-            bail!(
-                "[kinds.withdrawal].max_running: withdrawals are never capped (the payout processor sends them in order)"
-            );
+        for kind in [WITHDRAWAL_KIND, TOP_UP_KIND] {
+            if file.kinds.get(kind).is_some_and(|w| w.max_running.is_some()) {
+                bail!("[kinds.{kind}].max_running: a processor's kind is never capped (its processor sends in order)");
+            }
         }
         let default = apply(&RetryPolicy::default(), &file.defaults, "[defaults]")?;
         let mut kinds = BTreeMap::new();
         for (kind, f) in &file.kinds {
-            let base = if kind == WITHDRAWAL_KIND { withdrawal_base(&default) } else { default.clone() };
+            let base = match kind.as_str() {
+                WITHDRAWAL_KIND => withdrawal_base(&default),
+                TOP_UP_KIND => top_up_base(&default),
+                _ => default.clone(),
+            };
             kinds.insert(kind.clone(), apply(&base, f, &format!("[kinds.{kind}]"))?);
         }
-        let withdrawal = &kinds[WITHDRAWAL_KIND];
-        if withdrawal.refund_on != RefundPolicy::FinalFailure {
-            bail!(
-                "[kinds.withdrawal].refund_on is always \"final_failure\": a hold is never refunded while the payout may still leave"
-            );
-        }
-        let provider = provider(&file.provider)?;
-        if let Some(p) = &provider
-            && u64::from(withdrawal.lease_seconds) * 1_000 < 2 * p.timeout_ms + 1_000
-        {
-            bail!(
-                "[kinds.withdrawal].lease_seconds ({}) must be at least 2 × [provider].timeout_ms + 1 s, so a send ends inside its lease",
-                withdrawal.lease_seconds
-            );
-        }
+        let funding = provider(&file.funding, "funding")?;
+        let provider = provider(&file.provider, "provider")?;
+        check_rails(&kinds, &provider, &funding)?;
         let webhooks = file.webhooks.iter().map(|w| endpoint(w, env)).collect::<anyhow::Result<Vec<_>>>()?;
         let mut ids: Vec<&str> = webhooks.iter().map(|w| w.id.as_str()).collect();
         ids.sort_unstable();
@@ -608,6 +643,7 @@ impl Config {
             http: file.http,
             postgres: file.postgres,
             provider,
+            funding,
             webhooks,
         })
     }
@@ -644,15 +680,8 @@ impl Config {
             loops: self.loops.clone(),
             http: self.http.clone(),
             postgres: self.postgres.clone(),
-            provider: match &self.provider {
-                Some(p) => ProviderFile {
-                    url: Some(settle_store::redacted_url(&p.url)),
-                    timeout_ms: Some(p.timeout_ms),
-                    connect_timeout_ms: Some(p.connect_timeout_ms),
-                    return_window_seconds: Some(p.return_window_seconds),
-                },
-                None => ProviderFile::default(),
-            },
+            provider: provider_file(self.provider.as_ref()),
+            funding: provider_file(self.funding.as_ref()),
             webhooks: self
                 .webhooks
                 .iter()
@@ -775,12 +804,25 @@ fn check_http(h: &Http) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `SETTLE_PROVIDER_URL` and `SETTLE_PROVIDER_*` over the file's `[provider]`.
-fn provider_from_env(provider: &mut ProviderFile, env: &BTreeMap<String, String>) -> anyhow::Result<()> {
-    if let Some(v) = env.get("SETTLE_PROVIDER_URL") {
+/// A provider as the file writes it (its URL's password hidden).
+fn provider_file(p: Option<&Provider>) -> ProviderFile {
+    match p {
+        Some(p) => ProviderFile {
+            url: Some(settle_store::redacted_url(&p.url)),
+            timeout_ms: Some(p.timeout_ms),
+            connect_timeout_ms: Some(p.connect_timeout_ms),
+            return_window_seconds: Some(p.return_window_seconds),
+        },
+        None => ProviderFile::default(),
+    }
+}
+
+/// `{prefix}URL` and `{prefix}*` (`SETTLE_PROVIDER_`, `SETTLE_FUNDING_`) over the file's section.
+fn provider_from_env(provider: &mut ProviderFile, env: &BTreeMap<String, String>, prefix: &str) -> anyhow::Result<()> {
+    if let Some(v) = env.get(&format!("{prefix}URL")) {
         provider.url = Some(v.clone());
     }
-    let num = |field| env_num::<u64>(env, "SETTLE_PROVIDER_", field);
+    let num = |field| env_num::<u64>(env, prefix, field);
     if let Some(v) = num("TIMEOUT_MS")? {
         provider.timeout_ms = Some(v);
     }

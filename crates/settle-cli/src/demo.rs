@@ -140,6 +140,8 @@ pub async fn run(db: Option<String>) -> anyhow::Result<ExitCode> {
 
     spend_limited(&d).await?;
 
+    top_ups(&d).await?;
+
     alerts_fired(&d, &alice).await?;
 
     println!("\nThe ledger (append-only; the balance is the sum of its rows):");
@@ -816,5 +818,80 @@ async fn spend_limited(d: &Demo) -> anyhow::Result<()> {
         limits[0].amount,
         limits[0].resets_at.rfc3339()
     ));
+    Ok(())
+}
+
+/// Issue 45, top-ups: credits bought through a funding provider, granted only by a confirmed charge,
+/// exactly once — a lost answer never charges twice, a declined card never loops.
+async fn top_ups(d: &Demo) -> anyhow::Result<()> {
+    use settle_sim::{FUNDING_V1, Forced, SimConfig};
+    use settle_worker::funding::{FundingProcessor, HttpFunding, HttpProviderConfig};
+    use settle_worker::payouts::AttemptEnd;
+    println!("\n11. Top-ups (issue 45): frank buys credits; only a confirmed charge grants them, once");
+    let config = SimConfig { invalid_prefix: "declined".into(), ..SimConfig::default() };
+    let sim = settle_sim::start_speaking("127.0.0.1:0", config, &FUNDING_V1).await?;
+    let funding = HttpFunding::new(&HttpProviderConfig {
+        url: sim.url(),
+        timeout: std::time::Duration::from_secs(5),
+        connect_timeout: std::time::Duration::from_secs(1),
+    })
+    .map_err(|e| anyhow::anyhow!(e))?;
+    let store = d.store.clone() as Arc<dyn Store>;
+    let processor = FundingProcessor::new(store, Arc::new(funding), WorkerName::parse("funding")?, Default::default());
+    let frank = AccountId::parse("frank")?;
+    let s = &d.store;
+    s.create_account(
+        NewAccount { id: frank.clone(), overdraft_limit: Credits::ZERO, max_running: None },
+        settle_store::SYSTEM_ACTOR,
+    )
+    .await?;
+    let buy = |id: &'static str, customer: &'static str| {
+        let frank = frank.clone();
+        async move {
+            let req = NewTopUp {
+                id: JobId::parse(id)?,
+                account_id: frank,
+                credits: Credits::new(500),
+                price: 499,
+                currency: settle_core::currency::Currency::parse("EUR").context("a currency")?,
+                customer: settle_core::ids::Customer::parse(customer)?,
+            };
+            let t = s.funding().create_top_up(req).await?.value;
+            d.say(format!(
+                "{id}: 500 credits for EUR 4.99 from {customer} (key {}), nothing charged to frank",
+                t.idempotency_key
+            ));
+            anyhow::Ok(t)
+        }
+    };
+    buy("topup-1", "cus_frank").await?;
+    sim.sim.force(Some(Forced::LoseAnswers));
+    let ends = processor.process_pass().await?;
+    sim.sim.force(None);
+    ensure!(ends == vec![("topup-1".to_owned(), AttemptEnd::Unknown)], "a lost answer leaves it unknown: {ends:?}");
+    d.say(format!(
+        "the card was charged but the answer was lost: UNKNOWN, no credit yet; frank has {}",
+        d.balance(&frank).await?
+    ));
+    let moved = processor.reconcile_pass().await?;
+    ensure!(moved == vec!["topup-1".to_owned()], "the reconciler must find the charge");
+    let t = s.funding().top_up(&JobId::parse("topup-1")?).await?;
+    ensure!(t.job.state == JobState::Succeeded && t.grant_id.is_some(), "topup-1 must be granted");
+    d.say(format!(
+        "the reconciler asks by key: charged once ({}); the grant topup-1 is written with it; frank has {}",
+        t.provider_charge_id.as_deref().unwrap_or("-"),
+        d.balance(&frank).await?
+    ));
+    buy("topup-2", "declined-frank").await?;
+    processor.process_pass().await?;
+    let t = s.funding().top_up(&JobId::parse("topup-2")?).await?;
+    ensure!(t.job.state == JobState::Dead && t.grant_id.is_none(), "a declined card ends the top-up");
+    d.say(format!(
+        "topup-2: CARD_DECLINED — dead at once, never charged again, nothing granted; frank has {}",
+        d.balance(&frank).await?
+    ));
+    let executed = sim.sim.executed();
+    ensure!(executed.transfers.len() == 1 && executed.transfers[0].sends == 1, "one charge, sent once");
+    sim.task.abort();
     Ok(())
 }

@@ -92,7 +92,7 @@ enum Command {
         #[arg(long)]
         to: String,
     },
-    /// Checks the ledger invariants L1–L8; prints violations and exits 1 if there are any.
+    /// Checks the ledger invariants L1–L9; prints violations and exits 1 if there are any.
     Audit {
         #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,
@@ -169,6 +169,8 @@ enum Command {
     },
     /// Runs the payout provider simulator (provider-v1), the counterparty of demos and tests.
     ProviderSim(sim::SimArgs),
+    /// Runs the funding provider simulator (funding-v1): charges for top-ups, declines, lost answers.
+    FundingSim(sim::SimArgs),
     /// The deterministic simulator: Settle's store and passes under one seeded clock and scheduler,
     /// with an auditor (`--seed N` replays one run; `--seeds A..B` runs many).
     Sim(dst::DstArgs),
@@ -208,7 +210,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Serve(_) | Command::Worker(_) | Command::ProviderSim(_) => "info",
+        Command::Serve(_) | Command::Worker(_) | Command::ProviderSim(_) | Command::FundingSim(_) => "info",
         // The simulator's faults are on purpose: what it finds, it prints.
         Command::Sim(_) => "off",
         _ => "warn",
@@ -312,7 +314,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::ProviderSim(args) => sim::run(args).await.map(|()| ExitCode::SUCCESS),
+        Command::ProviderSim(args) => sim::run(args, &settle_sim::PROVIDER_V1).await.map(|()| ExitCode::SUCCESS),
+        Command::FundingSim(args) => sim::run(args, &settle_sim::FUNDING_V1).await.map(|()| ExitCode::SUCCESS),
         Command::Sim(args) => dst::run(args).map(|ok| if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }),
         Command::Failures { db, api } => {
             match api.remote()? {

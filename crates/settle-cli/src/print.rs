@@ -59,7 +59,7 @@ pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()
 pub fn audit(report: &AuditReport) -> std::io::Result<()> {
     if report.ok() {
         return out!(
-            "audit: clean ({} accounts, {} items, {} ledger entries checked; L1-L8 hold)",
+            "audit: clean ({} accounts, {} items, {} ledger entries checked; L1-L9 hold)",
             report.accounts_checked,
             report.items_checked,
             report.entries_checked

@@ -373,7 +373,7 @@ pub async fn audit(r: &Remote) -> anyhow::Result<bool> {
     let ok = a["ok"].as_bool() == Some(true);
     if ok {
         out!(
-            "audit: clean ({} accounts, {} items checked; L1-L8 hold)",
+            "audit: clean ({} accounts, {} items checked; L1-L9 hold)",
             n(&a["accounts_checked"]),
             a["items_checked"]
         )?;

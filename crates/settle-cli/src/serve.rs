@@ -5,7 +5,9 @@ use crate::config::Config;
 use anyhow::Context;
 use settle_api::{Application, LiveTokens, Tokens};
 use settle_store::{ObjectArtifactStore, SqlStore, Store, StoreCheck, StoreOptions};
-use settle_worker::payouts::{HttpProvider, HttpProviderConfig, PayoutProcessor, PayoutSettings};
+use settle_worker::funding::{FundingProcessor, HttpFunding};
+use settle_worker::payouts::{HttpProvider, HttpProviderConfig, PayoutProcessor};
+use settle_worker::processor::ProcessorSettings;
 use settle_worker::webhooks::{Deliverer, Endpoint};
 use settle_worker::{LoopSettings, Maintenance};
 use std::collections::BTreeMap;
@@ -119,42 +121,59 @@ async fn join_loops(loops: Vec<tokio::task::JoinHandle<()>>) -> bool {
     true
 }
 
-/// The payout processor, when a provider is configured; otherwise withdrawals wait queued (and
-/// unknown ones stay unknown: no one can ask the provider).
-fn payout_processor(store: &Arc<SqlStore>, config: &Config) -> anyhow::Result<Option<PayoutProcessor>> {
-    let Some(p) = &config.provider else {
-        tracing::warn!(
-            "no payout provider configured ([provider] url or SETTLE_PROVIDER_URL): withdrawals are accepted and wait queued"
-        );
-        return Ok(None);
-    };
-    let provider = HttpProvider::new(&HttpProviderConfig {
+/// A processor's settings, its provider's client settings and its name in the attempt log (one
+/// per process: which processor made which attempt).
+fn processor_parts(
+    p: &crate::config::Provider,
+    config: &Config,
+    name: &str,
+) -> anyhow::Result<(HttpProviderConfig, ProcessorSettings, settle_core::ids::WorkerName)> {
+    let client = HttpProviderConfig {
         url: p.url.clone(),
         timeout: Duration::from_millis(p.timeout_ms),
         connect_timeout: Duration::from_millis(p.connect_timeout_ms),
-    })
-    .map_err(|e| anyhow::anyhow!(e))?;
-    let settings = PayoutSettings {
+    };
+    let settings = ProcessorSettings {
         every: Duration::from_millis(config.loops.payout_every_ms),
         reconcile_every: Duration::from_millis(config.loops.reconcile_every_ms),
         batch: config.loops.batch.min(settle_core::limits::PAYOUTS_IN_FLIGHT_MAX),
         return_window: Duration::from_secs(p.return_window_seconds),
     };
-    // One name per process, in the attempt log: which processor made which attempt.
-    let worker = settle_core::ids::WorkerName::parse(&format!("payouts@pid-{}", std::process::id()))?;
-    tracing::info!(provider = %p.url, "payout processor running");
-    Ok(Some(PayoutProcessor::new(store.clone() as Arc<dyn Store>, Arc::new(provider), worker, settings)))
+    let worker = settle_core::ids::WorkerName::parse(&format!("{name}@pid-{}", std::process::id()))?;
+    Ok((client, settings, worker))
 }
 
-/// The maintenance loops, the payout processor and one webhook deliverer per configured endpoint.
+/// The maintenance loops, the payout and funding processors (each when its provider is
+/// configured; otherwise its jobs wait queued, and unknown ones stay unknown: no one can ask), and
+/// one webhook deliverer per configured endpoint.
 fn spawn_loops(
     store: &Arc<SqlStore>,
     config: &Config,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut handles = Maintenance::new(store.clone() as Arc<dyn Store>, loop_settings(config)).spawn(cancel.clone());
-    if let Some(processor) = payout_processor(store, config)? {
-        handles.extend(processor.spawn(cancel.clone()));
+    let dyn_store = store.clone() as Arc<dyn Store>;
+    match &config.provider {
+        Some(p) => {
+            let (client, settings, worker) = processor_parts(p, config, "payouts")?;
+            let provider = Arc::new(HttpProvider::new(&client).map_err(|e| anyhow::anyhow!(e))?);
+            tracing::info!(provider = %p.url, "payout processor running");
+            handles.extend(PayoutProcessor::new(dyn_store.clone(), provider, worker, settings).spawn(cancel.clone()));
+        }
+        None => tracing::warn!(
+            "no payout provider configured ([provider] url or SETTLE_PROVIDER_URL): withdrawals are accepted and wait queued"
+        ),
+    }
+    match &config.funding {
+        Some(p) => {
+            let (client, settings, worker) = processor_parts(p, config, "funding")?;
+            let provider = Arc::new(HttpFunding::new(&client).map_err(|e| anyhow::anyhow!(e))?);
+            tracing::info!(provider = %p.url, "funding processor running");
+            handles.extend(FundingProcessor::new(dyn_store, provider, worker, settings).spawn(cancel.clone()));
+        }
+        None => tracing::info!(
+            "no funding provider configured ([funding] url or SETTLE_FUNDING_URL): top-ups are accepted and wait queued"
+        ),
     }
     Ok(handles)
 }

@@ -1,5 +1,5 @@
 //! An account's money controls (api-v1 "Money controls"), for a platform's backend: balance alerts
-//! and spend limits, each set whole and read back.
+//! and spend limits, each set whole and read back; top-ups, bought through the funding provider.
 
 use crate::{Client, ClientError, segment};
 use serde::{Deserialize, Serialize};
@@ -36,6 +36,40 @@ pub struct SpendLimit {
     pub resets_at: String,
 }
 
+/// A top-up to make: `credits` bought for `price` minor units of `currency` (ISO 4217), charged to
+/// the funding provider's `customer`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NewTopUp {
+    pub id: String,
+    pub account_id: String,
+    pub credits: i64,
+    pub price: i64,
+    pub currency: String,
+    pub customer: String,
+}
+
+/// A top-up as stored: its job's `state` and `last_error`, and, once the provider confirmed the
+/// charge, its id and the grant it wrote (the top-up's id).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct TopUp {
+    pub id: String,
+    pub account_id: String,
+    pub state: String,
+    pub credits: i64,
+    pub price: i64,
+    pub currency: String,
+    pub customer: String,
+    pub idempotency_key: String,
+    pub provider_charge_id: Option<String>,
+    pub grant_id: Option<String>,
+    pub rule: bool,
+    pub last_error: Option<Value>,
+}
+
+fn one<T: for<'de> Deserialize<'de>>(v: Value) -> Result<T, ClientError> {
+    serde_json::from_value(v).map_err(|e| ClientError::Transport(format!("an answer: {e}")))
+}
+
 fn list<T: for<'de> Deserialize<'de>>(v: Value, field: &str) -> Result<Vec<T>, ClientError> {
     serde_json::from_value(v[field].clone()).map_err(|e| ClientError::Transport(format!("an answer's {field}: {e}")))
 }
@@ -68,5 +102,18 @@ impl Client {
     pub async fn limits(&self, account: &str) -> Result<Vec<SpendLimit>, ClientError> {
         let path = format!("/v1/accounts/{}/limits", segment("account id", account)?);
         list(self.request(reqwest::Method::GET, &path, None).await?.value(), "limits")
+    }
+
+    /// `POST /v1/top-ups`: nothing is charged to the account; the funding processor charges the
+    /// customer and only the confirmed charge grants the credits. A replay answers the stored top-up.
+    pub async fn create_top_up(&self, top_up: &NewTopUp) -> Result<TopUp, ClientError> {
+        let body = serde_json::to_value(top_up).map_err(|e| ClientError::Transport(e.to_string()))?;
+        one(self.request(reqwest::Method::POST, "/v1/top-ups", Some(body)).await?.value())
+    }
+
+    /// A top-up as it is now.
+    pub async fn top_up(&self, id: &str) -> Result<TopUp, ClientError> {
+        let path = format!("/v1/top-ups/{}", segment("top-up id", id)?);
+        one(self.request(reqwest::Method::GET, &path, None).await?.value())
     }
 }

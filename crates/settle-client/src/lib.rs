@@ -15,7 +15,7 @@
 
 mod accounts;
 
-pub use accounts::{Alert, NewLimit, SpendLimit};
+pub use accounts::{Alert, NewLimit, NewTopUp, SpendLimit, TopUp};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -32,6 +32,15 @@ crate::names! {
         JobReleased = "job.released",
         WithdrawalLateExecution = "withdrawal.late_execution",
         WithdrawalReturned = "withdrawal.returned",
+        /// A top-up was asked for (spec §4a); its job's `job.queued` beside it.
+        TopUpQueued = "top_up.queued",
+        /// The customer's charge is confirmed and the credits are granted, in one transaction.
+        TopUpSucceeded = "top_up.succeeded",
+        /// The top-up died (a decline, or retries spent) or was cancelled: nothing was charged.
+        TopUpFailed = "top_up.failed",
+        /// The provider charged a top-up Settle had closed: the credits are granted all the same
+        /// (the customer paid), for a person to look at.
+        TopUpLateCharge = "top_up.late_charge",
         GrantExpired = "grant.expired",
     }
 }

@@ -138,6 +138,10 @@ impl FailCode {
     pub fn timeout_confirmed_not_sent() -> FailCode {
         FailCode("TIMEOUT_CONFIRMED_NOT_SENT".to_owned())
     }
+    /// A top-up whose charge the funding provider still did not know after the confirm window.
+    pub fn timeout_confirmed_not_charged() -> FailCode {
+        FailCode("TIMEOUT_CONFIRMED_NOT_CHARGED".to_owned())
+    }
     pub fn cancelled() -> FailCode {
         FailCode("CANCELLED".to_owned())
     }
@@ -269,6 +273,23 @@ impl Destination {
             });
         }
         Ok(Destination(s.to_owned()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Who the funding provider charges for a top-up (its customer reference): the same rule as a
+/// destination. The provider decides whether it is valid.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Customer(String);
+
+impl Customer {
+    pub fn parse(s: &str) -> Result<Customer, IdError> {
+        Destination::parse(s).map(|d| Customer(d.0)).map_err(|_| IdError {
+            what: "customer",
+            rule: "1-256 printable ASCII characters, not starting or ending with a space",
+        })
     }
     pub fn as_str(&self) -> &str {
         &self.0

@@ -33,6 +33,9 @@ crate::names! {
         Adjustment = "adjustment",
         /// What an account held when grants were introduced (migration 0017).
         Opening = "opening",
+        /// Credit bought through the funding provider (`POST /v1/top-ups`, the auto rule): written
+        /// only by a confirmed charge, never expiring; its id is the top-up's.
+        TopUp = "top_up",
     }
 }
 

@@ -19,6 +19,7 @@
 pub mod backoff;
 pub mod clock;
 pub mod crash;
+pub mod currency;
 pub mod fingerprint;
 pub mod history;
 pub mod ids;

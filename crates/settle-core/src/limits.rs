@@ -100,6 +100,11 @@ pub const PROVIDER_BODY_BYTES_MAX: usize = 64 * 1024;
 pub const PROVIDER_TXID_LEN_MAX: usize = 256;
 /// Most payouts one processor has in flight at once (one pass claims at most this many).
 pub const PAYOUTS_IN_FLIGHT_MAX: u32 = 64;
+/// A top-up's `credits` and `price` (minor units): at most 2^53, what every JSON client reads exactly.
+pub const TOP_UP_CREDITS_MAX: i64 = 1 << 53;
+pub const TOP_UP_PRICE_MAX: i64 = 1 << 53;
+/// Longest funding customer reference (printable ASCII, as a destination).
+pub const CUSTOMER_LEN_MAX: usize = 256;
 
 #[cfg(test)]
 mod tests {

@@ -119,7 +119,7 @@ impl Provider for SimProvider {
         }
         let absent = !s.executed.contains_key(key);
         s.log.push(Call::Lookup { key: key.to_owned(), absent });
-        if absent { Lookup::Absent } else { Lookup::Found { txid: format!("tx-{key}"), returned: false } }
+        if absent { Lookup::Absent } else { Lookup::Found { id: format!("tx-{key}"), returned: false } }
     }
 
     async fn send(&self, key: &str, _destination: &str, amount: i64) -> Sent {
@@ -150,7 +150,7 @@ impl Provider for SimProvider {
         s.log.push(Call::Send { key: key.to_owned(), executed: !already });
         let txid = format!("tx-{key}");
         // Executed, but the answer lost (three sends in ten).
-        if fate <= 3 { Sent::NoAnswer { message: "answer lost".into() } } else { Sent::Executed { txid } }
+        if fate <= 3 { Sent::NoAnswer { message: "answer lost".into() } } else { Sent::Executed { id: txid } }
     }
 }
 

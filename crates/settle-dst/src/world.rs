@@ -208,7 +208,7 @@ impl World {
     /// The auditor, after each step: the rules the step's answers broke; every touched job's items
     /// moved only along the item machine, an item a worker failed never reclaimed, a cancelled job
     /// left no artifact; every send of a key came right after a lookup that found it absent; and
-    /// with `full`, the store's own audit (L1–L8).
+    /// with `full`, the store's own audit (L1–L9).
     pub async fn check(
         &mut self,
         store: &SqlStore,

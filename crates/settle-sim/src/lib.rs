@@ -1,5 +1,7 @@
-//! `settle provider-sim`: a payout provider speaking `provider-v1` (`../shared/spec/api-v1.md`),
-//! the counterparty of Settle's demo and tests. It is not Settle: it keeps its transfers in memory,
+//! `settle provider-sim` and `settle funding-sim`: a payout provider speaking `provider-v1` and a
+//! funding provider speaking `funding-v1` (`../shared/spec/api-v1.md`) — one simulator, two
+//! protocols (`Protocol`: their paths, fields and codes) — the counterparty of Settle's demo and
+//! tests. It is not Settle: it keeps its transfers in memory,
 //! exactly once per idempotency key, and misbehaves on purpose, the way real providers do:
 //!
 //! - a share of sends is **executed and then answered with a cut connection**;
@@ -8,6 +10,11 @@
 //!   still answer lookups), **rate limiting** (`RATE_LIMITED`
 //!   with `Retry-After`), a **finite float** (`INSUFFICIENT`), **refused destinations**
 //!   (`INVALID_ADDRESS`), and executed payouts that are **returned** later (`"status": "returned"`).
+//!
+//! As a funding provider it charges customers instead: `PROCESSOR_DOWN` periods, `RATE_LIMITED`,
+//! a finite balance (`INSUFFICIENT_FUNDS`), declined cards (`CARD_DECLINED`, customers starting
+//! with the refused prefix) and customers without a card (`NO_PAYMENT_METHOD`, starting with
+//! `nocard`); charges are never returned.
 //!
 //! Besides the protocol it answers `GET /v1/executed` (every executed transfer, with how many sends
 //! named its key) and `GET /v1/log` (every request in arrival order with its fate), so tests can
@@ -23,6 +30,65 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// What differs between the protocols the simulator speaks: paths, fields and codes.
+#[derive(Debug)]
+pub struct Protocol {
+    pub name: &'static str,
+    /// `/v1/{collection}` sends, `/v1/{collection}/{key}` looks up.
+    pub collection: &'static str,
+    /// The field of the provider's id in answers, and its prefix.
+    pub id_field: &'static str,
+    pub id_prefix: &'static str,
+    /// Who the money goes to or comes from.
+    pub party: &'static str,
+    /// Whether a send names a currency, and whether it may be of nothing (a free top-up).
+    pub currency: bool,
+    pub zero: bool,
+    /// The codes: the system down, the money short, the party refused, the party without a means.
+    pub down: &'static str,
+    pub short: &'static str,
+    pub refused: &'static str,
+    pub no_means: Option<&'static str>,
+    /// Whether executed ones may come back (payouts returned by the receiving side).
+    pub returns: bool,
+}
+
+/// `provider-v1`: payouts.
+pub const PROVIDER_V1: Protocol = Protocol {
+    name: "provider-v1",
+    collection: "transactions",
+    id_field: "txid",
+    id_prefix: "tx_",
+    party: "destination",
+    currency: false,
+    zero: false,
+    down: "NODE_DOWN",
+    short: "INSUFFICIENT",
+    refused: "INVALID_ADDRESS",
+    no_means: None,
+    returns: true,
+};
+
+/// `funding-v1`: charges of customers for top-ups.
+pub const FUNDING_V1: Protocol = Protocol {
+    name: "funding-v1",
+    collection: "charges",
+    id_field: "charge_id",
+    id_prefix: "ch_",
+    party: "customer",
+    currency: true,
+    zero: true,
+    down: "PROCESSOR_DOWN",
+    short: "INSUFFICIENT_FUNDS",
+    refused: "CARD_DECLINED",
+    no_means: Some("NO_PAYMENT_METHOD"),
+    returns: false,
+};
+
+/// Parties (customers) starting with this have no means of payment (`NO_PAYMENT_METHOD`), where the
+/// protocol has the code.
+pub const NO_MEANS_PREFIX: &str = "nocard";
 
 /// The simulator's knobs. Shares are probabilities in `[0, 1]`, drawn from one seeded generator.
 #[derive(Debug, Clone)]
@@ -41,7 +107,7 @@ pub struct SimConfig {
     pub retry_after_seconds: u64,
     /// What the sim can pay out in all; a send beyond it is `INSUFFICIENT`. `None`: unlimited.
     pub float: Option<i64>,
-    /// Destinations starting with this are refused (`INVALID_ADDRESS`); empty: none.
+    /// Parties starting with this are refused (`INVALID_ADDRESS`, `CARD_DECLINED`); empty: none.
     pub invalid_prefix: String,
     /// Share of executed payouts returned `return_after_ms` after they were executed.
     pub returns: f64,
@@ -74,7 +140,11 @@ pub struct Transfer {
     pub key: String,
     pub txid: String,
     pub amount: i64,
+    /// The party (a payout's destination, a charge's customer).
     pub destination: String,
+    /// A charge's currency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
     /// Every send that named this key, the executing one included.
     pub sends: u32,
     /// Sends that named this key after it had been executed (Settle should make none: it looks up first).
@@ -124,6 +194,7 @@ pub enum Forced {
 
 pub struct Sim {
     config: SimConfig,
+    protocol: &'static Protocol,
     started: Instant,
     book: Mutex<Book>,
     forced: Mutex<Option<Forced>>,
@@ -131,9 +202,14 @@ pub struct Sim {
 
 impl Sim {
     pub fn new(config: SimConfig) -> Arc<Sim> {
+        Sim::speaking(config, &PROVIDER_V1)
+    }
+
+    pub fn speaking(config: SimConfig, protocol: &'static Protocol) -> Arc<Sim> {
         let rng = SplitMix64::new(config.seed);
         Arc::new(Sim {
             config,
+            protocol,
             started: Instant::now(),
             book: Mutex::new(Book {
                 rng,
@@ -220,15 +296,19 @@ async fn lookup(State(sim): State<Arc<Sim>>, Path(key): Path<String>) -> Respons
         return rate_limited(&sim.config);
     }
     let found = book.transfers.get(&key).map(|(t, ret)| (t.txid.clone(), is_returned(*ret, Instant::now())));
+    let p = sim.protocol;
     match found {
-        Some((txid, returned)) => {
+        Some((id, returned)) => {
             log(&mut book, "lookup", &key, if returned { "returned" } else { "found" }, true);
-            let status = if returned { "returned" } else { "executed" };
-            (StatusCode::OK, axum::Json(serde_json::json!({ "txid": txid, "status": status }))).into_response()
+            let mut body = serde_json::json!({ p.id_field: id });
+            if p.returns {
+                body["status"] = serde_json::json!(if returned { "returned" } else { "executed" });
+            }
+            (StatusCode::OK, axum::Json(body)).into_response()
         }
         None => {
             log(&mut book, "lookup", &key, "absent", true);
-            error(StatusCode::NOT_FOUND, "NOT_FOUND", "no transfer with that key")
+            error(StatusCode::NOT_FOUND, "NOT_FOUND", "nothing with that key")
         }
     }
 }
@@ -239,12 +319,32 @@ fn rate_limited(config: &SimConfig) -> Response {
     r
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A send's body: `{key, <party>, amount}` (and `currency` where the protocol has it), nothing else.
 struct SendBody {
     key: String,
     destination: String,
     amount: i64,
+    currency: Option<String>,
+}
+
+impl SendBody {
+    fn parse(p: &Protocol, body: &[u8]) -> Option<SendBody> {
+        let v: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
+        let allowed = |k: &str| k == "key" || k == p.party || k == "amount" || (p.currency && k == "currency");
+        if !v.keys().all(|k| allowed(k)) {
+            return None;
+        }
+        let currency = match p.currency {
+            true => Some(v.get("currency")?.as_str()?.to_owned()),
+            false => None,
+        };
+        Some(SendBody {
+            key: v.get("key")?.as_str()?.to_owned(),
+            destination: v.get(p.party)?.as_str()?.to_owned(),
+            amount: v.get("amount")?.as_i64()?,
+            currency,
+        })
+    }
 }
 
 /// What a send does, decided on arrival under the lock.
@@ -257,10 +357,12 @@ enum Fate {
 }
 
 async fn send(State(sim): State<Arc<Sim>>, _headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    let Ok(req) = serde_json::from_slice::<SendBody>(&body) else {
+    let Some(req) = SendBody::parse(sim.protocol, &body) else {
         let mut book = sim.book.lock().expect("sim lock");
         log(&mut book, "send", "", "bad_request", true);
-        return error(StatusCode::BAD_REQUEST, "BAD_REQUEST", "the body is {key, destination, amount}");
+        let shape =
+            if sim.protocol.currency { "{key, customer, amount, currency}" } else { "{key, destination, amount}" };
+        return error(StatusCode::BAD_REQUEST, "BAD_REQUEST", &format!("the body is {shape}"));
     };
     let down = sim.node_is_down();
     let lose = *sim.forced.lock().expect("sim lock") == Some(Forced::LoseAnswers);
@@ -304,17 +406,15 @@ impl Drop for InFlight {
 
 fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool, lose: bool) -> Fate {
     let key = req.key.as_str();
-    if key.is_empty() || req.amount <= 0 || req.destination.is_empty() {
+    let p = sim.protocol;
+    let least = i64::from(!p.zero);
+    if key.is_empty() || req.amount < least || req.destination.is_empty() {
         log(book, "send", key, "bad_request", true);
-        return Fate::Answer(error(
-            StatusCode::BAD_REQUEST,
-            "BAD_REQUEST",
-            "a key, a destination and a positive amount",
-        ));
+        return Fate::Answer(error(StatusCode::BAD_REQUEST, "BAD_REQUEST", "a key, a party and an amount"));
     }
     if down {
         log(book, "send", key, "node_down", true);
-        return Fate::Answer(error(StatusCode::SERVICE_UNAVAILABLE, "NODE_DOWN", "the node is down"));
+        return Fate::Answer(error(StatusCode::SERVICE_UNAVAILABLE, p.down, "the node is down"));
     }
     // A key already executed: the same txid, no money moves (provider-v1).
     if let Some((t, _)) = book.transfers.get_mut(key) {
@@ -322,7 +422,7 @@ fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool, lose: bool) ->
         t.sends_after_executed += 1;
         let txid = t.txid.clone();
         log(book, "send", key, "replayed", true);
-        return Fate::Answer((StatusCode::OK, axum::Json(serde_json::json!({ "txid": txid }))).into_response());
+        return Fate::Answer((StatusCode::OK, axum::Json(serde_json::json!({ p.id_field: txid }))).into_response());
     }
     let c = &sim.config;
     if unit(book.rng.next_u64()) < c.rate_limit {
@@ -331,11 +431,17 @@ fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool, lose: bool) ->
     }
     if !c.invalid_prefix.is_empty() && req.destination.starts_with(&c.invalid_prefix) {
         log(book, "send", key, "invalid_address", true);
-        return Fate::Answer(error(StatusCode::UNPROCESSABLE_ENTITY, "INVALID_ADDRESS", "no such destination"));
+        return Fate::Answer(error(StatusCode::UNPROCESSABLE_ENTITY, p.refused, "refused"));
+    }
+    if let Some(code) = p.no_means
+        && req.destination.starts_with(NO_MEANS_PREFIX)
+    {
+        log(book, "send", key, "no_means", true);
+        return Fate::Answer(error(StatusCode::UNPROCESSABLE_ENTITY, code, "no means of payment"));
     }
     if c.float.is_some_and(|f| book.paid.saturating_add(req.amount) > f) {
         log(book, "send", key, "insufficient", true);
-        return Fate::Answer(error(StatusCode::UNPROCESSABLE_ENTITY, "INSUFFICIENT", "the float cannot cover it"));
+        return Fate::Answer(error(StatusCode::UNPROCESSABLE_ENTITY, p.short, "the money cannot cover it"));
     }
     let roll = if lose { 0.0 } else { unit(book.rng.next_u64()) };
     let (execute, fate) = if lose || roll < c.lose_answer {
@@ -348,9 +454,10 @@ fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool, lose: bool) ->
     };
     let mut txid = None;
     if execute {
-        let id = format!("tx_{:016x}", book.rng.next_u64());
+        let id = format!("{}{:016x}", p.id_prefix, book.rng.next_u64());
+        let roll = unit(book.rng.next_u64());
         let returned =
-            (unit(book.rng.next_u64()) < c.returns).then(|| Instant::now() + Duration::from_millis(c.return_after_ms));
+            (p.returns && roll < c.returns).then(|| Instant::now() + Duration::from_millis(c.return_after_ms));
         book.paid += req.amount;
         book.transfers.insert(
             key.to_owned(),
@@ -360,6 +467,7 @@ fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool, lose: bool) ->
                     txid: id.clone(),
                     amount: req.amount,
                     destination: req.destination.clone(),
+                    currency: req.currency.clone(),
                     sends: 1,
                     sends_after_executed: 0,
                     returned: false,
@@ -371,8 +479,8 @@ fn decide(sim: &Sim, book: &mut Book, req: &SendBody, down: bool, lose: bool) ->
     }
     log(book, "send", key, fate, fate == "executed");
     let answer = || match &txid {
-        Some(id) => (StatusCode::OK, axum::Json(serde_json::json!({ "txid": id }))).into_response(),
-        None => error(StatusCode::SERVICE_UNAVAILABLE, "NODE_DOWN", "gave up"),
+        Some(id) => (StatusCode::OK, axum::Json(serde_json::json!({ p.id_field: id }))).into_response(),
+        None => error(StatusCode::SERVICE_UNAVAILABLE, p.down, "gave up"),
     };
     match fate {
         "cut" => Fate::Cut,
@@ -404,9 +512,10 @@ async fn request_log(State(sim): State<Arc<Sim>>) -> Response {
 }
 
 pub fn router(sim: Arc<Sim>) -> Router {
+    let collection = sim.protocol.collection;
     Router::new()
-        .route("/v1/transactions/{key}", axum::routing::get(lookup))
-        .route("/v1/transactions", axum::routing::post(send))
+        .route(&format!("/v1/{collection}/{{key}}"), axum::routing::get(lookup))
+        .route(&format!("/v1/{collection}"), axum::routing::post(send))
         .route("/v1/executed", axum::routing::get(executed))
         .route("/v1/log", axum::routing::get(request_log))
         .with_state(sim)
@@ -427,13 +536,18 @@ impl Running {
 
 /// Binds `listen` (port 0 picks one) and serves until the task is dropped or aborted.
 pub async fn start(listen: &str, config: SimConfig) -> std::io::Result<Running> {
+    start_speaking(listen, config, &PROVIDER_V1).await
+}
+
+/// `start`, speaking `protocol`.
+pub async fn start_speaking(listen: &str, config: SimConfig, protocol: &'static Protocol) -> std::io::Result<Running> {
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
-    let sim = Sim::new(config);
+    let sim = Sim::speaking(config, protocol);
     let app = router(sim.clone());
     let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "provider simulator stopped");
+            tracing::error!(error = %e, protocol = protocol.name, "provider simulator stopped");
         }
     });
     Ok(Running { addr, sim, task })

@@ -1,4 +1,4 @@
-//! `settle audit`: the ledger invariants L1–L8 of the spec, recomputed from the rows.
+//! `settle audit`: the ledger invariants L1–L9 of the spec, recomputed from the rows.
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
 use crate::db::{Db, args, columns};
@@ -83,6 +83,20 @@ columns! {
         account_id = "c.id", balance = "c.balance", alert_floor = "c.alert_floor", alert_ceiling = "c.alert_ceiling",
         alert_id = "a.alert_id", below = "a.below", side = "a.side",
     }
+}
+
+columns! {
+    /// A top-up with its job and its grant, for L9.
+    TopUpRow {
+        id = "t.job_id", account_id = "t.account_id", credits = "t.credits", open = "t.open",
+        provider_charge_id = "t.provider_charge_id", kind = "j.kind", state = "j.state",
+        job_account = "j.account_id", granted = "g.amount", grant_account = "g.account_id",
+    }
+}
+
+columns! {
+    /// A top-up job without its row, or a bought grant without its charge.
+    RowlessCol { id, account_id }
 }
 
 columns! {
@@ -535,6 +549,7 @@ impl<'p> Audit<'p> {
         (entries_checked, item_entries): Counted,
     ) -> Result<AuditReport, StoreError> {
         let (items_checked, joined_entries) = self.items_counted;
+        self.top_ups(db).await?;
         self.holds();
         // Entries of items that do not exist: only looked for when pass B met fewer than pass A counted.
         if joined_entries != item_entries {
@@ -777,6 +792,69 @@ impl<'p> Audit<'p> {
                 );
                 self.push(Invariant::L7, Some(&account), None, None, message);
             }
+        }
+        Ok(())
+    }
+
+    /// L9: each top-up against its job, its reservation and its grant; the open ones' credits are
+    /// part of what their accounts hold (L1's `held`).
+    async fn top_ups(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static ROWS: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM top_ups t LEFT JOIN jobs j ON j.id = t.job_id \
+                 LEFT JOIN grants g ON g.origin = 'top_up' AND g.source_id = t.job_id ORDER BY t.job_id",
+                TopUpRow::LIST
+            )
+        });
+        static ROWLESS: &str = "SELECT j.id AS id, j.account_id AS account_id FROM jobs j WHERE j.kind = 'top_up' \
+             AND NOT EXISTS (SELECT 1 FROM top_ups t WHERE t.job_id = j.id) \
+             UNION ALL SELECT g.source_id AS id, g.account_id AS account_id FROM grants g WHERE g.origin = 'top_up' \
+             AND NOT EXISTS (SELECT 1 FROM top_ups t WHERE t.job_id = g.source_id AND t.provider_charge_id IS NOT NULL)";
+        for r in &db.all(&ROWS, args![]).await? {
+            use TopUpRow as C;
+            let (id, account) = (r.text(C::id)?, r.text(C::account_id)?);
+            let credits = r.i64(C::credits)?;
+            let state = r.opt_text(C::state)?;
+            let charged = r.opt_text(C::provider_charge_id)?.is_some();
+            let mut problems = Vec::new();
+            if r.opt_text(C::kind)?.as_deref() != Some(settle_core::job::TOP_UP_KIND)
+                || r.opt_text(C::job_account)?.as_deref() != Some(account.as_str())
+            {
+                problems.push("its job is missing, of another kind or of another account".to_owned());
+            }
+            let in_flight = matches!(state.as_deref(), Some("queued" | "running" | "unknown" | "cancelling"));
+            let open = r.i64(C::open)? == 1;
+            if open != (in_flight && !charged) {
+                problems.push(format!(
+                    "open = {open} but its job is {} and its charge {}",
+                    state.as_deref().unwrap_or("missing"),
+                    if charged { "confirmed" } else { "not known" }
+                ));
+            }
+            if state.as_deref() == Some("succeeded") && !charged {
+                problems.push("succeeded without a confirmed charge".to_owned());
+            }
+            let granted = (r.opt_i64(C::granted)?, r.opt_text(C::grant_account)?);
+            match (charged, granted) {
+                (true, (Some(amount), Some(to))) if amount == credits && to == account => {}
+                (false, (None, _)) => {}
+                (true, (amount, _)) => {
+                    problems.push(format!("a confirmed charge of {credits} credits granted {amount:?}"))
+                }
+                (false, _) => problems.push("a grant without a confirmed charge".to_owned()),
+            }
+            if open && let Some(acc) = self.accounts.get_mut(&account) {
+                acc.held_cost += i128::from(credits);
+            }
+            for problem in problems {
+                self.push(Invariant::L9, Some(&account), Some(&id), None, format!("top-up {id}: {problem}"));
+            }
+        }
+        for r in &db.all(ROWLESS, args![]).await? {
+            use RowlessCol as C;
+            let (id, account) = (r.text(C::id)?, r.text(C::account_id)?);
+            let message = format!("{id}: a top-up job without its row, or a bought grant without its confirmed charge");
+            self.push(Invariant::L9, Some(&account), Some(&id), None, message);
         }
         Ok(())
     }

@@ -27,6 +27,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("signals", "id"),
     ("artifacts", "job_id, item_id, key"),
     ("withdrawals", "job_id"),
+    ("top_ups", "job_id"),
     ("allocations", "id"),
     ("ledger_entries", "seq"),
     ("events", "stamp, pos"),

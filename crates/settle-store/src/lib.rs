@@ -12,7 +12,7 @@
 //! - `ops`: every write, written once for both engines (guard, items, ledger, outbox), payouts and
 //!   webhook deliveries included; `ops::rows` decodes the rows both sides read.
 //! - `reads`: every read, by what it reads (accounts, jobs, events, payouts, webhooks, overview).
-//! - `audit`: the ledger invariants L1–L8 recomputed from the rows.
+//! - `audit`: the ledger invariants L1–L9 recomputed from the rows.
 //! - `identity`: whose database this is, checked before anything is written.
 //! - `db`: the thin layer that lets one piece of SQL run on either engine.
 //! - [`options`]: how a store is opened (`StoreOptions`, `Durability`).
@@ -42,4 +42,4 @@ pub use error::StoreError;
 pub use model::*;
 pub use ops::CrashHook;
 pub use sql_store::{Durability, SqlStore, StoreOptions};
-pub use store::{Operators, Payouts, Store, Webhooks};
+pub use store::{Funding, Operators, Payouts, Store, Webhooks};

@@ -590,6 +590,47 @@ pub struct Withdrawal {
     pub returned_at: Option<Timestamp>,
 }
 
+/// A top-up to create (`POST /v1/top-ups`, spec §4a): `credits` bought for `price` minor units of
+/// `currency`, charged to the funding provider's `customer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewTopUp {
+    pub id: JobId,
+    pub account_id: AccountId,
+    pub credits: Credits,
+    pub price: i64,
+    pub currency: settle_core::currency::Currency,
+    pub customer: settle_core::ids::Customer,
+}
+
+/// A top-up: its job (state, attempts, last error) and what the charge needs and learned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopUp {
+    pub job: Job,
+    pub credits: Credits,
+    pub price: i64,
+    pub currency: String,
+    pub customer: String,
+    /// Made once at creation; every attempt charges and looks up with it.
+    pub idempotency_key: String,
+    /// The provider's id of the charge, once confirmed.
+    pub provider_charge_id: Option<String>,
+    /// The grant the confirmed charge wrote (the top-up's own id), once written.
+    pub grant_id: Option<String>,
+    /// Made by the account's auto top-up rule rather than asked for.
+    pub rule: bool,
+}
+
+/// Which top-ups to list.
+#[derive(Debug, Clone, Default)]
+pub struct TopUpFilter {
+    pub state: Option<JobState>,
+    pub account_id: Option<AccountId>,
+    /// Only those whose job changed at or after this time (the late-charge re-check's window).
+    pub updated_since: Option<Timestamp>,
+    /// Only the accounts a scoped token may see (decision 0018).
+    pub scope: settle_core::scope::Scope,
+}
+
 /// A cancelling job's artifact cleanup that failed: the sweeper tries again at `retry_at`
 /// (a capped backoff), and an operator may finish the teardown without it (decision 0028 §6).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -810,6 +851,10 @@ settle_core::names! {
         /// An account is marked as having spend limits exactly when it has some, and each limit's
         /// recorded spend is what its period's ledger lines say.
         L8 = "L8",
+        /// Every top-up has its row and is open exactly while its charge is not known and it is
+        /// not finished (its credits reserved in `held`); every confirmed charge has exactly one
+        /// grant of its credits, and every bought grant a confirmed charge behind it.
+        L9 = "L9",
         /// A gap in the ledger's or the outbox's numbering.
         Seq = "SEQ",
     }
@@ -1037,7 +1082,10 @@ mod tests {
         }
         round_trip!(FailureState, DeliveryState, BreakerState, ActionKind, Invariant);
         // The audit's texts are on the wire (`GET /v1/audit`): exactly these.
-        assert_eq!(Invariant::ALL.map(Invariant::as_str), ["L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "SEQ"]);
+        assert_eq!(
+            Invariant::ALL.map(Invariant::as_str),
+            ["L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "SEQ"]
+        );
         for (old, new) in [("grant", ActionKind::AccountGrant), ("audit", ActionKind::LedgerAudit)] {
             assert_eq!(ActionKind::parse_stored(old), Some(new));
         }

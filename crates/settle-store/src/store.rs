@@ -13,6 +13,8 @@ pub trait Store: Send + Sync {
 
     /// Withdrawals: their creation, reads, and the payout processor's transitions.
     fn payouts(&self) -> &dyn Payouts;
+    /// The door to top-ups (the funding rail).
+    fn funding(&self) -> &dyn Funding;
     /// The door to webhook deliveries.
     fn webhooks(&self) -> &dyn Webhooks;
     /// The door to the console's reads.
@@ -341,4 +343,42 @@ pub trait Payouts: Send + Sync {
         source: ReturnSource,
         actor: &str,
     ) -> Result<Outcome<Withdrawal>, StoreError>;
+}
+
+/// Top-ups (spec §4a, docs/design/money-controls.md §4). Only the funding processor and its
+/// reconciler call the transitions; the worker protocol refuses top-ups.
+#[async_trait]
+pub trait Funding: Send + Sync {
+    /// Reserves the credits under the balance's bound (nothing is charged to the account) and makes
+    /// the idempotency key, once. Create-by-id: a replay answers the stored top-up.
+    async fn create_top_up(&self, req: NewTopUp) -> Result<Created<TopUp>, StoreError>;
+    async fn top_up(&self, id: &JobId) -> Result<TopUp, StoreError>;
+    async fn top_ups(&self, filter: &TopUpFilter, page: Page) -> Result<Paged<TopUp>, StoreError>;
+    /// Claims up to `limit` due top-ups (also those with a cancel request: the processor asks the
+    /// provider first), each with its kind's lease.
+    async fn claim_top_ups(
+        &self,
+        worker: &settle_core::ids::WorkerName,
+        limit: u32,
+    ) -> Result<Vec<ClaimedJob>, StoreError>;
+    /// Renews the lease just before a charge and, unless a cancel was requested, marks the attempt
+    /// as charging (committed before the request leaves). `lease_lost` for a stale token.
+    async fn top_up_heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError>;
+    /// The provider has the charge: success from any attempt, the grant and the charge id in one
+    /// transaction; a closed top-up's charge is granted as a late charge.
+    async fn top_up_succeeded(
+        &self,
+        job: &JobId,
+        token: Option<&LeaseToken>,
+        charge_id: &str,
+    ) -> Result<Outcome<TopUp>, StoreError>;
+    /// A definitive failure answer (or `LOOKUP_FAILED`: retried, never dead, a cancel kept).
+    async fn top_up_failed(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
+    /// No answer to a charge: `unknown`, never charged again blind.
+    async fn top_up_unknown(
+        &self,
+        job: &JobId,
+        token: &LeaseToken,
+        message: Option<&str>,
+    ) -> Result<Outcome<Job>, StoreError>;
 }

@@ -13,7 +13,10 @@
 //!   processor's own reconcile pass, which asks the provider (no provider: they stay unknown);
 //! - payout processor (`payouts`): withdrawals against the provider.
 
+pub mod funding;
+mod http;
 pub mod payouts;
+pub mod processor;
 pub mod webhooks;
 
 use async_trait::async_trait;

@@ -45,6 +45,7 @@ from .models import (
     GrantPage,
     LedgerPage,
     RefundReason,
+    TopUp,
     Withdrawal,
 )
 from .webhooks import SignatureError, sign, verify_webhook
@@ -68,6 +69,7 @@ __all__ = [
     "LimitList",
     "NewLimit",
     "SpendLimit",
+    "TopUp",
     "Applied",
     "Artifact",
     "Attempt",

@@ -33,6 +33,7 @@ from .models import (
     Job,
     LedgerEntry,
     LedgerPage,
+    TopUp,
     Withdrawal,
 )
 
@@ -223,6 +224,20 @@ class _ops:
     @staticmethod
     def withdrawal(id: str) -> _Req:
         return _Req("GET", f"/v1/withdrawals/{_seg(id)}")
+
+    @staticmethod
+    def create_top_up(id: str, account_id: str, credits: int, price: int, currency: str, customer: str) -> _Req:
+        body = {"id": id, "account_id": account_id, "credits": credits, "price": price, "currency": currency, "customer": customer}
+        return _Req("POST", "/v1/top-ups", body)
+
+    @staticmethod
+    def top_up(id: str) -> _Req:
+        return _Req("GET", f"/v1/top-ups/{_seg(id)}")
+
+    @staticmethod
+    def top_ups(account_id: str | None = None, state: str | None = None) -> _Req:
+        query = {k: v for k, v in (("account_id", account_id), ("state", state)) if v is not None}
+        return _Req("GET", "/v1/top-ups", params=query, then=lambda body: body["top_ups"])
 
     @staticmethod
     def failures() -> _Req:
@@ -426,6 +441,20 @@ class Client:
     def withdrawal(self, id: str) -> Withdrawal:
         return self._send(_ops.withdrawal(id))
 
+    # ----- top-ups -----
+    def create_top_up(self, id: str, account_id: str, credits: int, price: int, currency: str, customer: str) -> TopUp:
+        """Buys `credits` for `price` minor units of `currency`, charged to the funding provider's
+        `customer`. Nothing is charged to the account; the credits are granted when the charge is
+        confirmed. Idempotent by `id`."""
+        return self._send(_ops.create_top_up(id, account_id, credits, price, currency, customer))
+
+    def top_up(self, id: str) -> TopUp:
+        return self._send(_ops.top_up(id))
+
+    def top_ups(self, account_id: str | None = None, state: str | None = None) -> list[TopUp]:
+        """The first page of top-ups, in creation order."""
+        return self._send(_ops.top_ups(account_id, state))
+
     # ----- operations -----
     def failures(self) -> list[FailureCount]:
         """Jobs now dead, unknown or waiting to retry, by their last fail code and state."""
@@ -616,6 +645,16 @@ class AsyncClient:
 
     async def withdrawal(self, id: str) -> Withdrawal:
         return await self._send(_ops.withdrawal(id))
+
+    # ----- top-ups -----
+    async def create_top_up(self, id: str, account_id: str, credits: int, price: int, currency: str, customer: str) -> TopUp:
+        return await self._send(_ops.create_top_up(id, account_id, credits, price, currency, customer))
+
+    async def top_up(self, id: str) -> TopUp:
+        return await self._send(_ops.top_up(id))
+
+    async def top_ups(self, account_id: str | None = None, state: str | None = None) -> list[TopUp]:
+        return await self._send(_ops.top_ups(account_id, state))
 
     # ----- operations -----
     async def failures(self) -> list[FailureCount]:

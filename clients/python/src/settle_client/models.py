@@ -160,6 +160,17 @@ class Withdrawal(Job):
     provider_txid: str | None
 
 
+class TopUp(Job):
+    credits: int
+    price: int
+    currency: str
+    customer: str
+    idempotency_key: str
+    provider_charge_id: str | None
+    grant_id: str | None
+    rule: bool
+
+
 class Attempt(TypedDict):
     attempt_no: int
     worker: str

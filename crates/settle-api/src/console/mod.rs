@@ -24,8 +24,9 @@ use session::Session;
 use settle_core::Timestamp;
 use settle_core::ids::{AccountId, JobId, JobKind};
 use settle_core::job::JobState;
+use settle_core::job::Rail;
 use settle_core::ledger::EntryKind;
-use settle_store::{DeliveryFilter, JobFilter, Page, StoreError, WithdrawalFilter};
+use settle_store::{DeliveryFilter, JobFilter, Page, StoreError, TopUpFilter, WithdrawalFilter};
 
 pub use key::SessionKey;
 pub use query::{BULK_MAX, EntriesQuery, JobAction, JobsQuery};
@@ -55,6 +56,7 @@ pub fn router(state: AppState) -> Router {
         .route("/console/accounts", get(accounts))
         .route("/console/accounts/{id}", get(account))
         .route("/console/withdrawals", get(withdrawals))
+        .route("/console/top-ups", get(top_ups))
         .route("/console/webhooks", get(webhooks))
         .route("/console/webhooks/{endpoint}/{seq}/requeue", post(requeue_delivery))
         .route("/console/audit", post(audit))
@@ -396,6 +398,12 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
     } else {
         None
     };
+    // A top-up's: what it buys, from whom, and what the funding provider confirmed.
+    let top_up = if job.kind.as_str() == settle_core::job::TOP_UP_KIND {
+        Some(s.store.funding().top_up(&id).await.map_err(err)?)
+    } else {
+        None
+    };
     // A queued job that requires labels: has any worker shown them lately?
     let unmatched = if job.state == settle_core::job::JobState::Queued && !job.requires.is_empty() {
         let since = s.store.now().minus_seconds(pages::LABELS_SEEN_WINDOW_SECONDS);
@@ -405,7 +413,8 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
         false
     };
     // A queued job whose account is capped: how many of the account's jobs run against the cap.
-    let capped = if job.state == settle_core::job::JobState::Queued && job.kind != settle_core::job::WITHDRAWAL_KIND {
+    let reserved = settle_core::job::Rail::of(job.kind.as_str()).is_reserved();
+    let capped = if job.state == settle_core::job::JobState::Queued && !reserved {
         let account = s.store.account(&job.account_id).await.map_err(err)?;
         match account.max_running {
             Some(cap) => {
@@ -430,6 +439,7 @@ async fn job(State(s): State<AppState>, session: Session, Path(id): Path<String>
         history: &history,
         actions: &actions,
         withdrawal: withdrawal.as_ref(),
+        top_up: top_up.as_ref(),
         paid_by: &paid_by,
         unmatched,
         capped,
@@ -506,6 +516,13 @@ async fn accounts(State(s): State<AppState>, session: Session, Query(q): Query<A
         .map_err(err)?;
     let p = s.store.accounts(&session.actor.scope, after.as_ref(), PAGE_JOBS).await.map_err(|e| err(e.into()))?;
     Ok(page(StatusCode::OK, pages::accounts(&session, &p.rows, p.next_after.as_deref())))
+}
+
+async fn top_ups(State(s): State<AppState>, session: Session, Query(q): Query<AfterQuery>) -> PageResult {
+    let filter = TopUpFilter { scope: session.actor.scope.clone(), ..TopUpFilter::default() };
+    let page = Page { after: q.after.unwrap_or(0), limit: PAGE_JOBS };
+    let p = s.store.funding().top_ups(&filter, page).await.map_err(|e| error_page(Some(&session), e))?;
+    Ok(self::page(StatusCode::OK, pages::top_ups(&session, &p.rows, p.next_after)))
 }
 
 async fn withdrawals(State(s): State<AppState>, session: Session, Query(q): Query<AfterQuery>) -> PageResult {
@@ -671,7 +688,7 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
             ),
         ));
     }
-    let names_withdrawals = filter.kind.as_ref().is_some_and(|k| k.as_str() == settle_core::job::WITHDRAWAL_KIND);
+    let named = filter.kind.as_ref().map(|k| settle_core::job::Rail::of(k.as_str()));
     let (mut done, mut skipped, mut after, mut more) = (0u64, Vec::new(), 0i64, false);
     'pages: loop {
         let page = s.store.jobs(&filter, Page { after, limit: 200 }).await.map_err(err)?;
@@ -680,12 +697,25 @@ async fn bulk(State(s): State<AppState>, session: Session, ConsoleForm(f): Conso
                 more = true;
                 break 'pages;
             }
-            let is_withdrawal = job.kind == settle_core::job::WITHDRAWAL_KIND;
-            let passed_over = if is_withdrawal && action == JobAction::Requeue {
+            let rail = settle_core::job::Rail::of(job.kind.as_str());
+            let passed_over = match (rail, action) {
                 // Its hold was refunded when it died: a re-run is a new withdrawal with a new key.
-                Some("a dead withdrawal is never requeued (its hold was refunded): create a new withdrawal")
-            } else if is_withdrawal && !names_withdrawals {
-                Some("a withdrawal: act on withdrawals with a filter of kind withdrawal")
+                (Rail::Payout, JobAction::Requeue) => {
+                    Some("a dead withdrawal is never requeued (its hold was refunded): create a new withdrawal")
+                }
+                (Rail::Funding, JobAction::Requeue) => {
+                    Some("a dead top-up is never requeued (its card was declined or it gave up): create a new top-up")
+                }
+                (Rail::Payout, _) if named != Some(rail) => {
+                    Some("a withdrawal: act on withdrawals with a filter of kind withdrawal")
+                }
+                (Rail::Funding, _) if named != Some(rail) => {
+                    Some("a top-up: act on top-ups with a filter of kind top_up")
+                }
+                _ => None,
+            };
+            let passed_over = if passed_over.is_some() {
+                passed_over
             } else if action == JobAction::Cancel && job.cancel_requested {
                 Some("already asked to cancel; it stops at its next item boundary")
             } else {

@@ -71,6 +71,7 @@ pub fn layout(title: &str, session: Option<&Session>, body: Markup) -> Markup {
                             a href="/console/jobs?state=dead" { "Dead letters" }
                             a href="/console/accounts" { "Accounts" }
                             a href="/console/withdrawals" { "Withdrawals" }
+                            a href="/console/top-ups" { "Top-ups" }
                             // Deliveries carry every account's events: not for a scoped session.
                             @if s.actor.scope.is_all() {
                                 a href="/console/webhooks" { "Webhooks" }
@@ -207,7 +208,7 @@ pub fn overview(
             @if session.can_act() {
                 section class="card" {
                     h2 { "Audit" }
-                    p class="muted" { "Recompute L1–L8 from the stored rows (every balance, item, chain and event)." }
+                    p class="muted" { "Recompute L1–L9 from the stored rows (every balance, item, chain and event)." }
                     (action_button(session, "/console/audit", "Run settle audit", None, false))
                 }
             }
@@ -360,6 +361,8 @@ pub struct JobPage<'a> {
     pub actions: &'a [Action],
     /// The withdrawal's own facts, when the job is one.
     pub withdrawal: Option<&'a settle_store::Withdrawal>,
+    /// The top-up's own facts, when the job is one.
+    pub top_up: Option<&'a settle_store::TopUp>,
     /// Which grants paid for its items (docs/decisions/0023).
     pub paid_by: &'a [settle_store::Allocation],
     /// Queued, requiring labels no worker has claimed with in `LABELS_SEEN_WINDOW_SECONDS`.
@@ -404,6 +407,14 @@ pub fn job(session: &Session, p: &JobPage<'_>) -> Markup {
                     dt { "provider txid" } dd { @if let Some(t) = &w.provider_txid { code { (t) } } @else { span class="muted" { "not known yet" } } }
                     dt { "idempotency key" } dd { code { (w.idempotency_key) } }
                     @if let Some(t) = w.returned_at { dt { "returned" } dd { (time(t)) } }
+                }
+                @if let Some(t) = p.top_up {
+                    dt { "buys" } dd { (credits(t.credits.get())) " credits for " (t.price) " " (t.currency) " (minor units)" }
+                    dt { "customer" } dd { code { (t.customer) } }
+                    dt { "charge" } dd { @if let Some(c) = &t.provider_charge_id { code { (c) } } @else { span class="muted" { "not confirmed yet (nothing granted)" } } }
+                    dt { "grant" } dd { @if let Some(g) = &t.grant_id { code { (g) } } @else { span class="muted" { "none" } } }
+                    dt { "idempotency key" } dd { code { (t.idempotency_key) } }
+                    @if t.rule { dt { "made by" } dd { "the account's auto top-up rule" } }
                 }
                 @if j.items.iter().any(|i| i.hold.is_some()) {
                     dt { "held at create" } dd { (credits(j.cost.get())) " credits" }
@@ -942,7 +953,7 @@ pub fn audit(session: &Session, report: &settle_store::AuditReport) -> Markup {
         h1 { "Audit" }
         section class="card" {
             @if report.violations.is_empty() {
-                p class="ok" { strong { "Clean." } " L1–L8 hold: " (credits(report.accounts_checked as i64)) " accounts, "
+                p class="ok" { strong { "Clean." } " L1–L9 hold: " (credits(report.accounts_checked as i64)) " accounts, "
                     (credits(report.items_checked as i64)) " items, " (credits(report.entries_checked as i64)) " ledger entries checked." }
             } @else {
                 p class="error" { strong { (report.violations.len()) " violations." } }
@@ -1014,6 +1025,35 @@ pub fn withdrawals(session: &Session, rows: &[settle_store::Withdrawal], next: O
         @if let Some(after) = next { p { a class="button" href={ "/console/withdrawals?after=" (after) } { "Next page →" } } }
     };
     layout("Withdrawals", Some(session), body)
+}
+
+pub fn top_ups(session: &Session, rows: &[settle_store::TopUp], next: Option<i64>) -> Markup {
+    let body = html! {
+        h1 { "Top-ups" }
+        p class="muted" { "Credits bought through the funding provider. Only a confirmed charge grants them; each top-up's job page has its attempts and what the provider answered at each." }
+        div class="scroll" { table {
+            thead { tr { th { "top-up" } th { "state" } th { "account" } th class="num" { "credits" } th class="num" { "price" } th { "customer" } th { "charge" } th { "grant" } th { "last finding" } th { "updated" } } }
+            tbody {
+                @for t in rows {
+                    tr {
+                        td { a href={ "/console/jobs/" (t.job.id) } { (t.job.id) } }
+                        td { (state_badge(t.job.state)) }
+                        td { a href={ "/console/accounts/" (t.job.account_id) } { (t.job.account_id) } }
+                        td class="num" { (credits(t.credits.get())) }
+                        td class="num" { (t.price) " " (t.currency) }
+                        td { (t.customer) }
+                        td { code { (t.provider_charge_id.as_deref().unwrap_or("")) } }
+                        td { code { (t.grant_id.as_deref().unwrap_or("")) } }
+                        td { @if let Some(e) = &t.job.last_error { code { (e.code) } " " (e.message.as_deref().unwrap_or("")) } }
+                        td class="nowrap" { (time(t.job.updated_at)) }
+                    }
+                }
+                @if rows.is_empty() { tr { td colspan="10" class="muted" { "No top-ups." } } }
+            }
+        } }
+        @if let Some(after) = next { p { a class="button" href={ "/console/top-ups?after=" (after) } { "Next page →" } } }
+    };
+    layout("Top-ups", Some(session), body)
 }
 
 pub fn webhooks(session: &Session, summary: &WebhookSummary, dead: &[settle_store::Delivery]) -> Markup {

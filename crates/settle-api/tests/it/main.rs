@@ -19,4 +19,5 @@ mod metrics;
 mod openapi;
 mod roles;
 mod scopes;
+mod top_ups;
 mod withdrawals;

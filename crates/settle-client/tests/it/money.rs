@@ -3,7 +3,7 @@
 //! spend read back.
 
 use serde_json::json;
-use settle_client::{Client, ClientError, NewLimit};
+use settle_client::{Client, ClientError, NewLimit, NewTopUp};
 
 async fn money_controls(postgres: bool) {
     let served = crate::common::serve_on(postgres).await;
@@ -37,7 +37,48 @@ async fn money_controls(postgres: bool) {
         Err(ClientError::Api { status: 404, .. }) => {}
         other => panic!("{other:?}"),
     }
+    top_ups(&served, &c).await;
     drop(served);
+}
+
+/// A top-up bought through the SDK, charged by a funding processor against `settle funding-sim`:
+/// granted once the charge is confirmed; a declined card ends it without a grant.
+async fn top_ups(served: &crate::common::Served, c: &Client) {
+    use settle_worker::funding::{FundingProcessor, HttpFunding, HttpProviderConfig};
+    let config = settle_sim::SimConfig { invalid_prefix: "declined".into(), ..settle_sim::SimConfig::default() };
+    let sim = settle_sim::start_speaking("127.0.0.1:0", config, &settle_sim::FUNDING_V1).await.unwrap();
+    let funding = HttpFunding::new(&HttpProviderConfig {
+        url: sim.url(),
+        timeout: std::time::Duration::from_secs(5),
+        connect_timeout: std::time::Duration::from_secs(1),
+    })
+    .unwrap();
+    let worker = settle_core::ids::WorkerName::parse("funding").unwrap();
+    let processor =
+        FundingProcessor::new(served.store.clone(), std::sync::Arc::new(funding), worker, Default::default());
+    let buy = |id: &str, customer: &str| NewTopUp {
+        id: id.into(),
+        account_id: "a".into(),
+        credits: 500,
+        price: 499,
+        currency: "usd".into(),
+        customer: customer.into(),
+    };
+    let t = c.create_top_up(&buy("t1", "cus_a")).await.unwrap();
+    assert_eq!((t.state.as_str(), t.currency.as_str(), t.grant_id.as_deref()), ("queued", "USD", None));
+    assert_eq!(c.create_top_up(&buy("t1", "cus_a")).await.unwrap().idempotency_key, t.idempotency_key);
+    c.create_top_up(&buy("t2", "declined-a")).await.unwrap();
+    assert_eq!(processor.process_pass().await.unwrap().len(), 2);
+    let paid = c.top_up("t1").await.unwrap();
+    assert_eq!((paid.state.as_str(), paid.grant_id.as_deref()), ("succeeded", Some("t1")));
+    let declined = c.top_up("t2").await.unwrap();
+    assert_eq!((declined.state.as_str(), declined.grant_id), ("dead", None));
+    assert_eq!(declined.last_error.unwrap()["code"], "CARD_DECLINED");
+    match c.create_top_up(&NewTopUp { currency: "XXX".into(), ..buy("t3", "cus_a") }).await {
+        Err(ClientError::Api { status: 400, code, .. }) => assert_eq!(code, "invalid_request"),
+        other => panic!("{other:?}"),
+    }
+    sim.task.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

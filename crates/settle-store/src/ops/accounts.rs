@@ -210,7 +210,7 @@ pub(crate) fn grant_terms(
     if !(0..=100).contains(&priority) {
         return Err(StoreError::invalid("priority must be between 0 and 100"));
     }
-    Ok(Terms { priority, expires_at })
+    Ok(Terms { priority, expires_at, ..Terms::default() })
 }
 
 /// A grant or adjustment, created by its id.
@@ -218,6 +218,13 @@ pub(crate) async fn credit(db: &mut Db<'_>, cx: &Cx, c: &Credit<'_>) -> Result<C
     let Credit { kind, account, id, amount, reason, terms } = *c;
     debug_assert!(matches!(kind, EntryKind::Grant | EntryKind::Adjustment));
     let fp = credit_fingerprint(c);
+    if kind == EntryKind::Grant {
+        // One namespace with the top-ups, whose confirmed charges grant under their own ids.
+        super::top_ups::lock_grant_id(db, id).await?;
+        if super::top_ups::is_top_up(db, id).await? {
+            return Err(StoreError::IdTaken { what: "grant", id: id.to_owned() });
+        }
+    }
     if let Some(existing) = db.opt(&SELECT_CREDIT, args![kind.as_str(), id]).await? {
         if existing.blob(CreditCol::request_hash)? != fp {
             // Ids are unique across accounts: say so when the id is another account's.

@@ -36,16 +36,18 @@ pub(crate) enum Spend {
     CashOnly,
 }
 
-/// A grant's terms: its priority and when it expires (never, for `None`).
+/// A grant's terms: its priority, when it expires (never, for `None`), and where a `grant` line's
+/// credit comes from (given by an admin, or bought: a top-up's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Terms {
     pub priority: i64,
     pub expires_at: Option<Timestamp>,
+    pub origin: GrantOrigin,
 }
 
 impl Default for Terms {
     fn default() -> Terms {
-        Terms { priority: PRIORITY_DEFAULT, expires_at: None }
+        Terms { priority: PRIORITY_DEFAULT, expires_at: None, origin: GrantOrigin::Grant }
     }
 }
 
@@ -260,7 +262,7 @@ pub(crate) async fn account_for(
             EntryKind::Charge | EntryKind::Reclaim => takes.push((line, account_seq)),
             EntryKind::Adjustment if amount < 0 => takes.push((line, account_seq)),
             EntryKind::Refund | EntryKind::Release | EntryKind::PayoutReturn => returns.push(line),
-            EntryKind::Grant => open(db, cx, books, GrantOrigin::Grant, line, account_seq, terms).await?,
+            EntryKind::Grant => open(db, cx, books, terms.origin, line, account_seq, terms).await?,
             EntryKind::Adjustment => {
                 open(db, cx, books, GrantOrigin::Adjustment, line, account_seq, Terms::default()).await?
             }
@@ -708,19 +710,21 @@ mod plan_tests {
             include_str!("../../migrations/postgres/0017_grants.sql"),
             include_str!("../../migrations/sqlite/0017_grants.sql"),
         ] {
-            assert!(sql.contains(&format!("origin IN ({})", quoted(&origins))), "grant origins: {origins:?}");
             assert!(sql.contains(&format!("kind IN ({})", quoted(&kinds))), "allocation kinds: {kinds:?}");
         }
         // Migration 0026: PostgreSQL's CHECKs became domains; SQLite's, comparisons joined by OR.
+        // 0031 widened the origins by `top_up`.
         let domains = include_str!("../../migrations/postgres/0026_domains.sql");
-        assert!(domains.contains(&format!("VALUE IN ({})", quoted(&origins))), "grant origins: {origins:?}");
         assert!(domains.contains(&format!("VALUE IN ({})", quoted(&kinds))), "allocation kinds: {kinds:?}");
+        let top_ups = include_str!("../../migrations/postgres/0031_top_ups.sql");
+        assert!(top_ups.contains(&format!("VALUE IN ({})", quoted(&origins))), "grant origins: {origins:?}");
         let either = |column: &str, names: &[&str]| {
             names.iter().map(|n| format!("{column} = ''{n}''")).collect::<Vec<_>>().join(" OR ")
         };
         let compared = include_str!("../../migrations/sqlite/0026_domains.sql");
-        assert!(compared.contains(&either("origin", &origins)), "grant origins: {origins:?}");
         assert!(compared.contains(&either("kind", &kinds)), "allocation kinds: {kinds:?}");
+        let widened = include_str!("../../migrations/sqlite/0031_top_ups.sql");
+        assert!(widened.contains(&either("origin", &origins)), "grant origins: {origins:?}");
     }
 
     /// The SQLite writer runs with the query planner stability guarantee (engine/sqlite.rs), under

@@ -135,7 +135,7 @@ pub(crate) async fn create_job(db: &mut Db<'_>, cx: &Cx, job: &ValidJob) -> Resu
             }
             planned => planned?,
         },
-        Engine::Sqlite => insert_job(db, cx, job, &fp, BalanceCheck::Overdraft).await?,
+        Engine::Sqlite => insert_job(db, cx, job, &fp, Pay::Overdraft).await?,
     };
     if job.not_before <= cx.now {
         // Lined at once: this process's claims know the line without reading the list again.
@@ -184,24 +184,35 @@ async fn replay(
     Ok(Some(Ok(Created { value: attach(db, cx, existing).await?, replayed: true })))
 }
 
+/// How a new job's charges are paid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pay {
+    /// Work: the balance and the overdraft.
+    Overdraft,
+    /// A withdrawal: the balance alone, never the overdraft (spec §1).
+    Cash,
+    /// A top-up: it charges nothing, and reserves its credits in `held` under the balance's bound,
+    /// so the grant its confirmed charge writes can never be refused (money-controls.md §11.4).
+    Reserve(i64),
+}
+
 /// Inserts a new job (its id known to be free): the job row, its items `charged`, one charge per
-/// item under `check` — the overdraft guard for work, the non-negative guard for a withdrawal
-/// (`insufficient_credits` aborts the whole transaction) — and `job.queued`. Returns the job as
-/// written, built from the request (debug builds check it against a re-read).
+/// item paid as `pay` says (`insufficient_credits` aborts the whole transaction), and `job.queued`.
+/// Returns the job as written, built from the request (debug builds check it against a re-read).
 pub(crate) async fn insert_job(
     db: &mut Db<'_>,
     cx: &Cx,
     job: &ValidJob,
     fp: &[u8; 32],
-    check: BalanceCheck,
+    pay: Pay,
 ) -> Result<Job, StoreError> {
-    debug_assert!(matches!(check, BalanceCheck::Overdraft | BalanceCheck::Cash), "a job's charges are debits");
+    debug_assert!(!matches!(pay, Pay::Reserve(_)) || job.total.get() == 0, "a top-up charges nothing");
     let terms = Terms::of(cx, job);
     // The job row is written before its charge: the spend limits are checked first.
     super::spend_limits::check_first(db, cx, job.req.account_id.as_str(), job.req.kind.as_str(), job.total.get())
         .await?;
     insert_rows(db, cx, job, fp, &terms).await?;
-    charge_items(db, cx, job, check).await?;
+    charge_items(db, cx, job, pay).await?;
     cx.point(CrashPoint::AfterLedger)?;
     queued(db, cx, job).await?;
     cx.point(CrashPoint::AfterOutbox)?;
@@ -374,10 +385,16 @@ async fn insert_rows(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 32], te
 }
 
 /// One charge per item under `check`; every charged item is held until it is decided.
-async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, check: BalanceCheck) -> Result<(), StoreError> {
+async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, pay: Pay) -> Result<(), StoreError> {
     let lines = charge_lines(job)?;
     let req = &job.req;
-    let holds = Holds { held: job.total.get(), exposure: 0 };
+    let (check, reserved) = match pay {
+        Pay::Overdraft => (BalanceCheck::Overdraft, 0),
+        Pay::Cash => (BalanceCheck::Cash, 0),
+        Pay::Reserve(credits) => (BalanceCheck::Bounded, credits),
+    };
+    let held = job.total.get().checked_add(reserved).ok_or(StoreError::Overflow)?;
+    let holds = Holds { held, exposure: 0 };
     // A withdrawal being made draws only on credit that never expires, and is refused otherwise.
     let spend = if check == BalanceCheck::Cash { Spend::CashOnly } else { Spend::Any };
     let kind = Some(req.kind.as_str());

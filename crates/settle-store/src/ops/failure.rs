@@ -137,6 +137,9 @@ pub(crate) async fn apply_failure(
     let data = serde_json::json!({ "code": code.as_str(), "message": message, "attempt": job.attempt, "not_before": not_before });
     let event = if state == JobState::Queued { EventKind::JobRetryScheduled } else { EventKind::JobDead };
     emit(db, cx, event, Some(&job.id), &job.account_id, data).await?;
+    if state == JobState::Dead {
+        super::top_up_close::closed(db, cx, job, code.as_str()).await?;
+    }
     cx.point(CrashPoint::AfterOutbox)?;
     Ok(After::Nothing)
 }

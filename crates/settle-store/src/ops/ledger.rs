@@ -93,11 +93,13 @@ static DEBIT_CASH: LazyLock<String> = LazyLock::new(|| {
     )
 });
 // Credits (grants, positive adjustments) keep `balance + held ≤ BALANCE_MAX`: the balance after every
-// refund and return still possible stays inside i64 (docs/decisions/0003).
+// refund and return still possible stays inside i64 (docs/decisions/0003). `held` may move with
+// them (a top-up reserves its credits, its grant turns the reservation into balance): the bound is
+// on both after the posting.
 static CREDIT_BOUNDED: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE accounts SET balance = balance + $2, held = held + $4, exposure = exposure + $5, last_account_seq = last_account_seq + $6 \
-         WHERE id = $1 AND balance + held <= $3 - $2 AND next_expiry > $7 RETURNING {}",
+         WHERE id = $1 AND balance + held <= ($3 - $2) - $4 AND next_expiry > $7 RETURNING {}",
         BalanceCol::LIST
     )
 });

@@ -57,6 +57,8 @@ mod signals;
 pub(crate) mod spend_limits;
 mod success;
 mod teardown;
+mod top_up_close;
+pub(crate) mod top_ups;
 mod unknown;
 pub(crate) mod webhooks;
 

@@ -70,7 +70,7 @@ pub(crate) async fn create_withdrawal(
         requires: Default::default(),
     };
     // Cash leaves: drawn on the balance alone, never the overdraft (spec §1).
-    super::insert_job(db, cx, &super::validate_job(new_job)?, &fp, super::BalanceCheck::Cash).await?;
+    super::insert_job(db, cx, &super::validate_job(new_job)?, &fp, super::Pay::Cash).await?;
     // Made once, here; every attempt of this withdrawal sends and looks up with it.
     let key = format!("wd_{}", cx.token().simple());
     // The cash rule's figures as the withdrawal leaves them, read apart from the guard that

@@ -25,6 +25,14 @@ pub(crate) async fn post(db: &mut Db<'_>, cx: &Cx, posting: Posting<'_>, spend: 
     post_with(db, cx, &posting, side, Write::WithTheTransaction).await.map(|_| ())
 }
 
+/// A top-up's grant (origin `top_up`, never expiring): `post`, with the grant line's terms, queued
+/// with the transaction as every posting of a job's transition is (docs/design/money-controls.md §4).
+pub(crate) async fn post_bought(db: &mut Db<'_>, cx: &Cx, posting: Posting<'_>) -> Result<(), StoreError> {
+    let terms = Terms { origin: settle_core::ledger::GrantOrigin::TopUp, ..Terms::default() };
+    let side = Side { terms, spend: Spend::Any };
+    post_with(db, cx, &posting, side, Write::WithTheTransaction).await.map(|_| ())
+}
+
 /// The grants' side of a posting: a grant line's terms, which grants its debits take from.
 #[derive(Debug, Clone, Copy)]
 struct Side {

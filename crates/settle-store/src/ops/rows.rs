@@ -424,6 +424,7 @@ pub(crate) enum Caller {
 
 impl Caller {
     pub(crate) const PAYOUTS: Caller = Caller::Processor(Rail::Payout);
+    pub(crate) const FUNDING: Caller = Caller::Processor(Rail::Funding);
 
     fn rail(self) -> Rail {
         match self {

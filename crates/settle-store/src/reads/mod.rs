@@ -15,6 +15,7 @@ pub(crate) mod filter;
 mod jobs;
 mod overview;
 pub(crate) mod payouts;
+pub(crate) mod top_ups;
 pub(crate) mod webhooks;
 
 pub(crate) use accounts::*;

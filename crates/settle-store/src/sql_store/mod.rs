@@ -45,6 +45,7 @@ macro_rules! op {
 }
 
 // After `op!`, which they use.
+mod funding;
 mod payouts;
 mod route;
 mod store;

@@ -52,22 +52,7 @@ impl Payouts for SqlStore {
         if limit == 0 || limit > limits::CLAIM_LIMIT_MAX {
             return Err(StoreError::invalid(format!("limit must be between 1 and {}", limits::CLAIM_LIMIT_MAX)));
         }
-        let req = ClaimRequest {
-            worker: worker.clone(),
-            kinds: Vec::new(),
-            labels: Default::default(),
-            limit,
-            lease_seconds: None,
-        };
-        let out = self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, Caller::PAYOUTS).await)).await?;
-        if !out.is_empty() {
-            self.events_appended();
-        }
-        for c in &out {
-            self.remember_job(c.job.id.as_str(), c.job.account_id.as_str());
-        }
-        self.crash_point(CrashPoint::AfterCommit)?;
-        Ok(out)
+        self.claim_as(worker, limit, Caller::PAYOUTS).await
     }
 
     async fn payout_heartbeat(&self, job: &JobId, token: &LeaseToken) -> Result<Heartbeat, StoreError> {
@@ -152,6 +137,31 @@ impl Payouts for SqlStore {
 }
 
 impl SqlStore {
+    /// A rail's processor's claim: its due jobs, first due first, each with its kind's lease.
+    pub(super) async fn claim_as(
+        &self,
+        worker: &settle_core::ids::WorkerName,
+        limit: u32,
+        caller: Caller,
+    ) -> Result<Vec<ClaimedJob>, StoreError> {
+        let req = ClaimRequest {
+            worker: worker.clone(),
+            kinds: Vec::new(),
+            labels: Default::default(),
+            limit,
+            lease_seconds: None,
+        };
+        let out = self.write_quiet(op!([req] | db, cx | ops::claim(db, cx, &req, caller).await)).await?;
+        if !out.is_empty() {
+            self.events_appended();
+        }
+        for c in &out {
+            self.remember_job(c.job.id.as_str(), c.job.account_id.as_str());
+        }
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
     /// After a withdrawal's committed transition: what it left to do (a teardown begun by a cancel
     /// that won), then the withdrawal as it is now.
     async fn finish_withdrawal(

@@ -28,6 +28,10 @@ impl Store for SqlStore {
         self
     }
 
+    fn funding(&self) -> &dyn crate::store::Funding {
+        self
+    }
+
     fn webhooks(&self) -> &dyn Webhooks {
         self
     }

@@ -50,6 +50,13 @@ enum Step {
     /// A grant with a priority and an expiry `secs` from now (docs/decisions/0023), and the expiry pass.
     GrantTerms(&'static str, i64, i64, u64),
     ExpirePass,
+    /// Top-ups (issue 45): a create reserving its credits, the funding processor's claim, its
+    /// charging mark, a confirmed charge (granted) and a decline (the reservation given back).
+    TopUp(&'static str, i64),
+    FundingClaim,
+    FundingHeartbeat(&'static str),
+    Charged(&'static str, bool),
+    Declined(&'static str),
 }
 
 #[allow(non_upper_case_globals)]
@@ -137,6 +144,16 @@ fn scenario() -> Vec<Step> {
         Release("r1"),
         Claim(10),
         Succeed("r1", true),
+        // Top-ups: one charged (its grant crosses the alerts back up and counts in no limit), one
+        // declined, one cancelled while queued.
+        TopUp("t1", 300),
+        TopUp("t2", 50),
+        FundingClaim,
+        FundingHeartbeat("t1"),
+        Charged("t1", true),
+        Declined("t2"),
+        TopUp("t3", 20),
+        Cancel("t3"),
     ]
 }
 
@@ -277,6 +294,33 @@ impl Runner<'_> {
                 s.grant(&acc("a"), g, settle_store::SYSTEM_ACTOR).await.map(drop)
             }
             Step::ExpirePass => s.expire_grants(100).await.map(drop),
+            Step::TopUp(id, credits) => {
+                let req = NewTopUp {
+                    id: jid(id),
+                    account_id: acc("a"),
+                    credits: Credits::new(*credits),
+                    price: 100,
+                    currency: settle_core::currency::Currency::parse("EUR").unwrap(),
+                    customer: settle_core::ids::Customer::parse("cus_a").unwrap(),
+                };
+                s.funding().create_top_up(req).await.map(drop)
+            }
+            Step::FundingClaim => {
+                let worker = settle_core::ids::WorkerName::parse("funding").unwrap();
+                for c in s.funding().claim_top_ups(&worker, 10).await? {
+                    self.tokens.insert(c.job.id.into(), c.lease_token);
+                }
+                Ok(())
+            }
+            Step::FundingHeartbeat(j) => s.funding().top_up_heartbeat(&jid(j), &self.tokens[*j]).await.map(drop),
+            Step::Charged(j, with_token) => {
+                let token = with_token.then(|| &self.tokens[*j]);
+                s.funding().top_up_succeeded(&jid(j), token, &format!("ch_{j}")).await.map(drop)
+            }
+            Step::Declined(j) => {
+                let signal = FailSignal { retryable: Some(false), ..fail_sig(&self.tokens[*j], "CARD_DECLINED") };
+                s.funding().top_up_failed(&jid(j), signal).await.map(drop)
+            }
         }
     }
 }
@@ -418,7 +462,7 @@ async fn every_step_and_crash_point_converges(engine: EngineKind, shard: usize, 
         for &point in points {
             // A claim whose answer is lost after its commit cannot be re-sent to the same effect:
             // the lease expires and the rescuer requeues the job (tested in the conformance suite).
-            if matches!(steps[i], Step::Claim(_)) && point == CrashPoint::AfterCommit {
+            if matches!(steps[i], Step::Claim(_) | Step::FundingClaim) && point == CrashPoint::AfterCommit {
                 continue;
             }
             covered.insert(point);

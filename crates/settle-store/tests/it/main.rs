@@ -21,5 +21,6 @@ mod race;
 mod release;
 mod schema;
 mod tamper;
+mod top_ups;
 mod upgrade;
 mod withdrawals;

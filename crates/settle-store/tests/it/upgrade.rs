@@ -636,9 +636,27 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
     from_before_migration_25(EngineKind::Postgres).await;
 }
 
-/// Back to before migration 0026 — and so first before 0030, 0029, 0028 and 0027 (their columns,
-/// tables and indexes gone).
+/// Back to before migration 0031: no top-ups, grant origins without `top_up`.
+fn undo_31(k: &Kit) -> &'static str {
+    if k.is_sqlite() {
+        "DROP TABLE top_ups; PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, \
+         'CHECK (origin = ''grant'' OR origin = ''adjustment'' OR origin = ''opening'' OR origin = ''top_up'')', \
+         'CHECK (origin = ''grant'' OR origin = ''adjustment'' OR origin = ''opening'')') \
+         WHERE type = 'table' AND name = 'grants'; PRAGMA writable_schema = OFF; \
+         CREATE TABLE settle_schema_reread (x INTEGER); DROP TABLE settle_schema_reread; \
+         DELETE FROM _sqlx_migrations WHERE version = 31;"
+    } else {
+        "DROP TABLE top_ups; ALTER DOMAIN grant_origin DROP CONSTRAINT grant_origin_check; \
+         ALTER DOMAIN grant_origin ADD CONSTRAINT grant_origin_check \
+         CHECK (VALUE IN ('grant', 'adjustment', 'opening')) NOT VALID; \
+         DELETE FROM _sqlx_migrations WHERE version = 31;"
+    }
+}
+
+/// Back to before migration 0026 — and so first before 0031, 0030, 0029, 0028 and 0027 (their
+/// columns, tables and indexes gone).
 fn undo_26(k: &Kit) -> String {
+    let undo_31 = undo_31(k);
     let undo_30 = "DROP TABLE spend_limit_kinds; DROP TABLE spend_limits; ALTER TABLE accounts DROP COLUMN spend_limited; \
                    DELETE FROM _sqlx_migrations WHERE version = 30;";
     let undo_29 = "DROP TABLE account_alerts; ALTER TABLE accounts DROP COLUMN alert_floor; \
@@ -652,9 +670,9 @@ fn undo_26(k: &Kit) -> String {
                    ALTER TABLE jobs DROP COLUMN turn; ALTER TABLE jobs DROP COLUMN requires; \
                    ALTER TABLE jobs DROP COLUMN priority; DELETE FROM _sqlx_migrations WHERE version = 27;";
     if k.is_sqlite() {
-        format!("{undo_30} {undo_29} {undo_28} {undo_27} {}", undo_26_sqlite())
+        format!("{undo_31} {undo_30} {undo_29} {undo_28} {undo_27} {}", undo_26_sqlite())
     } else {
-        format!("{undo_30} {undo_29} {undo_28} {undo_27} DROP DOMAIN job_priority; {UNDO_26}")
+        format!("{undo_31} {undo_30} {undo_29} {undo_28} {undo_27} DROP DOMAIN job_priority; {UNDO_26}")
     }
 }
 

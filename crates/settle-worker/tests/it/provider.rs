@@ -69,8 +69,8 @@ async fn stub() -> String {
 #[tokio::test]
 async fn lookups_count_only_protocol_answers() {
     let p = adapter(stub().await, 2_000);
-    assert_eq!(p.lookup("found").await, Lookup::Found { txid: "t3".into(), returned: false });
-    assert_eq!(p.lookup("returned").await, Lookup::Found { txid: "t2".into(), returned: true });
+    assert_eq!(p.lookup("found").await, Lookup::Found { id: "t3".into(), returned: false });
+    assert_eq!(p.lookup("returned").await, Lookup::Found { id: "t2".into(), returned: true });
     assert_eq!(p.lookup("json-404").await, Lookup::Absent);
     assert_eq!(p.lookup("empty-404").await, Lookup::Absent);
     for key in ["html-404", "garbage", "no-txid", "odd-status", "limited", "bare-500", "huge", "redirect", "teapot"] {
@@ -81,7 +81,7 @@ async fn lookups_count_only_protocol_answers() {
 #[tokio::test]
 async fn sends_are_definitive_only_for_protocol_codes() {
     let p = adapter(stub().await, 2_000);
-    assert_eq!(p.send("found", "d", 1).await, Sent::Executed { txid: "t3".into() });
+    assert_eq!(p.send("found", "d", 1).await, Sent::Executed { id: "t3".into() });
     match p.send("invalid", "d", 1).await {
         Sent::Refused { code, retry_after_ms: None, .. } => assert_eq!(code.as_str(), "INVALID_ADDRESS"),
         other => panic!("{other:?}"),
@@ -121,10 +121,10 @@ async fn the_simulator_pays_each_key_once_and_misbehaves_on_demand() {
     let sim = settle_sim::start("127.0.0.1:0", SimConfig { float: Some(100), ..SimConfig::default() }).await.unwrap();
     let p = adapter(sim.url(), 2_000);
     assert_eq!(p.lookup("a").await, Lookup::Absent);
-    let Sent::Executed { txid } = p.send("a", "dest-a", 60).await else { panic!("not executed") };
+    let Sent::Executed { id: txid } = p.send("a", "dest-a", 60).await else { panic!("not executed") };
     // the same key again: the same txid, no money moves
-    assert_eq!(p.send("a", "dest-a", 60).await, Sent::Executed { txid: txid.clone() });
-    assert_eq!(p.lookup("a").await, Lookup::Found { txid: txid.clone(), returned: false });
+    assert_eq!(p.send("a", "dest-a", 60).await, Sent::Executed { id: txid.clone() });
+    assert_eq!(p.lookup("a").await, Lookup::Found { id: txid.clone(), returned: false });
     match p.send("b", "dest-b", 60).await {
         Sent::Refused { code, .. } => assert_eq!(code.as_str(), "INSUFFICIENT", "the float is 100"),
         other => panic!("{other:?}"),
@@ -143,7 +143,7 @@ async fn the_simulator_pays_each_key_once_and_misbehaves_on_demand() {
     sim.sim.force(None);
     assert!(matches!(p.lookup("e").await, Lookup::Found { .. }), "the cut send was executed");
     assert!(sim.sim.return_transfer("a"));
-    assert_eq!(p.lookup("a").await, Lookup::Found { txid, returned: true });
+    assert_eq!(p.lookup("a").await, Lookup::Found { id: txid, returned: true });
     let executed = sim.sim.executed();
     assert_eq!(executed.total_paid, 61);
     let a = executed.transfers.iter().find(|t| t.key == "a").unwrap();
