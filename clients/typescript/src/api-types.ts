@@ -364,6 +364,35 @@ export interface CreateJob {
   requires?: Array<string> | null;
 }
 
+export interface CreateTopUp {
+  /**
+   * The account the credits go to.
+   */
+  account_id: string;
+  /**
+   * Credits bought: 1 to 2^53.
+   */
+  credits: number;
+  /**
+   * An ISO 4217 code (either case; answered in capitals).
+   */
+  currency: string;
+  /**
+   * Who the funding provider charges: 1-256 printable ASCII characters, not starting or ending with a space.
+   */
+  customer: string;
+  /**
+   * The top-up's id, chosen by the client: 1-128 characters of `[A-Za-z0-9_.:-]`, not `.` or `..`.
+   * Makes the request idempotent; the credits, once paid, are granted under this id.
+   */
+  id: string;
+  /**
+   * What the customer pays, in minor units of `currency`: 0 to 2^53 (0 only with the admin role:
+   * a free top-up gives credit away).
+   */
+  price: number;
+}
+
 export interface CreateWithdrawal {
   /**
    * The account paying out.
@@ -1024,6 +1053,56 @@ export interface Succeed {
    * Any JSON the job produced, kept with the job.
    */
   result?: unknown;
+}
+
+/**
+ * A top-up: its job (kind `top_up`, `refund_on = final_failure`, nothing charged to the account)
+ * and the charge's own fields.
+ */
+export type TopUp = Job & {
+  /**
+   * Credits bought; granted once the charge is confirmed.
+   */
+  credits: number;
+  /**
+   * The ISO 4217 code of the price, in capitals.
+   */
+  currency: string;
+  /**
+   * Who the funding provider charges.
+   */
+  customer: string;
+  /**
+   * The grant the confirmed charge wrote (the top-up's id), once written.
+   */
+  grant_id?: string | null;
+  /**
+   * Made once at creation; every attempt looks up and charges with it.
+   */
+  idempotency_key: string;
+  /**
+   * In minor units of `currency`.
+   */
+  price: number;
+  /**
+   * The funding provider's id of the charge, once confirmed.
+   */
+  provider_charge_id?: string | null;
+  /**
+   * Made by the account's auto top-up rule.
+   */
+  rule: boolean;
+};
+
+export interface TopUpPage {
+  /**
+   * Pass as `after` for the next page; null at the end.
+   */
+  next_after?: number | null;
+  /**
+   * Top-ups in creation order.
+   */
+  top_ups: Array<TopUp>;
 }
 
 export interface Unknown {
