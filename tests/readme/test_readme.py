@@ -74,6 +74,7 @@ CLAIMS: dict[str, tuple[str, Callable[[str], bool]]] = {
     "payouts_serve": ("sh", lambda t: "provider-sim" in t),
     "payouts_session": ("sh", lambda t: "/v1/withdrawals -H" in t),
     "top_ups_session": ("sh", lambda t: "/v1/top-ups -H" in t),
+    "auto_top_up_session": ("sh", lambda t: "/auto-top-up -H" in t),
     "python_worker": ("python", lambda t: "Worker(" in t),
     "python_webhook": ("python", lambda t: "HTTPServer" in t),
     "ts_charge": ("ts", lambda t: "createJob" in t),
@@ -349,6 +350,17 @@ def test_first_session_then_payouts(env: Env) -> None:
         charges = http("GET", funding + "/v1/executed")[1]["transfers"]
         assert [(t["key"], t["sends_after_executed"]) for t in charges] == [(paid["idempotency_key"], 0)]
         assert http("GET", env.s + "/v1/accounts/alice")[1]["balance"] == 535  # 35 + the 500 bought
+        run_sh(env, setup + block("auto_top_up_session"))
+
+        # The rule bought once when render-9 took the balance from 535 under 500: 435 + 500.
+        def ruled() -> dict | None:
+            ts = [t for t in http("GET", f"{env.s}/v1/top-ups?account_id=alice")[1]["top_ups"] if t["rule"]]
+            return ts[0] if len(ts) == 1 and ts[0]["state"] == "succeeded" else None
+
+        rule_top_up = poll(ruled, 120, "the rule's top-up never settled")
+        assert rule_top_up["credits"] == 500, rule_top_up
+        assert http("GET", env.s + "/v1/accounts/alice")[1]["balance"] == 935  # 35 + 500 − 100 + 500
+        assert http("GET", env.s + "/v1/accounts/alice/auto-top-up")[1]["credits_this_month"] == 500
         assert http("GET", env.s + "/v1/audit")[1]["ok"] is True
 
 

@@ -334,6 +334,25 @@ def test_a_top_up_is_granted_once_its_charge_is_confirmed(admin):
     assert bad.value.code == "invalid_request"
 
 
+def test_an_auto_top_up_rule_buys_when_a_charge_crosses_it(admin):
+    """Issue 45: the rule buys when a posting takes the balance under `below`, once per crossing;
+    a rule whose top-up is declined pauses instead of charging again."""
+    account(admin, "ruled", 1000)
+    rule = admin.set_auto_top_up("ruled", 500, 1000, 999, "usd", "cus_ruled", 5000)
+    assert (rule["state"], rule["currency"], rule["credits_this_month"]) == ("active", "USD", 0)
+    admin.create_job("ruled-1", "ruled", "render", cost=600)
+    deadline = time.time() + 20
+    while time.time() < deadline and admin.account("ruled")["balance"] != 1400:
+        time.sleep(0.1)
+    assert admin.account("ruled")["balance"] == 1400
+    assert [t["rule"] for t in admin.top_ups(account_id="ruled")] == [True]
+    assert admin.auto_top_up("ruled")["credits_this_month"] == 1000
+    admin.delete_auto_top_up("ruled")
+    with pytest.raises(SettleError) as gone:
+        admin.auto_top_up("ruled")
+    assert gone.value.status == 404
+
+
 def test_a_trial_grant_is_spent_first_and_listed(admin):
     admin.create_account("trialp")
     admin.grant("trialp", "pack-trialp", 100)

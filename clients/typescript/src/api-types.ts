@@ -200,6 +200,48 @@ export interface Audit {
   violations: Array<Violation>;
 }
 
+/**
+ * An account's auto top-up rule.
+ */
+export interface AutoTopUp {
+  /**
+   * The threshold a posting crosses downward to buy.
+   */
+  below: number;
+  /**
+   * Credits each top-up buys.
+   */
+  credits: number;
+  /**
+   * What its top-ups made this month are buying or bought.
+   */
+  credits_this_month: number;
+  /**
+   * The ISO 4217 code of the price.
+   */
+  currency: string;
+  /**
+   * Who the funding provider charges.
+   */
+  customer: string;
+  /**
+   * When the month's count starts again (RFC 3339).
+   */
+  month_resets_at: string;
+  /**
+   * The most credits bought in a UTC month.
+   */
+  monthly_credits_max: number;
+  /**
+   * What each costs, in minor units of `currency`.
+   */
+  price: number;
+  /**
+   * `active`, or `paused` after one of its top-ups died (put the rule again to turn it on).
+   */
+  state: string;
+}
+
 export interface Claim {
   /**
    * Claim only these kinds (each a job kind); all kinds but withdrawals when absent.
@@ -933,6 +975,37 @@ export interface PutAlerts {
    * At most 16; an empty list removes them all.
    */
   alerts: Array<NewAlert>;
+}
+
+/**
+ * An account's auto top-up rule to put.
+ */
+export interface PutAutoTopUp {
+  /**
+   * A posting that takes the balance from at or above this to under it buys `credits`: 1 to 2^61.
+   */
+  below: number;
+  /**
+   * Credits each top-up buys: 1 to 2^53.
+   */
+  credits: number;
+  /**
+   * An ISO 4217 code.
+   */
+  currency: string;
+  /**
+   * Who the funding provider charges.
+   */
+  customer: string;
+  /**
+   * The most credits the rule buys in a UTC month (at least `credits`): counted when a top-up is
+   * made, given back when one dies or is cancelled.
+   */
+  monthly_credits_max: number;
+  /**
+   * What each costs the customer, in minor units of `currency` (0 only with the admin role).
+   */
+  price: number;
 }
 
 /**

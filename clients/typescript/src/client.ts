@@ -3,6 +3,7 @@
 import type {
   Account,
   AlertList,
+  AutoTopUp,
   Audit,
   Event,
   EventPage,
@@ -315,6 +316,33 @@ export class Settle {
       yield* page.top_ups;
       after = page.next_after;
     }
+  }
+
+  /** The account's one auto top-up rule: a posting that takes the balance under `below` buys
+   * `credits`, unless a top-up is in flight or the month's count would pass `monthlyCreditsMax`.
+   * Putting it turns a paused rule on again; it fires nothing by itself. */
+  async setAutoTopUp(
+    accountId: string,
+    rule: { below: number; credits: number; price: number; currency: string; customer: string; monthlyCreditsMax: number },
+  ): Promise<AutoTopUp> {
+    const body = {
+      below: rule.below,
+      credits: rule.credits,
+      price: rule.price,
+      currency: rule.currency,
+      customer: rule.customer,
+      monthly_credits_max: rule.monthlyCreditsMax,
+    };
+    return (await this.#call<AutoTopUp>("PUT", `/v1/accounts/${seg("account id", accountId)}/auto-top-up`, body)).value;
+  }
+
+  async autoTopUp(accountId: string): Promise<AutoTopUp> {
+    return this.#get(`/v1/accounts/${seg("account id", accountId)}/auto-top-up`);
+  }
+
+  /** Removes the rule (a top-up it made goes on). */
+  async deleteAutoTopUp(accountId: string): Promise<void> {
+    await this.#call<unknown>("DELETE", `/v1/accounts/${seg("account id", accountId)}/auto-top-up`);
   }
 
   // ----- events and audit -----

@@ -152,6 +152,20 @@ test("a top-up is granted once its charge is confirmed; a declined card is not",
   );
 });
 
+test("an auto top-up rule buys when a charge crosses it", async () => {
+  await admin.createAccount("ruled");
+  await admin.grant("ruled", { id: "g-ruled", amount: 1000 });
+  const rule = await admin.setAutoTopUp("ruled", { below: 500, credits: 1000, price: 999, currency: "usd", customer: "cus_r", monthlyCreditsMax: 5000 });
+  assert.deepEqual([rule.state, rule.currency, rule.credits_this_month], ["active", "USD", 0]);
+  await admin.createJob({ id: "ruled-1", accountId: "ruled", kind: "render", cost: 600 });
+  const deadline = Date.now() + 20_000;
+  while (Date.now() < deadline && (await admin.account("ruled")).balance !== 1400) await new Promise((r) => setTimeout(r, 100));
+  assert.equal((await admin.account("ruled")).balance, 1400);
+  assert.equal((await admin.autoTopUp("ruled")).credits_this_month, 1000);
+  await admin.deleteAutoTopUp("ruled");
+  await assert.rejects(admin.autoTopUp("ruled"), NotFound);
+});
+
 test("a held job is charged its hold, and a cancel refunds the hold", async () => {
   await admin.createAccount("heldy");
   await admin.grant("heldy", { id: "welcome-heldy", amount: 100 });

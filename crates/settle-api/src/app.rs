@@ -113,6 +113,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(h::get_account, h::update_account))
         .routes(routes!(h::put_alerts, h::get_alerts))
         .routes(routes!(h::put_limits, h::get_limits))
+        .routes(routes!(h::put_auto_top_up, h::get_auto_top_up, h::delete_auto_top_up))
         .routes(routes!(h::create_grant, h::list_grants))
         .routes(routes!(h::create_adjustment))
         .routes(routes!(h::get_ledger))

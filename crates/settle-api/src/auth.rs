@@ -81,6 +81,22 @@ impl Actor {
             format!("This token's scope does not include the job kind {kind}."),
         ))
     }
+
+    /// Buying credits charges a customer: an unscoped token may; a scoped one only when its scope
+    /// names the kind `top_up` itself (a scope of accounts alone does not), so a tenant's token
+    /// never charges anyone by default (decision 0035).
+    pub fn may_buy(&self) -> Result<(), ApiError> {
+        let kind = settle_core::job::TOP_UP_KIND;
+        let named = self.scope.kinds.as_ref().is_some_and(|ks| ks.iter().any(|k| k.as_str() == kind));
+        if self.scope.is_all() || named {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("A scoped token buys credits only when its scope names the kind {kind}."),
+        ))
+    }
 }
 
 impl std::fmt::Display for Actor {

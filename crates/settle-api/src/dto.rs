@@ -693,6 +693,71 @@ impl From<store::TopUp> for TopUp {
     }
 }
 
+/// An account's auto top-up rule to put.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PutAutoTopUp {
+    /// A posting that takes the balance from at or above this to under it buys `credits`: 1 to 2^61.
+    #[schema(minimum = 1)]
+    pub below: i64,
+    /// Credits each top-up buys: 1 to 2^53.
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_992_i64)]
+    pub credits: i64,
+    /// What each costs the customer, in minor units of `currency` (0 only with the admin role).
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_992_i64)]
+    pub price: i64,
+    /// An ISO 4217 code.
+    #[schema(example = "USD", min_length = 3, max_length = 3)]
+    pub currency: String,
+    /// Who the funding provider charges.
+    #[schema(pattern = r"^[!-~]([ -~]{0,254}[!-~])?$", min_length = 1, max_length = 256)]
+    pub customer: String,
+    /// The most credits the rule buys in a UTC month (at least `credits`): counted when a top-up is
+    /// made, given back when one dies or is cancelled.
+    #[schema(minimum = 1)]
+    pub monthly_credits_max: i64,
+}
+
+/// An account's auto top-up rule.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AutoTopUp {
+    /// The threshold a posting crosses downward to buy.
+    pub below: i64,
+    /// Credits each top-up buys.
+    pub credits: i64,
+    /// What each costs, in minor units of `currency`.
+    pub price: i64,
+    /// The ISO 4217 code of the price.
+    pub currency: String,
+    /// Who the funding provider charges.
+    pub customer: String,
+    /// The most credits bought in a UTC month.
+    pub monthly_credits_max: i64,
+    /// `active`, or `paused` after one of its top-ups died (put the rule again to turn it on).
+    #[schema(example = "active")]
+    pub state: String,
+    /// What its top-ups made this month are buying or bought.
+    pub credits_this_month: i64,
+    /// When the month's count starts again (RFC 3339).
+    pub month_resets_at: String,
+}
+
+impl From<store::AutoTopUp> for AutoTopUp {
+    fn from(r: store::AutoTopUp) -> AutoTopUp {
+        AutoTopUp {
+            below: r.below,
+            credits: r.credits.get(),
+            price: r.price,
+            currency: r.currency,
+            customer: r.customer,
+            monthly_credits_max: r.monthly_credits_max,
+            state: r.state.as_str().to_owned(),
+            credits_this_month: r.credits_this_month,
+            month_resets_at: rfc3339(r.month_resets_at),
+        }
+    }
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct TopUpPage {
     /// Top-ups in creation order.

@@ -312,6 +312,75 @@ pub async fn put_limits(
     Ok(ok(dto::LimitList::from(s.store.set_limits(&account, limits, &auth.actor.name).await?)))
 }
 
+/// Put an account's auto top-up rule
+///
+/// One rule per account: a posting that takes the balance from at or above `below` to under it
+/// buys `credits` for `price` through the funding provider, in the posting's own transaction —
+/// unless a top-up of the account is in flight, or the month's count would pass
+/// `monthly_credits_max` (`top_up.rule_skipped`). A rule top-up that dies pauses the rule
+/// (`top_up.rule_paused`) until it is put again. Putting it fires nothing, even below the threshold.
+#[utoipa::path(put, path = "/v1/accounts/{id}/auto-top-up", tag = "accounts", params(("id" = String, Path)),
+    request_body = dto::PutAutoTopUp,
+    responses((status = 200, body = dto::AutoTopUp), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
+pub async fn put_auto_top_up(
+    State(s): State<AppState>,
+    auth: Auth<ClientRole>,
+    Path(account): Path<String>,
+    Json(b): Json<dto::PutAutoTopUp>,
+) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    auth.actor.may_buy()?;
+    let rule = store::NewAutoTopUp {
+        below: b.below,
+        credits: Credits::new(b.credits),
+        price: b.price,
+        currency: settle_core::currency::Currency::parse(&b.currency)
+            .ok_or_else(|| ApiError::invalid("currency is not an ISO 4217 code."))?,
+        customer: id(settle_core::ids::Customer::parse, &b.customer)?,
+        monthly_credits_max: b.monthly_credits_max,
+    };
+    if rule.price == 0 && auth.actor.role != crate::auth::Role::Admin {
+        return Err(ApiError::forbidden("admin (a top-up with price 0 gives credit away)"));
+    }
+    tracing::info!(actor = %auth.actor, %account, "put auto top-up rule");
+    Ok(ok(dto::AutoTopUp::from(s.store.funding().put_auto_top_up(&account, rule, &auth.actor.name).await?)))
+}
+
+/// Read an account's auto top-up rule
+///
+/// The rule with its state and what its top-ups made this month are buying or bought; `404` when
+/// the account has none.
+#[utoipa::path(get, path = "/v1/accounts/{id}/auto-top-up", tag = "accounts", params(("id" = String, Path)),
+    responses((status = 200, body = dto::AutoTopUp), (status = 404, body = ErrorBody)))]
+pub async fn get_auto_top_up(
+    State(s): State<AppState>,
+    auth: Auth<ClientRole>,
+    Path(account): Path<String>,
+) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    Ok(ok(dto::AutoTopUp::from(s.store.funding().auto_top_up(&account).await?)))
+}
+
+/// Remove an account's auto top-up rule
+///
+/// The rule goes; a top-up it made goes on. `204` whether or not there was one.
+#[utoipa::path(delete, path = "/v1/accounts/{id}/auto-top-up", tag = "accounts", params(("id" = String, Path)),
+    responses((status = 204, description = "no rule now"), (status = 404, body = ErrorBody)))]
+pub async fn delete_auto_top_up(
+    State(s): State<AppState>,
+    auth: Auth<ClientRole>,
+    Path(account): Path<String>,
+) -> ApiResult {
+    let account = id(AccountId::parse, &account)?;
+    seen_account(&auth.actor, &account)?;
+    auth.actor.may_buy()?;
+    s.store.funding().delete_auto_top_up(&account, &auth.actor.name).await?;
+    Ok(axum::http::StatusCode::NO_CONTENT.into_response())
+}
+
 /// Read an account's spend limits
 ///
 /// The account's spend limits in the order they were put, each with what its current period spent
@@ -1105,7 +1174,7 @@ pub async fn create_top_up(
         customer: id(settle_core::ids::Customer::parse, &b.customer)?,
     };
     auth.actor.may_use_account(req.account_id.as_str())?;
-    auth.actor.may_use_kind(settle_core::job::TOP_UP_KIND)?;
+    auth.actor.may_buy()?;
     if req.price == 0 && auth.actor.role != crate::auth::Role::Admin {
         return Err(ApiError::forbidden("admin (a top-up with price 0 gives credit away)"));
     }

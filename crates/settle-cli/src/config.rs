@@ -283,7 +283,8 @@ fn provider(f: &ProviderFile, section: &str) -> anyhow::Result<Option<Provider>>
         url: url.clone(),
         timeout_ms,
         connect_timeout_ms,
-        return_window_seconds: f.return_window_seconds.unwrap_or(0),
+        // Funding: a charge that landed after its top-up was closed is still found (and granted).
+        return_window_seconds: f.return_window_seconds.unwrap_or(if section == "funding" { 86_400 } else { 0 }),
     }))
 }
 

@@ -892,6 +892,47 @@ async fn top_ups(d: &Demo) -> anyhow::Result<()> {
     ));
     let executed = sim.sim.executed();
     ensure!(executed.transfers.len() == 1 && executed.transfers[0].sends == 1, "one charge, sent once");
+    auto_top_up(d, &processor, &frank).await?;
     sim.task.abort();
+    Ok(())
+}
+
+/// Frank's auto top-up rule: a render that takes his balance under 300 buys 500, once; when his
+/// new card declines, the rule pauses instead of charging in a loop.
+async fn auto_top_up(
+    d: &Demo,
+    processor: &settle_worker::funding::FundingProcessor,
+    frank: &AccountId,
+) -> anyhow::Result<()> {
+    let s = &d.store;
+    let rule = |customer: &str| -> anyhow::Result<NewAutoTopUp> {
+        Ok(NewAutoTopUp {
+            below: 300,
+            credits: Credits::new(500),
+            price: 499,
+            currency: settle_core::currency::Currency::parse("EUR").context("a currency")?,
+            customer: settle_core::ids::Customer::parse(customer)?,
+            monthly_credits_max: 2_000,
+        })
+    };
+    s.funding().put_auto_top_up(frank, rule("cus_frank")?, settle_store::SYSTEM_ACTOR).await?;
+    d.say("frank's auto top-up rule: under 300, buy 500 for EUR 4.99 (at most 2000 a month)");
+    d.job("frank-1", frank, &[("main", 300)]).await?;
+    processor.process_pass().await?;
+    let r = s.funding().auto_top_up(frank).await?;
+    ensure!(d.balance(frank).await? == 700 && r.credits_this_month == 500, "the rule must have bought 500 once");
+    d.say(format!(
+        "frank-1 took 500 → 200, under 300: the rule's top-up was made in that transaction and charged; frank has {}",
+        d.balance(frank).await?
+    ));
+    s.funding().put_auto_top_up(frank, rule("declined-frank")?, settle_store::SYSTEM_ACTOR).await?;
+    d.job("frank-2", frank, &[("main", 500)]).await?;
+    processor.process_pass().await?;
+    let r = s.funding().auto_top_up(frank).await?;
+    ensure!(r.state == settle_store::RuleState::Paused, "a declined rule top-up pauses its rule");
+    d.say(format!(
+        "with a card that declines, frank-2's crossing buys once, the charge is declined and the rule pauses — never tried again until frank puts it again; frank has {}",
+        d.balance(frank).await?
+    ));
     Ok(())
 }

@@ -66,6 +66,24 @@ pub struct TopUp {
     pub last_error: Option<Value>,
 }
 
+/// An account's auto top-up rule: when a posting takes the balance under `below`, buy `credits` for
+/// `price` minor units of `currency` from `customer`, at most `monthly_credits_max` a UTC month.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AutoTopUp {
+    pub below: i64,
+    pub credits: i64,
+    pub price: i64,
+    pub currency: String,
+    pub customer: String,
+    pub monthly_credits_max: i64,
+    /// `active`, or `paused` after one of its top-ups died (answers only).
+    #[serde(default, skip_serializing)]
+    pub state: String,
+    /// What its top-ups made this month are buying or bought (answers only).
+    #[serde(default, skip_serializing)]
+    pub credits_this_month: i64,
+}
+
 fn one<T: for<'de> Deserialize<'de>>(v: Value) -> Result<T, ClientError> {
     serde_json::from_value(v).map_err(|e| ClientError::Transport(format!("an answer: {e}")))
 }
@@ -115,5 +133,25 @@ impl Client {
     pub async fn top_up(&self, id: &str) -> Result<TopUp, ClientError> {
         let path = format!("/v1/top-ups/{}", segment("top-up id", id)?);
         one(self.request(reqwest::Method::GET, &path, None).await?.value())
+    }
+
+    /// `PUT /v1/accounts/{id}/auto-top-up`: the account's one rule, active (a paused one turned on
+    /// again); it fires nothing by itself.
+    pub async fn set_auto_top_up(&self, account: &str, rule: &AutoTopUp) -> Result<AutoTopUp, ClientError> {
+        let path = format!("/v1/accounts/{}/auto-top-up", segment("account id", account)?);
+        let body = serde_json::to_value(rule).map_err(|e| ClientError::Transport(e.to_string()))?;
+        one(self.request(reqwest::Method::PUT, &path, Some(body)).await?.value())
+    }
+
+    /// The account's rule (`ClientError::Api` 404 without one).
+    pub async fn auto_top_up(&self, account: &str) -> Result<AutoTopUp, ClientError> {
+        let path = format!("/v1/accounts/{}/auto-top-up", segment("account id", account)?);
+        one(self.request(reqwest::Method::GET, &path, None).await?.value())
+    }
+
+    /// Removes the rule (a top-up it made goes on).
+    pub async fn delete_auto_top_up(&self, account: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/accounts/{}/auto-top-up", segment("account id", account)?);
+        self.request(reqwest::Method::DELETE, &path, None).await.map(drop)
     }
 }

@@ -15,7 +15,7 @@
 
 mod accounts;
 
-pub use accounts::{Alert, NewLimit, NewTopUp, SpendLimit, TopUp};
+pub use accounts::{Alert, AutoTopUp, NewLimit, NewTopUp, SpendLimit, TopUp};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -249,7 +249,13 @@ impl Client {
         let resp = req.send().await.map_err(|e| ClientError::Transport(e.to_string()))?;
         let status = resp.status().as_u16();
         let replayed = resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
-        let v: Value = resp.json().await.map_err(|e| ClientError::Transport(e.to_string()))?;
+        // `204 No Content` (a delete) answers nothing: null.
+        let text = resp.text().await.map_err(|e| ClientError::Transport(e.to_string()))?;
+        let v: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).map_err(|e| ClientError::Transport(e.to_string()))?
+        };
         if status < 300 {
             return Ok(if replayed { Report::Replayed(v) } else { Report::Applied(v) });
         }

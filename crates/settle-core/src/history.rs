@@ -41,6 +41,12 @@ crate::names! {
         /// The provider charged a top-up Settle had closed: the credits are granted all the same
         /// (the customer paid), for a person to look at.
         TopUpLateCharge = "top_up.late_charge",
+        /// A top-up of the account's auto rule died: the rule waits (`paused`) until its client
+        /// puts it again — a declined card is never charged in a loop.
+        TopUpRulePaused = "top_up.rule_paused",
+        /// A posting crossed the rule's threshold but no top-up was made: one is in flight, the
+        /// month's count would pass its maximum, or the balance could not hold the credits.
+        TopUpRuleSkipped = "top_up.rule_skipped",
         GrantExpired = "grant.expired",
     }
 }

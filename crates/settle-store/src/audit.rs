@@ -754,7 +754,9 @@ impl<'p> Audit<'p> {
     async fn alerts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         static SQL: LazyLock<String> = LazyLock::new(|| {
             format!(
-                "SELECT {} FROM accounts c LEFT JOIN account_alerts a ON a.account_id = c.id \
+                "SELECT {} FROM accounts c LEFT JOIN (SELECT account_id, alert_id, below, side FROM account_alerts \
+                 UNION ALL SELECT account_id, 'auto-top-up' AS alert_id, below, side FROM auto_top_ups) a \
+                 ON a.account_id = c.id \
                  WHERE a.account_id IS NOT NULL OR c.alert_floor IS NOT NULL OR c.alert_ceiling IS NOT NULL \
                  ORDER BY c.id, a.below, a.alert_id",
                 AlertRow::LIST
@@ -855,6 +857,13 @@ impl<'p> Audit<'p> {
             let (id, account) = (r.text(C::id)?, r.text(C::account_id)?);
             let message = format!("{id}: a top-up job without its row, or a bought grant without its confirmed charge");
             self.push(Invariant::L9, Some(&account), Some(&id), None, message);
+        }
+        // Each auto top-up rule's month count is what its month's rule top-ups are buying or bought.
+        for (account, stored, counted) in crate::ops::auto_top_ups::audit_counts(db).await? {
+            if stored != counted {
+                let message = format!("the auto top-up rule counts {stored} credits this month, its top-ups {counted}");
+                self.push(Invariant::L9, Some(&account), None, None, message);
+            }
         }
         Ok(())
     }

@@ -28,6 +28,7 @@ pub const TABLES: &[(&str, &str)] = &[
     ("artifacts", "job_id, item_id, key"),
     ("withdrawals", "job_id"),
     ("top_ups", "job_id"),
+    ("auto_top_ups", "account_id"),
     ("allocations", "id"),
     ("ledger_entries", "seq"),
     ("events", "stamp, pos"),

@@ -620,6 +620,43 @@ pub struct TopUp {
     pub rule: bool,
 }
 
+settle_core::names! {
+    /// Whether an auto top-up rule makes top-ups (`active`), or waits for its client after one of
+    /// its top-ups died (`paused`: a declined card is never charged in a loop).
+    pub RuleState {
+        Active = "active",
+        Paused = "paused",
+    }
+}
+
+/// An account's auto top-up rule to put (`PUT /v1/accounts/{id}/auto-top-up`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAutoTopUp {
+    pub below: i64,
+    pub credits: Credits,
+    pub price: i64,
+    pub currency: settle_core::currency::Currency,
+    pub customer: settle_core::ids::Customer,
+    pub monthly_credits_max: i64,
+}
+
+/// An account's auto top-up rule as stored: what it buys when a posting takes the balance under
+/// `below`, whether it is active, and what its top-ups of this UTC month are buying or bought.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoTopUp {
+    pub account_id: AccountId,
+    pub below: i64,
+    pub credits: Credits,
+    pub price: i64,
+    pub currency: String,
+    pub customer: String,
+    pub monthly_credits_max: i64,
+    pub state: RuleState,
+    pub credits_this_month: i64,
+    /// When this month's count starts again.
+    pub month_resets_at: Timestamp,
+}
+
 /// Which top-ups to list.
 #[derive(Debug, Clone, Default)]
 pub struct TopUpFilter {
@@ -651,6 +688,8 @@ settle_core::names! {
         AccountUpdate = "account.update",
         AccountAlerts = "account.alerts",
         AccountLimits = "account.limits",
+        AccountAutoTopUp = "account.auto_top_up",
+        AccountAutoTopUpDelete = "account.auto_top_up_delete",
         AccountGrant = "account.grant",
         AccountAdjust = "account.adjust",
         JobCancel = "job.cancel",

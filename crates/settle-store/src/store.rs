@@ -374,6 +374,18 @@ pub trait Funding: Send + Sync {
     ) -> Result<Outcome<TopUp>, StoreError>;
     /// A definitive failure answer (or `LOOKUP_FAILED`: retried, never dead, a cancel kept).
     async fn top_up_failed(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError>;
+    /// Puts the account's auto top-up rule (`active`, on the side the balance is on now; nothing
+    /// fires), recorded with `actor` in the action log when it changed.
+    async fn put_auto_top_up(
+        &self,
+        account: &AccountId,
+        rule: NewAutoTopUp,
+        actor: &str,
+    ) -> Result<AutoTopUp, StoreError>;
+    /// The account's rule; `NotFound` without one.
+    async fn auto_top_up(&self, account: &AccountId) -> Result<AutoTopUp, StoreError>;
+    /// Removes the rule (a top-up it made goes on); whether there was one.
+    async fn delete_auto_top_up(&self, account: &AccountId, actor: &str) -> Result<bool, StoreError>;
     /// No answer to a charge: `unknown`, never charged again blind.
     async fn top_up_unknown(
         &self,

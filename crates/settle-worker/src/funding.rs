@@ -89,6 +89,7 @@ pub struct FundingRail {
 impl Rail for FundingRail {
     type Row = TopUp;
     const WHAT: &'static str = "top-up";
+    const RETURNS: bool = false;
 
     fn job(row: &TopUp) -> &Job {
         &row.job

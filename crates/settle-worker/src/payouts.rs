@@ -94,6 +94,7 @@ pub struct PayoutRail {
 impl Rail for PayoutRail {
     type Row = Withdrawal;
     const WHAT: &'static str = "payout";
+    const RETURNS: bool = true;
 
     fn job(row: &Withdrawal) -> &Job {
         &row.job

@@ -53,6 +53,9 @@ pub trait Rail: Send + Sync + 'static {
     type Row: Send + Sync;
     /// For logs: `payout`, `top-up`.
     const WHAT: &'static str;
+    /// Whether an executed job may come back later (a payout the receiving side returns): the
+    /// re-check asks about succeeded ones only then.
+    const RETURNS: bool;
     fn job(row: &Self::Row) -> &Job;
     fn key(row: &Self::Row) -> &str;
     /// The provider's id, once recorded.
@@ -331,7 +334,11 @@ impl<R: Rail> Processor<R> {
             return Ok(Vec::new());
         }
         let since = self.store.now().micros().saturating_sub(self.settings.return_window.as_micros() as i64);
-        let states = [JobState::Succeeded, JobState::Dead, JobState::Cancelled];
+        let states: &[JobState] = if R::RETURNS {
+            &[JobState::Succeeded, JobState::Dead, JobState::Cancelled]
+        } else {
+            &[JobState::Dead, JobState::Cancelled]
+        };
         let (which, after) = *self.recheck_after.lock().expect("cursor lock");
         let state = states[which % states.len()];
         let page = Page { after, limit: self.settings.batch.max(1) };

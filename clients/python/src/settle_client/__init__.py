@@ -45,6 +45,7 @@ from .models import (
     GrantPage,
     LedgerPage,
     RefundReason,
+    AutoTopUp,
     TopUp,
     Withdrawal,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "NewLimit",
     "SpendLimit",
     "TopUp",
+    "AutoTopUp",
     "Applied",
     "Artifact",
     "Attempt",

@@ -33,6 +33,7 @@ from .models import (
     Job,
     LedgerEntry,
     LedgerPage,
+    AutoTopUp,
     TopUp,
     Withdrawal,
 )
@@ -138,6 +139,28 @@ class _ops:
     @staticmethod
     def limits(account_id: str) -> _Req:
         return _Req("GET", f"/v1/accounts/{_seg(account_id)}/limits")
+
+    @staticmethod
+    def set_auto_top_up(
+        account_id: str, below: int, credits: int, price: int, currency: str, customer: str, monthly_credits_max: int
+    ) -> _Req:
+        rule = {
+            "below": below,
+            "credits": credits,
+            "price": price,
+            "currency": currency,
+            "customer": customer,
+            "monthly_credits_max": monthly_credits_max,
+        }
+        return _Req("PUT", f"/v1/accounts/{_seg(account_id)}/auto-top-up", rule)
+
+    @staticmethod
+    def auto_top_up(account_id: str) -> _Req:
+        return _Req("GET", f"/v1/accounts/{_seg(account_id)}/auto-top-up")
+
+    @staticmethod
+    def delete_auto_top_up(account_id: str) -> _Req:
+        return _Req("DELETE", f"/v1/accounts/{_seg(account_id)}/auto-top-up", then=lambda body: None)
 
     @staticmethod
     def account(id: str) -> _Req:
@@ -455,6 +478,20 @@ class Client:
         """The first page of top-ups, in creation order."""
         return self._send(_ops.top_ups(account_id, state))
 
+    def set_auto_top_up(
+        self, account_id: str, below: int, credits: int, price: int, currency: str, customer: str, monthly_credits_max: int
+    ) -> AutoTopUp:
+        """The account's one auto top-up rule: a posting that takes the balance under `below` buys
+        `credits`, unless a top-up is in flight or the month's count would pass
+        `monthly_credits_max`. Putting it turns a paused rule on again; it fires nothing by itself."""
+        return self._send(_ops.set_auto_top_up(account_id, below, credits, price, currency, customer, monthly_credits_max))
+
+    def auto_top_up(self, account_id: str) -> AutoTopUp:
+        return self._send(_ops.auto_top_up(account_id))
+
+    def delete_auto_top_up(self, account_id: str) -> None:
+        self._send(_ops.delete_auto_top_up(account_id))
+
     # ----- operations -----
     def failures(self) -> list[FailureCount]:
         """Jobs now dead, unknown or waiting to retry, by their last fail code and state."""
@@ -655,6 +692,19 @@ class AsyncClient:
 
     async def top_ups(self, account_id: str | None = None, state: str | None = None) -> list[TopUp]:
         return await self._send(_ops.top_ups(account_id, state))
+
+    async def set_auto_top_up(
+        self, account_id: str, below: int, credits: int, price: int, currency: str, customer: str, monthly_credits_max: int
+    ) -> AutoTopUp:
+        return await self._send(
+            _ops.set_auto_top_up(account_id, below, credits, price, currency, customer, monthly_credits_max)
+        )
+
+    async def auto_top_up(self, account_id: str) -> AutoTopUp:
+        return await self._send(_ops.auto_top_up(account_id))
+
+    async def delete_auto_top_up(self, account_id: str) -> None:
+        await self._send(_ops.delete_auto_top_up(account_id))
 
     # ----- operations -----
     async def failures(self) -> list[FailureCount]:

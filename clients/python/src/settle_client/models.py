@@ -171,6 +171,18 @@ class TopUp(Job):
     rule: bool
 
 
+class AutoTopUp(TypedDict):
+    below: int
+    credits: int
+    price: int
+    currency: str
+    customer: str
+    monthly_credits_max: int
+    state: str
+    credits_this_month: int
+    month_resets_at: str
+
+
 class Attempt(TypedDict):
     attempt_no: int
     worker: str

@@ -484,12 +484,18 @@ async fn account(
     let grants = s.store.grants(&id, Page { after: 0, limit: 1000 }).await.map_err(|e| err(e.into()))?;
     let alerts = s.store.alerts(&id).await.map_err(|e| err(e.into()))?;
     let limits = s.store.limits(&id).await.map_err(|e| err(e.into()))?;
+    let rule = match s.store.funding().auto_top_up(&id).await {
+        Ok(rule) => Some(rule),
+        Err(StoreError::NotFound { .. }) => None,
+        Err(e) => return Err(err(e.into())),
+    };
     let p = pages::AccountPage {
         detail: &detail,
         chain,
         grants: &grants.rows,
         alerts: &alerts,
         limits: &limits,
+        rule: rule.as_ref(),
         entries: &entries.rows,
         next: entries.next_after,
         actions: &actions,

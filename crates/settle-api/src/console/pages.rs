@@ -725,9 +725,33 @@ pub struct AccountPage<'a> {
     pub grants: &'a [settle_store::Grant],
     pub alerts: &'a [settle_store::Alert],
     pub limits: &'a [settle_store::SpendLimit],
+    /// The auto top-up rule, when the account has one.
+    pub rule: Option<&'a settle_store::AutoTopUp>,
     pub entries: &'a [LedgerEntry],
     pub next: Option<i64>,
     pub actions: &'a [Action],
+}
+
+/// The account page's auto top-up rule: what it buys, whether it is on, and this month's count.
+fn auto_top_up(account: &str, rule: Option<&settle_store::AutoTopUp>) -> Markup {
+    html! {
+    section class="card" {
+        h2 { "Auto top-up" }
+        @match rule {
+            Some(r) => {
+                p class="muted" { "When a posting takes the balance under its threshold, the funding processor buys credits — unless a top-up is in flight or the month's count would pass its maximum. A rule whose top-up died waits, paused, until it is put again." }
+                dl {
+                    dt { "state" } dd { @if r.state == settle_store::RuleState::Paused { strong class="error" { "paused" } } @else { "active" } }
+                    dt { "below" } dd { (credits(r.below)) " credits" }
+                    dt { "buys" } dd { (credits(r.credits.get())) " credits for " (r.price) " " (r.currency) " (minor units) from " code { (r.customer) } }
+                    dt { "this month" } dd { (credits(r.credits_this_month)) " of " (credits(r.monthly_credits_max)) " credits; starts again " (time(r.month_resets_at)) }
+                }
+                p { a href={ "/console/top-ups" } { "Top-ups →" } }
+            }
+            None => p class="muted" { "None. PUT /v1/accounts/" (account) "/auto-top-up sets one." },
+        }
+    }
+    }
 }
 
 /// The account page's money controls: its balance alerts and its spend limits.
@@ -817,6 +841,7 @@ pub fn account(session: &Session, p: &AccountPage<'_>, q: &super::query::Entries
             } }
         }
         (money_controls(a.id.as_str(), p.alerts, p.limits))
+        (auto_top_up(a.id.as_str(), p.rule))
         section class="card" {
             h2 { "Why the balance is what it is" }
             p {

@@ -12,6 +12,7 @@ on_both_engines!(
     bad_top_ups_are_4xx_and_write_nothing,
     top_up_roles_and_scopes,
     top_ups_are_not_for_workers,
+    an_auto_top_up_rule_is_put_read_and_deleted,
 );
 
 fn body(id: &str, credits: Value, price: Value, currency: Value) -> Value {
@@ -111,6 +112,8 @@ async fn top_up_roles_and_scopes(e: Engine) {
     tokens.add_scoped(Role::Client, "render-client-0123456789", "render", render).unwrap();
     let acme = Scope::parse_words(["accounts=acme-*", "kinds=top_up"]).unwrap();
     tokens.add_scoped(Role::Client, "acme-client-0123456789", "acme", acme).unwrap();
+    let tenant = Scope::parse_words(["accounts=acme-*"]).unwrap();
+    tokens.add_scoped(Role::Client, "tenant-client-0123456789", "tenant", tenant).unwrap();
     let s = Server::with_tokens(e, tokens).await;
     let (admin, client, worker) =
         (Some("admin-token-0123456789"), Some("client-token-0123456789"), Some("worker-token-0123456789"));
@@ -130,6 +133,11 @@ async fn top_up_roles_and_scopes(e: Engine) {
     let r = s.send("POST", "/v1/top-ups", Some(free.clone()), client).await;
     assert_eq!((r.status, code(&r)), (403, "forbidden"));
     assert_eq!(s.send("POST", "/v1/top-ups", Some(free), admin).await.status, 201);
+    // a token scoped to accounts alone does not charge customers: top_up must be named
+    let mine =
+        json!({"id": "a0", "account_id": "acme-1", "credits": 5, "price": 1, "currency": "USD", "customer": "c"});
+    let r = s.send("POST", "/v1/top-ups", Some(mine), Some("tenant-client-0123456789")).await;
+    assert_eq!((r.status, code(&r)), (403, "forbidden"));
     // a scoped client buys for its own accounts only, and sees only those
     let acme = Some("acme-client-0123456789");
     let mine =
@@ -168,4 +176,45 @@ async fn top_ups_are_not_for_workers(e: Engine) {
     let r = s.post("/v1/jobs/t/requeue", json!({})).await;
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(s.get("/v1/jobs/t").await.body["state"], "queued");
+}
+
+async fn an_auto_top_up_rule_is_put_read_and_deleted(e: Engine) {
+    let s = Server::start(e).await;
+    s.account("alice", 1_000).await;
+    let r = s.get("/v1/accounts/alice/auto-top-up").await;
+    assert_eq!((r.status, code(&r)), (404, "not_found"));
+    let rule = json!({"below": 500, "credits": 1000, "price": 999, "currency": "usd", "customer": "cus_alice", "monthly_credits_max": 5000});
+    let r = s.send("PUT", "/v1/accounts/alice/auto-top-up", Some(rule.clone()), None).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        (r.body["state"].as_str(), r.body["currency"].as_str(), r.body["credits_this_month"].as_i64()),
+        (Some("active"), Some("USD"), Some(0))
+    );
+    assert!(r.body["month_resets_at"].as_str().unwrap().ends_with("T00:00:00Z"));
+    assert_eq!(s.get("/v1/accounts/alice/auto-top-up").await.body, r.body);
+    // a create that crosses it buys, in its own transaction
+    s.job("j1", "alice", 600).await;
+    let bought = s.get("/v1/top-ups?account_id=alice").await.body["top_ups"].clone();
+    assert_eq!(bought.as_array().unwrap().len(), 1, "{bought}");
+    assert_eq!((bought[0]["rule"].as_bool(), bought[0]["credits"].as_i64()), (Some(true), Some(1000)));
+    assert_eq!(s.get("/v1/accounts/alice/auto-top-up").await.body["credits_this_month"], 1000);
+    for bad in [
+        json!({"below": 0, "credits": 5, "price": 1, "currency": "USD", "customer": "c", "monthly_credits_max": 5}),
+        json!({"below": 5, "credits": 0, "price": 1, "currency": "USD", "customer": "c", "monthly_credits_max": 5}),
+        json!({"below": 5, "credits": 10, "price": 1, "currency": "USD", "customer": "c", "monthly_credits_max": 5}),
+        json!({"below": 5, "credits": 5, "price": 1, "currency": "XYZ", "customer": "c", "monthly_credits_max": 5}),
+        json!({"below": 5, "credits": 5, "price": -1, "currency": "USD", "customer": "c", "monthly_credits_max": 5}),
+        json!({"below": 5, "credits": 5, "price": 1, "currency": "USD", "customer": "c"}),
+        json!({"below": 5, "credits": 5, "price": 1, "currency": "USD", "customer": "c", "monthly_credits_max": 5, "x": 1}),
+    ] {
+        let r = s.send("PUT", "/v1/accounts/alice/auto-top-up", Some(bad.clone()), None).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+    }
+    assert_eq!(s.get("/v1/accounts/alice/auto-top-up").await.body["below"], 500, "a bad rule changed nothing");
+    let r = s.send("PUT", "/v1/accounts/nobody/auto-top-up", Some(rule), None).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(s.send("DELETE", "/v1/accounts/alice/auto-top-up", None, None).await.status, 204);
+    assert_eq!(s.send("DELETE", "/v1/accounts/alice/auto-top-up", None, None).await.status, 204);
+    assert_eq!(s.get("/v1/accounts/alice/auto-top-up").await.status, 404);
+    assert_eq!(s.get("/v1/audit").await.body["ok"], true);
 }

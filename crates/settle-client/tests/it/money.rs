@@ -3,7 +3,7 @@
 //! spend read back.
 
 use serde_json::json;
-use settle_client::{Client, ClientError, NewLimit, NewTopUp};
+use settle_client::{AutoTopUp, Client, ClientError, NewLimit, NewTopUp};
 
 async fn money_controls(postgres: bool) {
     let served = crate::common::serve_on(postgres).await;
@@ -74,6 +74,25 @@ async fn top_ups(served: &crate::common::Served, c: &Client) {
     let declined = c.top_up("t2").await.unwrap();
     assert_eq!((declined.state.as_str(), declined.grant_id), ("dead", None));
     assert_eq!(declined.last_error.unwrap()["code"], "CARD_DECLINED");
+    // the rule: put, read, and a crossing buys (t1's 500 were granted: 1500 → 400 crosses 500)
+    let rule = AutoTopUp {
+        below: 500,
+        credits: 300,
+        price: 299,
+        currency: "eur".into(),
+        customer: "cus_a".into(),
+        monthly_credits_max: 3000,
+        state: String::new(),
+        credits_this_month: 0,
+    };
+    let put = c.set_auto_top_up("a", &rule).await.unwrap();
+    assert_eq!((put.state.as_str(), put.currency.as_str()), ("active", "EUR"));
+    assert_eq!(c.auto_top_up("a").await.unwrap(), put);
+    c.delete_auto_top_up("a").await.unwrap();
+    match c.auto_top_up("a").await {
+        Err(ClientError::Api { status: 404, .. }) => {}
+        other => panic!("{other:?}"),
+    }
     match c.create_top_up(&NewTopUp { currency: "XXX".into(), ..buy("t3", "cus_a") }).await {
         Err(ClientError::Api { status: 400, code, .. }) => assert_eq!(code, "invalid_request"),
         other => panic!("{other:?}"),

@@ -194,6 +194,7 @@ impl Env {
             counters: None,
             ahead: Mutex::new(None),
             lines: self.lines.clone(),
+            crossings: Mutex::new(Vec::new()),
         }
     }
 }

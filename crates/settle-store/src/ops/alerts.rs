@@ -7,10 +7,11 @@
 //! the account's alerts on the row it holds, fires one event per crossing in the order the balance
 //! passes them, and writes the new sides and band before anything else can touch the account.
 
+use super::top_up_rule::{read_rule, write_side};
 use super::{Cx, emit_at_line};
 use crate::db::{Db, Engine, args, columns};
 use crate::error::StoreError;
-use crate::model::{Alert, AlertSide};
+use crate::model::{Alert, AlertSide, RuleState};
 use settle_core::history::EventKind;
 use settle_core::limits;
 use std::sync::LazyLock;
@@ -36,6 +37,17 @@ impl Band {
         let floor = alerts.iter().filter(|a| a.side == AlertSide::Above).map(|a| a.below).max();
         let ceiling = alerts.iter().filter(|a| a.side == AlertSide::Below).map(|a| a.below).min();
         Band { floor, ceiling }
+    }
+
+    /// The band with the auto top-up rule's threshold as one more (`ops::top_up_rule`).
+    fn with(self, rule: Option<(i64, AlertSide)>) -> Band {
+        match rule {
+            None => self,
+            Some((below, AlertSide::Above)) => Band { floor: self.floor.max(Some(below)), ..self },
+            Some((below, AlertSide::Below)) => {
+                Band { ceiling: Some(self.ceiling.map_or(below, |c| c.min(below))), ..self }
+            }
+        }
     }
 }
 
@@ -89,8 +101,23 @@ pub(crate) async fn after_posting(
     }
     let mut alerts = read(db, account_id).await?;
     let before: Vec<AlertSide> = alerts.iter().map(|a| a.side).collect();
+    let mut rule = read_rule(db, account_id).await?;
+    let rule_was = rule.as_ref().map(|r| r.side);
     for line in lines {
         cross(db, cx, account_id, &mut alerts, line, level).await?;
+        // The rule's crossing makes its top-up after the operation's last posting
+        // (`ops::auto_top_ups::after_operation`): here it is only recorded.
+        if let Some(r) = rule.as_mut()
+            && r.cross(line.balance_after)
+            && r.state == RuleState::Active
+        {
+            cx.crossings.lock().expect("crossings lock").push((account_id.to_owned(), r.generation));
+        }
+    }
+    if let Some(r) = &rule
+        && Some(r.side) != rule_was
+    {
+        write_side(db, account_id, r.side).await?;
     }
     for (alert, was) in alerts.iter().zip(before) {
         if alert.side != was {
@@ -103,7 +130,7 @@ pub(crate) async fn after_posting(
             super::guard_hit(rows, "alert side")?;
         }
     }
-    write_band(db, account_id, Band::of(&alerts)).await
+    write_band(db, account_id, Band::of(&alerts).with(rule.map(|r| r.threshold()))).await
 }
 
 /// The crossings of one line, in the order its balance change passes the thresholds: falling,
@@ -181,6 +208,28 @@ static LOCK_BALANCE: LazyLock<[String; 2]> = LazyLock::new(|| {
     [sql.clone(), format!("{sql} FOR NO KEY UPDATE")]
 });
 
+/// The account's balance, its row locked as a posting locks it; `NotFound` for an unknown account.
+pub(crate) async fn locked_balance(db: &mut Db<'_>, account_id: &str) -> Result<i64, StoreError> {
+    let sql = match db.engine() {
+        Engine::Sqlite => &LOCK_BALANCE[0],
+        Engine::Postgres => &LOCK_BALANCE[1],
+    };
+    let Some(row) = db.opt(sql, args![account_id]).await? else {
+        return Err(StoreError::NotFound { what: "account", id: account_id.to_owned() });
+    };
+    row.i64(LockedBalanceCol::balance)
+}
+
+/// The band again, from the account's alerts and `rule`'s threshold (a rule put or deleted).
+pub(crate) async fn rewrite_band(
+    db: &mut Db<'_>,
+    account_id: &str,
+    rule: Option<(i64, AlertSide)>,
+) -> Result<(), StoreError> {
+    let alerts = read(db, account_id).await?;
+    write_band(db, account_id, Band::of(&alerts).with(rule)).await
+}
+
 /// `PUT /v1/accounts/{id}/alerts`: replaces the account's alerts, each on the side the balance is
 /// on now (read with the row locked, so no posting moves it meanwhile); fires nothing. Answers the
 /// alerts as stored, and whether anything changed.
@@ -191,14 +240,7 @@ pub(crate) async fn set_alerts(
     asked: &[(String, i64)],
 ) -> Result<(Vec<Alert>, bool), StoreError> {
     check(asked)?;
-    let sql = match db.engine() {
-        Engine::Sqlite => &LOCK_BALANCE[0],
-        Engine::Postgres => &LOCK_BALANCE[1],
-    };
-    let Some(row) = db.opt(sql, args![account_id]).await? else {
-        return Err(StoreError::NotFound { what: "account", id: account_id.to_owned() });
-    };
-    let balance = row.i64(LockedBalanceCol::balance)?;
+    let balance = locked_balance(db, account_id).await?;
     let before = read(db, account_id).await?;
     let mut alerts: Vec<Alert> = asked
         .iter()
@@ -220,7 +262,8 @@ pub(crate) async fn set_alerts(
         )
         .await?;
     }
-    write_band(db, account_id, Band::of(&alerts)).await?;
+    let rule = read_rule(db, account_id).await?;
+    write_band(db, account_id, Band::of(&alerts).with(rule.map(|r| r.threshold()))).await?;
     // A crash here loses the whole replacement; the PUT re-sent replaces again (crash suite).
     cx.point(settle_core::crash::CrashPoint::AfterGuard)?;
     Ok((alerts, true))

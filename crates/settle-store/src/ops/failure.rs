@@ -138,7 +138,7 @@ pub(crate) async fn apply_failure(
     let event = if state == JobState::Queued { EventKind::JobRetryScheduled } else { EventKind::JobDead };
     emit(db, cx, event, Some(&job.id), &job.account_id, data).await?;
     if state == JobState::Dead {
-        super::top_up_close::closed(db, cx, job, code.as_str()).await?;
+        super::top_up_close::closed(db, cx, job, code.as_str(), true).await?;
     }
     cx.point(CrashPoint::AfterOutbox)?;
     Ok(After::Nothing)

@@ -36,6 +36,7 @@
 mod accounts;
 pub(crate) mod alerts;
 pub(crate) mod allocations;
+pub(crate) mod auto_top_ups;
 mod caps;
 mod claim;
 mod commit;
@@ -58,6 +59,7 @@ pub(crate) mod spend_limits;
 mod success;
 mod teardown;
 mod top_up_close;
+mod top_up_rule;
 pub(crate) mod top_ups;
 mod unknown;
 pub(crate) mod webhooks;
@@ -115,6 +117,9 @@ pub(crate) struct Cx {
     pub ahead: Mutex<Option<ReadAhead>>,
     /// The store's lines as this process last read them (docs/design/fair-claims.md §4).
     pub lines: Arc<Mutex<lines::Lines>>,
+    /// The auto top-up rules this operation's postings crossed (account, rule generation), for
+    /// `auto_top_ups::after_operation` at its end; cleared as each operation begins.
+    pub crossings: Mutex<Vec<(String, i64)>>,
 }
 
 /// The `counters` rows (job, ledger and outbox numbers) as one SQLite writer batch holds them: the

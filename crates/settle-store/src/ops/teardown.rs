@@ -88,7 +88,7 @@ pub(crate) async fn finish_teardown(db: &mut Db<'_>, cx: &Cx, id: &str) -> Resul
         cx.point(CrashPoint::AfterGuard)?;
         let done = must_read_job(db, cx, id).await?;
         emit(db, cx, EventKind::JobCancelled, Some(id), &job.account_id, cancelled_totals(&done)).await?;
-        super::top_up_close::closed(db, cx, &job, "CANCELLED").await?;
+        super::top_up_close::closed(db, cx, &job, "CANCELLED", false).await?;
         cx.point(CrashPoint::AfterOutbox)?;
     }
     let job = must_read_job(db, cx, id).await?;
@@ -323,7 +323,7 @@ pub(crate) async fn abandon_cleanup(
     let mut totals = cancelled_totals(&done);
     totals["artifacts_left"] = serde_json::json!(left);
     emit(db, cx, EventKind::JobCancelled, Some(id), &job.account_id, totals).await?;
-    super::top_up_close::closed(db, cx, &job, "CANCELLED").await?;
+    super::top_up_close::closed(db, cx, &job, "CANCELLED", false).await?;
     cx.point(CrashPoint::AfterOutbox)?;
     cx.point(CrashPoint::BeforeCommit)?;
     Ok((done, Some(left)))

@@ -81,7 +81,10 @@ pub(crate) async fn create_top_up(
 ) -> Result<Created<TopUp>, StoreError> {
     validate_top_up(req)?;
     let fp = top_up_fingerprint(req);
-    lock_grant_id(db, req.id.as_str()).await?;
+    // A rule's top-up takes a fresh id in a batch that holds rows already: no waiting lock there.
+    if rule.is_none() {
+        lock_grant_id(db, req.id.as_str()).await?;
+    }
     if db.opt("SELECT 1 FROM accounts WHERE id = $1", args![req.account_id.as_str()]).await?.is_none() {
         return Err(StoreError::not_found("account", req.account_id.as_str()));
     }
@@ -202,6 +205,16 @@ pub(crate) async fn top_up_succeeded(
         .await?;
     super::guard_hit(rows, "charge id")?;
     grant(db, cx, &job, credits, open).await?;
+    if !open {
+        // A rule's top-up closed before its charge was known gave its credits back to the rule's
+        // month count; they are bought after all.
+        db.exec(
+            "UPDATE auto_top_ups SET credits_this_month = credits_this_month + $2 WHERE account_id = $1 \
+             AND month_start <= (SELECT created_at FROM top_ups WHERE job_id = $3 AND rule_generation IS NOT NULL)",
+            args![&job.account_id, credits, &job.id],
+        )
+        .await?;
+    }
     cx.point(CrashPoint::AfterLedger)?;
     let mut data = serde_json::json!({
         "credits": credits,

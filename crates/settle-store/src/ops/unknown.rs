@@ -82,7 +82,10 @@ pub(crate) async fn reconcile(
                     .plus_seconds(cx.policy.for_kind(&job.kind).confirm_window_seconds)
                     <= cx.now;
                 if window_over {
-                    let code = FailCode::timeout_confirmed_not_sent();
+                    let code = match job::Rail::of(&job.kind) {
+                        job::Rail::Funding => FailCode::timeout_confirmed_not_charged(),
+                        _ => FailCode::timeout_confirmed_not_sent(),
+                    };
                     let after = apply_failure(
                         db,
                         cx,
@@ -93,7 +96,11 @@ pub(crate) async fn reconcile(
                             retryable: true,
                             retry_after_ms: None,
                             attempt_result: AttemptResult::Failed,
-                            budget_exempt: job::Rail::of(&job.kind).is_reserved(),
+                            // A payout's hold goes back only on a definitive "not sent": its
+                            // retries never run out. A top-up's may: closing it gives back only a
+                            // reservation, and a charge that lands later is still granted (the
+                            // re-check), so a provider that never answers ends it.
+                            budget_exempt: job::Rail::of(&job.kind) == job::Rail::Payout,
                             defer_cancel: false,
                             reported: None,
                         },

@@ -11,7 +11,7 @@ use crate::store::Funding;
 use async_trait::async_trait;
 use futures_util::future::BoxFuture;
 use settle_core::crash::CrashPoint;
-use settle_core::ids::JobId;
+use settle_core::ids::{AccountId, JobId};
 use settle_core::limits;
 use std::sync::Arc;
 
@@ -82,6 +82,78 @@ impl Funding for SqlStore {
 
     async fn top_up_failed(&self, job: &JobId, signal: FailSignal) -> Result<Outcome<Job>, StoreError> {
         self.fail_as(job, signal, Caller::FUNDING).await
+    }
+
+    async fn put_auto_top_up(
+        &self,
+        account: &AccountId,
+        rule: NewAutoTopUp,
+        actor: &str,
+    ) -> Result<AutoTopUp, StoreError> {
+        let (id, actor) = (account.clone(), actor.to_owned());
+        let out = self
+            .write_alone(op!(
+                [id, rule, actor] | db,
+                cx | {
+                    let (stored, changed) = ops::auto_top_ups::put_rule(db, cx, id.as_str(), &rule).await?;
+                    if changed {
+                        let detail = serde_json::json!({
+                            "below": stored.below, "credits": stored.credits.get(), "price": stored.price,
+                            "currency": stored.currency, "customer": stored.customer,
+                            "monthly_credits_max": stored.monthly_credits_max,
+                        });
+                        ops::record_action(
+                            db,
+                            cx,
+                            &actor,
+                            ActionKind::AccountAutoTopUp,
+                            None,
+                            Some(id.as_str()),
+                            detail,
+                        )
+                        .await?;
+                    }
+                    cx.point(CrashPoint::BeforeCommit)?;
+                    Ok(stored)
+                }
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
+    }
+
+    async fn auto_top_up(&self, account: &AccountId) -> Result<AutoTopUp, StoreError> {
+        let id = account.clone();
+        self.read(op!([id] | db, cx | ops::auto_top_ups::rule(db, cx, id.as_str()).await)).await
+    }
+
+    async fn delete_auto_top_up(&self, account: &AccountId, actor: &str) -> Result<bool, StoreError> {
+        let (id, actor) = (account.clone(), actor.to_owned());
+        let out = self
+            .write_alone(op!(
+                [id, actor] | db,
+                cx | {
+                    let deleted = ops::auto_top_ups::delete_rule(db, cx, id.as_str()).await?;
+                    if deleted {
+                        let detail = serde_json::json!({});
+                        ops::record_action(
+                            db,
+                            cx,
+                            &actor,
+                            ActionKind::AccountAutoTopUpDelete,
+                            None,
+                            Some(id.as_str()),
+                            detail,
+                        )
+                        .await?;
+                    }
+                    cx.point(CrashPoint::BeforeCommit)?;
+                    Ok(deleted)
+                }
+            ))
+            .await?;
+        self.crash_point(CrashPoint::AfterCommit)?;
+        Ok(out)
     }
 
     async fn top_up_unknown(

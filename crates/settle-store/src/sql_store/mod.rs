@@ -35,11 +35,19 @@ use tokio::sync::mpsc;
 
 /// Boxes an async block over `(db, cx)` as an operation.
 /// Clones the listed captures into each run, so PostgreSQL can retry the whole operation.
+/// Each operation ends with the top-ups its postings' crossings of an auto top-up rule make, in
+/// its own transaction (`ops::auto_top_ups::after_operation`).
 macro_rules! op {
     ([$($v:ident),*] |$db:ident, $cx:ident| $body:expr) => {
         Arc::new(move |$db: &mut Db<'_>, $cx: &Cx| -> BoxFuture<'_, _> {
             $(let $v = $v.clone();)*
-            Box::pin(async move { $body })
+            Box::pin(async move {
+                $cx.crossings.lock().expect("crossings lock").clear();
+                let out: Result<_, StoreError> = async { $body }.await;
+                let out = out?;
+                crate::ops::auto_top_ups::after_operation($db, $cx).await?;
+                Ok(out)
+            })
         })
     };
 }

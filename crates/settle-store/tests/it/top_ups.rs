@@ -22,7 +22,40 @@ conformance!(
     a_late_charge_of_a_closed_top_up_is_granted,
     a_queued_top_up_is_cancelled_a_running_one_is_not,
     the_reservation_keeps_the_bound,
+    a_crossing_buys_once_and_waits_while_one_is_open,
+    a_declined_rule_top_up_pauses_the_rule,
+    the_month_count_skips_and_starts_again,
+    bad_rules_write_nothing_and_a_deleted_rule_buys_nothing,
 );
+
+fn rule(below: i64, credits: i64, monthly_credits_max: i64) -> NewAutoTopUp {
+    NewAutoTopUp {
+        below,
+        credits: Credits::new(credits),
+        price: 999,
+        currency: Currency::parse("USD").unwrap(),
+        customer: Customer::parse("cus_rule").unwrap(),
+        monthly_credits_max,
+    }
+}
+
+/// The account's top-ups made by its rule, in creation order.
+async fn rule_top_ups(k: &Kit, a: &AccountId) -> Vec<TopUp> {
+    let filter = TopUpFilter { account_id: Some(a.clone()), ..TopUpFilter::default() };
+    let all = k.store.funding().top_ups(&filter, Page { after: 0, limit: 100 }).await.unwrap().rows;
+    all.into_iter().filter(|t| t.rule).collect()
+}
+
+/// The funding processor's answer to the one top-up it claims: charged (granted) or declined.
+async fn settle_one(k: &Kit, charged: bool) -> JobId {
+    let (id, token) = claim_top_up_any(k).await;
+    if charged {
+        k.store.funding().top_up_succeeded(&id, Some(&token), &format!("ch_{id}")).await.unwrap();
+    } else {
+        k.store.funding().top_up_failed(&id, declined(&token, "CARD_DECLINED", false)).await.unwrap();
+    }
+    id
+}
 
 fn new_top_up(id: &str, account: &AccountId, credits: i64, price: i64) -> NewTopUp {
     NewTopUp {
@@ -171,7 +204,7 @@ async fn the_top_up_kind_is_reserved_for_the_funding_processor(k: &Kit) {
     let dead = k.store.funding().top_up_failed(&jid("t"), declined(&t, "CARD_DECLINED", false)).await.unwrap();
     assert_state(&dead.value, JobState::Dead);
     refused(k.store.requeue(&jid("t"), SYSTEM_ACTOR).await.unwrap_err());
-    assert_eq!(k.store.reconcile(&jid("t"), Finding::Present).await.unwrap().applied, false);
+    assert!(!k.store.reconcile(&jid("t"), Finding::Present).await.unwrap().applied);
 }
 
 async fn a_confirmed_charge_grants_once(k: &Kit) {
@@ -318,4 +351,134 @@ async fn the_reservation_keeps_the_bound(k: &Kit) {
 async fn claim_top_up_any(k: &Kit) -> (JobId, LeaseToken) {
     let claimed = k.store.funding().claim_top_ups(&processor(), 1).await.unwrap();
     (claimed[0].job.id.clone(), claimed[0].lease_token.clone())
+}
+
+async fn a_crossing_buys_once_and_waits_while_one_is_open(k: &Kit) {
+    let a = k.account("a", 1_000).await;
+    let put = k.store.funding().put_auto_top_up(&a, rule(500, 1_000, 10_000), SYSTEM_ACTOR).await.unwrap();
+    assert_eq!((put.state, put.credits_this_month), (RuleState::Active, 0));
+    // above the threshold: nothing
+    k.job("j1", &a, 400).await;
+    assert!(rule_top_ups(k, &a).await.is_empty());
+    // 600 → 300 crosses it: one top-up, in the same transaction as the charge
+    k.job("j2", &a, 300).await;
+    let made = rule_top_ups(k, &a).await;
+    assert_eq!(made.len(), 1);
+    assert_eq!((made[0].credits.get(), made[0].price, made[0].job.state), (1_000, 999, JobState::Queued));
+    // further below: no second crossing, and one top-up is open anyway
+    k.job("j3", &a, 100).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 1);
+    // up (a grant) and down again while it is open: a crossing, skipped — never a second in flight
+    k.store.grant(&a, admin_grant("g-up", 500), SYSTEM_ACTOR).await.unwrap();
+    k.job("j3b", &a, 500).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 1);
+    let skipped: Vec<serde_json::Value> =
+        events(k).await.iter().filter(|e| e.kind.as_str() == "top_up.rule_skipped").map(data).collect();
+    assert_eq!(skipped.iter().map(|d| d["reason"].clone()).collect::<Vec<_>>(), vec!["in_flight"]);
+    assert_eq!(k.store.funding().auto_top_up(&a).await.unwrap().credits_this_month, 1_000);
+    // charged: 200 + 1000 = 1200 is above again; 1200 → 300 crosses again: a second top-up
+    settle_one(k, true).await;
+    assert_eq!(k.balance(&a).await, 1_200);
+    k.job("j4", &a, 900).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 2);
+    assert_eq!(k.store.funding().auto_top_up(&a).await.unwrap().credits_this_month, 2_000);
+    // more creates while one is open: none makes another
+    for n in 0..20 {
+        k.job(&format!("r{n}"), &a, 1).await;
+    }
+    assert_eq!(rule_top_ups(k, &a).await.len(), 2);
+    let events = k.event_types().await;
+    assert_eq!(events.iter().filter(|e| *e == "top_up.queued").count(), 2, "{events:?}");
+}
+
+async fn a_declined_rule_top_up_pauses_the_rule(k: &Kit) {
+    let a = k.account("a", 1_000).await;
+    k.store.funding().put_auto_top_up(&a, rule(500, 300, 10_000), SYSTEM_ACTOR).await.unwrap();
+    k.job("j1", &a, 600).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 1);
+    settle_one(k, false).await;
+    let paused = k.store.funding().auto_top_up(&a).await.unwrap();
+    assert_eq!((paused.state, paused.credits_this_month), (RuleState::Paused, 0));
+    assert!(k.event_types().await.iter().any(|e| e == "top_up.rule_paused"));
+    // back above and down again: a paused rule buys nothing — no loop on a declined card
+    k.store.grant(&a, admin_grant("g2", 500), SYSTEM_ACTOR).await.unwrap();
+    k.job("j2", &a, 600).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 1);
+    // put again (below the threshold now): active, and it fires nothing until the next crossing
+    let again = k.store.funding().put_auto_top_up(&a, rule(500, 300, 10_000), SYSTEM_ACTOR).await.unwrap();
+    assert_eq!(again.state, RuleState::Active);
+    k.job("j3", &a, 10).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 1);
+    k.store.grant(&a, admin_grant("g3", 500), SYSTEM_ACTOR).await.unwrap();
+    k.job("j4", &a, 500).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 2);
+}
+
+async fn the_month_count_skips_and_starts_again(k: &Kit) {
+    let a = k.account("a", 1_000).await;
+    k.store.funding().put_auto_top_up(&a, rule(500, 400, 400), SYSTEM_ACTOR).await.unwrap();
+    k.job("j1", &a, 600).await;
+    settle_one(k, true).await;
+    assert_eq!(k.balance(&a).await, 800);
+    // the month's 400 are bought: the next crossing is skipped, with its reason
+    k.job("j2", &a, 400).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 1);
+    let events = events(k).await;
+    let skipped: Vec<_> = events.iter().filter(|e| e.kind.as_str() == "top_up.rule_skipped").collect();
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(data(skipped[0])["reason"], "monthly_credits_max");
+    // next month: the count starts again
+    let shown = k.store.funding().auto_top_up(&a).await.unwrap();
+    k.clock.set(shown.month_resets_at);
+    assert_eq!(k.store.funding().auto_top_up(&a).await.unwrap().credits_this_month, 0);
+    k.store.grant(&a, admin_grant("g2", 500), SYSTEM_ACTOR).await.unwrap();
+    k.job("j3", &a, 600).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 2);
+    assert_eq!(k.store.funding().auto_top_up(&a).await.unwrap().credits_this_month, 400);
+}
+
+async fn bad_rules_write_nothing_and_a_deleted_rule_buys_nothing(k: &Kit) {
+    let a = k.account("a", 1_000).await;
+    for bad in [rule(0, 5, 5), rule(-1, 5, 5), rule(500, 0, 5), rule(500, 10, 5), rule(limits::BALANCE_MAX + 1, 5, 5)] {
+        let e = k.store.funding().put_auto_top_up(&a, bad.clone(), SYSTEM_ACTOR).await.unwrap_err();
+        assert!(matches!(e, StoreError::Invalid(_)), "{bad:?}: {e:?}");
+    }
+    assert!(matches!(k.store.funding().auto_top_up(&a).await, Err(StoreError::NotFound { .. })));
+    let e = k.store.funding().put_auto_top_up(&acc("nobody"), rule(5, 5, 5), SYSTEM_ACTOR).await.unwrap_err();
+    assert!(matches!(e, StoreError::NotFound { .. }), "{e:?}");
+    k.store.funding().put_auto_top_up(&a, rule(500, 300, 10_000), SYSTEM_ACTOR).await.unwrap();
+    assert!(k.store.funding().delete_auto_top_up(&a, SYSTEM_ACTOR).await.unwrap());
+    assert!(!k.store.funding().delete_auto_top_up(&a, SYSTEM_ACTOR).await.unwrap());
+    k.job("j1", &a, 600).await;
+    assert!(rule_top_ups(k, &a).await.is_empty());
+}
+
+/// 60 creates race down through the rule's threshold, committed in shared batches: the balance
+/// crosses it once, so exactly one top-up is made, whatever the batches' order.
+async fn racing_creates_cross_the_rule_once(engine: EngineKind) {
+    let k = std::sync::Arc::new(Kit::new(engine).await);
+    let a = k.account("a", 1_000).await;
+    k.store.funding().put_auto_top_up(&a, rule(500, 300, 10_000), SYSTEM_ACTOR).await.unwrap();
+    let tasks: Vec<_> = (0..60)
+        .map(|n| {
+            let (k, a) = (k.clone(), a.clone());
+            tokio::spawn(async move { k.store.create_job(new_job(&format!("j{n}"), &a, 15)).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(k.balance(&a).await, 100);
+    assert_eq!(rule_top_ups(&k, &a).await.len(), 1);
+    k.assert_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_racing_creates_cross_the_rule_once() {
+    racing_creates_cross_the_rule_once(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_racing_creates_cross_the_rule_once() {
+    racing_creates_cross_the_rule_once(EngineKind::Postgres).await;
 }

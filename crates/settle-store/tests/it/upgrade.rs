@@ -636,17 +636,19 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
     from_before_migration_25(EngineKind::Postgres).await;
 }
 
-/// Back to before migration 0031: no top-ups, grant origins without `top_up`.
+/// Back to before migration 0031 (and 0032): no top-ups nor rules, grant origins without `top_up`.
 fn undo_31(k: &Kit) -> &'static str {
     if k.is_sqlite() {
-        "DROP TABLE top_ups; PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, \
+        "DROP INDEX top_ups_one_open_rule; DROP TABLE auto_top_ups; DELETE FROM _sqlx_migrations WHERE version = 32; \
+         DROP TABLE top_ups; PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, \
          'CHECK (origin = ''grant'' OR origin = ''adjustment'' OR origin = ''opening'' OR origin = ''top_up'')', \
          'CHECK (origin = ''grant'' OR origin = ''adjustment'' OR origin = ''opening'')') \
          WHERE type = 'table' AND name = 'grants'; PRAGMA writable_schema = OFF; \
          CREATE TABLE settle_schema_reread (x INTEGER); DROP TABLE settle_schema_reread; \
          DELETE FROM _sqlx_migrations WHERE version = 31;"
     } else {
-        "DROP TABLE top_ups; ALTER DOMAIN grant_origin DROP CONSTRAINT grant_origin_check; \
+        "DROP INDEX top_ups_one_open_rule; DROP TABLE auto_top_ups; DELETE FROM _sqlx_migrations WHERE version = 32; \
+         DROP TABLE top_ups; ALTER DOMAIN grant_origin DROP CONSTRAINT grant_origin_check; \
          ALTER DOMAIN grant_origin ADD CONSTRAINT grant_origin_check \
          CHECK (VALUE IN ('grant', 'adjustment', 'opening')) NOT VALID; \
          DELETE FROM _sqlx_migrations WHERE version = 31;"
