@@ -6,6 +6,7 @@ use settle_core::backoff::SplitMix64;
 use settle_core::crash::CrashPoint;
 use settle_core::{Clock, Timestamp};
 use settle_store::{ArtifactStore, CrashHook};
+use settle_worker::funding::FundingProvider;
 use settle_worker::payouts::{Lookup, Provider, Sent};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -152,6 +153,120 @@ impl Provider for SimProvider {
         // Executed, but the answer lost (three sends in ten).
         if fate <= 3 { Sent::NoAnswer { message: "answer lost".into() } } else { Sent::Executed { id: txid } }
     }
+}
+
+/// The funding provider (`funding-v1`): charges by idempotency key, made at most once each (a second
+/// charge of a charged key answers the same charge), every call logged. Each charge's fate is drawn
+/// from `(seed, key, how many charges of that key before)`: the processor down, the card declined (one
+/// in five),
+/// charged and answered, charged with the answer lost, or hung — carried out later, or never.
+pub struct SimFunding {
+    seed: u64,
+    state: Mutex<FundingState>,
+}
+
+#[derive(Default)]
+struct FundingState {
+    charged: BTreeMap<String, i64>,
+    charges: BTreeMap<String, u32>,
+    log: Vec<Call>,
+    hung: Vec<(String, i64)>,
+}
+
+impl SimFunding {
+    pub fn new(seed: u64) -> SimFunding {
+        SimFunding { seed, state: Mutex::default() }
+    }
+    pub fn log(&self) -> Vec<Call> {
+        self.state.lock().unwrap().log.clone()
+    }
+    /// Every key charged, with its amount.
+    pub fn charged(&self) -> BTreeMap<String, i64> {
+        self.state.lock().unwrap().charged.clone()
+    }
+    /// Carries out the hung charges `pick` chooses; returns how many ran.
+    pub fn run_hung(&self, mut pick: impl FnMut(usize) -> bool) -> usize {
+        let mut s = self.state.lock().unwrap();
+        let hung = std::mem::take(&mut s.hung);
+        let mut ran = 0;
+        for (n, (key, amount)) in hung.into_iter().enumerate() {
+            if !pick(n) {
+                s.hung.push((key, amount));
+                continue;
+            }
+            ran += 1;
+            let executed = !s.charged.contains_key(&key);
+            s.charged.entry(key.clone()).or_insert(amount);
+            s.log.push(Call::Late { key, executed });
+        }
+        ran
+    }
+    pub fn hung(&self) -> usize {
+        self.state.lock().unwrap().hung.len()
+    }
+}
+
+#[async_trait::async_trait]
+impl FundingProvider for SimFunding {
+    async fn lookup(&self, key: &str) -> Lookup {
+        let mut s = self.state.lock().unwrap();
+        let absent = !s.charged.contains_key(key);
+        s.log.push(Call::Lookup { key: key.to_owned(), absent });
+        if absent { Lookup::Absent } else { Lookup::Found { id: format!("ch-{key}"), returned: false } }
+    }
+
+    async fn charge(&self, key: &str, _customer: &str, amount: i64, _currency: &str) -> Sent {
+        let mut s = self.state.lock().unwrap();
+        let n = *s.charges.entry(key.to_owned()).and_modify(|n| *n += 1).or_insert(1);
+        let mut rng = SplitMix64::new(fnv(fnv(self.seed, key.as_bytes()), &n.to_le_bytes()));
+        let fate = rng.below_inclusive(9);
+        let already = s.charged.contains_key(key);
+        let refused = |code: &str, message: &str| Sent::Refused {
+            code: settle_core::ids::FailCode::parse(code).expect("a code"),
+            message: message.into(),
+            retry_after_ms: None,
+        };
+        if fate == 0 && !already {
+            s.log.push(Call::Send { key: key.to_owned(), executed: false });
+            return refused("PROCESSOR_DOWN", "the processor is down");
+        }
+        // A declined card (one charge in five): the top-up dies, and a rule's pauses.
+        if (fate == 7 || fate == 8) && !already {
+            s.log.push(Call::Send { key: key.to_owned(), executed: false });
+            return refused("CARD_DECLINED", "declined");
+        }
+        if fate == 9 && !already {
+            s.log.push(Call::Send { key: key.to_owned(), executed: false });
+            s.hung.push((key.to_owned(), amount));
+            return Sent::NoAnswer { message: "no answer: the request hung".into() };
+        }
+        s.charged.entry(key.to_owned()).or_insert(amount);
+        s.log.push(Call::Send { key: key.to_owned(), executed: !already });
+        if fate <= 3 {
+            Sent::NoAnswer { message: "answer lost".into() }
+        } else {
+            Sent::Executed { id: format!("ch-{key}") }
+        }
+    }
+}
+
+/// Every send in `log` from `from` on came right after a lookup of its key that found it absent
+/// (a hung request carried out meanwhile is the provider's doing, not a call); returns how far it read.
+pub fn sends_follow_absent_lookups(log: &[Call], from: usize, what: &str) -> Result<usize, String> {
+    for (i, call) in log.iter().enumerate().skip(from) {
+        if let Call::Send { key, .. } = call {
+            let before = log[..i].iter().rev().find(|c| match c {
+                Call::Lookup { key: k, .. } | Call::Send { key: k, .. } => k == key,
+                Call::Late { .. } => false,
+            });
+            if !matches!(before, Some(Call::Lookup { absent: true, .. })) {
+                return Err(format!(
+                    "{what} key {key} was sent without a lookup that found it absent just before: {before:?}"
+                ));
+            }
+        }
+    }
+    Ok(log.len())
 }
 
 /// Artifacts in memory: the keys written, minus those deleted; deletes fail by the seed.

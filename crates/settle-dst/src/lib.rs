@@ -81,6 +81,7 @@ async fn run_inner(
         opens: 0,
         clock: Arc::new(SimClock::new(Timestamp::from_micros(1_800_000_000_000_000))),
         provider: Arc::new(SimProvider::new(seed)),
+        funding: Arc::new(fakes::SimFunding::new(seed ^ 0xf00d)),
         artifacts: Arc::new(SimArtifacts::new(seed ^ 0xa27)),
         crash: Arc::new(SimCrash::default()),
         broken,
@@ -100,7 +101,9 @@ async fn run_inner(
             machine = rig.reopen(machine).await?;
             world.after_crash();
         }
-        if let Err(what) = world.check(&machine.store, &rig.provider, &rig.artifacts, step % 50 == 0 || crashed).await {
+        if let Err(what) =
+            world.check(&machine.store, (&rig.provider, &rig.funding), &rig.artifacts, step % 50 == 0 || crashed).await
+        {
             violation = Some(Violation { step, what });
             break;
         }
@@ -112,8 +115,8 @@ async fn run_inner(
         violation = Some(Violation { step: steps + 1, what });
     }
     let jobs = world.jobs.len();
-    let Machine { store, maintenance, payouts } = machine;
-    drop((maintenance, payouts));
+    let Machine { store, maintenance, payouts, funding } = machine;
+    drop((maintenance, payouts, funding));
     if let Ok(store) = Arc::try_unwrap(store) {
         store.close().await;
     }

@@ -1,10 +1,11 @@
 //! The machine under simulation: the store and its passes (rebuilt after every crash), and the
 //! rig that outlives crashes (the file, the fakes, the seed).
 
-use crate::fakes::{FNV_START, SimArtifacts, SimClock, SimCrash, SimProvider, fnv};
+use crate::fakes::{FNV_START, SimArtifacts, SimClock, SimCrash, SimFunding, SimProvider, fnv};
 use crate::world;
 use settle_core::ids::WorkerName;
 use settle_store::{Durability, SqlStore, Store, StoreOptions};
+use settle_worker::funding::FundingProcessor;
 use settle_worker::payouts::{PayoutProcessor, PayoutSettings};
 use settle_worker::{LoopSettings, Maintenance};
 use std::path::PathBuf;
@@ -17,6 +18,8 @@ pub enum Breakage {
     Store(settle_store::broken::Guard),
     /// The payout processor sends without looking the key up first.
     LookupBeforeSend,
+    /// The funding processor charges without looking the key up first.
+    FundingLookupBeforeSend,
 }
 
 /// A store and the passes over it, rebuilt after every crash.
@@ -24,6 +27,7 @@ pub struct Machine {
     pub store: Arc<SqlStore>,
     pub maintenance: Maintenance,
     pub payouts: PayoutProcessor,
+    pub funding: FundingProcessor,
 }
 
 /// What stays across crashes: the file, the fakes, the seed.
@@ -33,6 +37,7 @@ pub struct Rig {
     pub opens: u64,
     pub clock: Arc<SimClock>,
     pub provider: Arc<SimProvider>,
+    pub funding: Arc<SimFunding>,
     pub artifacts: Arc<SimArtifacts>,
     pub crash: Arc<SimCrash>,
     pub broken: Option<Breakage>,
@@ -74,18 +79,24 @@ impl Rig {
             ..PayoutSettings::default()
         };
         let worker = WorkerName::parse("payouts").expect("a worker name");
-        let mut payouts = PayoutProcessor::new(dyn_store, self.provider.clone(), worker, payout_settings)
+        let mut payouts = PayoutProcessor::new(dyn_store.clone(), self.provider.clone(), worker, payout_settings)
             .with_crash_hook(self.crash.clone());
         if self.broken == Some(Breakage::LookupBeforeSend) {
             payouts = payouts.without_lookup_before_send();
         }
-        Ok(Machine { store, maintenance, payouts })
+        let worker = WorkerName::parse("funding").expect("a worker name");
+        let mut funding = FundingProcessor::new(dyn_store, self.funding.clone(), worker, payout_settings)
+            .with_crash_hook(self.crash.clone());
+        if self.broken == Some(Breakage::FundingLookupBeforeSend) {
+            funding = funding.without_lookup_before_send();
+        }
+        Ok(Machine { store, maintenance, payouts, funding })
     }
 
     /// A crash: everything of the process goes; what committed stays in the file.
     pub async fn reopen(&mut self, m: Machine) -> Result<Machine, String> {
-        let Machine { store, maintenance, payouts } = m;
-        drop((maintenance, payouts));
+        let Machine { store, maintenance, payouts, funding } = m;
+        drop((maintenance, payouts, funding));
         match Arc::try_unwrap(store) {
             Ok(store) => store.close().await,
             Err(_) => return Err("the store is still held after a crash".into()),

@@ -24,7 +24,8 @@ pub async fn step(w: &mut World, m: &Machine, rig: &Rig) -> bool {
         22..37 => claim(w, m).await,
         37..62 => report(w, m, rig).await,
         62..66 => cancel(w, m).await,
-        66..71 => withdrawal(w, m).await,
+        66..70 => withdrawal(w, m).await,
+        70..71 => top_up(w, m).await,
         71..72 => grant(w, m).await,
         72..73 => set_cap(w, m).await,
         73..85 => pass(w, m).await,
@@ -56,6 +57,13 @@ fn advance(w: &mut World, rig: &Rig) {
     };
     rig.clock.advance_ms(ms);
     w.trace(&format!("time +{ms} ms"));
+    // A hung charge may be carried out now, as a hung payout may below.
+    if rig.funding.hung() > 0 {
+        let ran = rig.funding.run_hung(|_| w.chance(30));
+        if ran > 0 {
+            w.trace(&format!("hung charges carried out: {ran}"));
+        }
+    }
     // A hung payout request may be carried out now, long after its caller heard nothing.
     if rig.provider.hung() > 0 {
         let ran = rig.provider.run_hung(|_| w.chance(15));
@@ -359,6 +367,25 @@ async fn withdrawal(w: &mut World, m: &Machine) {
     w.moved(id);
 }
 
+/// A top-up bought by hand on an account (issue 45): nothing charged to it; its credits are granted
+/// only once the funding provider's charge is confirmed (`World::count_bought`).
+async fn top_up(w: &mut World, m: &Machine) {
+    let id = w.fresh_id("tu");
+    let account = account(w);
+    let credits = 1 + w.tape.rng.below_inclusive(299) as i64;
+    let req = settle_store::NewTopUp {
+        id: JobId::parse(&id).expect("an id"),
+        account_id: account.clone(),
+        credits: Credits::new(credits),
+        price: credits * 10,
+        currency: settle_core::currency::Currency::parse("EUR").expect("a currency"),
+        customer: settle_core::ids::Customer::parse("cus_sim").expect("a customer"),
+    };
+    let r = m.store.funding().create_top_up(req).await;
+    w.answer(&format!("top up {id} {credits}"), r.as_ref().map(|c| c.value.job.state));
+    w.touched_accounts.insert(account.as_str().to_owned());
+}
+
 /// A grant, half of them expiring within the hour.
 async fn grant(w: &mut World, m: &Machine) {
     let id = w.fresh_id("g");
@@ -382,7 +409,7 @@ async fn grant(w: &mut World, m: &Machine) {
 }
 
 async fn pass(w: &mut World, m: &Machine) {
-    let which = w.pick(8);
+    let which = w.pick(11);
     let r: Result<usize, StoreError> = match which {
         0 => m.maintenance.rescue_pass().await.map(|v| v.len()),
         1 => m.maintenance.sweep_pass().await.map(|v| v.len()),
@@ -391,6 +418,9 @@ async fn pass(w: &mut World, m: &Machine) {
         4 => m.payouts.process_pass().await.map(|v| v.len()),
         5 => m.payouts.reconcile_pass().await.map(|v| v.len()),
         6 => m.payouts.recheck_pass().await.map(|v| v.len()),
+        7 => m.funding.process_pass().await.map(|v| v.len()),
+        8 => m.funding.reconcile_pass().await.map(|v| v.len()),
+        9 => m.funding.recheck_pass().await.map(|v| v.len()),
         _ => {
             // Its answers are checked as they come; a broken rule ends the run at this step.
             if let Err(what) = w.hooks.pass(&mut w.tape, &m.store).await {
@@ -401,6 +431,26 @@ async fn pass(w: &mut World, m: &Machine) {
     };
     w.answer(&format!("pass {which}"), r.as_ref().map(|n| *n));
     w.touched_all = true;
+}
+
+/// The funding processor's passes in a drain round, as the payout processor's (`drain_payouts`).
+async fn drain_funding(m: &Machine, top_ups: usize, recheck: bool) -> usize {
+    let mut moved = 0;
+    for _ in 0..50 {
+        match m.funding.process_pass().await {
+            Ok(v) if !v.is_empty() => moved += v.len(),
+            _ => break,
+        }
+    }
+    for _ in 0..top_ups + 1 {
+        moved += m.funding.reconcile_pass().await.map_or(0, |v| v.len());
+    }
+    if recheck {
+        for _ in 0..top_ups + 3 {
+            moved += m.funding.recheck_pass().await.map_or(0, |v| v.len());
+        }
+    }
+    moved
 }
 
 /// The payout processor's passes in a drain round; returns how many withdrawals they moved. Its
@@ -433,20 +483,28 @@ pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> 
     // Half the hung requests are carried out as the drain begins, the rest once the work has
     // stopped (every withdrawal in its final state): the re-check must find those Settle gave up on.
     let ran = rig.provider.run_hung(|_| w.chance(50));
-    w.trace(&format!("drain: hung sends carried out: {ran}"));
+    let charged = rig.funding.run_hung(|_| w.chance(50));
+    w.trace(&format!("drain: hung sends carried out: {ran}, hung charges: {charged}"));
     let withdrawals = w.jobs.values().filter(|j| j.withdrawal).count();
     let mut quiet = 0;
     for round in 0..30 {
         rig.clock.advance_ms(600_000);
         if quiet == 1 {
             let ran = rig.provider.run_hung(|_| true);
-            w.trace(&format!("drain: the last hung sends carried out: {ran}"));
+            let charged = rig.funding.run_hung(|_| true);
+            w.trace(&format!("drain: the last hung sends carried out: {ran}, charges: {charged}"));
         }
         let _ = m.maintenance.rescue_pass().await;
         let _ = m.maintenance.sweep_pass().await;
         let _ = m.maintenance.expire_pass().await;
         let _ = m.maintenance.reconcile_pass().await;
-        let payouts = drain_payouts(m, withdrawals, quiet > 0).await;
+        let top_ups = m
+            .store
+            .funding()
+            .top_ups(&settle_store::TopUpFilter::default(), settle_store::Page { after: 0, limit: 1_000 })
+            .await
+            .map_or(0, |p| p.rows.len());
+        let payouts = drain_payouts(m, withdrawals, quiet > 0).await + drain_funding(m, top_ups, quiet > 0).await;
         let req = ClaimRequest {
             worker: WorkerName::parse("drain").expect("a worker"),
             kinds: KINDS.iter().map(|k| JobKind::parse(k).expect("a kind")).collect(),
@@ -473,8 +531,8 @@ pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> 
             w.answer(&format!("drain succeed {id}"), r.as_ref().map(|o| o.applied));
         }
         w.touched_all = true;
-        w.check(&m.store, &rig.provider, &rig.artifacts, false).await?;
+        w.check(&m.store, (&rig.provider, &rig.funding), &rig.artifacts, false).await?;
     }
-    w.check(&m.store, &rig.provider, &rig.artifacts, true).await?;
-    w.check_end(&m.store, &rig.provider).await
+    w.check(&m.store, (&rig.provider, &rig.funding), &rig.artifacts, true).await?;
+    w.check_end(&m.store, (&rig.provider, &rig.funding)).await
 }

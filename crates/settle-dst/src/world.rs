@@ -2,7 +2,7 @@
 //! and its review): what `Store::audit` cannot see — each item's states over time, answers to
 //! stale tokens, the provider's call log, artifacts left behind a cancel, internal errors.
 
-use crate::fakes::{Call, SimArtifacts, SimProvider};
+use crate::fakes::{SimArtifacts, SimFunding, SimProvider, sends_follow_absent_lookups};
 pub use crate::sim_job::SimJob;
 use crate::tape::Tape;
 use settle_core::Credits;
@@ -38,16 +38,35 @@ pub const LIMITED: &str = "acct1";
 pub const LIMITS: [(settle_core::spend::Period, i64, Option<&str>); 2] =
     [(settle_core::spend::Period::Day, 100, Some("render")), (settle_core::spend::Period::Month, 300, None)];
 
+/// The account with an auto top-up rule from the start (issue 45): under `GRANT − 60` it buys 60,
+/// at most 480 a month — so a run crosses it often, meets the month's maximum, and, when a charge
+/// is declined, pauses it.
+pub const RULED: &str = "acct2";
+
+fn rule() -> settle_store::NewAutoTopUp {
+    settle_store::NewAutoTopUp {
+        below: GRANT - 60,
+        credits: Credits::new(60),
+        price: 59,
+        currency: settle_core::currency::Currency::parse("EUR").expect("a currency"),
+        customer: settle_core::ids::Customer::parse("cus_acct2").expect("a customer"),
+        monthly_credits_max: 480,
+    }
+}
+
 /// Short leases and backoffs, so a few hundred steps of simulated time see them run out; a cap on
 /// the kind `batch`.
 pub fn policies() -> Policies {
     let default =
         RetryPolicy { attempts_max: 3, lease_seconds: 30, confirm_window_seconds: 120, ..RetryPolicy::default() };
     let withdrawal = RetryPolicy { refund_on: RefundPolicy::FinalFailure, lease_seconds: 60, ..default.clone() };
+    let top_up = withdrawal.clone();
     let batch = RetryPolicy { max_running: Some(KIND_CAP.1), ..default.clone() };
     Policies {
         default,
-        kinds: [("withdrawal".to_owned(), withdrawal), (KIND_CAP.0.to_owned(), batch)].into_iter().collect(),
+        kinds: [("withdrawal".to_owned(), withdrawal), ("top_up".to_owned(), top_up), (KIND_CAP.0.to_owned(), batch)]
+            .into_iter()
+            .collect(),
     }
 }
 
@@ -66,8 +85,11 @@ pub struct World {
     pub books: crate::money::Books,
     /// What the simulated webhook sender knows (`hooks`).
     pub hooks: crate::hooks::Hooks,
-    /// How much of the provider's log `check` has read.
+    /// How much of the payout and funding providers' logs `check` has read.
     provider_read: usize,
+    funding_read: usize,
+    /// The top-ups whose grants are in the books.
+    bought: BTreeSet<String>,
     /// Each account's cap as the simulated admin last set it.
     pub caps: BTreeMap<String, Option<i64>>,
 }
@@ -85,6 +107,8 @@ impl World {
             books: crate::money::Books::default(),
             hooks: crate::hooks::Hooks::default(),
             provider_read: 0,
+            funding_read: 0,
+            bought: BTreeSet::new(),
             caps: BTreeMap::new(),
         }
     }
@@ -136,6 +160,10 @@ impl World {
             let alerts = ALERTS.iter().map(|(a, below)| (a.to_string(), *below)).collect();
             let set = store.set_alerts(&account, alerts, SYSTEM_ACTOR).await;
             self.answer("setup alerts", set.as_ref().map(|_| ()));
+            if id == RULED {
+                let put = store.funding().put_auto_top_up(&account, rule(), SYSTEM_ACTOR).await;
+                self.answer("setup rule", put.as_ref().map(|_| ()));
+            }
             if id == LIMITED {
                 let limits = LIMITS
                     .iter()
@@ -212,7 +240,7 @@ impl World {
     pub async fn check(
         &mut self,
         store: &SqlStore,
-        provider: &SimProvider,
+        (provider, funding): (&SimProvider, &SimFunding),
         artifacts: &SimArtifacts,
         full: bool,
     ) -> Result<(), String> {
@@ -225,7 +253,9 @@ impl World {
             accounts.extend(self.accounts.iter().cloned());
         }
         self.check_jobs(store, artifacts).await?;
-        self.check_provider(provider)?;
+        self.check_provider(provider, funding)?;
+        self.count_bought(store, funding).await?;
+        accounts.extend(std::mem::take(&mut self.touched_accounts));
         self.books.check(&self.jobs, store, &accounts).await?;
         if full {
             let report = store.audit(None).await.map_err(|e| format!("audit: {e}"))?;
@@ -315,30 +345,75 @@ impl World {
         Ok(())
     }
 
-    fn check_provider(&mut self, provider: &SimProvider) -> Result<(), String> {
-        let log = provider.log();
-        for (i, call) in log.iter().enumerate().skip(self.provider_read) {
-            if let Call::Send { key, .. } = call {
-                // A hung send carried out meanwhile is the provider's doing, not a call.
-                let before = log[..i].iter().rev().find(|c| match c {
-                    Call::Lookup { key: k, .. } | Call::Send { key: k, .. } => k == key,
-                    Call::Late { .. } => false,
-                });
-                if !matches!(before, Some(Call::Lookup { absent: true, .. })) {
-                    return Err(format!(
-                        "key {key} was sent without a lookup that found it absent just before: {before:?}"
-                    ));
+    fn check_provider(&mut self, provider: &SimProvider, funding: &SimFunding) -> Result<(), String> {
+        self.provider_read = sends_follow_absent_lookups(&provider.log(), self.provider_read, "payout")?;
+        self.funding_read = sends_follow_absent_lookups(&funding.log(), self.funding_read, "funding")?;
+        Ok(())
+    }
+
+    /// The credits each top-up granted, into the auditor's books: only a key the funding provider
+    /// charged may be granted, and each once (issue 45).
+    async fn count_bought(&mut self, store: &SqlStore, funding: &SimFunding) -> Result<(), String> {
+        let charged = funding.charged();
+        let mut after = 0;
+        loop {
+            let page = store
+                .funding()
+                .top_ups(&settle_store::TopUpFilter::default(), Page { after, limit: 500 })
+                .await
+                .map_err(|e| format!("list top-ups: {e}"))?;
+            for t in &page.rows {
+                let id = t.job.id.as_str().to_owned();
+                if t.grant_id.is_none() || self.bought.contains(&id) {
+                    continue;
                 }
+                if charged.get(&t.idempotency_key) != Some(&t.price) {
+                    return Err(format!("top-up {id} granted {} credits without a charge of its key", t.credits.get()));
+                }
+                self.books.granted(t.job.account_id.as_str(), t.credits.get());
+                self.touched_accounts.insert(t.job.account_id.as_str().to_owned());
+                self.bought.insert(id);
+            }
+            match page.next_after {
+                Some(n) => after = n,
+                None => return Ok(()),
             }
         }
-        self.provider_read = log.len();
+    }
+
+    /// Top-ups after the drain: every key the funding provider charged was granted (a late charge
+    /// too), and the auto rule made no top-up after one of its own died (a declined card is never
+    /// charged in a loop).
+    async fn check_top_ups(&mut self, store: &SqlStore, funding: &SimFunding) -> Result<(), String> {
+        self.count_bought(store, funding).await?;
+        let filter = settle_store::TopUpFilter::default();
+        let all = store.funding().top_ups(&filter, Page { after: 0, limit: 1_000 }).await.map_err(|e| e.to_string())?;
+        for key in funding.charged().keys() {
+            match all.rows.iter().find(|t| &t.idempotency_key == key) {
+                Some(t) if t.grant_id.is_some() => {}
+                other => return Err(format!("the funding provider charged {key}, but {other:?} granted nothing")),
+            }
+        }
+        let mut died = None;
+        for t in all.rows.iter().filter(|t| t.rule) {
+            if let Some(dead) = &died {
+                return Err(format!("the rule made {} after its top-up {dead} died", t.job.id.as_str()));
+            }
+            if t.job.state == JobState::Dead {
+                died = Some(t.job.id.as_str().to_owned());
+            }
+        }
         Ok(())
     }
 
     /// Liveness, after the drain: every job terminal or `unknown`; every withdrawal that succeeded
     /// was executed by the provider once with its amount, and none that did not succeed was; the
     /// event feed is numbered 1, 2, 3, … with no gap.
-    pub async fn check_end(&mut self, store: &SqlStore, provider: &SimProvider) -> Result<(), String> {
+    pub async fn check_end(
+        &mut self,
+        store: &SqlStore,
+        (provider, funding): (&SimProvider, &SimFunding),
+    ) -> Result<(), String> {
         let mut after = 0;
         loop {
             let page = store.jobs(&JobFilter::ALL, Page { after, limit: 500 }).await.map_err(|e| e.to_string())?;
@@ -353,6 +428,7 @@ impl World {
             }
         }
         self.check_withdrawals(store, provider).await?;
+        self.check_top_ups(store, funding).await?;
         self.check_alerts(store).await?;
         self.check_limits(store).await?;
         self.hooks.check_end(store).await?;

@@ -32,6 +32,9 @@ pub enum Guard {
     /// A create or withdrawal is refused when its charge would take a spend limit's period over
     /// its amount (the caps that overshoot: anthropics/claude-code#59858).
     SpendLimit,
+    /// A rule's top-up that dies pauses its rule (a declined card is never charged in a loop:
+    /// getlago/lago#6103).
+    RulePause,
 }
 
 /// Whether `guard` is removed in this store.

@@ -19,6 +19,7 @@ on_both_engines!(
     an_account_at_its_cap_says_why_its_job_waits,
     the_account_page_shows_its_alerts_and_their_sides,
     the_account_page_shows_its_spend_limits,
+    top_ups_show_their_charge_grant_and_rule,
     a_signed_out_or_rotated_session_is_no_session,
     cross_site_posts_and_foreign_hosts_are_refused,
     a_sign_out_holds_in_every_process_and_after_a_restart,
@@ -469,6 +470,53 @@ async fn the_account_page_shows_its_spend_limits(e: Engine) {
     assert!(html[at..].find("class=\"error\"").is_some_and(|i| i < 120), "the day limit is marked reached: {html}");
     assert!(html.contains("<code>render</code>") && html.contains("every kind but withdrawal"), "{html}");
     assert!(html.contains("UTC month"), "{html}");
+}
+
+/// Issue 45: the top-ups page lists each top-up with its state, charge and grant; a top-up's job page
+/// names what it buys and what the provider confirmed; the account page shows its rule, paused when
+/// a rule top-up died.
+async fn top_ups_show_their_charge_grant_and_rule(e: Engine) {
+    let s = server(e).await;
+    s.account("buyer", 1_000).await;
+    let (b, _) = sign_in(&s, CLIENT).await;
+    let (_, html) = page(&b, &s, "/console/accounts/buyer").await;
+    assert!(html.contains("Auto top-up") && html.contains("/auto-top-up sets one"), "{html}");
+    let t = serde_json::json!({"id": "tu1", "account_id": "buyer", "credits": 500, "price": 499, "currency": "EUR", "customer": "cus_b"});
+    assert_eq!(s.post("/v1/top-ups", t).await.status, 201);
+    let rule = serde_json::json!({"below": 600, "credits": 300, "price": 299, "currency": "EUR", "customer": "cus_b", "monthly_credits_max": 900});
+    assert_eq!(s.send("PUT", "/v1/accounts/buyer/auto-top-up", Some(rule), Some(CLIENT)).await.status, 200);
+    let store = s.store_handle();
+    let worker = settle_core::ids::WorkerName::parse("funding").unwrap();
+    let claimed = store.funding().claim_top_ups(&worker, 10).await.unwrap();
+    let tu1 = settle_core::ids::JobId::parse("tu1").unwrap();
+    store.funding().top_up_succeeded(&tu1, Some(&claimed[0].lease_token), "ch_42").await.unwrap();
+    // 1500 → 800: no crossing; → 500: the rule buys, and its charge is declined: the rule pauses
+    s.job("spend-1", "buyer", 700).await;
+    s.job("spend-2", "buyer", 300).await;
+    let claimed = store.funding().claim_top_ups(&worker, 10).await.unwrap();
+    assert_eq!(claimed.len(), 1, "the rule's top-up");
+    let signal = settle_store::FailSignal {
+        lease_token: claimed[0].lease_token.clone(),
+        code: settle_core::ids::FailCode::parse("CARD_DECLINED").unwrap(),
+        message: Some("declined".into()),
+        retryable: Some(false),
+        retry_after_ms: None,
+    };
+    store.funding().top_up_failed(&claimed[0].job.id, signal).await.unwrap();
+    let (_, html) = page(&b, &s, "/console/top-ups").await;
+    assert!(html.contains("/console/jobs/tu1") && html.contains("<code>ch_42</code>"), "{html}");
+    assert!(html.contains("CARD_DECLINED"), "the rule's declined top-up is listed: {html}");
+    let (_, html) = page(&b, &s, "/console/jobs/tu1").await;
+    assert!(
+        html.contains("<code>cus_b</code>")
+            && html.contains("<code>ch_42</code>")
+            && html.contains("500 credits for 499 EUR"),
+        "{html}"
+    );
+    let (_, html) = page(&b, &s, "/console/accounts/buyer").await;
+    let at = html.find("Auto top-up").expect("the rule's card");
+    // paused, and the dead top-up's 300 given back to the month
+    assert!(html[at..].contains("paused") && html[at..].contains("<dd>0 of 900 credits"), "{html}");
 }
 
 /// Caps over HTTP and in the console: a PATCH caps the account, the claim stops at the cap, the

@@ -84,3 +84,13 @@ fn without_the_alerts_edge() {
 fn without_the_spend_limit_check() {
     caught(Breakage::Store(Guard::SpendLimit));
 }
+
+#[test]
+fn without_the_lookup_before_a_charge() {
+    caught(Breakage::FundingLookupBeforeSend);
+}
+
+#[test]
+fn without_the_rules_pause_on_a_dead_top_up() {
+    caught(Breakage::Store(Guard::RulePause));
+}

@@ -17,3 +17,5 @@ CREATE TABLE auto_top_ups (
 ) STRICT;
 -- The backstop of "one rule top-up in flight per account".
 CREATE UNIQUE INDEX top_ups_one_open_rule ON top_ups (account_id) WHERE open = 1 AND rule_generation IS NOT NULL;
+-- The rule's top-ups of an account by creation: its month's count and its last generation.
+CREATE INDEX top_ups_rule ON top_ups (account_id, created_at) WHERE rule_generation IS NOT NULL;

@@ -18,8 +18,11 @@ use settle_core::{Credits, Timestamp, limits};
 use std::sync::LazyLock;
 
 /// Runs after every operation, in its transaction: the top-ups its postings' crossings make.
+/// One operation buys at most once per rule, however many times its lines crossed it.
 pub(crate) async fn after_operation(db: &mut Db<'_>, cx: &Cx) -> Result<(), StoreError> {
-    let crossed = std::mem::take(&mut *cx.crossings.lock().expect("crossings lock"));
+    let mut crossed = std::mem::take(&mut *cx.crossings.lock().expect("crossings lock"));
+    crossed.sort();
+    crossed.dedup();
     for (account, generation) in crossed {
         make(db, cx, &account, generation).await?;
     }
@@ -40,11 +43,24 @@ async fn make(db: &mut Db<'_>, cx: &Cx, account_id: &str, generation: i64) -> Re
     }
     let month = Period::Month.start(cx.now).micros();
     let counted = if rule.month_start < month { 0 } else { rule.credits_this_month };
+    // What the rule buys with, as stored: a value this release no longer takes (a withdrawn
+    // currency) is a skip, never an error in the operation that crossed.
+    let terms = (
+        settle_core::currency::Currency::parse(&rule.currency),
+        settle_core::ids::Customer::parse(&rule.customer).ok(),
+        settle_core::ids::AccountId::parse(account_id).ok(),
+    );
     static ROOM: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM accounts WHERE id = $1", RoomCol::LIST));
     let room = db.one(&ROOM, args![account_id]).await?;
     let (balance, held) = (room.i64(RoomCol::balance)?, room.i64(RoomCol::held)?);
     let open = db.opt("SELECT 1 AS open FROM top_ups WHERE account_id = $1 AND open = 1", args![account_id]).await?;
-    let skip = if open.is_some() {
+    let skip = if rule.month_start > month {
+        // A process whose clock is behind another's that already counted the next month: its
+        // top-up would fall outside the month it is counted in.
+        Some("clock_behind")
+    } else if terms.0.is_none() || terms.1.is_none() || terms.2.is_none() {
+        Some("invalid_rule")
+    } else if open.is_some() {
         Some("in_flight")
     } else if counted + rule.credits > rule.monthly_credits_max {
         Some("monthly_credits_max")
@@ -60,26 +76,37 @@ async fn make(db: &mut Db<'_>, cx: &Cx, account_id: &str, generation: i64) -> Re
         });
         return super::emit(db, cx, EventKind::TopUpRuleSkipped, None, account_id, data).await;
     }
+    let (Some(currency), Some(customer), Some(account)) = terms else { return Ok(()) };
     let req = NewTopUp {
         id: settle_core::ids::JobId::parse(&format!("auto_{}", cx.token().simple()))
             .map_err(|e| StoreError::internal(format!("a rule top-up's id: {e}")))?,
-        account_id: settle_core::ids::AccountId::parse(account_id)
-            .map_err(|e| StoreError::internal(format!("an account id: {e}")))?,
+        account_id: account,
         credits: Credits::new(rule.credits),
         price: rule.price,
-        currency: settle_core::currency::Currency::parse(&rule.currency)
-            .ok_or_else(|| StoreError::internal(format!("a rule in currency {}", rule.currency)))?,
-        customer: settle_core::ids::Customer::parse(&rule.customer)
-            .map_err(|e| StoreError::internal(format!("a rule's customer: {e}")))?,
+        currency,
+        customer,
     };
     super::top_ups::create_top_up(db, cx, &req, Some(generation)).await?;
     let rows = db
         .exec(
             "UPDATE auto_top_ups SET month_start = $2, credits_this_month = $3 WHERE account_id = $1 AND generation = $4",
-            args![account_id, month.max(rule.month_start), counted + rule.credits, generation],
+            args![account_id, month, counted + rule.credits, generation],
         )
         .await?;
     super::guard_hit(rows, "rule's month")
+}
+
+/// The highest rule generation any of the account's top-ups carries (0: none).
+async fn last_generation(db: &mut Db<'_>, account_id: &str) -> Result<i64, StoreError> {
+    columns! {
+        LastCol { g }
+    }
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        "SELECT CAST(COALESCE(MAX(rule_generation), 0) AS BIGINT) AS g FROM top_ups WHERE account_id = $1 \
+         AND rule_generation IS NOT NULL"
+            .to_owned()
+    });
+    db.one(&SQL, args![account_id]).await?.i64(LastCol::g)
 }
 
 /// What the rule's top-ups created since `month_start` are buying or bought (open, or charged).
@@ -131,6 +158,24 @@ pub(crate) async fn put_rule(
     let old = read_rule(db, account_id).await?;
     let month = Period::Month.start(cx.now).micros();
     let side = if balance >= new.below { AlertSide::Above } else { AlertSide::Below };
+    // The same rule put again while active changes nothing (its side, generation and month stay).
+    if let Some(o) = &old
+        && o.state == RuleState::Active
+        && (o.below, o.credits, o.price, o.currency.as_str(), o.customer.as_str(), o.monthly_credits_max)
+            == (
+                new.below,
+                new.credits.get(),
+                new.price,
+                new.currency.as_str(),
+                new.customer.as_str(),
+                new.monthly_credits_max,
+            )
+    {
+        return Ok((shown(account_id, o, cx.now)?, false));
+    }
+    // Past every generation the account's rules had, a deleted one's too: a top-up of an earlier
+    // rule never pauses this one.
+    let generation = old.as_ref().map_or(0, |o| o.generation).max(last_generation(db, account_id).await?) + 1;
     let rule = Rule {
         below: new.below,
         credits: new.credits.get(),
@@ -140,15 +185,10 @@ pub(crate) async fn put_rule(
         monthly_credits_max: new.monthly_credits_max,
         state: RuleState::Active,
         side,
-        generation: old.as_ref().map_or(1, |o| o.generation + 1),
+        generation,
         month_start: month,
         credits_this_month: recount(db, account_id, month).await?,
     };
-    if let Some(o) = &old
-        && (Rule { generation: o.generation, ..rule.clone() }) == *o
-    {
-        return Ok((shown(account_id, o, cx.now)?, false));
-    }
     db.exec("DELETE FROM auto_top_ups WHERE account_id = $1", args![account_id]).await?;
     db.exec(
         "INSERT INTO auto_top_ups (account_id, below, credits, price, currency, customer, monthly_credits_max, state, \

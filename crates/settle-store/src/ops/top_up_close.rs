@@ -49,7 +49,7 @@ pub(crate) async fn closed(
         args![&job.account_id, credits, r.i64(ClosedCol::created_at)?],
     )
     .await?;
-    if !died {
+    if !died || cx.broken(crate::broken::Guard::RulePause) {
         return Ok(());
     }
     let paused = db

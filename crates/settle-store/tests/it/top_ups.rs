@@ -26,6 +26,7 @@ conformance!(
     a_declined_rule_top_up_pauses_the_rule,
     the_month_count_skips_and_starts_again,
     bad_rules_write_nothing_and_a_deleted_rule_buys_nothing,
+    an_earlier_rules_dead_top_up_pauses_nothing,
 );
 
 fn rule(below: i64, credits: i64, monthly_credits_max: i64) -> NewAutoTopUp {
@@ -451,6 +452,25 @@ async fn bad_rules_write_nothing_and_a_deleted_rule_buys_nothing(k: &Kit) {
     assert!(!k.store.funding().delete_auto_top_up(&a, SYSTEM_ACTOR).await.unwrap());
     k.job("j1", &a, 600).await;
     assert!(rule_top_ups(k, &a).await.is_empty());
+}
+
+async fn an_earlier_rules_dead_top_up_pauses_nothing(k: &Kit) {
+    let a = k.account("a", 1_000).await;
+    k.store.funding().put_auto_top_up(&a, rule(500, 300, 10_000), SYSTEM_ACTOR).await.unwrap();
+    k.job("j1", &a, 600).await;
+    assert_eq!(rule_top_ups(k, &a).await.len(), 1);
+    // deleted and put anew (another card) while the first rule's top-up is still open
+    k.store.funding().delete_auto_top_up(&a, SYSTEM_ACTOR).await.unwrap();
+    let mut other = rule(500, 300, 10_000);
+    other.customer = Customer::parse("cus_other").unwrap();
+    k.store.funding().put_auto_top_up(&a, other.clone(), SYSTEM_ACTOR).await.unwrap();
+    settle_one(k, false).await;
+    assert_eq!(k.store.funding().auto_top_up(&a).await.unwrap().state, RuleState::Active);
+    assert!(!k.event_types().await.iter().any(|e| e == "top_up.rule_paused"));
+    // the same rule put again changes nothing
+    let before = k.event_types().await.len();
+    k.store.funding().put_auto_top_up(&a, other, SYSTEM_ACTOR).await.unwrap();
+    assert_eq!(k.event_types().await.len(), before);
 }
 
 /// 60 creates race down through the rule's threshold, committed in shared batches: the balance

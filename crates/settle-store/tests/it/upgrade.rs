@@ -639,7 +639,7 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
 /// Back to before migration 0031 (and 0032): no top-ups nor rules, grant origins without `top_up`.
 fn undo_31(k: &Kit) -> &'static str {
     if k.is_sqlite() {
-        "DROP INDEX top_ups_one_open_rule; DROP TABLE auto_top_ups; DELETE FROM _sqlx_migrations WHERE version = 32; \
+        "DROP INDEX top_ups_rule; DROP INDEX top_ups_one_open_rule; DROP TABLE auto_top_ups; DELETE FROM _sqlx_migrations WHERE version = 32; \
          DROP TABLE top_ups; PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, \
          'CHECK (origin = ''grant'' OR origin = ''adjustment'' OR origin = ''opening'' OR origin = ''top_up'')', \
          'CHECK (origin = ''grant'' OR origin = ''adjustment'' OR origin = ''opening'')') \
@@ -647,7 +647,7 @@ fn undo_31(k: &Kit) -> &'static str {
          CREATE TABLE settle_schema_reread (x INTEGER); DROP TABLE settle_schema_reread; \
          DELETE FROM _sqlx_migrations WHERE version = 31;"
     } else {
-        "DROP INDEX top_ups_one_open_rule; DROP TABLE auto_top_ups; DELETE FROM _sqlx_migrations WHERE version = 32; \
+        "DROP INDEX top_ups_rule; DROP INDEX top_ups_one_open_rule; DROP TABLE auto_top_ups; DELETE FROM _sqlx_migrations WHERE version = 32; \
          DROP TABLE top_ups; ALTER DOMAIN grant_origin DROP CONSTRAINT grant_origin_check; \
          ALTER DOMAIN grant_origin ADD CONSTRAINT grant_origin_check \
          CHECK (VALUE IN ('grant', 'adjustment', 'opening')) NOT VALID; \
