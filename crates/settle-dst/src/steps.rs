@@ -7,7 +7,7 @@ use settle_core::Credits;
 use settle_core::crash::CrashPoint;
 use settle_core::ids::RefId;
 use settle_core::ids::{AccountId, ArtifactKey, Destination, ItemId, JobId, JobKind, Labels, WorkerName};
-use settle_core::job::RefundPolicy;
+use settle_core::job::{JobState, RefundPolicy};
 use settle_store::{
     ClaimRequest, Costs, FailSignal, LeaseToken, NewArtifact, NewGrant, NewItem, NewJob, NewWithdrawal, Price,
     Reporter, Store, StoreError,
@@ -433,8 +433,10 @@ async fn pass(w: &mut World, m: &Machine) {
     w.touched_all = true;
 }
 
-/// The funding processor's passes in a drain round, as the payout processor's (`drain_payouts`).
-async fn drain_funding(m: &Machine, top_ups: usize, recheck: bool) -> usize {
+/// The funding processor's passes in a drain round, as the payout processor's (`drain_payouts`):
+/// its reconcile pass once per unknown top-up, its re-check once per dead or cancelled one (each
+/// pass reads one), and a few more for their cursors to come round.
+async fn drain_funding(m: &Machine, (unknown, closed): (usize, usize), recheck: bool) -> usize {
     let mut moved = 0;
     for _ in 0..50 {
         match m.funding.process_pass().await {
@@ -442,11 +444,11 @@ async fn drain_funding(m: &Machine, top_ups: usize, recheck: bool) -> usize {
             _ => break,
         }
     }
-    for _ in 0..top_ups + 1 {
+    for _ in 0..unknown + 1 {
         moved += m.funding.reconcile_pass().await.map_or(0, |v| v.len());
     }
     if recheck {
-        for _ in 0..top_ups + 3 {
+        for _ in 0..closed + 3 {
             moved += m.funding.recheck_pass().await.map_or(0, |v| v.len());
         }
     }
@@ -503,7 +505,10 @@ pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> 
             .funding()
             .top_ups(&settle_store::TopUpFilter::default(), settle_store::Page { after: 0, limit: 1_000 })
             .await
-            .map_or(0, |p| p.rows.len());
+            .map_or((0, 0), |p| {
+                let count = |f: &dyn Fn(JobState) -> bool| p.rows.iter().filter(|t| f(t.job.state)).count();
+                (count(&|s| s == JobState::Unknown), count(&|s| matches!(s, JobState::Dead | JobState::Cancelled)))
+            });
         let payouts = drain_payouts(m, withdrawals, quiet > 0).await + drain_funding(m, top_ups, quiet > 0).await;
         let req = ClaimRequest {
             worker: WorkerName::parse("drain").expect("a worker"),
