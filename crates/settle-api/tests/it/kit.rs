@@ -66,7 +66,13 @@ impl Server {
         let dir = tempfile::tempdir().unwrap();
         let url = match engine {
             Engine::Sqlite => format!("sqlite://{}", dir.path().join("api.db").display()),
-            Engine::Postgres => settle_testkit::fresh_database().await,
+            Engine::Postgres => {
+                settle_testkit::fresh_database_from_template(
+                    &settle_store::SqlStore::postgres_schema_id(),
+                    |url| async move { settle_store::SqlStore::migrate_postgres(&url).await.unwrap() },
+                )
+                .await
+            }
         };
         let mut options = StoreOptions {
             artifacts: Some(Arc::new(ObjectArtifactStore::local(dir.path().join("artifacts")).unwrap())),

@@ -27,7 +27,10 @@ pub async fn serve() -> Served {
 pub async fn serve_on(postgres: bool) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let url = if postgres {
-        settle_testkit::fresh_database().await
+        settle_testkit::fresh_database_from_template(&settle_store::SqlStore::postgres_schema_id(), |url| async move {
+            settle_store::SqlStore::migrate_postgres(&url).await.unwrap()
+        })
+        .await
     } else {
         format!("sqlite://{}", dir.path().join("sdk.db").display())
     };

@@ -60,14 +60,9 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
     sql.push_str(&filter_sql(&within, &mut a));
     a.push(limit.into());
     sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
-    let rows = db.all_built(sql, &a).await?;
-    let mut jobs = Vec::with_capacity(rows.len());
-    let mut seqs = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let row = job_row(r)?;
-        seqs.push(row.job_seq);
-        jobs.push(ops::attach(db, cx, row).await?);
-    }
+    let rows = db.all_built(sql, &a).await?.iter().map(job_row).collect::<Result<Vec<_>, _>>()?;
+    let seqs: Vec<i64> = rows.iter().map(|r| r.job_seq).collect();
+    let jobs = ops::attach_all(db, cx, rows).await?;
     let next = if cut_short { seqs.last().copied() } else { next_after(&seqs, limit, |s| *s) };
     Ok(Paged { rows: jobs, next_after: next })
 }

@@ -136,6 +136,32 @@ impl SqlStore {
         }
     }
 
+    /// What names this binary's PostgreSQL schema: a hash of every migration's version and
+    /// checksum. Two binaries with the same schema id make the same database from an empty one.
+    pub fn postgres_schema_id() -> String {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for m in POSTGRES_MIGRATOR.iter() {
+            for byte in m.version.to_le_bytes().iter().chain(m.checksum.iter()) {
+                hash = (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        format!("{hash:016x}")
+    }
+
+    /// Applies this binary's migrations to the empty or Settle PostgreSQL database at `url` on one
+    /// connection, closed before it returns: what opening a store does first, without the pools,
+    /// the listener and the sequencer, whose connections outlive a close by a moment. The test kit
+    /// makes its migrated template database with it.
+    pub async fn migrate_postgres(url: &str) -> Result<(), StoreError> {
+        let options =
+            sqlx::postgres::PgConnectOptions::from_str(url).map_err(|e| StoreError::invalid(e.to_string()))?;
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).connect_with(options).await?;
+        crate::identity::check_postgres(&pool, &POSTGRES_MIGRATOR).await?;
+        let ran = POSTGRES_MIGRATOR.run(&pool).await.map_err(|e| StoreError::internal(format!("migrations: {e}")));
+        pool.close().await;
+        ran
+    }
+
     /// Opens (creating if needed) the store at `url`: `sqlite://PATH`.
     pub async fn open(url: &str, options: StoreOptions) -> Result<SqlStore, StoreError> {
         if url.starts_with("sqlite:") {

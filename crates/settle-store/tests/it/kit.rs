@@ -143,7 +143,13 @@ impl Kit {
         let crasher = Arc::new(Crasher::default());
         let url = match engine {
             EngineKind::Sqlite => format!("sqlite://{}", dir.path().join("settle.db").display()),
-            EngineKind::Postgres => settle_testkit::fresh_database().await,
+            EngineKind::Postgres => {
+                settle_testkit::fresh_database_from_template(
+                    &settle_store::SqlStore::postgres_schema_id(),
+                    |url| async move { settle_store::SqlStore::migrate_postgres(&url).await.unwrap() },
+                )
+                .await
+            }
         };
         let mut options = StoreOptions {
             clock: clock.clone(),

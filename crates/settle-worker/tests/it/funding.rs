@@ -27,7 +27,13 @@ enum Engine {
 async fn open(engine: Engine, dir: &tempfile::TempDir) -> Arc<SqlStore> {
     let url = match engine {
         Engine::Sqlite => format!("sqlite://{}", dir.path().join("funding.db").display()),
-        Engine::Postgres => settle_testkit::fresh_database().await,
+        Engine::Postgres => {
+            settle_testkit::fresh_database_from_template(
+                &settle_store::SqlStore::postgres_schema_id(),
+                |url| async move { settle_store::SqlStore::migrate_postgres(&url).await.unwrap() },
+            )
+            .await
+        }
     };
     // Top-ups with short leases and windows, so a test sees every path in seconds.
     let top_up = RetryPolicy {

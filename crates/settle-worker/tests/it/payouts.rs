@@ -26,7 +26,13 @@ enum Engine {
 async fn url(engine: Engine, dir: &tempfile::TempDir) -> String {
     match engine {
         Engine::Sqlite => format!("sqlite://{}", dir.path().join("payouts.db").display()),
-        Engine::Postgres => settle_testkit::fresh_database().await,
+        Engine::Postgres => {
+            settle_testkit::fresh_database_from_template(
+                &settle_store::SqlStore::postgres_schema_id(),
+                |url| async move { settle_store::SqlStore::migrate_postgres(&url).await.unwrap() },
+            )
+            .await
+        }
     }
 }
 

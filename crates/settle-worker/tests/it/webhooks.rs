@@ -69,7 +69,13 @@ async fn receive(
 async fn database(engine: &str, dir: &tempfile::TempDir) -> String {
     match engine {
         "sqlite" => format!("sqlite://{}", dir.path().join("w.db").display()),
-        _ => settle_testkit::fresh_database().await,
+        _ => {
+            settle_testkit::fresh_database_from_template(
+                &settle_store::SqlStore::postgres_schema_id(),
+                |url| async move { settle_store::SqlStore::migrate_postgres(&url).await.unwrap() },
+            )
+            .await
+        }
     }
 }
 
