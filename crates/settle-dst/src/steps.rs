@@ -433,45 +433,28 @@ async fn pass(w: &mut World, m: &Machine) {
     w.touched_all = true;
 }
 
-/// The funding processor's passes in a drain round, as the payout processor's (`drain_payouts`):
-/// its reconcile pass once per unknown top-up, its re-check once per dead or cancelled one (each
-/// pass reads one), and a few more for their cursors to come round.
-async fn drain_funding(m: &Machine, (unknown, closed): (usize, usize), recheck: bool) -> usize {
+/// A processor's passes in a drain round (the payout and the funding processor alike); returns how
+/// many jobs they moved. Its reconcile and re-check passes read one job each, so each runs once per
+/// job that may need it (`reconciles`: unknown ones; `rechecks`: those the re-check reads) and a few
+/// more, for their cursors to come round; the re-check only once the work has stopped.
+async fn drain_rail<R: settle_worker::processor::Rail>(
+    p: &settle_worker::processor::Processor<R>,
+    (reconciles, rechecks): (usize, usize),
+    recheck: bool,
+) -> usize {
     let mut moved = 0;
     for _ in 0..50 {
-        match m.funding.process_pass().await {
+        match p.process_pass().await {
             Ok(v) if !v.is_empty() => moved += v.len(),
             _ => break,
         }
     }
-    for _ in 0..unknown + 1 {
-        moved += m.funding.reconcile_pass().await.map_or(0, |v| v.len());
+    for _ in 0..reconciles + 1 {
+        moved += p.reconcile_pass().await.map_or(0, |v| v.len());
     }
     if recheck {
-        for _ in 0..closed + 3 {
-            moved += m.funding.recheck_pass().await.map_or(0, |v| v.len());
-        }
-    }
-    moved
-}
-
-/// The payout processor's passes in a drain round; returns how many withdrawals they moved. Its
-/// reconcile and re-check passes read one withdrawal each, so each runs once per withdrawal (and
-/// a few more, for their cursors to come round): the re-check only once the work has stopped.
-async fn drain_payouts(m: &Machine, withdrawals: usize, recheck: bool) -> usize {
-    let mut moved = 0;
-    for _ in 0..50 {
-        match m.payouts.process_pass().await {
-            Ok(v) if !v.is_empty() => moved += v.len(),
-            _ => break,
-        }
-    }
-    for _ in 0..withdrawals + 1 {
-        moved += m.payouts.reconcile_pass().await.map_or(0, |v| v.len());
-    }
-    if recheck {
-        for _ in 0..withdrawals + 3 {
-            moved += m.payouts.recheck_pass().await.map_or(0, |v| v.len());
+        for _ in 0..rechecks + 3 {
+            moved += p.recheck_pass().await.map_or(0, |v| v.len());
         }
     }
     moved
@@ -509,7 +492,8 @@ pub async fn drain(w: &mut World, m: &Machine, rig: &Rig) -> Result<(), String> 
                 let count = |f: &dyn Fn(JobState) -> bool| p.rows.iter().filter(|t| f(t.job.state)).count();
                 (count(&|s| s == JobState::Unknown), count(&|s| matches!(s, JobState::Dead | JobState::Cancelled)))
             });
-        let payouts = drain_payouts(m, withdrawals, quiet > 0).await + drain_funding(m, top_ups, quiet > 0).await;
+        let payouts = drain_rail(&m.payouts, (withdrawals, withdrawals), quiet > 0).await
+            + drain_rail(&m.funding, top_ups, quiet > 0).await;
         let req = ClaimRequest {
             worker: WorkerName::parse("drain").expect("a worker"),
             kinds: KINDS.iter().map(|k| JobKind::parse(k).expect("a kind")).collect(),

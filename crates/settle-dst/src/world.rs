@@ -393,6 +393,9 @@ impl World {
         self.count_bought(store, funding).await?;
         let filter = settle_store::TopUpFilter::default();
         let all = store.funding().top_ups(&filter, Page { after: 0, limit: 1_000 }).await.map_err(|e| e.to_string())?;
+        if all.next_after.is_some() {
+            return Err("more than a page of top-ups: the end check would not read them all".into());
+        }
         for key in funding.charged().keys() {
             match all.rows.iter().find(|t| &t.idempotency_key == key) {
                 Some(t) if t.grant_id.is_some() => {}
