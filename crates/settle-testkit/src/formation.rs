@@ -225,8 +225,13 @@ impl Formation {
     /// The last lines of the keeper's log and of PostgreSQL's own log of every node that is not in
     /// its assigned state: what tells a node stuck in a transition from Settle's part in a failure.
     fn unsettled_logs(&self, s: &[NodeState]) -> String {
+        self.logs_of(s.iter().filter(|n| n.reported != n.assigned))
+    }
+
+    /// The last lines of the keeper's log and of PostgreSQL's own log of each of `nodes`.
+    fn logs_of<'a>(&self, nodes: impl Iterator<Item = &'a NodeState>) -> String {
         let mut out = String::new();
-        for n in s.iter().filter(|n| n.reported != n.assigned) {
+        for n in nodes {
             let Some(node) = self.ports.iter().position(|&port| port == n.port).map(|i| i + 1) else { continue };
             out.push_str(&format!("--- {} ({} → {}): keeper{node}.log\n", n.name, n.reported, n.assigned));
             out.push_str(&tail(&self.root.join(format!("keeper{node}.log")), 40));
@@ -283,9 +288,15 @@ impl Formation {
     /// postmaster and its children, and any other whose command line names the node's data folder.
     /// Their pid files are removed: on a machine whose init does not reap orphans, a killed
     /// process lingers as a zombie that `kill -0` still finds, and pg_autoctl and PostgreSQL would
-    /// take it for a running instance and refuse to start again.
+    /// take it for a running instance and refuse to start again. So is the socket's lock file,
+    /// which names the dead postmaster's pid: once another process has that pid (on a busy
+    /// machine, often), PostgreSQL refuses to start ("lock file … already exists"), and
+    /// pg_autoctl's retries then race its own standby setup — seen on 2026-12-06: a standby
+    /// started without `standby.signal`, ran crash recovery as a primary, and its WAL no longer
+    /// followed the primary's (it never streamed again).
     pub fn kill(&mut self, node: usize) {
         let postmaster = self.postmaster(node);
+        let socket_lock = self.socket_lock(node);
         if let Some(mut child) = self.keepers[node].take() {
             let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
             let _ = child.wait();
@@ -296,8 +307,21 @@ impl Formation {
             }
         }
         kill_naming(&self.data(node));
+        if let Some(lock) = socket_lock {
+            let _ = std::fs::remove_file(&lock);
+            let _ = std::fs::remove_file(lock.with_extension(""));
+        }
         let _ = std::fs::remove_file(Path::new(&self.data(node)).join("postmaster.pid"));
         let _ = std::fs::remove_file(runtime_dir(&self.data(node)).join("pg_autoctl.pid"));
+    }
+
+    /// The lock file of the node's Unix socket (`<socket dir>/.s.PGSQL.<port>.lock`), from the
+    /// port and socket directory its `postmaster.pid` records (lines 4 and 5).
+    fn socket_lock(&self, node: usize) -> Option<PathBuf> {
+        let pidfile = std::fs::read_to_string(Path::new(&self.data(node)).join("postmaster.pid")).ok()?;
+        let lines: Vec<&str> = pidfile.lines().collect();
+        let (port, dir) = (lines.get(3)?.trim(), lines.get(4)?.trim());
+        (!dir.is_empty()).then(|| Path::new(dir).join(format!(".s.PGSQL.{port}.lock")))
     }
 
     /// The node's postmaster, from its `postmaster.pid`.
@@ -350,13 +374,14 @@ impl Formation {
             }
             assert!(
                 Instant::now() < deadline,
-                "the standbys did not catch up in {secs} s: {:?}\n{}",
+                "the standbys did not catch up in {secs} s: {:?}\n{}\n{}",
                 self.writable().and_then(|p| self.psql(
                     p,
                     "SELECT application_name, state, pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn) \
                      FROM pg_stat_replication"
                 )),
-                self.events(20)
+                self.events(20),
+                self.logs_of(self.state().iter().filter(|n| n.assigned != "primary"))
             );
             std::thread::sleep(Duration::from_millis(250));
         }
