@@ -318,10 +318,17 @@ pub(crate) async fn attach_all(db: &mut Db<'_>, cx: &Cx, rows: Vec<JobRow>) -> R
         }
         return Ok(jobs);
     }
-    let ids: Vec<crate::db::Value> = rows.iter().map(|r| r.id.as_str().into()).collect();
-    let list = (1..=ids.len()).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
-    let items_sql = format!("SELECT {} FROM items WHERE job_id IN ({list}) ORDER BY job_id, ord", ItemOfCol::LIST);
-    let nets_sql = format!("SELECT {} FROM ledger_entries WHERE job_id IN ({list}) GROUP BY job_id", NetOfCol::LIST);
+    // PostgreSQL takes the page's ids as one array, so the statement's text is one whatever the
+    // page's length (an `IN` list per length would crowd hot statements out of a connection's
+    // prepared-statement cache); SQLite has no arrays and takes the list.
+    let (ids, list): (Vec<crate::db::Value>, String) = if db.engine() == crate::db::Engine::Postgres {
+        (vec![crate::db::Value::Texts(rows.iter().map(|r| r.id.clone()).collect())], "= ANY($1)".to_owned())
+    } else {
+        let list = (1..=rows.len()).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
+        (rows.iter().map(|r| r.id.as_str().into()).collect(), format!("IN ({list})"))
+    };
+    let items_sql = format!("SELECT {} FROM items WHERE job_id {list} ORDER BY job_id, ord", ItemOfCol::LIST);
+    let nets_sql = format!("SELECT {} FROM ledger_entries WHERE job_id {list} GROUP BY job_id", NetOfCol::LIST);
     let mut items: std::collections::HashMap<String, Vec<Item>> = std::collections::HashMap::with_capacity(rows.len());
     for r in db.all_built(items_sql, &ids).await? {
         items.entry(r.text(ItemOfCol::job_id)?).or_default().push(item_from_row::<ItemOfCol>(&r)?);
