@@ -51,6 +51,7 @@ conformance!(
     claim_respects_not_before_kinds_and_limit,
     heartbeat_extends_and_reports_cancel,
     succeed_from_running_decides_items,
+    a_page_of_jobs_is_each_job_read_alone,
     succeed_after_refund_reclaims_once,
     succeed_from_unknown_and_dead_recovers,
     job_success_keeps_item_failures_refunded,
@@ -535,6 +536,39 @@ async fn succeed_from_running_decides_items(k: &Kit) {
     assert_eq!(att[0].result, Some(AttemptResult::Succeeded));
     assert!(att[0].finished_at.is_some());
     assert!(k.event_types().await.contains(&"job.succeeded".to_string()));
+}
+
+/// A page of jobs reads its items and nets for the whole page at once (`attach_all`): each job on
+/// it is exactly the job read alone — items in order, states, nets after refunds and reclaims, held
+/// items — whatever the page's length (a page of one takes the single read).
+async fn a_page_of_jobs_is_each_job_read_alone(k: &Kit) {
+    let a = k.account("a", 1_000).await;
+    let b = k.account("b", 1_000).await;
+    k.items_job("m", &a, &[3, 4, 5]).await;
+    let t = k.claim_one("m").await;
+    k.store.item_fail(&jid("m"), &iid("i1"), &t, &code("BAD_INPUT"), None).await.unwrap();
+    k.store.succeed(&jid("m"), settle_store::Reporter::of(Some(&t)), None).await.unwrap();
+    k.job("r", &b, 7).await;
+    let t = k.claim_one("r").await;
+    k.fail("r", &t, "TIMEOUT").await;
+    k.store.succeed(&jid("r"), settle_store::Reporter::of(Some(&t)), None).await.unwrap();
+    k.store.create_job(held_job("h", &a, &[10, 20])).await.unwrap();
+    k.items_job("q", &b, &[1, 2, 30]).await;
+    let alone: Vec<Job> = futures_util::future::join_all(["m", "r", "h", "q"].map(|id| k.get(id))).await;
+    assert_eq!(alone.iter().map(|j| j.net.get()).collect::<Vec<_>>(), [-8, -7, -30, -33]);
+    for limit in [100, 3, 1] {
+        let mut listed = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = k.store.jobs(&JobFilter::ALL, Page { after, limit }).await.unwrap();
+            listed.extend(page.rows);
+            match page.next_after {
+                Some(n) => after = n,
+                None => break,
+            }
+        }
+        assert_eq!(listed, alone, "pages of {limit}");
+    }
 }
 
 /// The seed's story: timeout at 30 s → refund; the GPU finishes at 32 s → reclaim, once.
