@@ -338,7 +338,7 @@ async fn park(db: &mut Db<'_>, line: &LineKey, account: &str) -> Result<u64, Sto
         };
         [
             // SQLite's one writer: nothing moves the rows it just read (a guard here would make it
-            // walk `jobs_due`, as the line-up's would: fair-claims.md §8).
+            // walk every queued job, as the line-up's would: fair-claims.md §8).
             sql(" INDEXED BY jobs_line_account", "", ""),
             sql("", " FOR UPDATE SKIP LOCKED", " AND state = 'queued' AND turn IS NOT NULL"),
         ]

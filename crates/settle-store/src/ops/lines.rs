@@ -207,7 +207,7 @@ pub(crate) async fn active_lines(db: &mut Db<'_>, after: Option<&LineKey>) -> Re
 /// account's last turn there) and its place in the group; `$1` now, `$2` the most to line.
 /// The UPDATE finds its rows by id (`IN`), never by joining `jobs` to them: SQLite would walk
 /// every queued job to join, and with the guard `{GUARD}` in its WHERE it would still walk them
-/// (`jobs_due`), so SQLite — one writer: nothing can move the rows it just read — writes unguarded;
+/// (by `jobs_due` until migration 0033), so SQLite — one writer: nothing can move the rows it just read — writes unguarded;
 /// PostgreSQL guards the rows it locked. `{LOCK}`: PostgreSQL's `FOR UPDATE SKIP LOCKED` (a job another transaction holds is lined by a
 /// later line-up), nothing on SQLite; `{GREATEST}` the engine's two-argument maximum.
 const LINE_UP: &str = "\
@@ -251,7 +251,7 @@ static LINE_UP_SQLITE: LazyLock<String> = LazyLock::new(|| {
     LINE_UP
         .replace("{ONE_AT_A_TIME}", "")
         .replace("{ALONE}", "")
-        // Without statistics SQLite would walk `jobs_due`, every queued job: named.
+        // Without statistics SQLite would walk every queued job (by `jobs_due` until migration 0033): named.
         .replace("{WAITING}", "INDEXED BY jobs_waiting_unparked")
         .replace("{GUARD}", "")
         .replace("{NOT_RESERVED}", &job::not_reserved("kind"))

@@ -1,7 +1,7 @@
 //! The SQL of a job filter and of a token's scope (decision 0018), shared by every read that
 //! lists jobs or what belongs to them.
 
-use crate::db::Value;
+use crate::db::{Engine, Value};
 use crate::error::StoreError;
 use crate::model::*;
 
@@ -12,8 +12,10 @@ pub(crate) fn filter_sql(filter: &JobFilter, a: &mut Vec<Value>) -> String {
         a.push(v);
         sql.push_str(&format!(" AND {column} = ${}", a.len()));
     };
+    // The state as a literal, one of the closed set's names: a partial index whose predicate is on
+    // the state (`jobs_open`, migration 0033) serves no statement that binds it.
     if let Some(s) = filter.state {
-        add(&mut sql, "state", s.as_str().into());
+        sql.push_str(&format!(" AND state = '{}'", s.as_str()));
     }
     if let Some(k) = &filter.kind {
         add(&mut sql, "kind", k.as_str().into());
@@ -38,6 +40,29 @@ pub(crate) fn filter_sql(filter: &JobFilter, a: &mut Vec<Value>) -> String {
         sql.push_str(&format!(" AND substr(id, 1, CAST(${} AS integer)) = ${}", a.len() - 1, a.len()));
     }
     sql.push_str(&scope_sql(&filter.scope, a, "account_id", Kinds::Column("kind")));
+    sql
+}
+
+/// The head of a rail's list (`kind` the rail's job kind, a name of the closed set): its jobs after
+/// `$1` (a job sequence number), in the state asked for, as a literal (`jobs_rail` and `jobs_open`
+/// serve it in order, migration 0033). A list of every state in creation order walks `job_seq`
+/// rather than sort all of the rail's jobs for each page: SQLite, without statistics, would sort;
+/// unless the account is given (`jobs_account` serves that one in order).
+pub(crate) fn rail_list_sql(
+    engine: Engine,
+    kind: &str,
+    state: Option<settle_core::job::JobState>,
+    by_account: bool,
+) -> String {
+    let walk = match (engine, state, by_account) {
+        // The unique index on `job_seq` (the table's second constraint).
+        (Engine::Sqlite, None, false) => " INDEXED BY sqlite_autoindex_jobs_2",
+        _ => "",
+    };
+    let mut sql = format!("SELECT {} FROM jobs{walk} WHERE kind = '{kind}' AND job_seq > $1", crate::ops::JobCol::LIST);
+    if let Some(s) = state {
+        sql.push_str(&format!(" AND state = '{}'", s.as_str()));
+    }
     sql
 }
 

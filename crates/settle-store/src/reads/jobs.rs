@@ -136,6 +136,10 @@ pub(crate) async fn signals(db: &mut Db<'_>, id: &str) -> Result<Vec<SignalRecor
         .collect()
 }
 
+/// The jobs the failure summary counts: `jobs_open`'s predicate up to its last arm, in its words
+/// (SQLite matches a partial index by the expression's text; migration 0033).
+const OPEN_FAILED: &str = "(state = 'dead' OR state = 'unknown' OR (state = 'queued' AND last_error_code IS NOT NULL))";
+
 /// Jobs now `dead`, `unknown` or waiting to retry, grouped by their last fail code.
 pub(crate) async fn failure_summary(
     db: &mut Db<'_>,
@@ -147,7 +151,7 @@ pub(crate) async fn failure_summary(
         .all_built(
             format!(
                 "SELECT {} \
-                 FROM jobs WHERE (state IN ('dead', 'unknown') OR (state = 'queued' AND last_error_code IS NOT NULL)){scoped} \
+                 FROM jobs WHERE {OPEN_FAILED}{scoped} \
                  GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2",
                 FailureCol::LIST
             ),
@@ -207,14 +211,29 @@ pub(crate) async fn expired_leases(
     after: i64,
     limit: u32,
 ) -> Result<Vec<(i64, String, String)>, StoreError> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "SELECT {} FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 \
-             AND job_seq > $2 ORDER BY job_seq LIMIT $3",
-            LeaseCol::LIST
-        )
+    // The running jobs are read from the two partial indexes that hold them (migration 0033):
+    // work and top-ups from `jobs_running_kind`, withdrawals from `jobs_rail`. SQLite, without
+    // statistics, would rather walk every job in `job_seq` order than sort the running ones: named.
+    static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
+        let cols = LeaseCol::LIST;
+        let sql = |index: &str| {
+            format!(
+                "SELECT {cols} FROM (\
+                   SELECT {cols} FROM jobs{index} WHERE state = 'running' AND kind <> 'withdrawal' \
+                     AND lease_expires_at <= $1 AND job_seq > $2 \
+                   UNION ALL \
+                   SELECT {cols} FROM jobs WHERE kind = 'withdrawal' AND state = 'running' \
+                     AND lease_expires_at <= $1 AND job_seq > $2) r \
+                 ORDER BY job_seq LIMIT $3"
+            )
+        };
+        [sql(" INDEXED BY jobs_running_kind"), sql("")]
     });
-    let rows = db.all(&SQL, args![now.micros(), after, page_limit(limit)]).await?;
+    let sql = match db.engine() {
+        crate::db::Engine::Sqlite => &SQL[0],
+        crate::db::Engine::Postgres => &SQL[1],
+    };
+    let rows = db.all(sql, args![now.micros(), after, page_limit(limit)]).await?;
     use LeaseCol as C;
     rows.iter().map(|r| Ok((r.i64(C::job_seq)?, r.text(C::id)?, r.text(C::lease_token)?))).collect()
 }

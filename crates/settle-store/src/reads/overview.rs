@@ -10,13 +10,14 @@ use settle_core::job::JobState;
 use std::sync::LazyLock;
 
 columns! {
-    /// How many jobs of a kind are in a state.
-    KindStateCol { kind, state, jobs = "COUNT(*)" }
-}
-
-columns! {
-    /// How many rows a statement counts.
-    CountCol { count = "COUNT(*)" }
+    /// How many jobs of a kind are in a state, and how many of them are due (queued, no cancel
+    /// asked, `not_before` passed: `$1`).
+    KindStateCol {
+        kind,
+        state,
+        jobs = "COUNT(*)",
+        due = "CAST(SUM(CASE WHEN state = 'queued' AND cancel_requested = 0 AND not_before <= $1 THEN 1 ELSE 0 END) AS BIGINT)",
+    }
 }
 
 columns! {
@@ -27,11 +28,6 @@ columns! {
 columns! {
     /// The outbox events of one minute: how many, and the first one's time.
     MinuteCol { minute = "e.created_at / 60000000", events = "COUNT(*)", first_at = "MIN(e.created_at)" }
-}
-
-columns! {
-    /// How many jobs are in a state.
-    StateCountCol { state, jobs = "COUNT(*)" }
 }
 
 columns! {
@@ -47,12 +43,6 @@ columns! {
 pub(crate) async fn overview(db: &mut Db<'_>, now: Timestamp, since: Timestamp) -> Result<Overview, StoreError> {
     static JOBS: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM jobs GROUP BY kind, state ORDER BY kind, state", KindStateCol::LIST));
-    static DUE: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "SELECT {} FROM jobs WHERE state = 'queued' AND cancel_requested = 0 AND not_before <= $1",
-            CountCol::LIST
-        )
-    });
     static NEWEST: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM stamp_numbers", NewestCol::LIST));
     // Counted by the engine, a row per minute (times are positive, so `/` is a floor).
     static PER_MINUTE: LazyLock<String> = LazyLock::new(|| {
@@ -63,11 +53,12 @@ pub(crate) async fn overview(db: &mut Db<'_>, now: Timestamp, since: Timestamp) 
         )
     });
     let mut out = Overview::default();
-    for r in db.all(&JOBS, args![]).await? {
+    // One scan of `jobs` counts both: no index holds the queued jobs (migration 0033).
+    for r in db.all(&JOBS, args![now.micros()]).await? {
         use KindStateCol as C;
         out.jobs.push((r.text(C::kind)?, name(JobState::parse, "job state", r.text(C::state)?)?, r.i64(C::jobs)?));
+        out.due += r.i64(C::due)?;
     }
-    out.due = db.one(&DUE, args![now.micros()]).await?.i64(CountCol::count)?;
     // The newest events by sequence (commit order), counted per minute back to `since`.
     let newest = db.one(&NEWEST, args![]).await?.i64(NewestCol::seq)?;
     let from = (newest - OVERVIEW_EVENTS_MAX).max(0);
@@ -93,52 +84,68 @@ pub(crate) async fn overview(db: &mut Db<'_>, now: Timestamp, since: Timestamp) 
 }
 
 columns! {
-    /// One kind's queue: every job of the kind gives the kind a row (zero when none waits, so a
-    /// drained queue reads 0, not its last depth), how many are queued, how many of those are due
-    /// now (claimable: no cancel asked, `not_before` passed) and since when the oldest due one has
-    /// been due.
-    QueueCol {
+    /// The jobs of one kind, state and priority: how many, how many of them are due now (no
+    /// cancel asked, `not_before` passed: `$1`) and since when the oldest due one has been due.
+    GroupCol {
         kind,
-        queued = "CAST(SUM(CASE WHEN state = 'queued' THEN 1 ELSE 0 END) AS BIGINT)",
-        due = "CAST(SUM(CASE WHEN state = 'queued' AND cancel_requested = 0 AND not_before <= $1 THEN 1 ELSE 0 END) AS BIGINT)",
-        oldest_due = "MIN(CASE WHEN state = 'queued' AND cancel_requested = 0 AND not_before <= $1 THEN not_before END)"
+        state,
+        priority = "CAST(priority AS bigint)",
+        jobs = "COUNT(*)",
+        due = "CAST(SUM(CASE WHEN cancel_requested = 0 AND not_before <= $1 THEN 1 ELSE 0 END) AS BIGINT)",
+        oldest_due = "MIN(CASE WHEN cancel_requested = 0 AND not_before <= $1 THEN not_before END)",
     }
 }
 
-/// One queue's row (a kind's, or a priority's in the `kind` column).
-fn kind_queue(r: &crate::db::Row) -> Result<KindQueue, StoreError> {
-    Ok(KindQueue {
-        kind: r.text(QueueCol::kind)?,
-        queued: r.i64(QueueCol::queued)?,
-        due: r.i64(QueueCol::due)?,
-        oldest_due_since: r.opt_i64(QueueCol::oldest_due)?.map(Timestamp::from_micros),
-    })
+impl KindQueue {
+    /// Adds a group of queued jobs to this queue.
+    fn add(&mut self, jobs: i64, due: i64, oldest_due: Option<Timestamp>) {
+        self.queued += jobs;
+        self.due += due;
+        self.oldest_due_since = match (self.oldest_due_since, oldest_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
 }
 
 pub(crate) async fn stats(db: &mut Db<'_>, now: Timestamp) -> Result<Stats, StoreError> {
-    static JOBS: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {} FROM jobs GROUP BY state ORDER BY state", StateCountCol::LIST));
+    // One scan of `jobs` gives the counts by state, every kind's queue (a row for every kind the
+    // store has jobs of, zero when none waits, so a drained queue reads 0, not its last depth)
+    // and the queue by priority (only priorities some queued job has): no index holds the queued
+    // jobs (migration 0033).
+    static GROUPS: LazyLock<String> = LazyLock::new(|| {
+        format!("SELECT {} FROM jobs GROUP BY kind, state, priority ORDER BY kind, state, priority", GroupCol::LIST)
+    });
     static ENTRIES: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM ledger_entries GROUP BY kind ORDER BY kind", KindCountCol::LIST));
-    let jobs_by_state = (db.all(&JOBS, args![]).await?.iter())
-        .map(|r| Ok((r.text(StateCountCol::state)?, r.i64(StateCountCol::jobs)?)))
-        .collect::<Result<_, StoreError>>()?;
+    let mut by_state = std::collections::BTreeMap::<String, i64>::new();
+    let mut queues: Vec<KindQueue> = Vec::new();
+    let mut priorities = std::collections::BTreeMap::<i64, KindQueue>::new();
+    for r in &db.all(&GROUPS, args![now.micros()]).await? {
+        use GroupCol as C;
+        let (kind, state, jobs) = (r.text(C::kind)?, r.text(C::state)?, r.i64(C::jobs)?);
+        let (due, oldest_due) = (r.i64(C::due)?, r.opt_i64(C::oldest_due)?.map(Timestamp::from_micros));
+        if queues.last().is_none_or(|q| q.kind != kind) {
+            queues.push(KindQueue { kind: kind.clone(), queued: 0, due: 0, oldest_due_since: None });
+        }
+        if state == JobState::Queued.as_str() {
+            let priority = r.i64(C::priority)?;
+            let empty = KindQueue { kind: priority.to_string(), queued: 0, due: 0, oldest_due_since: None };
+            priorities.entry(priority).or_insert(empty).add(jobs, due, oldest_due);
+            queues.last_mut().expect("pushed above").add(jobs, due, oldest_due);
+        }
+        *by_state.entry(state).or_default() += jobs;
+    }
     let entries_by_kind = (db.all(&ENTRIES, args![]).await?.iter())
         .map(|r| Ok((r.text(KindCountCol::kind)?, r.i64(KindCountCol::entries)?)))
         .collect::<Result<_, StoreError>>()?;
-    static QUEUES: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {} FROM jobs GROUP BY kind ORDER BY kind", QueueCol::LIST));
-    let queues =
-        (db.all(&QUEUES, args![now.micros()]).await?.iter()).map(kind_queue).collect::<Result<_, StoreError>>()?;
-    // By priority, the queued jobs only (the partial indexes hold them; a priority with none
-    // queued is not listed).
-    static PRIORITIES: LazyLock<String> = LazyLock::new(|| {
-        let list = QueueCol::list_with(QueueCol::kind, "CAST(CAST(priority AS bigint) AS text)");
-        format!("SELECT {list} FROM jobs WHERE state = 'queued' GROUP BY priority ORDER BY priority")
-    });
-    let priorities =
-        (db.all(&PRIORITIES, args![now.micros()]).await?.iter()).map(kind_queue).collect::<Result<_, StoreError>>()?;
-    Ok(Stats { jobs_by_state, entries_by_kind, queues, priorities, tx_retries: 0 })
+    Ok(Stats {
+        jobs_by_state: by_state.into_iter().collect(),
+        entries_by_kind,
+        queues,
+        priorities: priorities.into_values().collect(),
+        tx_retries: 0,
+    })
 }
 
 /// The admin actions on a job (`job`) or an account (`account`), oldest first.

@@ -1,7 +1,7 @@
 //! Withdrawals as they are read: one by id, and the list with filters (a withdrawal is its job
 //! plus its `withdrawals` row).
 
-use super::filter::{Kinds, scope_sql};
+use super::filter::{Kinds, rail_list_sql, scope_sql};
 use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
@@ -53,12 +53,9 @@ pub(crate) async fn withdrawals(
     page: Page,
 ) -> Result<Paged<Withdrawal>, StoreError> {
     let limit = page.limit.clamp(1, limits::PAGE_LIMIT_MAX);
-    let mut sql = format!("SELECT {} FROM jobs WHERE kind = 'withdrawal' AND job_seq > $1", ops::JobCol::LIST);
+    let by_account = filter.account_id.is_some();
+    let mut sql = rail_list_sql(db.engine(), job::WITHDRAWAL_KIND, filter.state, by_account);
     let mut a: Vec<Value> = vec![page.after.into()];
-    if let Some(s) = filter.state {
-        a.push(s.as_str().into());
-        sql.push_str(&format!(" AND state = ${}", a.len()));
-    }
     if let Some(acc) = &filter.account_id {
         a.push(acc.as_str().into());
         sql.push_str(&format!(" AND account_id = ${}", a.len()));

@@ -636,9 +636,14 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
     from_before_migration_25(EngineKind::Postgres).await;
 }
 
-/// Back to before migration 0031 (and 0032): no top-ups nor rules, grant origins without `top_up`.
-fn undo_31(k: &Kit) -> &'static str {
-    if k.is_sqlite() {
+/// Back to before migration 0033: `jobs_due` in place of `jobs_open` and `jobs_rail`.
+const UNDO_33: &str = "DROP INDEX jobs_open; DROP INDEX jobs_rail; CREATE INDEX jobs_due ON jobs (state, not_before, job_seq); \
+     DELETE FROM _sqlx_migrations WHERE version = 33;";
+
+/// Back to before migration 0031 (and 0032, 0033): no top-ups nor rules, grant origins without
+/// `top_up`.
+fn undo_31(k: &Kit) -> String {
+    let undo_32_31 = if k.is_sqlite() {
         "DROP INDEX top_ups_rule; DROP INDEX top_ups_one_open_rule; DROP TABLE auto_top_ups; DELETE FROM _sqlx_migrations WHERE version = 32; \
          DROP TABLE top_ups; PRAGMA writable_schema = ON; UPDATE sqlite_schema SET sql = replace(sql, \
          'CHECK (origin = ''grant'' OR origin = ''adjustment'' OR origin = ''opening'' OR origin = ''top_up'')', \
@@ -652,7 +657,8 @@ fn undo_31(k: &Kit) -> &'static str {
          ALTER DOMAIN grant_origin ADD CONSTRAINT grant_origin_check \
          CHECK (VALUE IN ('grant', 'adjustment', 'opening')) NOT VALID; \
          DELETE FROM _sqlx_migrations WHERE version = 31;"
-    }
+    };
+    format!("{UNDO_33} {undo_32_31}")
 }
 
 /// Back to before migration 0026 — and so first before 0031, 0030, 0029, 0028 and 0027 (their
@@ -759,7 +765,7 @@ async fn postgres_a_database_from_before_migration_26_takes_domains_and_refuses_
         let mut conn = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().connect().await.unwrap();
         let files: String = sqlx::query_scalar(
             "SELECT string_agg(relname || ':' || relfilenode, ',' ORDER BY relname) FROM pg_class \
-             WHERE relname IN ('jobs', 'items', 'accounts', 'ledger_entries', 'allocations', 'jobs_due', 'jobs_pkey')",
+             WHERE relname IN ('jobs', 'items', 'accounts', 'ledger_entries', 'allocations', 'jobs_account', 'jobs_pkey')",
         )
         .fetch_one(&mut conn)
         .await
