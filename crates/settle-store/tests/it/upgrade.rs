@@ -636,8 +636,10 @@ async fn postgres_a_database_from_before_migration_25_marks_its_spent_grants() {
     from_before_migration_25(EngineKind::Postgres).await;
 }
 
-/// Back to before migration 0033: `jobs_due` in place of `jobs_open` and `jobs_rail`.
+/// Back to before migration 0033: `jobs_due` in place of `jobs_open` and `jobs_rail`, and 0027's
+/// `jobs_waiting` back.
 const UNDO_33: &str = "DROP INDEX jobs_open; DROP INDEX jobs_rail; CREATE INDEX jobs_due ON jobs (state, not_before, job_seq); \
+     CREATE INDEX jobs_waiting ON jobs (not_before, job_seq) WHERE state = 'queued' AND turn IS NULL AND kind <> 'withdrawal'; \
      DELETE FROM _sqlx_migrations WHERE version = 33;";
 
 /// Back to before migration 0031 (and 0032, 0033): no top-ups nor rules, grant origins without
