@@ -49,8 +49,8 @@ pub struct BenchArgs {
     /// transitions/s (--concurrency's last value, --jobs jobs) and a full audit at each.
     #[arg(long, value_delimiter = ',')]
     scale: Vec<u64>,
-    /// With --scale: keep the filled store (its path is printed at the end), to run `settle audit`
-    /// or a profiler on it.
+    /// With --scale or --console: keep the filled store (its path is printed at the end), to run
+    /// `settle audit`, a profiler or `EXPLAIN` on it.
     #[arg(long)]
     keep: bool,
     /// Measure the operator console's pages instead: fill a SQLite store (FULL) with this many jobs
@@ -824,6 +824,11 @@ async fn run_console(args: &BenchArgs, jobs: u64) -> anyhow::Result<()> {
     }
     let _ = stop.send(());
     server.await??;
+    if args.keep {
+        drop(store);
+        let kept = dir.keep();
+        println!("kept: {}", kept.join("console.db").display());
+    }
     Ok(())
 }
 
