@@ -11,12 +11,15 @@
 --   claims, their reconcile passes, the rescuer's running withdrawals, the rails' lists.
 --
 -- Statements that read them name the state as a literal: a generic plan with the state as a
--- parameter cannot use a partial index whose predicate is on the state. The indexes are built in
--- the migration's transaction: writes to `jobs` wait while each reads the table once.
-CREATE INDEX jobs_open ON jobs (state, job_seq)
-    WHERE state = 'dead' OR state = 'unknown' OR (state = 'queued' AND last_error_code IS NOT NULL) OR state = 'cancelling';
-CREATE INDEX jobs_rail ON jobs (kind, state, job_seq) WHERE kind = 'withdrawal' OR kind = 'top_up';
+-- parameter cannot use a partial index whose predicate is on the state.
+--
+-- The drops come first: DROP INDEX takes `jobs`' ACCESS EXCLUSIVE lock, and taking it after the
+-- builds' SHARE lock would wait on the writers that wait on the builds (a deadlock). Readers and
+-- writers of `jobs` wait while the two indexes are built.
 DROP INDEX jobs_due;
 -- 0028 kept 0027's `jobs_waiting` for processes that knew lines but not caps; no release ever had
 -- them (0027, 0028 and this one are in one release), and no statement reads it.
 DROP INDEX jobs_waiting;
+CREATE INDEX jobs_open ON jobs (state, job_seq)
+    WHERE state = 'dead' OR state = 'unknown' OR (state = 'queued' AND last_error_code IS NOT NULL) OR state = 'cancelling';
+CREATE INDEX jobs_rail ON jobs (kind, state, job_seq) WHERE kind = 'withdrawal' OR kind = 'top_up';

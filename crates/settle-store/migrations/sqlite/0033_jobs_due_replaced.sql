@@ -13,10 +13,10 @@
 --
 -- Predicates are written with OR: SQLite proves `state = 'dead'` implies an OR of which it is an
 -- arm, never an IN list. Each index reads `jobs` once while writers wait.
-CREATE INDEX jobs_open ON jobs (state, job_seq)
-    WHERE state = 'dead' OR state = 'unknown' OR (state = 'queued' AND last_error_code IS NOT NULL) OR state = 'cancelling';
-CREATE INDEX jobs_rail ON jobs (kind, state, job_seq) WHERE kind = 'withdrawal' OR kind = 'top_up';
 DROP INDEX jobs_due;
 -- 0028 kept 0027's `jobs_waiting` for processes that knew lines but not caps; no release ever had
 -- them (0027, 0028 and this one are in one release), and no statement reads it.
 DROP INDEX jobs_waiting;
+CREATE INDEX jobs_open ON jobs (state, job_seq)
+    WHERE state = 'dead' OR state = 'unknown' OR (state = 'queued' AND last_error_code IS NOT NULL) OR state = 'cancelling';
+CREATE INDEX jobs_rail ON jobs (kind, state, job_seq) WHERE kind = 'withdrawal' OR kind = 'top_up';

@@ -4,9 +4,11 @@
 use crate::db::{Engine, Value};
 use crate::error::StoreError;
 use crate::model::*;
+use settle_core::ids::AccountId;
+use settle_core::job::JobState;
 
 /// The filter's WHERE clause (after `WHERE 1 = 1`) and its arguments, numbered from `$1`.
-pub(crate) fn filter_sql(filter: &JobFilter, a: &mut Vec<Value>) -> String {
+pub(crate) fn filter_sql(engine: Engine, filter: &JobFilter, a: &mut Vec<Value>) -> String {
     let mut sql = String::new();
     let mut add = |sql: &mut String, column: &str, v: Value| {
         a.push(v);
@@ -16,6 +18,9 @@ pub(crate) fn filter_sql(filter: &JobFilter, a: &mut Vec<Value>) -> String {
     // the state (`jobs_open`, migration 0033) serves no statement that binds it.
     if let Some(s) = filter.state {
         sql.push_str(&format!(" AND state = '{}'", s.as_str()));
+        if s == JobState::Running {
+            sql.push_str(running_seqs(engine));
+        }
     }
     if let Some(k) = &filter.kind {
         add(&mut sql, "kind", k.as_str().into());
@@ -43,17 +48,39 @@ pub(crate) fn filter_sql(filter: &JobFilter, a: &mut Vec<Value>) -> String {
     sql
 }
 
-/// The head of a rail's list (`kind` the rail's job kind, a name of the closed set): its jobs after
-/// `$1` (a job sequence number), in the state asked for, as a literal (`jobs_rail` and `jobs_open`
-/// serve it in order, migration 0033). A list of every state in creation order walks `job_seq`
-/// rather than sort all of the rail's jobs for each page: SQLite, without statistics, would sort;
-/// unless the account is given (`jobs_account` serves that one in order).
-pub(crate) fn rail_list_sql(
-    engine: Engine,
-    kind: &str,
-    state: Option<settle_core::job::JobState>,
-    by_account: bool,
-) -> String {
+/// ` AND job_seq IN (…)`: the running jobs' numbers, read from the two partial indexes that hold
+/// them — `jobs_running_kind` (every kind but withdrawals) and `jobs_rail` (withdrawals); between
+/// them, every running job (decision 0036). No index holds the running jobs by state alone, and a
+/// few running jobs among millions would otherwise be found by reading them all. SQLite, without
+/// statistics, is told the first index.
+fn running_seqs(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Sqlite => {
+            " AND job_seq IN (SELECT job_seq FROM jobs INDEXED BY jobs_running_kind \
+             WHERE state = 'running' AND kind <> 'withdrawal' \
+             UNION ALL SELECT job_seq FROM jobs WHERE kind = 'withdrawal' AND state = 'running')"
+        }
+        Engine::Postgres => {
+            " AND job_seq IN (SELECT job_seq FROM jobs WHERE state = 'running' AND kind <> 'withdrawal' \
+             UNION ALL SELECT job_seq FROM jobs WHERE kind = 'withdrawal' AND state = 'running')"
+        }
+    }
+}
+
+/// Whether a rail's list names its accounts exactly — by the filter's account, or by a scope of
+/// exact ids only — so that `jobs_account` serves it in order.
+pub(crate) fn names_accounts(account: Option<&AccountId>, scope: &settle_core::scope::Scope) -> bool {
+    use settle_core::scope::AccountPattern;
+    account.is_some()
+        || scope.accounts.as_ref().is_some_and(|p| p.iter().all(|p| matches!(p, AccountPattern::Exact(_))))
+}
+
+/// The head of a rail's list (`kind` the rail's job kind, a constant of the closed set): its jobs
+/// after `$1` (a job sequence number), in the state asked for, as a literal (`jobs_rail` and
+/// `jobs_open` serve it in order, migration 0033). A list of every state in creation order walks
+/// `job_seq` rather than sort all of the rail's jobs for each page — SQLite, without statistics,
+/// would sort — unless its accounts are named (`names_accounts`: `jobs_account` serves it).
+pub(crate) fn rail_list_sql(engine: Engine, kind: &'static str, state: Option<JobState>, by_account: bool) -> String {
     let walk = match (engine, state, by_account) {
         // The unique index on `job_seq` (the table's second constraint).
         (Engine::Sqlite, None, false) => " INDEXED BY sqlite_autoindex_jobs_2",

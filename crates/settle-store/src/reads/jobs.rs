@@ -39,7 +39,7 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
         limits::ITEM_BYTES_ESTIMATE
     );
     let mut sizes = format!("SELECT {} FROM jobs WHERE job_seq > $1", SizeCol::list_with(SizeCol::size, &size));
-    sizes.push_str(&filter_sql(filter, &mut a));
+    sizes.push_str(&filter_sql(db.engine(), filter, &mut a));
     a.push(limit.into());
     sizes.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
     let sized = db.all_built(sizes, &a).await?;
@@ -57,7 +57,7 @@ pub(crate) async fn jobs(db: &mut Db<'_>, cx: &Cx, filter: &JobFilter, page: Pag
     within.until_seq = Some(within.until_seq.map_or(last, |u| u.min(last)));
     let mut a: Vec<Value> = vec![page.after.into()];
     let mut sql = format!("SELECT {} FROM jobs WHERE job_seq > $1", ops::JobCol::LIST);
-    sql.push_str(&filter_sql(&within, &mut a));
+    sql.push_str(&filter_sql(db.engine(), &within, &mut a));
     a.push(limit.into());
     sql.push_str(&format!(" ORDER BY job_seq LIMIT ${}", a.len()));
     let rows = db.all_built(sql, &a).await?.iter().map(job_row).collect::<Result<Vec<_>, _>>()?;
@@ -290,7 +290,7 @@ pub(crate) async fn job_totals(db: &mut Db<'_>, filter: &JobFilter, net: bool) -
     use TotalsCol as C;
     let mut a = Vec::new();
     let list = if net { C::LIST.to_owned() } else { C::list_with(C::net, "0") };
-    let sql = format!("SELECT {list} FROM jobs WHERE 1 = 1{}", filter_sql(filter, &mut a));
+    let sql = format!("SELECT {list} FROM jobs WHERE 1 = 1{}", filter_sql(db.engine(), filter, &mut a));
     let row = db.opt_built(sql, &a).await?.ok_or_else(|| StoreError::internal("no totals row"))?;
     Ok(JobTotals {
         jobs: row.i64(C::jobs)?,

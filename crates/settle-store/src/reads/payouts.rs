@@ -1,7 +1,7 @@
 //! Withdrawals as they are read: one by id, and the list with filters (a withdrawal is its job
 //! plus its `withdrawals` row).
 
-use super::filter::{Kinds, rail_list_sql, scope_sql};
+use super::filter::{Kinds, names_accounts, rail_list_sql, scope_sql};
 use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
@@ -53,7 +53,7 @@ pub(crate) async fn withdrawals(
     page: Page,
 ) -> Result<Paged<Withdrawal>, StoreError> {
     let limit = page.limit.clamp(1, limits::PAGE_LIMIT_MAX);
-    let by_account = filter.account_id.is_some();
+    let by_account = names_accounts(filter.account_id.as_ref(), &filter.scope);
     let mut sql = rail_list_sql(db.engine(), job::WITHDRAWAL_KIND, filter.state, by_account);
     let mut a: Vec<Value> = vec![page.after.into()];
     if let Some(acc) = &filter.account_id {

@@ -767,7 +767,7 @@ async fn postgres_a_database_from_before_migration_26_takes_domains_and_refuses_
         let mut conn = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().connect().await.unwrap();
         let files: String = sqlx::query_scalar(
             "SELECT string_agg(relname || ':' || relfilenode, ',' ORDER BY relname) FROM pg_class \
-             WHERE relname IN ('jobs', 'items', 'accounts', 'ledger_entries', 'allocations', 'jobs_account', 'jobs_pkey')",
+             WHERE relname IN ('jobs', 'items', 'accounts', 'ledger_entries', 'allocations', 'ledger_entries_account_seq', 'jobs_pkey')",
         )
         .fetch_one(&mut conn)
         .await

@@ -20,6 +20,7 @@ conformance!(
     cancel_of_a_tried_withdrawal_asks_the_provider_first,
     a_late_execution_of_a_dead_withdrawal_takes_the_hold_back,
     withdrawals_list_by_state,
+    a_list_by_state_is_every_job_in_that_state,
     payout_returns_can_never_overflow,
     withdrawals_never_draw_on_the_overdraft,
     an_operator_resolves_an_unknown_withdrawal_once,
@@ -387,6 +388,63 @@ async fn withdrawals_list_by_state(k: &Kit) {
     assert_eq!((rest.rows.len(), rest.next_after), (2, None));
     let queued = WithdrawalFilter { state: Some(JobState::Queued), ..WithdrawalFilter::default() };
     assert_eq!(k.store.payouts().withdrawals(&queued, Page::FIRST).await.unwrap().rows.len(), 4);
+}
+
+/// Every job and every withdrawal in a state, listed by that state (pages of 2) and counted, is what
+/// the list of all jobs holds in that state — with jobs of every rail running, waiting, retrying,
+/// dead and done: each state's list reads a different index since migration 0033 (decision 0036),
+/// and the running ones two.
+async fn a_list_by_state_is_every_job_in_that_state(k: &Kit) {
+    let a = k.account("a", 1_000).await;
+    let b = k.account("b", 1_000).await;
+    for (id, account) in [("w-run", &a), ("w-done", &b), ("w-wait", &a)] {
+        withdraw(k, id, account, 5).await;
+    }
+    let _running = claim_payout_any(k).await;
+    let (done, token) = claim_payout_any(k).await;
+    k.store.payouts().payout_succeeded(&jid(&done), Some(&token), "tx-1", false).await.unwrap();
+    let mut tokens = std::collections::HashMap::new();
+    for (id, account) in [("r", &b), ("d", &a), ("t", &b), ("s", &a)] {
+        k.job(id, account, 3).await;
+        tokens.insert(id, k.claim_one(id).await);
+    }
+    k.job("q", &a, 3).await;
+    k.fail("d", &tokens["d"], "BAD_INPUT").await;
+    k.fail("t", &tokens["t"], "TIMEOUT").await;
+    k.store.succeed(&jid("s"), settle_store::Reporter::of(Some(&tokens["s"])), None).await.unwrap();
+    let all = k.store.jobs(&JobFilter::ALL, Page { after: 0, limit: 100 }).await.unwrap().rows;
+    let of = |state: JobState, account: Option<&AccountId>| -> Vec<String> {
+        (all.iter().filter(|j| j.state == state && account.is_none_or(|a| j.account_id == *a)))
+            .map(|j| j.id.to_string())
+            .collect()
+    };
+    assert_eq!(of(JobState::Running, None), ["w-run", "r"]);
+    assert_eq!(of(JobState::Queued, None), ["w-wait", "t", "q"]);
+    assert_eq!(of(JobState::Dead, None), ["d"]);
+    for state in JobState::ALL {
+        for account in [None, Some(&a)] {
+            let filter = JobFilter { state: Some(state), account_id: account.cloned(), ..JobFilter::ALL };
+            let mut listed = Vec::new();
+            let mut after = 0;
+            loop {
+                let page = k.store.jobs(&filter, Page { after, limit: 2 }).await.unwrap();
+                listed.extend(page.rows.iter().map(|j| j.id.to_string()));
+                match page.next_after {
+                    Some(n) => after = n,
+                    None => break,
+                }
+            }
+            let expected = of(state, account);
+            assert_eq!(listed, expected, "{state} (account {account:?})");
+            let totals = k.store.operators().job_totals(&filter, true).await.unwrap();
+            assert_eq!(totals.jobs, expected.len() as i64, "{state} counted (account {account:?})");
+        }
+        let rail = WithdrawalFilter { state: Some(state), ..WithdrawalFilter::default() };
+        let withdrawals = k.store.payouts().withdrawals(&rail, Page::FIRST).await.unwrap().rows;
+        let expected: Vec<String> = of(state, None).into_iter().filter(|id| id.starts_with("w-")).collect();
+        assert_eq!(withdrawals.iter().map(|w| w.job.id.to_string()).collect::<Vec<_>>(), expected, "{state}");
+    }
+    k.assert_clean().await;
 }
 
 async fn claim_payout_any(k: &Kit) -> (String, LeaseToken) {
