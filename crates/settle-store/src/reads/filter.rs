@@ -48,12 +48,12 @@ pub(crate) fn filter_sql(engine: Engine, filter: &JobFilter, a: &mut Vec<Value>)
     sql
 }
 
-/// ` AND job_seq IN (…)`: the running jobs' numbers, read from the two partial indexes that hold
-/// them — `jobs_running_kind` (every kind but withdrawals) and `jobs_rail` (withdrawals); between
+/// ` AND job_seq IN (…)`: the running jobs' numbers (for lists, totals and the lease rescuer), read
+/// from the two partial indexes that hold them — `jobs_running_kind` (every kind but withdrawals) and `jobs_rail` (withdrawals); between
 /// them, every running job (decision 0036). No index holds the running jobs by state alone, and a
 /// few running jobs among millions would otherwise be found by reading them all. SQLite, without
 /// statistics, is told the first index.
-fn running_seqs(engine: Engine) -> &'static str {
+pub(crate) fn running_seqs(engine: Engine) -> &'static str {
     match engine {
         Engine::Sqlite => {
             " AND job_seq IN (SELECT job_seq FROM jobs INDEXED BY jobs_running_kind \

@@ -2,7 +2,7 @@
 //! job's attempts, signals and whole history, the failure summary, and what the background loops
 //! look for (lapsed leases, cancelling jobs, the next due time).
 
-use super::filter::{Kinds, filter_sql, scope_sql};
+use super::filter::{Kinds, filter_sql, running_seqs, scope_sql};
 use super::{next_after, page_limit};
 use crate::db::{Db, Value, args, columns};
 use crate::error::StoreError;
@@ -211,23 +211,18 @@ pub(crate) async fn expired_leases(
     after: i64,
     limit: u32,
 ) -> Result<Vec<(i64, String, String)>, StoreError> {
-    // The running jobs are read from the two partial indexes that hold them (migration 0033):
-    // work and top-ups from `jobs_running_kind`, withdrawals from `jobs_rail`. SQLite, without
-    // statistics, would rather walk every job in `job_seq` order than sort the running ones: named.
+    // The running jobs are read from the two partial indexes that hold them (migration 0033),
+    // as every list of running jobs reads them (`running_seqs`).
     static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
-        let cols = LeaseCol::LIST;
-        let sql = |index: &str| {
+        let sql = |engine| {
             format!(
-                "SELECT {cols} FROM (\
-                   SELECT {cols} FROM jobs{index} WHERE state = 'running' AND kind <> 'withdrawal' \
-                     AND lease_expires_at <= $1 AND job_seq > $2 \
-                   UNION ALL \
-                   SELECT {cols} FROM jobs WHERE kind = 'withdrawal' AND state = 'running' \
-                     AND lease_expires_at <= $1 AND job_seq > $2) r \
-                 ORDER BY job_seq LIMIT $3"
+                "SELECT {} FROM jobs WHERE state = 'running' AND lease_expires_at <= $1 AND job_seq > $2{} \
+                 ORDER BY job_seq LIMIT $3",
+                LeaseCol::LIST,
+                running_seqs(engine)
             )
         };
-        [sql(" INDEXED BY jobs_running_kind"), sql("")]
+        [sql(crate::db::Engine::Sqlite), sql(crate::db::Engine::Postgres)]
     });
     let sql = match db.engine() {
         crate::db::Engine::Sqlite => &SQL[0],
