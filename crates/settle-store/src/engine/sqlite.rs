@@ -200,14 +200,16 @@ async fn run_batch(
     careful: bool,
     disk_full: &AtomicBool,
 ) -> Batch {
-    let counters = match conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| read_counters(conn)) {
-        Ok(values) => Arc::new(Mutex::new(Counters::new(values))),
+    let read = conn.execute_batch("BEGIN IMMEDIATE").and_then(|()| read_counters(conn)).map_err(|e| {
+        note_full(&e, disk_full);
+        StoreError::from_sqlite(e)
+    });
+    let counters = match read.map(|(values, stamp)| Counters::new(values, stamp)) {
+        Ok(counters) => Arc::new(Mutex::new(counters)),
         Err(e) => {
-            note_full(&e, disk_full);
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
             }
-            let e = StoreError::from_sqlite(e);
             for op in batch.drain(..) {
                 op.deliver(Err(StoreError::Unavailable(e.to_string())));
             }
@@ -333,15 +335,25 @@ fn lock(counters: &Mutex<Counters>) -> std::sync::MutexGuard<'_, Counters> {
     counters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Every counter, as the batch's write lock found them.
-fn read_counters(conn: &rusqlite::Connection) -> Result<Vec<(String, i64)>, rusqlite::Error> {
+/// Every counter, as the batch's write lock found them, and the largest stamp the store holds:
+/// in `events`, and in `stamp_numbers` and `stamps_pending` too, so a stamp whose events are gone (a
+/// damaged store the audit names) is never taken again — each the last key of its primary key, one
+/// seek (docs/design/batch-plan.md §16).
+fn read_counters(conn: &rusqlite::Connection) -> Result<(Vec<(String, i64)>, i64), rusqlite::Error> {
     let mut stmt = conn.prepare_cached("SELECT name, value FROM counters")?;
     let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    rows.collect()
+    let values = rows.collect::<Result<_, _>>()?;
+    let stamp = conn
+        .prepare_cached(
+            "SELECT MAX((SELECT COALESCE(MAX(stamp), 0) FROM events), (SELECT COALESCE(MAX(stamp), 0) FROM stamp_numbers), \
+             (SELECT COALESCE(MAX(stamp), 0) FROM stamps_pending))",
+        )?
+        .query_row([], |r| r.get(0))?;
+    Ok((values, stamp))
 }
 
 /// The counters the batch moved, written back in its transaction, and the numbers of its events'
-/// stamp (docs/design/batch-plan.md §4a).
+/// stamp (docs/design/batch-plan.md §4a, §16).
 fn write_counters(conn: &rusqlite::Connection, counters: &Counters) -> Result<(), rusqlite::Error> {
     if let Some((stamp, first, last)) = counters.events_stamp() {
         conn.prepare_cached("INSERT INTO stamp_numbers (stamp, first_seq, last_seq) VALUES (?1, ?2, ?3)")?

@@ -127,17 +127,21 @@ pub(crate) struct Cx {
 /// taken here in memory instead of by a statement each, and written back once. The writer takes a
 /// mark before each operation and restores it when the operation fails (rolled back to its
 /// savepoint, or having changed nothing), so the numbers stay gap-free.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Counters {
     values: Vec<(String, i64)>,
     read: Vec<i64>,
+    /// The stamp this batch's events go under, if it writes any: one past the largest stamp the
+    /// store holds (and past zero), read under the batch's write lock (`events_stamp`); `None`
+    /// past `i64::MAX`, which refuses the batch's events, and only them.
+    stamp: Option<i64>,
 }
 
 impl Counters {
-    /// The counters as read at the start of the batch.
-    pub fn new(values: Vec<(String, i64)>) -> Self {
+    /// The counters as read at the start of the batch, and the largest stamp the store held then.
+    pub fn new(values: Vec<(String, i64)>, largest_stamp: i64) -> Self {
         let read = values.iter().map(|(_, v)| *v).collect();
-        Counters { values, read }
+        Counters { values, read, stamp: largest_stamp.max(0).checked_add(1) }
     }
 
     pub fn mark(&self) -> Vec<i64> {
@@ -160,14 +164,24 @@ impl Counters {
         self.values.iter().zip(&self.read).find(|((c, _), _)| c == name).map(|(_, r)| *r)
     }
 
-    /// The batch's events as one stamp (docs/design/batch-plan.md §4a): SQLite's stamp is minus the
-    /// batch's first event number — negative, so it never meets a stamp PostgreSQL's sequence gave
-    /// (a store copied between engines keeps its stamps) — so `(stamp, first_seq, last_seq)`, or
-    /// `None` when the batch numbered no event.
+    /// The batch's events as one stamp (docs/design/batch-plan.md §4a, §16): `(stamp, first_seq,
+    /// last_seq)`, or `None` when the batch numbered no event. The stamp is one past every stamp
+    /// the store holds — whichever engine or release gave them (a store copied from PostgreSQL
+    /// keeps its sequence's stamps; stores written before this release, and older processes still
+    /// writing, hold negative ones) — so it never meets one, and each batch's events go in at the
+    /// right edge of `events`' key. An event numbered means `event_place` gave it the stamp.
     pub fn events_stamp(&self) -> Option<(i64, i64, i64)> {
         let read = self.read_value("outbox")?;
         let now = self.values.iter().find(|(c, _)| c == "outbox").map(|(_, v)| *v)?;
-        (now > read).then_some((-(read + 1), read + 1, now))
+        (now > read).then_some((self.stamp?, read + 1, now))
+    }
+
+    /// An event of this batch numbered `seq`: its stamp, and its place in it (`seq` less the
+    /// counter as read).
+    pub fn event_place(&self, seq: i64) -> Result<(i64, i64), StoreError> {
+        let read = (self.read_value("outbox"))
+            .ok_or_else(|| StoreError::internal("an event written outside the SQLite writer"))?;
+        Ok((self.stamp.ok_or(StoreError::Overflow)?, seq - read))
     }
 
     /// Reserves `n` numbers of `name`; returns the first.

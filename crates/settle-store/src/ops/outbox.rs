@@ -3,8 +3,9 @@
 //! stamp; numbers are given to stamps (`stamp_numbers`: a stamp holds `first_seq ..= last_seq`, its
 //! events at `pos` 1, 2, …), never to events one by one (docs/design/batch-plan.md §4a).
 //!
-//! On SQLite the single writer's order is the commit order: a writer batch's stamp is minus its first
-//! event number, taken from the `outbox` counter, and the batch writes the stamp's numbers itself. On
+//! On SQLite the single writer's order is the commit order: a writer batch's stamp is one past every
+//! stamp the store holds, and the batch numbers its events from the `outbox` counter and writes the
+//! stamp's numbers itself (docs/design/batch-plan.md §16). On
 //! PostgreSQL a transaction's events are queued, and its last statement writes them under one stamp
 //! from a sequence, with one `stamps_pending` row — no counter, no NOTIFY on the commit path. A
 //! sequencer pass (`number_events`, run by `engine::sequencer` after the commit) then numbers whole
@@ -42,14 +43,15 @@ pub(crate) async fn emit(
         // would take the counter on the commit path.
         return Err(StoreError::internal("a PostgreSQL event written outside a transaction's queue"));
     }
-    // SQLite: the writer batch's events are one stamp, minus its first number (`Counters::events_stamp`,
-    // docs/design/batch-plan.md §4a); the batch writes the stamp's numbers beside its counters.
+    // SQLite: the writer batch's events are one stamp (`Counters::events_stamp`, docs/design/
+    // batch-plan.md §4a, §16); the batch writes the stamp's numbers beside its counters.
     let seq = next_seq(cx, "outbox", 1)?;
-    let read = (cx.counters.as_ref().and_then(|c| lock_counters(c).read_value("outbox")))
-        .ok_or_else(|| StoreError::internal("an event written outside the SQLite writer"))?;
+    let counters =
+        cx.counters.as_ref().ok_or_else(|| StoreError::internal("an event written outside the SQLite writer"))?;
+    let (stamp, pos) = lock_counters(counters).event_place(seq)?;
     db.exec(
         "INSERT INTO events (stamp, pos, type, job_id, account_id, data, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        args![-(read + 1), seq - read, kind.as_str(), job_id, account_id, data.to_string(), cx.now.micros()],
+        args![stamp, pos, kind.as_str(), job_id, account_id, data.to_string(), cx.now.micros()],
     )
     .await?;
     Ok(())

@@ -193,3 +193,60 @@ async fn sqlite_refused_operations_in_a_batch_leave_no_gap() {
 async fn postgres_refused_operations_in_a_batch_leave_no_gap() {
     refused_operations_in_a_batch_leave_no_gap(EngineKind::Postgres).await;
 }
+
+/// SQLite: a batch's events go under one stamp past every stamp the store holds (docs/design/
+/// batch-plan.md §16): past an older release's (minus its batch's first number, as §4a gave them),
+/// past one copied from PostgreSQL (a sequence's, far ahead), and past a numbered stamp whose events
+/// are gone (a damaged store the audit names) — so writing goes on, the feed whole and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_batch_stamp_is_past_every_stamp_the_store_holds() {
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    let k = Kit::new(EngineKind::Sqlite).await;
+    k.account("a", 10).await;
+    let numbered = |stamp: &str| {
+        format!(
+            "INSERT INTO events (stamp, pos, type, job_id, account_id, data, created_at) \
+               SELECT {stamp}, 1, 'account.granted', NULL, 'a', '{{\"amount\":1}}', 0 FROM counters WHERE name = 'outbox'; \
+             INSERT INTO stamp_numbers (stamp, first_seq, last_seq) \
+               SELECT {stamp}, value + 1, value + 1 FROM counters WHERE name = 'outbox'; \
+             UPDATE counters SET value = value + 1 WHERE name = 'outbox'"
+        )
+    };
+    let mut behind_our_back = Vec::new();
+    for (n, stamp) in ["-(value + 1)", "5000"].into_iter().enumerate() {
+        k.raw_script(&numbered(stamp)).await.unwrap();
+        behind_our_back.push(k.store.events(0, 1000, &Scope::ALL).await.unwrap().rows.last().unwrap().seq);
+        k.account(&format!("b{n}"), 5).await;
+    }
+    let events = k.store.events(0, 1000, &Scope::ALL).await.unwrap().rows;
+    let seqs: Vec<i64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=events.len() as i64).collect::<Vec<_>>(), "the feed is whole and in order");
+    for seq in &behind_our_back {
+        let e = &events[*seq as usize - 1];
+        assert_eq!((e.kind.as_str(), e.account_id.as_str()), ("account.granted", "a"), "event {seq}");
+    }
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&k.url).unwrap().connect().await.unwrap();
+    let stamps: Vec<i64> =
+        sqlx::query_scalar("SELECT stamp FROM stamp_numbers ORDER BY first_seq").fetch_all(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    let after = stamps.iter().position(|s| *s == 5000).expect("the copied stamp");
+    assert_eq!(stamps[after + 1..].first(), Some(&5001), "the next batch's stamp follows the largest: {stamps:?}");
+    assert!(stamps.iter().filter(|s| **s > 0).is_sorted(), "this release's stamps grow: {stamps:?}");
+    let audit = k.store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+
+    // A numbered stamp whose one event is gone, the one the next batch would take if only `events`
+    // were asked: the audit names it, and writes with events go on under the stamp after it.
+    k.raw_script(
+        "INSERT INTO stamp_numbers (stamp, first_seq, last_seq) \
+           SELECT (SELECT MAX(stamp) FROM events) + 1, value + 1, value + 1 FROM counters WHERE name = 'outbox'; \
+         UPDATE counters SET value = value + 1 WHERE name = 'outbox'",
+    )
+    .await
+    .unwrap();
+    k.account("c", 5).await;
+    let audit = k.store.audit(None).await.unwrap();
+    let found: Vec<_> = audit.violations.iter().map(|v| v.message.as_str()).collect();
+    assert!(found.len() == 1 && found[0].contains("but holds 0 events"), "{found:?}");
+}
