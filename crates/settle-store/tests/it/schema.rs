@@ -1,7 +1,9 @@
 //! The two engines' schemas stay one schema: after every migration, SQLite and PostgreSQL have the
 //! same tables, the same columns in each, and the same explicitly created indexes on the same columns.
 //! (Types differ by design — `bytea`/`BLOB`, `bigint`/`INTEGER` — and so do the names the engines give
-//! to primary keys and column-level UNIQUE constraints, which are left out.)
+//! to primary keys and column-level UNIQUE constraints, which are left out.) One index differs on
+//! purpose: `ledger_entries_chain`, which SQLite replaced by a trigger of that name (migration 0034,
+//! decision 0037); the test says exactly that.
 
 use settle_store::{SqlStore, StoreOptions};
 use sqlx::{ConnectOptions, Connection, Row};
@@ -117,8 +119,22 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
     drop(SqlStore::open(&sqlite_url, StoreOptions::default()).await.unwrap());
     let pg_url = settle_testkit::fresh_database().await;
     drop(SqlStore::open(&pg_url, StoreOptions::default()).await.unwrap());
-    let (lite, pg) = (sqlite_schema(&sqlite_url).await, postgres_schema(&pg_url).await);
+    let (lite, mut pg) = (sqlite_schema(&sqlite_url).await, postgres_schema(&pg_url).await);
     assert!(lite.contains_key("ledger_entries") && lite["ledger_entries"].1.len() >= 3, "the reader sees the schema");
+    // PostgreSQL's unique index on (account_id, prev_hash) is SQLite's trigger: taken out here, and
+    // each checked for on its own engine.
+    let chain = ("ledger_entries_chain".to_owned(), vec!["account_id".to_owned(), "prev_hash".to_owned()]);
+    let ledger = &mut pg.get_mut("ledger_entries").expect("the ledger").1;
+    let at = ledger.iter().position(|i| *i == chain).expect("PostgreSQL keeps ledger_entries_chain");
+    ledger.remove(at);
+    let mut c = sqlx::SqliteConnection::connect(&sqlite_url).await.unwrap();
+    let triggers = lite_names(
+        &mut c,
+        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'ledger_entries' ORDER BY name".into(),
+        None,
+    )
+    .await;
+    assert!(triggers.contains(&"ledger_entries_chain".to_owned()), "SQLite's chain trigger: {triggers:?}");
     assert_eq!(lite.keys().collect::<Vec<_>>(), pg.keys().collect::<Vec<_>>(), "tables");
     for (table, (columns, indexes)) in &lite {
         let (pg_columns, pg_indexes) = &pg[table];
@@ -151,5 +167,36 @@ async fn sqlite_writes_of_checked_columns_build_no_temporary_table() {
         assert!(opcodes.iter().any(|o| o == "Halt"), "the program was read: {opcodes:?}");
         assert!(!opcodes.iter().any(|o| o == "OpenEphemeral"), "{sql} builds a temporary table");
     }
+    c.close().await.unwrap();
+}
+
+/// SQLite's chain trigger (migration 0034, decision 0037) finds the line before by its position in
+/// `ledger_entries_account_seq`: one seek, never a scan of the account's lines. The trigger's own
+/// program is not shown by `EXPLAIN` of the INSERT, so its lookup is planned here as written in the
+/// trigger, which the test first finds in the schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_the_chain_trigger_seeks_the_line_before_by_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("chain.db").display());
+    drop(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+    let lookup =
+        "SELECT hash FROM ledger_entries WHERE account_id = NEW.account_id AND account_seq = NEW.account_seq - 1";
+    let trigger: String =
+        sqlx::query("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'ledger_entries_chain'")
+            .fetch_one(&mut c)
+            .await
+            .unwrap()
+            .get(0);
+    assert!(trigger.contains(lookup), "the trigger reads the line before as planned here: {trigger}");
+    let planned = lookup.replace("NEW.account_id", "?1").replace("NEW.account_seq", "?2");
+    let plan =
+        sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {planned}"))).fetch_all(&mut c).await.unwrap();
+    let steps: Vec<String> = plan.iter().map(|r| r.get::<String, _>(3)).collect();
+    assert_eq!(
+        steps,
+        ["SEARCH ledger_entries USING INDEX ledger_entries_account_seq (account_id=? AND account_seq=?)"],
+        "{planned}"
+    );
     c.close().await.unwrap();
 }

@@ -50,6 +50,7 @@ per_engine!(
     balance_plus_held_past_the_largest_is_l1,
     a_withdrawal_row_that_disagrees_with_its_job_is_l3,
     the_database_refuses_duplicate_money_rows,
+    a_link_to_no_predecessor_is_refused_or_found,
     a_second_release_is_l4,
     an_unpriced_held_item_off_its_hold_is_l3,
     the_database_refuses_a_price_above_the_hold,
@@ -289,9 +290,14 @@ async fn a_wrong_held_is_l1(k: &Kit) {
     only(k, "L1", "held 8 but the items that may still be credited back cost 7").await;
 }
 
-/// A copy of entry `from` as entry 6 of `kind`, with the unique indexes that would refuse it dropped.
-fn copy_entry(from: i64, kind: &str) -> String {
-    let drop = "DROP INDEX ledger_entries_item_kind; DROP INDEX ledger_entries_chain;";
+/// A copy of entry `from` as entry 6 of `kind`, with the guards that would refuse it dropped: the
+/// unique index on (job, item, kind), and the chain's (PostgreSQL's unique index, SQLite's trigger).
+fn copy_entry(k: &Kit, from: i64, kind: &str) -> String {
+    let drop = if k.is_sqlite() {
+        "DROP INDEX ledger_entries_item_kind; DROP TRIGGER ledger_entries_chain;"
+    } else {
+        "DROP INDEX ledger_entries_item_kind; DROP INDEX ledger_entries_chain;"
+    };
     format!(
         "{drop} INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
          ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, 100, account_id, '{kind}', amount, \
@@ -302,14 +308,14 @@ fn copy_entry(from: i64, kind: &str) -> String {
 
 async fn a_second_charge_is_l4(k: &Kit) {
     scenario(k).await;
-    tamper(k, &copy_entry(5, "charge")).await;
+    tamper(k, &copy_entry(k, 5, "charge")).await;
     let found = found(k).await;
     assert!(found.iter().any(|(inv, m)| *inv == "L4" && m.contains("2 charges")), "{found:#?}");
 }
 
 async fn a_reclaim_without_a_refund_is_l4(k: &Kit) {
     scenario(k).await;
-    tamper(k, &copy_entry(5, "reclaim")).await;
+    tamper(k, &copy_entry(k, 5, "reclaim")).await;
     let found = found(k).await;
     assert!(
         found.iter().any(|(inv, m)| *inv == "L4" && m.contains("a reclaim without an earlier refund")),
@@ -336,7 +342,7 @@ async fn names(k: &Kit, invariant: &str, says: &str) {
 
 async fn a_second_refund_is_l4(k: &Kit) {
     scenario(k).await;
-    tamper(k, &copy_entry(4, "refund")).await;
+    tamper(k, &copy_entry(k, 4, "refund")).await;
     names(k, "L4", "1 charges, 2 refunds").await;
 }
 
@@ -388,18 +394,21 @@ async fn a_withdrawal_row_that_disagrees_with_its_job_is_l3(k: &Kit) {
 /// The rows no code path may write, written directly: each refused by the database itself.
 async fn the_database_refuses_duplicate_money_rows(k: &Kit) {
     scenario(k).await;
-    let copy = |seq: i64, kind: &str, prev: &str| {
+    // Each copy sits at its account's next position, after its account's last line (entry 5), unless
+    // it is a fork, so exactly one guard stands in the way; the error names it (PostgreSQL's index
+    // by name, SQLite's by its columns, SQLite's chain trigger by its message).
+    let copy_at = |seq: i64, kind: &str, position: &str, prev: &str| {
         format!(
             "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
-             ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, 100, account_id, '{kind}', amount, \
-             balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, {prev}, hash FROM ledger_entries \
-             WHERE seq = {seq}"
+             ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, {position}, account_id, \
+             '{kind}', amount, balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, {prev}, hash \
+             FROM ledger_entries e WHERE seq = {seq}"
         )
     };
-    // Each copy gets a chain link no entry has yet (after entry 5's hash), unless it is the fork,
-    // so exactly one index stands in the way; the error names it (PostgreSQL by name, SQLite by
-    // its columns).
-    let after_last = "(SELECT hash FROM ledger_entries WHERE seq = 5)";
+    let next = "(SELECT MAX(l.account_seq) + 1 FROM ledger_entries l WHERE l.account_id = e.account_id)";
+    let copy = |seq: i64, kind: &str, prev: &str| copy_at(seq, kind, next, prev);
+    let after_last = "(SELECT l.hash FROM ledger_entries l WHERE l.account_id = e.account_id \
+                      ORDER BY l.account_seq DESC LIMIT 1)";
     let sqlite = k.is_sqlite();
     for (what, sql, pg_index, sqlite_columns) in [
         (
@@ -421,15 +430,26 @@ async fn the_database_refuses_duplicate_money_rows(k: &Kit) {
             "ledger_entries.kind, ledger_entries.ref_id",
         ),
         (
-            "fork of the chain",
-            copy(5, "reclaim", "prev_hash"),
+            // After entry 5's predecessor, at the next position: PostgreSQL's unique index sees a
+            // second line after one hash; SQLite's trigger a link that is not the line before's.
+            "fork of the chain, at the next position",
+            copy(5, "reclaim", "e.prev_hash"),
             "ledger_entries_chain",
-            "ledger_entries.account_id, ledger_entries.prev_hash",
+            "is not the hash of its account's entry before it",
+        ),
+        (
+            // After entry 5's predecessor, at entry 5's own position: the link is right for the
+            // position, and the position is taken.
+            "fork of the chain, at the same position",
+            copy_at(5, "reclaim", "e.account_seq", "e.prev_hash"),
+            // Both of PostgreSQL's unique indexes stand in the way: whichever it checks first.
+            "ledger_entries_chain|ledger_entries_account_seq",
+            "ledger_entries.account_id, ledger_entries.account_seq",
         ),
     ] {
         let message = k.raw_script(&sql).await.expect_err(what).to_string();
         let names = if sqlite { sqlite_columns } else { pg_index };
-        assert!(message.contains(names), "{what}: {message}");
+        assert!(names.split('|').any(|name| message.contains(name)), "{what}: {message}");
     }
     for (what, sql) in [
         ("update", "UPDATE ledger_entries SET amount = 0 WHERE seq = 3"),
@@ -443,6 +463,52 @@ async fn the_database_refuses_duplicate_money_rows(k: &Kit) {
         assert!(message.contains("append-only"), "truncate: {message}");
     }
     k.assert_clean().await;
+}
+
+/// A line at its account's next position whose `prev_hash` is not its predecessor's hash (here
+/// account b's line's), its own `hash` computed honestly over that link, so the link is its only
+/// fault: SQLite's trigger refuses it (migration 0034); PostgreSQL's unique index on
+/// `(account_id, prev_hash)` cannot, as no line of the account follows that hash, and the audit's
+/// L2 names it (decision 0037).
+async fn a_link_to_no_predecessor_is_refused_or_found(k: &Kit) {
+    scenario(k).await;
+    let page = Page { after: 0, limit: 100 };
+    let last = k.store.ledger(&acc("a"), page).await.unwrap().rows.pop().expect("a's lines");
+    assert_eq!(last.seq, 5, "{last:?}");
+    let foreign = k.store.ledger(&acc("b"), page).await.unwrap().rows[0].hash;
+    let fields = settle_core::ledger::EntryFields {
+        seq: 6,
+        account_id: "a",
+        kind: settle_core::ledger::EntryKind::Reclaim,
+        amount: last.amount.get(),
+        balance_after: last.balance_after.get() + last.amount.get(),
+        job_id: last.job_id.as_deref(),
+        item_id: last.item_id.as_deref(),
+        ref_id: last.ref_id.as_deref(),
+        reason: last.reason.as_deref(),
+        created_at: last.created_at.micros(),
+    };
+    let hash = settle_core::ledger::chain_hash(&foreign, &fields);
+    let hex = |h: &[u8; 32]| h.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let blob = |h: &[u8; 32]| if k.is_sqlite() { format!("X'{}'", hex(h)) } else { format!("'\\x{}'::bytea", hex(h)) };
+    let sql = format!(
+        "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
+         ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, account_seq + 1, account_id, 'reclaim', \
+         amount, {}, job_id, item_id, ref_id, reason, request_hash, created_at, {}, {} FROM ledger_entries WHERE seq = 5",
+        fields.balance_after,
+        blob(&foreign),
+        blob(&hash)
+    );
+    if k.is_sqlite() {
+        let message = k.raw_script(&sql).await.expect_err("a link to no predecessor").to_string();
+        assert!(message.contains("is not the hash of its account's entry before it"), "{message}");
+        k.assert_clean().await;
+    } else {
+        tamper(k, &sql).await;
+        let found = found(k).await;
+        let l2: Vec<&String> = found.iter().filter(|(inv, _)| *inv == "L2").map(|(_, m)| m).collect();
+        assert_eq!(l2, ["entry 6: hash chain does not verify"], "the link, and only it, breaks L2: {found:#?}");
+    }
 }
 
 /// Held items (decision 0022). Ledger: 1 grant a 100 · 2 charge h/main −40 · 3 release h/main +25
@@ -463,7 +529,7 @@ async fn held_scenario(k: &Kit) {
 
 async fn a_second_release_is_l4(k: &Kit) {
     held_scenario(k).await;
-    tamper(k, &copy_entry(3, "release")).await;
+    tamper(k, &copy_entry(k, 3, "release")).await;
     names(k, "L4", "0 reclaims, 0 payout returns, 2 releases").await;
 }
 

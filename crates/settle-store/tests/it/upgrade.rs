@@ -147,6 +147,9 @@ async fn from_before_migration_16(engine: EngineKind) {
     k.items_job("ja", &a, &[10, 20]).await;
     let t = k.claim_one("ja").await;
     k.fail("ja", &t, "TIMEOUT").await;
+    // 0034 undone first and so run again after 0016 (whose SQLite rebuild of the ledger makes the
+    // chain index again): the store ends on the schema this release ships.
+    k.raw_script(undo_34(&k)).await.unwrap();
     let back = if k.is_sqlite() {
         "ALTER TABLE items DROP COLUMN hold; DELETE FROM _sqlx_migrations WHERE version = 16"
     } else {
@@ -189,6 +192,19 @@ async fn from_before_migration_16(engine: EngineKind) {
     let audit = store.audit(None).await.unwrap();
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
     assert_eq!(store.account(&a).await.unwrap().balance.get(), 100 - 30 - 15);
+    if url.starts_with("sqlite:") {
+        use sqlx::{Connection, Row};
+        let mut c = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        let guards: Vec<(String, String)> =
+            (sqlx::query("SELECT type, name FROM sqlite_master WHERE name = 'ledger_entries_chain' ORDER BY type")
+                .fetch_all(&mut c)
+                .await
+                .unwrap()
+                .iter())
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert_eq!(guards, [("trigger".to_owned(), "ledger_entries_chain".to_owned())], "0034 ran after 0016");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -642,8 +658,19 @@ const UNDO_33: &str = "DROP INDEX jobs_open; DROP INDEX jobs_rail; CREATE INDEX 
      CREATE INDEX jobs_waiting ON jobs (not_before, job_seq) WHERE state = 'queued' AND turn IS NULL AND kind <> 'withdrawal'; \
      DELETE FROM _sqlx_migrations WHERE version = 33;";
 
-/// Back to before migration 0031 (and 0032, 0033): no top-ups nor rules, grant origins without
-/// `top_up`.
+/// Back to before migration 0034: SQLite's chain trigger is the unique index on
+/// `(account_id, prev_hash)` again (PostgreSQL's 0034 changed nothing).
+fn undo_34(k: &Kit) -> &'static str {
+    if k.is_sqlite() {
+        "DROP TRIGGER ledger_entries_chain; CREATE UNIQUE INDEX ledger_entries_chain ON ledger_entries (account_id, prev_hash); \
+         DELETE FROM _sqlx_migrations WHERE version = 34;"
+    } else {
+        "DELETE FROM _sqlx_migrations WHERE version = 34;"
+    }
+}
+
+/// Back to before migration 0031 (and 0032, 0033, 0034): no top-ups nor rules, grant origins
+/// without `top_up`.
 fn undo_31(k: &Kit) -> String {
     let undo_32_31 = if k.is_sqlite() {
         "DROP INDEX top_ups_rule; DROP INDEX top_ups_one_open_rule; DROP TABLE auto_top_ups; DELETE FROM _sqlx_migrations WHERE version = 32; \
@@ -660,7 +687,7 @@ fn undo_31(k: &Kit) -> String {
          CHECK (VALUE IN ('grant', 'adjustment', 'opening')) NOT VALID; \
          DELETE FROM _sqlx_migrations WHERE version = 31;"
     };
-    format!("{UNDO_33} {undo_32_31}")
+    format!("{} {UNDO_33} {undo_32_31}", undo_34(k))
 }
 
 /// Back to before migration 0026 — and so first before 0031, 0030, 0029, 0028 and 0027 (their
