@@ -143,15 +143,21 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
     }
 }
 
+/// A new SQLite store, migrated, and a plain connection to it (the directory lives as long as it).
+async fn fresh_sqlite() -> (tempfile::TempDir, sqlx::SqliteConnection) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    drop(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
+    let c = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+    (dir, c)
+}
+
 /// SQLite builds a temporary b-tree for `x IN (a, b, c, …)` (three values or more) every time a
 /// statement that evaluates it runs: in a CHECK, on every write of its column. Migration 0026 wrote
 /// those CHECKs as comparisons; a write of each hot table's checked columns opens none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_writes_of_checked_columns_build_no_temporary_table() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("checks.db").display());
-    drop(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
-    let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+    let (_dir, mut c) = fresh_sqlite().await;
     for sql in [
         "UPDATE jobs SET state = ?1, refund_on = ?2, cancel_requested = ?3 WHERE id = ?4",
         "UPDATE items SET state = ?1, refund_reason = ?2 WHERE job_id = ?3 AND item_id = ?4",
@@ -176,10 +182,7 @@ async fn sqlite_writes_of_checked_columns_build_no_temporary_table() {
 /// trigger, which the test first finds in the schema.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_the_chain_trigger_seeks_the_line_before_by_position() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("chain.db").display());
-    drop(SqlStore::open(&url, StoreOptions::default()).await.unwrap());
-    let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+    let (_dir, mut c) = fresh_sqlite().await;
     let lookup =
         "SELECT hash FROM ledger_entries WHERE account_id = NEW.account_id AND account_seq = NEW.account_seq - 1";
     let trigger: String =
