@@ -244,7 +244,7 @@ async fn insert(
                     };
                 }
             }
-            q.execute(c).await?;
+            q.execute(c).await.map_err(|e| refused(table, e))?;
         }
         Side::Pg(c) => {
             let mut q = sqlx::query(sql);
@@ -264,10 +264,22 @@ async fn insert(
                     };
                 }
             }
-            q.execute(c).await?;
+            q.execute(c).await.map_err(|e| refused(table, e))?;
         }
     }
     Ok(())
+}
+
+/// A row of the source the target's own rules refuse (a constraint, or SQLite's chain trigger: a
+/// source whose ledger does not link, decision 0037), said with its table; the copy is rolled back.
+/// Any other error (a connection lost) is passed on as it is.
+fn refused(table: &str, e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::Database(d) => {
+            fail(format!("the target refused a row of {table}: {}; nothing was copied", d.message()))
+        }
+        other => other.into(),
+    }
 }
 
 /// Rows per INSERT: under both engines' limit on parameters.

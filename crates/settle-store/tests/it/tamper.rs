@@ -545,3 +545,37 @@ async fn the_database_refuses_a_price_above_the_hold(k: &Kit) {
     assert!(refused.is_err(), "a price above the hold is refused by the database itself");
     k.assert_clean().await;
 }
+
+/// Decision 0037's one change of behaviour: a PostgreSQL store holding a line linked to no
+/// predecessor (let in there, named by its audit) is not copied into SQLite, whose trigger refuses
+/// that line. The copy fails naming the table and the refusal, and leaves the target empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_chain_that_does_not_link_is_not_copied_into_sqlite() {
+    let k = Kit::new(crate::kit::EngineKind::Postgres).await;
+    scenario(&k).await;
+    // Entry 5's copy at a's next position, linked to account b's line: no PostgreSQL guard refuses it.
+    tamper(
+        &k,
+        "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
+         ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, account_seq + 1, account_id, 'reclaim', \
+         amount, balance_after - 7, job_id, item_id, ref_id, reason, request_hash, created_at, \
+         (SELECT b.hash FROM ledger_entries b WHERE b.seq = 1), hash FROM ledger_entries WHERE seq = 5",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("sqlite://{}", dir.path().join("copy.db").display());
+    drop(SqlStore::open(&target, StoreOptions::default()).await.unwrap());
+    let message = settle_store::copy::copy(&k.url, &target, |_, _| {}).await.expect_err("a broken chain").to_string();
+    assert!(
+        message.contains("the target refused a row of ledger_entries: ledger entry whose prev_hash is not the hash"),
+        "{message}"
+    );
+    assert!(message.ends_with("nothing was copied"), "{message}");
+    use sqlx::{Connection, Row};
+    let mut c = sqlx::SqliteConnection::connect(&target).await.unwrap();
+    for table in ["accounts", "jobs", "ledger_entries"] {
+        let sql = format!("SELECT COUNT(*) FROM {table}");
+        let n: i64 = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_one(&mut c).await.unwrap().get(0);
+        assert_eq!(n, 0, "the copy left rows in {table}");
+    }
+}
