@@ -141,6 +141,15 @@ columns! {
 }
 
 columns! {
+    /// An event filed under a job it is not: its number (none while it waits for one), the job it
+    /// names, the number it carries, and that job's number (none: no such job).
+    MisfiledRow {
+        seq = "n.first_seq + e.pos - 1", job_id = "e.job_id", job_seq = "e.job_seq",
+        jobs_seq = "(SELECT j.job_seq FROM jobs j WHERE j.id = e.job_id)",
+    }
+}
+
+columns! {
     /// What pass A reads of each ledger entry.
     EntryRow {
         seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, ref_id,
@@ -560,6 +569,7 @@ impl<'p> Audit<'p> {
         self.alerts(db).await?;
         self.spend_limits(db).await?;
         self.outbox(db).await?;
+        self.events_filed(db).await?;
         let Audit { accounts, violations, .. } = self;
         Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
     }
@@ -1061,6 +1071,39 @@ impl<'p> Audit<'p> {
         if counter != expected - 1 {
             let message = format!("the outbox counter is at {counter} but the last event is {}", expected - 1);
             self.push(Invariant::Seq, None, None, None, message);
+        }
+        Ok(())
+    }
+
+    /// Every event that names a job names one that exists, and the `job_seq` it carries (migration
+    /// 0035: its job's number, read from the job's row by the INSERT) is that job's; an account's
+    /// event carries none. A wrong one (a hand edit, a copy from a bad source) would file the event
+    /// under another job's history. The first 100 are named.
+    async fn events_filed(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM events e LEFT JOIN stamp_numbers n ON n.stamp = e.stamp \
+                 WHERE (e.job_id IS NULL AND e.job_seq IS NOT NULL) \
+                    OR (e.job_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM jobs j \
+                        WHERE j.id = e.job_id AND (e.job_seq IS NULL OR j.job_seq = e.job_seq))) \
+                 ORDER BY e.stamp, e.pos LIMIT 100",
+                MisfiledRow::LIST
+            )
+        });
+        for r in db.all(&SQL, args![]).await? {
+            use MisfiledRow as C;
+            let event = match r.opt_i64(C::seq)? {
+                Some(seq) => format!("event {seq}"),
+                None => "an event waiting for its number".to_owned(),
+            };
+            let (job, job_seq, jobs_seq) = (r.opt_text(C::job_id)?, r.opt_i64(C::job_seq)?, r.opt_i64(C::jobs_seq)?);
+            let message = match (&job, job_seq, jobs_seq) {
+                (None, Some(n), _) => format!("{event} names no job but carries job_seq {n}"),
+                (Some(id), _, None) => format!("{event} names job {id}, which does not exist"),
+                (Some(id), Some(n), Some(m)) => format!("{event} names job {id} (job_seq {m}) but carries job_seq {n}"),
+                _ => format!("{event} is filed under a job it is not"),
+            };
+            self.push(Invariant::Seq, None, job.as_deref(), None, message);
         }
         Ok(())
     }

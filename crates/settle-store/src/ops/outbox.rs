@@ -49,8 +49,11 @@ pub(crate) async fn emit(
     let counters =
         cx.counters.as_ref().ok_or_else(|| StoreError::internal("an event written outside the SQLite writer"))?;
     let (stamp, pos) = lock_counters(counters).event_place(seq)?;
+    // The job's number from its row, in the statement (migration 0035): the job is written or
+    // locked earlier in this transaction, and no caller passes a number that could disagree.
     db.exec(
-        "INSERT INTO events (stamp, pos, type, job_id, account_id, data, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO events (stamp, pos, type, job_id, job_seq, account_id, data, created_at) \
+         VALUES ($1, $2, $3, $4, (SELECT job_seq FROM jobs WHERE id = $4), $5, $6, $7)",
         args![stamp, pos, kind.as_str(), job_id, account_id, data.to_string(), cx.now.micros()],
     )
     .await?;
@@ -107,7 +110,9 @@ fn number_lines_in_events(pending: &Pending, seqs: &[i64]) -> Result<Vec<String>
 
 /// The events' INSERTs, their 5 arrays bound from `$first` and whether one makes work due as
 /// `$first + 5`: the events into `events` under the transaction's one stamp, `pos` their order in
-/// it, and the stamp into `stamps_pending` for the sequencer (docs/design/batch-plan.md §4a). `st`,
+/// it, each job event's `job_seq` read from its job's row (a scalar subquery per event, never a
+/// join: migration 0035), and the stamp into `stamps_pending` for the sequencer
+/// (docs/design/batch-plan.md §4a). `st`,
 /// a materialized CTE, takes the stamp once, in the transaction's last statement, after every lock
 /// it waited for, so a transaction that waited for another's row, or read its write, has the larger
 /// stamp. With lines in the same statement it reads their INSERT's count first (`AFTER_LINES`), so
@@ -117,8 +122,9 @@ fn insert_events(first: usize, after_lines: bool) -> String {
     let from = if after_lines { " FROM (SELECT count(*) FROM lines) AS written" } else { "" };
     format!(
         "st AS MATERIALIZED (SELECT nextval('outbox_stamps') AS stamp{from}), \
-         ev AS (INSERT INTO events (stamp, pos, type, job_id, account_id, data, created_at) \
-                SELECT st.stamp, u.pos, u.type, u.job_id, u.account_id, u.data, u.created_at \
+         ev AS (INSERT INTO events (stamp, pos, type, job_id, job_seq, account_id, data, created_at) \
+                SELECT st.stamp, u.pos, u.type, u.job_id, (SELECT j.job_seq FROM jobs j WHERE j.id = u.job_id), \
+                       u.account_id, u.data, u.created_at \
                 FROM st CROSS JOIN cfg CROSS JOIN unnest({}::text[], {}::text[], {}::text[], {}::text[], {}::bigint[]) \
                 WITH ORDINALITY AS u(type, job_id, account_id, data, created_at, pos) RETURNING 1) \
          INSERT INTO stamps_pending (stamp, events, wakes) SELECT st.stamp, (SELECT count(*) FROM ev), {}::bigint FROM st",
@@ -322,15 +328,21 @@ mod tests {
     use settle_core::history::EventKind;
 
     /// A flush decides in Rust whether its events wake claimers (`EventKind::wakes_claims`); the
-    /// previous release's writers, during a rolling upgrade, by migration 0024's list, which must
+    /// previous release's writers, during a rolling upgrade, by migration 0024's list (its copy of
+    /// the queued events, and its function, which 0035 replaced with the same list), which must
     /// name the same kinds.
     #[test]
     fn the_migration_wakes_claims_for_the_events_that_make_work_due() {
         let waking: Vec<_> = EventKind::ALL.iter().filter(|k| k.wakes_claims()).map(|k| k.as_str()).collect();
-        let sql = include_str!("../../migrations/postgres/0024_events_written_once.sql");
-        for kind in &waking {
-            assert_eq!(sql.matches(&format!("'{kind}'")).count(), 2, "{kind} in both of the migration's lists");
+        let lists = [
+            (include_str!("../../migrations/postgres/0024_events_written_once.sql"), 2),
+            (include_str!("../../migrations/postgres/0035_events_by_job_seq.sql"), 1),
+        ];
+        for (sql, times) in lists {
+            for kind in &waking {
+                assert_eq!(sql.matches(&format!("'{kind}'")).count(), times, "{kind} in each of the migration's lists");
+            }
+            assert_eq!(sql.matches("'job.").count(), times * waking.len());
         }
-        assert_eq!(sql.matches("'job.").count(), 2 * waking.len());
     }
 }

@@ -295,16 +295,23 @@ pub(crate) async fn job_totals(db: &mut Db<'_>, filter: &JobFilter, net: bool) -
     })
 }
 
+/// A job's events, the first 1,000 by number: two arms, each on its partial index (migration
+/// 0035) — the events under the job's number (and its id: a number a hand edit got wrong shows
+/// nothing of another job), and those written before the number was kept. Ordered by `seq`, the
+/// first column (the stamps' order, then each stamp's).
+static HISTORY_EVENTS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {list} FROM {from} WHERE e.job_seq = (SELECT job_seq FROM jobs WHERE id = $1) AND e.job_id = $1 \
+         UNION ALL SELECT {list} FROM {from} WHERE e.job_id = $1 AND e.job_seq IS NULL \
+         ORDER BY 1 LIMIT 1000",
+        list = EventCol::LIST,
+        from = ops::EVENTS
+    )
+});
+
 pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Result<JobHistory, StoreError> {
     static ENTRIES: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE job_id = $1 ORDER BY seq", EntryCol::LIST));
-    static EVENTS: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "SELECT {} FROM {} WHERE e.job_id = $1 ORDER BY n.last_seq, e.pos LIMIT 1000",
-            EventCol::LIST,
-            ops::EVENTS
-        )
-    });
     static ARTIFACTS: LazyLock<String> = LazyLock::new(|| {
         format!("SELECT {} FROM artifacts WHERE job_id = $1 ORDER BY created_at, item_id, key", ArtifactCol::LIST)
     });
@@ -313,8 +320,9 @@ pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Resu
     ops::must_read_job(db, cx, id).await?;
     let entries =
         (db.all(&ENTRIES, args![id]).await?.iter()).map(entry_from_row::<EntryCol>).collect::<Result<Vec<_>, _>>()?;
-    let events =
-        (db.all(&EVENTS, args![id]).await?.iter()).map(event_from_row::<EventCol>).collect::<Result<Vec<_>, _>>()?;
+    let events = (db.all(&HISTORY_EVENTS, args![id]).await?.iter())
+        .map(event_from_row::<EventCol>)
+        .collect::<Result<Vec<_>, _>>()?;
     let artifacts = (db.all(&ARTIFACTS, args![id]).await?.iter())
         .map(|r| {
             use ArtifactCol as C;
@@ -328,4 +336,27 @@ pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Resu
         .collect::<Result<Vec<_>, StoreError>>()?;
     let signals_unlogged = db.one(&UNLOGGED, args![id]).await?.i64(UnloggedCol::signals_unlogged)?;
     Ok(JobHistory { entries, events, artifacts, signals_unlogged })
+}
+
+#[cfg(test)]
+mod tests {
+    /// Each arm of a job's history is planned on its own partial index (migration 0035), by the
+    /// job's number and by its id; neither scans `events`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_a_jobs_history_reads_each_arm_on_its_partial_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let url = format!("sqlite://{}", path.display());
+        drop(crate::SqlStore::open(&url, crate::StoreOptions::default()).await.unwrap());
+        let c = rusqlite::Connection::open(&path).unwrap();
+        let sql = format!("EXPLAIN QUERY PLAN {}", super::HISTORY_EVENTS.replace("$1", "?1"));
+        let mut plan = c.prepare(&sql).unwrap();
+        let steps: Vec<String> =
+            plan.query_map(["a-job"], |r| r.get::<_, String>(3)).unwrap().collect::<Result<_, _>>().unwrap();
+        let on =
+            |index: &str| steps.iter().filter(|s| s.starts_with("SEARCH e USING INDEX ") && s.contains(index)).count();
+        assert_eq!(on("events_job_seq (job_seq=?)"), 1, "{steps:#?}");
+        assert_eq!(on("events_job (job_id=?)"), 1, "{steps:#?}");
+        assert!(!steps.iter().any(|s| s.starts_with("SCAN e")), "{steps:#?}");
+    }
 }

@@ -1,5 +1,7 @@
 //! The two engines' schemas stay one schema: after every migration, SQLite and PostgreSQL have the
-//! same tables, the same columns in each, and the same explicitly created indexes on the same columns.
+//! same tables, the same columns in each, and the same explicitly created indexes on the same columns,
+//! a partial one under the same condition (compared as text, each engine's spelling made plain:
+//! `condition`).
 //! (Types differ by design — `bytea`/`BLOB`, `bigint`/`INTEGER` — and so do the names the engines give
 //! to primary keys and column-level UNIQUE constraints, which are left out.) One index differs on
 //! purpose: `ledger_entries_chain`, which SQLite replaced by a trigger of that name (migration 0034,
@@ -10,7 +12,38 @@ use sqlx::{ConnectOptions, Connection, Row};
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-type Schema = BTreeMap<String, (Vec<String>, Vec<(String, Vec<String>)>)>;
+/// An index: its name, its columns in order, and a partial one's condition (`condition`).
+type Index = (String, Vec<String>, Option<String>);
+type Schema = BTreeMap<String, (Vec<String>, Vec<Index>)>;
+
+/// A partial index's condition as both engines would print it alike: PostgreSQL's casts
+/// (`'dead'::text`, a number quoted before its cast: `'9223372036854775807'::bigint`) and both
+/// engines' parentheses taken out, spaces made single, lower case.
+fn condition(sql: &str) -> String {
+    let mut out = String::new();
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                let literal: String = chars.by_ref().take_while(|c| *c != '\'').collect();
+                if chars.peek() == Some(&':') && literal.parse::<i64>().is_ok() {
+                    out.push_str(&literal);
+                } else {
+                    out.push_str(&format!("'{}'", literal.to_lowercase()));
+                }
+            }
+            '(' | ')' => out.push(' '),
+            ':' if chars.peek() == Some(&':') => {
+                chars.next();
+                while chars.peek().is_some_and(|c| c.is_alphanumeric() || *c == '_') {
+                    chars.next();
+                }
+            }
+            c => out.extend(c.to_lowercase()),
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
 
 /// The first column of every row of `sql` (with `bind` as `$1` when given), on SQLite.
 async fn lite_names(c: &mut sqlx::SqliteConnection, sql: String, bind: Option<&str>) -> Vec<String> {
@@ -55,7 +88,9 @@ async fn sqlite_schema(url: &str) -> Schema {
         for i in names {
             let cols =
                 lite_names(&mut c, format!("SELECT name FROM pragma_index_info('{i}') ORDER BY seqno"), None).await;
-            indexes.push((i, cols));
+            let sql = lite_names(&mut c, "SELECT sql FROM sqlite_master WHERE name = $1".into(), Some(&i)).await;
+            let at = sql[0].find(" WHERE ");
+            indexes.push((i, cols, at.map(|at| condition(&sql[0][at + " WHERE ".len()..]))));
         }
         schema.insert(t, (columns, indexes));
     }
@@ -86,7 +121,7 @@ async fn postgres_schema(url: &str) -> Schema {
         columns.sort();
         // Indexes that back no constraint: the ones made by CREATE INDEX.
         let rows = sqlx::query(
-            "SELECT ic.relname::text, a.attname::text FROM pg_index x \
+            "SELECT ic.relname::text, a.attname::text, pg_get_expr(x.indpred, x.indrelid) FROM pg_index x \
              JOIN pg_class ic ON ic.oid = x.indexrelid JOIN pg_class tc ON tc.oid = x.indrelid \
              JOIN LATERAL unnest(x.indkey) WITH ORDINALITY AS k(attnum, ord) ON true \
              JOIN pg_attribute a ON a.attrelid = tc.oid AND a.attnum = k.attnum \
@@ -98,12 +133,12 @@ async fn postgres_schema(url: &str) -> Schema {
         .fetch_all(&mut c)
         .await
         .unwrap();
-        let mut indexes: Vec<(String, Vec<String>)> = Vec::new();
+        let mut indexes: Vec<Index> = Vec::new();
         for r in &rows {
-            let (name, column): (String, String) = (r.get(0), r.get(1));
+            let (name, column, predicate): (String, String, Option<String>) = (r.get(0), r.get(1), r.get(2));
             match indexes.last_mut() {
-                Some((last, cols)) if *last == name => cols.push(column),
-                _ => indexes.push((name, vec![column])),
+                Some((last, cols, _)) if *last == name => cols.push(column),
+                _ => indexes.push((name, vec![column], predicate.as_deref().map(condition))),
             }
         }
         schema.insert(t, (columns, indexes));
@@ -121,9 +156,11 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
     drop(SqlStore::open(&pg_url, StoreOptions::default()).await.unwrap());
     let (lite, mut pg) = (sqlite_schema(&sqlite_url).await, postgres_schema(&pg_url).await);
     assert!(lite.contains_key("ledger_entries") && lite["ledger_entries"].1.len() >= 3, "the reader sees the schema");
+    let partial = |s: &Schema| s["events"].1.iter().filter(|(_, _, c)| c.is_some()).count();
+    assert_eq!((partial(&lite), partial(&pg)), (2, 2), "the readers see partial indexes' conditions");
     // PostgreSQL's unique index on (account_id, prev_hash) is SQLite's trigger: taken out here, and
     // each checked for on its own engine.
-    let chain = ("ledger_entries_chain".to_owned(), vec!["account_id".to_owned(), "prev_hash".to_owned()]);
+    let chain = ("ledger_entries_chain".to_owned(), vec!["account_id".to_owned(), "prev_hash".to_owned()], None);
     let ledger = &mut pg.get_mut("ledger_entries").expect("the ledger").1;
     let at = ledger.iter().position(|i| *i == chain).expect("PostgreSQL keeps ledger_entries_chain");
     ledger.remove(at);

@@ -33,6 +33,8 @@ per_engine!(
     a_deleted_entry_inside_a_chain_is_a_gap_in_its_positions,
     positions_out_of_seq_order_are_a_step_back,
     a_deleted_event_is_a_gap_in_the_outbox,
+    an_event_under_another_jobs_number_is_named,
+    an_event_naming_no_job_is_named,
     a_wrong_balance_is_l1,
     a_grant_with_more_left_than_it_gave_is_l5,
     an_allocation_that_took_less_is_l5,
@@ -178,6 +180,51 @@ async fn a_deleted_event_is_a_gap_in_the_outbox(k: &Kit) {
     )
     .await;
     only(k, "SEQ", "numbers events 2..=2 but holds 0 events").await;
+}
+
+/// The number of `job`'s events in its history, as the store reads it.
+async fn history_len(k: &Kit, job: &str) -> usize {
+    k.store.job_history(&jid(job)).await.unwrap().events.len()
+}
+
+/// One event of job `j` filed under job `k`'s number (migration 0035): the audit names it, and
+/// neither job's history shows it (a job's events are read by its number and its id).
+async fn an_event_under_another_jobs_number_is_named(k: &Kit) {
+    scenario(k).await;
+    let (j, other) = (history_len(k, "j").await, history_len(k, "k").await);
+    tamper(
+        k,
+        "UPDATE events SET job_seq = (SELECT job_seq FROM jobs WHERE id = 'k') \
+         WHERE (stamp, pos) IN (SELECT stamp, pos FROM events WHERE job_id = 'j' ORDER BY stamp, pos LIMIT 1)",
+    )
+    .await;
+    let found = found(k).await;
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].0, "SEQ", "{found:#?}");
+    assert!(
+        found[0].1.contains("names job j (job_seq ") && found[0].1.contains(") but carries job_seq "),
+        "{found:#?}"
+    );
+    assert_eq!((history_len(k, "j").await, history_len(k, "k").await), (j - 1, other));
+}
+
+/// An event naming a job that does not exist, and an account's event carrying a job's number.
+async fn an_event_naming_no_job_is_named(k: &Kit) {
+    scenario(k).await;
+    tamper(
+        k,
+        "UPDATE events SET job_id = 'gone' \
+         WHERE (stamp, pos) IN (SELECT stamp, pos FROM events WHERE job_id = 'k' ORDER BY stamp, pos LIMIT 1); \
+         UPDATE events SET job_seq = 1 \
+         WHERE (stamp, pos) IN (SELECT stamp, pos FROM events WHERE job_id IS NULL ORDER BY stamp, pos LIMIT 1)",
+    )
+    .await;
+    let mut found = found(k).await;
+    found.sort();
+    assert_eq!(found.len(), 2, "{found:#?}");
+    assert!(found.iter().all(|(inv, _)| *inv == "SEQ"), "{found:#?}");
+    assert!(found.iter().any(|(_, m)| m.ends_with("names job gone, which does not exist")), "{found:#?}");
+    assert!(found.iter().any(|(_, m)| m.ends_with("names no job but carries job_seq 1")), "{found:#?}");
 }
 
 /// Account `a` (balance 93) with alerts at 50 (above) and 95 (below).

@@ -149,6 +149,7 @@ async fn from_before_migration_16(engine: EngineKind) {
     k.fail("ja", &t, "TIMEOUT").await;
     // 0034 undone first and so run again after 0016 (whose SQLite rebuild of the ledger makes the
     // chain index again): the store ends on the schema this release ships.
+    k.raw_script(&undo_35(&k)).await.unwrap();
     k.raw_script(undo_34(&k)).await.unwrap();
     let back = if k.is_sqlite() {
         "ALTER TABLE items DROP COLUMN hold; DELETE FROM _sqlx_migrations WHERE version = 16"
@@ -669,7 +670,28 @@ fn undo_34(k: &Kit) -> &'static str {
     }
 }
 
-/// Back to before migration 0031 (and 0032, 0033, 0034): no top-ups nor rules, grant origins
+/// Back to before migration 0035: events without `job_seq`, `events_job` over every event again,
+/// and on PostgreSQL 0024's functions for 0.1.0's writers as 0024 wrote them.
+fn undo_35(k: &Kit) -> String {
+    let events = "DROP INDEX events_job_seq; DROP INDEX events_job; ALTER TABLE events DROP COLUMN job_seq; \
+                  CREATE INDEX events_job ON events (job_id, stamp, pos); DELETE FROM _sqlx_migrations WHERE version = 35;";
+    if k.is_sqlite() {
+        return events.to_owned();
+    }
+    // 0024's two functions, cut from the migration as it is.
+    let m = include_str!("../../migrations/postgres/0024_events_written_once.sql");
+    let functions: Vec<String> = m
+        .match_indices("CREATE FUNCTION ")
+        .map(|(at, _)| {
+            let end = at + m[at..].find("\n$$;").expect("a function's end") + "\n$$;".len();
+            m[at..end].replacen("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+        })
+        .collect();
+    assert_eq!(functions.len(), 2, "0024's two functions");
+    format!("{events} {}", functions.join(" "))
+}
+
+/// Back to before migration 0031 (and 0032, 0033, 0034, 0035): no top-ups nor rules, grant origins
 /// without `top_up`.
 fn undo_31(k: &Kit) -> String {
     let undo_32_31 = if k.is_sqlite() {
@@ -687,7 +709,7 @@ fn undo_31(k: &Kit) -> String {
          CHECK (VALUE IN ('grant', 'adjustment', 'opening')) NOT VALID; \
          DELETE FROM _sqlx_migrations WHERE version = 31;"
     };
-    format!("{} {UNDO_33} {undo_32_31}", undo_34(k))
+    format!("{} {} {UNDO_33} {undo_32_31}", undo_35(k), undo_34(k))
 }
 
 /// Back to before migration 0026 — and so first before 0031, 0030, 0029, 0028 and 0027 (their
@@ -901,4 +923,95 @@ async fn sqlite_a_database_from_before_migration_26_compares_and_refuses_what_it
         let e = raw_script_at(&url, bad).await.expect_err(bad);
         assert!(e.to_string().contains("CHECK constraint failed") && e.to_string().contains(check), "{bad}: {e}");
     }
+}
+
+/// Each event of `job` with the `job_seq` it carries, in number order, and the job's own number.
+async fn job_seqs(url: &str, job: &str) -> (Vec<Option<i64>>, i64) {
+    use sqlx::{ConnectOptions, Connection};
+    use std::str::FromStr;
+    let events = "SELECT e.job_seq FROM events e JOIN stamp_numbers n ON n.stamp = e.stamp \
+                  WHERE e.job_id = $1 ORDER BY n.first_seq + e.pos";
+    let own = "SELECT job_seq FROM jobs WHERE id = $1";
+    if url.starts_with("sqlite:") {
+        let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(url).unwrap().connect().await.unwrap();
+        let seqs = sqlx::query_scalar(events).bind(job).fetch_all(&mut c).await.unwrap();
+        let own = sqlx::query_scalar(own).bind(job).fetch_one(&mut c).await.unwrap();
+        c.close().await.unwrap();
+        (seqs, own)
+    } else {
+        let mut c = sqlx::postgres::PgConnectOptions::from_str(url).unwrap().connect().await.unwrap();
+        let seqs = sqlx::query_scalar(events).bind(job).fetch_all(&mut c).await.unwrap();
+        let own = sqlx::query_scalar(own).bind(job).fetch_one(&mut c).await.unwrap();
+        c.close().await.unwrap();
+        (seqs, own)
+    }
+}
+
+/// A database made by the release before migration 0035 (a job's events found by its number)
+/// opens with this one, on both engines: a job whose history spans the migration shows all of it,
+/// in number order — its old events (no number: nothing is backfilled) and its new ones (its
+/// number, read from its row) — and the audit is clean. On PostgreSQL a writer of 0.1.0 (its
+/// INSERT into `outbox_pending`, routed by 0024's function as 0035 replaced it) files its event
+/// under the job's number too.
+async fn from_before_migration_35(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10, 20]).await;
+    let t = k.claim_one("j").await;
+    k.fail("j", &t, "TIMEOUT").await;
+    let before = k.store.job_history(&jid("j")).await.unwrap().events;
+    assert!(before.len() >= 3, "{before:?}");
+    k.raw_script(&undo_35(&k)).await.unwrap();
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    async fn history(store: &SqlStore) -> Vec<(i64, String)> {
+        let events = store.job_history(&jid("j")).await.unwrap().events;
+        events.into_iter().map(|e| (e.seq, e.kind.as_str().to_owned())).collect()
+    }
+    let old: Vec<_> = before.iter().map(|e| (e.seq, e.kind.as_str().to_owned())).collect();
+    assert_eq!(history(&store).await, old, "the old events, found by the job's id");
+    // The late success: the refund taken back, the job succeeded.
+    assert!(store.succeed(&jid("j"), settle_store::Reporter::of(Some(&t)), None).await.unwrap().applied);
+    let mut now = history(&store).await;
+    assert_eq!(now[..old.len()], old[..], "the old events first");
+    let kinds: Vec<_> = now[old.len()..].iter().map(|e| e.1.as_str()).collect();
+    assert_eq!(kinds, ["job.reclaimed", "job.succeeded"], "{now:?}");
+    if !url.starts_with("sqlite:") {
+        // A writer of 0.1.0 queues an event of the job; this release's pass numbers it.
+        raw_script_at(
+            &url,
+            "INSERT INTO outbox_pending (stamp, pos, type, job_id, account_id, data, created_at) \
+             VALUES (nextval('outbox_stamps'), 1, 'job.requeued', 'j', 'a', '{}', 0)",
+        )
+        .await
+        .unwrap();
+        let done = now.len();
+        for _ in 0..500 {
+            now = history(&store).await;
+            if now.len() > done {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(now.len(), done + 1, "{now:?}");
+        assert_eq!(now[done].1, "job.requeued");
+    }
+    assert!(now.windows(2).all(|w| w[0].0 < w[1].0), "in number order: {now:?}");
+    let (seqs, own) = job_seqs(&url, "j").await;
+    assert_eq!(seqs[..old.len()], vec![None; old.len()][..], "nothing backfilled");
+    assert!(seqs[old.len()..].iter().all(|s| *s == Some(own)), "the new ones under the job's number: {seqs:?}");
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_job_whose_history_spans_migration_35_shows_all_of_it() {
+    from_before_migration_35(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_job_whose_history_spans_migration_35_shows_all_of_it() {
+    from_before_migration_35(EngineKind::Postgres).await;
 }
