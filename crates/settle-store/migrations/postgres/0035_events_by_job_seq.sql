@@ -10,9 +10,12 @@
 --
 -- Downtime (docs/operations/upgrade.md): ADD COLUMN (no default: nothing rewritten) and DROP INDEX
 -- take `events`' ACCESS EXCLUSIVE lock, held to the end, so readers and writers of events (every
--- transition's last statement, the feeds, webhooks) wait while the two indexes are built, one read
--- of `events` each. The drop comes before the builds, as in 0033. Processes of 0.1.0 read a job's
--- history through the `outbox` view by `job_id`, which no index now serves: it scans `events`.
+-- transition's last statement, the feeds, webhooks) wait while the two indexes are built, a read
+-- of `events` each; a write that waits longer than the store's lock timeout (10 s by default)
+-- fails, and so does one queued behind the migration while it waits up to 60 s for its lock. The
+-- lock is taken first, so the builds never wait on a writer that waits on them (as in 0033).
+-- Processes of 0.1.0 read a job's history through the `outbox` view by `job_id`, which no index now
+-- serves: it scans `events`.
 SET LOCAL lock_timeout = '60s';
 SET LOCAL statement_timeout = 0;
 

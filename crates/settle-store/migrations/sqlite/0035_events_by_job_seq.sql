@@ -9,8 +9,10 @@
 --   writes one that is not its `job_id`'s (the audit checks it). An account's event has none.
 -- - `events_job_seq` finds the events that have it; `events_job`, now partial, those written before
 --   this migration (no `job_seq`, nothing backfilled: no row is rewritten).
--- - Adding a nullable column without a default rewrites nothing; the old index is dropped and the
---   partial one built from the events kept, one read of the table.
+-- - Adding a nullable column without a default rewrites nothing. The two indexes are built from the
+--   events kept, a read of the table each; the partial `events_job` is as large as the old one was
+--   and is written through the WAL once: a moment on a small store, in proportion to its events on
+--   a large one (docs/operations/upgrade.md).
 ALTER TABLE events ADD COLUMN job_seq INTEGER;
 DROP INDEX events_job;
 CREATE INDEX events_job_seq ON events (job_seq, stamp, pos) WHERE job_seq IS NOT NULL;

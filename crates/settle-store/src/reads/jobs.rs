@@ -359,4 +359,31 @@ mod tests {
         assert_eq!(on("events_job (job_id=?)"), 1, "{steps:#?}");
         assert!(!steps.iter().any(|s| s.starts_with("SCAN e")), "{steps:#?}");
     }
+
+    /// The same on PostgreSQL, under the generic plan a prepared statement settles on: the partial
+    /// indexes' conditions are proved from the parameters (`job_seq = $x` implies `IS NOT NULL`).
+    /// Sequential scans are priced out, so a scan of `events` in the plan means an index could not
+    /// be used at all.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_a_jobs_history_reads_each_arm_on_its_partial_index() {
+        use sqlx::{ConnectOptions, Connection, Row};
+        use std::str::FromStr;
+        let url = settle_testkit::fresh_database().await;
+        drop(crate::SqlStore::open(&url, crate::StoreOptions::default()).await.unwrap());
+        let mut c = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+        let prepare = format!("PREPARE history (text) AS {}", super::HISTORY_EVENTS.as_str());
+        for sql in ["SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off", prepare.as_str()] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut c).await.unwrap();
+        }
+        let plan = sqlx::raw_sql("EXPLAIN EXECUTE history('a-job')").fetch_all(&mut c).await.unwrap();
+        let plan: Vec<String> = plan.iter().map(|r| r.get::<String, _>(0)).collect();
+        // `Index Scan using events_job on events e_1  (…)`, or `Bitmap Index Scan on events_job  (…)`.
+        let on = |index: &str| {
+            let (scan, bitmap) = (format!(" using {index} on events e"), format!("Bitmap Index Scan on {index} "));
+            plan.iter().filter(|l| l.contains(&scan) || l.contains(&bitmap)).count()
+        };
+        assert_eq!((on("events_job_seq"), on("events_job")), (1, 1), "{plan:#?}");
+        assert!(!plan.iter().any(|l| l.contains("Seq Scan on events")), "{plan:#?}");
+        c.close().await.unwrap();
+    }
 }

@@ -17,32 +17,151 @@ type Index = (String, Vec<String>, Option<String>);
 type Schema = BTreeMap<String, (Vec<String>, Vec<Index>)>;
 
 /// A partial index's condition as both engines would print it alike: PostgreSQL's casts
-/// (`'dead'::text`, a number quoted before its cast: `'9223372036854775807'::bigint`) and both
-/// engines' parentheses taken out, spaces made single, lower case.
+/// (`'dead'::text`, a number quoted before its cast: `'9223372036854775807'::bigint`) taken out,
+/// keywords and names in lower case (literals as written), then its tree of ANDs and ORs written
+/// with exactly one pair of parentheses around each (`tree`), so parentheses an engine adds or
+/// leaves out change nothing and a different grouping changes the text.
 fn condition(sql: &str) -> String {
     let mut out = String::new();
     let mut chars = sql.chars().peekable();
     while let Some(c) = chars.next() {
         match c {
             '\'' => {
-                let literal: String = chars.by_ref().take_while(|c| *c != '\'').collect();
+                let mut literal = String::new();
+                while let Some(c) = chars.next() {
+                    if c == '\'' && chars.peek() == Some(&'\'') {
+                        chars.next();
+                        literal.push_str("''");
+                    } else if c == '\'' {
+                        break;
+                    } else {
+                        literal.push(c);
+                    }
+                }
                 if chars.peek() == Some(&':') && literal.parse::<i64>().is_ok() {
                     out.push_str(&literal);
                 } else {
-                    out.push_str(&format!("'{}'", literal.to_lowercase()));
+                    out.push_str(&format!("'{literal}'"));
                 }
             }
-            '(' | ')' => out.push(' '),
             ':' if chars.peek() == Some(&':') => {
                 chars.next();
                 while chars.peek().is_some_and(|c| c.is_alphanumeric() || *c == '_') {
                     chars.next();
                 }
             }
+            '(' | ')' => out.push_str(&format!(" {c} ")),
             c => out.extend(c.to_lowercase()),
         }
     }
-    out.split_whitespace().collect::<Vec<_>>().join(" ")
+    let tokens: Vec<&str> = out.split_whitespace().collect();
+    let mut at = 0;
+    let tree = Cond::read(&tokens, &mut at);
+    assert_eq!(at, tokens.len(), "the whole condition is read: {sql}");
+    tree.to_string()
+}
+
+/// A condition's tree: ANDs of ORs of leaves (a comparison, as its tokens), nested ANDs in an AND
+/// (and ORs in an OR) made one level, since they mean the same.
+enum Cond {
+    Leaf(String),
+    And(Vec<Cond>),
+    Or(Vec<Cond>),
+}
+
+impl Cond {
+    /// `a or b …` of `x and y …` of leaves and parenthesized conditions, from `tokens[*at]` up to a
+    /// `)` it did not open, or the end.
+    fn read(tokens: &[&str], at: &mut usize) -> Cond {
+        let mut ors = Vec::new();
+        loop {
+            let mut ands = Vec::new();
+            loop {
+                let part = if tokens.get(*at) == Some(&"(") {
+                    *at += 1;
+                    let inner = Cond::read(tokens, at);
+                    assert_eq!(tokens.get(*at), Some(&")"), "a closing parenthesis");
+                    *at += 1;
+                    // A parenthesized operand (PostgreSQL's `(kind)::text <> …`): the comparison
+                    // goes on.
+                    match (inner, tokens.get(*at)) {
+                        (Cond::Leaf(left), Some(t)) if !["and", "or", ")"].contains(t) => {
+                            Cond::Leaf(format!("{left} {}", Cond::leaf(tokens, at)))
+                        }
+                        (inner, _) => inner,
+                    }
+                } else {
+                    Cond::Leaf(Cond::leaf(tokens, at))
+                };
+                match part {
+                    Cond::And(inner) => ands.extend(inner),
+                    part => ands.push(part),
+                }
+                if tokens.get(*at) != Some(&"and") {
+                    break;
+                }
+                *at += 1;
+            }
+            match (ands.len(), ands.pop()) {
+                (1, Some(Cond::Or(inner))) => ors.extend(inner),
+                (1, Some(one)) => ors.push(one),
+                (_, last) => {
+                    ands.extend(last);
+                    ors.push(Cond::And(ands));
+                }
+            }
+            if tokens.get(*at) != Some(&"or") {
+                break;
+            }
+            *at += 1;
+        }
+        if ors.len() == 1 { ors.remove(0) } else { Cond::Or(ors) }
+    }
+}
+
+impl Cond {
+    /// A comparison's tokens, up to an `and` or `or` outside its own parentheses or a `)` it did not
+    /// open; its own parentheses left out (they group operands, never conditions, in an index's
+    /// condition).
+    fn leaf(tokens: &[&str], at: &mut usize) -> String {
+        let (mut words, mut depth) = (Vec::new(), 0);
+        while let Some(&t) = tokens.get(*at) {
+            match t {
+                "(" => depth += 1,
+                ")" if depth == 0 => break,
+                ")" => depth -= 1,
+                "and" | "or" if depth == 0 => break,
+                t => words.push(t),
+            }
+            *at += 1;
+        }
+        words.join(" ")
+    }
+}
+
+impl std::fmt::Display for Cond {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (word, parts) = match self {
+            Cond::Leaf(text) => return f.write_str(text),
+            Cond::And(parts) => ("and", parts),
+            Cond::Or(parts) => ("or", parts),
+        };
+        let parts: Vec<String> = parts.iter().map(|p| p.to_string()).collect();
+        write!(f, "{word}({})", parts.join(", "))
+    }
+}
+
+/// The condition's tree tells groupings apart and nothing else.
+#[test]
+fn conditions_compare_by_their_tree() {
+    let pg = "((state = 'dead'::text) OR ((state = 'queued'::text) AND (last_error_code IS NOT NULL)))";
+    assert_eq!(condition(pg), condition("state = 'dead' OR (state = 'queued' AND last_error_code IS NOT NULL)"));
+    assert_eq!(condition(pg), "or(state = 'dead', and(state = 'queued', last_error_code is not null))");
+    assert_ne!(condition("a = 1 AND (b = 1 OR c = 1)"), condition("(a = 1 AND b = 1) OR c = 1"));
+    assert_ne!(condition("state = 'Dead'"), condition("state = 'dead'"));
+    assert_eq!(condition("x < '9223372036854775807'::bigint"), condition("x < 9223372036854775807"));
+    assert_eq!(condition("((a = 1) AND (b = 1)) AND c = 1"), condition("a = 1 AND b = 1 AND c = 1"));
+    assert_eq!(condition("((kind)::text <> 'withdrawal'::text)"), condition("kind <> 'withdrawal'"));
 }
 
 /// The first column of every row of `sql` (with `bind` as `$1` when given), on SQLite.
