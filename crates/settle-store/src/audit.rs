@@ -150,6 +150,12 @@ columns! {
 }
 
 columns! {
+    /// A logged signal filed under a job it is not: its row, the job it names, the number it
+    /// carries, and that job's number (none: no such job).
+    MisfiledSignalRow { id = "s.id", job_id = "s.job_id", job_seq = "s.job_seq", jobs_seq = "j.job_seq", account_id = "j.account_id" }
+}
+
+columns! {
     /// What pass A reads of each ledger entry.
     EntryRow {
         seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, ref_id,
@@ -570,6 +576,7 @@ impl<'p> Audit<'p> {
         self.spend_limits(db).await?;
         self.outbox(db).await?;
         self.events_filed(db).await?;
+        self.signals_filed(db).await?;
         let Audit { accounts, violations, .. } = self;
         Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
     }
@@ -1105,6 +1112,31 @@ impl<'p> Audit<'p> {
             };
             let account = r.text(C::account_id)?;
             self.push(Invariant::Seq, Some(&account), job.as_deref(), None, message);
+        }
+        Ok(())
+    }
+}
+
+impl Audit<'_> {
+    /// Every logged signal names a job that exists and carries that job's number (migration 0036)
+    /// or none (logged before it, or by a process of 0.1.0); the first 100 that do not are named.
+    async fn signals_filed(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM signals s LEFT JOIN jobs j ON j.id = s.job_id \
+                 WHERE j.id IS NULL OR s.job_seq <> j.job_seq ORDER BY s.id LIMIT 100",
+                MisfiledSignalRow::LIST
+            )
+        });
+        for r in db.all(&SQL, args![]).await? {
+            use MisfiledSignalRow as C;
+            let (id, job) = (r.i64(C::id)?, r.text(C::job_id)?);
+            let message = match (r.opt_i64(C::job_seq)?, r.opt_i64(C::jobs_seq)?) {
+                (_, None) => format!("logged signal {id} names job {job}, which does not exist"),
+                (n, Some(m)) => format!("logged signal {id} names job {job} (job_seq {m}) but carries job_seq {n:?}"),
+            };
+            let account = r.opt_text(C::account_id)?;
+            self.push(Invariant::Seq, account.as_deref(), Some(&job), None, message);
         }
         Ok(())
     }

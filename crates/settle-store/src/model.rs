@@ -894,7 +894,8 @@ settle_core::names! {
         /// not finished (its credits reserved in `held`); every confirmed charge has exactly one
         /// grant of its credits, and every bought grant a confirmed charge behind it.
         L9 = "L9",
-        /// A gap in the ledger's or the outbox's numbering.
+        /// A gap in the ledger's or the outbox's numbering, or an event or a logged signal filed
+        /// under a job it is not.
         Seq = "SEQ",
     }
 }

@@ -32,8 +32,14 @@ columns! {
 
 static ATTEMPT_NO: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM attempts WHERE job_id = $1 AND lease_token = $2", AttemptNoCol::LIST));
-static KEPT: LazyLock<String> = LazyLock::new(|| {
-    format!("SELECT {} FROM (SELECT 1 FROM signals WHERE job_id = $1 LIMIT $2) AS kept", KeptCol::LIST)
+/// The job's logged signals, counted up to `$2`: those under its number `$3` (migration 0036) and
+/// those logged before the number was kept, each arm on its partial index.
+pub(crate) static SIGNALS_KEPT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM (SELECT 1 FROM signals WHERE job_seq = $3 AND job_id = $1 \
+         UNION ALL SELECT 1 FROM signals WHERE job_id = $1 AND job_seq IS NULL LIMIT $2) AS kept",
+        KeptCol::LIST
+    )
 });
 static TOKEN_ATTEMPT: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM attempts WHERE job_id = $1 AND lease_token = $2", TokenAttemptCol::LIST));
@@ -55,7 +61,8 @@ pub(crate) async fn log_signal(
     };
     // The log is bounded per job: the first signals are kept whole, the rest only counted. The
     // job row is locked by the caller, so the count and the insert cannot race.
-    let kept = db.one(&KEPT, args![&job.id, limits::SIGNALS_LOGGED_MAX as i64]).await?.i64(KeptCol::kept)?;
+    let bound = limits::SIGNALS_LOGGED_MAX as i64;
+    let kept = db.one(&SIGNALS_KEPT, args![&job.id, bound, job.job_seq]).await?.i64(KeptCol::kept)?;
     // A late success that recovered the job is always kept: it is what support asks about, and
     // stale signals sent first must not push it out.
     if kept >= limits::SIGNALS_LOGGED_MAX as i64 && effect != SignalEffect::Recovered {
@@ -64,9 +71,10 @@ pub(crate) async fn log_signal(
         super::guard_hit(counted, "signal count")?;
         return Ok(());
     }
+    // The job's number from its row, in the statement (migration 0036), as an event's is.
     db.exec(
-        "INSERT INTO signals (job_id, attempt_no, signal, fail_code, message, effect, received_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO signals (job_id, job_seq, attempt_no, signal, fail_code, message, effect, received_at) \
+         VALUES ($1, (SELECT job_seq FROM jobs WHERE id = $1), $2, $3, $4, $5, $6, $7)",
         args![&job.id, attempt_no, signal.as_str(), fail_code, message, effect.as_str(), cx.now.micros()],
     )
     .await?;

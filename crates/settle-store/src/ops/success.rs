@@ -257,8 +257,9 @@ static SUCCEED_WRITE: LazyLock<String> = LazyLock::new(|| {
                WHERE job_id = $1 AND attempt_no = $5 AND finished_at IS NULL AND $6 = 1 RETURNING 1), \
          marked AS (UPDATE attempts SET reported = COALESCE(reported, 'succeed'), success_at = COALESCE(success_at, $3) \
                WHERE job_id = $1 AND attempt_no = $5 AND $6 = 0 RETURNING 1), \
-         s AS (INSERT INTO signals (job_id, attempt_no, signal, fail_code, message, effect, received_at) \
-               SELECT $1, $5, 'succeed', NULL, NULL, 'recovered', $3 WHERE $6 = 0 RETURNING 1), \
+         s AS (INSERT INTO signals (job_id, job_seq, attempt_no, signal, fail_code, message, effect, received_at) \
+               SELECT $1, (SELECT job_seq FROM jobs WHERE id = $1), $5, 'succeed', NULL, NULL, 'recovered', $3 \
+               WHERE $6 = 0 RETURNING 1), \
          i AS (UPDATE items SET state = u.to_state FROM unnest($8::text[], $9::text[], $10::text[]) AS u(id, from_state, to_state) \
                WHERE items.job_id = $1 AND items.item_id = u.id AND items.state = u.from_state \
                AND (u.from_state <> 'refunded' OR items.refund_reason <> 'item_failed') RETURNING 1), \

@@ -115,12 +115,21 @@ pub(crate) async fn attempts(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<Vec<A
         .collect()
 }
 
+/// A job's logged signals, the first `$2` in the order they came: those under its number (migration
+/// 0036; and its id, as for its events) and those logged before the number was kept, each arm on its
+/// partial index.
+static JOB_SIGNALS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM (SELECT * FROM signals WHERE job_seq = (SELECT job_seq FROM jobs WHERE id = $1) AND job_id = $1 \
+         UNION ALL SELECT * FROM signals WHERE job_id = $1 AND job_seq IS NULL) AS s ORDER BY id LIMIT $2",
+        SignalCol::LIST
+    )
+});
+
 pub(crate) async fn signals(db: &mut Db<'_>, id: &str) -> Result<Vec<SignalRecord>, StoreError> {
-    static SQL: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {} FROM signals WHERE job_id = $1 ORDER BY id LIMIT $2", SignalCol::LIST));
     // Recovered successes are kept past the bound: at most one per attempt beyond it.
     let bound = (limits::SIGNALS_LOGGED_MAX + limits::ATTEMPTS_MAX_LIMIT as usize) as i64;
-    let rows = db.all(&SQL, args![id, bound]).await?;
+    let rows = db.all(&JOB_SIGNALS, args![id, bound]).await?;
     rows.iter()
         .map(|r| {
             use SignalCol as C;
@@ -340,50 +349,82 @@ pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Resu
 
 #[cfg(test)]
 mod tests {
-    /// Each arm of a job's history is planned on its own partial index (migration 0035), by the
-    /// job's number and by its id; neither scans `events`.
+    use std::sync::LazyLock;
+
+    /// The statements that read a job's events and logged signals (migrations 0035, 0036), each
+    /// with its PostgreSQL parameter types, the table they read, and the partial index each of their
+    /// two arms must be planned on (SQLite's words).
+    fn arms() -> [(&'static LazyLock<String>, &'static str, &'static str, [&'static str; 2]); 3] {
+        [
+            (&super::HISTORY_EVENTS, "text", "e", ["events_job_seq (job_seq=?)", "events_job (job_id=?)"]),
+            (&super::JOB_SIGNALS, "text, bigint", "signals", ["signals_job_seq (job_seq=?)", "signals_job (job_id=?)"]),
+            (
+                &crate::ops::SIGNALS_KEPT,
+                "text, bigint, bigint",
+                "signals",
+                ["signals_job_seq (job_seq=?)", "signals_job (job_id=?)"],
+            ),
+        ]
+    }
+
+    /// Each arm of a job's history and of its signal log is planned on its own partial index, by the
+    /// job's number and by its id; none scans the table.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_a_jobs_history_reads_each_arm_on_its_partial_index() {
+    async fn sqlite_a_jobs_events_and_signals_are_read_each_arm_on_its_partial_index() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db");
         let url = format!("sqlite://{}", path.display());
         drop(crate::SqlStore::open(&url, crate::StoreOptions::default()).await.unwrap());
         let c = rusqlite::Connection::open(&path).unwrap();
-        let sql = format!("EXPLAIN QUERY PLAN {}", super::HISTORY_EVENTS.replace("$1", "?1"));
-        let mut plan = c.prepare(&sql).unwrap();
-        let steps: Vec<String> =
-            plan.query_map(["a-job"], |r| r.get::<_, String>(3)).unwrap().collect::<Result<_, _>>().unwrap();
-        let on =
-            |index: &str| steps.iter().filter(|s| s.starts_with("SEARCH e USING INDEX ") && s.contains(index)).count();
-        assert_eq!(on("events_job_seq (job_seq=?)"), 1, "{steps:#?}");
-        assert_eq!(on("events_job (job_id=?)"), 1, "{steps:#?}");
-        assert!(!steps.iter().any(|s| s.starts_with("SCAN e")), "{steps:#?}");
+        for (sql, _, table, indexes) in arms() {
+            let sql = format!("EXPLAIN QUERY PLAN {}", sql.replace('$', "?"));
+            let mut plan = c.prepare(&sql).unwrap();
+            let steps: Vec<String> = (plan
+                .query_map(
+                    rusqlite::params_from_iter([rusqlite::types::Null; 3].iter().take(plan.parameter_count())),
+                    |r| r.get::<_, String>(3),
+                )
+                .unwrap())
+            .collect::<Result<_, _>>()
+            .unwrap();
+            for index in indexes {
+                let on = steps.iter().filter(|s| s.starts_with(&format!("SEARCH {table} USING INDEX {index}")));
+                assert_eq!(on.count(), 1, "{index} in {sql}: {steps:#?}");
+            }
+            assert!(!steps.iter().any(|s| *s == format!("SCAN {table}")), "{sql}: {steps:#?}");
+        }
     }
 
     /// The same on PostgreSQL, under the generic plan a prepared statement settles on: the partial
     /// indexes' conditions are proved from the parameters (`job_seq = $x` implies `IS NOT NULL`).
-    /// Sequential scans are priced out, so a scan of `events` in the plan means an index could not
+    /// Sequential scans are priced out, so a scan of the table in the plan means an index could not
     /// be used at all.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn postgres_a_jobs_history_reads_each_arm_on_its_partial_index() {
+    async fn postgres_a_jobs_events_and_signals_are_read_each_arm_on_its_partial_index() {
         use sqlx::{ConnectOptions, Connection, Row};
         use std::str::FromStr;
         let url = settle_testkit::fresh_database().await;
         drop(crate::SqlStore::open(&url, crate::StoreOptions::default()).await.unwrap());
         let mut c = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
-        let prepare = format!("PREPARE history (text) AS {}", super::HISTORY_EVENTS.as_str());
-        for sql in ["SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off", prepare.as_str()] {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut c).await.unwrap();
+        for sql in ["SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off"] {
+            sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
         }
-        let plan = sqlx::raw_sql("EXPLAIN EXECUTE history('a-job')").fetch_all(&mut c).await.unwrap();
-        let plan: Vec<String> = plan.iter().map(|r| r.get::<String, _>(0)).collect();
-        // `Index Scan using events_job on events e_1  (…)`, or `Bitmap Index Scan on events_job  (…)`.
-        let on = |index: &str| {
-            let (scan, bitmap) = (format!(" using {index} on events e"), format!("Bitmap Index Scan on {index} "));
-            plan.iter().filter(|l| l.contains(&scan) || l.contains(&bitmap)).count()
-        };
-        assert_eq!((on("events_job_seq"), on("events_job")), (1, 1), "{plan:#?}");
-        assert!(!plan.iter().any(|l| l.contains("Seq Scan on events")), "{plan:#?}");
+        for (n, (sql, types, table, indexes)) in arms().into_iter().enumerate() {
+            let prepare = format!("PREPARE arms{n} ({types}) AS {}", sql.as_str());
+            sqlx::raw_sql(sqlx::AssertSqlSafe(prepare)).execute(&mut c).await.unwrap();
+            let args = ["'a-job'", "100", "1"][..types.split(',').count()].join(", ");
+            let explain = format!("EXPLAIN EXECUTE arms{n}({args})");
+            let plan = sqlx::raw_sql(sqlx::AssertSqlSafe(explain)).fetch_all(&mut c).await.unwrap();
+            let plan: Vec<String> = plan.iter().map(|r| r.get::<String, _>(0)).collect();
+            for index in indexes.map(|i| i.split(' ').next().unwrap()) {
+                // `Index Scan using events_job on events e_1  (…)`, or `Bitmap Index Scan on events_job  (…)`.
+                let (scan, bitmap) = (format!(" using {index} on "), format!("Bitmap Index Scan on {index} "));
+                let on = plan.iter().filter(|l| l.contains(&scan) || l.contains(&bitmap)).count();
+                assert_eq!(on, 1, "{index}: {plan:#?}");
+            }
+            let whole = if table == "e" { "events" } else { table };
+            assert!(!plan.iter().any(|l| l.contains(&format!("Seq Scan on {whole}"))), "{plan:#?}");
+        }
         c.close().await.unwrap();
     }
 }

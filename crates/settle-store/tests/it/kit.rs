@@ -165,15 +165,17 @@ impl Kit {
         Kit { store, clock, artifacts, crasher, url, dir }
     }
 
-    /// The audit is clean, and every event of a job carries the job's number (migration 0035: the
-    /// audit accepts an event without one, as those written before the migration are; a path that
-    /// wrote a job's event before its job row would file it so, and only this check would see it).
+    /// The audit is clean, and every event and logged signal of a job carries the job's number
+    /// (migrations 0035, 0036: the audit accepts a row without one, as those written before the
+    /// migration are; a path that wrote a job's event before its job row would file it so, and only
+    /// this check would see it).
     pub async fn assert_clean(&self) {
         let report = self.store.audit(None).await.unwrap();
         assert!(report.ok(), "audit violations: {:#?}", report.violations);
         use sqlx::ConnectOptions;
         use std::str::FromStr;
-        let sql = "SELECT count(*) FROM events WHERE job_id IS NOT NULL AND job_seq IS NULL";
+        let sql = "SELECT (SELECT count(*) FROM events WHERE job_id IS NOT NULL AND job_seq IS NULL) \
+                   + (SELECT count(*) FROM signals WHERE job_seq IS NULL)";
         let unfiled: i64 = if self.is_sqlite() {
             let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url).unwrap().connect().await.unwrap();
             sqlx::query_scalar(sql).fetch_one(&mut c).await.unwrap()
@@ -181,7 +183,7 @@ impl Kit {
             let mut c = sqlx::postgres::PgConnectOptions::from_str(&self.url).unwrap().connect().await.unwrap();
             sqlx::query_scalar(sql).fetch_one(&mut c).await.unwrap()
         };
-        assert_eq!(unfiled, 0, "events of a job written without the job's number");
+        assert_eq!(unfiled, 0, "events or logged signals of a job written without the job's number");
     }
 
     pub async fn account(&self, id: &str, grant: i64) -> AccountId {

@@ -149,6 +149,7 @@ async fn from_before_migration_16(engine: EngineKind) {
     k.fail("ja", &t, "TIMEOUT").await;
     // 0034 undone first and so run again after 0016 (whose SQLite rebuild of the ledger makes the
     // chain index again): the store ends on the schema this release ships.
+    k.raw_script(UNDO_36).await.unwrap();
     k.raw_script(&undo_35(&k)).await.unwrap();
     k.raw_script(undo_34(&k)).await.unwrap();
     let back = if k.is_sqlite() {
@@ -670,6 +671,10 @@ fn undo_34(k: &Kit) -> &'static str {
     }
 }
 
+/// Back to before migration 0036: logged signals without `job_seq`, `signals_job` over all of them.
+const UNDO_36: &str = "DROP INDEX signals_job_seq; DROP INDEX signals_job; ALTER TABLE signals DROP COLUMN job_seq; \
+     CREATE INDEX signals_job ON signals (job_id, id); DELETE FROM _sqlx_migrations WHERE version = 36;";
+
 /// Back to before migration 0035: events without `job_seq`, `events_job` over every event again,
 /// and on PostgreSQL 0024's functions for 0.1.0's writers as 0024 wrote them.
 fn undo_35(k: &Kit) -> String {
@@ -691,7 +696,7 @@ fn undo_35(k: &Kit) -> String {
     format!("{events} {}", functions.join(" "))
 }
 
-/// Back to before migration 0031 (and 0032, 0033, 0034, 0035): no top-ups nor rules, grant origins
+/// Back to before migration 0031 (and 0032 to 0036): no top-ups nor rules, grant origins
 /// without `top_up`.
 fn undo_31(k: &Kit) -> String {
     let undo_32_31 = if k.is_sqlite() {
@@ -709,7 +714,7 @@ fn undo_31(k: &Kit) -> String {
          CHECK (VALUE IN ('grant', 'adjustment', 'opening')) NOT VALID; \
          DELETE FROM _sqlx_migrations WHERE version = 31;"
     };
-    format!("{} {} {UNDO_33} {undo_32_31}", undo_35(k), undo_34(k))
+    format!("{UNDO_36} {} {} {UNDO_33} {undo_32_31}", undo_35(k), undo_34(k))
 }
 
 /// Back to before migration 0026 — and so first before 0031, 0030, 0029, 0028 and 0027 (their
@@ -925,12 +930,13 @@ async fn sqlite_a_database_from_before_migration_26_compares_and_refuses_what_it
     }
 }
 
-/// Each event of `job` with the `job_seq` it carries, in number order, and the job's own number.
-async fn job_seqs(url: &str, job: &str) -> (Vec<Option<i64>>, i64) {
+/// The `job_seq` each row of `job` in `from` (its alias `e`) carries, in the order of `order`, and
+/// the job's own number.
+async fn job_seqs(url: &str, job: &str, from: &str, order: &str) -> (Vec<Option<i64>>, i64) {
     use sqlx::{ConnectOptions, Connection};
     use std::str::FromStr;
-    let events = "SELECT e.job_seq FROM events e JOIN stamp_numbers n ON n.stamp = e.stamp \
-                  WHERE e.job_id = $1 ORDER BY n.first_seq + e.pos";
+    let events = format!("SELECT e.job_seq FROM {from} WHERE e.job_id = $1 ORDER BY {order}");
+    let events = sqlx::AssertSqlSafe(events.as_str());
     let own = "SELECT job_seq FROM jobs WHERE id = $1";
     if url.starts_with("sqlite:") {
         let mut c = sqlx::sqlite::SqliteConnectOptions::from_str(url).unwrap().connect().await.unwrap();
@@ -947,8 +953,9 @@ async fn job_seqs(url: &str, job: &str) -> (Vec<Option<i64>>, i64) {
     }
 }
 
-/// A database made by the release before migration 0035 (a job's events found by its number)
-/// opens with this one, on both engines: a job whose history spans the migration shows all of it,
+/// A database made by the release before migrations 0035 and 0036 (a job's events and logged
+/// signals found by its number) opens with this one, on both engines: a job whose history spans the
+/// migrations shows all of it (its events, and its signal log likewise),
 /// in number order — its old events (no number: nothing is backfilled) and its new ones (its
 /// number, read from its row) — and the audit is clean. On PostgreSQL a writer of 0.1.0 (its
 /// INSERT into `outbox_pending`, routed by 0024's function as 0035 replaced it) files its event
@@ -959,8 +966,11 @@ async fn from_before_migration_35(engine: EngineKind) {
     k.items_job("j", &a, &[10, 20]).await;
     let t = k.claim_one("j").await;
     k.fail("j", &t, "TIMEOUT").await;
+    // The failure re-sent: a replay, logged.
+    assert!(!k.fail("j", &t, "TIMEOUT").await.applied);
     let before = k.store.job_history(&jid("j")).await.unwrap().events;
     assert!(before.len() >= 3, "{before:?}");
+    k.raw_script(UNDO_36).await.unwrap();
     k.raw_script(&undo_35(&k)).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
     drop(store);
@@ -999,19 +1009,26 @@ async fn from_before_migration_35(engine: EngineKind) {
         assert_eq!(now[done].1, "job.requeued");
     }
     assert!(now.windows(2).all(|w| w[0].0 < w[1].0), "in number order: {now:?}");
-    let (seqs, own) = job_seqs(&url, "j").await;
+    let (seqs, own) =
+        job_seqs(&url, "j", "events e JOIN stamp_numbers n ON n.stamp = e.stamp", "n.first_seq + e.pos").await;
     assert_eq!(seqs[..old.len()], vec![None; old.len()][..], "nothing backfilled");
     assert!(seqs[old.len()..].iter().all(|s| *s == Some(own)), "the new ones under the job's number: {seqs:?}");
+    // Its signal log (0036): the replay logged before, the late success after, in that order.
+    let signals = store.signals(&jid("j")).await.unwrap();
+    let effects: Vec<_> = signals.iter().map(|s| s.effect).collect();
+    assert_eq!(effects, [settle_core::history::SignalEffect::Noop, settle_core::history::SignalEffect::Recovered]);
+    let (seqs, _) = job_seqs(&url, "j", "signals e", "e.id").await;
+    assert_eq!(seqs, [None, Some(own)], "the old one as it was, the new one under the job's number");
     let audit = store.audit(None).await.unwrap();
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_a_job_whose_history_spans_migration_35_shows_all_of_it() {
+async fn sqlite_a_job_whose_history_spans_migrations_35_and_36_shows_all_of_it() {
     from_before_migration_35(EngineKind::Sqlite).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_a_job_whose_history_spans_migration_35_shows_all_of_it() {
+async fn postgres_a_job_whose_history_spans_migrations_35_and_36_shows_all_of_it() {
     from_before_migration_35(EngineKind::Postgres).await;
 }
