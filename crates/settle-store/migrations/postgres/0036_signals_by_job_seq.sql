@@ -5,9 +5,13 @@
 -- INSERT names its columns and leaves the number out; a job's signal list reads both).
 --
 -- Downtime (docs/operations/upgrade.md): ADD COLUMN (nothing rewritten) and DROP INDEX take
--- `signals`' ACCESS EXCLUSIVE lock to the end, so a signal logged meanwhile waits while the two
--- indexes are built, a read of `signals` each (a table of the signals that changed nothing: small
--- beside `events`).
+-- `signals`' ACCESS EXCLUSIVE lock to the end, so every statement that names `signals` waits while
+-- the two indexes are built, a read of `signals` each — every success (its statement names the
+-- table whether or not it logs), every logged signal, every job page — and one that waits longer
+-- than the store's lock timeout (10 s by default) fails; `signals` is small beside `events` (only
+-- signals that changed nothing and late successes are logged). Processes of 0.1.0 count and list a
+-- job's signals by `job_id` alone, which the partial `signals_job` cannot serve: they scan
+-- `signals`, each logged signal under its job's row lock.
 SET LOCAL lock_timeout = '60s';
 SET LOCAL statement_timeout = 0;
 

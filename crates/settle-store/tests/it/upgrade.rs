@@ -930,6 +930,11 @@ async fn sqlite_a_database_from_before_migration_26_compares_and_refuses_what_it
     }
 }
 
+/// Attempt `token`'s failure re-sent to job `j`: whether it was applied.
+async fn k_fail(store: &SqlStore, token: &LeaseToken) -> bool {
+    store.fail(&jid("j"), fail_sig(token, "TIMEOUT")).await.unwrap().applied
+}
+
 /// The `job_seq` each row of `job` in `from` (its alias `e`) carries, in the order of `order`, and
 /// the job's own number.
 async fn job_seqs(url: &str, job: &str, from: &str, order: &str) -> (Vec<Option<i64>>, i64) {
@@ -966,8 +971,12 @@ async fn from_before_migration_35(engine: EngineKind) {
     k.items_job("j", &a, &[10, 20]).await;
     let t = k.claim_one("j").await;
     k.fail("j", &t, "TIMEOUT").await;
-    // The failure re-sent: a replay, logged.
-    assert!(!k.fail("j", &t, "TIMEOUT").await.applied);
+    // The failure re-sent: a replay, logged — one short of the log's bound, which the job's log
+    // then reaches across the migration (0036: the bound counts the rows from before too).
+    let max = settle_core::limits::SIGNALS_LOGGED_MAX;
+    for _ in 1..max {
+        assert!(!k.fail("j", &t, "TIMEOUT").await.applied);
+    }
     let before = k.store.job_history(&jid("j")).await.unwrap().events;
     assert!(before.len() >= 3, "{before:?}");
     k.raw_script(UNDO_36).await.unwrap();
@@ -1013,12 +1022,33 @@ async fn from_before_migration_35(engine: EngineKind) {
         job_seqs(&url, "j", "events e JOIN stamp_numbers n ON n.stamp = e.stamp", "n.first_seq + e.pos").await;
     assert_eq!(seqs[..old.len()], vec![None; old.len()][..], "nothing backfilled");
     assert!(seqs[old.len()..].iter().all(|s| *s == Some(own)), "the new ones under the job's number: {seqs:?}");
-    // Its signal log (0036): the replay logged before, the late success after, in that order.
+    // Its signal log (0036): the replays logged before, the late success after, in that order; the
+    // log now full, two more replays are counted, not kept.
+    use settle_core::history::SignalEffect;
+    let two_more = [k_fail(&store, &t).await, k_fail(&store, &t).await];
+    assert_eq!(two_more, [false, false]);
     let signals = store.signals(&jid("j")).await.unwrap();
     let effects: Vec<_> = signals.iter().map(|s| s.effect).collect();
-    assert_eq!(effects, [settle_core::history::SignalEffect::Noop, settle_core::history::SignalEffect::Recovered]);
+    let mut want = vec![SignalEffect::Noop; max - 1];
+    want.push(SignalEffect::Recovered);
+    assert_eq!(effects, want);
+    assert_eq!(store.operators().job_history(&jid("j")).await.unwrap().signals_unlogged, 2);
     let (seqs, _) = job_seqs(&url, "j", "signals e", "e.id").await;
-    assert_eq!(seqs, [None, Some(own)], "the old one as it was, the new one under the job's number");
+    let mut want = vec![None; max - 1];
+    want.push(Some(own));
+    assert_eq!(seqs, want, "the old ones as they were, the new one under the job's number");
+    if !url.starts_with("sqlite:") {
+        // A process of 0.1.0 logs a signal (its INSERT, without the number): it is listed.
+        raw_script_at(
+            &url,
+            "INSERT INTO signals (job_id, attempt_no, signal, fail_code, message, effect, received_at) \
+             VALUES ('j', 1, 'fail', 'TIMEOUT', NULL, 'stale', 0)",
+        )
+        .await
+        .unwrap();
+        let signals = store.signals(&jid("j")).await.unwrap();
+        assert_eq!((signals.len(), signals.last().map(|s| s.effect)), (max + 1, Some(SignalEffect::Stale)));
+    }
     let audit = store.audit(None).await.unwrap();
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
 }
