@@ -1115,9 +1115,7 @@ impl<'p> Audit<'p> {
         }
         Ok(())
     }
-}
 
-impl Audit<'_> {
     /// Every logged signal names a job that exists and carries that job's number (migration 0036)
     /// or none (logged before it, or by a process of 0.1.0); the first 100 that do not are named.
     /// Sorted by an expression no index gives (`s.id + 0`), so PostgreSQL joins the tables whole

@@ -930,8 +930,8 @@ async fn sqlite_a_database_from_before_migration_26_compares_and_refuses_what_it
     }
 }
 
-/// Attempt `token`'s failure re-sent to job `j`: whether it was applied.
-async fn k_fail(store: &SqlStore, token: &LeaseToken) -> bool {
+/// Attempt `token`'s failure re-sent to job `j` of a reopened store: whether it was applied.
+async fn fail_j_again(store: &SqlStore, token: &LeaseToken) -> bool {
     store.fail(&jid("j"), fail_sig(token, "TIMEOUT")).await.unwrap().applied
 }
 
@@ -1025,7 +1025,7 @@ async fn from_before_migration_35(engine: EngineKind) {
     // Its signal log (0036): the replays logged before, the late success after, in that order; the
     // log now full, two more replays are counted, not kept.
     use settle_core::history::SignalEffect;
-    let two_more = [k_fail(&store, &t).await, k_fail(&store, &t).await];
+    let two_more = [fail_j_again(&store, &t).await, fail_j_again(&store, &t).await];
     assert_eq!(two_more, [false, false]);
     let signals = store.signals(&jid("j")).await.unwrap();
     let effects: Vec<_> = signals.iter().map(|s| s.effect).collect();
