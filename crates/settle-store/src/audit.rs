@@ -1,7 +1,7 @@
 //! `settle audit`: the ledger invariants L1–L9 of the spec, recomputed from the rows.
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
-use crate::db::{Db, args, columns};
+use crate::db::{Db, Engine, args, columns};
 use crate::error::StoreError;
 use crate::model::{AuditReport, Invariant, Violation};
 use settle_core::Credits;
@@ -156,10 +156,17 @@ columns! {
 }
 
 columns! {
+    /// A ledger line or allocation filed under a job it is not: which (1 a line, 2 a part), its
+    /// number or id, the job it names, the number it carries, and the job of that number (none: no
+    /// such job, or no number).
+    MisfiledMoneyRow { what, id, account_id, job_id, job_seq, owner }
+}
+
+columns! {
     /// What pass A reads of each ledger entry.
     EntryRow {
         seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, ref_id,
-        reason,
+        reason, job_seq,
     }
 }
 
@@ -171,6 +178,7 @@ columns! {
         job_id = "i.job_id", item_id = "i.item_id", src = "CAST(1 AS bigint)", cost = "i.cost", hold = "i.hold",
         state = "i.state", job_account = "j.account_id", job_kind = "j.kind",
         entry_seq = "e.seq", entry_kind = "e.kind", entry_amount = "e.amount", entry_account = "e.account_id",
+        entry_job = "e.job_id",
     }
 }
 
@@ -198,7 +206,7 @@ columns! {
 
 columns! {
     /// An allocation as L5 reads it.
-    AllocationRow { id, account_id, grant_key, kind, account_seq, taken, given_back, settled, paid_part, owed }
+    AllocationRow { id, account_id, grant_key, kind, account_seq, taken, given_back, settled, paid_part, owed, job_id, job_seq }
 }
 
 columns! {
@@ -242,6 +250,10 @@ pub(crate) struct L5 {
     /// Per debt part: its account, what it says is paid, what its open settlements pay.
     settled: BTreeMap<i64, (String, i128, i128)>,
     found: Vec<(String, String)>,
+    /// Parts that name a job (the items pass should meet each once), and parts that carry a job's
+    /// number but name none: what tells the audit to look for misfiled parts (`money_filed`).
+    pub(crate) job_parts: u64,
+    pub(crate) stray_numbers: u64,
 }
 
 impl L5 {
@@ -282,9 +294,14 @@ impl L5 {
     pub(crate) async fn parts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         static PARTS: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM allocations ORDER BY id", AllocationRow::LIST));
-        let L5 { grants, unpaid, settled, found, .. } = self;
+        let L5 { grants, unpaid, settled, found, job_parts, stray_numbers, .. } = self;
         db.each(&PARTS, args![], |r| {
             use AllocationRow as C;
+            match (r.opt_text(C::job_id)?.is_some(), r.opt_i64(C::job_seq)?.is_some()) {
+                (true, _) => *job_parts += 1,
+                (false, true) => *stray_numbers += 1,
+                (false, false) => {}
+            }
             let (taken, given_back) = (i128::from(r.i64(C::taken)?), i128::from(r.i64(C::given_back)?));
             let account = r.str(C::account_id)?;
             // `owed` is the unpaid-debt index's predicate (migration 0025): a debt part with
@@ -471,6 +488,10 @@ pub(crate) struct Audit<'p> {
     l5_items: Vec<Violation>,
     /// Pass B's items checked and entries met.
     items_counted: Counted,
+    /// Pass B's parts met, and lines and parts met under a job they do not name.
+    parts_met: Counted,
+    /// Pass A's lines that carry a job's number and name no job (pass B cannot meet them).
+    stray_lines: u64,
     progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
     /// Ledger rows, for the progress display.
     total: u64,
@@ -510,6 +531,8 @@ impl<'p> Audit<'p> {
             l5: L5::default(),
             l5_items: Vec::new(),
             items_counted: (0, 0),
+            parts_met: (0, 0),
+            stray_lines: 0,
             progress,
             total: 0,
         };
@@ -553,6 +576,8 @@ impl<'p> Audit<'p> {
             self.l5_items.extend(part.l5);
             self.items_counted.0 += part.items;
             self.items_counted.1 += part.joined;
+            self.parts_met.0 += part.parts;
+            self.parts_met.1 += part.misfiled;
         }
     }
 
@@ -569,6 +594,16 @@ impl<'p> Audit<'p> {
         // Entries of items that do not exist: only looked for when pass B met fewer than pass A counted.
         if joined_entries != item_entries {
             self.orphans(db).await?;
+        }
+        // Lines and parts filed under a job they do not name (migration 0037): on SQLite, which
+        // files them by number, only looked for when pass B met one under another job, or met
+        // fewer than there are (a number of no job, or none); PostgreSQL's pass reads them by the
+        // id, so it always looks.
+        let (parts_met, misfiled) = self.parts_met;
+        let looked_over =
+            parts_met == self.l5.job_parts && misfiled == 0 && self.l5.stray_numbers == 0 && self.stray_lines == 0;
+        if db.engine() == Engine::Postgres || !looked_over || joined_entries != item_entries {
+            self.money_filed(db).await?;
         }
         self.withdrawals(db).await?;
         self.grants(db).await?;
@@ -630,6 +665,9 @@ impl<'p> Audit<'p> {
                 }
                 if self.entry(r)? {
                     item_entries += 1;
+                }
+                if r.opt_i64(EntryRow::job_seq)?.is_some() && r.opt_str(EntryRow::job_id)?.is_none() {
+                    self.stray_lines += 1;
                 }
                 Ok(())
             })
@@ -1140,6 +1178,59 @@ impl<'p> Audit<'p> {
         }
         Ok(())
     }
+
+    /// Every ledger line and allocation that carries a number names the job of that number
+    /// (migration 0037); on SQLite, which files them by it, every one of a job that exists carries
+    /// it (PostgreSQL's writers leave it NULL). Joined to `jobs` by the number, which follows the
+    /// ledger's order, and on SQLite the rows without one (the partial indexes on the id: few) by
+    /// their id. The first 100 that do not are named.
+    async fn money_filed(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        fn sql(lite: bool) -> String {
+            let arms = |t: &str, table: &str, id: &str, what: i64| {
+                let numbered = format!(
+                    "SELECT CAST({what} AS bigint) AS what, {t}.{id} AS id, {t}.account_id, {t}.job_id, {t}.job_seq, j.id AS owner \
+                     FROM {table} {t} LEFT JOIN jobs j ON j.job_seq = {t}.job_seq \
+                     WHERE {t}.job_seq IS NOT NULL AND ({t}.job_id IS NULL OR {t}.job_id IS DISTINCT FROM j.id)"
+                );
+                if !lite {
+                    return numbered;
+                }
+                format!(
+                    "{numbered} UNION ALL SELECT {what}, {t}.{id}, {t}.account_id, {t}.job_id, NULL, NULL \
+                     FROM {table} {t} JOIN jobs j ON j.id = {t}.job_id WHERE {t}.job_id IS NOT NULL AND {t}.job_seq IS NULL"
+                )
+            };
+            format!(
+                "SELECT {} FROM ({} UNION ALL {}) m ORDER BY what, id LIMIT 100",
+                MisfiledMoneyRow::LIST,
+                arms("e", "ledger_entries", "seq", 1),
+                arms("a", "allocations", "id", 2),
+            )
+        }
+        static LITE: LazyLock<String> = LazyLock::new(|| sql(true));
+        static PG: LazyLock<String> = LazyLock::new(|| sql(false));
+        let sql = if db.engine() == Engine::Sqlite { &*LITE } else { &*PG };
+        for r in db.all(sql, args![]).await? {
+            use MisfiledMoneyRow as C;
+            let row = match r.i64(C::what)? {
+                1 => format!("ledger entry {}", r.i64(C::id)?),
+                _ => format!("allocation {}", r.i64(C::id)?),
+            };
+            let job = r.opt_text(C::job_id)?;
+            let message = match (&job, r.opt_i64(C::job_seq)?, r.opt_text(C::owner)?) {
+                (None, Some(n), _) => format!("{row} names no job but carries job_seq {n}"),
+                (Some(id), Some(n), None) => format!("{row} names job {id} but carries job_seq {n}, which no job has"),
+                (Some(id), Some(n), Some(owner)) => {
+                    format!("{row} names job {id} but carries job_seq {n}, job {owner}'s")
+                }
+                (Some(id), None, _) => format!("{row} names job {id} but carries no job_seq"),
+                (None, None, _) => format!("{row} is filed under a job it is not"),
+            };
+            let account = r.text(C::account_id)?;
+            self.push(Invariant::Seq, Some(&account), job.as_deref(), None, message);
+        }
+        Ok(())
+    }
 }
 
 /// A range of job ids for pass B, `[from, to)` (`to` `None`: to the end).
@@ -1204,6 +1295,10 @@ pub(crate) struct ItemsPart {
     l5: Vec<Violation>,
     items: u64,
     joined: u64,
+    /// Parts met (each under the job it was filed by), and lines or parts met under a job they do
+    /// not name (SQLite files them by number: migration 0037).
+    parts: u64,
+    misfiled: u64,
 }
 
 impl ItemsPart {
@@ -1242,6 +1337,42 @@ impl ItemsPart {
     }
 }
 
+/// The items pass's statement over a range of jobs (`upper`: bounded above by `$2`): each item with
+/// its job and entries, and what each of its allocations still holds, merged in `(job_id,
+/// item_id)` order.
+fn items_pass_sql(upper: bool, engine: Engine) -> String {
+    let (items, parts, jobs) =
+        if upper { ("AND i.job_id < $2", "AND a.job_id < $2", "AND j.id < $2") } else { ("", "", "") };
+    let part = "a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.taken - a.given_back, NULL, a.job_id";
+    match engine {
+        Engine::Postgres => format!(
+            "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id \
+                 LEFT JOIN ledger_entries e ON e.job_id = i.job_id AND e.item_id = i.item_id \
+                 WHERE i.job_id >= $1 {items} \
+                 UNION ALL SELECT a.job_id, {part} FROM allocations a WHERE a.job_id >= $1 {parts} \
+                 ORDER BY 1, 2",
+            ItemRow::LIST
+        ),
+        // SQLite files a job's lines and parts by its number (migration 0037): each item's
+        // lines found by its job's, each job's parts by its number as the range's jobs are
+        // walked by id, and the parts that carry none (naming no job that exists) by id.
+        Engine::Sqlite => format!(
+            "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id \
+                 LEFT JOIN ledger_entries e ON e.job_seq = j.job_seq AND e.item_id = i.item_id \
+                 WHERE i.job_id >= $1 {items} \
+                 UNION ALL SELECT j.id, {part} FROM jobs j JOIN allocations a ON a.job_seq = j.job_seq \
+                 WHERE j.id >= $1 {jobs} \
+                 UNION ALL SELECT a.job_id, {unnumbered} FROM allocations a \
+                 WHERE a.job_id >= $1 {parts} AND a.job_seq IS NULL \
+                 ORDER BY 1, 2",
+            ItemRow::LIST,
+            // A part without a number is met as one misfiled (its `job_id` not given), so
+            // the audit looks for it by name: on SQLite only a part naming no job may lack it.
+            unnumbered = "a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.taken - a.given_back, NULL, NULL",
+        ),
+    }
+}
+
 impl ItemsPass<'_> {
     /// Takes ranges in turn until none is left.
     pub(crate) async fn run(&self, db: &mut Db<'_>) -> Result<(), StoreError> {
@@ -1265,20 +1396,16 @@ impl ItemsPass<'_> {
     /// items' primary key, the entries' (job, item, kind) index, the allocations' (job, item)
     /// index, merged): one item in memory at a time.
     async fn range(&self, db: &mut Db<'_>, range: &JobRange) -> Result<ItemsPart, StoreError> {
-        fn sql(upper: bool) -> String {
-            let (items, parts) = if upper { ("AND i.job_id < $2", "AND a.job_id < $2") } else { ("", "") };
-            format!(
-                "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id \
-                 LEFT JOIN ledger_entries e ON e.job_id = i.job_id AND e.item_id = i.item_id \
-                 WHERE i.job_id >= $1 {items} \
-                 UNION ALL SELECT a.job_id, a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
-                 a.taken - a.given_back, NULL FROM allocations a WHERE a.job_id >= $1 {parts} \
-                 ORDER BY 1, 2",
-                ItemRow::LIST
-            )
-        }
-        static BOUNDED: LazyLock<String> = LazyLock::new(|| sql(true));
-        static OPEN: LazyLock<String> = LazyLock::new(|| sql(false));
+        static SQL: LazyLock<[String; 4]> = LazyLock::new(|| {
+            [
+                items_pass_sql(true, Engine::Sqlite),
+                items_pass_sql(false, Engine::Sqlite),
+                items_pass_sql(true, Engine::Postgres),
+                items_pass_sql(false, Engine::Postgres),
+            ]
+        });
+        let at = if db.engine() == Engine::Sqlite { 0 } else { 2 };
+        let (bounded, open) = (&SQL[at], &SQL[at + 1]);
         let mut part = ItemsPart::default();
         let (mut job, mut item, mut key) = (String::new(), String::new(), Key::default());
         let mut step = |r: &crate::db::Cells<'_>| {
@@ -1294,6 +1421,10 @@ impl ItemsPass<'_> {
                 item.replace_range(.., row_item);
             }
             if r.i64(C::src)? == 2 {
+                part.parts += 1;
+                if r.opt_str(C::entry_job)? != Some(job.as_str()) {
+                    part.misfiled += 1;
+                }
                 key.open = Some(key.open.unwrap_or(0) + i128::from(r.i64(C::entry_amount)?));
                 return Ok(());
             }
@@ -1311,6 +1442,9 @@ impl ItemsPass<'_> {
             }
             if let Some(seq) = r.opt_i64(C::entry_seq)? {
                 part.joined += 1;
+                if r.opt_str(C::entry_job)? != Some(job.as_str()) {
+                    part.misfiled += 1;
+                }
                 let (kind, account) = (r.str(C::entry_kind)?, r.str(C::entry_account)?);
                 // Entries pass A could not place (unknown kind, missing account) are reported there.
                 if let Some(kind) = EntryKind::parse(kind)
@@ -1323,8 +1457,8 @@ impl ItemsPass<'_> {
             Ok(())
         };
         match &range.to {
-            Some(to) => db.each(&BOUNDED, args![range.from.as_str(), to.as_str()], &mut step).await?,
-            None => db.each(&OPEN, args![range.from.as_str()], &mut step).await?,
+            Some(to) => db.each(bounded, args![range.from.as_str(), to.as_str()], &mut step).await?,
+            None => db.each(open, args![range.from.as_str()], &mut step).await?,
         };
         part.close(key, &self.known);
         Ok(part)

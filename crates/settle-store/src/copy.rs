@@ -287,6 +287,25 @@ fn chunk_rows(columns: usize) -> usize {
     (30_000 / columns.max(1)).clamp(1, 500)
 }
 
+/// Tables whose `job_seq` SQLite files a job's rows by and PostgreSQL's writers leave NULL
+/// (migration 0037, decision 0039).
+const FILED_BY_NUMBER: &[&str] = &["ledger_entries", "allocations"];
+
+/// The source's SELECT of `table`'s `columns` in `order`. Into SQLite, whose triggers refuse a job's
+/// line or part without its job's number, the tables of `FILED_BY_NUMBER` take the number from the
+/// job's row where the source left it NULL (a PostgreSQL store); every other row goes as it is.
+fn select(table: &str, order: &str, columns: &[(String, String)], into_sqlite: bool) -> String {
+    if !(into_sqlite && FILED_BY_NUMBER.contains(&table)) {
+        let names: Vec<&str> = columns.iter().map(|(n, _)| n.as_str()).collect();
+        return format!("SELECT {} FROM {table} ORDER BY {order}", names.join(", "));
+    }
+    let names: Vec<String> = columns
+        .iter()
+        .map(|(n, _)| if n == "job_seq" { "COALESCE(t.job_seq, j.job_seq)".to_owned() } else { format!("t.{n}") })
+        .collect();
+    format!("SELECT {} FROM {table} t LEFT JOIN jobs j ON j.id = t.job_id ORDER BY t.{order}", names.join(", "))
+}
+
 /// Copies `table` from the source's snapshot to the target; returns how many rows.
 async fn copy_table(
     source: &mut Side,
@@ -295,8 +314,7 @@ async fn copy_table(
     order: &str,
     columns: &[(String, String)],
 ) -> Result<u64, StoreError> {
-    let names: Vec<&str> = columns.iter().map(|(n, _)| n.as_str()).collect();
-    let select = sqlx::AssertSqlSafe(format!("SELECT {} FROM {table} ORDER BY {order}", names.join(", ")));
+    let select = sqlx::AssertSqlSafe(select(table, order, columns, !target.is_pg()));
     let per = chunk_rows(columns.len());
     let mut chunk: Vec<Vec<Cell>> = Vec::with_capacity(per);
     let mut copied = 0u64;

@@ -111,20 +111,28 @@ static UNPAID: LazyLock<String> = LazyLock::new(|| {
 static SETTLEMENTS_OF: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT {} FROM allocations WHERE paid_part = $1 AND given_back < taken ORDER BY id DESC", PartCol::LIST)
 });
-static OPEN_ITEM_PARTS: LazyLock<String> = LazyLock::new(|| {
+/// An item's open parts, last taken first. On SQLite a job's parts are filed by its number
+/// (`allocations_job_seq`, migration 0037), read once from the job's row by the statement.
+fn open_item_parts(job: &str) -> String {
     format!(
-        "SELECT {} FROM allocations WHERE job_id = $1 AND item_id = $2 AND given_back < taken ORDER BY id DESC",
+        "SELECT {} FROM allocations WHERE {job} AND item_id = $2 AND given_back < taken ORDER BY id DESC",
         PartCol::LIST
     )
-});
-static OPEN_PARTS: LazyLock<String> = LazyLock::new(|| {
-    // Each item's parts last taken first; the order across items does not matter (and lets the
-    // index `(job_id, item_id, id)` give the rows in order, read backwards).
+}
+static OPEN_ITEM_PARTS: LazyLock<String> = LazyLock::new(|| open_item_parts("job_id = $1"));
+static OPEN_ITEM_PARTS_LITE: LazyLock<String> =
+    LazyLock::new(|| open_item_parts("job_seq = (SELECT job_seq FROM jobs WHERE id = $1)"));
+/// A job's open parts: each item's last taken first; the order across items does not matter (and
+/// lets the index `(job, item_id, id)` give the rows in order, read backwards).
+fn open_parts(job: &str) -> String {
     format!(
-        "SELECT {} FROM allocations WHERE job_id = $1 AND given_back < taken ORDER BY item_id DESC, id DESC",
+        "SELECT {} FROM allocations WHERE {job} AND given_back < taken ORDER BY item_id DESC, id DESC",
         PartCol::LIST
     )
-});
+}
+static OPEN_PARTS: LazyLock<String> = LazyLock::new(|| open_parts("job_id = $1"));
+static OPEN_PARTS_LITE: LazyLock<String> =
+    LazyLock::new(|| open_parts("job_seq = (SELECT job_seq FROM jobs WHERE id = $1)"));
 static SOURCE: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM grants WHERE key = $1", SourceCol::LIST));
 
 columns! {
@@ -160,6 +168,11 @@ const SET_DEBT: &str = "UPDATE accounts SET debt = $2 WHERE id = $1";
 const INSERT_ALLOCATION: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
      account_seq, taken, paid_part, owed, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
      CASE WHEN $2 IS NULL AND $8 > 0 THEN 1 ELSE 0 END, $10)";
+/// SQLite's: the part's `job_seq` read from its job's row in the same statement (migration 0037),
+/// which its trigger checks; PostgreSQL leaves the column NULL.
+const INSERT_ALLOCATION_LITE: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
+     account_seq, taken, paid_part, owed, created_at, job_seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
+     CASE WHEN $2 IS NULL AND $8 > 0 THEN 1 ELSE 0 END, $10, (SELECT job_seq FROM jobs WHERE id = $4))";
 const INSERT_ALLOCATIONS_PG: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
      account_seq, taken, paid_part, owed, created_at) SELECT $1, g, k, j, i, r, s, t, p, \
      CASE WHEN g IS NULL AND t > 0 THEN 1 ELSE 0 END, $2 FROM unnest($3::bigint[], \
@@ -549,7 +562,7 @@ async fn insert_parts(db: &mut Db<'_>, cx: &Cx, account_id: &str, parts: &[Part<
         _ => {
             for p in parts {
                 db.exec(
-                    INSERT_ALLOCATION,
+                    if db.engine() == Engine::Sqlite { INSERT_ALLOCATION_LITE } else { INSERT_ALLOCATION },
                     args![
                         account_id,
                         p.grant_key,
@@ -589,13 +602,13 @@ fn open_part(r: &crate::db::Row) -> Result<Open, StoreError> {
     })
 }
 
-/// Gives the returns of one posting back to the parts that paid for their items, last taken
-/// first: to a live grant, to an expired one (expired again at once), or to debt. A debt part
-/// lowers the debt by what of it is still unpaid; the rest had been paid by later credit, whose
-/// settlements of this very part are given back to the grants that paid them.
-async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]) -> Result<(), StoreError> {
-    // Each returned item's open parts, last taken first: one item's alone when one item returns
-    // (an item report), else every open part of the job at once (a job's failure or cancel).
+/// Each returned item's open parts, last taken first: one item's alone when one item returns (an
+/// item report), else every open part of the job at once (a job's failure or cancel). On SQLite a
+/// job's parts are found by its number (migration 0037).
+async fn open_parts_returned(
+    db: &mut Db<'_>,
+    returns: &[&Line<'_>],
+) -> Result<HashMap<(String, String), Vec<Open>>, StoreError> {
     let mut parts: HashMap<(String, String), Vec<Open>> = HashMap::new();
     let mut read = |rows: Vec<crate::db::Row>, job: &str| -> Result<(), StoreError> {
         for r in &rows {
@@ -607,7 +620,8 @@ async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]
     };
     if let [line] = returns {
         let job = line.job_id.ok_or_else(|| StoreError::internal("a return without its job"))?;
-        read(db.all(&OPEN_ITEM_PARTS, args![job, line.item_id]).await?, job)?;
+        let sql = if db.engine() == Engine::Sqlite { &*OPEN_ITEM_PARTS_LITE } else { &*OPEN_ITEM_PARTS };
+        read(db.all(sql, args![job, line.item_id]).await?, job)?;
     } else {
         let mut jobs: Vec<&str> = Vec::new();
         for line in returns {
@@ -616,10 +630,20 @@ async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]
                 jobs.push(job);
             }
         }
+        let sql = if db.engine() == Engine::Sqlite { &*OPEN_PARTS_LITE } else { &*OPEN_PARTS };
         for job in jobs {
-            read(db.all(&OPEN_PARTS, args![job]).await?, job)?;
+            read(db.all(sql, args![job]).await?, job)?;
         }
     }
+    Ok(parts)
+}
+
+/// Gives the returns of one posting back to the parts that paid for their items, last taken
+/// first: to a live grant, to an expired one (expired again at once), or to debt. A debt part
+/// lowers the debt by what of it is still unpaid; the rest had been paid by later credit, whose
+/// settlements of this very part are given back to the grants that paid them.
+async fn give_back(db: &mut Db<'_>, books: &mut Books<'_>, returns: &[&Line<'_>]) -> Result<(), StoreError> {
+    let mut parts = open_parts_returned(db, returns).await?;
     // (grant key, returned)
     let mut to_grants: Vec<(i64, i64)> = Vec::new();
     let mut credit = |key: i64, x: i64| -> Result<(), StoreError> {
@@ -752,7 +776,8 @@ mod plan_tests {
             (&*CASH, "grants_due"),
             (&*UNPAID, "allocations_unpaid"),
             (&*super::super::expiry::DUE, "grants_due"),
-            (&*OPEN_ITEM_PARTS, "allocations_item"),
+            (&*OPEN_ITEM_PARTS_LITE, "allocations_job_seq"),
+            (&*OPEN_PARTS_LITE, "allocations_job_seq"),
             (&*SETTLEMENTS_OF, "allocations_paid"),
         ] {
             let plan = plan(sql);

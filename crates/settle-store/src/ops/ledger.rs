@@ -139,6 +139,11 @@ static SEQ_NUMBERS: LazyLock<String> =
 const INSERT_ENTRY: &str = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, \
      item_id, ref_id, reason, request_hash, created_at, prev_hash, hash) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+/// SQLite's: the line's `job_seq` read from its job's row in the same statement (migration 0037,
+/// decision 0039), which its trigger checks; PostgreSQL leaves the column NULL.
+const INSERT_ENTRY_LITE: &str = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, \
+     job_id, item_id, ref_id, reason, request_hash, created_at, prev_hash, hash, job_seq) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, (SELECT job_seq FROM jobs WHERE id = $7))";
 const HOLDS_ONLY: &str = "UPDATE accounts SET held = held + $2, exposure = exposure + $3 WHERE id = $1";
 
 /// How a transition moves an account's `held` (what later refunds and returns could add back) and
@@ -435,7 +440,7 @@ async fn post_lines(
         };
         let hash = chain_hash(&prev, &fields);
         db.exec(
-            INSERT_ENTRY,
+            if db.engine() == Engine::Sqlite { INSERT_ENTRY_LITE } else { INSERT_ENTRY },
             args![
                 seq,
                 account_seq,

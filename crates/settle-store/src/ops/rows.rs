@@ -49,6 +49,15 @@ columns! {
 }
 
 columns! {
+    /// The same on SQLite, whose lines are filed by their job's number (migration 0037).
+    NetOfSeqCol { job_seq, net = "CAST(SUM(amount) AS bigint)" }
+}
+
+/// A job's net on SQLite: its lines found by its number `$2` (`ledger_entries_job_seq`, migration
+/// 0037, decision 0039); PostgreSQL's (`ItemNetCol`'s own) finds them by its id.
+const NET_BY_NUMBER: &str = "(SELECT CAST(COALESCE(SUM(amount), 0) AS bigint) FROM ledger_entries WHERE job_seq = $2)";
+
+columns! {
     /// A ledger entry's columns, as `LedgerEntry` shows them.
     pub(crate) EntryCol { seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, ref_id, reason, created_at, hash }
 }
@@ -157,6 +166,12 @@ pub(crate) static SELECT_ITEM: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM items WHERE job_id = $1 AND item_id = $2", ItemCol::LIST));
 static JOB_ITEMS_AND_NET: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM items WHERE job_id = $1 ORDER BY ord", ItemNetCol::LIST));
+static JOB_ITEMS_AND_NET_LITE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM items WHERE job_id = $1 ORDER BY ord",
+        ItemNetCol::list_with(ItemNetCol::net, NET_BY_NUMBER)
+    )
+});
 
 /// Reads the job row and, on PostgreSQL, locks it until commit. Every job transition starts here,
 /// so the decision below is made on a row no one else can change (the first lock of the lock order,
@@ -298,7 +313,10 @@ pub(crate) async fn must_read_job(db: &mut Db<'_>, cx: &Cx, id: &str) -> Result<
 /// transaction has queued included).
 pub(crate) async fn attach(db: &mut Db<'_>, cx: &Cx, row: JobRow) -> Result<Job, StoreError> {
     // One statement: the items, each row carrying the job's net (an uncorrelated subquery, run once).
-    let rows = db.all(&JOB_ITEMS_AND_NET, args![&row.id]).await?;
+    let rows = match db.engine() {
+        Engine::Sqlite => db.all(&JOB_ITEMS_AND_NET_LITE, args![&row.id, row.job_seq]).await?,
+        Engine::Postgres => db.all(&JOB_ITEMS_AND_NET, args![&row.id]).await?,
+    };
     let items = rows.iter().map(item_from_row::<ItemNetCol>).collect::<Result<Vec<_>, _>>()?;
     let net = match rows.first() {
         Some(r) => Credits::new(r.i64(ItemNetCol::net)?),
@@ -328,14 +346,26 @@ pub(crate) async fn attach_all(db: &mut Db<'_>, cx: &Cx, rows: Vec<JobRow>) -> R
         (rows.iter().map(|r| r.id.as_str().into()).collect(), format!("IN ({list})"))
     };
     let items_sql = format!("SELECT {} FROM items WHERE job_id {list} ORDER BY job_id, ord", ItemOfCol::LIST);
-    let nets_sql = format!("SELECT {} FROM ledger_entries WHERE job_id {list} GROUP BY job_id", NetOfCol::LIST);
     let mut items: std::collections::HashMap<String, Vec<Item>> = std::collections::HashMap::with_capacity(rows.len());
     for r in db.all_built(items_sql, &ids).await? {
         items.entry(r.text(ItemOfCol::job_id)?).or_default().push(item_from_row::<ItemOfCol>(&r)?);
     }
     let mut nets = std::collections::HashMap::with_capacity(rows.len());
-    for r in db.all_built(nets_sql, &ids).await? {
-        nets.insert(r.text(NetOfCol::job_id)?, Credits::new(r.i64(NetOfCol::net)?));
+    if db.engine() == Engine::Sqlite {
+        // SQLite's lines are filed by their job's number (migration 0037).
+        let seqs: Vec<crate::db::Value> = rows.iter().map(|r| crate::db::Value::I64(r.job_seq)).collect();
+        let by_seq: std::collections::HashMap<i64, &str> = rows.iter().map(|r| (r.job_seq, r.id.as_str())).collect();
+        let nets_sql =
+            format!("SELECT {} FROM ledger_entries WHERE job_seq {list} GROUP BY job_seq", NetOfSeqCol::LIST);
+        for r in db.all_built(nets_sql, &seqs).await? {
+            let id = by_seq.get(&r.i64(NetOfSeqCol::job_seq)?).copied().unwrap_or_default();
+            nets.insert(id.to_owned(), Credits::new(r.i64(NetOfSeqCol::net)?));
+        }
+    } else {
+        let nets_sql = format!("SELECT {} FROM ledger_entries WHERE job_id {list} GROUP BY job_id", NetOfCol::LIST);
+        for r in db.all_built(nets_sql, &ids).await? {
+            nets.insert(r.text(NetOfCol::job_id)?, Credits::new(r.i64(NetOfCol::net)?));
+        }
     }
     rows.into_iter()
         .map(|row| {

@@ -4,7 +4,7 @@
 
 use super::filter::{Kinds, filter_sql, running_seqs, scope_sql};
 use super::{next_after, page_limit};
-use crate::db::{Db, Value, args, columns};
+use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::*;
 use crate::ops::{self, Cx, EntryCol, EventCol, entry_from_row, event_from_row, job_row, name};
@@ -290,10 +290,18 @@ pub(crate) async fn next_due_at(
     })
 }
 
+/// `TotalsCol::net` on SQLite.
+const NET_BY_NUMBER: &str = "CAST(COALESCE(SUM((SELECT COALESCE(SUM(amount), 0) FROM ledger_entries e WHERE e.job_seq = jobs.job_seq)), 0) AS bigint)";
+
 pub(crate) async fn job_totals(db: &mut Db<'_>, filter: &JobFilter, net: bool) -> Result<JobTotals, StoreError> {
     use TotalsCol as C;
     let mut a = Vec::new();
-    let list = if net { C::LIST.to_owned() } else { C::list_with(C::net, "0") };
+    let list = match (net, db.engine()) {
+        (false, _) => C::list_with(C::net, "0"),
+        (true, Engine::Postgres) => C::LIST.to_owned(),
+        // SQLite's lines are filed by their job's number (migration 0037).
+        (true, Engine::Sqlite) => C::list_with(C::net, NET_BY_NUMBER),
+    };
     let sql = format!("SELECT {list} FROM jobs WHERE 1 = 1{}", filter_sql(db.engine(), filter, &mut a));
     let row = db.opt_built(sql, &a).await?.ok_or_else(|| StoreError::internal("no totals row"))?;
     Ok(JobTotals {
@@ -321,14 +329,23 @@ static HISTORY_EVENTS: LazyLock<String> = LazyLock::new(|| {
 pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Result<JobHistory, StoreError> {
     static ENTRIES: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE job_id = $1 ORDER BY seq", EntryCol::LIST));
+    // SQLite's lines are filed by their job's number (migration 0037).
+    static ENTRIES_LITE: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT {} FROM ledger_entries WHERE job_seq = (SELECT job_seq FROM jobs WHERE id = $1) ORDER BY seq",
+            EntryCol::LIST
+        )
+    });
     static ARTIFACTS: LazyLock<String> = LazyLock::new(|| {
         format!("SELECT {} FROM artifacts WHERE job_id = $1 ORDER BY created_at, item_id, key", ArtifactCol::LIST)
     });
     static UNLOGGED: LazyLock<String> =
         LazyLock::new(|| format!("SELECT {} FROM jobs WHERE id = $1", UnloggedCol::LIST));
     ops::must_read_job(db, cx, id).await?;
-    let entries =
-        (db.all(&ENTRIES, args![id]).await?.iter()).map(entry_from_row::<EntryCol>).collect::<Result<Vec<_>, _>>()?;
+    let entries_sql = if db.engine() == Engine::Sqlite { &*ENTRIES_LITE } else { &*ENTRIES };
+    let entries = (db.all(entries_sql, args![id]).await?.iter())
+        .map(entry_from_row::<EntryCol>)
+        .collect::<Result<Vec<_>, _>>()?;
     let events = (db.all(&HISTORY_EVENTS, args![id]).await?.iter())
         .map(event_from_row::<EventCol>)
         .collect::<Result<Vec<_>, _>>()?;

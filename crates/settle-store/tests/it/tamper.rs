@@ -35,6 +35,8 @@ per_engine!(
     a_deleted_event_is_a_gap_in_the_outbox,
     an_event_under_another_jobs_number_is_named,
     an_event_naming_no_job_is_named,
+    money_rows_under_another_jobs_number_are_named,
+    money_rows_with_a_stray_number_or_none_are_named,
     a_wrong_balance_is_l1,
     a_grant_with_more_left_than_it_gave_is_l5,
     an_allocation_that_took_less_is_l5,
@@ -227,6 +229,95 @@ async fn an_event_naming_no_job_is_named(k: &Kit) {
     assert!(found.iter().any(|(_, m)| m.ends_with("names no job but carries job_seq 1")), "{found:#?}");
 }
 
+/// Job `j`'s refund and the part that paid for its item filed under job `k`'s number (its charge
+/// there would be refused: `k`'s item of the same id has its charge), behind the ledger's
+/// UPDATE trigger and SQLite's on the parts' keys (migration 0037): the audit names both. (On
+/// SQLite, which reads a job's lines by its number, the refund also shows up under `k`'s item of the
+/// same id: L3/L4 say so besides.)
+async fn money_rows_under_another_jobs_number_are_named(k: &Kit) {
+    scenario(k).await;
+    let keys = if k.is_sqlite() { "DROP TRIGGER allocations_keys_fixed;" } else { "" };
+    let sql = format!(
+        "{} {keys} UPDATE ledger_entries SET job_seq = (SELECT job_seq FROM jobs WHERE id = 'k') WHERE seq = 4; \
+         UPDATE allocations SET job_seq = (SELECT job_seq FROM jobs WHERE id = 'k') \
+         WHERE id = (SELECT MIN(id) FROM allocations WHERE job_id = 'j');",
+        drop_ledger_guards(k)
+    );
+    tamper(k, &sql).await;
+    let found = found(k).await;
+    let seq: Vec<&String> = found.iter().filter(|(inv, _)| *inv == "SEQ").map(|(_, m)| m).collect();
+    assert_eq!(seq.len(), 2, "{found:#?}");
+    for (m, row) in seq.iter().zip(["ledger entry 4 ", "allocation "]) {
+        assert!(
+            m.starts_with(row) && m.contains("names job j but carries job_seq ") && m.ends_with(", job k's"),
+            "{m}"
+        );
+    }
+    if !k.is_sqlite() {
+        assert_eq!(found.len(), 2, "PostgreSQL reads by the id: nothing else moved: {found:#?}");
+    }
+}
+
+/// A grant's line carrying a job's number (it names no job), and job `k`'s part with its number
+/// taken away (migration 0037): the audit looks for both though its passes meet neither where it
+/// expects, and names them — the part only on SQLite, which files parts by number (PostgreSQL's
+/// writers leave every number NULL).
+async fn money_rows_with_a_stray_number_or_none_are_named(k: &Kit) {
+    scenario(k).await;
+    let keys = if k.is_sqlite() { "DROP TRIGGER allocations_keys_fixed;" } else { "" };
+    let sql = format!(
+        "{} {keys} UPDATE ledger_entries SET job_seq = 999999 WHERE seq = 2; \
+         UPDATE allocations SET job_seq = NULL WHERE job_id = 'k';",
+        drop_ledger_guards(k)
+    );
+    tamper(k, &sql).await;
+    let mut want = vec![("SEQ", "ledger entry 2 names no job but carries job_seq 999999")];
+    if k.is_sqlite() {
+        want.push(("SEQ", "names job k but carries no job_seq"));
+    }
+    exactly(k, &want).await;
+}
+
+/// SQLite's triggers (migration 0037) refuse a ledger line or allocation whose `job_seq` is not its
+/// job's: none, another job's, a number no job has, or one on a row that names no job. Each is
+/// otherwise a row the ledger takes (its next position, linked to its account's last line).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_the_database_refuses_a_money_row_without_its_jobs_number() {
+    let k = Kit::new(EngineKind::Sqlite).await;
+    scenario(&k).await;
+    let line = |job_seq: &str, from: i64, kind: &str, ref_id: &str| {
+        format!(
+            "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
+             ref_id, reason, request_hash, created_at, prev_hash, hash, job_seq) SELECT 6, \
+             (SELECT MAX(l.account_seq) + 1 FROM ledger_entries l WHERE l.account_id = e.account_id), account_id, \
+             '{kind}', amount, balance_after, job_id, item_id, {ref_id}, reason, request_hash, created_at, \
+             (SELECT l.hash FROM ledger_entries l WHERE l.account_id = e.account_id ORDER BY l.account_seq DESC LIMIT 1), \
+             hash, {job_seq} FROM ledger_entries e WHERE seq = {from}"
+        )
+    };
+    let part = |job_seq: &str| {
+        format!(
+            "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, account_seq, taken, \
+             created_at, job_seq) SELECT account_id, grant_key, 'reclaim', job_id, item_id, ref_id, account_seq, taken, \
+             created_at, {job_seq} FROM allocations WHERE job_id = 'k'"
+        )
+    };
+    let j = "(SELECT job_seq FROM jobs WHERE id = 'j')";
+    for (what, sql, says) in [
+        ("a job's line without a number", line("NULL", 5, "reclaim", "ref_id"), "ledger entry whose job_seq"),
+        ("a job's line under another job's", line(j, 5, "reclaim", "ref_id"), "ledger entry whose job_seq"),
+        ("a job's line under no job's", line("999999", 5, "reclaim", "ref_id"), "ledger entry whose job_seq"),
+        ("a grant with a job's number", line(j, 2, "grant", "'another'"), "ledger entry whose job_seq"),
+        ("a part without a number", part("NULL"), "allocation whose job_seq"),
+        ("a part under another job's", part(j), "allocation whose job_seq"),
+    ] {
+        let message = k.raw_script(&sql).await.expect_err(what).to_string();
+        assert!(message.contains(says), "{what}: {message}");
+    }
+    // The same line under its own job's number is taken: the guard refuses the number alone.
+    k.raw_script(&line("(SELECT job_seq FROM jobs WHERE id = 'k')", 5, "reclaim", "ref_id")).await.unwrap();
+}
+
 /// Account `a` (balance 93) with alerts at 50 (above) and 95 (below).
 async fn alerted(k: &Kit) {
     scenario(k).await;
@@ -338,18 +429,19 @@ async fn a_wrong_held_is_l1(k: &Kit) {
 }
 
 /// A copy of entry `from` as entry 6 of `kind`, with the guards that would refuse it dropped: the
-/// unique index on (job, item, kind), and the chain's (PostgreSQL's unique index, SQLite's trigger).
+/// unique index on (job, item, kind) (SQLite's on the job's number), and the chain's (PostgreSQL's
+/// unique index, SQLite's trigger).
 fn copy_entry(k: &Kit, from: i64, kind: &str) -> String {
     let drop = if k.is_sqlite() {
-        "DROP INDEX ledger_entries_item_kind; DROP TRIGGER ledger_entries_chain;"
+        "DROP INDEX ledger_entries_job_seq; DROP TRIGGER ledger_entries_chain;"
     } else {
         "DROP INDEX ledger_entries_item_kind; DROP INDEX ledger_entries_chain;"
     };
     format!(
         "{drop} INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
-         ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, 100, account_id, '{kind}', amount, \
-         balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, prev_hash, hash FROM ledger_entries \
-         WHERE seq = {from};"
+         ref_id, reason, request_hash, created_at, prev_hash, hash, job_seq) SELECT 6, 100, account_id, '{kind}', amount, \
+         balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, prev_hash, hash, job_seq \
+         FROM ledger_entries WHERE seq = {from};"
     )
 }
 
@@ -447,9 +539,9 @@ async fn the_database_refuses_duplicate_money_rows(k: &Kit) {
     let copy_at = |seq: i64, kind: &str, position: &str, prev: &str| {
         format!(
             "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
-             ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, {position}, account_id, \
-             '{kind}', amount, balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, {prev}, hash \
-             FROM ledger_entries e WHERE seq = {seq}"
+             ref_id, reason, request_hash, created_at, prev_hash, hash, job_seq) SELECT 6, {position}, account_id, \
+             '{kind}', amount, balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, {prev}, hash, \
+             job_seq FROM ledger_entries e WHERE seq = {seq}"
         )
     };
     let next = "(SELECT MAX(l.account_seq) + 1 FROM ledger_entries l WHERE l.account_id = e.account_id)";
@@ -462,13 +554,13 @@ async fn the_database_refuses_duplicate_money_rows(k: &Kit) {
             "second charge",
             copy(5, "charge", after_last),
             "ledger_entries_item_kind",
-            "ledger_entries.job_id, ledger_entries.item_id, ledger_entries.kind",
+            "ledger_entries.job_seq, ledger_entries.item_id, ledger_entries.kind",
         ),
         (
             "second refund",
             copy(4, "refund", after_last),
             "ledger_entries_item_kind",
-            "ledger_entries.job_id, ledger_entries.item_id, ledger_entries.kind",
+            "ledger_entries.job_seq, ledger_entries.item_id, ledger_entries.kind",
         ),
         (
             "second grant of one ref",
@@ -540,8 +632,8 @@ async fn a_link_to_no_predecessor_is_refused_or_found(k: &Kit) {
     let blob = |h: &[u8; 32]| if k.is_sqlite() { format!("X'{}'", hex(h)) } else { format!("'\\x{}'::bytea", hex(h)) };
     let sql = format!(
         "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
-         ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, account_seq + 1, account_id, 'reclaim', \
-         amount, {}, job_id, item_id, ref_id, reason, request_hash, created_at, {}, {} FROM ledger_entries WHERE seq = 5",
+         ref_id, reason, request_hash, created_at, prev_hash, hash, job_seq) SELECT 6, account_seq + 1, account_id, 'reclaim', \
+         amount, {}, job_id, item_id, ref_id, reason, request_hash, created_at, {}, {}, job_seq FROM ledger_entries WHERE seq = 5",
         fields.balance_after,
         blob(&foreign),
         blob(&hash)
@@ -593,6 +685,33 @@ async fn the_database_refuses_a_price_above_the_hold(k: &Kit) {
     k.assert_clean().await;
 }
 
+/// A PostgreSQL store (whose writers leave `job_seq` NULL on lines and parts) copies into SQLite,
+/// which files them by their job's number (migration 0037): the copy fills each from its job's row,
+/// and a refund on the copy finds the parts that paid for its item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_store_copied_into_sqlite_has_its_money_filed_by_number() {
+    let k = Kit::new(crate::kit::EngineKind::Postgres).await;
+    scenario(&k).await;
+    let dir = tempfile::tempdir().unwrap();
+    let target = format!("sqlite://{}", dir.path().join("copy.db").display());
+    drop(SqlStore::open(&target, StoreOptions::default()).await.unwrap());
+    settle_store::copy::copy(&k.url, &target, |_, _| {}).await.expect("the copy");
+    use sqlx::{Connection, Row};
+    let mut c = sqlx::SqliteConnection::connect(&target).await.unwrap();
+    let sql = "SELECT (SELECT COUNT(*) FROM ledger_entries e JOIN jobs j ON j.id = e.job_id WHERE e.job_seq = j.job_seq) \
+               + (SELECT COUNT(*) FROM allocations a JOIN jobs j ON j.id = a.job_id WHERE a.job_seq = j.job_seq)";
+    let filed: i64 = sqlx::query(sql).fetch_one(&mut c).await.unwrap().get(0);
+    assert_eq!(filed, 3 + 2, "j's charge and refund and k's charge, and the parts of the two charges");
+    c.close().await.unwrap();
+    let store = SqlStore::open(&target, StoreOptions::default()).await.unwrap();
+    let cancelled = store.cancel(&jid("k"), None).await.unwrap();
+    assert!(matches!(cancelled, CancelOutcome::Cancelled(_)), "k cancelled, its item refunded: {cancelled:?}");
+    let parts = store.allocations(&jid("k")).await.unwrap();
+    assert!(!parts.is_empty() && parts.iter().all(|p| p.given_back == p.taken), "{parts:?}");
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
 /// Decision 0037's one change of behaviour: a PostgreSQL store holding a line linked to no
 /// predecessor (let in there, named by its audit) is not copied into SQLite, whose trigger refuses
 /// that line. The copy fails naming the table and the refusal, and leaves the target empty.
@@ -604,9 +723,9 @@ async fn postgres_a_chain_that_does_not_link_is_not_copied_into_sqlite() {
     tamper(
         &k,
         "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
-         ref_id, reason, request_hash, created_at, prev_hash, hash) SELECT 6, account_seq + 1, account_id, 'reclaim', \
+         ref_id, reason, request_hash, created_at, prev_hash, hash, job_seq) SELECT 6, account_seq + 1, account_id, 'reclaim', \
          amount, balance_after - 7, job_id, item_id, ref_id, reason, request_hash, created_at, \
-         (SELECT b.hash FROM ledger_entries b WHERE b.seq = 1), hash FROM ledger_entries WHERE seq = 5",
+         (SELECT b.hash FROM ledger_entries b WHERE b.seq = 1), hash, job_seq FROM ledger_entries WHERE seq = 5",
     )
     .await;
     let dir = tempfile::tempdir().unwrap();

@@ -149,6 +149,7 @@ async fn from_before_migration_16(engine: EngineKind) {
     k.fail("ja", &t, "TIMEOUT").await;
     // 0034 undone first and so run again after 0016 (whose SQLite rebuild of the ledger makes the
     // chain index again): the store ends on the schema this release ships.
+    k.raw_script(undo_37(&k)).await.unwrap();
     k.raw_script(UNDO_36).await.unwrap();
     k.raw_script(&undo_35(&k)).await.unwrap();
     k.raw_script(undo_34(&k)).await.unwrap();
@@ -671,6 +672,27 @@ fn undo_34(k: &Kit) -> &'static str {
     }
 }
 
+/// Back to before migration 0037: ledger lines and allocations without `job_seq`, SQLite's indexes
+/// on the id whole again and its four triggers gone.
+fn undo_37(k: &Kit) -> &'static str {
+    if k.is_sqlite() {
+        "DROP TRIGGER ledger_entries_job_seq; DROP TRIGGER allocations_job_seq; \
+         DROP TRIGGER jobs_keys_fixed; DROP TRIGGER allocations_keys_fixed; \
+         DROP INDEX ledger_entries_job_seq; DROP INDEX ledger_entries_item_kind; \
+         DROP INDEX allocations_job_seq; DROP INDEX allocations_item; \
+         DROP TRIGGER ledger_entries_no_update; \
+         ALTER TABLE ledger_entries DROP COLUMN job_seq; ALTER TABLE allocations DROP COLUMN job_seq; \
+         CREATE TRIGGER ledger_entries_no_update BEFORE UPDATE ON ledger_entries \
+         BEGIN SELECT RAISE(ABORT, 'ledger_entries is append-only'); END; \
+         CREATE UNIQUE INDEX ledger_entries_item_kind ON ledger_entries (job_id, item_id, kind); \
+         CREATE INDEX allocations_item ON allocations (job_id, item_id, id) WHERE job_id IS NOT NULL; \
+         DELETE FROM _sqlx_migrations WHERE version = 37;"
+    } else {
+        "ALTER TABLE ledger_entries DROP COLUMN job_seq; ALTER TABLE allocations DROP COLUMN job_seq; \
+         DELETE FROM _sqlx_migrations WHERE version = 37;"
+    }
+}
+
 /// Back to before migration 0036: logged signals without `job_seq`, `signals_job` over all of them.
 const UNDO_36: &str = "DROP INDEX signals_job_seq; DROP INDEX signals_job; ALTER TABLE signals DROP COLUMN job_seq; \
      CREATE INDEX signals_job ON signals (job_id, id); DELETE FROM _sqlx_migrations WHERE version = 36;";
@@ -714,7 +736,7 @@ fn undo_31(k: &Kit) -> String {
          CHECK (VALUE IN ('grant', 'adjustment', 'opening')) NOT VALID; \
          DELETE FROM _sqlx_migrations WHERE version = 31;"
     };
-    format!("{UNDO_36} {} {} {UNDO_33} {undo_32_31}", undo_35(k), undo_34(k))
+    format!("{} {UNDO_36} {} {} {UNDO_33} {undo_32_31}", undo_37(k), undo_35(k), undo_34(k))
 }
 
 /// Back to before migration 0026 — and so first before 0031, 0030, 0029, 0028 and 0027 (their
@@ -979,6 +1001,7 @@ async fn from_before_migration_35(engine: EngineKind) {
     }
     let before = k.store.job_history(&jid("j")).await.unwrap().events;
     assert!(before.len() >= 3, "{before:?}");
+    k.raw_script(undo_37(&k)).await.unwrap();
     k.raw_script(UNDO_36).await.unwrap();
     k.raw_script(&undo_35(&k)).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
@@ -1051,6 +1074,67 @@ async fn from_before_migration_35(engine: EngineKind) {
     }
     let audit = store.audit(None).await.unwrap();
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
+/// A database made by the release before migration 0037 (SQLite files a job's ledger lines and
+/// allocations by its number) opens with this one, on both engines: on SQLite every line and part of
+/// a job has its job's number afterwards (PostgreSQL's stay NULL), a job charged before it fails
+/// after it with its parts given back, its lines read as before, a second charge of an item charged
+/// before it is refused by the database (L4 across the migration), and the audit is clean.
+async fn from_before_migration_37(engine: EngineKind) {
+    let k = Kit::new(engine).await;
+    let a = k.account("a", 100).await;
+    k.items_job("j", &a, &[10, 20]).await;
+    let t = k.claim_one("j").await;
+    let before = k.store.job_history(&jid("j")).await.unwrap().entries;
+    assert_eq!(before.len(), 2, "two charges: {before:?}");
+    k.raw_script(undo_37(&k)).await.unwrap();
+    let Kit { store, clock, url, dir: _dir, .. } = k;
+    drop(store);
+    let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
+    let store = SqlStore::open(&url, options).await.expect("the previous release's database opens");
+    let sqlite = url.starts_with("sqlite:");
+    let (lines, own) = job_seqs(&url, "j", "ledger_entries e", "e.seq").await;
+    let (parts, _) = job_seqs(&url, "j", "allocations e", "e.id").await;
+    let filed = if sqlite { Some(own) } else { None };
+    assert_eq!(lines, vec![filed; 2], "the lines from before");
+    assert_eq!(parts, vec![filed; 2], "the parts from before");
+    assert_eq!(store.job_history(&jid("j")).await.unwrap().entries, before, "its lines, read as before");
+    // A second charge of item i0, as a person might write it: the database refuses it.
+    let charge = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, \
+         ref_id, reason, request_hash, created_at, prev_hash, hash, job_seq) SELECT 99, \
+         (SELECT MAX(l.account_seq) + 1 FROM ledger_entries l WHERE l.account_id = e.account_id), account_id, kind, \
+         amount, balance_after, job_id, item_id, ref_id, reason, request_hash, created_at, \
+         (SELECT l.hash FROM ledger_entries l WHERE l.account_id = e.account_id ORDER BY l.account_seq DESC LIMIT 1), \
+         hash, job_seq FROM ledger_entries e WHERE job_id = 'j' ORDER BY seq LIMIT 1";
+    let message = raw_script_at(&url, charge).await.expect_err("a second charge").to_string();
+    let guard = if sqlite {
+        "ledger_entries.job_seq, ledger_entries.item_id, ledger_entries.kind"
+    } else {
+        "ledger_entries_item_kind"
+    };
+    assert!(message.contains(guard), "{message}");
+    // The failure after it: both items refunded, each part given back to the grant that paid it.
+    assert!(store.fail(&jid("j"), fail_sig(&t, "TIMEOUT")).await.unwrap().applied);
+    let (lines, _) = job_seqs(&url, "j", "ledger_entries e", "e.seq").await;
+    assert_eq!(lines, vec![filed; 4], "the refunds filed as the charges are");
+    let parts = store.allocations(&jid("j")).await.unwrap();
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert!(parts.iter().all(|p| p.given_back == p.taken), "every part given back: {parts:?}");
+    let job = store.job(&jid("j")).await.unwrap();
+    assert_eq!(job.net.get(), 0, "{job:?}");
+    let audit = store.audit(None).await.unwrap();
+    assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_store_from_before_migration_37_files_its_money_by_job_number() {
+    from_before_migration_37(EngineKind::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_store_from_before_migration_37_keeps_its_money_by_job_id() {
+    from_before_migration_37(EngineKind::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
