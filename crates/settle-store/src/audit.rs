@@ -254,6 +254,8 @@ pub(crate) struct L5 {
     /// number but name none: what tells the audit to look for misfiled parts (`money_filed`).
     pub(crate) job_parts: u64,
     pub(crate) stray_numbers: u64,
+    /// Parts that carry a job's number.
+    pub(crate) numbered_parts: u64,
 }
 
 impl L5 {
@@ -294,13 +296,17 @@ impl L5 {
     pub(crate) async fn parts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         static PARTS: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM allocations ORDER BY id", AllocationRow::LIST));
-        let L5 { grants, unpaid, settled, found, job_parts, stray_numbers, .. } = self;
+        let L5 { grants, unpaid, settled, found, job_parts, stray_numbers, numbered_parts, .. } = self;
         db.each(&PARTS, args![], |r| {
             use AllocationRow as C;
-            match (r.opt_text(C::job_id)?.is_some(), r.opt_i64(C::job_seq)?.is_some()) {
+            let (job, numbered) = (r.opt_str(C::job_id)?.is_some(), r.opt_i64(C::job_seq)?.is_some());
+            match (job, numbered) {
                 (true, _) => *job_parts += 1,
                 (false, true) => *stray_numbers += 1,
                 (false, false) => {}
+            }
+            if numbered {
+                *numbered_parts += 1;
             }
             let (taken, given_back) = (i128::from(r.i64(C::taken)?), i128::from(r.i64(C::given_back)?));
             let account = r.str(C::account_id)?;
@@ -490,8 +496,11 @@ pub(crate) struct Audit<'p> {
     items_counted: Counted,
     /// Pass B's parts met, and lines and parts met under a job they do not name.
     parts_met: Counted,
-    /// Pass A's lines that carry a job's number and name no job (pass B cannot meet them).
+    /// Pass A's lines that pass B cannot meet though they name a job or carry a number: a number on
+    /// a line naming no job, a job's line naming no item.
     stray_lines: u64,
+    /// Pass A's lines that carry a job's number (PostgreSQL's writers leave it NULL).
+    numbered: u64,
     progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
     /// Ledger rows, for the progress display.
     total: u64,
@@ -533,6 +542,7 @@ impl<'p> Audit<'p> {
             items_counted: (0, 0),
             parts_met: (0, 0),
             stray_lines: 0,
+            numbered: 0,
             progress,
             total: 0,
         };
@@ -595,14 +605,22 @@ impl<'p> Audit<'p> {
         if joined_entries != item_entries {
             self.orphans(db).await?;
         }
-        // Lines and parts filed under a job they do not name (migration 0037): on SQLite, which
+        // Lines and parts filed under a job they do not name (migration 0037). On SQLite, which
         // files them by number, only looked for when pass B met one under another job, or met
-        // fewer than there are (a number of no job, or none); PostgreSQL's pass reads them by the
-        // id, so it always looks.
+        // fewer than there are (a number of no job, or none), or pass A met one pass B cannot. On
+        // PostgreSQL, whose pass reads them by the id, looked for whenever a number was met at all
+        // (its writers leave them NULL: a copy from SQLite, or a hand edit).
         let (parts_met, misfiled) = self.parts_met;
-        let looked_over =
-            parts_met == self.l5.job_parts && misfiled == 0 && self.l5.stray_numbers == 0 && self.stray_lines == 0;
-        if db.engine() == Engine::Postgres || !looked_over || joined_entries != item_entries {
+        let looked_over = parts_met == self.l5.job_parts
+            && misfiled == 0
+            && self.l5.stray_numbers == 0
+            && self.stray_lines == 0
+            && joined_entries == item_entries;
+        let look = match db.engine() {
+            Engine::Sqlite => !looked_over,
+            Engine::Postgres => self.numbered + self.l5.numbered_parts > 0,
+        };
+        if look {
             self.money_filed(db).await?;
         }
         self.withdrawals(db).await?;
@@ -663,11 +681,20 @@ impl<'p> Audit<'p> {
                 if done.is_multiple_of(PROGRESS_EVERY) {
                     (self.progress)(AuditProgress { phase: "ledger", done, total: self.total });
                 }
-                if self.entry(r)? {
+                self.entry(r)?;
+                // Counted whatever `entry` found wrong with the line, as pass B meets it so.
+                let (job, item) = (r.opt_str(EntryRow::job_id)?.is_some(), r.opt_str(EntryRow::item_id)?.is_some());
+                let numbered = r.opt_i64(EntryRow::job_seq)?.is_some();
+                if job && item {
                     item_entries += 1;
                 }
-                if r.opt_i64(EntryRow::job_seq)?.is_some() && r.opt_str(EntryRow::job_id)?.is_none() {
+                // A number on a line naming no job, or a job's line naming no item: pass B meets
+                // neither (Settle writes neither).
+                if (numbered && !job) || (job && !item) {
                     self.stray_lines += 1;
+                }
+                if numbered {
+                    self.numbered += 1;
                 }
                 Ok(())
             })
@@ -675,8 +702,8 @@ impl<'p> Audit<'p> {
         Ok((read, item_entries))
     }
 
-    /// One ledger entry against its account's running sum and hash chain; whether it names an item.
-    fn entry(&mut self, r: &crate::db::Cells<'_>) -> Result<bool, StoreError> {
+    /// One ledger entry against its account's running sum and hash chain.
+    fn entry(&mut self, r: &crate::db::Cells<'_>) -> Result<(), StoreError> {
         use EntryRow as C;
         // Borrowed from the row: nothing is copied per column of the million rows of a pass.
         let (seq, account_id, kind_s) = (r.i64(C::seq)?, r.str(C::account_id)?, r.str(C::kind)?);
@@ -687,7 +714,7 @@ impl<'p> Audit<'p> {
         let account_seq = r.i64(C::account_seq)?;
         let Some(acc) = self.accounts.get_mut(account_id) else {
             self.push(Invariant::L1, Some(account_id), None, None, format!("entry {seq} names a missing account"));
-            return Ok(false);
+            return Ok(());
         };
         // In `seq` order, an account's entries are its chain positions 1, 2, 3, …: a gap is a
         // missing entry, a step back an entry numbered out of commit order.
@@ -699,7 +726,7 @@ impl<'p> Audit<'p> {
         }
         let Some(kind) = EntryKind::parse(kind_s) else {
             self.push(Invariant::L2, Some(account_id), None, None, format!("entry {seq} has unknown kind {kind_s}"));
-            return Ok(false);
+            return Ok(());
         };
         let acc = self.accounts.get_mut(account_id).expect("found above");
         acc.sum += i128::from(amount);
@@ -730,7 +757,7 @@ impl<'p> Audit<'p> {
         if !chained {
             self.push(Invariant::L2, Some(account_id), job, item, format!("entry {seq}: hash chain does not verify"));
         }
-        Ok(job.is_some() && item.is_some())
+        Ok(())
     }
 
     /// L1: every balance is the sum of its entries.
@@ -1340,7 +1367,7 @@ impl ItemsPart {
 /// The items pass's statement over a range of jobs (`upper`: bounded above by `$2`): each item with
 /// its job and entries, and what each of its allocations still holds, merged in `(job_id,
 /// item_id)` order.
-fn items_pass_sql(upper: bool, engine: Engine) -> String {
+pub(crate) fn items_pass_sql(upper: bool, engine: Engine) -> String {
     let (items, parts, jobs) =
         if upper { ("AND i.job_id < $2", "AND a.job_id < $2", "AND j.id < $2") } else { ("", "", "") };
     let part = "a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.taken - a.given_back, NULL, a.job_id";

@@ -303,7 +303,12 @@ fn select(table: &str, order: &str, columns: &[(String, String)], into_sqlite: b
         .iter()
         .map(|(n, _)| if n == "job_seq" { "COALESCE(t.job_seq, j.job_seq)".to_owned() } else { format!("t.{n}") })
         .collect();
-    format!("SELECT {} FROM {table} t LEFT JOIN jobs j ON j.id = t.job_id ORDER BY t.{order}", names.join(", "))
+    let order: Vec<String> = order.split(", ").map(|c| format!("t.{c}")).collect();
+    format!(
+        "SELECT {} FROM {table} t LEFT JOIN jobs j ON j.id = t.job_id ORDER BY {}",
+        names.join(", "),
+        order.join(", ")
+    )
 }
 
 /// Copies `table` from the source's snapshot to the target; returns how many rows.

@@ -16,8 +16,8 @@
 --   and `job_seq` are not both NULL or both its job's. Jobs' `id` and `job_seq` are each unique and
 --   never change, so a unique key on the number is one on the id, and no new row can enter the
 --   partial old indexes.
--- Settle's INSERTs read the number from the job's row in the same statement (`ops/ledger.rs`,
--- `ops/allocations.rs`); the readers of a job's lines and parts read by it.
+-- Settle's INSERTs write the number from the job row the operation holds (`Line::job_seq`), which
+-- the triggers check; the readers of a job's lines and parts read by it.
 --
 -- The two UPDATEs rewrite both tables once, in this migration's transaction (a death mid-way leaves
 -- the old schema and the next open runs it again). Every row grows by a few bytes, so pages packed
@@ -45,9 +45,9 @@ DROP INDEX allocations_item;
 CREATE INDEX allocations_job_seq ON allocations (job_seq, item_id, id) WHERE job_seq IS NOT NULL;
 CREATE INDEX allocations_item ON allocations (job_id, item_id, id) WHERE job_id IS NOT NULL AND job_seq IS NULL;
 
--- Each trigger reads the job by its id, the pages the operation has just read (and the INSERT's own
--- lookup). A process of a release before this migration, still writing after it (started with
--- `--no-migrate`), names no number and is refused, with a message that says so.
+-- Each trigger reads the job by its id, the pages the operation has just read. A process of a
+-- release before this migration, still writing after it (started with `--no-migrate`), names no
+-- number and is refused, with a message that says so.
 CREATE TRIGGER ledger_entries_job_seq BEFORE INSERT ON ledger_entries
     WHEN (NEW.job_id IS NULL) <> (NEW.job_seq IS NULL)
         OR (NEW.job_id IS NOT NULL AND NEW.job_seq IS NOT (SELECT job_seq FROM jobs WHERE id = NEW.job_id))
@@ -64,9 +64,15 @@ END;
 -- What the number's exactness rests on besides: a job's `id` and `job_seq`, and a part's, never
 -- change. No statement of Settle's sets them; these refuse one that would (a hand edit moving a job's
 -- later lines off its earlier ones, out of the unique index's sight). An `UPDATE OF` trigger is
--- compiled only into statements that set those columns, so Settle's updates pay nothing. A later
--- migration that rebuilds `jobs` or `allocations` drops its trigger with the table, and must create
--- it again.
+-- compiled only into statements that set those columns, so Settle's updates pay nothing. (`INSERT
+-- OR REPLACE INTO jobs` deletes a row and inserts another, firing no UPDATE trigger; a BEFORE INSERT
+-- trigger refusing it cost every create about 17 k instructions, so it is left to the audit, which
+-- names every line and part whose number no job has.)
+--
+-- A later migration that rebuilds `jobs` (a new table, the rows copied, the old dropped, the new
+-- renamed) must drop the two triggers that read `jobs` (`ledger_entries_job_seq`,
+-- `allocations_job_seq`) before the RENAME and create them again after, with `jobs_keys_fixed`; one
+-- that rebuilds `allocations` drops its two with the table and must create them again.
 CREATE TRIGGER jobs_keys_fixed BEFORE UPDATE OF id, job_seq ON jobs
     WHEN NEW.id IS NOT OLD.id OR NEW.job_seq IS NOT OLD.job_seq
 BEGIN

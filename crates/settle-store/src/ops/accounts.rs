@@ -245,7 +245,16 @@ pub(crate) async fn credit(db: &mut Db<'_>, cx: &Cx, c: &Credit<'_>) -> Result<C
         cx,
         account.as_str(),
         BalanceCheck::Bounded,
-        &[Line { kind, amount, job_id: None, item_id: None, ref_id: Some(id), reason, request_hash: Some(&fp) }],
+        &[Line {
+            kind,
+            amount,
+            job_id: None,
+            job_seq: None,
+            item_id: None,
+            ref_id: Some(id),
+            reason,
+            request_hash: Some(&fp),
+        }],
         terms,
     )
     .await?;

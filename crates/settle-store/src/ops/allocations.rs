@@ -168,11 +168,11 @@ const SET_DEBT: &str = "UPDATE accounts SET debt = $2 WHERE id = $1";
 const INSERT_ALLOCATION: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
      account_seq, taken, paid_part, owed, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
      CASE WHEN $2 IS NULL AND $8 > 0 THEN 1 ELSE 0 END, $10)";
-/// SQLite's: the part's `job_seq` read from its job's row in the same statement (migration 0037),
-/// which its trigger checks; PostgreSQL leaves the column NULL.
+/// SQLite's: the part's `job_seq` too (`Part::job_seq`), which the table's trigger checks against
+/// the job (migration 0037); PostgreSQL leaves the column NULL.
 const INSERT_ALLOCATION_LITE: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
      account_seq, taken, paid_part, owed, created_at, job_seq) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, \
-     CASE WHEN $2 IS NULL AND $8 > 0 THEN 1 ELSE 0 END, $10, (SELECT job_seq FROM jobs WHERE id = $4))";
+     CASE WHEN $2 IS NULL AND $8 > 0 THEN 1 ELSE 0 END, $10, $11)";
 const INSERT_ALLOCATIONS_PG: &str = "INSERT INTO allocations (account_id, grant_key, kind, job_id, item_id, ref_id, \
      account_seq, taken, paid_part, owed, created_at) SELECT $1, g, k, j, i, r, s, t, p, \
      CASE WHEN g IS NULL AND t > 0 THEN 1 ELSE 0 END, $2 FROM unnest($3::bigint[], \
@@ -218,6 +218,8 @@ struct Part<'a> {
     grant_key: Option<i64>,
     kind: AllocationKind,
     job_id: Option<&'a str>,
+    /// Its job's number (`Line::job_seq`): SQLite's INSERT writes it, PostgreSQL's leave it NULL.
+    job_seq: Option<i64>,
     item_id: Option<&'a str>,
     ref_id: Option<&'a str>,
     account_seq: i64,
@@ -374,6 +376,7 @@ async fn open(
                 grant_key: Some(key),
                 kind: AllocationKind::SettleDebt,
                 job_id: None,
+                job_seq: None,
                 item_id: None,
                 ref_id: Some(source),
                 account_seq,
@@ -457,6 +460,7 @@ async fn take(
                 grant_key: Some(*key),
                 kind,
                 job_id: line.job_id,
+                job_seq: line.job_seq,
                 item_id: line.item_id,
                 ref_id: line.ref_id,
                 account_seq: *account_seq,
@@ -477,6 +481,7 @@ async fn take(
                 grant_key: None,
                 kind,
                 job_id: line.job_id,
+                job_seq: line.job_seq,
                 item_id: line.item_id,
                 ref_id: line.ref_id,
                 account_seq: *account_seq,
@@ -561,22 +566,23 @@ async fn insert_parts(db: &mut Db<'_>, cx: &Cx, account_id: &str, parts: &[Part<
         }
         _ => {
             for p in parts {
-                db.exec(
-                    if db.engine() == Engine::Sqlite { INSERT_ALLOCATION_LITE } else { INSERT_ALLOCATION },
-                    args![
-                        account_id,
-                        p.grant_key,
-                        p.kind.as_str(),
-                        p.job_id,
-                        p.item_id,
-                        p.ref_id,
-                        p.account_seq,
-                        p.taken,
-                        p.paid_part,
-                        cx.now.micros()
-                    ],
-                )
-                .await?;
+                let args = args![
+                    account_id,
+                    p.grant_key,
+                    p.kind.as_str(),
+                    p.job_id,
+                    p.item_id,
+                    p.ref_id,
+                    p.account_seq,
+                    p.taken,
+                    p.paid_part,
+                    cx.now.micros(),
+                    p.job_seq
+                ];
+                match db.engine() {
+                    Engine::Sqlite => db.exec(INSERT_ALLOCATION_LITE, args).await?,
+                    Engine::Postgres => db.exec(INSERT_ALLOCATION, &args[..10]).await?,
+                };
             }
         }
     }

@@ -211,8 +211,8 @@ pub(crate) async fn insert_job(
     // The job row is written before its charge: the spend limits are checked first.
     super::spend_limits::check_first(db, cx, job.req.account_id.as_str(), job.req.kind.as_str(), job.total.get())
         .await?;
-    insert_rows(db, cx, job, fp, &terms).await?;
-    charge_items(db, cx, job, pay).await?;
+    let job_seq = insert_rows(db, cx, job, fp, &terms).await?;
+    charge_items(db, cx, job, pay, job_seq).await?;
     cx.point(CrashPoint::AfterLedger)?;
     queued(db, cx, job).await?;
     cx.point(CrashPoint::AfterOutbox)?;
@@ -319,7 +319,14 @@ pub(super) fn parked_of_new(engine: Engine, a: &str) -> String {
 }
 
 /// The job row, numbered (the `AfterGuard` crash point right after it), and its items `charged`.
-async fn insert_rows(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 32], terms: &Terms) -> Result<(), StoreError> {
+/// Returns the number SQLite's writer gave it (PostgreSQL's comes from a sequence in the statement).
+async fn insert_rows(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &ValidJob,
+    fp: &[u8; 32],
+    terms: &Terms,
+) -> Result<Option<i64>, StoreError> {
     let req = &job.req;
     let (sql, job_seq) = match db.engine() {
         Engine::Sqlite => (&*INSERT_JOB_SQLITE, Some(next_seq(cx, "job", 1)?)),
@@ -366,7 +373,7 @@ async fn insert_rows(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 32], te
         if n != req.items.len() as u64 {
             return Err(StoreError::internal(format!("{} of a job's {} items inserted", n, req.items.len())));
         }
-        return Ok(());
+        return Ok(job_seq);
     }
     for (ord, item) in req.items.iter().enumerate() {
         db.exec(
@@ -381,12 +388,18 @@ async fn insert_rows(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 32], te
         )
         .await?;
     }
-    Ok(())
+    Ok(job_seq)
 }
 
 /// One charge per item under `check`; every charged item is held until it is decided.
-async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, pay: Pay) -> Result<(), StoreError> {
-    let lines = charge_lines(job)?;
+async fn charge_items(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    job: &ValidJob,
+    pay: Pay,
+    job_seq: Option<i64>,
+) -> Result<(), StoreError> {
+    let lines = charge_lines(job, job_seq)?;
     let req = &job.req;
     let (check, reserved) = match pay {
         Pay::Overdraft => (BalanceCheck::Overdraft, 0),
@@ -403,7 +416,9 @@ async fn charge_items(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, pay: Pay) -> Res
 }
 
 /// One charge line per item, in the job's order.
-pub(super) fn charge_lines(job: &ValidJob) -> Result<Vec<Line<'_>>, StoreError> {
+/// `job_seq`: the number SQLite's writer gave the job (`insert_rows`); PostgreSQL's plan charges
+/// before it inserts, and writes none.
+pub(super) fn charge_lines(job: &ValidJob, job_seq: Option<i64>) -> Result<Vec<Line<'_>>, StoreError> {
     let req = &job.req;
     req.items
         .iter()
@@ -412,6 +427,7 @@ pub(super) fn charge_lines(job: &ValidJob) -> Result<Vec<Line<'_>>, StoreError> 
                 kind: EntryKind::Charge,
                 amount: i.price.charged().checked_neg()?,
                 job_id: Some(req.id.as_str()),
+                job_seq,
                 item_id: Some(i.id.as_str()),
                 ref_id: None,
                 reason: None,
@@ -505,7 +521,7 @@ static CREATE_WRITE: LazyLock<String> = LazyLock::new(|| {
 pub(crate) async fn creates(db: &mut Db<'_>, cx: &Cx, job: &ValidJob, fp: &[u8; 32]) -> Result<Job, StoreError> {
     let req = &job.req;
     let terms = Terms::of(cx, job);
-    let lines = charge_lines(job)?;
+    let lines = charge_lines(job, None)?;
     let holds = Holds { held: job.total.get(), exposure: 0 };
     let posting = Posting {
         account_id: req.account_id.as_str(),

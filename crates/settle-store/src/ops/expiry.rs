@@ -90,6 +90,7 @@ pub(crate) async fn expire_due(db: &mut Db<'_>, cx: &Cx, account_id: &str, how: 
             kind: EntryKind::Expire,
             amount: settle_core::Credits::new(-*remaining),
             job_id: None,
+            job_seq: None,
             item_id: None,
             ref_id: Some(source),
             reason: None,

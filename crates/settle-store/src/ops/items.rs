@@ -169,6 +169,7 @@ pub(crate) async fn move_items(db: &mut Db<'_>, cx: &Cx, job: &JobRow, m: Move<'
             kind,
             amount,
             job_id: Some(job.id.as_str()),
+            job_seq: Some(job.job_seq),
             item_id: Some(m.id.as_str()),
             ref_id: None,
             reason: reason.map(|r| r.as_str()),

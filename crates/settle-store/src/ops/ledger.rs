@@ -139,11 +139,12 @@ static SEQ_NUMBERS: LazyLock<String> =
 const INSERT_ENTRY: &str = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, job_id, \
      item_id, ref_id, reason, request_hash, created_at, prev_hash, hash) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
-/// SQLite's: the line's `job_seq` read from its job's row in the same statement (migration 0037,
-/// decision 0039), which its trigger checks; PostgreSQL leaves the column NULL.
+/// SQLite's: the line's `job_seq` too, from the job row the operation holds (`Line::job_seq`),
+/// which the table's trigger checks against the job (migration 0037, decision 0039); PostgreSQL
+/// leaves the column NULL.
 const INSERT_ENTRY_LITE: &str = "INSERT INTO ledger_entries (seq, account_seq, account_id, kind, amount, balance_after, \
      job_id, item_id, ref_id, reason, request_hash, created_at, prev_hash, hash, job_seq) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, (SELECT job_seq FROM jobs WHERE id = $7))";
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 const HOLDS_ONLY: &str = "UPDATE accounts SET held = held + $2, exposure = exposure + $3 WHERE id = $1";
 
 /// How a transition moves an account's `held` (what later refunds and returns could add back) and
@@ -192,6 +193,9 @@ pub(crate) struct Line<'a> {
     pub kind: EntryKind,
     pub amount: Credits,
     pub job_id: Option<&'a str>,
+    /// The job's number, from the job row the operation holds: SQLite's INSERT writes it and its
+    /// trigger refuses one that is not the job's (migration 0037); PostgreSQL leaves it NULL.
+    pub job_seq: Option<i64>,
     pub item_id: Option<&'a str>,
     pub ref_id: Option<&'a str>,
     pub reason: Option<&'a str>,
@@ -439,26 +443,27 @@ async fn post_lines(
             created_at: cx.now.micros(),
         };
         let hash = chain_hash(&prev, &fields);
-        db.exec(
-            if db.engine() == Engine::Sqlite { INSERT_ENTRY_LITE } else { INSERT_ENTRY },
-            args![
-                seq,
-                account_seq,
-                account_id,
-                line.kind.as_str(),
-                line.amount.get(),
-                balance.get(),
-                line.job_id,
-                line.item_id,
-                line.ref_id,
-                line.reason,
-                line.request_hash.map(|h| h.to_vec()),
-                cx.now.micros(),
-                &prev,
-                &hash
-            ],
-        )
-        .await?;
+        let args = args![
+            seq,
+            account_seq,
+            account_id,
+            line.kind.as_str(),
+            line.amount.get(),
+            balance.get(),
+            line.job_id,
+            line.item_id,
+            line.ref_id,
+            line.reason,
+            line.request_hash.map(|h| h.to_vec()),
+            cx.now.micros(),
+            &prev,
+            &hash,
+            line.job_seq
+        ];
+        match db.engine() {
+            Engine::Sqlite => db.exec(INSERT_ENTRY_LITE, args).await?,
+            Engine::Postgres => db.exec(INSERT_ENTRY, &args[..14]).await?,
+        };
         out.push(LedgerEntry {
             seq,
             account_seq,

@@ -143,6 +143,7 @@ async fn grants_side(
                 kind: EntryKind::Expire,
                 amount: Credits::new(-r.amount),
                 job_id: None,
+                job_seq: None,
                 item_id: None,
                 ref_id: Some(&r.ref_id),
                 reason: None,

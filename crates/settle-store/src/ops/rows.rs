@@ -166,7 +166,7 @@ pub(crate) static SELECT_ITEM: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM items WHERE job_id = $1 AND item_id = $2", ItemCol::LIST));
 static JOB_ITEMS_AND_NET: LazyLock<String> =
     LazyLock::new(|| format!("SELECT {} FROM items WHERE job_id = $1 ORDER BY ord", ItemNetCol::LIST));
-static JOB_ITEMS_AND_NET_LITE: LazyLock<String> = LazyLock::new(|| {
+pub(crate) static JOB_ITEMS_AND_NET_LITE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "SELECT {} FROM items WHERE job_id = $1 ORDER BY ord",
         ItemNetCol::list_with(ItemNetCol::net, NET_BY_NUMBER)
@@ -325,6 +325,11 @@ pub(crate) async fn attach(db: &mut Db<'_>, cx: &Cx, row: JobRow) -> Result<Job,
     assemble(cx, row, items, net)
 }
 
+/// SQLite's nets of a page of jobs by their numbers (`list`: `IN (…)` of them), migration 0037.
+pub(crate) fn nets_by_number(list: &str) -> String {
+    format!("SELECT {} FROM ledger_entries WHERE job_seq {list} GROUP BY job_seq", NetOfSeqCol::LIST)
+}
+
 /// Completes a page of job rows, as `attach` completes one, in two statements whatever the page's
 /// length (its items, its nets) rather than one per job: a list's cost grows with its rows read,
 /// not with round trips to the engine.
@@ -355,8 +360,7 @@ pub(crate) async fn attach_all(db: &mut Db<'_>, cx: &Cx, rows: Vec<JobRow>) -> R
         // SQLite's lines are filed by their job's number (migration 0037).
         let seqs: Vec<crate::db::Value> = rows.iter().map(|r| crate::db::Value::I64(r.job_seq)).collect();
         let by_seq: std::collections::HashMap<i64, &str> = rows.iter().map(|r| (r.job_seq, r.id.as_str())).collect();
-        let nets_sql =
-            format!("SELECT {} FROM ledger_entries WHERE job_seq {list} GROUP BY job_seq", NetOfSeqCol::LIST);
+        let nets_sql = nets_by_number(&list);
         for r in db.all_built(nets_sql, &seqs).await? {
             let id = by_seq.get(&r.i64(NetOfSeqCol::job_seq)?).copied().unwrap_or_default();
             nets.insert(id.to_owned(), Credits::new(r.i64(NetOfSeqCol::net)?));

@@ -348,6 +348,7 @@ fn reclaim_lines<'a>(job: &'a JobRow, reclaimed: &'a [ItemMove]) -> Result<Vec<L
                 kind: EntryKind::Reclaim,
                 amount: Credits::new(*cost).checked_neg()?,
                 job_id: Some(job.id.as_str()),
+                job_seq: Some(job.job_seq),
                 item_id: Some(id.as_str()),
                 ref_id: None,
                 reason: None,

@@ -248,6 +248,7 @@ async fn grant(db: &mut Db<'_>, cx: &Cx, job: &super::JobRow, credits: i64, open
         kind: EntryKind::Grant,
         amount: Credits::new(credits),
         job_id: None,
+        job_seq: None,
         item_id: None,
         ref_id: Some(&job.id),
         reason: None,

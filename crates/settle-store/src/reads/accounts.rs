@@ -274,18 +274,20 @@ columns! {
     }
 }
 
+fn job_allocations_sql(job: &str) -> String {
+    format!(
+        "SELECT {} FROM allocations a LEFT JOIN grants g ON g.key = a.grant_key WHERE {job} ORDER BY a.id",
+        AllocationCol::LIST
+    )
+}
+static JOB_ALLOCATIONS: LazyLock<String> = LazyLock::new(|| job_allocations_sql("a.job_id = $1"));
+/// SQLite's: parts are filed by their job's number (migration 0037).
+pub(crate) static JOB_ALLOCATIONS_LITE: LazyLock<String> =
+    LazyLock::new(|| job_allocations_sql("a.job_seq = (SELECT job_seq FROM jobs WHERE id = $1)"));
+
 /// Which sources of credit paid for a job's items, in the order they were taken.
 pub(crate) async fn job_allocations(db: &mut Db<'_>, job: &str) -> Result<Vec<Allocation>, StoreError> {
-    fn sql(job: &str) -> String {
-        format!(
-            "SELECT {} FROM allocations a LEFT JOIN grants g ON g.key = a.grant_key WHERE {job} ORDER BY a.id",
-            AllocationCol::LIST
-        )
-    }
-    static SQL: LazyLock<String> = LazyLock::new(|| sql("a.job_id = $1"));
-    // SQLite's parts are filed by their job's number (migration 0037).
-    static SQL_LITE: LazyLock<String> = LazyLock::new(|| sql("a.job_seq = (SELECT job_seq FROM jobs WHERE id = $1)"));
-    let sql = if db.engine() == crate::db::Engine::Sqlite { &*SQL_LITE } else { &*SQL };
+    let sql = if db.engine() == crate::db::Engine::Sqlite { &*JOB_ALLOCATIONS_LITE } else { &*JOB_ALLOCATIONS };
     let rows = db.all(sql, args![job]).await?;
     rows.iter()
         .map(|r| {

@@ -326,16 +326,17 @@ static HISTORY_EVENTS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// A job's ledger lines: PostgreSQL's by its id, SQLite's by its number (migration 0037).
+static ENTRIES: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE job_id = $1 ORDER BY seq", EntryCol::LIST));
+static ENTRIES_LITE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM ledger_entries WHERE job_seq = (SELECT job_seq FROM jobs WHERE id = $1) ORDER BY seq",
+        EntryCol::LIST
+    )
+});
+
 pub(crate) async fn job_history(db: &mut Db<'_>, cx: &ops::Cx, id: &str) -> Result<JobHistory, StoreError> {
-    static ENTRIES: LazyLock<String> =
-        LazyLock::new(|| format!("SELECT {} FROM ledger_entries WHERE job_id = $1 ORDER BY seq", EntryCol::LIST));
-    // SQLite's lines are filed by their job's number (migration 0037).
-    static ENTRIES_LITE: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "SELECT {} FROM ledger_entries WHERE job_seq = (SELECT job_seq FROM jobs WHERE id = $1) ORDER BY seq",
-            EntryCol::LIST
-        )
-    });
     static ARTIFACTS: LazyLock<String> = LazyLock::new(|| {
         format!("SELECT {} FROM artifacts WHERE job_id = $1 ORDER BY created_at, item_id, key", ArtifactCol::LIST)
     });
@@ -409,6 +410,51 @@ mod tests {
                 assert_eq!(on.count(), 1, "{index} in {sql}: {steps:#?}");
             }
             assert!(!steps.iter().any(|s| *s == format!("SCAN {table}")), "{sql}: {steps:#?}");
+        }
+    }
+
+    /// SQLite's readers of a job's ledger lines and allocations (migration 0037): each is planned on
+    /// the index by the job's number, none scans `ledger_entries` or `allocations`, and the audit's
+    /// items pass merges its arms without sorting.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_a_jobs_lines_and_parts_are_read_by_its_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let url = format!("sqlite://{}", path.display());
+        drop(crate::SqlStore::open(&url, crate::StoreOptions::default()).await.unwrap());
+        let c = rusqlite::Connection::open(&path).unwrap();
+        let totals = format!(
+            "SELECT {} FROM jobs WHERE account_id = $1",
+            super::TotalsCol::list_with(super::TotalsCol::net, super::NET_BY_NUMBER)
+        );
+        let items_pass = crate::audit::items_pass_sql(true, crate::db::Engine::Sqlite);
+        let lines = "USING INDEX ledger_entries_job_seq";
+        let parts = "USING INDEX allocations_job_seq";
+        let statements: [(&str, &[&str]); 6] = [
+            (&super::ENTRIES_LITE, &[lines]),
+            (&crate::ops::JOB_ITEMS_AND_NET_LITE, &[lines]),
+            (&crate::ops::nets_by_number("IN ($1, $2)"), &[lines]),
+            (&totals, &[lines]),
+            (&super::super::accounts::JOB_ALLOCATIONS_LITE, &[parts]),
+            (&items_pass, &[lines, parts, "USING INDEX allocations_item"]),
+        ];
+        for (sql, indexes) in statements {
+            let explain = format!("EXPLAIN QUERY PLAN {}", sql.replace('$', "?"));
+            let mut plan = c.prepare(&explain).unwrap();
+            let nulls = vec![rusqlite::types::Null; plan.parameter_count()];
+            let steps: Vec<String> =
+                (plan.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3)).unwrap())
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+            for index in indexes {
+                assert!(steps.iter().any(|s| s.contains(index)), "{index} in {sql}: {steps:#?}");
+            }
+            for table in ["ledger_entries", "allocations", "e", "a"] {
+                assert!(!steps.iter().any(|s| *s == format!("SCAN {table}")), "{sql}: {steps:#?}");
+            }
+            if sql == items_pass {
+                assert!(!steps.iter().any(|s| s.contains("TEMP B-TREE")), "{sql}: {steps:#?}");
+            }
         }
     }
 

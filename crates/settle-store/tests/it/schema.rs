@@ -288,13 +288,20 @@ async fn sqlite_and_postgres_have_the_same_tables_columns_and_indexes() {
     let mut c = sqlx::SqliteConnection::connect(&sqlite_url).await.unwrap();
     let triggers = lite_names(
         &mut c,
-        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN ('ledger_entries', 'allocations') \
+        "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN ('ledger_entries', 'allocations', 'jobs') \
          ORDER BY name"
             .into(),
         None,
     )
     .await;
-    for t in ["ledger_entries_chain", "ledger_entries_job_seq", "allocations_job_seq", "allocations_keys_fixed"] {
+    let ours = [
+        "ledger_entries_chain",
+        "ledger_entries_job_seq",
+        "allocations_job_seq",
+        "allocations_keys_fixed",
+        "jobs_keys_fixed",
+    ];
+    for t in ours {
         assert!(triggers.contains(&t.to_owned()), "SQLite's trigger {t}: {triggers:?}");
     }
     // A job's ledger lines and allocations: SQLite files them by the job's number, its guard checked

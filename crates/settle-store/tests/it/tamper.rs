@@ -37,6 +37,7 @@ per_engine!(
     an_event_naming_no_job_is_named,
     money_rows_under_another_jobs_number_are_named,
     money_rows_with_a_stray_number_or_none_are_named,
+    money_rows_the_passes_cannot_meet_are_named,
     a_wrong_balance_is_l1,
     a_grant_with_more_left_than_it_gave_is_l5,
     an_allocation_that_took_less_is_l5,
@@ -278,6 +279,34 @@ async fn money_rows_with_a_stray_number_or_none_are_named(k: &Kit) {
     exactly(k, &want).await;
 }
 
+/// Job `k`'s charge with its number taken away, and its part under a number no job has (migration
+/// 0037): neither is met by SQLite's items pass, which reads them by number, and the audit counts
+/// what it met against what there is, and looks. On PostgreSQL only the part is wrong (its writers
+/// leave the numbers NULL), and any number met sends the audit looking.
+async fn money_rows_the_passes_cannot_meet_are_named(k: &Kit) {
+    scenario(k).await;
+    let keys = if k.is_sqlite() { "DROP TRIGGER allocations_keys_fixed;" } else { "" };
+    let sql = format!(
+        "{} {keys} UPDATE ledger_entries SET job_seq = NULL WHERE seq = 5; \
+         UPDATE allocations SET job_seq = 999999 WHERE job_id = 'k';",
+        drop_ledger_guards(k)
+    );
+    tamper(k, &sql).await;
+    let found = found(k).await;
+    let seq: Vec<&String> = found.iter().filter(|(inv, _)| *inv == "SEQ").map(|(_, m)| m).collect();
+    let part = |m: &&String| {
+        m.starts_with("allocation ") && m.ends_with(" names job k but carries job_seq 999999, which no job has")
+    };
+    if k.is_sqlite() {
+        assert_eq!(seq.len(), 2, "{found:#?}");
+        assert_eq!(seq[0], "ledger entry 5 names job k but carries no job_seq", "{found:#?}");
+        assert!(part(&seq[1]), "{found:#?}");
+    } else {
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(part(&seq[0]), "{found:#?}");
+    }
+}
+
 /// SQLite's triggers (migration 0037) refuse a ledger line or allocation whose `job_seq` is not its
 /// job's: none, another job's, a number no job has, or one on a row that names no job. Each is
 /// otherwise a row the ledger takes (its next position, linked to its account's last line).
@@ -314,8 +343,33 @@ async fn sqlite_the_database_refuses_a_money_row_without_its_jobs_number() {
         let message = k.raw_script(&sql).await.expect_err(what).to_string();
         assert!(message.contains(says), "{what}: {message}");
     }
+    // A job's id or number changed, or a part's job. (A REPLACE of a job's row fires no UPDATE
+    // trigger: the audit names the lines and parts it leaves under a number no job has.)
+    for (what, sql, says) in [
+        ("a job's number changed", "UPDATE jobs SET job_seq = 999999 WHERE id = 'k'", "never change"),
+        ("a job's id changed", "UPDATE jobs SET id = 'k2' WHERE id = 'k'", "never change"),
+        ("a part moved", "UPDATE allocations SET job_id = 'j' WHERE job_id = 'k'", "never change"),
+    ] {
+        let message = k.raw_script(sql).await.expect_err(what).to_string();
+        assert!(message.contains(says), "{what}: {message}");
+    }
     // The same line under its own job's number is taken: the guard refuses the number alone.
     k.raw_script(&line("(SELECT job_seq FROM jobs WHERE id = 'k')", 5, "reclaim", "ref_id")).await.unwrap();
+    // A REPLACE of k's row under a new number fires no trigger: the audit names the lines and the
+    // part it leaves under a number no job has.
+    k.raw_script(
+        "CREATE TEMP TABLE k AS SELECT * FROM jobs WHERE id = 'k'; UPDATE k SET job_seq = 999999; \
+         INSERT OR REPLACE INTO jobs SELECT * FROM k;",
+    )
+    .await
+    .unwrap();
+    let found = found(&k).await;
+    let stranded = |m: &String| m.contains("names job k but carries job_seq ") && m.ends_with(", which no job has");
+    assert!(
+        found.iter().any(|(inv, m)| *inv == "SEQ" && m.starts_with("ledger entry 5 ") && stranded(m)),
+        "{found:#?}"
+    );
+    assert!(found.iter().any(|(inv, m)| *inv == "SEQ" && m.starts_with("allocation ") && stranded(m)), "{found:#?}");
 }
 
 /// Account `a` (balance 93) with alerts at 50 (above) and 95 (below).
