@@ -385,26 +385,32 @@ mod tests {
         ]
     }
 
-    /// Each arm of a job's history and of its signal log is planned on its own partial index, by the
-    /// job's number and by its id; none scans the table.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn sqlite_a_jobs_events_and_signals_are_read_each_arm_on_its_partial_index() {
+    /// A new SQLite store, migrated, and a connection to it.
+    async fn fresh_sqlite() -> (tempfile::TempDir, rusqlite::Connection) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.db");
         let url = format!("sqlite://{}", path.display());
         drop(crate::SqlStore::open(&url, crate::StoreOptions::default()).await.unwrap());
         let c = rusqlite::Connection::open(&path).unwrap();
+        (dir, c)
+    }
+
+    /// SQLite's plan of `sql` (Settle's `$n` placeholders), one step a line, every parameter NULL.
+    fn sqlite_plan(c: &rusqlite::Connection, sql: &str) -> Vec<String> {
+        let mut plan = c.prepare(&format!("EXPLAIN QUERY PLAN {}", sql.replace('$', "?"))).unwrap();
+        let nulls = vec![rusqlite::types::Null; plan.parameter_count()];
+        let steps = plan.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3)).unwrap();
+        steps.collect::<Result<_, _>>().unwrap()
+    }
+
+    /// Each arm of a job's history and of its signal log is planned on its own partial index, by the
+    /// job's number and by its id; none scans the table.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite_a_jobs_events_and_signals_are_read_each_arm_on_its_partial_index() {
+        let (_dir, c) = fresh_sqlite().await;
         for (sql, _, table, indexes) in arms() {
-            let sql = format!("EXPLAIN QUERY PLAN {}", sql.replace('$', "?"));
-            let mut plan = c.prepare(&sql).unwrap();
-            let steps: Vec<String> = (plan
-                .query_map(
-                    rusqlite::params_from_iter([rusqlite::types::Null; 3].iter().take(plan.parameter_count())),
-                    |r| r.get::<_, String>(3),
-                )
-                .unwrap())
-            .collect::<Result<_, _>>()
-            .unwrap();
+            let sql = sql.as_str();
+            let steps = sqlite_plan(&c, sql);
             for index in indexes {
                 let on = steps.iter().filter(|s| s.starts_with(&format!("SEARCH {table} USING INDEX {index}")));
                 assert_eq!(on.count(), 1, "{index} in {sql}: {steps:#?}");
@@ -418,11 +424,7 @@ mod tests {
     /// items pass merges its arms without sorting.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sqlite_a_jobs_lines_and_parts_are_read_by_its_number() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.db");
-        let url = format!("sqlite://{}", path.display());
-        drop(crate::SqlStore::open(&url, crate::StoreOptions::default()).await.unwrap());
-        let c = rusqlite::Connection::open(&path).unwrap();
+        let (_dir, c) = fresh_sqlite().await;
         let totals = format!(
             "SELECT {} FROM jobs WHERE account_id = $1",
             super::TotalsCol::list_with(super::TotalsCol::net, super::NET_BY_NUMBER)
@@ -439,13 +441,7 @@ mod tests {
             (&items_pass, &[lines, parts, "USING INDEX allocations_item"]),
         ];
         for (sql, indexes) in statements {
-            let explain = format!("EXPLAIN QUERY PLAN {}", sql.replace('$', "?"));
-            let mut plan = c.prepare(&explain).unwrap();
-            let nulls = vec![rusqlite::types::Null; plan.parameter_count()];
-            let steps: Vec<String> =
-                (plan.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3)).unwrap())
-                    .collect::<Result<_, _>>()
-                    .unwrap();
+            let steps = sqlite_plan(&c, sql);
             for index in indexes {
                 assert!(steps.iter().any(|s| s.contains(index)), "{index} in {sql}: {steps:#?}");
             }

@@ -1080,7 +1080,8 @@ async fn from_before_migration_35(engine: EngineKind) {
 /// allocations by its number) opens with this one, on both engines: on SQLite every line and part of
 /// a job has its job's number afterwards (PostgreSQL's stay NULL), a job charged before it fails
 /// after it with its parts given back, its lines read as before, a second charge of an item charged
-/// before it is refused by the database (L4 across the migration), and the audit is clean.
+/// before it is refused by the database (L4 across the migration), and the audit is clean — also
+/// after a first run of the migration died before its commit.
 async fn from_before_migration_37(engine: EngineKind) {
     let k = Kit::new(engine).await;
     let a = k.account("a", 100).await;
@@ -1089,6 +1090,15 @@ async fn from_before_migration_37(engine: EngineKind) {
     let before = k.store.job_history(&jid("j")).await.unwrap().entries;
     assert_eq!(before.len(), 2, "two charges: {before:?}");
     k.raw_script(undo_37(&k)).await.unwrap();
+    // A process that dies inside the migration: its transaction (the backfill written, the indexes
+    // built, the triggers made) rolled back. The store is as the previous release left it, and the
+    // next open runs the migration again from the start.
+    let migration = if k.is_sqlite() {
+        include_str!("../../migrations/sqlite/0037_money_by_job_seq.sql")
+    } else {
+        include_str!("../../migrations/postgres/0037_money_by_job_seq.sql")
+    };
+    k.raw_script(&format!("BEGIN; {migration} ROLLBACK;")).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
     drop(store);
     let options = StoreOptions { clock, policy: test_policy().into(), ..StoreOptions::default() };
