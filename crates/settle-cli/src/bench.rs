@@ -526,14 +526,24 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
     let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await?);
     let concurrency = args.concurrency.last().copied().unwrap_or(32).max(1);
     println!(
-        "settle bench --scale: SQLite (WAL, synchronous=FULL) in {}, filled with jobs of 10 items; at each size {} jobs \
-         created, claimed, succeeded by {concurrency} clients (3 transitions each), then a full audit",
+        "settle bench --scale: SQLite (WAL, synchronous=FULL) in {}, filled with jobs of 10 items; at each size a \
+         checkpoint recorded (a full audit and its write: `record s`), {} jobs created, claimed, succeeded by \
+         {concurrency} clients (3 transitions each), then a full audit and the audit from the checkpoint \
+         (decision 0040); entries/s: the store's entries over the audit's time",
         args.dir.display(),
         args.jobs
     );
     println!(
-        "{:>12} {:>10} {:>14} {:>11} {:>11} {:>16}",
-        "entries", "jobs", "transitions/s", "µs/transition", "audit s", "audit entries/s"
+        "{:>12} {:>10} {:>14} {:>11} {:>9} {:>11} {:>16} {:>9} {:>16}",
+        "entries",
+        "jobs",
+        "transitions/s",
+        "µs/transition",
+        "record s",
+        "audit s",
+        "audit entries/s",
+        "from s",
+        "from entries/s"
     );
     let fill = AccountId::parse("fill")?;
     store
@@ -592,18 +602,15 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
         sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&mut conn).await?;
         conn.close().await?;
         round += 1;
-        let rate = drive_on(store.clone(), concurrency, args.jobs, &format!("s{round}")).await?;
-        let started = Instant::now();
-        let report = store.audit(None).await?;
-        let secs = started.elapsed().as_secs_f64();
-        anyhow::ensure!(report.ok(), "audit failed: {:?}", report.violations);
+        let (rate, record_secs, secs, from_secs) = scale_round(&store, concurrency, args.jobs, round).await?;
         let stats = store.stats().await?;
         let entries: i64 = stats.entries_by_kind.iter().map(|(_, n)| *n).sum();
         let jobs: i64 = stats.jobs_by_state.iter().map(|(_, n)| *n).sum();
         println!(
-            "{entries:>12} {jobs:>10} {rate:>14.0} {:>11.0} {secs:>11.2} {:>16.0}",
+            "{entries:>12} {jobs:>10} {rate:>14.0} {:>11.0} {record_secs:>9.2} {secs:>11.2} {:>16.0} {from_secs:>9.3} {:>16.0}",
             1e6 / rate,
-            entries as f64 / secs
+            entries as f64 / secs,
+            entries as f64 / from_secs
         );
     }
     if args.keep {
@@ -611,6 +618,31 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
         println!("kept: {}", kept.join("scale.db").display());
     }
     Ok(())
+}
+
+/// One size of `--scale`: a checkpoint recorded, `jobs` jobs driven, then the full audit and the
+/// audit from the checkpoint. Returns transitions/s and the three audits' seconds.
+async fn scale_round(
+    store: &Arc<SqlStore>,
+    concurrency: usize,
+    jobs: usize,
+    round: u32,
+) -> anyhow::Result<(f64, f64, f64, f64)> {
+    let started = Instant::now();
+    let recorded = store.audit_with(AuditRun { from_checkpoint: false, record: true }, None).await?;
+    let record_secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(matches!(recorded.checkpoint.recorded, Some(Ok(_))), "no checkpoint: {recorded:?}");
+    let rate = drive_on(store.clone(), concurrency, jobs, &format!("s{round}")).await?;
+    let started = Instant::now();
+    let report = store.audit(None).await?;
+    let secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(report.ok(), "audit failed: {:?}", report.violations);
+    let started = Instant::now();
+    let from = store.audit_with(AuditRun { from_checkpoint: true, record: false }, None).await?;
+    let from_secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(from.ok(), "audit from the checkpoint failed: {:?}", from.violations);
+    anyhow::ensure!(from.checkpoint.from.is_some(), "not from the checkpoint: {:?}", from.checkpoint);
+    Ok((rate, record_secs, secs, from_secs))
 }
 
 /// `settle bench --console N`: how long the console's pages take with N jobs in the store.

@@ -57,6 +57,39 @@ pub async fn ledger(store: &dyn Store, account: &AccountId) -> anyhow::Result<()
 }
 
 pub fn audit(report: &AuditReport) -> std::io::Result<()> {
+    let c = &report.checkpoint;
+    if let Some(from) = &c.from {
+        out!(
+            "audit: from checkpoint {} of {} ({} entries proved then, {} now); the items of {} jobs checked",
+            from.generation,
+            from.taken_at.rfc3339(),
+            from.entries,
+            c.entries_covered,
+            c.jobs_checked,
+        )?;
+    }
+    if let Some(why) = &c.not_used {
+        out!("audit: from the first entry: {why}")?;
+    }
+    audit_verdict(report)?;
+    match &c.recorded {
+        Some(Ok(mark)) => out!(
+            "audit: checkpoint {} recorded ({} entries, {})",
+            mark.generation,
+            mark.entries,
+            mark.taken_at.rfc3339()
+        ),
+        Some(Err(why)) => out!("audit: no checkpoint recorded: {why}"),
+        None => Ok(()),
+    }?;
+    match &c.retired {
+        Some(Ok(true)) => out!("audit: the checkpoint is retired: the next audit reads every row"),
+        Some(Err(why)) => out!("audit: the checkpoint could not be retired: {why}"),
+        _ => Ok(()),
+    }
+}
+
+fn audit_verdict(report: &AuditReport) -> std::io::Result<()> {
     if report.ok() {
         return out!(
             "audit: clean ({} accounts, {} items, {} ledger entries checked; L1-L9 hold)",

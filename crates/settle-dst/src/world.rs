@@ -267,6 +267,17 @@ impl World {
             if !report.ok() {
                 return Err(format!("audit: {:?}", report.violations));
             }
+            // The audit from the last check's checkpoint agrees (decision 0040): a job moved
+            // without a line or an event naming it would leave the sums it takes by difference
+            // short of what the accounts hold.
+            let run = settle_store::AuditRun { from_checkpoint: true, record: true };
+            let from = store.audit_with(run, None).await.map_err(|e| format!("audit from the checkpoint: {e}"))?;
+            if !from.ok() {
+                return Err(format!("audit from the checkpoint: {:?}", from.violations));
+            }
+            if let Some(Err(why)) = &from.checkpoint.recorded {
+                return Err(format!("audit from the checkpoint: not recorded: {why}"));
+            }
         }
         Ok(())
     }

@@ -1,16 +1,17 @@
 //! `settle audit`: the ledger invariants L1–L9 of the spec, recomputed from the rows.
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
+use crate::audit_checkpoint::{self as checkpoint, Checkpoint, JobSum, JobSums, Mark, Record, Sealed};
 use crate::db::{Db, Engine, args, columns};
 use crate::error::StoreError;
-use crate::model::{AuditReport, Invariant, Violation};
+use crate::model::{AuditReport, AuditRun, CheckpointUse, Invariant, Violation};
 use settle_core::Credits;
 use settle_core::item::ItemState;
 use settle_core::ledger::{EntryFields, EntryKind, GENESIS_HASH, Hash32, chain_hash};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::LazyLock;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
 
 #[derive(Clone)]
 struct Acc {
@@ -19,6 +20,8 @@ struct Acc {
     entries: i64,
     /// The last `account_seq` met in the ledger pass.
     position: i64,
+    /// The `seq` of the entry at `position` (0: none): an account's entries number up with their positions.
+    last_seq: i64,
     exposure: i64,
     refunded_cost: i128,
     held: i64,
@@ -163,6 +166,16 @@ columns! {
 }
 
 columns! {
+    /// An account's anchor: what the checkpoint proved of its line at its position, and that line now.
+    AnchorRow {
+        account_id = "c.account_id", position = "c.position", last_seq = "c.last_seq", hash = "c.hash",
+        seq = "e.seq", kind = "e.kind", amount = "e.amount", balance_after = "e.balance_after", job_id = "e.job_id",
+        item_id = "e.item_id", ref_id = "e.ref_id", reason = "e.reason", created_at = "e.created_at",
+        prev_hash = "e.prev_hash", entry_hash = "e.hash",
+    }
+}
+
+columns! {
     /// What pass A reads of each ledger entry.
     EntryRow {
         seq, account_seq, account_id, kind, amount, balance_after, job_id, item_id, created_at, prev_hash, hash, ref_id,
@@ -178,7 +191,7 @@ columns! {
         job_id = "i.job_id", item_id = "i.item_id", src = "CAST(1 AS bigint)", cost = "i.cost", hold = "i.hold",
         state = "i.state", job_account = "j.account_id", job_kind = "j.kind",
         entry_seq = "e.seq", entry_kind = "e.kind", entry_amount = "e.amount", entry_account = "e.account_id",
-        entry_job = "e.job_id",
+        entry_job = "e.job_id", entry_position = "e.account_seq",
     }
 }
 
@@ -256,6 +269,11 @@ pub(crate) struct L5 {
     pub(crate) stray_numbers: u64,
     /// Parts that carry a job's number.
     pub(crate) numbered_parts: u64,
+    /// From a checkpoint: parts naming a job after their account's position in it, and their jobs;
+    /// parts after it that carry a job's number.
+    pub(crate) job_parts_after: u64,
+    pub(crate) parts_after_jobs: BTreeSet<String>,
+    pub(crate) numbered_parts_after: u64,
 }
 
 impl L5 {
@@ -293,17 +311,46 @@ impl L5 {
 
     /// Every allocation: into its grant's consumed and returned, its debt part's unpaid rest, or
     /// the settlements of the debt part it paid.
-    pub(crate) async fn parts(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+    /// `positions`: from a checkpoint, each account's position in it — the parts after it, and their
+    /// jobs, are counted apart (pass B checks those jobs again, and should meet those parts).
+    pub(crate) async fn parts(
+        &mut self,
+        db: &mut Db<'_>,
+        positions: Option<&BTreeMap<String, i64>>,
+    ) -> Result<(), StoreError> {
         static PARTS: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM allocations ORDER BY id", AllocationRow::LIST));
-        let L5 { grants, unpaid, settled, found, job_parts, stray_numbers, numbered_parts, .. } = self;
+        let L5 {
+            grants,
+            unpaid,
+            settled,
+            found,
+            job_parts,
+            stray_numbers,
+            numbered_parts,
+            job_parts_after,
+            parts_after_jobs,
+            numbered_parts_after,
+            ..
+        } = self;
         db.each(&PARTS, args![], |r| {
             use AllocationRow as C;
-            let (job, numbered) = (r.opt_str(C::job_id)?.is_some(), r.opt_i64(C::job_seq)?.is_some());
+            let (job, numbered) = (r.opt_str(C::job_id)?, r.opt_i64(C::job_seq)?.is_some());
             match (job, numbered) {
-                (true, _) => *job_parts += 1,
-                (false, true) => *stray_numbers += 1,
-                (false, false) => {}
+                (Some(_), _) => *job_parts += 1,
+                (None, true) => *stray_numbers += 1,
+                (None, false) => {}
+            }
+            if let Some(positions) = positions
+                && r.i64(C::account_seq)? > positions.get(r.str(C::account_id)?).copied().unwrap_or(0)
+            {
+                *numbered_parts_after += u64::from(numbered);
+                if let Some(job) = job {
+                    *job_parts_after += 1;
+                    if !parts_after_jobs.contains(job) {
+                        parts_after_jobs.insert(job.to_owned());
+                    }
+                }
             }
             if numbered {
                 *numbered_parts += 1;
@@ -504,22 +551,83 @@ pub(crate) struct Audit<'p> {
     progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
     /// Ledger rows, for the progress display.
     total: u64,
+    /// The store's checkpoint, when the audit was asked to start from it or to record one.
+    against: Option<Against>,
+    /// Pass B's item lines and job parts met after their account's checkpoint position.
+    met_after: Counted,
+    /// Pass B's jobs' sums, for a checkpoint to record.
+    job_sums: Vec<JobSum>,
+    /// Jobs pass B met.
+    jobs_met: u64,
 }
+
+/// What an audit asked to start from the store's checkpoint, or to record one, found of it.
+pub(crate) struct Against {
+    run: AuditRun,
+    /// The checkpoint row's generation (`None`: none): what a new checkpoint replaces.
+    base: Option<i64>,
+    /// Where the store stands in the audit's snapshot.
+    now: Mark,
+    /// The checkpoint it starts from.
+    from: Option<Checkpoint>,
+    /// Asked to start from one, why it starts from the first entry.
+    not_used: Option<String>,
+    /// From a checkpoint: every job a line, part or event after it names (pass B checks these).
+    touched: BTreeSet<String>,
+    /// From a checkpoint: whether pass B reads only the touched jobs (not when they are many).
+    touched_only: bool,
+}
+
+impl Against {
+    /// The store's checkpoint, read in the audit's snapshot.
+    pub(crate) async fn find(db: &mut Db<'_>, run: AuditRun) -> Result<Against, StoreError> {
+        let found = checkpoint::find(db).await?;
+        let (from, not_used) = match (run.from_checkpoint, found.usable) {
+            (true, Ok(from)) => (Some(from), None),
+            (true, Err(why)) => (None, Some(why)),
+            (false, _) => (None, None),
+        };
+        Ok(Against {
+            run,
+            base: found.base,
+            now: found.now,
+            from,
+            not_used,
+            touched: BTreeSet::new(),
+            touched_only: false,
+        })
+    }
+}
+
+/// Pass B's jobs checked from a checkpoint only while they are at most this share of all jobs
+/// (1 / N), or this few: each is read by a statement of its own, dearer per job than the ranges of a
+/// full pass (a few thousand cost tens of milliseconds).
+const TOUCHED_SHARE: i64 = 16;
+const TOUCHED_FEW: i64 = 1024;
 
 /// The whole audit in streaming passes over one snapshot, memory bounded by the number of
 /// accounts (not entries or items): the ledger in `seq` order (L1 sums, L2 running balances and
 /// hash chains, each account's positions 1, 2, 3, … in `seq` order); every item joined with its entries in key order (L3, L4, the
 /// held and exposure totals); entries of missing items; withdrawals; the outbox numbers (gap-free up
-/// to the counter; events still waiting for theirs are not counted).
+/// to the counter; events still waiting for theirs are not counted). From a checkpoint (decision
+/// 0040), each account's lines after it, and the jobs touched since. Returns the report, and the
+/// checkpoint to record when asked and the audit is clean.
 /// `progress` is called every 100 000 rows.
 pub(crate) async fn audit(
     db: &mut Db<'_>,
+    run: AuditRun,
     progress: &(dyn Fn(AuditProgress) + Send + Sync),
-) -> Result<AuditReport, StoreError> {
-    let mut audit = Audit::start(db, progress).await?;
+) -> Result<(AuditReport, Option<Record>), StoreError> {
+    let against = match run {
+        AuditRun { from_checkpoint: false, record: false } => None,
+        _ => Some(Against::find(db, run).await?),
+    };
+    let mut audit = Audit::start(db, progress, against).await?;
     let ledger = audit.ledger_pass(db).await?;
-    audit.l5.parts(db).await?;
-    let items = audit.items_pass(vec![JobRange::ALL]);
+    let positions = audit.positions();
+    audit.l5.parts(db, positions.as_deref()).await?;
+    let ranges = audit.ranges(db, 1).await?;
+    let items = audit.items_pass(ranges);
     items.run(db).await?;
     audit.absorb(items.finished()?);
     audit.finish(db, ledger).await
@@ -529,10 +637,12 @@ pub(crate) async fn audit(
 pub(crate) type Counted = (u64, u64);
 
 impl<'p> Audit<'p> {
-    /// The audit's start: every account's stored figures, and every grant.
+    /// The audit's start: every account's stored figures, and every grant; from a checkpoint, each
+    /// account's lines to its position as the checkpoint proved them.
     pub(crate) async fn start(
         db: &mut Db<'_>,
         progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
+        against: Option<Against>,
     ) -> Result<Audit<'p>, StoreError> {
         let mut audit = Audit {
             accounts: BTreeMap::new(),
@@ -545,23 +655,78 @@ impl<'p> Audit<'p> {
             numbered: 0,
             progress,
             total: 0,
+            against,
+            met_after: (0, 0),
+            job_sums: Vec::new(),
+            jobs_met: 0,
         };
         audit.load_accounts(db).await?;
         audit.l5.load(db).await?;
         Ok(audit)
     }
 
+    /// The checkpoint the audit starts from.
+    fn from(&self) -> Option<&Checkpoint> {
+        self.against.as_ref().and_then(|a| a.from.as_ref())
+    }
+
+    /// Whether the audit starts from a checkpoint: pass B's jobs are then known only after pass A
+    /// and the allocations pass.
+    pub(crate) fn starts_from_checkpoint(&self) -> bool {
+        self.from().is_some()
+    }
+
+    /// From a checkpoint: each account's position in it (absent: 0), to tell the rows after it.
+    pub(crate) fn positions(&self) -> Option<Arc<BTreeMap<String, i64>>> {
+        let from = self.from()?;
+        Some(Arc::new(from.accounts.iter().map(|(id, s)| (id.clone(), s.position)).collect()))
+    }
+
     /// Pass A and L1 over its sums. Returns the entries read and how many name an item.
     pub(crate) async fn ledger_pass(&mut self, db: &mut Db<'_>) -> Result<Counted, StoreError> {
-        let counted = self.ledger(db).await?;
+        let counted = match self.from().is_some() {
+            false => self.ledger(db).await?,
+            true => self.ledger_after(db).await?,
+        };
         self.balances();
         Ok(counted)
+    }
+
+    /// Pass B's jobs: from a checkpoint, the jobs touched since when they are few (each a range of
+    /// its own; the sums of the others taken from the checkpoint); else every job, in `split`
+    /// ranges of about as many jobs each. After pass A and the allocations pass.
+    pub(crate) async fn ranges(&mut self, db: &mut Db<'_>, split: u64) -> Result<Vec<JobRange>, StoreError> {
+        let Some(against) = self.against.as_mut() else { return job_ranges(db, split).await };
+        let Some(from) = against.from.as_ref() else { return job_ranges(db, split).await };
+        against.touched.extend(std::mem::take(&mut self.l5.parts_after_jobs));
+        checkpoint::touched_by_events(db, from.mark.last_event_seq, &mut against.touched).await?;
+        let jobs = db.one("SELECT COUNT(*) AS n FROM jobs", args![]).await?.i64(CountRow::n)?;
+        if against.touched.len() as i64 > (jobs / TOUCHED_SHARE).max(TOUCHED_FEW) {
+            return job_ranges(db, split).await;
+        }
+        against.touched_only = true;
+        // Every job's sums as the checkpoint summed them, less the touched jobs' then: pass B adds
+        // theirs now.
+        for (id, sealed) in &from.accounts {
+            if let Some(acc) = self.accounts.get_mut(id) {
+                acc.refunded_cost += i128::from(sealed.refunded);
+                acc.held_cost += i128::from(sealed.held);
+            }
+        }
+        for (account, refunded, held) in checkpoint::sealed_jobs(db, &against.touched).await? {
+            if let Some(acc) = self.accounts.get_mut(&account) {
+                acc.refunded_cost -= i128::from(refunded);
+                acc.held_cost -= i128::from(held);
+            }
+        }
+        Ok(against.touched.iter().map(|job| JobRange::Job(job.clone())).collect())
     }
 
     /// Pass B over these ranges of jobs, to run apart from pass A (on other connections of the same
     /// snapshot, any number at once): it knows the accounts as loaded.
     pub(crate) fn items_pass(&self, ranges: Vec<JobRange>) -> ItemsPass<'p> {
         let done = Mutex::new(ranges.iter().map(|_| None).collect());
+        let collect = self.against.as_ref().is_some_and(|a| a.run.record || a.touched_only);
         ItemsPass {
             known: self.accounts.keys().cloned().collect(),
             ranges,
@@ -570,6 +735,8 @@ impl<'p> Audit<'p> {
             rows: AtomicU64::new(0),
             progress: self.progress,
             total: self.total,
+            positions: self.positions(),
+            collect,
         }
     }
 
@@ -588,21 +755,34 @@ impl<'p> Audit<'p> {
             self.items_counted.1 += part.joined;
             self.parts_met.0 += part.parts;
             self.parts_met.1 += part.misfiled;
+            self.met_after.0 += part.lines_after;
+            self.met_after.1 += part.parts_after;
+            self.job_sums.extend(part.jobs.into_iter().filter(|j| j.refunded != 0 || j.held != 0));
+            self.jobs_met += part.jobs_met;
         }
     }
 
     /// What follows both passes: the held and exposure totals, entries of missing items,
-    /// withdrawals, the rest of L5 and the outbox.
+    /// withdrawals, the rest of L5 and the outbox. Returns the report, and the checkpoint to record
+    /// when asked and nothing is wrong.
     pub(crate) async fn finish(
         mut self,
         db: &mut Db<'_>,
         (entries_checked, item_entries): Counted,
-    ) -> Result<AuditReport, StoreError> {
+    ) -> Result<(AuditReport, Option<Record>), StoreError> {
         let (items_checked, joined_entries) = self.items_counted;
+        // What the items hold, as a checkpoint records it: before the open top-ups are added.
+        let record = self.record();
         self.top_ups(db).await?;
         self.holds();
+        // From a checkpoint pass A reads only the lines after it: pass B's lines after it are what
+        // it must have met, and the allocations pass's parts after it.
+        let (met, parts_met, job_parts) = match self.from().is_some() {
+            false => (joined_entries, self.parts_met.0, self.l5.job_parts),
+            true => (self.met_after.0, self.met_after.1, self.l5.job_parts_after),
+        };
         // Entries of items that do not exist: only looked for when pass B met fewer than pass A counted.
-        if joined_entries != item_entries {
+        if met != item_entries {
             self.orphans(db).await?;
         }
         // Lines and parts filed under a job they do not name (migration 0037). On SQLite, which
@@ -610,15 +790,20 @@ impl<'p> Audit<'p> {
         // fewer than there are (a number of no job, or none), or pass A met one pass B cannot. On
         // PostgreSQL, whose pass reads them by the id, looked for whenever a number was met at all
         // (its writers leave them NULL: a copy from SQLite, or a hand edit).
-        let (parts_met, misfiled) = self.parts_met;
-        let looked_over = parts_met == self.l5.job_parts
+        let misfiled = self.parts_met.1;
+        let looked_over = parts_met == job_parts
             && misfiled == 0
             && self.l5.stray_numbers == 0
             && self.stray_lines == 0
-            && joined_entries == item_entries;
+            && met == item_entries;
+        // From a checkpoint, only the rows after it (those before were looked over by then).
+        let numbered_parts = match self.from().is_some() {
+            false => self.l5.numbered_parts,
+            true => self.l5.numbered_parts_after,
+        };
         let look = match db.engine() {
             Engine::Sqlite => !looked_over,
-            Engine::Postgres => self.numbered + self.l5.numbered_parts > 0,
+            Engine::Postgres => self.numbered + numbered_parts > 0,
         };
         if look {
             self.money_filed(db).await?;
@@ -630,8 +815,68 @@ impl<'p> Audit<'p> {
         self.outbox(db).await?;
         self.events_filed(db).await?;
         self.signals_filed(db).await?;
+        self.chained_count();
+        let checkpoint = self.checkpoint_use();
         let Audit { accounts, violations, .. } = self;
-        Ok(AuditReport { accounts_checked: accounts.len() as u64, items_checked, entries_checked, violations })
+        let clean = violations.is_empty();
+        let report = AuditReport {
+            accounts_checked: accounts.len() as u64,
+            items_checked,
+            entries_checked,
+            violations,
+            checkpoint,
+        };
+        Ok((report, record.filter(|_| clean)))
+    }
+
+    /// What the report says of the checkpoint: started from, or why not; jobs checked; entries covered.
+    fn checkpoint_use(&self) -> CheckpointUse {
+        let Some(against) = &self.against else { return CheckpointUse::default() };
+        CheckpointUse {
+            from: against.from.as_ref().map(Checkpoint::mark),
+            not_used: against.not_used.clone(),
+            jobs_checked: self.jobs_met,
+            entries_covered: against.now.entries.max(0) as u64,
+            recorded: None,
+            retired: None,
+        }
+    }
+
+    /// From a checkpoint: every ledger row is in some account's chain (pass A reads the chains, so
+    /// a line of no account would go unseen).
+    fn chained_count(&mut self) {
+        let Some(against) = &self.against else { return };
+        if against.from.is_none() {
+            return;
+        }
+        let chained: i64 = self.accounts.values().map(|a| a.position).sum();
+        if chained != against.now.entries {
+            let message = format!("the ledger holds {} entries, the accounts' chains {chained}", against.now.entries);
+            self.push(Invariant::L1, None, None, None, message);
+        }
+    }
+
+    /// The checkpoint this audit would record (asked to, and what it summed fits the columns).
+    fn record(&mut self) -> Option<Record> {
+        let against = self.against.as_ref().filter(|a| a.run.record)?;
+        let mut accounts = Vec::with_capacity(self.accounts.len());
+        for (id, acc) in &self.accounts {
+            let sealed = Sealed {
+                position: acc.position,
+                sum: i64::try_from(acc.sum).ok()?,
+                hash: acc.prev,
+                last_seq: acc.last_seq,
+                refunded: i64::try_from(acc.refunded_cost).ok()?,
+                held: i64::try_from(acc.held_cost).ok()?,
+            };
+            accounts.push((id.clone(), sealed));
+        }
+        let sums = std::mem::take(&mut self.job_sums);
+        let jobs = match against.touched_only {
+            true => JobSums::Touched { touched: against.touched.iter().cloned().collect(), now: sums },
+            false => JobSums::All(sums),
+        };
+        Some(Record { base: against.base, now: against.now, accounts, jobs })
     }
 
     fn push(
@@ -657,6 +902,7 @@ impl<'p> Audit<'p> {
                 balance,
                 entries,
                 position: 0,
+                last_seq: 0,
                 exposure,
                 refunded_cost: 0,
                 held,
@@ -667,7 +913,29 @@ impl<'p> Audit<'p> {
             };
             self.accounts.insert(r.text(C::id)?, acc);
         }
+        self.resume();
         Ok(())
+    }
+
+    /// From a checkpoint: each account's chain taken up where the checkpoint left it — its
+    /// position, the sum and running balance to it, that line's hash and `seq`.
+    fn resume(&mut self) {
+        let Some(from) = self.against.as_ref().and_then(|a| a.from.as_ref()) else { return };
+        let mut gone = Vec::new();
+        for (id, sealed) in &from.accounts {
+            let Some(acc) = self.accounts.get_mut(id) else {
+                gone.push(id.clone());
+                continue;
+            };
+            acc.position = sealed.position;
+            acc.last_seq = sealed.last_seq;
+            acc.sum = i128::from(sealed.sum);
+            acc.running = i128::from(sealed.sum);
+            acc.prev = sealed.hash;
+        }
+        for id in gone {
+            self.push(Invariant::L1, Some(&id), None, None, "an account of the checkpoint no longer exists".to_owned());
+        }
     }
 
     /// Pass A: the ledger in seq order. Returns the entries read and how many name an item.
@@ -675,31 +943,128 @@ impl<'p> Audit<'p> {
         static SQL: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM ledger_entries ORDER BY seq", EntryRow::LIST));
         let (mut item_entries, mut done) = (0u64, 0u64);
+        let read = db.each(&SQL, args![], |r| self.line(r, &mut done, &mut item_entries).map(|_| ())).await?;
+        Ok((read, item_entries))
+    }
+
+    /// Pass A from a checkpoint: each account's anchor (its line at the checkpoint's position, as
+    /// the checkpoint proved it), then its lines after it in position order — every line committed
+    /// since the checkpoint's snapshot (positions are taken under the account's row lock, held to
+    /// COMMIT: a snapshot sees each account's positions 1..n). The jobs they name are touched.
+    async fn ledger_after(&mut self, db: &mut Db<'_>) -> Result<(u64, u64), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM (SELECT e.* FROM accounts a \
+                 LEFT JOIN audit_checkpoint_accounts c ON c.account_id = a.id \
+                 JOIN ledger_entries e ON e.account_id = a.id AND e.account_seq > COALESCE(c.position, 0)) x \
+                 ORDER BY account_id, account_seq",
+                EntryRow::LIST
+            )
+        });
+        self.anchors(db).await?;
+        let (mut item_entries, mut done) = (0u64, 0u64);
+        let mut touched = BTreeSet::new();
         let read = db
             .each(&SQL, args![], |r| {
-                done += 1;
-                if done.is_multiple_of(PROGRESS_EVERY) {
-                    (self.progress)(AuditProgress { phase: "ledger", done, total: self.total });
-                }
-                self.entry(r)?;
-                // Counted whatever `entry` found wrong with the line, as pass B meets it so.
-                let (job, item) = (r.opt_str(EntryRow::job_id)?.is_some(), r.opt_str(EntryRow::item_id)?.is_some());
-                let numbered = r.opt_i64(EntryRow::job_seq)?.is_some();
-                if job && item {
-                    item_entries += 1;
-                }
-                // A number on a line naming no job, or a job's line naming no item: pass B meets
-                // neither (Settle writes neither).
-                if (numbered && !job) || (job && !item) {
-                    self.stray_lines += 1;
-                }
-                if numbered {
-                    self.numbered += 1;
+                if let Some(job) = self.line(r, &mut done, &mut item_entries)?
+                    && !touched.contains(job)
+                {
+                    touched.insert(job.to_owned());
                 }
                 Ok(())
             })
             .await?;
+        if let Some(against) = self.against.as_mut() {
+            against.touched.extend(touched);
+        }
         Ok((read, item_entries))
+    }
+
+    /// Each account's line at its checkpoint position is the one the checkpoint proved: its `seq`
+    /// and hash (the chain from it is checked from the checkpoint's hash; a rewritten anchor would
+    /// otherwise pass).
+    async fn anchors(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {} FROM audit_checkpoint_accounts c LEFT JOIN ledger_entries e \
+                 ON e.account_id = c.account_id AND e.account_seq = c.position WHERE c.position > 0 ORDER BY c.account_id",
+                AnchorRow::LIST
+            )
+        });
+        let mut found = Vec::new();
+        for r in db.all(&SQL, args![]).await? {
+            use AnchorRow as C;
+            let (account, position) = (r.text(C::account_id)?, r.i64(C::position)?);
+            let (want_seq, want_hash) = (r.i64(C::last_seq)?, r.blob(C::hash)?);
+            let Some(seq) = r.opt_i64(C::seq)? else {
+                found
+                    .push((account, format!("the entry at position {position}, which the checkpoint proved, is gone")));
+                continue;
+            };
+            // The line as it is now hashes to what the checkpoint proved: its fields, from its link.
+            let kind = r.text(C::kind)?;
+            let (job, item, ref_id, reason) =
+                (r.opt_text(C::job_id)?, r.opt_text(C::item_id)?, r.opt_text(C::ref_id)?, r.opt_text(C::reason)?);
+            let prev = Hash32::try_from(r.blob(C::prev_hash)?.as_slice()).unwrap_or(GENESIS_HASH);
+            let computed = EntryKind::parse(&kind).map(|kind| {
+                let fields = EntryFields {
+                    seq,
+                    account_id: &account,
+                    kind,
+                    amount: r.i64(C::amount)?,
+                    balance_after: r.i64(C::balance_after)?,
+                    job_id: job.as_deref(),
+                    item_id: item.as_deref(),
+                    ref_id: ref_id.as_deref(),
+                    reason: reason.as_deref(),
+                    created_at: r.i64(C::created_at)?,
+                };
+                Ok::<_, StoreError>(chain_hash(&prev, &fields))
+            });
+            let computed = computed.transpose()?;
+            let stored = r.blob(C::entry_hash)?;
+            if seq == want_seq && stored == want_hash && computed.is_some_and(|h| h.as_slice() == want_hash) {
+                continue;
+            }
+            found.push((
+                account,
+                format!("entry {seq} at position {position} is not the one the checkpoint proved (entry {want_seq})"),
+            ));
+        }
+        for (account, message) in found {
+            self.push(Invariant::L2, Some(&account), None, None, message);
+        }
+        Ok(())
+    }
+
+    /// One line of pass A: its account's chain, and what pass B should meet of it. Returns the job
+    /// it names.
+    fn line<'r>(
+        &mut self,
+        r: &'r crate::db::Cells<'_>,
+        done: &mut u64,
+        item_entries: &mut u64,
+    ) -> Result<Option<&'r str>, StoreError> {
+        *done += 1;
+        if done.is_multiple_of(PROGRESS_EVERY) {
+            (self.progress)(AuditProgress { phase: "ledger", done: *done, total: self.total });
+        }
+        self.entry(r)?;
+        // Counted whatever `entry` found wrong with the line, as pass B meets it so.
+        let (job, item) = (r.opt_str(EntryRow::job_id)?, r.opt_str(EntryRow::item_id)?.is_some());
+        let numbered = r.opt_i64(EntryRow::job_seq)?.is_some();
+        if job.is_some() && item {
+            *item_entries += 1;
+        }
+        // A number on a line naming no job, or a job's line naming no item: pass B meets
+        // neither (Settle writes neither).
+        if (numbered && job.is_none()) || (job.is_some() && !item) {
+            self.stray_lines += 1;
+        }
+        if numbered {
+            self.numbered += 1;
+        }
+        Ok(job)
     }
 
     /// One ledger entry against its account's running sum and hash chain.
@@ -717,11 +1082,16 @@ impl<'p> Audit<'p> {
             return Ok(());
         };
         // In `seq` order, an account's entries are its chain positions 1, 2, 3, …: a gap is a
-        // missing entry, a step back an entry numbered out of commit order.
-        let position = acc.position;
+        // missing entry, a step back an entry numbered out of commit order. (From a checkpoint,
+        // read in position order: a `seq` not above the one before is that step back.)
+        let (position, last_seq) = (acc.position, acc.last_seq);
         acc.position = account_seq;
+        acc.last_seq = seq;
         if account_seq != position + 1 {
             let message = format!("entry {seq}: account_seq {account_seq} follows {position}");
+            self.push(Invariant::Seq, Some(account_id), job, item, message);
+        } else if seq <= last_seq {
+            let message = format!("entry {seq} at account_seq {account_seq} follows entry {last_seq}");
             self.push(Invariant::Seq, Some(account_id), job, item, message);
         }
         let Some(kind) = EntryKind::parse(kind_s) else {
@@ -1260,15 +1630,11 @@ impl<'p> Audit<'p> {
     }
 }
 
-/// A range of job ids for pass B, `[from, to)` (`to` `None`: to the end).
-pub(crate) struct JobRange {
-    from: String,
-    to: Option<String>,
-}
-
-impl JobRange {
-    /// Every job: `''` sorts before any id.
-    pub(crate) const ALL: JobRange = JobRange { from: String::new(), to: None };
+/// What pass B reads at a time: a range of job ids, `[from, to)` (`to` `None`: to the end); or one
+/// job (from a checkpoint, each touched job).
+pub(crate) enum JobRange {
+    Span { from: String, to: Option<String> },
+    Job(String),
 }
 
 columns! {
@@ -1296,7 +1662,7 @@ pub(crate) async fn job_ranges(db: &mut Db<'_>, n: u64) -> Result<Vec<JobRange>,
     })
     .await?;
     let ends = starts.iter().skip(1).cloned().map(Some).chain([None]);
-    Ok(starts.iter().cloned().zip(ends).map(|(from, to)| JobRange { from, to }).collect())
+    Ok(starts.iter().cloned().zip(ends).map(|(from, to)| JobRange::Span { from, to }).collect())
 }
 
 /// Pass B, cut into ranges of jobs that any number of connections of one snapshot take in turn;
@@ -1309,6 +1675,10 @@ pub(crate) struct ItemsPass<'p> {
     rows: AtomicU64,
     progress: &'p (dyn Fn(AuditProgress) + Send + Sync),
     total: u64,
+    /// From a checkpoint: each account's position in it, to count the rows after it.
+    positions: Option<Arc<BTreeMap<String, i64>>>,
+    /// Whether each job's sums are kept (for a checkpoint).
+    collect: bool,
 }
 
 /// What pass B found in one range of jobs.
@@ -1326,9 +1696,36 @@ pub(crate) struct ItemsPart {
     /// not name (SQLite files them by number: migration 0037).
     parts: u64,
     misfiled: u64,
+    /// From a checkpoint: item lines and job parts met after their account's position in it.
+    lines_after: u64,
+    parts_after: u64,
+    /// Jobs met.
+    jobs_met: u64,
+    /// Each job's sums, when kept: every job met, in key order (the last one may still grow).
+    jobs: Vec<JobSum>,
+    collect: bool,
 }
 
 impl ItemsPart {
+    /// One job's items counted towards its account (kept, when kept, under the job).
+    fn job_owes(&mut self, job: &str, account: &str, refunded: i128, held: i128) {
+        if !self.collect {
+            return;
+        }
+        let (Ok(refunded), Ok(held)) = (i64::try_from(refunded), i64::try_from(held)) else { return };
+        match self.jobs.last_mut() {
+            Some(last) if last.job == job => {
+                last.refunded = last.refunded.saturating_add(refunded);
+                last.held = last.held.saturating_add(held);
+                return;
+            }
+            // A job whose items count nothing is not kept (a checkpoint keeps none).
+            Some(last) if last.refunded == 0 && last.held == 0 => *last = JobSum::new(job, account),
+            _ => self.jobs.push(JobSum::new(job, account)),
+        }
+        self.job_owes(job, account, i128::from(refunded), i128::from(held));
+    }
+
     fn owe(&mut self, known: &BTreeSet<String>, account: &str, refunded: i128, held: i128) {
         let owed = match self.owed.get_mut(account) {
             Some(owed) => owed,
@@ -1364,19 +1761,34 @@ impl ItemsPart {
     }
 }
 
-/// The items pass's statement over a range of jobs (`upper`: bounded above by `$2`): each item with
-/// its job and entries, and what each of its allocations still holds, merged in `(job_id,
-/// item_id)` order.
-pub(crate) fn items_pass_sql(upper: bool, engine: Engine) -> String {
-    let (items, parts, jobs) =
-        if upper { ("AND i.job_id < $2", "AND a.job_id < $2", "AND j.id < $2") } else { ("", "", "") };
-    let part = "a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.taken - a.given_back, NULL, a.job_id";
+/// Which jobs one statement of the items pass reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Jobs {
+    /// From `$1`, below `$2`.
+    Bounded,
+    /// From `$1` to the end.
+    Open,
+    /// The job `$1`.
+    One,
+}
+
+/// The items pass's statement over some jobs: each item with its job and entries, and what each
+/// of its allocations still holds, merged in `(job_id, item_id)` order.
+pub(crate) fn items_pass_sql(jobs: Jobs, engine: Engine) -> String {
+    let (items, parts, jobs) = match jobs {
+        Jobs::Bounded => {
+            ("i.job_id >= $1 AND i.job_id < $2", "a.job_id >= $1 AND a.job_id < $2", "j.id >= $1 AND j.id < $2")
+        }
+        Jobs::Open => ("i.job_id >= $1", "a.job_id >= $1", "j.id >= $1"),
+        Jobs::One => ("i.job_id = $1", "a.job_id = $1", "j.id = $1"),
+    };
+    let part = "a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.taken - a.given_back, a.account_id, a.job_id, a.account_seq";
     match engine {
         Engine::Postgres => format!(
             "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id \
                  LEFT JOIN ledger_entries e ON e.job_id = i.job_id AND e.item_id = i.item_id \
-                 WHERE i.job_id >= $1 {items} \
-                 UNION ALL SELECT a.job_id, {part} FROM allocations a WHERE a.job_id >= $1 {parts} \
+                 WHERE {items} \
+                 UNION ALL SELECT a.job_id, {part} FROM allocations a WHERE {parts} \
                  ORDER BY 1, 2",
             ItemRow::LIST
         ),
@@ -1386,16 +1798,16 @@ pub(crate) fn items_pass_sql(upper: bool, engine: Engine) -> String {
         Engine::Sqlite => format!(
             "SELECT {} FROM items i JOIN jobs j ON j.id = i.job_id \
                  LEFT JOIN ledger_entries e ON e.job_seq = j.job_seq AND e.item_id = i.item_id \
-                 WHERE i.job_id >= $1 {items} \
+                 WHERE {items} \
                  UNION ALL SELECT j.id, {part} FROM jobs j JOIN allocations a ON a.job_seq = j.job_seq \
-                 WHERE j.id >= $1 {jobs} \
+                 WHERE {jobs} \
                  UNION ALL SELECT a.job_id, {unnumbered} FROM allocations a \
-                 WHERE a.job_id >= $1 {parts} AND a.job_seq IS NULL \
+                 WHERE {parts} AND a.job_seq IS NULL \
                  ORDER BY 1, 2",
             ItemRow::LIST,
             // A part without a number is met as one misfiled (its `job_id` not given), so
             // the audit looks for it by name: on SQLite only a part naming no job may lack it.
-            unnumbered = "a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.taken - a.given_back, NULL, NULL",
+            unnumbered = "a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.taken - a.given_back, a.account_id, NULL, a.account_seq",
         ),
     }
 }
@@ -1423,18 +1835,23 @@ impl ItemsPass<'_> {
     /// items' primary key, the entries' (job, item, kind) index, the allocations' (job, item)
     /// index, merged): one item in memory at a time.
     async fn range(&self, db: &mut Db<'_>, range: &JobRange) -> Result<ItemsPart, StoreError> {
-        static SQL: LazyLock<[String; 4]> = LazyLock::new(|| {
-            [
-                items_pass_sql(true, Engine::Sqlite),
-                items_pass_sql(false, Engine::Sqlite),
-                items_pass_sql(true, Engine::Postgres),
-                items_pass_sql(false, Engine::Postgres),
-            ]
+        static SQL: LazyLock<[String; 6]> = LazyLock::new(|| {
+            [Jobs::Bounded, Jobs::Open, Jobs::One]
+                .map(|jobs| [items_pass_sql(jobs, Engine::Sqlite), items_pass_sql(jobs, Engine::Postgres)])
+                .as_flattened()
+                .to_owned()
+                .try_into()
+                .expect("six statements")
         });
-        let at = if db.engine() == Engine::Sqlite { 0 } else { 2 };
-        let (bounded, open) = (&SQL[at], &SQL[at + 1]);
-        let mut part = ItemsPart::default();
+        let at = if db.engine() == Engine::Sqlite { 0 } else { 1 };
+        let (bounded, open, one) = (&SQL[at], &SQL[2 + at], &SQL[4 + at]);
+        let mut part = ItemsPart { collect: self.collect, ..ItemsPart::default() };
         let (mut job, mut item, mut key) = (String::new(), String::new(), Key::default());
+        // After its account's checkpoint position (from a checkpoint; else never counted).
+        let after = |account: Option<&str>, position: Option<i64>| match (&self.positions, account, position) {
+            (Some(positions), Some(account), Some(position)) => position > positions.get(account).copied().unwrap_or(0),
+            _ => false,
+        };
         let mut step = |r: &crate::db::Cells<'_>| {
             use ItemRow as C;
             let rows = self.rows.fetch_add(1, Ordering::Relaxed) + 1;
@@ -1444,6 +1861,9 @@ impl ItemsPass<'_> {
             let (row_job, row_item) = (r.str(C::job_id)?, r.str(C::item_id)?);
             if row_job != job || row_item != item {
                 part.close(std::mem::take(&mut key), &self.known);
+                if row_job != job {
+                    part.jobs_met += 1;
+                }
                 job.replace_range(.., row_job);
                 item.replace_range(.., row_item);
             }
@@ -1451,6 +1871,9 @@ impl ItemsPass<'_> {
                 part.parts += 1;
                 if r.opt_str(C::entry_job)? != Some(job.as_str()) {
                     part.misfiled += 1;
+                }
+                if after(r.opt_str(C::entry_account)?, r.opt_i64(C::entry_position)?) {
+                    part.parts_after += 1;
                 }
                 key.open = Some(key.open.unwrap_or(0) + i128::from(r.i64(C::entry_amount)?));
                 return Ok(());
@@ -1472,6 +1895,9 @@ impl ItemsPass<'_> {
                 if r.opt_str(C::entry_job)? != Some(job.as_str()) {
                     part.misfiled += 1;
                 }
+                if after(r.opt_str(C::entry_account)?, r.opt_i64(C::entry_position)?) {
+                    part.lines_after += 1;
+                }
                 let (kind, account) = (r.str(C::entry_kind)?, r.str(C::entry_account)?);
                 // Entries pass A could not place (unknown kind, missing account) are reported there.
                 if let Some(kind) = EntryKind::parse(kind)
@@ -1483,9 +1909,12 @@ impl ItemsPass<'_> {
             }
             Ok(())
         };
-        match &range.to {
-            Some(to) => db.each(bounded, args![range.from.as_str(), to.as_str()], &mut step).await?,
-            None => db.each(open, args![range.from.as_str()], &mut step).await?,
+        match range {
+            JobRange::Span { from, to: Some(to) } => {
+                db.each(bounded, args![from.as_str(), to.as_str()], &mut step).await?
+            }
+            JobRange::Span { from, to: None } => db.each(open, args![from.as_str()], &mut step).await?,
+            JobRange::Job(id) => db.each(one, args![id.as_str()], &mut step).await?,
         };
         part.close(key, &self.known);
         Ok(part)
@@ -1612,4 +2041,5 @@ fn check_item(mut group: ItemGroup, part: &mut ItemsPart, known: &BTreeSet<Strin
     let refunded = if state == ItemState::Refunded { i128::from(cost) } else { 0 };
     let held = if state.is_held(job_kind == settle_core::job::WITHDRAWAL_KIND) { i128::from(cost) } else { 0 };
     part.owe(known, &job_account, refunded, held);
+    part.job_owes(&job, &job_account, refunded, held);
 }

@@ -52,9 +52,13 @@ const SEEDED: &[&str] = &["store_epochs"];
 /// their sequences moved past what was copied.
 const IDENTITY: &[(&str, &str)] = &[("signals", "id"), ("actions", "id"), ("grants", "key"), ("allocations", "id")];
 
-/// A table `copy` carries, sets from the data (`counters`), or leaves to each store (its migrations).
+/// Each store's own, never carried: its migrations, and its audit checkpoint (decision 0040: what
+/// an audit proved of that store; the target's own audit, which `copy` ends with, proves it again).
+const OWN: &[&str] = &["_sqlx_migrations", "audit_checkpoint", "audit_checkpoint_accounts", "audit_checkpoint_jobs"];
+
+/// A table `copy` carries, sets from the data (`counters`), or leaves to each store.
 fn known_table(t: &str) -> bool {
-    t == "counters" || t == "_sqlx_migrations" || TABLES.iter().any(|(n, _)| *n == t)
+    t == "counters" || OWN.contains(&t) || TABLES.iter().any(|(n, _)| *n == t)
 }
 
 /// One value, as both engines store them.
@@ -441,6 +445,10 @@ pub async fn copy(from: &str, to: &str, mut progress: impl FnMut(&str, u64)) -> 
             report.tables.push(((*table).to_owned(), n));
         }
         renumber(&mut target).await?;
+        // A checkpoint the empty target's own audit recorded proves nothing of what came across.
+        for table in ["audit_checkpoint_jobs", "audit_checkpoint_accounts", "audit_checkpoint"] {
+            target.execute(&format!("DELETE FROM {table}")).await?;
+        }
         Ok::<CopyReport, StoreError>(report)
     }
     .await;

@@ -915,6 +915,45 @@ pub struct AuditReport {
     pub items_checked: u64,
     pub entries_checked: u64,
     pub violations: Vec<Violation>,
+    /// How the audit stood to the store's checkpoint (decision 0040); all empty for a plain audit.
+    pub checkpoint: CheckpointUse,
+}
+
+/// How an audit runs against the store's checkpoint (decision 0040). The default is the plain audit
+/// of the spec: every row, nothing written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AuditRun {
+    /// Start from the store's checkpoint when it has a usable one (else from the first entry).
+    pub from_checkpoint: bool,
+    /// Record a checkpoint of this audit's snapshot when it finds nothing wrong.
+    pub record: bool,
+}
+
+/// What an audit did with the store's checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckpointUse {
+    /// The checkpoint it started from.
+    pub from: Option<CheckpointMark>,
+    /// Why it started from the first entry though asked to start from the checkpoint.
+    pub not_used: Option<String>,
+    /// Jobs whose items it checked again (from a checkpoint: those touched since; else all).
+    pub jobs_checked: u64,
+    /// Ledger entries the store holds: those checked, and those the checkpoint had proved.
+    pub entries_covered: u64,
+    /// Asked to record: the checkpoint recorded, or why none was.
+    pub recorded: Option<Result<CheckpointMark, String>>,
+    /// An audit that found something wrong retires the store's checkpoint (none is started from
+    /// until a clean audit records one): whether there was one, or why it could not be retired.
+    pub retired: Option<Result<bool, String>>,
+}
+
+/// A checkpoint: its generation (raised by each one recorded), when it was taken, and the ledger
+/// entries it had proved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointMark {
+    pub generation: i64,
+    pub taken_at: Timestamp,
+    pub entries: u64,
 }
 
 impl AuditReport {

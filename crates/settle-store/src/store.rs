@@ -201,10 +201,19 @@ pub trait Store: Send + Sync {
     async fn ready(&self) -> Result<(), StoreError>;
     /// The connection counters (`/metrics`), kept in memory so they answer while the database is away.
     fn database_stats(&self) -> DatabaseStats;
-    /// L1–L5 and gap-free sequences, over one consistent snapshot; `progress` is called as it
-    /// streams through the ledger and the items.
+    /// L1–L9 and gap-free sequences, over one consistent snapshot, from the first entry; writes
+    /// nothing. `progress` is called as it streams through the ledger and the items.
     async fn audit(
         &self,
+        progress: Option<Arc<dyn Fn(AuditProgress) + Send + Sync>>,
+    ) -> Result<AuditReport, StoreError> {
+        self.audit_with(AuditRun::default(), progress).await
+    }
+    /// `audit`, from the store's checkpoint and recording one as `run` says (decision 0040): a
+    /// checkpoint is recorded only by an audit that found nothing wrong.
+    async fn audit_with(
+        &self,
+        run: AuditRun,
         progress: Option<Arc<dyn Fn(AuditProgress) + Send + Sync>>,
     ) -> Result<AuditReport, StoreError>;
 }

@@ -670,24 +670,44 @@ impl Store for SqlStore {
         Ok(stats)
     }
 
-    async fn audit(
+    async fn audit_with(
         &self,
+        run: AuditRun,
         progress: Option<Arc<dyn Fn(audit::AuditProgress) + Send + Sync>>,
     ) -> Result<AuditReport, StoreError> {
         let progress = progress.unwrap_or_else(|| Arc::new(|_| {}));
-        match &self.backend {
+        let (mut report, record) = match &self.backend {
             // Streamed through rusqlite on blocking threads: sqlx-sqlite sends every row from its
             // worker thread to the caller, which costs far more than SQLite reading it. The ledger
             // pass and the items pass run at once on two connections of one snapshot.
             Backend::Sqlite { path, .. } => {
                 let path = path.clone();
                 let runtime = tokio::runtime::Handle::current();
-                tokio::task::spawn_blocking(move || sqlite_audit(&path, &runtime, &*progress))
+                tokio::task::spawn_blocking(move || sqlite_audit(&path, &runtime, run, &*progress))
                     .await
-                    .map_err(|e| StoreError::internal(format!("the audit thread failed: {e}")))?
+                    .map_err(|e| StoreError::internal(format!("the audit thread failed: {e}")))??
             }
-            Backend::Postgres { .. } => self.read(op!([progress] | db, _cx | audit::audit(db, &*progress).await)).await,
+            Backend::Postgres { .. } => {
+                self.read(op!([progress] | db, _cx | audit::audit(db, run, &*progress).await)).await?
+            }
+        };
+        if run.record {
+            report.checkpoint.recorded = Some(match record {
+                Some(record) => {
+                    let record = Arc::new(record);
+                    self.write_quiet(op!([record] | db, cx | crate::audit_checkpoint::write(db, cx.now, &record).await))
+                        .await?
+                }
+                None => Err("the audit found something wrong: no checkpoint recorded".to_owned()),
+            });
         }
+        // Whatever it was asked: trust in what the checkpoint proved ends with the first audit that
+        // finds something wrong (decision 0040).
+        if !report.ok() {
+            let retired = self.write_quiet(op!([] | db, _cx | crate::audit_checkpoint::retire(db).await)).await;
+            report.checkpoint.retired = Some(retired.map_err(|e| e.to_string()));
+        }
+        Ok(report)
     }
 }
 
@@ -914,29 +934,48 @@ const AUDIT_RANGES: u64 = 16;
 
 /// The SQLite audit on two connections of one snapshot: one runs pass A (the ledger) while the
 /// other runs L5's allocations pass; then both take pass B's ranges of jobs in turn; the rest after.
+/// From a checkpoint (decision 0040) pass B's jobs are known only when both first passes are done.
 fn sqlite_audit(
     path: &std::path::Path,
     runtime: &tokio::runtime::Handle,
+    run: AuditRun,
     progress: &(dyn Fn(audit::AuditProgress) + Send + Sync),
-) -> Result<AuditReport, StoreError> {
-    let (mut first, second) = snapshot_pair(path)?;
-    let mut audit = runtime.block_on(audit::Audit::start(&mut Db::lite(&mut first), progress))?;
-    let ranges = runtime.block_on(audit::job_ranges(&mut Db::lite(&mut first), AUDIT_RANGES))?;
-    let items = audit.items_pass(ranges);
+) -> Result<(AuditReport, Option<crate::audit_checkpoint::Record>), StoreError> {
+    let (mut first, mut second) = snapshot_pair(path)?;
+    let against = match run {
+        AuditRun { from_checkpoint: false, record: false } => None,
+        _ => Some(runtime.block_on(audit::Against::find(&mut Db::lite(&mut first), run))?),
+    };
+    let mut audit = runtime.block_on(audit::Audit::start(&mut Db::lite(&mut first), progress, against))?;
+    let positions = audit.positions();
+    // Pass B's ranges, when known before the first passes: both connections go on to them at once.
+    let upfront = match audit.starts_from_checkpoint() {
+        false => {
+            let ranges = runtime.block_on(audit.ranges(&mut Db::lite(&mut first), AUDIT_RANGES))?;
+            Some(audit.items_pass(ranges))
+        }
+        true => None,
+    };
     let mut l5 = std::mem::take(&mut audit.l5);
-    let ledger = match second {
-        Some(mut second) => std::thread::scope(|scope| {
+    let ledger = match second.as_mut() {
+        Some(second) => std::thread::scope(|scope| {
             let other = scope.spawn(|| {
-                let db = &mut Db::lite(&mut second);
+                let db = &mut Db::lite(second);
                 runtime.block_on(async {
-                    l5.parts(db).await?;
-                    items.run(db).await
+                    l5.parts(db, positions.as_deref()).await?;
+                    match &upfront {
+                        Some(items) => items.run(db).await,
+                        None => Ok(()),
+                    }
                 })
             });
             let ledger = runtime.block_on(async {
                 let db = &mut Db::lite(&mut first);
                 let ledger = audit.ledger_pass(db).await?;
-                items.run(db).await.map(|()| ledger)
+                match &upfront {
+                    Some(items) => items.run(db).await.map(|()| ledger),
+                    None => Ok(ledger),
+                }
             });
             let other = other.join().map_err(|_| StoreError::internal("the audit's second pass panicked"))?;
             other.and(ledger)
@@ -944,15 +983,43 @@ fn sqlite_audit(
         None => runtime.block_on(async {
             let db = &mut Db::lite(&mut first);
             let ledger = audit.ledger_pass(db).await?;
-            l5.parts(db).await?;
-            items.run(db).await.map(|()| ledger)
+            l5.parts(db, positions.as_deref()).await?;
+            match &upfront {
+                Some(items) => items.run(db).await.map(|()| ledger),
+                None => Ok(ledger),
+            }
         })?,
     };
     audit.l5 = l5;
+    let items = match upfront {
+        Some(items) => items,
+        None => {
+            let ranges = runtime.block_on(audit.ranges(&mut Db::lite(&mut first), AUDIT_RANGES))?;
+            let items = audit.items_pass(ranges);
+            both_run(runtime, &items, &mut first, second.as_mut())?;
+            items
+        }
+    };
     audit.absorb(items.finished()?);
     let report = runtime.block_on(audit.finish(&mut Db::lite(&mut first), ledger));
     let _ = first.execute_batch("ROLLBACK");
     report
+}
+
+/// Pass B's ranges taken in turn by both connections of the snapshot (the first alone without a second).
+fn both_run(
+    runtime: &tokio::runtime::Handle,
+    items: &audit::ItemsPass<'_>,
+    first: &mut rusqlite::Connection,
+    second: Option<&mut rusqlite::Connection>,
+) -> Result<(), StoreError> {
+    let Some(second) = second else { return runtime.block_on(items.run(&mut Db::lite(first))) };
+    std::thread::scope(|scope| {
+        let other = scope.spawn(|| runtime.block_on(items.run(&mut Db::lite(second))));
+        let mine = runtime.block_on(items.run(&mut Db::lite(first)));
+        let other = other.join().map_err(|_| StoreError::internal("the audit's second pass panicked"))?;
+        other.and(mine)
+    })
 }
 
 /// An account's set (alerts, limits) replaced: the replacement recorded in the action log under

@@ -172,6 +172,13 @@ impl Kit {
     pub async fn assert_clean(&self) {
         let report = self.store.audit(None).await.unwrap();
         assert!(report.ok(), "audit violations: {:#?}", report.violations);
+        // The audit from the last checkpoint (decision 0040) agrees, and records the next: every
+        // job a path moved since the last clean check must be one it finds touched, or the sums it
+        // takes by difference would not match what the accounts hold.
+        let run = AuditRun { from_checkpoint: true, record: true };
+        let from = self.store.audit_with(run, None).await.unwrap();
+        assert!(from.ok(), "audit from the checkpoint: violations: {:#?}", from.violations);
+        assert!(matches!(from.checkpoint.recorded, Some(Ok(_))), "{:?}", from.checkpoint);
         use sqlx::ConnectOptions;
         use std::str::FromStr;
         let sql = "SELECT (SELECT count(*) FROM events WHERE job_id IS NOT NULL AND job_seq IS NULL) \

@@ -5,6 +5,7 @@ mod artifacts;
 #[macro_use]
 mod kit;
 mod alerts;
+mod checkpoint;
 #[macro_use]
 mod conformance;
 mod caps;

@@ -149,7 +149,7 @@ async fn from_before_migration_16(engine: EngineKind) {
     k.fail("ja", &t, "TIMEOUT").await;
     // 0034 undone first and so run again after 0016 (whose SQLite rebuild of the ledger makes the
     // chain index again): the store ends on the schema this release ships.
-    k.raw_script(undo_37(&k)).await.unwrap();
+    k.raw_script(&undo_37(&k)).await.unwrap();
     k.raw_script(UNDO_36).await.unwrap();
     k.raw_script(&undo_35(&k)).await.unwrap();
     k.raw_script(undo_34(&k)).await.unwrap();
@@ -672,10 +672,15 @@ fn undo_34(k: &Kit) -> &'static str {
     }
 }
 
-/// Back to before migration 0037: ledger lines and allocations without `job_seq`, SQLite's indexes
-/// on the id whole again and its four triggers gone.
-fn undo_37(k: &Kit) -> &'static str {
-    if k.is_sqlite() {
+/// Back to before migration 0038: no audit checkpoint (its three tables are read and written only
+/// by `settle audit`).
+const UNDO_38: &str = "DROP TABLE audit_checkpoint; DROP TABLE audit_checkpoint_accounts; \
+     DROP TABLE audit_checkpoint_jobs; DELETE FROM _sqlx_migrations WHERE version = 38;";
+
+/// Back to before migration 0037 — and so first before 0038: ledger lines and allocations without
+/// `job_seq`, SQLite's indexes on the id whole again and its four triggers gone.
+fn undo_37(k: &Kit) -> String {
+    let undo_37 = if k.is_sqlite() {
         "DROP TRIGGER ledger_entries_job_seq; DROP TRIGGER allocations_job_seq; \
          DROP TRIGGER jobs_keys_fixed; DROP TRIGGER allocations_keys_fixed; \
          DROP INDEX ledger_entries_job_seq; DROP INDEX ledger_entries_item_kind; \
@@ -690,7 +695,8 @@ fn undo_37(k: &Kit) -> &'static str {
     } else {
         "ALTER TABLE ledger_entries DROP COLUMN job_seq; ALTER TABLE allocations DROP COLUMN job_seq; \
          DELETE FROM _sqlx_migrations WHERE version = 37;"
-    }
+    };
+    format!("{UNDO_38} {undo_37}")
 }
 
 /// Back to before migration 0036: logged signals without `job_seq`, `signals_job` over all of them.
@@ -1001,7 +1007,7 @@ async fn from_before_migration_35(engine: EngineKind) {
     }
     let before = k.store.job_history(&jid("j")).await.unwrap().events;
     assert!(before.len() >= 3, "{before:?}");
-    k.raw_script(undo_37(&k)).await.unwrap();
+    k.raw_script(&undo_37(&k)).await.unwrap();
     k.raw_script(UNDO_36).await.unwrap();
     k.raw_script(&undo_35(&k)).await.unwrap();
     let Kit { store, clock, url, dir: _dir, .. } = k;
@@ -1089,7 +1095,7 @@ async fn from_before_migration_37(engine: EngineKind) {
     let t = k.claim_one("j").await;
     let before = k.store.job_history(&jid("j")).await.unwrap().entries;
     assert_eq!(before.len(), 2, "two charges: {before:?}");
-    k.raw_script(undo_37(&k)).await.unwrap();
+    k.raw_script(&undo_37(&k)).await.unwrap();
     // A process that dies inside the migration: its transaction (the backfill written, the indexes
     // built, the triggers made) rolled back. The store is as the previous release left it, and the
     // next open runs the migration again from the start.

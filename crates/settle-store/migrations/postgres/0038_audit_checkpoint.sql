@@ -1,0 +1,32 @@
+-- The audit's checkpoint (issue 43, decision 0040, docs/design/audit-checkpoints.md): what the
+-- newest clean audit proved, so `settle audit --from-checkpoint` starts from it instead of from
+-- the first entry. Written only by an audit that found nothing wrong, in one transaction; each
+-- store's own (`settle copy` does not carry it); not used under another epoch or schema version.
+-- Nothing on the write path reads or writes these tables.
+CREATE TABLE audit_checkpoint (
+    id             bigint PRIMARY KEY CHECK (id = 1),
+    generation     bigint NOT NULL CHECK (generation >= 1),
+    epoch          bigint NOT NULL,
+    schema_version bigint NOT NULL,
+    taken_at       bigint NOT NULL,
+    last_event_seq bigint NOT NULL CHECK (last_event_seq >= 0),
+    entries        bigint NOT NULL CHECK (entries >= 0)
+);
+-- Per account, as of the checkpoint: its last position, the sum of its lines to it, that line's
+-- hash and seq, and what its items then held (exposure, and the items' part of held).
+CREATE TABLE audit_checkpoint_accounts (
+    account_id text PRIMARY KEY,
+    position   bigint NOT NULL CHECK (position >= 0),
+    sum        bigint NOT NULL,
+    hash       bytea NOT NULL,
+    last_seq   bigint NOT NULL,
+    refunded   bigint NOT NULL,
+    held       bigint NOT NULL
+);
+-- Per job whose items then counted towards those sums (zero rows are not kept).
+CREATE TABLE audit_checkpoint_jobs (
+    job_id     text PRIMARY KEY,
+    account_id text NOT NULL,
+    refunded   bigint NOT NULL,
+    held       bigint NOT NULL
+);
