@@ -205,21 +205,15 @@ columns! {
 }
 
 columns! {
-    /// A take from a grant stamped at or after the grant's expiry (L5).
-    LateTakeRow {
-        account_id = "a.account_id", source = "g.source_id", taken = "a.taken", at = "a.created_at",
-        expires_at = "g.expires_at", job_id = "a.job_id",
-    }
-}
-
-columns! {
     /// A grant as L5 reads it.
-    GrantRow { key, account_id, origin, source_id, amount, remaining, spent, expiry_key, expired_at, expired_seq }
+    GrantRow { key, account_id, origin, source_id, amount, remaining, spent, expiry_key, expires_at, expired_at, expired_seq }
 }
 
 columns! {
     /// An allocation as L5 reads it.
-    AllocationRow { id, account_id, grant_key, kind, account_seq, taken, given_back, settled, paid_part, owed, job_id, job_seq }
+    AllocationRow {
+        id, account_id, grant_key, kind, account_seq, taken, given_back, settled, paid_part, owed, job_id, job_seq, created_at,
+    }
 }
 
 columns! {
@@ -232,6 +226,12 @@ columns! {
     DebtRow { id, balance, debt, next_expiry }
 }
 
+/// Every `expire` entry, in `seq` order. Each names its grant (`ref_id`): the references' partial
+/// index finds them without reading the ledger (plan-tested).
+pub(crate) static EXPIRIES: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT {} FROM ledger_entries WHERE kind = 'expire' AND ref_id IS NOT NULL ORDER BY seq", ExpiryRow::LIST)
+});
+
 /// One grant's figures as L5 adds them up.
 #[derive(Default)]
 struct GrantTally {
@@ -240,6 +240,7 @@ struct GrantTally {
     amount: i64,
     remaining: i64,
     expiry_key: i64,
+    expires_at: Option<i64>,
     live: bool,
     expired_seq: Option<i64>,
     consumed: i128,
@@ -250,6 +251,20 @@ struct GrantTally {
     /// Its own `expire` entries (not those of parts returned after it expired) and the last one's position.
     expire_entries: u32,
     expire_seq: Option<i64>,
+}
+
+impl GrantTally {
+    /// L5's last clause: nothing is taken by a posting stamped at or after the grant's `expires_at`
+    /// — every posting expires what is due first (the clock guard on the balance UPDATE), so such a
+    /// take spent credit already dead.
+    fn late_take(&self, taken: i128, at: i64, job: Option<&str>) -> Option<String> {
+        let expires_at = self.expires_at.filter(|e| at >= *e)?;
+        Some(format!(
+            "grant {}: {taken} taken by a posting at {at} µs, at or after its expiry at {expires_at} µs (job {})",
+            self.source,
+            job.unwrap_or_default()
+        ))
+    }
 }
 
 /// L5's tallies: every grant's, every debt part's, every account's unpaid debt; and what is wrong,
@@ -274,6 +289,8 @@ pub(crate) struct L5 {
     pub(crate) job_parts_after: u64,
     pub(crate) parts_after_jobs: BTreeSet<String>,
     pub(crate) numbered_parts_after: u64,
+    /// Takes stamped at or after their grant's expiry (the first 100), reported after the expiries.
+    late: Vec<(String, String)>,
 }
 
 impl L5 {
@@ -300,6 +317,7 @@ impl L5 {
                 amount: r.i64(C::amount)?,
                 remaining: r.i64(C::remaining)?,
                 expiry_key: r.i64(C::expiry_key)?,
+                expires_at: r.opt_i64(C::expires_at)?,
                 live: r.opt_i64(C::expired_at)?.is_none(),
                 expired_seq: r.opt_i64(C::expired_seq)?,
                 ..GrantTally::default()
@@ -331,6 +349,7 @@ impl L5 {
             job_parts_after,
             parts_after_jobs,
             numbered_parts_after,
+            late,
             ..
         } = self;
         db.each(&PARTS, args![], |r| {
@@ -369,8 +388,17 @@ impl L5 {
             }
             let Some(key) = r.opt_i64(C::grant_key)? else {
                 let part_settled = i128::from(r.i64(C::settled)?);
-                *unpaid.entry(account.to_owned()).or_default() += taken - given_back - part_settled;
-                settled.entry(r.i64(C::id)?).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
+                let owes = taken - given_back - part_settled;
+                match unpaid.get_mut(account) {
+                    Some(sum) => *sum += owes,
+                    None => _ = unpaid.insert(account.to_owned(), owes),
+                }
+                // A debt part that says nothing is paid is kept only if a settlement names it (it
+                // comes after the part: ids rise): one that does then reads "says 0". Memory stays
+                // with the parts something paid, not every debt part of a store in debt.
+                if part_settled != 0 {
+                    settled.entry(r.i64(C::id)?).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
+                }
                 return Ok(());
             };
             let id = r.i64(C::id)?;
@@ -388,6 +416,11 @@ impl L5 {
             g.returned += given_back;
             if matches!(r.str(C::kind)?, "charge" | "reclaim" | "adjustment") {
                 g.last_take = g.last_take.max(r.i64(C::account_seq)?);
+                if late.len() < 100
+                    && let Some(message) = g.late_take(taken, r.i64(C::created_at)?, r.opt_str(C::job_id)?)
+                {
+                    late.push((account.to_owned(), message));
+                }
             }
             if let Some(paid) = r.opt_i64(C::paid_part)? {
                 let part = settled.entry(paid).or_insert_with(|| (account.to_owned(), 0, 0));
@@ -405,9 +438,6 @@ impl L5 {
     /// Every `expire` entry, into its grant's expired (the pass's own, `{grant}`, and the parts
     /// returned after, `{grant}#{n}`).
     async fn expiries(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
-        static EXPIRIES: LazyLock<String> = LazyLock::new(|| {
-            format!("SELECT {} FROM ledger_entries WHERE kind = 'expire' ORDER BY seq", ExpiryRow::LIST)
-        });
         let L5 { grants, by_source, found, .. } = self;
         db.each(&EXPIRIES, args![], |r| {
             let refs = r.str(ExpiryRow::ref_id)?;
@@ -431,31 +461,10 @@ impl L5 {
         Ok(())
     }
 
-    /// L5's last clause: nothing is taken from a grant by a posting stamped at or after its
-    /// `expires_at` — every posting expires what is due first (the clock guard on the balance
-    /// UPDATE), so such a take is a posting that spent credit already dead.
-    async fn takes_after_expiry(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
-        static LATE: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT {} FROM allocations a JOIN grants g ON g.key = a.grant_key \
-                 WHERE g.expires_at IS NOT NULL AND a.kind IN ('charge', 'reclaim', 'adjustment') \
-                 AND a.created_at >= g.expires_at ORDER BY a.id LIMIT 100",
-                LateTakeRow::LIST
-            )
-        });
-        for r in db.all(&LATE, args![]).await? {
-            use LateTakeRow as C;
-            let message = format!(
-                "grant {}: {} taken by a posting at {} µs, at or after its expiry at {} µs (job {})",
-                r.text(C::source)?,
-                r.i64(C::taken)?,
-                r.i64(C::at)?,
-                r.i64(C::expires_at)?,
-                r.opt_text(C::job_id)?.unwrap_or_default()
-            );
-            self.found.push((r.text(C::account_id)?, message));
-        }
-        Ok(())
+    /// L5's last clause, as the allocations pass found it: the takes after their grant's expiry.
+    fn takes_after_expiry(&mut self) {
+        let late = std::mem::take(&mut self.late);
+        self.found.extend(late);
     }
 
     fn judge_grants(&mut self) {
@@ -952,15 +961,7 @@ impl<'p> Audit<'p> {
     /// since the checkpoint's snapshot (positions are taken under the account's row lock, held to
     /// COMMIT: a snapshot sees each account's positions 1..n). The jobs they name are touched.
     async fn ledger_after(&mut self, db: &mut Db<'_>) -> Result<(u64, u64), StoreError> {
-        static SQL: LazyLock<String> = LazyLock::new(|| {
-            format!(
-                "SELECT {} FROM (SELECT e.* FROM accounts a \
-                 LEFT JOIN audit_checkpoint_accounts c ON c.account_id = a.id \
-                 JOIN ledger_entries e ON e.account_id = a.id AND e.account_seq > COALESCE(c.position, 0)) x \
-                 ORDER BY account_id, account_seq",
-                EntryRow::LIST
-            )
-        });
+        static SQL: LazyLock<String> = LazyLock::new(ledger_after_sql);
         self.anchors(db).await?;
         let (mut item_entries, mut done) = (0u64, 0u64);
         let mut touched = BTreeSet::new();
@@ -1447,7 +1448,7 @@ impl<'p> Audit<'p> {
     async fn grants(&mut self, db: &mut Db<'_>) -> Result<(), StoreError> {
         let mut l5 = std::mem::take(&mut self.l5);
         l5.expiries(db).await?;
-        l5.takes_after_expiry(db).await?;
+        l5.takes_after_expiry();
         l5.judge_grants();
         l5.judge_accounts(db).await?;
         for (account, message) in l5.found {
@@ -1628,6 +1629,19 @@ impl<'p> Audit<'p> {
         }
         Ok(())
     }
+}
+
+/// Pass A from a checkpoint: each account's lines after its position there, in position order.
+/// CROSS JOIN: SQLite keeps the accounts in the outer loop (without it, and with no statistics, it
+/// walks the whole ledger's index for the order). Plan-tested.
+pub(crate) fn ledger_after_sql() -> String {
+    format!(
+        "SELECT {} FROM (SELECT e.* FROM accounts a \
+         LEFT JOIN audit_checkpoint_accounts c ON c.account_id = a.id \
+         CROSS JOIN ledger_entries e WHERE e.account_id = a.id AND e.account_seq > COALESCE(c.position, 0)) x \
+         ORDER BY account_id, account_seq",
+        EntryRow::LIST
+    )
 }
 
 /// What pass B reads at a time: a range of job ids, `[from, to)` (`to` `None`: to the end); or one

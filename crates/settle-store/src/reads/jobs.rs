@@ -434,7 +434,9 @@ mod tests {
         let items_one = crate::audit::items_pass_sql(crate::audit::Jobs::One, crate::db::Engine::Sqlite);
         let lines = "USING INDEX ledger_entries_job_seq";
         let parts = "USING INDEX allocations_job_seq";
-        let statements: [(&str, &[&str]); 7] = [
+        // The audit from a checkpoint: each account's lines after its position, by the positions' index.
+        let after = crate::audit::ledger_after_sql();
+        let statements: [(&str, &[&str]); 10] = [
             (&super::ENTRIES_LITE, &[lines]),
             (&crate::ops::JOB_ITEMS_AND_NET_LITE, &[lines]),
             (&crate::ops::nets_by_number("IN ($1, $2)"), &[lines]),
@@ -442,6 +444,9 @@ mod tests {
             (&super::super::accounts::JOB_ALLOCATIONS_LITE, &[parts]),
             (&items_pass, &[lines, parts, "USING INDEX allocations_item"]),
             (&items_one, &[lines, parts, "USING INDEX allocations_item"]),
+            (&after, &["ledger_entries_account_seq (account_id=? AND account_seq>?)"]),
+            (&crate::audit::EXPIRIES, &["ledger_entries_ref (kind=? AND ref_id>?)"]),
+            (crate::audit_checkpoint::TOUCHED_BY_EVENTS, &["SCAN p", "SEARCH e USING PRIMARY KEY (stamp=?)"]),
         ];
         for (sql, indexes) in statements {
             let steps = sqlite_plan(&c, sql);

@@ -3,6 +3,8 @@
 //! refusing the rows a bug or a person might write directly.
 
 use crate::kit::*;
+use settle_core::ids::RefId;
+use settle_core::{Clock, Credits, Timestamp};
 use settle_store::*;
 
 macro_rules! per_engine {
@@ -42,6 +44,7 @@ per_engine!(
     a_grant_with_more_left_than_it_gave_is_l5,
     an_allocation_that_took_less_is_l5,
     a_debt_nobody_owes_is_l5,
+    a_take_after_its_grants_expiry_is_l5,
     a_wrong_exposure_is_l1,
     a_wrong_held_is_l1,
     a_second_charge_is_l4,
@@ -468,6 +471,31 @@ async fn a_debt_nobody_owes_is_l5(k: &Kit) {
         &[("L5", "live grants hold 5, debt 3, but the balance is 5"), ("L5", "debt 3 but its unpaid debt parts are 0")],
     )
     .await;
+}
+
+/// A part taken from a grant, stamped (by hand) at its grant's expiry: credit already dead was
+/// spent. Found by the allocations pass, which reads each part beside its grant.
+async fn a_take_after_its_grants_expiry_is_l5(k: &Kit) {
+    let a = acc("e");
+    let req = NewAccount { id: a.clone(), overdraft_limit: Credits::new(0), max_running: None };
+    k.store.create_account(req, SYSTEM_ACTOR).await.unwrap();
+    let expires_at = Some(Timestamp::from_micros(k.clock.now().micros() + 60_000_000));
+    let grant = NewGrant {
+        id: RefId::parse("promo").unwrap(),
+        amount: Credits::new(50),
+        reason: None,
+        expires_at,
+        priority: None,
+    };
+    k.store.grant(&a, grant, SYSTEM_ACTOR).await.unwrap();
+    k.items_job("t", &a, &[5]).await;
+    k.assert_clean().await;
+    tamper(
+        k,
+        "UPDATE allocations SET created_at = (SELECT expires_at FROM grants WHERE source_id = 'promo') WHERE job_id = 't'",
+    )
+    .await;
+    only(k, "L5", "grant promo: 5 taken by a posting at").await;
 }
 
 async fn a_wrong_exposure_is_l1(k: &Kit) {
