@@ -253,6 +253,29 @@ struct GrantTally {
     expire_seq: Option<i64>,
 }
 
+/// Per debt part: its account, what it says is paid, what its open settlements pay.
+type Settled = BTreeMap<i64, (String, i128, i128)>;
+
+/// A debt part (taken from no grant): what it still owes into its account's unpaid debt, and what
+/// it says is paid beside its settlements. A part that says nothing is paid is kept only if a
+/// settlement names it (settlements come after the part: ids rise), which then reads "says 0":
+/// memory stays with the parts something paid, not every debt part of a store in debt.
+fn debt_part(
+    (unpaid, settled): (&mut BTreeMap<String, i128>, &mut Settled),
+    account: &str,
+    id: i64,
+    open: i128,
+    part_settled: i128,
+) {
+    match unpaid.get_mut(account) {
+        Some(sum) => *sum += open - part_settled,
+        None => _ = unpaid.insert(account.to_owned(), open - part_settled),
+    }
+    if part_settled != 0 {
+        settled.entry(id).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
+    }
+}
+
 impl GrantTally {
     /// L5's last clause: nothing is taken by a posting stamped at or after the grant's `expires_at`
     /// — every posting expires what is due first (the clock guard on the balance UPDATE), so such a
@@ -275,8 +298,7 @@ pub(crate) struct L5 {
     /// A grant (origin `grant`) by its id, for its `expire` entries.
     by_source: BTreeMap<String, i64>,
     unpaid: BTreeMap<String, i128>,
-    /// Per debt part: its account, what it says is paid, what its open settlements pay.
-    settled: BTreeMap<i64, (String, i128, i128)>,
+    settled: Settled,
     found: Vec<(String, String)>,
     /// Parts that name a job (the items pass should meet each once), and parts that carry a job's
     /// number but name none: what tells the audit to look for misfiled parts (`money_filed`).
@@ -388,17 +410,7 @@ impl L5 {
             }
             let Some(key) = r.opt_i64(C::grant_key)? else {
                 let part_settled = i128::from(r.i64(C::settled)?);
-                let owes = taken - given_back - part_settled;
-                match unpaid.get_mut(account) {
-                    Some(sum) => *sum += owes,
-                    None => _ = unpaid.insert(account.to_owned(), owes),
-                }
-                // A debt part that says nothing is paid is kept only if a settlement names it (it
-                // comes after the part: ids rise): one that does then reads "says 0". Memory stays
-                // with the parts something paid, not every debt part of a store in debt.
-                if part_settled != 0 {
-                    settled.entry(r.i64(C::id)?).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
-                }
+                debt_part((unpaid, settled), account, r.i64(C::id)?, taken - given_back, part_settled);
                 return Ok(());
             };
             let id = r.i64(C::id)?;
