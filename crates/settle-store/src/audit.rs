@@ -622,8 +622,9 @@ impl Against {
 
 /// Pass B's jobs checked from a checkpoint only while they are at most this share of all jobs
 /// (1 / N), or this few: each is read by a statement of its own, dearer per job than the ranges of a
-/// full pass (a few thousand cost tens of milliseconds).
-const TOUCHED_SHARE: i64 = 16;
+/// full pass (`settle bench --scale 200000`: 2,000 touched jobs of 22,000 read in 0.14 s, where the
+/// full pass took 0.45).
+const TOUCHED_SHARE: i64 = 4;
 const TOUCHED_FEW: i64 = 1024;
 
 /// The whole audit in streaming passes over one snapshot, memory bounded by the number of
