@@ -257,9 +257,8 @@ struct GrantTally {
 type Settled = BTreeMap<i64, (String, i128, i128)>;
 
 /// A debt part (taken from no grant): what it still owes into its account's unpaid debt, and what
-/// it says is paid beside its settlements. A part that says nothing is paid is kept only if a
-/// settlement names it (settlements come after the part: ids rise), which then reads "says 0":
-/// memory stays with the parts something paid, not every debt part of a store in debt.
+/// it says is paid beside its settlements (each kept with its account, for the settlements that
+/// name it: one of another account's is named).
 fn debt_part(
     (unpaid, settled): (&mut BTreeMap<String, i128>, &mut Settled),
     account: &str,
@@ -271,9 +270,7 @@ fn debt_part(
         Some(sum) => *sum += open - part_settled,
         None => _ = unpaid.insert(account.to_owned(), open - part_settled),
     }
-    if part_settled != 0 {
-        settled.entry(id).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
-    }
+    settled.entry(id).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
 }
 
 impl GrantTally {
@@ -741,7 +738,8 @@ impl<'p> Audit<'p> {
                 acc.held_cost -= i128::from(held);
             }
         }
-        Ok(against.touched.iter().map(|job| JobRange::Job(job.clone())).collect())
+        let touched: Vec<String> = against.touched.iter().cloned().collect();
+        Ok(touched.chunks(TOUCHED_PER_RANGE).map(|jobs| JobRange::Jobs(jobs.to_vec())).collect())
     }
 
     /// Pass B over these ranges of jobs, to run apart from pass A (on other connections of the same
@@ -1657,12 +1655,16 @@ pub(crate) fn ledger_after_sql() -> String {
     )
 }
 
-/// What pass B reads at a time: a range of job ids, `[from, to)` (`to` `None`: to the end); or one
-/// job (from a checkpoint, each touched job).
+/// What pass B reads at a time: a range of job ids, `[from, to)` (`to` `None`: to the end); or,
+/// from a checkpoint, some of the touched jobs, in key order (PostgreSQL reads them in one
+/// statement, SQLite one job at a time).
 pub(crate) enum JobRange {
     Span { from: String, to: Option<String> },
-    Job(String),
+    Jobs(Vec<String>),
 }
+
+/// Touched jobs per range of pass B from a checkpoint.
+const TOUCHED_PER_RANGE: usize = 256;
 
 columns! {
     /// A job's id, in key order.
@@ -1797,6 +1799,8 @@ pub(crate) enum Jobs {
     Open,
     /// The job `$1`.
     One,
+    /// The jobs in the array `$1` (PostgreSQL).
+    Many,
 }
 
 /// The items pass's statement over some jobs: each item with its job and entries, and what each
@@ -1808,6 +1812,7 @@ pub(crate) fn items_pass_sql(jobs: Jobs, engine: Engine) -> String {
         }
         Jobs::Open => ("i.job_id >= $1", "a.job_id >= $1", "j.id >= $1"),
         Jobs::One => ("i.job_id = $1", "a.job_id = $1", "j.id = $1"),
+        Jobs::Many => ("i.job_id = ANY($1)", "a.job_id = ANY($1)", "j.id = ANY($1)"),
     };
     let part = "a.item_id, 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, a.taken - a.given_back, a.account_id, a.job_id, a.account_seq";
     match engine {
@@ -1870,6 +1875,7 @@ impl ItemsPass<'_> {
                 .try_into()
                 .expect("six statements")
         });
+        static MANY: LazyLock<String> = LazyLock::new(|| items_pass_sql(Jobs::Many, Engine::Postgres));
         let at = if db.engine() == Engine::Sqlite { 0 } else { 1 };
         let (bounded, open, one) = (&SQL[at], &SQL[2 + at], &SQL[4 + at]);
         let mut part = ItemsPart { collect: self.collect, ..ItemsPart::default() };
@@ -1941,7 +1947,16 @@ impl ItemsPass<'_> {
                 db.each(bounded, args![from.as_str(), to.as_str()], &mut step).await?
             }
             JobRange::Span { from, to: None } => db.each(open, args![from.as_str()], &mut step).await?,
-            JobRange::Job(id) => db.each(one, args![id.as_str()], &mut step).await?,
+            JobRange::Jobs(ids) if db.engine() == Engine::Postgres => {
+                db.each(&MANY, &[crate::db::Value::Texts(ids.clone())], &mut step).await?
+            }
+            JobRange::Jobs(ids) => {
+                let mut n = 0;
+                for id in ids {
+                    n += db.each(one, args![id.as_str()], &mut step).await?;
+                }
+                n
+            }
         };
         part.close(key, &self.known);
         Ok(part)

@@ -73,7 +73,7 @@ columns! {
 }
 
 columns! {
-    HeadRow { generation, epoch, schema_version, taken_at, last_event_seq, entries }
+    HeadRow { generation, epoch, schema_version, taken_at, last_event_seq, entries, retired }
 }
 
 columns! {
@@ -110,7 +110,9 @@ pub(crate) async fn find(db: &mut Db<'_>) -> Result<Found, StoreError> {
         last_event_seq: h.i64(HeadRow::last_event_seq)?,
         entries: h.i64(HeadRow::entries)?,
     };
-    let unusable = if then.epoch != now.epoch {
+    let unusable = if h.i64(HeadRow::retired)? != 0 {
+        Some("the checkpoint was retired: an audit found something wrong since it was recorded".to_owned())
+    } else if then.epoch != now.epoch {
         Some(format!("the checkpoint is of epoch {}, the store of epoch {} (restored since)", then.epoch, now.epoch))
     } else if then.schema_version != now.schema_version {
         Some(format!(
@@ -189,15 +191,31 @@ pub(crate) async fn sealed_jobs(
     db: &mut Db<'_>,
     jobs: &BTreeSet<String>,
 ) -> Result<Vec<(String, i64, i64)>, StoreError> {
-    static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    static ONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!("SELECT {} FROM audit_checkpoint_jobs WHERE job_id = $1", SealedJobRow::LIST)
     });
-    let mut sealed = Vec::new();
-    for job in jobs {
-        if let Some(r) = db.opt(&SQL, args![job.as_str()]).await? {
-            use SealedJobRow as C;
-            sealed.push((r.text(C::account_id)?, r.i64(C::refunded)?, r.i64(C::held)?));
+    static MANY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!("SELECT {} FROM audit_checkpoint_jobs WHERE job_id = ANY($1)", SealedJobRow::LIST)
+    });
+    let mut rows = Vec::new();
+    match db.engine() {
+        // One statement per few thousand jobs: a round trip each would cost more than the rows.
+        Engine::Postgres => {
+            let jobs: Vec<String> = jobs.iter().cloned().collect();
+            for chunk in jobs.chunks(10_000) {
+                rows.extend(db.all(&MANY, &[Value::Texts(chunk.to_vec())]).await?);
+            }
         }
+        Engine::Sqlite => {
+            for job in jobs {
+                rows.extend(db.opt(&ONE, args![job.as_str()]).await?);
+            }
+        }
+    }
+    let mut sealed = Vec::with_capacity(rows.len());
+    for r in rows {
+        use SealedJobRow as C;
+        sealed.push((r.text(C::account_id)?, r.i64(C::refunded)?, r.i64(C::held)?));
     }
     Ok(sealed)
 }
@@ -252,7 +270,7 @@ pub(crate) async fn write(
          SELECT 1, 1, $1, $2, $3, $4, $5 WHERE (SELECT MAX(epoch) FROM store_epochs) = $1 \
          AND (SELECT MAX(version) FROM _sqlx_migrations) = $2 ON CONFLICT (id) DO NOTHING";
     const NEXT: &str = "UPDATE audit_checkpoint SET generation = generation + 1, epoch = $1, schema_version = $2, \
-         taken_at = $3, last_event_seq = $4, entries = $5 WHERE id = 1 AND generation = $6 \
+         taken_at = $3, last_event_seq = $4, entries = $5, retired = 0 WHERE id = 1 AND generation = $6 \
          AND (SELECT MAX(epoch) FROM store_epochs) = $1 AND (SELECT MAX(version) FROM _sqlx_migrations) = $2";
     let Mark { epoch, schema_version, last_event_seq, entries } = record.now;
     let at = taken_at.micros();
@@ -296,12 +314,23 @@ pub(crate) async fn write(
     Ok(Ok(CheckpointMark { generation, taken_at, entries: entries.max(0) as u64 }))
 }
 
-/// Deletes the store's checkpoint (an audit found something wrong); whether there was one.
-pub(crate) async fn retire(db: &mut Db<'_>) -> Result<bool, StoreError> {
-    let had = db.exec("DELETE FROM audit_checkpoint", args![]).await? > 0;
+/// Retires the store's checkpoint (an audit found something wrong): marked `retired`, its
+/// generation raised — also when the store had none, so an audit already running, built on no
+/// checkpoint or on the one retired, cannot record one over the retirement — and its accounts and
+/// jobs deleted. Whether a usable one was retired.
+pub(crate) async fn retire(db: &mut Db<'_>, at: Timestamp) -> Result<bool, StoreError> {
+    const RETIRED: &str = "SELECT retired FROM audit_checkpoint WHERE id = 1";
+    const RETIRE: &str = "INSERT INTO audit_checkpoint (id, generation, epoch, schema_version, taken_at, last_event_seq, entries, retired) \
+         VALUES (1, 1, 0, 0, $1, 0, 0, 1) \
+         ON CONFLICT (id) DO UPDATE SET generation = audit_checkpoint.generation + 1, retired = 1";
+    columns! {
+        RetiredRow { retired }
+    }
+    let usable = db.opt(RETIRED, args![]).await?.map(|r| r.i64(RetiredRow::retired)).transpose()? == Some(0);
+    db.exec(RETIRE, args![at.micros()]).await?;
     db.exec("DELETE FROM audit_checkpoint_accounts", args![]).await?;
     db.exec("DELETE FROM audit_checkpoint_jobs", args![]).await?;
-    Ok(had)
+    Ok(usable)
 }
 
 /// Deletes the checkpoint's rows of `jobs`.
@@ -383,9 +412,18 @@ mod tests {
         assert_eq!(found.base, Some(2));
         let usable = found.usable.unwrap();
         assert_eq!(usable.accounts.get("a").map(|s| (s.position, s.hash)), Some((2, [3; 32])));
-        // Retired: none left.
-        assert!(retire(db).await.unwrap());
-        assert!(find(db).await.unwrap().base.is_none());
-        assert!(!retire(db).await.unwrap());
+        // Retired: kept, its generation raised, not usable; what was built on it cannot record.
+        assert!(retire(db, at).await.unwrap());
+        let found = find(db).await.unwrap();
+        assert_eq!(found.base, Some(3));
+        assert!(found.usable.err().unwrap().contains("retired"));
+        assert!(write(db, at, &record(Some(2), now)).await.unwrap().is_err(), "built on the retired one");
+        assert!(!retire(db, at).await.unwrap(), "already retired");
+        assert_eq!(write(db, at, &record(Some(4), now)).await.unwrap().unwrap().generation, 5);
+        assert!(find(db).await.unwrap().usable.is_ok());
+        // A store that never had one: the retirement still raises a generation a first record cannot pass.
+        db.exec("DELETE FROM audit_checkpoint", args![]).await.unwrap();
+        assert!(!retire(db, at).await.unwrap());
+        assert!(write(db, at, &record(None, now)).await.unwrap().is_err(), "a first record after a retirement");
     }
 }

@@ -201,8 +201,9 @@ pub trait Store: Send + Sync {
     async fn ready(&self) -> Result<(), StoreError>;
     /// The connection counters (`/metrics`), kept in memory so they answer while the database is away.
     fn database_stats(&self) -> DatabaseStats;
-    /// L1–L9 and gap-free sequences, over one consistent snapshot, from the first entry; writes
-    /// nothing. `progress` is called as it streams through the ledger and the items.
+    /// L1–L9 and gap-free sequences, over one consistent snapshot, from the first entry. It writes
+    /// nothing, except that one which finds something wrong retires the store's audit checkpoint
+    /// (decision 0040). `progress` is called as it streams through the ledger and the items.
     async fn audit(
         &self,
         progress: Option<Arc<dyn Fn(AuditProgress) + Send + Sync>>,

@@ -2,7 +2,9 @@
 -- newest clean audit proved, so `settle audit --from-checkpoint` starts from it instead of from
 -- the first entry. Written only by an audit that found nothing wrong, in one transaction; each
 -- store's own (`settle copy` does not carry it); not used under another epoch or schema version.
--- Nothing on the write path reads or writes these tables.
+-- Nothing on the write path reads or writes these tables. An audit that finds something retires
+-- the checkpoint: the row stays, `retired`, its generation raised (a generation is never used
+-- twice, so an audit built on a checkpoint before the retirement cannot record over it).
 CREATE TABLE audit_checkpoint (
     id             bigint PRIMARY KEY CHECK (id = 1),
     generation     bigint NOT NULL CHECK (generation >= 1),
@@ -10,7 +12,8 @@ CREATE TABLE audit_checkpoint (
     schema_version bigint NOT NULL,
     taken_at       bigint NOT NULL,
     last_event_seq bigint NOT NULL CHECK (last_event_seq >= 0),
-    entries        bigint NOT NULL CHECK (entries >= 0)
+    entries        bigint NOT NULL CHECK (entries >= 0),
+    retired        bigint NOT NULL DEFAULT 0 CHECK (retired = 0 OR retired = 1)
 );
 -- Per account, as of the checkpoint: its last position, the sum of its lines to it, that line's
 -- hash and seq, and what its items then held (exposure, and the items' part of held).

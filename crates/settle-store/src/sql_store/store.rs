@@ -695,8 +695,11 @@ impl Store for SqlStore {
             report.checkpoint.recorded = Some(match record {
                 Some(record) => {
                     let record = Arc::new(record);
-                    self.write_quiet(op!([record] | db, cx | crate::audit_checkpoint::write(db, cx.now, &record).await))
-                        .await?
+                    let write = self
+                        .write_quiet(op!([record] | db, cx | crate::audit_checkpoint::write(db, cx.now, &record).await))
+                        .await;
+                    // The audit's verdict stands; only the checkpoint is lost.
+                    write.unwrap_or_else(|e| Err(format!("the checkpoint could not be written: {e}")))
                 }
                 None => Err("the audit found something wrong: no checkpoint recorded".to_owned()),
             });
@@ -704,7 +707,10 @@ impl Store for SqlStore {
         // Whatever it was asked: trust in what the checkpoint proved ends with the first audit that
         // finds something wrong (decision 0040).
         if !report.ok() {
-            let retired = self.write_quiet(op!([] | db, _cx | crate::audit_checkpoint::retire(db).await)).await;
+            let retired = self.write_quiet(op!([] | db, cx | crate::audit_checkpoint::retire(db, cx.now).await)).await;
+            if let Err(e) = &retired {
+                tracing::error!(error = %e, "the audit found violations, and its checkpoint could not be retired");
+            }
             report.checkpoint.retired = Some(retired.map_err(|e| e.to_string()));
         }
         Ok(report)

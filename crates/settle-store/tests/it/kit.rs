@@ -453,3 +453,42 @@ impl Drop for Watchdog {
         }
     }
 }
+
+/// Each test `name(&Kit)` instantiated on both engines, as `sqlite::name` and `postgres::name`.
+macro_rules! per_engine {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(&crate::kit::Kit::new(crate::kit::EngineKind::Sqlite).await).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(&crate::kit::Kit::new(crate::kit::EngineKind::Postgres).await).await;
+                }
+            )*
+        }
+    };
+}
+
+/// Alters the store behind Settle's back (the audit's tamper tests).
+pub async fn tamper(k: &Kit, sql: &str) {
+    // Every event committed so far numbered first (PostgreSQL numbers them after their commit),
+    // so the rows tampered with are the ones the audit reads.
+    k.store.events(0, 1, &settle_core::scope::Scope::ALL).await.unwrap();
+    k.raw_script(sql).await.unwrap();
+}
+
+/// The ledger's append-only triggers, dropped: what a person altering rows by hand does first.
+pub fn drop_ledger_guards(k: &Kit) -> &'static str {
+    if k.is_sqlite() {
+        "DROP TRIGGER ledger_entries_no_update; DROP TRIGGER ledger_entries_no_delete;"
+    } else {
+        "DROP TRIGGER ledger_entries_no_update ON ledger_entries; DROP TRIGGER ledger_entries_no_delete ON ledger_entries;"
+    }
+}

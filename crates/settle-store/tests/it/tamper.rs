@@ -7,27 +7,6 @@ use settle_core::ids::RefId;
 use settle_core::{Clock, Credits, Timestamp};
 use settle_store::*;
 
-macro_rules! per_engine {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(&crate::kit::Kit::new(crate::kit::EngineKind::Sqlite).await).await;
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(&crate::kit::Kit::new(crate::kit::EngineKind::Postgres).await).await;
-                }
-            )*
-        }
-    };
-}
-
 per_engine!(
     a_changed_reason_breaks_only_the_hash_chain,
     a_changed_timestamp_breaks_only_the_hash_chain,
@@ -101,21 +80,6 @@ async fn exactly(k: &Kit, want: &[(&str, &str)]) {
     for ((inv, says), (got, message)) in want.iter().zip(&found) {
         assert_eq!(inv, got, "{found:#?}");
         assert!(message.contains(says), "{found:#?}");
-    }
-}
-
-async fn tamper(k: &Kit, sql: &str) {
-    // Every event committed so far numbered first (PostgreSQL numbers them after their commit),
-    // so the rows tampered with are the ones the audit reads.
-    k.store.events(0, 1, &settle_core::scope::Scope::ALL).await.unwrap();
-    k.raw_script(sql).await.unwrap();
-}
-
-fn drop_ledger_guards(k: &Kit) -> &'static str {
-    if k.is_sqlite() {
-        "DROP TRIGGER ledger_entries_no_update; DROP TRIGGER ledger_entries_no_delete;"
-    } else {
-        "DROP TRIGGER ledger_entries_no_update ON ledger_entries; DROP TRIGGER ledger_entries_no_delete ON ledger_entries;"
     }
 }
 
