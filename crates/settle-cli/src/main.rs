@@ -97,8 +97,9 @@ enum Command {
         #[arg(long, env = "SETTLE_DATABASE_URL", hide_env_values = true, default_value = "sqlite://settle.db")]
         db: String,
         /// Start from the store's checkpoint (what the last audit run with --checkpoint proved): only
-        /// the lines, parts and jobs written since are read again. Without a usable checkpoint (none,
-        /// or taken before a restore or an upgrade), from the first entry. See docs/operations.
+        /// the lines, parts and jobs written since are read again. Without a usable checkpoint (none;
+        /// retired by an audit that found something; taken before a restore or an upgrade), from
+        /// the first entry (docs/decisions/0040).
         #[arg(long)]
         from_checkpoint: bool,
         /// Record a checkpoint of this audit's snapshot when it finds nothing wrong.
