@@ -696,7 +696,13 @@ impl Store for SqlStore {
                 Some(record) => {
                     let record = Arc::new(record);
                     let write = self
-                        .write_quiet(op!([record] | db, cx | crate::audit_checkpoint::write(db, cx.now, &record).await))
+                        .write_quiet(op!(
+                            [record] | db,
+                            cx | {
+                                let written = crate::audit_checkpoint::write(db, cx.now, &record).await?;
+                                cx.point(CrashPoint::BeforeCommit).map(|()| written)
+                            }
+                        ))
                         .await;
                     // The audit's verdict stands; only the checkpoint is lost.
                     write.unwrap_or_else(|e| Err(format!("the checkpoint could not be written: {e}")))

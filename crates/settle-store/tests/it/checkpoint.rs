@@ -17,6 +17,7 @@ per_engine!(
     an_audit_that_finds_anything_retires_the_checkpoint,
     a_checkpoint_of_another_schema_is_not_started_from,
     when_many_jobs_were_touched_every_job_is_read,
+    a_checkpoint_write_that_dies_leaves_the_one_before,
 );
 
 const FROM: AuditRun = AuditRun { from_checkpoint: true, record: false };
@@ -206,4 +207,26 @@ async fn when_many_jobs_were_touched_every_job_is_read(k: &Kit) {
     tamper(k, "UPDATE items SET state = 'refunded', refund_reason = 'job_failed' WHERE job_id = 'o'").await;
     let from = found(k, FROM).await;
     assert!(from.iter().any(|(_, m)| m.contains("entries sum to -5 but state refunded nets 0")), "{from:#?}");
+}
+
+/// The process dies inside the transaction that records a checkpoint: nothing of it is written,
+/// the audit's verdict stands ("not recorded"), the checkpoint before it is still the one audits
+/// start from, and the next audit that records one converges (its generation the next).
+async fn a_checkpoint_write_that_dies_leaves_the_one_before(k: &Kit) {
+    let j = before(k).await;
+    let generation = k.store.audit_with(FROM, None).await.unwrap().checkpoint.from.unwrap().generation;
+    after(k, &j).await;
+    let run = AuditRun { from_checkpoint: true, record: true };
+    k.crasher.arm(settle_core::crash::CrashPoint::BeforeCommit);
+    let died = k.store.audit_with(run, None).await.unwrap();
+    assert!(!k.crasher.disarm(), "the armed point fired");
+    assert!(died.ok(), "{died:#?}");
+    assert!(matches!(&died.checkpoint.recorded, Some(Err(why)) if why.contains("could not be written")), "{died:#?}");
+    let still = k.store.audit_with(FROM, None).await.unwrap();
+    assert_eq!(still.checkpoint.from.map(|m| m.generation), Some(generation));
+    assert_eq!(still.entries_checked, 5, "the lines since the checkpoint before, read again");
+    let again = k.store.audit_with(run, None).await.unwrap();
+    assert_eq!(again.checkpoint.recorded.clone().unwrap().unwrap().generation, generation + 1);
+    assert_eq!(k.store.audit_with(FROM, None).await.unwrap().entries_checked, 0);
+    k.assert_clean().await;
 }
