@@ -130,6 +130,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(h::fail))
         .routes(routes!(h::unknown))
         .routes(routes!(h::release))
+        .routes(routes!(crate::reports::reports))
         .routes(routes!(h::item_succeed))
         .routes(routes!(h::item_fail))
         .routes(routes!(h::register_artifact))

@@ -1265,3 +1265,149 @@ impl From<store::Delivery> for WebhookDelivery {
         }
     }
 }
+
+/// `POST /v1/reports`: many worker signals in one request, each its own guarded transition with
+/// its own answer (docs/design/reports.md).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Reports {
+    /// 1 to 100 reports, each on another job.
+    #[schema(min_items = 1, max_items = 100)]
+    pub reports: Vec<Report>,
+}
+
+/// One signal: the body of its single route (`/v1/jobs/{id}/succeed`, `fail`, `release`,
+/// `unknown`, `heartbeat`), with the job's id and the `outcome` that names the route.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(tag = "outcome", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Report {
+    /// As `POST /v1/jobs/{id}/succeed`, with a lease token (an operator's success stays a request
+    /// of its own).
+    Succeed {
+        /// The job reported on.
+        job_id: String,
+        /// The token of any attempt of this job.
+        lease_token: String,
+        /// Any JSON the job produced, kept with the job.
+        #[serde(default)]
+        result: Option<serde_json::Value>,
+        /// The price of a held job's `main` item (`0 ≤ cost ≤ hold`); not with `costs`.
+        #[serde(default)]
+        #[schema(minimum = 0)]
+        cost: Option<i64>,
+        /// The prices of the held items this success decides, by item id.
+        #[serde(default)]
+        costs: Option<std::collections::BTreeMap<String, i64>>,
+    },
+    /// As `POST /v1/jobs/{id}/fail`.
+    Fail {
+        /// The job reported on.
+        job_id: String,
+        /// The lease token the claim answered.
+        lease_token: String,
+        /// Why it failed: 1-64 characters of `A-Z0-9_`.
+        #[schema(pattern = r"^[A-Z0-9_]{1,64}$")]
+        code: String,
+        /// Details for people, up to 2,000 bytes.
+        #[serde(default)]
+        message: Option<String>,
+        /// Whether another attempt may succeed (default true).
+        #[serde(default)]
+        retryable: Option<bool>,
+        /// Overrides the backoff for this retry, in milliseconds.
+        #[serde(default)]
+        retry_after_ms: Option<u64>,
+    },
+    /// As `POST /v1/jobs/{id}/release`.
+    Release {
+        /// The job reported on.
+        job_id: String,
+        /// The lease token the claim answered.
+        lease_token: String,
+    },
+    /// As `POST /v1/jobs/{id}/unknown`.
+    Unknown {
+        /// The job reported on.
+        job_id: String,
+        /// The lease token the claim answered.
+        lease_token: String,
+        /// What is known, up to 2,000 bytes.
+        #[serde(default)]
+        message: Option<String>,
+    },
+    /// As `POST /v1/jobs/{id}/heartbeat`.
+    Heartbeat {
+        /// The job reported on.
+        job_id: String,
+        /// The lease token the claim answered.
+        lease_token: String,
+    },
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReportResults {
+    /// One result per report, in the request's order.
+    pub results: Vec<ReportResult>,
+}
+
+/// What the report's single route would have answered: its status, and its body — the job (in
+/// brief), the heartbeat, or the error.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReportResult {
+    /// The report's job.
+    pub job_id: String,
+    /// The status its single route would have answered: 200, or the error's (404, 409, 422, 503, …).
+    pub status: u16,
+    /// With 200: the report had already taken effect (the single route's `Idempotent-Replayed:
+    /// true`); nothing changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replayed: Option<bool>,
+    /// With 200 for `succeed`, `fail`, `release` and `unknown`: the job after the report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobBrief>,
+    /// With 200 for `heartbeat`: the lease's new expiry and whether a cancel was requested.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub heartbeat: Option<Heartbeat>,
+    /// With any other status: the error its single route would have answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::error::ErrorDetail>,
+}
+
+/// A job in brief: what a worker acts on after a report (`GET /v1/jobs/{id}` has the rest).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobBrief {
+    /// The job's id.
+    pub id: String,
+    /// As the job's `state`.
+    pub state: String,
+    /// How many attempts have started.
+    pub attempt: u32,
+    /// Attempts allowed before the job is dead.
+    pub max_attempts: u32,
+    /// A cancel was requested: stop at the item boundary.
+    pub cancel_requested: bool,
+    /// Not claimable before this time (RFC 3339 UTC time): a retry's backoff.
+    pub not_before: String,
+    /// The sum of the job's ledger entries (≤ 0).
+    pub net: i64,
+    /// The last failure, if any.
+    pub last_error: Option<LastError>,
+    /// When the job last changed (RFC 3339 UTC time).
+    pub updated_at: String,
+}
+
+impl From<Job> for JobBrief {
+    fn from(j: Job) -> JobBrief {
+        JobBrief {
+            id: j.id,
+            state: j.state,
+            attempt: j.attempt,
+            max_attempts: j.max_attempts,
+            cancel_requested: j.cancel_requested,
+            not_before: j.not_before,
+            net: j.net,
+            last_error: j.last_error,
+            updated_at: j.updated_at,
+        }
+    }
+}

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 type ApiResult = Result<Response, ApiError>;
 
-fn id<T>(parse: fn(&str) -> Result<T, IdError>, s: &str) -> Result<T, ApiError> {
+pub(crate) fn id<T>(parse: fn(&str) -> Result<T, IdError>, s: &str) -> Result<T, ApiError> {
     parse(s).map_err(|e| ApiError::invalid(format!("The {} is malformed: it must be {}.", e.what, e.rule)))
 }
 
@@ -43,7 +43,7 @@ fn created<T, D: serde::Serialize>(c: Created<T>, to_dto: impl FnOnce(T) -> D) -
     }
 }
 
-fn ok<D: serde::Serialize>(d: D) -> Response {
+pub(crate) fn ok<D: serde::Serialize>(d: D) -> Response {
     json(StatusCode::OK, &d)
 }
 
@@ -153,7 +153,7 @@ fn seen_account(actor: &Actor, account: &AccountId) -> Result<(), ApiError> {
 
 /// `404 not_found` for a job a scoped token may not see (its account or kind is outside the
 /// scope), as if it did not exist. Unscoped tokens read nothing here.
-async fn seen_job(s: &AppState, actor: &Actor, job: &JobId) -> Result<(), ApiError> {
+pub(crate) async fn seen_job(s: &AppState, actor: &Actor, job: &JobId) -> Result<(), ApiError> {
     if actor.scope.is_all() {
         return Ok(());
     }
@@ -164,7 +164,7 @@ async fn seen_job(s: &AppState, actor: &Actor, job: &JobId) -> Result<(), ApiErr
     Err(store::StoreError::not_found("job", job.as_str()).into())
 }
 
-fn mark(kind: &'static str, applied: bool) {
+pub(crate) fn mark(kind: &'static str, applied: bool) {
     metrics::counter!("settle_transitions_total", "kind" => kind, "applied" => if applied { "true" } else { "false" })
         .increment(1);
 }
@@ -811,7 +811,7 @@ pub async fn claim(
     }))
 }
 
-fn token(t: String) -> Result<store::LeaseToken, ApiError> {
+pub(crate) fn token(t: String) -> Result<store::LeaseToken, ApiError> {
     if t.is_empty() || t.len() > 128 {
         return Err(ApiError::invalid("lease_token is 1 to 128 characters."));
     }
@@ -882,7 +882,18 @@ pub async fn succeed(
             ));
         }
     };
-    let costs = match (b.cost, b.costs) {
+    let costs = costs(b.cost, b.costs)?;
+    let out = s.store.succeed_priced(&id(JobId::parse, &job)?, by, b.result, &costs).await?;
+    mark("succeed", out.applied);
+    Ok(reported(dto::Job::from(out.value), out.applied))
+}
+
+/// A success's prices: `cost` for the `main` item, or `costs` by item id, not both.
+pub(crate) fn costs(
+    cost: Option<i64>,
+    costs: Option<std::collections::BTreeMap<String, i64>>,
+) -> Result<store::Costs, ApiError> {
+    Ok(match (cost, costs) {
         (None, None) => store::Costs::default(),
         (Some(c), None) => store::Costs::main(Credits::new(c)),
         (None, Some(map)) => store::Costs(
@@ -891,10 +902,7 @@ pub async fn succeed(
                 .collect::<Result<_, ApiError>>()?,
         ),
         (Some(_), Some(_)) => return Err(ApiError::invalid("A success has at most one of cost and costs.")),
-    };
-    let out = s.store.succeed_priced(&id(JobId::parse, &job)?, by, b.result, &costs).await?;
-    mark("succeed", out.applied);
-    Ok(reported(dto::Job::from(out.value), out.applied))
+    })
 }
 
 /// Report a job's failure

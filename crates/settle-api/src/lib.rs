@@ -9,6 +9,7 @@
 //! - `extract`: JSON, query and role (`Auth<R>`) extractors whose rejections are the spec's errors.
 //! - [`console`]: the operator console at `/console` (server-rendered pages, sessions, CSRF).
 //! - [`host`]: the loopback-mode `Host` rule (no DNS rebinding), for every route.
+//! - `reports`: `POST /v1/reports`, many worker signals in one request, each its own transition.
 //! - `reference`: the API reference at `/docs` (Redoc, embedded) over `/openapi.json`.
 
 mod answer;
@@ -22,6 +23,7 @@ mod handlers;
 pub mod host;
 pub mod limits;
 mod reference;
+mod reports;
 pub mod state;
 pub mod telemetry;
 

@@ -41,6 +41,13 @@ impl Limiter {
 
     /// Takes one request from `key`'s bucket, or says how long until one is there.
     pub fn admit(&self, key: Key) -> Result<(), Duration> {
+        self.admit_many(key, 1)
+    }
+
+    /// Takes `n` requests from `key`'s bucket at once (a request carrying `n` reports), or none and
+    /// says how long until they are there. At most the burst is asked for, so a request the bucket
+    /// could never hold still passes when the bucket is full.
+    pub fn admit_many(&self, key: Key, n: usize) -> Result<(), Duration> {
         let rate = self.limits.requests_per_second;
         if rate <= 0.0 {
             return Ok(());
@@ -55,11 +62,12 @@ impl Limiter {
         let (tokens, last) = buckets.entry(key).or_insert((burst, now));
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(burst);
         *last = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
+        let wanted = (n as f64).min(burst);
+        if *tokens >= wanted {
+            *tokens -= wanted;
             Ok(())
         } else {
-            Err(Duration::from_secs_f64((1.0 - *tokens) / rate))
+            Err(Duration::from_secs_f64((wanted - *tokens) / rate))
         }
     }
 

@@ -47,6 +47,11 @@ pub const FAMILIES: &[(&str, Kind, &str)] = &[
         Kind::Counter,
         "Guarded transitions asked for, by kind and whether they changed anything",
     ),
+    (
+        "settle_reports_total",
+        Kind::Counter,
+        "Reports carried by POST /v1/reports, by kind and the status each was answered",
+    ),
     ("settle_store_busy_total", Kind::Counter, "Requests answered 503 because the store was busy"),
     (
         "settle_store_tx_retries_total",

@@ -17,6 +17,7 @@ mod licence;
 mod limits;
 mod metrics;
 mod openapi;
+mod reports;
 mod roles;
 mod scopes;
 mod top_ups;

@@ -33,6 +33,7 @@ const TABLE: &[(&str, &str, Option<Role>)] = &[
     ("POST", "/v1/jobs/{id}/fail", Some(Role::Worker)),
     ("POST", "/v1/jobs/{id}/unknown", Some(Role::Worker)),
     ("POST", "/v1/jobs/{id}/release", Some(Role::Worker)),
+    ("POST", "/v1/reports", Some(Role::Worker)),
     ("GET", "/v1/accounts", Some(Role::Client)),
     ("POST", "/v1/jobs/{id}/items/{item}/succeed", Some(Role::Worker)),
     ("POST", "/v1/jobs/{id}/items/{item}/fail", Some(Role::Worker)),
