@@ -8,6 +8,9 @@
 -- BENCH_STORY=roundtrip plays the queue's round trip instead: create -> claim -> succeed.
 -- BENCH_MIX=1 (with the round trip) spreads the jobs over the 64 accounts and three priorities
 -- (10, 50, 90 in turn): the multi-tenant queue's claim (issue 44) beside the plain one.
+-- BENCH_BATCH=K (with the round trip) is a worker that takes K at a time: K creates, one claim of
+-- limit K, then the successes of what it claimed in one POST /v1/reports (decision 0041), or with
+-- BENCH_SINGLE=1 one succeed request each (the claim's batching without the report's).
 
 local threads = {}
 local counter = 0
@@ -24,6 +27,9 @@ local run = os.getenv("BENCH_RUN") or "0"
 local one_account = os.getenv("BENCH_ACCOUNT")
 local roundtrip = os.getenv("BENCH_STORY") == "roundtrip"
 local mix = os.getenv("BENCH_MIX") == "1"
+local batch = tonumber(os.getenv("BENCH_BATCH") or "1")
+local single = os.getenv("BENCH_SINGLE") == "1"
+local created, held = 0, {}
 local priorities = { 10, 50, 90 }
 jobs_done = 0
 local headers = { ["Content-Type"] = "application/json" }
@@ -42,7 +48,16 @@ function request()
     return wrk.format("POST", "/v1/jobs", headers, body)
   elseif step == 1 then
     return wrk.format("POST", "/v1/claims", headers,
-      string.format('{"worker":"w%d","kinds":["render"],"limit":1,"lease_seconds":600}', tid))
+      string.format('{"worker":"w%d","kinds":["render"],"limit":%d,"lease_seconds":600}', tid, batch))
+  elseif step == 4 then
+    local parts = {}
+    for i, h in ipairs(held) do
+      parts[i] = string.format('{"job_id":"%s","outcome":"succeed","lease_token":"%s"}', h[1], h[2])
+    end
+    return wrk.format("POST", "/v1/reports", headers, '{"reports":[' .. table.concat(parts, ",") .. ']}')
+  elseif step == 5 then
+    local h = held[#held]
+    return wrk.format("POST", "/v1/jobs/" .. h[1] .. "/succeed", headers, '{"lease_token":"' .. h[2] .. '"}')
   elseif step == 2 then
     return wrk.format("POST", "/v1/jobs/" .. job .. "/fail", headers,
       '{"lease_token":"' .. token .. '","code":"TIMEOUT","retryable":false}')
@@ -60,7 +75,39 @@ function response(status, hdrs, body)
   end
   if step == 0 then
     transitions = transitions + 1
-    step = 1
+    created = created + 1
+    if created >= batch then
+      created = 0
+      step = 1
+    end
+  elseif step == 1 and batch > 1 then
+    -- Job ids start with "r"; item ids ("main") and account ids do not follow a quote-id-quote.
+    held = {}
+    local tokens = {}
+    for t in string.gmatch(body, '"lease_token":"([^"]+)"') do table.insert(tokens, t) end
+    local i = 0
+    for id in string.gmatch(body, '"id":"(r[^"]+)"') do
+      i = i + 1
+      table.insert(held, { id, tokens[i] })
+    end
+    transitions = transitions + #held
+    if #held == 0 then
+      empty = empty + 1
+      step = 0
+    else
+      step = single and 5 or 4
+    end
+  elseif step == 4 then
+    for _ in string.gmatch(body, '"status":200') do
+      transitions = transitions + 1
+      jobs_done = jobs_done + 1
+    end
+    step = 0
+  elseif step == 5 then
+    transitions = transitions + 1
+    jobs_done = jobs_done + 1
+    table.remove(held)
+    if #held == 0 then step = 0 end
   elseif step == 1 then
     job = string.match(body, '"id":"([^"]+)"')
     token = string.match(body, '"lease_token":"([^"]+)"')
