@@ -329,18 +329,26 @@ async fn running_of_account(db: &mut Db<'_>, account: &str, cap: i64) -> Result<
 /// Parks up to `PARK_MAX` of the account's lined jobs of the line, lowest turn first.
 async fn park(db: &mut Db<'_>, line: &LineKey, account: &str) -> Result<u64, StoreError> {
     static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
-        let sql = |index: &str, lock: &str, guard: &str| {
+        let sql = |index: &str| {
             format!(
                 "UPDATE jobs SET turn = NULL, parked = 1 WHERE id IN (SELECT id FROM jobs{index} WHERE priority = $1 \
                  AND kind = $2 AND requires = $3 AND account_id = $4 AND state = 'queued' AND turn IS NOT NULL \
-                 ORDER BY turn LIMIT {PARK_MAX}{lock}){guard}"
+                 ORDER BY turn LIMIT {PARK_MAX})"
             )
         };
         [
             // SQLite's one writer: nothing moves the rows it just read (a guard here would make it
             // walk every queued job, as the line-up's would: fair-claims.md §8).
-            sql(" INDEXED BY jobs_line_account", "", ""),
-            sql("", " FOR UPDATE SKIP LOCKED", " AND state = 'queued' AND turn IS NOT NULL"),
+            sql(" INDEXED BY jobs_line_account"),
+            // PostgreSQL picks the rows once, in a materialized CTE: a `LIMIT … SKIP LOCKED`
+            // subquery under `IN` may be run again (a re-checked row) and pick other rows.
+            format!(
+                "WITH picked AS MATERIALIZED (SELECT id FROM jobs WHERE priority = $1 AND kind = $2 AND requires = $3 \
+                 AND account_id = $4 AND state = 'queued' AND turn IS NOT NULL ORDER BY turn LIMIT {PARK_MAX} \
+                 FOR UPDATE SKIP LOCKED) \
+                 UPDATE jobs SET turn = NULL, parked = 1 FROM picked WHERE jobs.id = picked.id \
+                 AND jobs.state = 'queued' AND jobs.turn IS NOT NULL"
+            ),
         ]
     });
     let sql = match db.engine() {
@@ -372,24 +380,25 @@ pub(crate) async fn unpark(db: &mut Db<'_>, after: &str) -> Result<(u64, String)
         if free == 0 {
             continue;
         }
-        static SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
-            let sql = |index: &str, lock: &str, guard: &str| {
-                format!(
-                    "UPDATE jobs SET parked = 0 WHERE id IN (SELECT id FROM jobs{index} WHERE account_id = $1 \
-                     AND state = 'queued' AND parked = 1 ORDER BY priority, not_before, job_seq LIMIT $2{lock}){guard}"
-                )
-            };
-            [
-                sql(" INDEXED BY jobs_parked", "", ""),
-                sql("", " FOR UPDATE SKIP LOCKED", " AND state = 'queued' AND parked = 1"),
-            ]
-        });
+        const SQL: [&str; 2] = [
+            "UPDATE jobs SET parked = 0 WHERE id IN (SELECT id FROM jobs INDEXED BY jobs_parked \
+                 WHERE account_id = $1 AND state = 'queued' AND parked = 1 \
+                 ORDER BY priority, not_before, job_seq LIMIT $2)",
+            // Picked once, in a materialized CTE: a `LIMIT … SKIP LOCKED` subquery under `IN`
+            // may be run again for a re-checked row and pick others, unparking past the
+            // budget (a later pass then met a negative LIMIT: claims answered 500).
+            "WITH picked AS MATERIALIZED (SELECT id FROM jobs WHERE account_id = $1 AND state = 'queued' \
+                 AND parked = 1 ORDER BY priority, not_before, job_seq LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 UPDATE jobs SET parked = 0 FROM picked WHERE jobs.id = picked.id \
+                 AND jobs.state = 'queued' AND jobs.parked = 1",
+        ];
         let sql = match db.engine() {
-            Engine::Sqlite => &SQL[0],
-            Engine::Postgres => &SQL[1],
+            Engine::Sqlite => SQL[0],
+            Engine::Postgres => SQL[1],
         };
         let n = db.exec(sql, args![account.as_str(), free]).await?;
-        budget -= i64::try_from(n).unwrap_or(budget);
+        // Never below zero, whatever a statement reports: the next account's LIMIT is `budget`.
+        budget = budget.saturating_sub(i64::try_from(n).unwrap_or(i64::MAX)).max(0);
         unparked += n;
     }
     Ok((unparked, next))

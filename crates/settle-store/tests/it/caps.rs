@@ -304,3 +304,68 @@ async fn futures_done(tasks: Vec<tokio::task::JoinHandle<usize>>) -> usize {
     }
     total
 }
+
+/// Caps on many accounts with jobs parked behind them, then removed while claimers in two stores
+/// race, as `scripts/bench-http`'s round trip after its capped mix did: every claim is answered
+/// and every parked job runs. An unpark pass's `LIMIT … SKIP LOCKED` under `IN` could be run
+/// again for a re-checked row and unpark past the pass's budget; the next account's LIMIT then
+/// went negative, and claims failed (500 over HTTP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_caps_removed_while_claimers_race_unpark_everything() {
+    let k = Kit::new(EngineKind::Postgres).await;
+    let options = || StoreOptions { clock: k.clock.clone(), ..StoreOptions::default() };
+    let stores = [
+        Arc::new(SqlStore::open(&k.url, options()).await.unwrap()),
+        Arc::new(SqlStore::open(&k.url, options()).await.unwrap()),
+    ];
+    let mut accounts = Vec::new();
+    for i in 0..24 {
+        let a = capped(&k, &format!("p{i:02}"), Some(1)).await;
+        for n in 0..20 {
+            k.job(&format!("p{i:02}-{n:02}"), &a, 1).await;
+        }
+        accounts.push(a);
+    }
+    // One running per account; the claims behind it park the rest.
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.extend(claim(&k, 100).await);
+        later(&k);
+    }
+    assert_eq!(held.len(), accounts.len(), "one job per capped account runs");
+    for a in &accounts {
+        set_cap(&k, a, None).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let (store, stop, clock) = (stores[i % 2].clone(), stop.clone(), k.clock.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let got = store.claim(claim_req(&format!("r{i}"), 8)).await.expect("a claim is answered");
+                for c in got {
+                    store.succeed(&c.job.id, Reporter::of(Some(&c.lease_token)), None).await.unwrap();
+                    done += 1;
+                }
+                clock.advance_millis(20);
+            }
+            done
+        }));
+    }
+    let all = accounts.len() * 20;
+    for _ in 0..200 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let q = JobFilter { state: Some(JobState::Succeeded), ..JobFilter::ALL };
+        if k.store.jobs(&q, Page { after: 0, limit: 1_000 }).await.unwrap().rows.len() + held.len() >= all {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let done = futures_done(tasks).await;
+    assert_eq!(done + held.len(), all, "every parked job ran once the caps were gone");
+    for c in &held {
+        finish(&k, c).await;
+    }
+    k.assert_clean().await;
+}
