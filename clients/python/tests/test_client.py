@@ -110,6 +110,34 @@ def test_reports_answer_applied_replayed_or_lease_lost(admin, worker_client):
     assert admin.account("answers")["balance"] == 80
 
 
+def test_many_reports_in_one_request_answer_as_their_single_calls(admin, worker_client):
+    """Decision 0041: `report` sends a worker's reports at once; each is its own transition and
+    comes back in order as its single call would answer — refusals returned, not raised."""
+    account(admin, "batched", 100)
+    for i in range(3):
+        admin.create_job(f"batched-{i}", "batched", "batched", cost=10)
+    claimed = {j["id"]: j["lease_token"] for j in worker_client.claim("py-batch", kinds=["batched"], limit=3)}
+    reports = [
+        {"job_id": "batched-0", "outcome": "succeed", "lease_token": claimed["batched-0"], "result": {"ok": 1}},
+        {"job_id": "batched-1", "outcome": "fail", "lease_token": claimed["batched-1"], "code": "OOM", "retryable": False},
+        {"job_id": "batched-2", "outcome": "heartbeat", "lease_token": claimed["batched-2"]},
+        {"job_id": "batched-2", "outcome": "fail", "lease_token": "never-issued", "code": "OOM"},
+    ]
+    with pytest.raises(SettleError) as whole:
+        worker_client.report(reports)  # batched-2 twice: refused whole, nothing written
+    assert (whole.value.status, whole.value.code) == (400, "invalid_request")
+    assert admin.job("batched-0")["state"] == JobState.RUNNING
+    reports[3]["job_id"] = "batched-missing"
+    done, failed, beat, missing = worker_client.report(reports)
+    assert isinstance(done, Applied) and done["state"] == JobState.SUCCEEDED
+    assert isinstance(failed, Applied) and (failed["state"], failed["net"]) == (JobState.DEAD, 0)
+    assert beat["cancel_requested"] is False and "lease_expires_at" in beat
+    assert isinstance(missing, SettleError) and (missing.status, missing.code) == (404, "not_found")
+    again = worker_client.report(reports[:2])
+    assert all(isinstance(r, Replayed) for r in again)
+    assert admin.account("batched")["balance"] == 80
+
+
 def test_a_worker_stops_at_the_item_boundary_when_a_cancel_arrives(admin, worker_client):
     """Seed 003: a batch cancelled mid-way; delivered items stay charged, the rest are refunded."""
     account(admin, "batch", 1_000)

@@ -796,6 +796,45 @@ export interface Job {
 }
 
 /**
+ * A job in brief: what a worker acts on after a report (`GET /v1/jobs/{id}` has the rest).
+ */
+export interface JobBrief {
+  /**
+   * How many attempts have started.
+   */
+  attempt: number;
+  /**
+   * A cancel was requested: stop at the item boundary.
+   */
+  cancel_requested: boolean;
+  /**
+   * The job's id.
+   */
+  id: string;
+  last_error?: LastError | null;
+  /**
+   * Attempts allowed before the job is dead.
+   */
+  max_attempts: number;
+  /**
+   * The sum of the job's ledger entries (≤ 0).
+   */
+  net: number;
+  /**
+   * Not claimable before this time (RFC 3339 UTC time): a retry's backoff.
+   */
+  not_before: string;
+  /**
+   * As the job's `state`.
+   */
+  state: string;
+  /**
+   * When the job last changed (RFC 3339 UTC time).
+   */
+  updated_at: string;
+}
+
+/**
  * What paid for a job, what operators did to it and the signals that changed nothing: the parts
  * of a job's story the attempt log does not hold (the console's job page, as JSON).
  */
@@ -1028,6 +1067,135 @@ export interface RegisterArtifact {
    * The lease token the claim answered.
    */
   lease_token: string;
+}
+
+/**
+ * One signal: the body of its single route (`/v1/jobs/{id}/succeed`, `fail`, `release`,
+ * `unknown`, `heartbeat`), with the job's id and the `outcome` that names the route.
+ */
+export type Report = {
+  /**
+   * The price of a held job's `main` item (`0 ≤ cost ≤ hold`); not with `costs`.
+   */
+  cost?: number | null;
+  /**
+   * The prices of the held items this success decides, by item id.
+   */
+  costs?: Record<string, unknown> | null;
+  /**
+   * The job reported on.
+   */
+  job_id: string;
+  /**
+   * The token of any attempt of this job.
+   */
+  lease_token: string;
+  outcome: string;
+  /**
+   * Any JSON the job produced, kept with the job.
+   */
+  result?: unknown;
+} | {
+  /**
+   * Why it failed: 1-64 characters of `A-Z0-9_`.
+   */
+  code: string;
+  /**
+   * The job reported on.
+   */
+  job_id: string;
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+  /**
+   * Details for people, up to 2,000 bytes.
+   */
+  message?: string | null;
+  outcome: string;
+  /**
+   * Overrides the backoff for this retry, in milliseconds.
+   */
+  retry_after_ms?: number | null;
+  /**
+   * Whether another attempt may succeed (default true).
+   */
+  retryable?: boolean | null;
+} | {
+  /**
+   * The job reported on.
+   */
+  job_id: string;
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+  outcome: string;
+} | {
+  /**
+   * The job reported on.
+   */
+  job_id: string;
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+  /**
+   * What is known, up to 2,000 bytes.
+   */
+  message?: string | null;
+  outcome: string;
+} | {
+  /**
+   * The job reported on.
+   */
+  job_id: string;
+  /**
+   * The lease token the claim answered.
+   */
+  lease_token: string;
+  outcome: string;
+};
+
+/**
+ * What the report's single route would have answered: its status, and its body — the job (in
+ * brief), the heartbeat, or the error.
+ */
+export interface ReportResult {
+  error?: ErrorDetail | null;
+  heartbeat?: Heartbeat | null;
+  job?: JobBrief | null;
+  /**
+   * The report's job.
+   */
+  job_id: string;
+  /**
+   * With 200: the report had already taken effect (the single route's `Idempotent-Replayed:
+   * true`); nothing changed.
+   */
+  replayed?: boolean | null;
+  /**
+   * The status its single route would have answered: 200, or the error's (404, 409, 422, 503, …).
+   */
+  status: number;
+}
+
+export interface ReportResults {
+  /**
+   * One result per report, in the request's order.
+   */
+  results: Array<ReportResult>;
+}
+
+/**
+ * `POST /v1/reports`: many worker signals in one request, each its own guarded transition with
+ * its own answer (docs/design/reports.md).
+ */
+export interface Reports {
+  /**
+   * 1 to 100 reports, each on another job.
+   */
+  reports: Array<Report>;
 }
 
 export interface RequeuedDeliveries {

@@ -31,7 +31,9 @@ from .models import (
     GrantPage,
     Heartbeat,
     Job,
+    JobBrief,
     LedgerEntry,
+    Report,
     LedgerPage,
     AutoTopUp,
     TopUp,
@@ -87,6 +89,20 @@ class Replayed(dict):
 
 def _reported(body: Json) -> Applied | Replayed:
     return Replayed(body) if body.get("replayed") else Applied(body)
+
+
+def _report_results(body: Json) -> list[Any]:
+    """Each report's answer as its single route's call would give it, in order: `Applied` or
+    `Replayed` (the job in brief), a `Heartbeat`, or the `SettleError` it would have raised."""
+    out: list[Any] = []
+    for r in body["results"]:
+        if r["status"] != 200:
+            out.append(error_for(r["status"], {"error": r["error"]}, "1" if r["status"] == 503 else None))
+        elif "heartbeat" in r:
+            out.append(r["heartbeat"])
+        else:
+            out.append(_reported(r["job"] | {"replayed": bool(r.get("replayed"))}))
+    return out
 
 
 @dataclass(frozen=True)
@@ -316,6 +332,12 @@ class _ops:
     @staticmethod
     def release(id: str, lease_token: str) -> _Req:
         return _Req("POST", f"/v1/jobs/{_seg(id)}/release", {"lease_token": lease_token}, then=_reported)
+
+    @staticmethod
+    def report(reports: Sequence[Report]) -> _Req:
+        for r in reports:
+            _seg(r["job_id"])
+        return _Req("POST", "/v1/reports", {"reports": [dict(r) for r in reports]}, then=_report_results)
 
     @staticmethod
     def item_succeed(id: str, item: str, lease_token: str, cost: int | None = None) -> _Req:
@@ -552,6 +574,14 @@ class Client:
         moves. When a cancel was requested the job is torn down instead (`cancelling`/`cancelled`)."""
         return self._send(_ops.release(id, lease_token))
 
+    def report(self, reports: Sequence[Report]) -> list[Applied | Replayed | Heartbeat | SettleError]:
+        """Many reports in one request (`POST /v1/reports`, 1 to 100, each on another job): each its
+        own transition, answered in order with what its single call would give — `Applied` or
+        `Replayed` (the job in brief: `JobBrief`), a `Heartbeat`, or the `SettleError` that call
+        would have raised, returned, not raised. A `503` among them may yet take effect: send it
+        again. A request refused whole (`400`, nothing written) raises."""
+        return self._send(_ops.report(reports))
+
     def item_succeed(self, id: str, item: str, lease_token: str, cost: int | None = None) -> Applied | Replayed:
         """`cost` is a held item's price (required then, at most its hold)."""
         return self._send(_ops.item_succeed(id, item, lease_token, cost))
@@ -765,6 +795,9 @@ class AsyncClient:
         at once; this attempt closes `released` and does not count toward `max_attempts`; no money
         moves. When a cancel was requested the job is torn down instead (`cancelling`/`cancelled`)."""
         return await self._send(_ops.release(id, lease_token))
+
+    async def report(self, reports: Sequence[Report]) -> list[Applied | Replayed | Heartbeat | SettleError]:
+        return await self._send(_ops.report(reports))
 
     async def item_succeed(self, id: str, item: str, lease_token: str, cost: int | None = None) -> Applied | Replayed:
         """`cost` is a held item's price (required then, at most its hold)."""

@@ -198,6 +198,37 @@ class Heartbeat(TypedDict):
     cancel_requested: bool
 
 
+class JobBrief(_Replayable):
+    """A job as `report` answers it (decision 0041): what a worker acts on; `job()` has the rest."""
+
+    id: str
+    state: str
+    attempt: int
+    max_attempts: int
+    cancel_requested: bool
+    not_before: str
+    net: int
+    last_error: LastError | None
+    updated_at: str
+
+
+class Report(TypedDict, total=False):
+    """One report of `report`: `job_id`, `outcome` (`succeed`, `fail`, `release`, `unknown`,
+    `heartbeat`), `lease_token`, and that route's other fields (`result`, `cost`, `costs`, `code`,
+    `message`, `retryable`, `retry_after_ms`)."""
+
+    job_id: str
+    outcome: str
+    lease_token: str
+    result: Any
+    cost: int
+    costs: dict[str, int]
+    code: str
+    message: str
+    retryable: bool
+    retry_after_ms: int
+
+
 class ItemReport(_Replayable):
     item: Item
     cancel_requested: bool
