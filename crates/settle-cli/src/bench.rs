@@ -44,9 +44,10 @@ pub struct BenchArgs {
     /// file under --dir, or the --postgres server) and stop: the yardstick of scripts/bench-http.
     #[arg(long)]
     raw_commits: bool,
-    /// Measure the cost of a transition as the ledger grows: fill one SQLite store (FULL) to each
-    /// of these numbers of ledger entries (jobs of 10 items: one job per 10 entries) and measure
-    /// transitions/s (--concurrency's last value, --jobs jobs) and a full audit at each.
+    /// Measure the cost of a transition as the ledger grows: fill one store (SQLite FULL, or a
+    /// fresh database on the --postgres server) to each of these numbers of ledger entries (jobs of
+    /// 10 items: one job per 10 entries) and measure transitions/s (--concurrency's last value,
+    /// --jobs jobs), the full audit and the audit from a checkpoint at each.
     #[arg(long, value_delimiter = ',')]
     scale: Vec<u64>,
     /// With --scale or --console: keep the filled store (its path is printed at the end), to run
@@ -522,15 +523,21 @@ async fn run_grants(args: &BenchArgs) -> anyhow::Result<()> {
 /// `settle bench --scale`: per-transition cost and audit speed as the ledger grows.
 async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir_in(&args.dir)?;
-    let url = format!("sqlite://{}", dir.path().join("scale.db").display());
-    let store = Arc::new(SqlStore::open(&url, StoreOptions::default()).await?);
     let concurrency = args.concurrency.last().copied().unwrap_or(32).max(1);
+    let (url, engine) = match &args.postgres {
+        Some(server) => (fresh_pg_database(server).await?, format!("PostgreSQL at {server} (a fresh database)")),
+        None => (
+            format!("sqlite://{}", dir.path().join("scale.db").display()),
+            format!("SQLite (WAL, synchronous=FULL) in {}", args.dir.display()),
+        ),
+    };
+    let options = StoreOptions { pg_max_connections: concurrency.clamp(1, 64) as u32, ..StoreOptions::default() };
+    let store = Arc::new(SqlStore::open(&url, options).await?);
     println!(
-        "settle bench --scale: SQLite (WAL, synchronous=FULL) in {}, filled with jobs of 10 items; at each size a \
+        "settle bench --scale: {engine}, filled with jobs of 10 items; at each size a \
          checkpoint recorded (a full audit and its write: `record s`), {} jobs created, claimed, succeeded by \
          {concurrency} clients (3 transitions each), then a full audit and the audit from the checkpoint \
          (decision 0040); entries/s: the store's entries over the audit's time",
-        args.dir.display(),
         args.jobs
     );
     println!(
@@ -596,11 +603,7 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
             filled += t.await.context("fill task")??;
         }
         progress.finish();
-        // The fill's WAL copied back into the database first, so the measurement does not share
-        // the disk with that checkpoint.
-        let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(&url)?.connect().await?;
-        sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&mut conn).await?;
-        conn.close().await?;
+        settle_fill(&url).await?;
         round += 1;
         let (rate, record_secs, secs, from_secs) = scale_round(&store, concurrency, args.jobs, round).await?;
         let stats = store.stats().await?;
@@ -614,8 +617,28 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
         );
     }
     if args.keep {
-        let kept = dir.keep();
-        println!("kept: {}", kept.join("scale.db").display());
+        match &args.postgres {
+            Some(_) => println!("kept: {url}"),
+            None => println!("kept: {}", dir.keep().join("scale.db").display()),
+        }
+    }
+    Ok(())
+}
+
+/// After a fill, before the measurement: SQLite's WAL copied back into the database, so the
+/// measurement does not share the disk with that checkpoint; PostgreSQL's tables analyzed and
+/// vacuumed, as autovacuum would have done by then on a store that grew over time.
+async fn settle_fill(url: &str) -> anyhow::Result<()> {
+    if url.starts_with("sqlite:") {
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::from_str(url)?.connect().await?;
+        sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&mut conn).await?;
+        conn.close().await?;
+    } else {
+        let mut conn = sqlx::postgres::PgConnectOptions::from_str(url)?.connect().await?;
+        sqlx::raw_sql("VACUUM (ANALYZE)").execute(&mut conn).await?;
+        // Only a superuser (or pg_checkpoint) may; without it the server's own checkpoints run.
+        let _ = sqlx::raw_sql("CHECKPOINT").execute(&mut conn).await;
+        conn.close().await?;
     }
     Ok(())
 }

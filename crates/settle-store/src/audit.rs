@@ -637,6 +637,12 @@ pub(crate) async fn audit(
     run: AuditRun,
     progress: &(dyn Fn(AuditProgress) + Send + Sync),
 ) -> Result<(AuditReport, Option<Record>), StoreError> {
+    if db.engine() == Engine::Postgres {
+        // Its statements are few and long, estimated at costs that start the JIT compiler, whose
+        // work costs more than it saves here: 2.20 → 1.85 s for the full audit of 202,016 entries,
+        // 0.85 → 0.57 s from a checkpoint (measured). For this read's transaction only.
+        db.exec("SET LOCAL jit = off", args![]).await?;
+    }
     let against = match run {
         AuditRun { from_checkpoint: false, record: false } => None,
         _ => Some(Against::find(db, run).await?),
@@ -972,12 +978,17 @@ impl<'p> Audit<'p> {
     /// since the checkpoint's snapshot (positions are taken under the account's row lock, held to
     /// COMMIT: a snapshot sees each account's positions 1..n). The jobs they name are touched.
     async fn ledger_after(&mut self, db: &mut Db<'_>) -> Result<(u64, u64), StoreError> {
-        static SQL: LazyLock<String> = LazyLock::new(ledger_after_sql);
+        static SQL: LazyLock<[String; 2]> =
+            LazyLock::new(|| [ledger_after_sql(Engine::Sqlite), ledger_after_sql(Engine::Postgres)]);
+        let sql = match db.engine() {
+            Engine::Sqlite => &SQL[0],
+            Engine::Postgres => &SQL[1],
+        };
         self.anchors(db).await?;
         let (mut item_entries, mut done) = (0u64, 0u64);
         let mut touched = BTreeSet::new();
         let read = db
-            .each(&SQL, args![], |r| {
+            .each(sql, args![], |r| {
                 if let Some(job) = self.line(r, &mut done, &mut item_entries)?
                     && !touched.contains(job)
                 {
@@ -1645,14 +1656,24 @@ impl<'p> Audit<'p> {
 /// Pass A from a checkpoint: each account's lines after its position there, in position order.
 /// CROSS JOIN: SQLite keeps the accounts in the outer loop (without it, and with no statistics, it
 /// walks the whole ledger's index for the order). Plan-tested.
-pub(crate) fn ledger_after_sql() -> String {
-    format!(
-        "SELECT {} FROM (SELECT e.* FROM accounts a \
-         LEFT JOIN audit_checkpoint_accounts c ON c.account_id = a.id \
-         CROSS JOIN ledger_entries e WHERE e.account_id = a.id AND e.account_seq > COALESCE(c.position, 0)) x \
-         ORDER BY account_id, account_seq",
-        EntryRow::LIST
-    )
+pub(crate) fn ledger_after_sql(engine: Engine) -> String {
+    let after = match engine {
+        // SQLite, which has no statistics: the accounts outside (`CROSS JOIN` keeps the order).
+        Engine::Sqlite => {
+            "SELECT e.* FROM accounts a LEFT JOIN audit_checkpoint_accounts c ON c.account_id = a.id \
+             CROSS JOIN ledger_entries e WHERE e.account_id = a.id AND e.account_seq > COALESCE(c.position, 0)"
+        }
+        // PostgreSQL: one range of `ledger_entries_account_seq` per account, whatever the
+        // estimates (its ORDER BY keeps the subquery from being flattened into a join that an
+        // account table's stale statistics, or a position it cannot see, turn into a scan of the
+        // whole ledger: 0.95 s for 2,016 lines of 202,016, measured).
+        Engine::Postgres => {
+            "SELECT e.* FROM accounts a LEFT JOIN audit_checkpoint_accounts c ON c.account_id = a.id \
+             CROSS JOIN LATERAL (SELECT * FROM ledger_entries l WHERE l.account_id = a.id \
+             AND l.account_seq > COALESCE(c.position, 0) ORDER BY l.account_seq) e"
+        }
+    };
+    format!("SELECT {} FROM ({after}) x ORDER BY account_id, account_seq", EntryRow::LIST)
 }
 
 /// What pass B reads at a time: a range of job ids, `[from, to)` (`to` `None`: to the end); or,

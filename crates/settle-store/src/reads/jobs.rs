@@ -435,7 +435,7 @@ mod tests {
         let lines = "USING INDEX ledger_entries_job_seq";
         let parts = "USING INDEX allocations_job_seq";
         // The audit from a checkpoint: each account's lines after its position, by the positions' index.
-        let after = crate::audit::ledger_after_sql();
+        let after = crate::audit::ledger_after_sql(crate::Engine::Sqlite);
         let statements: [(&str, &[&str]); 10] = [
             (&super::ENTRIES_LITE, &[lines]),
             (&crate::ops::JOB_ITEMS_AND_NET_LITE, &[lines]),
