@@ -562,47 +562,7 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
     let mut filled: u64 = 0;
     let mut round = 0;
     for &target in &args.scale {
-        // Fill: 32 tasks creating jobs of 10 one-credit items (10 charge entries each).
-        let needed = target.saturating_sub(filled) / 10;
-        let per_task = needed.div_ceil(32);
-        let progress = Arc::new(crate::progress::Progress::new(&format!("fill to {target}"), needed));
-        let mut tasks = Vec::new();
-        for t in 0..32u64 {
-            let (store, fill, progress) = (store.clone(), fill.clone(), progress.clone());
-            let count = per_task.min(needed.saturating_sub(t * per_task));
-            tasks.push(tokio::spawn(async move {
-                let kind = JobKind::parse("fill").expect("valid kind");
-                // Never due: a backlog that is there, not one the measured claims must skip over.
-                let later = store.now().plus_seconds(10 * 365 * 24 * 3600);
-                for n in 0..count {
-                    let items = (0..10)
-                        .map(|i| NewItem {
-                            id: ItemId::parse(&format!("i{i}")).expect("valid"),
-                            price: Price::Cost(Credits::new(1)),
-                        })
-                        .collect();
-                    let req = NewJob {
-                        id: JobId::parse(&format!("f{round}-{t}-{n}")).expect("valid id"),
-                        account_id: fill.clone(),
-                        kind: kind.clone(),
-                        items,
-                        payload: serde_json::Value::Null,
-                        max_attempts: None,
-                        refund_on: None,
-                        not_before: Some(later),
-                        priority: None,
-                        requires: Default::default(),
-                    };
-                    store.create_job(req).await?;
-                    progress.inc(1);
-                }
-                Ok::<u64, StoreError>(count * 10)
-            }));
-        }
-        for t in tasks {
-            filled += t.await.context("fill task")??;
-        }
-        progress.finish();
+        filled += fill_to(&store, &fill, target.saturating_sub(filled) / 10, round).await?;
         settle_fill(&url).await?;
         round += 1;
         let (rate, record_secs, secs, from_secs) = scale_round(&store, concurrency, args.jobs, round).await?;
@@ -623,6 +583,52 @@ async fn run_scale(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--scale`'s fill: 32 tasks creating `needed` jobs of 10 one-credit items on `fill` (never due);
+/// returns the entries added.
+async fn fill_to(store: &Arc<SqlStore>, fill: &AccountId, needed: u64, round: u32) -> anyhow::Result<u64> {
+    let per_task = needed.div_ceil(32);
+    let progress = Arc::new(crate::progress::Progress::new(&format!("fill {round}"), needed));
+    let mut tasks = Vec::new();
+    for t in 0..32u64 {
+        let (store, fill, progress) = (store.clone(), fill.clone(), progress.clone());
+        let count = per_task.min(needed.saturating_sub(t * per_task));
+        tasks.push(tokio::spawn(async move {
+            let kind = JobKind::parse("fill").expect("valid kind");
+            // Never due: a backlog that is there, not one the measured claims must skip over.
+            let later = store.now().plus_seconds(10 * 365 * 24 * 3600);
+            for n in 0..count {
+                let items = (0..10)
+                    .map(|i| NewItem {
+                        id: ItemId::parse(&format!("i{i}")).expect("valid"),
+                        price: Price::Cost(Credits::new(1)),
+                    })
+                    .collect();
+                let req = NewJob {
+                    id: JobId::parse(&format!("f{round}-{t}-{n}")).expect("valid id"),
+                    account_id: fill.clone(),
+                    kind: kind.clone(),
+                    items,
+                    payload: serde_json::Value::Null,
+                    max_attempts: None,
+                    refund_on: None,
+                    not_before: Some(later),
+                    priority: None,
+                    requires: Default::default(),
+                };
+                store.create_job(req).await?;
+                progress.inc(1);
+            }
+            Ok::<u64, StoreError>(count * 10)
+        }));
+    }
+    let mut filled = 0;
+    for t in tasks {
+        filled += t.await.context("fill task")??;
+    }
+    progress.finish();
+    Ok(filled)
 }
 
 /// After a fill, before the measurement: SQLite's WAL copied back into the database, so the

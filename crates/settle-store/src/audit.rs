@@ -2,7 +2,7 @@
 //! Reads one consistent snapshot; sums in `i128`, so a corrupt row cannot overflow the checker.
 
 use crate::audit_checkpoint::{self as checkpoint, Checkpoint, JobSum, JobSums, Mark, Record, Sealed};
-use crate::db::{Db, Engine, args, columns};
+use crate::db::{Db, Engine, Value, args, columns};
 use crate::error::StoreError;
 use crate::model::{AuditReport, AuditRun, CheckpointUse, Invariant, Violation};
 use settle_core::Credits;
@@ -253,12 +253,19 @@ struct GrantTally {
     expire_seq: Option<i64>,
 }
 
-/// Per debt part: its account, what it says is paid, what its open settlements pay.
+/// Per debt part that says something of it is paid: its account, what it says is paid, what its
+/// open settlements pay. A store's debt parts are mostly unpaid (an overdrawn account's charges):
+/// those are not kept; a settlement that names one is kept aside (`Unmatched`) and its part looked
+/// up by id after the pass.
 type Settled = BTreeMap<i64, (String, i128, i128)>;
 
-/// A debt part (taken from no grant): what it still owes into its account's unpaid debt, and what
-/// it says is paid beside its settlements (each kept with its account, for the settlements that
-/// name it: one of another account's is named).
+/// Settlements whose debt part was not in `Settled` when met: (settlement, part, its account, what
+/// it pays).
+type Unmatched = Vec<(i64, i64, String, i128)>;
+
+/// A debt part (taken from no grant): what it still owes into its account's unpaid debt, and, when
+/// it says something of it is paid, that beside its settlements (kept with its account, for the
+/// settlements that name it: one of another account's is named).
 fn debt_part(
     (unpaid, settled): (&mut BTreeMap<String, i128>, &mut Settled),
     account: &str,
@@ -270,7 +277,84 @@ fn debt_part(
         Some(sum) => *sum += open - part_settled,
         None => _ = unpaid.insert(account.to_owned(), open - part_settled),
     }
-    settled.entry(id).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
+    if part_settled != 0 {
+        settled.entry(id).or_insert_with(|| (account.to_owned(), 0, 0)).1 += part_settled;
+    }
+}
+
+/// A settlement (a grant's part that paid debt part `paid`): what it pays into the part's
+/// settlements, judged against the part's account; set aside when the part was not kept.
+fn settlement(
+    (settled, unmatched, found): (&mut Settled, &mut Unmatched, &mut Vec<(String, String)>),
+    id: i64,
+    paid: i64,
+    account: &str,
+    pays: i128,
+) {
+    match settled.get_mut(&paid) {
+        Some(part) => {
+            part.2 += pays;
+            if part.0 != account {
+                found.push((account.to_owned(), format!("settlement {id} pays {}'s debt part {paid}", part.0)));
+            }
+        }
+        None => unmatched.push((id, paid, account.to_owned(), pays)),
+    }
+}
+
+columns! {
+    /// A debt part named by a settlement: its account, and whether it is one (no grant).
+    NamedPart { id, account_id, grant_key }
+}
+
+/// The parts `unmatched` settlements name, by id, in the audit's snapshot; then each settlement
+/// judged as if its part had been kept: a part of another account is named, and what the part
+/// says is paid (nothing, or it would have been kept) against what they pay. A part that is not a
+/// debt part, or that does not exist, is judged as kept with its first settlement's account, as
+/// the pass did before it kept only paid parts.
+async fn match_settlements(
+    db: &mut Db<'_>,
+    unmatched: Unmatched,
+    settled: &mut Settled,
+    found: &mut Vec<(String, String)>,
+) -> Result<(), StoreError> {
+    static ONE: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM allocations WHERE id = $1", NamedPart::LIST));
+    static MANY: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT {} FROM allocations WHERE id = ANY($1)", NamedPart::LIST));
+    // A clean store has such settlements where a settled debt was refunded back to nothing said
+    // paid (each then pays nothing): looked up by a few thousand ids a statement on PostgreSQL,
+    // one seek each on SQLite.
+    let parts: BTreeSet<i64> = unmatched.iter().map(|u| u.1).filter(|p| !settled.contains_key(p)).collect();
+    let mut rows = Vec::new();
+    match db.engine() {
+        Engine::Postgres => {
+            let parts: Vec<i64> = parts.into_iter().collect();
+            for chunk in parts.chunks(10_000) {
+                rows.extend(db.all(&MANY, &[Value::I64s(chunk.to_vec())]).await?);
+            }
+        }
+        Engine::Sqlite => {
+            for part in parts {
+                rows.extend(db.opt(&ONE, args![part]).await?);
+            }
+        }
+    }
+    let mut owners: BTreeMap<i64, String> = BTreeMap::new();
+    for r in rows {
+        if r.opt_i64(NamedPart::grant_key)?.is_none() {
+            owners.insert(r.i64(NamedPart::id)?, r.text(NamedPart::account_id)?);
+        }
+    }
+    for (id, part, account, pays) in unmatched {
+        let owner = owners.get(&part).cloned();
+        let entry = settled.entry(part).or_insert_with(|| (owner.unwrap_or_else(|| account.clone()), 0, 0));
+        entry.2 += pays;
+        if entry.0 != account {
+            found.push((account, format!("settlement {id} pays {}'s debt part {part}", entry.0)));
+        }
+    }
+    Ok(())
 }
 
 impl GrantTally {
@@ -371,6 +455,7 @@ impl L5 {
             late,
             ..
         } = self;
+        let mut unmatched = Unmatched::new();
         db.each(&PARTS, args![], |r| {
             use AllocationRow as C;
             let (job, numbered) = (r.opt_str(C::job_id)?, r.opt_i64(C::job_seq)?.is_some());
@@ -432,16 +517,12 @@ impl L5 {
                 }
             }
             if let Some(paid) = r.opt_i64(C::paid_part)? {
-                let part = settled.entry(paid).or_insert_with(|| (account.to_owned(), 0, 0));
-                part.2 += taken - given_back;
-                if part.0 != account {
-                    found.push((account.to_owned(), format!("settlement {id} pays {}'s debt part {paid}", part.0)));
-                }
+                settlement((settled, &mut unmatched, found), id, paid, account, taken - given_back);
             }
             Ok(())
         })
         .await?;
-        Ok(())
+        match_settlements(db, std::mem::take(&mut unmatched), settled, found).await
     }
 
     /// Every `expire` entry, into its grant's expired (the pass's own, `{grant}`, and the parts

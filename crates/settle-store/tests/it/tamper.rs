@@ -24,6 +24,8 @@ per_engine!(
     an_allocation_that_took_less_is_l5,
     a_debt_nobody_owes_is_l5,
     a_take_after_its_grants_expiry_is_l5,
+    a_settlement_of_another_accounts_debt_is_l5,
+    a_settlement_of_a_debt_that_says_nothing_paid_is_l5,
     a_wrong_exposure_is_l1,
     a_wrong_held_is_l1,
     a_second_charge_is_l4,
@@ -790,4 +792,61 @@ async fn postgres_a_chain_that_does_not_link_is_not_copied_into_sqlite() {
         let n: i64 = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_one(&mut c).await.unwrap().get(0);
         assert_eq!(n, 0, "the copy left rows in {table}");
     }
+}
+
+/// Two overdrawn accounts, each debt (a debt part of 30) paid by a grant that came after it (a
+/// settlement naming the part).
+async fn settled_debts(k: &Kit) {
+    for id in ["d", "o"] {
+        let a = acc(id);
+        let req = NewAccount { id: a.clone(), overdraft_limit: Credits::new(100), max_running: None };
+        k.store.create_account(req, SYSTEM_ACTOR).await.unwrap();
+        k.job(&format!("{id}-j"), &a, 30).await;
+        let grant = NewGrant {
+            id: RefId::parse(&format!("{id}-g")).unwrap(),
+            amount: Credits::new(50),
+            reason: None,
+            expires_at: None,
+            priority: None,
+        };
+        k.store.grant(&a, grant, SYSTEM_ACTOR).await.unwrap();
+    }
+    k.assert_clean().await;
+}
+
+/// Every `want` is among what the audit finds, and everything it finds is L5.
+async fn finds_l5(k: &Kit, want: &[&str]) {
+    let found = found(k).await;
+    assert!(found.iter().all(|(inv, _)| *inv == "L5"), "{found:#?}");
+    for says in want {
+        assert!(found.iter().any(|(_, m)| m.contains(says)), "{says:?} not found: {found:#?}");
+    }
+}
+
+/// A settlement moved (by hand) to pay another account's debt part: the part it names is one the
+/// allocations pass kept (it says 30 paid).
+async fn a_settlement_of_another_accounts_debt_is_l5(k: &Kit) {
+    settled_debts(k).await;
+    tamper(
+        k,
+        "UPDATE allocations SET paid_part = (SELECT id FROM allocations WHERE account_id = 'o' AND grant_key IS NULL) \
+         WHERE account_id = 'd' AND paid_part IS NOT NULL",
+    )
+    .await;
+    finds_l5(k, &["pays o's debt part", "says 30 paid, its settlements 0", "says 30 paid, its settlements 60"]).await;
+}
+
+/// A debt part that says nothing of it is paid (the pass does not keep such parts) while
+/// settlements name it — its own account's, and one moved from another account: each settlement
+/// is judged against the part, looked up by id after the pass.
+async fn a_settlement_of_a_debt_that_says_nothing_paid_is_l5(k: &Kit) {
+    settled_debts(k).await;
+    tamper(
+        k,
+        "UPDATE allocations SET paid_part = (SELECT id FROM allocations WHERE account_id = 'd' AND grant_key IS NULL) \
+         WHERE account_id = 'o' AND paid_part IS NOT NULL; \
+         UPDATE allocations SET settled = 0, owed = 1 WHERE account_id = 'd' AND grant_key IS NULL",
+    )
+    .await;
+    finds_l5(k, &["pays d's debt part", "says 0 paid, its settlements 60", "says 30 paid, its settlements 0"]).await;
 }
