@@ -4,21 +4,54 @@
 // add to the last completion. Run from a directory where graphile-worker is installed (bench-http
 // installs 0.16 into a temp dir with npm).
 //   node bench-graphile.mjs CONNECTION_STRING CLIENTS SECONDS  ->  "RESULT jobs_per_s=… added=… done=…"
+// With DRAIN_JOBS (scripts/bench-sdk's yardstick), the drain alone: DRAIN_JOBS jobs are added
+// first, then the worker starts; jobs/s from its start to the last completion.
+//   node bench-graphile.mjs CONNECTION_STRING CLIENTS 0 DRAIN_JOBS
 import { Logger, makeWorkerUtils, run } from "graphile-worker";
 
 const quiet = new Logger(() => () => {});
 
-const [conn, clientsArg, secondsArg] = process.argv.slice(2);
+const [conn, clientsArg, secondsArg, drainArg] = process.argv.slice(2);
 const clients = Number(clientsArg);
 const seconds = Number(secondsArg);
-if (!conn || !(clients > 0) || !(seconds > 0)) {
-  console.error("usage: node bench-graphile.mjs CONNECTION_STRING CLIENTS SECONDS");
+const drain = Number(drainArg ?? 0);
+if (!conn || !(clients > 0) || !(seconds > 0 || drain > 0)) {
+  console.error("usage: node bench-graphile.mjs CONNECTION_STRING CLIENTS SECONDS [DRAIN_JOBS]");
   process.exit(2);
 }
 
 const utils = await makeWorkerUtils({ connectionString: conn, maxPoolSize: clients + 2, logger: quiet });
 await utils.migrate();
 let done = 0;
+if (drain > 0) {
+  let queued = 0;
+  await Promise.all(
+    Array.from({ length: clients }, async () => {
+      while (queued < drain) {
+        queued += 1;
+        await utils.addJob("bench", {});
+      }
+    }),
+  );
+  const started = Date.now();
+  const runner = await run({
+    connectionString: conn,
+    concurrency: clients,
+    maxPoolSize: clients + 2,
+    noHandleSignals: true,
+    pollInterval: 1000,
+    logger: quiet,
+    taskList: { bench: async () => { done += 1; } },
+  });
+  while (done < drain && Date.now() < started + 300_000) {
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  const elapsed = (Date.now() - started) / 1000;
+  await runner.stop();
+  await utils.release();
+  console.log(`RESULT jobs_per_s=${(done / elapsed).toFixed(1)} added=${drain} done=${done} seconds=${elapsed.toFixed(3)}`);
+  process.exit(0);
+}
 const runner = await run({
   connectionString: conn,
   concurrency: clients,

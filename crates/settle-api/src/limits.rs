@@ -41,13 +41,19 @@ impl Limiter {
 
     /// Takes one request from `key`'s bucket, or says how long until one is there.
     pub fn admit(&self, key: Key) -> Result<(), Duration> {
-        self.admit_many(key, 1)
+        self.take(key, 1.0)
     }
 
-    /// Takes `n` requests from `key`'s bucket at once (a request carrying `n` reports), or none and
-    /// says how long until they are there. At most the burst is asked for, so a request the bucket
-    /// could never hold still passes when the bucket is full.
-    pub fn admit_many(&self, key: Key, n: usize) -> Result<(), Duration> {
+    /// Takes `more` requests from `key`'s bucket at once, after the one the door took for the
+    /// request (a request carrying `more + 1` reports), or none and says how long until they are
+    /// there. At most the burst less the door's one is asked for, so a request the bucket could
+    /// never hold still passes when the bucket was full before its door.
+    pub fn admit_more(&self, key: Key, more: usize) -> Result<(), Duration> {
+        let room = (self.limits.burst.max(1.0) - 1.0).max(0.0);
+        self.take(key, (more as f64).min(room))
+    }
+
+    fn take(&self, key: Key, wanted: f64) -> Result<(), Duration> {
         let rate = self.limits.requests_per_second;
         if rate <= 0.0 {
             return Ok(());
@@ -62,7 +68,6 @@ impl Limiter {
         let (tokens, last) = buckets.entry(key).or_insert((burst, now));
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate).min(burst);
         *last = now;
-        let wanted = (n as f64).min(burst);
         if *tokens >= wanted {
             *tokens -= wanted;
             Ok(())
@@ -102,5 +107,21 @@ mod tests {
         assert!(l.long_poll(b).is_some());
         drop(held);
         assert!(l.long_poll(a).is_some());
+    }
+
+    /// A request of more reports than the burst passes when the bucket was full before its door,
+    /// and takes the whole bucket (the door's one and the burst less one more).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_of_more_than_the_burst_passes_a_full_bucket() {
+        let l = Limiter::new(AbuseLimits { requests_per_second: 1.0, burst: 3.0, long_polls: 1 });
+        let a = Some([1u8; 32]);
+        assert!(l.admit(a).is_ok(), "the door");
+        assert!(l.admit_more(a, 99).is_ok(), "the burst less the door's one");
+        assert!(l.admit(a).is_err(), "the bucket is empty");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(l.admit(a).is_ok());
+        assert!(l.admit_more(a, 1).is_ok());
+        assert!(l.admit_more(a, 1).is_ok());
+        assert!(l.admit_more(a, 1).is_err(), "all or none: one was asked for, none is there");
     }
 }

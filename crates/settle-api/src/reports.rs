@@ -103,7 +103,7 @@ pub async fn reports(
     // The door took one request from the token's bucket; the other reports take theirs here.
     if n > 1 && !s.tokens.is_empty() {
         let key = s.tokens.identify(&headers);
-        if let Err(wait) = s.limiter.admit_many(key, n - 1) {
+        if let Err(wait) = s.limiter.admit_more(key, n - 1) {
             metrics::counter!("settle_http_rate_limited_total").increment(1);
             return Err(ApiError::rate_limited(wait));
         }

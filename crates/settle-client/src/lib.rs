@@ -1,7 +1,9 @@
 //! A worker SDK for Settle's HTTP API (`api-v1.md`, worker protocol), so a job's author writes only
 //! the work: [`Worker::run`] claims with long-polls, heartbeats on a timer, hands each job to a
 //! [`Handler`], reports items one by one, stops at the next item boundary when a cancel is
-//! requested, and reports success, a retryable or permanent failure, or an unknown outcome.
+//! requested, and reports success, a retryable or permanent failure, or an unknown outcome. Jobs
+//! that finish while earlier reports are in flight are reported together, in one
+//! `POST /v1/reports` ([`Client::reports`]; docs/design/reports.md §9).
 //!
 //! Every report answers a [`Report`]: `Applied` (it took effect now) or `Replayed` (the same report
 //! had already taken effect — a re-send after a lost answer); a refused one is
@@ -14,8 +16,11 @@
 //! [`Worker::run`] with that error.
 
 mod accounts;
+mod reports;
 
 pub use accounts::{Alert, AutoTopUp, NewLimit, NewTopUp, SpendLimit, TopUp};
+use reports::Reporter;
+pub use reports::{JobReport, REPORTS_MAX, Signal};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -95,7 +100,7 @@ where
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
     /// The report was refused because its lease is gone (expired and rescued, or the job ended):
     /// stop working on the job. `details`: `{"state", "lease": "expired" | "ended" |
@@ -251,20 +256,20 @@ impl Client {
         let replayed = resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
         // `204 No Content` (a delete) answers nothing: null.
         let text = resp.text().await.map_err(|e| ClientError::Transport(e.to_string()))?;
-        let v: Value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).map_err(|e| ClientError::Transport(e.to_string()))?
+        let v: Value = match serde_json::from_str(&text) {
+            _ if text.is_empty() => Value::Null,
+            Ok(v) => v,
+            // An error that is not Settle's (a proxy's page): judged by its status alone.
+            Err(_) if status >= 300 => {
+                let message = text.chars().take(200).collect();
+                return Err(ClientError::Api { status, code: String::new(), message, details: Value::Null });
+            }
+            Err(e) => return Err(ClientError::Transport(e.to_string())),
         };
         if status < 300 {
             return Ok(if replayed { Report::Replayed(v) } else { Report::Applied(v) });
         }
-        let code = v["error"]["code"].as_str().unwrap_or("").to_owned();
-        let message = v["error"]["message"].as_str().unwrap_or("").to_owned();
-        if code == "lease_lost" {
-            return Err(ClientError::LeaseLost { message, details: v["error"]["details"].clone() });
-        }
-        Err(ClientError::Api { status, code, message, details: v["error"]["details"].clone() })
+        Err(api_error(status, &v["error"]))
     }
 
     pub async fn claim(
@@ -418,6 +423,16 @@ impl Client {
             .await?;
         Ok(r.map(cancel_requested))
     }
+}
+
+/// An error answer's `error` object as a `ClientError`: `lease_lost` with its details, or the rest.
+fn api_error(status: u16, error: &Value) -> ClientError {
+    let code = error["code"].as_str().unwrap_or("").to_owned();
+    let message = error["message"].as_str().unwrap_or("").to_owned();
+    if code == "lease_lost" {
+        return ClientError::LeaseLost { message, details: error["details"].clone() };
+    }
+    ClientError::Api { status, code, message, details: error["details"].clone() }
 }
 
 fn cancel_requested(v: Value) -> bool {
@@ -593,6 +608,10 @@ pub struct Worker {
     /// must then fit it.
     pub lease_seconds: Option<u32>,
     pub heartbeat_every: Duration,
+    /// The most jobs' outcomes one request reports (`POST /v1/reports`, at most 100): jobs that
+    /// finish while earlier reports are in flight go together in the next request. 1 sends each
+    /// by its own route.
+    pub reports_per_request: u32,
 }
 
 impl Worker {
@@ -606,6 +625,7 @@ impl Worker {
             wait_seconds: 5,
             lease_seconds: None,
             heartbeat_every: Duration::from_secs(10),
+            reports_per_request: REPORTS_MAX as u32,
         }
     }
 
@@ -618,6 +638,7 @@ impl Worker {
         let slots = Arc::new(tokio::sync::Semaphore::new(self.concurrency.max(1) as usize));
         let mut tasks = tokio::task::JoinSet::new();
         let outage = Arc::new(Outage::default());
+        let (reporter, reporting) = Reporter::start(self.client.clone(), self.reports_per_request as usize);
         let mut failures = 0;
         let mut refused = None;
         let heartbeat_every = match self.lease_seconds {
@@ -666,8 +687,9 @@ impl Worker {
                 let permit = slots.clone().acquire_owned().await.expect("semaphore open");
                 let (client, handler, outage, draining) =
                     (self.client.clone(), handler.clone(), outage.clone(), stop.clone());
+                let reporter = reporter.clone();
                 tasks.spawn(async move {
-                    run_one(client, handler, job, heartbeat_every, outage, draining).await;
+                    run_one(client, handler, job, heartbeat_every, (outage, reporter), draining).await;
                     drop(permit);
                 });
             }
@@ -675,6 +697,9 @@ impl Worker {
         }
         // Jobs under way stop at their next item boundary, report and are released.
         while tasks.join_next().await.is_some() {}
+        // Every job's report is answered: the reporter ends with its last sender.
+        drop(reporter);
+        let _ = reporting.await;
         refused.map_or(Ok(()), Err)
     }
 }
@@ -719,7 +744,7 @@ async fn run_one(
     handler: Arc<dyn Handler>,
     job: ClaimedJob,
     heartbeat_every: Duration,
-    outage: Arc<Outage>,
+    (outage, reporter): (Arc<Outage>, Reporter),
     draining: CancellationToken,
 ) {
     let cancel = Arc::new(AtomicBool::new(job.cancel_requested));
@@ -738,8 +763,6 @@ async fn run_one(
         outage: outage.clone(),
     };
     let outcome = handler.run(&ctx).await;
-    beating.cancel();
-    let _ = beat.await;
     let (id, token) = (&ctx.job.id, &ctx.job.lease_token);
     // After the lease was lost only a success is reported (accepted from any attempt): a lost lease
     // is not a cancel, and a failure or an unknown outcome would be refused — the job is the
@@ -763,18 +786,21 @@ async fn run_one(
         retryable: Some(false),
         retry_after_ms: None,
     };
-    // Re-sent as first sent until answered: a lost answer comes back as a replay.
-    let reported = retrying(&outage, "report", || async {
-        match &outcome {
-            Outcome::Succeeded(result) => client.succeed(id, token, result.clone()).await,
-            Outcome::Priced(result, costs) => client.succeed_priced(id, token, result.clone(), costs).await,
-            Outcome::Failed(f) => client.fail(id, token, f).await,
-            Outcome::Unknown(m) => client.unknown(id, token, m).await,
-            _ if release => client.release(id, token).await,
-            Outcome::Cancelled | Outcome::Released => client.fail(id, token, &cancelled).await,
-        }
-    })
-    .await;
+    let signal = match outcome {
+        Outcome::Succeeded(result) => Signal::Succeed { result, costs: Costs::new() },
+        Outcome::Priced(result, costs) => Signal::Succeed { result, costs },
+        Outcome::Failed(f) => Signal::Fail(f),
+        Outcome::Unknown(m) => Signal::Unknown(m),
+        _ if release => Signal::Release,
+        Outcome::Cancelled | Outcome::Released => Signal::Fail(cancelled),
+    };
+    let report = JobReport { job_id: id.clone(), lease_token: token.clone(), signal };
+    // Re-sent as first sent until answered, alone or with other jobs' reports: a lost answer comes
+    // back as a replay.
+    // The lease is kept beating until the report is answered: it may wait behind other requests.
+    let reported = retrying(&outage, "report", || reporter.send(&report)).await;
+    beating.cancel();
+    let _ = beat.await;
     match reported {
         Ok(Report::Applied(job)) if success && matches!(job["state"].as_str(), Some("cancelling" | "cancelled")) => {
             tracing::warn!(job = %id, "a cancel won over this success: the undelivered items were refunded")

@@ -10,7 +10,8 @@
 //! - `no_items`: do the whole job in one go (sleep) and report only its success.
 //!
 //! Usage: `settle-example-worker URL NAME [--token T] [--concurrency N] [--heartbeat-ms MS]
-//! [--lease-seconds S] [--exit-when-idle]` — with `--exit-when-idle` it stops once no job is queued, running or cancelling.
+//! [--lease-seconds S] [--reports-per-request N] [--exit-when-idle]` — with `--exit-when-idle` it stops once no job is
+//! queued, running or cancelling; `--reports-per-request 1` sends each job's outcome by its own route.
 
 use serde_json::Value;
 use settle_client::{Client, Failure, Flow, Handler, JobContext, Outcome, Worker};
@@ -101,7 +102,8 @@ async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(url), Some(name)) = (args.first(), args.get(1)) else {
         eprintln!(
-            "usage: settle-example-worker URL NAME [--token T] [--concurrency N] [--heartbeat-ms MS] [--exit-when-idle]"
+            "usage: settle-example-worker URL NAME [--token T] [--concurrency N] [--heartbeat-ms MS] \
+             [--reports-per-request N] [--exit-when-idle]"
         );
         std::process::exit(2);
     };
@@ -113,6 +115,9 @@ async fn main() {
     worker.heartbeat_every =
         Duration::from_millis(flag("--heartbeat-ms").and_then(|v| v.parse().ok()).unwrap_or(1_000));
     worker.wait_seconds = 1;
+    if let Some(n) = flag("--reports-per-request").and_then(|v| v.parse().ok()) {
+        worker.reports_per_request = n;
+    }
     let stop = CancellationToken::new();
     if args.iter().any(|a| a == "--exit-when-idle") {
         let (stop, url, token) = (stop.clone(), url.clone(), token.clone());

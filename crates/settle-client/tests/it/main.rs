@@ -8,3 +8,4 @@ mod common;
 mod held;
 mod ids;
 mod money;
+mod together;
