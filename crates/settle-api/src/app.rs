@@ -45,6 +45,11 @@ pub struct HttpLimits {
     /// How often a waiting long-poll looks again when nothing wakes it. Wake-ups (a commit in this
     /// process, or a NOTIFY from another) answer it at once; this is only the safety net.
     pub long_poll_recheck: Duration,
+    /// How long `POST /v1/reports` waits for its reports: one not finished by then is answered
+    /// `503` on its own ("it may yet take effect"), and runs on to its end. At most 50 s, inside
+    /// the server's 60 s request limit, so a report still running is answered on its own instead
+    /// of the whole request timing out.
+    pub reports_deadline: Duration,
 }
 
 impl Default for HttpLimits {
@@ -56,6 +61,7 @@ impl Default for HttpLimits {
             max_connections_per_peer: 256,
             abuse: crate::limits::AbuseLimits::default(),
             long_poll_recheck: Duration::from_millis(settle_core::limits::POLL_INTERVAL_MS),
+            reports_deadline: Duration::from_secs(50),
         }
     }
 }
@@ -383,6 +389,7 @@ impl Application {
             metrics: metrics_handle(),
             limiter,
             long_poll_recheck: limits.long_poll_recheck.max(Duration::from_millis(1)),
+            reports_deadline: limits.reports_deadline.min(Duration::from_secs(50)),
             console_key,
             gauges_read_at: Arc::default(),
             payout_provider,

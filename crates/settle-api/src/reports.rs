@@ -33,10 +33,6 @@ static IN_FLIGHT: LazyLock<Arc<Semaphore>> = LazyLock::new(|| Arc::new(Semaphore
 /// How long a request waits for that room before it is answered `503` with nothing written.
 const ROOM_WAIT: Duration = Duration::from_secs(5);
 
-/// How long a request waits for its reports: inside the server's 60 s request limit, so a report
-/// still running is answered `503` on its own instead of the whole request timing out.
-const DEADLINE: Duration = Duration::from_secs(50);
-
 /// A report checked as its single route checks its body, before any report runs.
 struct Checked {
     job: JobId,
@@ -115,7 +111,7 @@ pub async fn reports(
     };
     // Each report runs in a task of its own, to its end: a request dropped (its client gone, the
     // server's request limit) leaves no report half run, and its after-commit steps are taken.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let deadline = tokio::time::Instant::now() + s.reports_deadline;
     let running: Vec<_> = checked
         .into_iter()
         .map(|c| {

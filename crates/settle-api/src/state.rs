@@ -16,6 +16,8 @@ pub struct AppState {
     pub metrics: PrometheusHandle,
     pub limiter: Arc<crate::limits::Limiter>,
     pub long_poll_recheck: Duration,
+    /// `HttpLimits::reports_deadline`.
+    pub reports_deadline: Duration,
     /// Signs the console's sessions (made at startup).
     pub console_key: SessionKey,
     /// When `/metrics` last read the store's aggregates: they are read at most once per

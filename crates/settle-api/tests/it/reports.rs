@@ -13,6 +13,7 @@ on_both_engines!(
     a_request_refused_whole_writes_nothing,
     the_reports_count_against_the_token_rate,
     a_scoped_worker_reports_only_its_kinds,
+    a_report_not_finished_by_the_deadline_is_answered_503_and_runs_to_its_end,
 );
 
 const WORKER: &str = "worker-token-for-reports-01";
@@ -146,6 +147,60 @@ async fn a_report_sent_again_converges(e: Engine) {
     }
     assert_eq!(s.balance("acme").await, balance);
     assert_eq!(s.get("/v1/accounts/acme/ledger").await.body["entries"].as_array().unwrap().len(), ledger);
+}
+
+/// A report still running at the request's deadline is answered `503` on its own ("it may yet take
+/// effect: send it again"), runs to its end anyway, and the request sent again is answered as
+/// replays, nothing written twice. The deadline is zero here, so no report can be answered in time.
+async fn a_report_not_finished_by_the_deadline_is_answered_503_and_runs_to_its_end(e: Engine) {
+    let mut t = Tokens::default();
+    t.add(Role::Admin, ADMIN).unwrap();
+    t.add(Role::Worker, WORKER).unwrap();
+    let limits = HttpLimits { reports_deadline: std::time::Duration::ZERO, ..HttpLimits::default() };
+    let mut s = Server::with_limits(e, t, |_| {}, limits).await;
+    s.token = Some(ADMIN.into());
+    s.account("acme", 1_000).await;
+    let jobs = claimed(&s, 3).await;
+    let body = json!([
+        {"job_id": "j0", "outcome": "succeed", "lease_token": jobs[0].1},
+        {"job_id": "j1", "outcome": "fail", "lease_token": jobs[1].1, "code": "TIMEOUT", "retryable": false},
+        {"job_id": "j2", "outcome": "unknown", "lease_token": jobs[2].1},
+    ]);
+    let late = report(&s, body.clone()).await;
+    assert_eq!(late.status, 200, "{}", late.body);
+    for r in results(&late) {
+        assert_eq!((r["status"].as_u64(), r["error"]["code"].as_str()), (Some(503), Some("unavailable")), "{r}");
+        assert!(r["error"]["message"].as_str().unwrap().contains("may yet take effect"), "{r}");
+    }
+    // Each report ran to its end after its answer.
+    for (j, state) in [("j0", "succeeded"), ("j1", "dead"), ("j2", "unknown")] {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let job = s.get(&format!("/v1/jobs/{j}")).await.body;
+            if job["state"] == state {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{j} is not {state}: {job}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    let (balance, lines) = (s.balance("acme").await, s.get("/v1/accounts/acme/ledger").await.body["entries"].clone());
+    assert_eq!(balance, 1_000 - 20, "j0 and j2 charged, j1 refunded");
+    // Sent again as the answer said: each is a replay (answered `503` again only if still late, which
+    // a zero deadline makes every time — so the single routes answer the re-send here).
+    for (j, outcome, extra) in [
+        ("j0", "succeed", json!({})),
+        ("j1", "fail", json!({"code": "TIMEOUT", "retryable": false})),
+        ("j2", "unknown", json!({})),
+    ] {
+        let mut b = extra;
+        b["lease_token"] = json!(jobs.iter().find(|(id, _)| id == j).unwrap().1);
+        let r = s.send("POST", &format!("/v1/jobs/{j}/{outcome}"), Some(b), Some(WORKER)).await;
+        assert_eq!(r.status, 200, "{j}: {}", r.body);
+        assert!(r.replayed, "{j}: {}", r.body);
+    }
+    assert_eq!(s.balance("acme").await, balance);
+    assert_eq!(s.get("/v1/accounts/acme/ledger").await.body["entries"], lines, "nothing written twice");
 }
 
 /// What the single routes refuse before the store refuses the whole request: `400`, and not one
