@@ -175,6 +175,78 @@ pub(crate) async fn take(
     Ok(Take::Capped(candidate))
 }
 
+/// PostgreSQL's take of several jobs of a line at once (docs/design/fair-claims.md §11), while no
+/// account has a cap (one probe of `accounts_capped`): up to `$9` of the line's claimable jobs in
+/// `(turn, job_seq)` order, locked, claimed in one UPDATE, the n-th with the n-th token of `$10`,
+/// each with its attempt. Rows in pick order, each with the attempts the statement opened; one row
+/// of NULL job columns when it claimed none; `capped` 1 when it took none because a cap exists.
+static TAKE_MANY_PG: LazyLock<String> = LazyLock::new(|| {
+    let line = "priority = $6 AND kind = $7 AND requires = $8";
+    // Each job's token by its place in the pick. The UPDATE finds its rows by id (`= ANY`, the
+    // primary key): under a generic plan `LIMIT $9` is guessed at a tenth of the line, which a join
+    // would meet with a scan of `jobs`.
+    let place = "(SELECT ok.k FROM ok WHERE ok.id = jobs.id)";
+    let set = CLAIM_SET.replace("lease_token = $2", &format!("lease_token = ($10::text[])[{place}::int]"));
+    assert_ne!(set, CLAIM_SET, "the claim's SET names its token");
+    format!(
+        "WITH capped AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM accounts WHERE max_running IS NOT NULL) AS yes), \
+         j AS MATERIALIZED (SELECT id, turn, job_seq FROM jobs WHERE {line} AND {CLAIMABLE} \
+                            AND NOT (SELECT yes FROM capped) \
+                            ORDER BY turn, job_seq LIMIT $9 FOR UPDATE SKIP LOCKED), \
+         ok AS MATERIALIZED (SELECT id, row_number() OVER (ORDER BY turn, job_seq) AS k FROM j), \
+         c AS (UPDATE jobs SET {set} WHERE jobs.id = ANY (ARRAY(SELECT id FROM ok)) \
+               AND jobs.state = 'queued' AND jobs.turn IS NOT NULL AND jobs.cancel_requested = 0 \
+               AND jobs.not_before <= $1 RETURNING {}, {place} AS k), \
+         att AS (INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) \
+                 SELECT id, attempt, $4, lease_token, $1 FROM c RETURNING 1) \
+         SELECT {}, (SELECT count(*) FROM att) AS attempts, CAST(CASE WHEN capped.yes THEN 1 ELSE 0 END AS bigint) AS capped \
+         FROM capped LEFT JOIN c ON true ORDER BY c.k",
+        qualified("jobs"),
+        qualified("c"),
+    )
+});
+
+/// [`TAKE_MANY_PG`]'s `capped`, after the job's columns and the attempts count.
+#[derive(Clone, Copy)]
+struct CappedCol;
+
+impl crate::db::Col for CappedCol {
+    fn at(self) -> usize {
+        super::JobCol::COUNT + 1
+    }
+}
+
+/// What [`take_many`] took.
+pub(crate) struct Many {
+    /// The jobs claimed, in pick order, each row with the attempts count after the job's columns.
+    pub rows: Vec<Row>,
+    /// None was taken because some account has a cap: the line is for the take of one job.
+    pub capped: bool,
+}
+
+/// Up to `tokens.len()` of the line's next jobs, claimed in one statement (PostgreSQL, while no
+/// account has a cap). `base` is the claim's `$1`–`$5`, its lease already the line's kind's.
+pub(crate) async fn take_many(
+    db: &mut Db<'_>,
+    line: &LineKey,
+    base: &[Value],
+    tokens: Vec<String>,
+) -> Result<Many, StoreError> {
+    let mut a = base.to_vec();
+    let want = i64::try_from(tokens.len()).unwrap_or(i64::MAX);
+    a.extend([line.priority.into(), line.kind.as_str().into(), line.requires.as_str().into()]);
+    a.extend([Value::from(want), Value::Texts(tokens)]);
+    let mut rows = db.all(&TAKE_MANY_PG, &a).await?;
+    let capped = match rows.first() {
+        Some(r) => r.i64(CappedCol)? == 1,
+        None => return Err(StoreError::internal("the claim of several jobs answered no row")),
+    };
+    if rows.first().map(|r| r.opt_text(super::JobCol::id)).transpose()?.flatten().is_none() {
+        rows.clear();
+    }
+    Ok(Many { rows, capped })
+}
+
 /// A column `offset` places after the start of a row.
 #[derive(Clone, Copy)]
 struct Shifted(usize, CandidateCol);
@@ -451,5 +523,51 @@ async fn parked_accounts(db: &mut Db<'_>, after: &str) -> Result<Vec<String>, St
             }
             Ok(out)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The claim of several jobs under the generic plan the write lanes use (`force_generic_plan`:
+    /// `LIMIT $9` unknown to the planner), on a line one account's backlog of 50,000 jobs fills:
+    /// the pick walks `jobs_line` in order and stops, the claimed rows are found by their key, and
+    /// the capped accounts by `accounts_capped`: no scan of either table.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_the_take_of_several_walks_the_line_in_order_under_a_generic_plan() {
+        use sqlx::{ConnectOptions, Connection, Row};
+        use std::str::FromStr;
+        let url = settle_testkit::fresh_database().await;
+        let store = crate::SqlStore::open(&url, crate::StoreOptions::default()).await.unwrap();
+        let big = settle_core::ids::AccountId::parse("big").unwrap();
+        let new = crate::NewAccount { id: big, overdraft_limit: settle_core::Credits::ZERO, max_running: None };
+        crate::Store::create_account(&store, new, crate::SYSTEM_ACTOR).await.unwrap();
+        drop(store);
+        let mut c = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+        let fill = "INSERT INTO jobs (id, job_seq, account_id, kind, state, cost, attempt, budget_base, max_attempts, \
+                    refund_on, cancel_requested, not_before, lease_seconds, payload, request_hash, created_at, updated_at, \
+                    priority, requires, turn) \
+                    SELECT 'big-' || i, 1000000000000 + i, 'big', 'render', 'queued', 1, 0, 0, 5, 'failure', 0, 0, 30, \
+                    'null', decode(repeat('00', 32), 'hex'), 0, 0, 50, '', i FROM generate_series(0, 49999) AS i; \
+                    INSERT INTO accounts SELECT (jsonb_populate_record(NULL::accounts, \
+                    to_jsonb(a) || jsonb_build_object('id', 'other-' || g))).* \
+                    FROM accounts a, generate_series(1, 20000) g WHERE a.id = 'big'; \
+                    ANALYZE jobs; ANALYZE accounts; SET plan_cache_mode = force_generic_plan";
+        sqlx::raw_sql(fill).execute(&mut c).await.unwrap();
+        let prepare = format!(
+            "PREPARE many (bigint, text, bigint, text, bigint, bigint, text, text, bigint, text[]) AS {}",
+            super::TAKE_MANY_PG.as_str()
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(prepare)).execute(&mut c).await.unwrap();
+        let explain =
+            "EXPLAIN EXECUTE many(1, 't', 2, 'w', 30, 50, 'render', '', 8, ARRAY['a','b','c','d','e','f','g','h'])";
+        let plan = sqlx::raw_sql(explain).fetch_all(&mut c).await.unwrap();
+        let plan: Vec<String> = plan.iter().map(|r| r.get::<String, _>(0)).collect();
+        for index in ["Index Scan using jobs_line on jobs", "Index Scan using jobs_pkey on jobs", "accounts_capped"] {
+            assert!(plan.iter().any(|l| l.contains(index)), "{index}: {plan:#?}");
+        }
+        for whole in ["Seq Scan on jobs", "Bitmap Heap Scan on jobs", "Seq Scan on accounts"] {
+            assert!(!plan.iter().any(|l| l.contains(whole)), "{whole}: {plan:#?}");
+        }
+        c.close().await.unwrap();
     }
 }

@@ -1,4 +1,5 @@
-//! Claims: due jobs leased to workers, each with a new attempt row, in one guarded UPDATE per job.
+//! Claims: due jobs leased to workers, each with a new attempt row, by guarded UPDATEs (on PostgreSQL
+//! several of one line in one statement: docs/design/fair-claims.md §11).
 
 use super::{Caller, Cx, JobCol, attach, caps, emit, guard_hit, job_row, lines};
 use crate::db::Row;
@@ -60,6 +61,8 @@ struct CapsSeen {
     skip: Vec<String>,
     kinds_left: Vec<String>,
     decisions: usize,
+    /// Some account has a cap: this claim takes one job at a time (docs/design/fair-claims.md §11).
+    capped: bool,
 }
 
 /// The count of attempt rows PostgreSQL's claim opened, after the job's columns.
@@ -107,62 +110,26 @@ pub(crate) async fn claim(
     let lease_expires_at = cx.now.plus_seconds(u64::from(lease_seconds));
     let mut claimed = Vec::new();
     let mut caps = CapsSeen::default();
-    for _ in 0..req.limit.min(limits::CLAIM_LIMIT_MAX) {
-        let token = cx.token().to_string();
+    let want = req.limit.min(limits::CLAIM_LIMIT_MAX) as usize;
+    while claimed.len() < want {
         let a = vec![
             crate::db::Value::from(cx.now.micros()),
-            token.clone().into(),
+            cx.token().to_string().into(),
             lease_expires_at.micros().into(),
             req.worker.as_str().into(),
             i64::from(lease_seconds).into(),
         ];
-        let found = match &rail_sql {
-            Some(sql) => db.opt_built(sql.clone(), &a).await?,
-            None => take_from_lines(db, cx, req, &a, &mut caps).await?,
+        let found: Vec<Row> = match &rail_sql {
+            Some(sql) => db.opt_built(sql.clone(), &a).await?.into_iter().collect(),
+            None => take_from_lines(db, cx, req, &a, &mut caps, want - claimed.len()).await?,
         };
-        let Some(claimed_row) = found else { break };
-        let mut row = job_row(&claimed_row)?;
-        if db.engine() == Engine::Postgres {
-            guard_hit(u64::try_from(claimed_row.i64(AttemptsCol::attempts)?).unwrap_or(0), "claim's attempt")?;
+        if found.is_empty() {
+            break;
         }
-        let (job_id, attempt) = (row.id.clone(), row.attempt);
-        cx.point(CrashPoint::AfterGuard)?;
-        // A claim that names no lease gets its job kind's.
-        let mut expires = lease_expires_at;
-        let kind_lease = cx.policy.for_kind(&row.kind).lease_seconds;
-        if req.lease_seconds.is_none() && kind_lease != lease_seconds {
-            expires = cx.now.plus_seconds(u64::from(kind_lease));
-            let rows = db
-                .exec(
-                    "UPDATE jobs SET lease_expires_at = $3, lease_seconds = $4 WHERE id = $1 AND lease_token = $2",
-                    args![&job_id, &token, expires.micros(), i64::from(kind_lease)],
-                )
-                .await?;
-            guard_hit(rows, "kind lease")?;
-            row.lease_expires_at = Some(expires.micros());
-            row.lease_seconds = i64::from(kind_lease);
+        let taken = found.len();
+        for claimed_row in found {
+            claimed.push(claimed_one(db, cx, req, &claimed_row, taken, (lease_seconds, lease_expires_at)).await?);
         }
-        if db.engine() == Engine::Sqlite {
-            db.exec(
-                "INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) VALUES ($1, $2, $3, $4, $5)",
-                args![&job_id, attempt, req.worker.as_str(), &token, cx.now.micros()],
-            )
-            .await?;
-        }
-        let job = attach(db, cx, row).await?;
-        #[cfg(debug_assertions)]
-        assert_eq!(job, super::must_read_job(db, cx, &job_id).await?, "a claimed job's answer must be what was stored");
-        emit(
-            db,
-            cx,
-            EventKind::JobClaimed,
-            Some(&job_id),
-            job.account_id.as_str(),
-            serde_json::json!({ "attempt": attempt, "worker": req.worker.as_str() }),
-        )
-        .await?;
-        cx.point(CrashPoint::AfterOutbox)?;
-        claimed.push(ClaimedJob { job, lease_token: LeaseToken(token), lease_expires_at: expires });
     }
     if caller == Caller::Worker && !req.labels.is_empty() {
         let labels = req.labels.text();
@@ -174,6 +141,70 @@ pub(crate) async fn claim(
     Ok(claimed)
 }
 
+/// One job the claim's statement took (`taken` jobs by that statement, each with its attempt): its
+/// kind's lease, its attempt on SQLite, the answer read and its event.
+async fn claimed_one(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    req: &ClaimRequest,
+    claimed_row: &Row,
+    taken: usize,
+    (lease_seconds, lease_expires_at): (u32, settle_core::clock::Timestamp),
+) -> Result<ClaimedJob, StoreError> {
+    let mut row = job_row(claimed_row)?;
+    if db.engine() == Engine::Postgres {
+        let attempts = u64::try_from(claimed_row.i64(AttemptsCol::attempts)?).unwrap_or(0);
+        if attempts != taken as u64 {
+            return Err(StoreError::internal(format!("a claim took {taken} jobs and opened {attempts} attempts")));
+        }
+    }
+    let token = row.lease_token.clone().ok_or_else(|| StoreError::internal("a claimed job has no lease token"))?;
+    let (job_id, attempt) = (row.id.clone(), row.attempt);
+    cx.point(CrashPoint::AfterGuard)?;
+    // A claim that names no lease gets its job kind's.
+    let mut expires = lease_expires_at;
+    let kind_lease = cx.policy.for_kind(&row.kind).lease_seconds;
+    if req.lease_seconds.is_none()
+        && kind_lease != lease_seconds
+        && let Some(at) = row.lease_expires_at.filter(|_| row.lease_seconds == i64::from(kind_lease))
+    {
+        // Taken with its kind's lease already (several jobs in one statement).
+        expires = settle_core::clock::Timestamp::from_micros(at);
+    } else if req.lease_seconds.is_none() && kind_lease != lease_seconds {
+        expires = cx.now.plus_seconds(u64::from(kind_lease));
+        let rows = db
+            .exec(
+                "UPDATE jobs SET lease_expires_at = $3, lease_seconds = $4 WHERE id = $1 AND lease_token = $2",
+                args![&job_id, &token, expires.micros(), i64::from(kind_lease)],
+            )
+            .await?;
+        guard_hit(rows, "kind lease")?;
+        row.lease_expires_at = Some(expires.micros());
+        row.lease_seconds = i64::from(kind_lease);
+    }
+    if db.engine() == Engine::Sqlite {
+        db.exec(
+            "INSERT INTO attempts (job_id, attempt_no, worker, lease_token, started_at) VALUES ($1, $2, $3, $4, $5)",
+            args![&job_id, attempt, req.worker.as_str(), &token, cx.now.micros()],
+        )
+        .await?;
+    }
+    let job = attach(db, cx, row).await?;
+    #[cfg(debug_assertions)]
+    assert_eq!(job, super::must_read_job(db, cx, &job_id).await?, "a claimed job's answer must be what was stored");
+    emit(
+        db,
+        cx,
+        EventKind::JobClaimed,
+        Some(&job_id),
+        job.account_id.as_str(),
+        serde_json::json!({ "attempt": attempt, "worker": req.worker.as_str() }),
+    )
+    .await?;
+    cx.point(CrashPoint::AfterOutbox)?;
+    Ok(ClaimedJob { job, lease_token: LeaseToken(token), lease_expires_at: expires })
+}
+
 /// A worker's next job: from the lines its kinds and labels allow, best priority first, lines of
 /// one priority in turn; `None` when none has a job to give. The process's list of lines is read
 /// again when stale, and once more — after lining up what became due — before answering `None`.
@@ -183,7 +214,8 @@ async fn take_from_lines(
     req: &ClaimRequest,
     base: &[crate::db::Value],
     caps: &mut CapsSeen,
-) -> Result<Option<Row>, StoreError> {
+    want: usize,
+) -> Result<Vec<Row>, StoreError> {
     let lined_first = lock_lines(cx).line_up_due(cx.now);
     if lined_first {
         line_up_now(db, cx).await?;
@@ -191,7 +223,7 @@ async fn take_from_lines(
     let mut read_now = false;
     for pass in 0..2 {
         if caps.decisions >= CAPPED_DECISIONS_MAX {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         if pass == 1 {
             // Nothing found: line up what became due (unless this claim just did), and read the
@@ -199,7 +231,7 @@ async fn take_from_lines(
             // same lines would give the same nothing.
             let lined = !lined_first && line_up_now(db, cx).await?;
             if read_now && !lined {
-                return Ok(None);
+                return Ok(Vec::new());
             }
         }
         if pass == 1 || !lock_lines(cx).is_fresh(cx.now) {
@@ -216,12 +248,29 @@ async fn take_from_lines(
             // Served when chosen: this process's next claim, concurrent or not, tries another
             // line of the same priority first.
             lock_lines(cx).served(line);
-            if let Some(row) = take_from_line(db, cx, line, base, caps).await? {
-                return Ok(Some(row));
+            // Several at once only from the one line of its priority this claim takes from: with
+            // two, successive jobs alternate between them (docs/design/fair-claims.md §11).
+            let alone = candidates
+                .iter()
+                .take(LINES_TRIED_MAX)
+                .filter(|l| l.priority == line.priority && !caps.kinds_left.contains(&l.kind))
+                .count()
+                == 1;
+            // Several at once take the kind's lease in their statement.
+            let kind_lease = (req.lease_seconds.is_none()).then(|| {
+                let seconds = cx.policy.for_kind(&line.kind).lease_seconds;
+                let mut b = base.to_vec();
+                b[2] = cx.now.plus_seconds(u64::from(seconds)).micros().into();
+                b[4] = i64::from(seconds).into();
+                b
+            });
+            let rows = take_from_line(db, cx, line, base, caps, (if alone { want } else { 1 }, kind_lease)).await?;
+            if !rows.is_empty() {
+                return Ok(rows);
             }
         }
     }
-    Ok(None)
+    Ok(Vec::new())
 }
 
 /// The line's next job this claim may take (docs/design/fair-claims.md §10): uncapped, in the one
@@ -233,24 +282,35 @@ async fn take_from_line(
     line: &lines::LineKey,
     base: &[crate::db::Value],
     seen: &mut CapsSeen,
-) -> Result<Option<Row>, StoreError> {
+    (want, kind_lease): (usize, Option<Vec<crate::db::Value>>),
+) -> Result<Vec<Row>, StoreError> {
     let kind_cap = cx.policy.for_kind(&line.kind).max_running;
+    // Several uncapped jobs in one statement (docs/design/fair-claims.md §11); none taken so (the
+    // line's next job is capped, or there is none) leaves it to the take of one job.
+    if want > 1 && db.engine() == Engine::Postgres && seen.skip.is_empty() && kind_cap.is_none() && !seen.capped {
+        let tokens = (0..want).map(|_| cx.token().to_string()).collect();
+        let taken = caps::take_many(db, line, &kind_lease.unwrap_or_else(|| base.to_vec()), tokens).await?;
+        if !taken.capped {
+            return Ok(taken.rows);
+        }
+        seen.capped = true;
+    }
     loop {
         let candidate = match caps::take(db, line, base, &seen.skip, kind_cap.is_some()).await? {
-            caps::Take::Claimed(row) => return Ok(Some(row)),
-            caps::Take::Empty => return Ok(None),
+            caps::Take::Claimed(row) => return Ok(vec![row]),
+            caps::Take::Empty => return Ok(Vec::new()),
             caps::Take::Capped(c) => c,
         };
         if seen.decisions >= CAPPED_DECISIONS_MAX {
-            return Ok(None);
+            return Ok(Vec::new());
         }
         seen.decisions += 1;
         match caps::decide(db, cx, base, &candidate, line, kind_cap).await? {
-            caps::Decision::Claimed(row) => return Ok(Some(row)),
+            caps::Decision::Claimed(row) => return Ok(vec![row]),
             caps::Decision::AccountBusy | caps::Decision::AccountFull => seen.skip.push(candidate.account_id),
             caps::Decision::KindBusy | caps::Decision::KindFull => {
                 seen.kinds_left.push(line.kind.clone());
-                return Ok(None);
+                return Ok(Vec::new());
             }
         }
     }

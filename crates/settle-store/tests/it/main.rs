@@ -9,6 +9,7 @@ mod checkpoint;
 #[macro_use]
 mod conformance;
 mod caps;
+mod claims;
 mod crash;
 mod fair;
 mod feed;

@@ -677,7 +677,11 @@ fn undo_34(k: &Kit) -> &'static str {
 const UNDO_38: &str = "DROP TABLE audit_checkpoint; DROP TABLE audit_checkpoint_accounts; \
      DROP TABLE audit_checkpoint_jobs; DELETE FROM _sqlx_migrations WHERE version = 38;";
 
-/// Back to before migration 0037 — and so first before 0038: ledger lines and allocations without
+/// Back to before migration 0039: no index of the capped accounts (read only by PostgreSQL's claim
+/// of several jobs at once).
+const UNDO_39: &str = "DROP INDEX accounts_capped; DELETE FROM _sqlx_migrations WHERE version = 39;";
+
+/// Back to before migration 0037 — and so first before 0039 and 0038: ledger lines and allocations without
 /// `job_seq`, SQLite's indexes on the id whole again and its four triggers gone.
 fn undo_37(k: &Kit) -> String {
     let undo_37 = if k.is_sqlite() {
@@ -696,7 +700,7 @@ fn undo_37(k: &Kit) -> String {
         "ALTER TABLE ledger_entries DROP COLUMN job_seq; ALTER TABLE allocations DROP COLUMN job_seq; \
          DELETE FROM _sqlx_migrations WHERE version = 37;"
     };
-    format!("{UNDO_38} {undo_37}")
+    format!("{UNDO_39} {UNDO_38} {undo_37}")
 }
 
 /// Back to before migration 0036: logged signals without `job_seq`, `signals_job` over all of them.
