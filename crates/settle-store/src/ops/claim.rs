@@ -1,7 +1,7 @@
 //! Claims: due jobs leased to workers, each with a new attempt row, by guarded UPDATEs (on PostgreSQL
 //! several of one line in one statement: docs/design/fair-claims.md §11).
 
-use super::{Caller, Cx, JobCol, attach, caps, emit, guard_hit, job_row, lines};
+use super::{Caller, Cx, JobCol, JobRow, attach_all, caps, emit, guard_hit, job_row, lines};
 use crate::db::Row;
 use crate::db::{Db, Engine, args};
 use crate::error::StoreError;
@@ -127,8 +127,14 @@ pub(crate) async fn claim(
             break;
         }
         let taken = found.len();
-        for claimed_row in found {
-            claimed.push(claimed_one(db, cx, req, &claimed_row, taken, (lease_seconds, lease_expires_at)).await?);
+        let mut leases = Vec::with_capacity(taken);
+        for claimed_row in &found {
+            leases.push(leased(db, cx, req, claimed_row, taken, (lease_seconds, lease_expires_at)).await?);
+        }
+        // The answers read together: two statements for the take, whatever its length.
+        let (rows, leases): (Vec<JobRow>, Vec<Lease>) = leases.into_iter().unzip();
+        for (job, lease) in attach_all(db, cx, rows).await?.into_iter().zip(leases) {
+            claimed.push(announced(db, cx, req, job, lease).await?);
         }
     }
     if caller == Caller::Worker && !req.labels.is_empty() {
@@ -142,15 +148,23 @@ pub(crate) async fn claim(
 }
 
 /// One job the claim's statement took (`taken` jobs by that statement, each with its attempt): its
-/// kind's lease, its attempt on SQLite, the answer read and its event.
-async fn claimed_one(
+/// What a claimed job's answer needs besides its row: its token, its lease's end, its attempt.
+struct Lease {
+    token: String,
+    expires: settle_core::clock::Timestamp,
+    attempt: i64,
+}
+
+/// One job the claim's statement took (`taken` jobs by that statement, each with its attempt): its
+/// kind's lease, and its attempt on SQLite.
+async fn leased(
     db: &mut Db<'_>,
     cx: &Cx,
     req: &ClaimRequest,
     claimed_row: &Row,
     taken: usize,
     (lease_seconds, lease_expires_at): (u32, settle_core::clock::Timestamp),
-) -> Result<ClaimedJob, StoreError> {
+) -> Result<(JobRow, Lease), StoreError> {
     let mut row = job_row(claimed_row)?;
     if db.engine() == Engine::Postgres {
         let attempts = u64::try_from(claimed_row.i64(AttemptsCol::attempts)?).unwrap_or(0);
@@ -189,20 +203,34 @@ async fn claimed_one(
         )
         .await?;
     }
-    let job = attach(db, cx, row).await?;
+    Ok((row, Lease { token, expires, attempt }))
+}
+
+/// A claimed job's `job.claimed` event, and its answer.
+async fn announced(
+    db: &mut Db<'_>,
+    cx: &Cx,
+    req: &ClaimRequest,
+    job: Job,
+    lease: Lease,
+) -> Result<ClaimedJob, StoreError> {
     #[cfg(debug_assertions)]
-    assert_eq!(job, super::must_read_job(db, cx, &job_id).await?, "a claimed job's answer must be what was stored");
+    assert_eq!(
+        job,
+        super::must_read_job(db, cx, job.id.as_str()).await?,
+        "a claimed job's answer must be what was stored"
+    );
     emit(
         db,
         cx,
         EventKind::JobClaimed,
-        Some(&job_id),
+        Some(job.id.as_str()),
         job.account_id.as_str(),
-        serde_json::json!({ "attempt": attempt, "worker": req.worker.as_str() }),
+        serde_json::json!({ "attempt": lease.attempt, "worker": req.worker.as_str() }),
     )
     .await?;
     cx.point(CrashPoint::AfterOutbox)?;
-    Ok(ClaimedJob { job, lease_token: LeaseToken(token), lease_expires_at: expires })
+    Ok(ClaimedJob { job, lease_token: LeaseToken(lease.token), lease_expires_at: lease.expires })
 }
 
 /// A worker's next job: from the lines its kinds and labels allow, best priority first, lines of
