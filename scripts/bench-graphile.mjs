@@ -23,6 +23,21 @@ if (!conn || !(clients > 0) || !(seconds > 0 || drain > 0)) {
 const utils = await makeWorkerUtils({ connectionString: conn, maxPoolSize: clients + 2, logger: quiet });
 await utils.migrate();
 let done = 0;
+// One worker at concurrency `clients` running a no-op task that counts.
+const startRunner = () =>
+  run({
+    connectionString: conn,
+    concurrency: clients,
+    maxPoolSize: clients + 2,
+    noHandleSignals: true,
+    pollInterval: 1000,
+    logger: quiet,
+    taskList: {
+      bench: async () => {
+        done += 1;
+      },
+    },
+  });
 if (drain > 0) {
   let queued = 0;
   await Promise.all(
@@ -34,15 +49,7 @@ if (drain > 0) {
     }),
   );
   const started = Date.now();
-  const runner = await run({
-    connectionString: conn,
-    concurrency: clients,
-    maxPoolSize: clients + 2,
-    noHandleSignals: true,
-    pollInterval: 1000,
-    logger: quiet,
-    taskList: { bench: async () => { done += 1; } },
-  });
+  const runner = await startRunner();
   while (done < drain && Date.now() < started + 300_000) {
     await new Promise((r) => setTimeout(r, 5));
   }
@@ -52,19 +59,7 @@ if (drain > 0) {
   console.log(`RESULT jobs_per_s=${(done / elapsed).toFixed(1)} added=${drain} done=${done} seconds=${elapsed.toFixed(3)}`);
   process.exit(0);
 }
-const runner = await run({
-  connectionString: conn,
-  concurrency: clients,
-  maxPoolSize: clients + 2,
-  noHandleSignals: true,
-  pollInterval: 1000,
-  logger: quiet,
-  taskList: {
-    bench: async () => {
-      done += 1;
-    },
-  },
-});
+const runner = await startRunner();
 
 let added = 0;
 const started = Date.now();

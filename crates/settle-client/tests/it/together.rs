@@ -57,19 +57,21 @@ async fn until_settled(http: &reqwest::Client, base: &str, jobs: &[(String, &str
     }
 }
 
-async fn jobs_finishing_together_are_reported_together(postgres: bool) {
+/// A server on one engine with account `a` granted `amount`: the server, its base URL, a client.
+async fn funded(postgres: bool, amount: i64) -> (crate::common::Served, String, reqwest::Client) {
     let served = crate::common::serve_on(postgres).await;
     let base = served.base.clone();
     let http = reqwest::Client::new();
-    call(&http, reqwest::Method::POST, format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await;
-    let (s, _) = call(
-        &http,
-        reqwest::Method::POST,
-        format!("{base}/v1/accounts/a/grants"),
-        Some(json!({"id": "g", "amount": 10_000})),
-    )
-    .await;
+    let (s, _) = call(&http, reqwest::Method::POST, format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await;
     assert_eq!(s, 201);
+    let grant = json!({"id": "g", "amount": amount});
+    let (s, _) = call(&http, reqwest::Method::POST, format!("{base}/v1/accounts/a/grants"), Some(grant)).await;
+    assert_eq!(s, 201);
+    (served, base, http)
+}
+
+async fn jobs_finishing_together_are_reported_together(postgres: bool) {
+    let (served, base, http) = funded(postgres, 10_000).await;
     let mut expect = Vec::new();
     for i in 0..48 {
         let (outcome, state) = [("succeed", "succeeded"), ("fail", "dead"), ("unknown", "unknown")][i % 3];
@@ -117,12 +119,7 @@ async fn postgres_jobs_finishing_together_are_reported_together() {
 /// `Client::reports`: each answer in order, a refused one its own error; an id that is no id is
 /// not sent; a request the route refuses whole is the call's error, nothing written.
 async fn many_reports_answer_one_by_one(postgres: bool) {
-    let served = crate::common::serve_on(postgres).await;
-    let base = served.base.clone();
-    let http = reqwest::Client::new();
-    call(&http, reqwest::Method::POST, format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await;
-    call(&http, reqwest::Method::POST, format!("{base}/v1/accounts/a/grants"), Some(json!({"id": "g", "amount": 100})))
-        .await;
+    let (served, base, http) = funded(postgres, 100).await;
     for id in ["x", "y"] {
         let body = json!({"id": id, "account_id": "a", "kind": "render", "cost": 10});
         assert_eq!(call(&http, reqwest::Method::POST, format!("{base}/v1/jobs"), Some(body)).await.0, 201);
@@ -189,12 +186,7 @@ async fn postgres_many_reports_answer_one_by_one() {
 /// A failure whose message the route would refuse whole goes by its own route (and is refused
 /// there, alone); the jobs that finished with it are reported and end as they should.
 async fn a_report_the_route_refuses_whole_goes_alone(postgres: bool) {
-    let served = crate::common::serve_on(postgres).await;
-    let base = served.base.clone();
-    let http = reqwest::Client::new();
-    call(&http, reqwest::Method::POST, format!("{base}/v1/accounts"), Some(json!({"id": "a"}))).await;
-    call(&http, reqwest::Method::POST, format!("{base}/v1/accounts/a/grants"), Some(json!({"id": "g", "amount": 100})))
-        .await;
+    let (served, base, http) = funded(postgres, 100).await;
     let mut expect = Vec::new();
     for i in 0..4 {
         let payload: Value =

@@ -188,8 +188,11 @@ async fn top_ups_through_a_faulty_provider(engine: Engine) {
         lose_answer: 0.25,
         hang: 0.02,
         hang_ms: 1_000,
+        // Down slots of 50 ms (seed 45: the 7th, 12th, 22nd… from the sim's start), so a run of a
+        // second or more meets several whatever its speed; with 300 ms slots the first came 1.8 s
+        // in, and a fast SQLite run could send its last charge before it.
         node_down: 0.10,
-        down_period_ms: 300,
+        down_period_ms: 50,
         rate_limit: 0.05,
         invalid_prefix: "declined".into(),
         ..SimConfig::default()
