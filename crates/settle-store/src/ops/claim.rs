@@ -129,7 +129,7 @@ pub(crate) async fn claim(
         let taken = found.len();
         let mut leases = Vec::with_capacity(taken);
         for claimed_row in &found {
-            leases.push(leased(db, cx, req, claimed_row, taken, (lease_seconds, lease_expires_at)).await?);
+            leases.push(leased(db, cx, req, claimed_row, taken, lease_expires_at).await?);
         }
         // The answers read together: two statements for the take, whatever its length.
         let (rows, leases): (Vec<JobRow>, Vec<Lease>) = leases.into_iter().unzip();
@@ -147,7 +147,6 @@ pub(crate) async fn claim(
     Ok(claimed)
 }
 
-/// One job the claim's statement took (`taken` jobs by that statement, each with its attempt): its
 /// What a claimed job's answer needs besides its row: its token, its lease's end, its attempt.
 struct Lease {
     token: String,
@@ -163,7 +162,7 @@ async fn leased(
     req: &ClaimRequest,
     claimed_row: &Row,
     taken: usize,
-    (lease_seconds, lease_expires_at): (u32, settle_core::clock::Timestamp),
+    lease_expires_at: settle_core::clock::Timestamp,
 ) -> Result<(JobRow, Lease), StoreError> {
     let mut row = job_row(claimed_row)?;
     if db.engine() == Engine::Postgres {
@@ -178,13 +177,10 @@ async fn leased(
     // A claim that names no lease gets its job kind's.
     let mut expires = lease_expires_at;
     let kind_lease = cx.policy.for_kind(&row.kind).lease_seconds;
-    if req.lease_seconds.is_none()
-        && kind_lease != lease_seconds
-        && let Some(at) = row.lease_expires_at.filter(|_| row.lease_seconds == i64::from(kind_lease))
-    {
-        // Taken with its kind's lease already (several jobs in one statement).
+    if let Some(at) = row.lease_expires_at.filter(|_| row.lease_seconds == i64::from(kind_lease)) {
+        // Its kind's lease already: the claim's own, or taken in the statement of several.
         expires = settle_core::clock::Timestamp::from_micros(at);
-    } else if req.lease_seconds.is_none() && kind_lease != lease_seconds {
+    } else if req.lease_seconds.is_none() {
         expires = cx.now.plus_seconds(u64::from(kind_lease));
         let rows = db
             .exec(

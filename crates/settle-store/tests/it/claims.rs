@@ -73,7 +73,38 @@ async fn a_cap_anywhere_claims_one_at_a_time(engine: EngineKind) {
     k.assert_clean().await;
 }
 
-both_engines!(claims_of_eight_take_the_order_of_claims_of_one, a_cap_anywhere_claims_one_at_a_time);
+/// A claim of several that dies at any point of its transaction (after a job's guard, after its
+/// event, before the commit) leaves every job queued with no attempt; run again, it claims the
+/// same jobs as a claim that never died.
+async fn a_claim_of_several_that_dies_leaves_nothing_and_runs_again(engine: EngineKind) {
+    use settle_core::crash::CrashPoint;
+    let clean = Kit::new(engine).await;
+    bursts(&clean).await;
+    let want: Vec<String> =
+        clean.store.claim(claim_req("w", 8)).await.unwrap().iter().map(|c| c.job.id.to_string()).collect();
+    for point in [CrashPoint::AfterGuard, CrashPoint::AfterOutbox, CrashPoint::BeforeCommit] {
+        let k = Kit::new(engine).await;
+        bursts(&k).await;
+        k.crasher.arm(point);
+        assert!(k.store.claim(claim_req("w", 8)).await.is_err(), "{point:?}: the claim died");
+        assert!(!k.crasher.disarm(), "{point:?} was reached");
+        for id in &want {
+            let job = k.get(id).await;
+            assert_eq!((job.state, job.attempt), (settle_core::job::JobState::Queued, 0), "{point:?}: {id}");
+            assert!(k.store.attempts(&job.id).await.unwrap().is_empty(), "{point:?}: {id}");
+        }
+        let again: Vec<String> =
+            k.store.claim(claim_req("w", 8)).await.unwrap().iter().map(|c| c.job.id.to_string()).collect();
+        assert_eq!(again, want, "{point:?}");
+        k.assert_clean().await;
+    }
+}
+
+both_engines!(
+    claims_of_eight_take_the_order_of_claims_of_one,
+    a_cap_anywhere_claims_one_at_a_time,
+    a_claim_of_several_that_dies_leaves_nothing_and_runs_again,
+);
 
 /// Claimers in two stores on one PostgreSQL ledger, claiming 8 at a time: no job is given twice,
 /// each answer's token holds its job's lease (its success is taken), and every job runs once.
