@@ -21,6 +21,7 @@
 
 pub mod artifacts;
 mod audit;
+mod audit_apart;
 mod audit_checkpoint;
 pub mod backup;
 pub mod copy;

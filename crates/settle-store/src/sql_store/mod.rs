@@ -53,6 +53,7 @@ macro_rules! op {
 }
 
 // After `op!`, which they use.
+mod audits;
 mod funding;
 mod payouts;
 mod route;

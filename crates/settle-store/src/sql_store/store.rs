@@ -683,13 +683,11 @@ impl Store for SqlStore {
             Backend::Sqlite { path, .. } => {
                 let path = path.clone();
                 let runtime = tokio::runtime::Handle::current();
-                tokio::task::spawn_blocking(move || sqlite_audit(&path, &runtime, run, &*progress))
+                tokio::task::spawn_blocking(move || super::audits::sqlite_audit(&path, &runtime, run, &*progress))
                     .await
                     .map_err(|e| StoreError::internal(format!("the audit thread failed: {e}")))??
             }
-            Backend::Postgres { .. } => {
-                self.read(op!([progress] | db, _cx | audit::audit(db, run, &*progress).await)).await?
-            }
+            Backend::Postgres { shared, .. } => super::audits::postgres_audit(shared, run, &*progress).await?,
         };
         if run.record {
             report.checkpoint.recorded = Some(match record {
@@ -895,143 +893,6 @@ impl Operators for SqlStore {
         let nonce = nonce.to_owned();
         self.read(op!([nonce] | db, _cx | reads::signed_out(db, &nonce).await)).await
     }
-}
-
-/// A read-only connection for the audit: pages mapped rather than copied in, a large cache for the
-/// index lookups of the items pass.
-fn audit_connection(path: &std::path::Path) -> Result<rusqlite::Connection, StoreError> {
-    let conn = rusqlite::Connection::open_with_flags(
-        path,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(StoreError::from_sqlite)?;
-    conn.execute_batch("PRAGMA mmap_size = 1073741824; PRAGMA cache_size = -262144; BEGIN")
-        .map_err(StoreError::from_sqlite)?;
-    Ok(conn)
-}
-
-/// Starts the connection's read transaction: its snapshot is taken at its first read (WAL).
-fn pin_snapshot(conn: &rusqlite::Connection) -> Result<(), StoreError> {
-    conn.query_row("SELECT COUNT(*) FROM counters", [], |_| Ok(())).map_err(StoreError::from_sqlite)
-}
-
-/// Two connections on one snapshot: both read transactions begin while a third connection holds
-/// the write lock for an instant, so no commit can fall between them. `None` for the second when
-/// the write lock cannot be had (a read-only file, a writer holding it past the wait): the audit
-/// then runs its passes one after the other on the first.
-fn snapshot_pair(path: &std::path::Path) -> Result<(rusqlite::Connection, Option<rusqlite::Connection>), StoreError> {
-    let first = audit_connection(path)?;
-    let lock = rusqlite::Connection::open_with_flags(
-        path,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .and_then(|c| c.busy_timeout(std::time::Duration::from_secs(5)).map(|()| c))
-    .and_then(|c| c.execute_batch("BEGIN IMMEDIATE").map(|()| c));
-    let Ok(lock) = lock else {
-        pin_snapshot(&first)?;
-        return Ok((first, None));
-    };
-    let pinned = pin_snapshot(&first);
-    let second = match pinned {
-        Ok(()) => audit_connection(path).and_then(|c| pin_snapshot(&c).map(|()| c)).ok(),
-        Err(_) => None,
-    };
-    let _ = lock.execute_batch("ROLLBACK");
-    pinned?;
-    Ok((first, second))
-}
-
-/// Pass B's ranges on SQLite: enough that two connections taking them in turn finish together.
-const AUDIT_RANGES: u64 = 16;
-
-/// The SQLite audit on two connections of one snapshot: one runs pass A (the ledger) while the
-/// other runs L5's allocations pass; then both take pass B's ranges of jobs in turn; the rest after.
-/// From a checkpoint (decision 0040) pass B's jobs are known only when both first passes are done.
-fn sqlite_audit(
-    path: &std::path::Path,
-    runtime: &tokio::runtime::Handle,
-    run: AuditRun,
-    progress: &(dyn Fn(audit::AuditProgress) + Send + Sync),
-) -> Result<(AuditReport, Option<crate::audit_checkpoint::Record>), StoreError> {
-    let (mut first, mut second) = snapshot_pair(path)?;
-    let against = match run {
-        AuditRun { from_checkpoint: false, record: false } => None,
-        _ => Some(runtime.block_on(audit::Against::find(&mut Db::lite(&mut first), run))?),
-    };
-    let mut audit = runtime.block_on(audit::Audit::start(&mut Db::lite(&mut first), progress, against))?;
-    let positions = audit.positions();
-    // Pass B's ranges, when known before the first passes: both connections go on to them at once.
-    let upfront = match audit.starts_from_checkpoint() {
-        false => {
-            let ranges = runtime.block_on(audit.ranges(&mut Db::lite(&mut first), AUDIT_RANGES))?;
-            Some(audit.items_pass(ranges))
-        }
-        true => None,
-    };
-    let mut l5 = std::mem::take(&mut audit.l5);
-    let ledger = match second.as_mut() {
-        Some(second) => std::thread::scope(|scope| {
-            let other = scope.spawn(|| {
-                let db = &mut Db::lite(second);
-                runtime.block_on(async {
-                    l5.parts(db, positions.as_deref()).await?;
-                    match &upfront {
-                        Some(items) => items.run(db).await,
-                        None => Ok(()),
-                    }
-                })
-            });
-            let ledger = runtime.block_on(async {
-                let db = &mut Db::lite(&mut first);
-                let ledger = audit.ledger_pass(db).await?;
-                match &upfront {
-                    Some(items) => items.run(db).await.map(|()| ledger),
-                    None => Ok(ledger),
-                }
-            });
-            let other = other.join().map_err(|_| StoreError::internal("the audit's second pass panicked"))?;
-            other.and(ledger)
-        })?,
-        None => runtime.block_on(async {
-            let db = &mut Db::lite(&mut first);
-            let ledger = audit.ledger_pass(db).await?;
-            l5.parts(db, positions.as_deref()).await?;
-            match &upfront {
-                Some(items) => items.run(db).await.map(|()| ledger),
-                None => Ok(ledger),
-            }
-        })?,
-    };
-    audit.l5 = l5;
-    let items = match upfront {
-        Some(items) => items,
-        None => {
-            let ranges = runtime.block_on(audit.ranges(&mut Db::lite(&mut first), AUDIT_RANGES))?;
-            let items = audit.items_pass(ranges);
-            both_run(runtime, &items, &mut first, second.as_mut())?;
-            items
-        }
-    };
-    audit.absorb(items.finished()?);
-    let report = runtime.block_on(audit.finish(&mut Db::lite(&mut first), ledger));
-    let _ = first.execute_batch("ROLLBACK");
-    report
-}
-
-/// Pass B's ranges taken in turn by both connections of the snapshot (the first alone without a second).
-fn both_run(
-    runtime: &tokio::runtime::Handle,
-    items: &audit::ItemsPass<'_>,
-    first: &mut rusqlite::Connection,
-    second: Option<&mut rusqlite::Connection>,
-) -> Result<(), StoreError> {
-    let Some(second) = second else { return runtime.block_on(items.run(&mut Db::lite(first))) };
-    std::thread::scope(|scope| {
-        let other = scope.spawn(|| runtime.block_on(items.run(&mut Db::lite(second))));
-        let mine = runtime.block_on(items.run(&mut Db::lite(first)));
-        let other = other.join().map_err(|_| StoreError::internal("the audit's second pass panicked"))?;
-        other.and(mine)
-    })
 }
 
 /// An account's set (alerts, limits) replaced: the replacement recorded in the action log under
