@@ -428,7 +428,7 @@ impl L5 {
             ..
         } = self;
         let mut unmatched = Unmatched::new();
-        db.each_copied(&sql, |r| {
+        db.each_copied(sql, |r| {
             use AllocationRow as C;
             let (job, numbered) = (r.opt_str(C::job_id)?, r.opt_i64(C::job_seq)?.is_some());
             match (job, numbered) {
@@ -1072,7 +1072,8 @@ impl<'p> Audit<'p> {
         static SQL: LazyLock<String> =
             LazyLock::new(|| format!("SELECT {} FROM ledger_entries ORDER BY seq", EntryRow::LIST));
         let (mut item_entries, mut done) = (0u64, 0u64);
-        let read = db.each_copied(&SQL, |r| self.line(r, &mut done, &mut item_entries).map(|_| ())).await?;
+        let sql = std::borrow::Cow::Borrowed(SQL.as_str());
+        let read = db.each_copied(sql, |r| self.line(r, &mut done, &mut item_entries).map(|_| ())).await?;
         Ok((read, item_entries))
     }
 

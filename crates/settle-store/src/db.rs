@@ -686,13 +686,20 @@ impl Db<'_> {
     /// as a binary `COPY (…) TO STDOUT`, and each row's columns are read from its bytes, without
     /// the per-column type machinery of a result row (most of the client's time in the audit's
     /// pass over a million allocations, measured: docs/performance.md). Elsewhere, `each`.
+    /// A statement built at run time (`Cow::Owned`) is for PostgreSQL only.
     pub async fn each_copied(
         &mut self,
-        sql: &str,
+        sql: std::borrow::Cow<'static, str>,
         mut f: impl FnMut(&Cells<'_>) -> Result<(), StoreError> + Send,
     ) -> Result<u64, StoreError> {
         use futures_util::TryStreamExt;
-        let Conn::Pg(c) = &mut self.conn else { return self.each_dyn(sql, f).await };
+        let Conn::Pg(c) = &mut self.conn else {
+            return match sql {
+                std::borrow::Cow::Borrowed(sql) => self.each(sql, &[], f).await,
+                std::borrow::Cow::Owned(_) => Err(StoreError::internal("a built statement is read by COPY only")),
+            };
+        };
+        let sql = sql.as_ref();
         let copy = format!("COPY ({sql}) TO STDOUT (FORMAT binary)");
         let mut n = 0;
         let streamed: Result<(), StoreError> = async {
@@ -703,40 +710,6 @@ impl Db<'_> {
                 n += rows.take(&mut f)?;
             }
             rows.finished()
-        }
-        .await;
-        self.note(effect(sql), streamed.map(|()| n), false, |n| *n)
-    }
-
-    /// [`Db::each`] of a statement built at run time, with no parameters (SQLite's connections).
-    async fn each_dyn(
-        &mut self,
-        sql: &str,
-        mut f: impl FnMut(&Cells<'_>) -> Result<(), StoreError> + Send,
-    ) -> Result<u64, StoreError> {
-        use futures_util::TryStreamExt;
-        let mut n = 0;
-        let streamed: Result<(), StoreError> = async {
-            match &mut self.conn {
-                Conn::Sqlite(c) => {
-                    let mut rows = sqlx::query(AssertSqlSafe(sql.to_owned())).fetch(&mut **c);
-                    while let Some(r) = rows.try_next().await? {
-                        f(&Cells::Row(&Row::Sqlite(r)))?;
-                        n += 1;
-                    }
-                }
-                // `each_copied` reads PostgreSQL's rows by `COPY`.
-                Conn::Pg(_) => return Err(StoreError::internal("a built statement read without COPY")),
-                Conn::Lite(c) => {
-                    let mut stmt = c.prepare_cached(sql).map_err(StoreError::from_sqlite)?;
-                    let mut rows = stmt.raw_query();
-                    while let Some(row) = rows.next().map_err(StoreError::from_sqlite)? {
-                        f(&Cells::Lite(row))?;
-                        n += 1;
-                    }
-                }
-            }
-            Ok(())
         }
         .await;
         self.note(effect(sql), streamed.map(|()| n), false, |n| *n)

@@ -494,4 +494,46 @@ mod tests {
         }
         c.close().await.unwrap();
     }
+
+    /// The audit's statements that must read by an index on PostgreSQL whatever the estimates (the
+    /// test prices sequential scans out, so a table scanned whole means no index could serve):
+    /// each account's lines after the checkpoint by one range of `ledger_entries_account_seq` per
+    /// account (the LATERAL subquery, not flattened into a join of the whole ledger), the touched
+    /// jobs' items by their ids with `jobs` by its key, and the withdrawals by `jobs_rail`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_the_audits_reads_after_a_checkpoint_take_their_indexes() {
+        use sqlx::{ConnectOptions, Connection, Row};
+        use std::str::FromStr;
+        let url = settle_testkit::fresh_database().await;
+        drop(crate::SqlStore::open(&url, crate::StoreOptions::default()).await.unwrap());
+        let mut c = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+        for sql in ["SET plan_cache_mode = force_generic_plan", "SET enable_seqscan = off"] {
+            sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
+        }
+        let many = crate::audit::items_pass_sql(crate::audit::Jobs::Many, crate::db::Engine::Postgres);
+        let statements: [(String, &str, &str, &[&str]); 3] = [
+            (
+                crate::audit::ledger_after_sql(crate::db::Engine::Postgres),
+                "",
+                "",
+                &["using ledger_entries_account_seq on ledger_entries l", "Index Cond: ((account_id = a.id) AND "],
+            ),
+            (many, "(text[])", "(ARRAY['a','b'])", &["jobs_pkey", "Index Cond: (id = ANY ($1))"]),
+            (crate::audit_apart::WITHDRAWALS.clone(), "", "", &["jobs_rail"]),
+        ];
+        for (n, (sql, types, args, wanted)) in statements.into_iter().enumerate() {
+            let prepare = format!("PREPARE audit{n} {types} AS {sql}");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(prepare)).execute(&mut c).await.unwrap();
+            let explain = format!("EXPLAIN EXECUTE audit{n}{args}");
+            let plan = sqlx::raw_sql(sqlx::AssertSqlSafe(explain)).fetch_all(&mut c).await.unwrap();
+            let plan: Vec<String> = plan.iter().map(|r| r.get::<String, _>(0)).collect();
+            for want in wanted {
+                assert!(plan.iter().any(|l| l.contains(want)), "{want} in {sql}: {plan:#?}");
+            }
+            for table in ["ledger_entries", "jobs", "items"] {
+                assert!(!plan.iter().any(|l| l.contains(&format!("Seq Scan on {table}"))), "{sql}: {plan:#?}");
+            }
+        }
+        c.close().await.unwrap();
+    }
 }
