@@ -308,6 +308,17 @@ async fn postgres_store_with_one_connection_still_writes() {
     .expect("a write with one pooled connection must not wait for the listener");
     assert!(r.is_ok());
     assert_eq!(store.account(&a).await.unwrap().balance.get(), 0);
+    // The audit asks the pool for a second connection of its snapshot; with none to give it runs
+    // on its one (docs/design/audit-checkpoints.md §9), full and from the checkpoint it records.
+    for from_checkpoint in [false, true] {
+        let run = settle_store::model::AuditRun { from_checkpoint, record: true };
+        let report = tokio::time::timeout(std::time::Duration::from_secs(20), store.audit_with(run, None))
+            .await
+            .expect("an audit with one pooled connection runs on it")
+            .unwrap();
+        assert!(report.ok(), "{:#?}", report.violations);
+        assert_eq!(report.checkpoint.from.is_some(), from_checkpoint);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
