@@ -27,7 +27,8 @@ pub use machine::Breakage;
 use machine::{Machine, Rig};
 use settle_core::Timestamp;
 use settle_core::backoff::SplitMix64;
-use std::path::Path;
+use settle_store::{SqlStore, StoreOptions};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use world::World;
 
@@ -75,6 +76,7 @@ async fn run_inner(
 ) -> Result<Report, String> {
     let path = dir.join(format!("sim-{seed}.db"));
     remove_database(&path);
+    fresh_store(dir, &path).await?;
     let mut rig = Rig {
         path,
         seed,
@@ -130,6 +132,33 @@ async fn run_inner(
 
 /// The database file and its WAL and shared-memory files: a thousand seeds' WAL files left behind
 /// would fill the temp dir with gigabytes.
+/// Writes at `path` a store with every migration applied and nothing else: a copy of one made once
+/// per folder and process. Migrating a new file for each seed took about a tenth of the simulator's
+/// CPU (docs/testing.md); the copy of the closed file is the bytes the migrations wrote.
+async fn fresh_store(dir: &Path, path: &Path) -> Result<(), String> {
+    static MADE: tokio::sync::Mutex<Vec<PathBuf>> = tokio::sync::Mutex::const_new(Vec::new());
+    let empty = dir.join("sim-empty.db");
+    {
+        let mut made = MADE.lock().await;
+        if !made.contains(&empty) || !empty.exists() {
+            remove_database(&empty);
+            let url = format!("sqlite://{}", empty.display());
+            let store =
+                SqlStore::open(&url, StoreOptions::default()).await.map_err(|e| format!("the empty store: {e}"))?;
+            store.close().await;
+            // Closed, every page is in the file itself: no log is left beside it to copy.
+            let mut wal = empty.as_os_str().to_owned();
+            wal.push("-wal");
+            if std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0) {
+                return Err("the empty store left a write-ahead log after it closed".into());
+            }
+            made.push(empty.clone());
+        }
+    }
+    std::fs::copy(&empty, path).map_err(|e| format!("copy of the empty store to {}: {e}", path.display()))?;
+    Ok(())
+}
+
 fn remove_database(path: &Path) {
     for suffix in ["", "-wal", "-shm"] {
         let mut name = path.as_os_str().to_owned();

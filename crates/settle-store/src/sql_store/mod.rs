@@ -68,6 +68,8 @@ enum Backend {
         readers: SqlitePool,
         /// The file, for reads that stream through a rusqlite connection of their own (the audit).
         path: std::path::PathBuf,
+        /// The audit's connections, kept between audits.
+        audits: Arc<audits::Kept>,
         /// The writer's and the checkpointer's threads, joined by `close`.
         threads: Vec<std::thread::JoinHandle<()>>,
     },
@@ -237,7 +239,7 @@ impl SqlStore {
             checkpointer,
         )?;
         Ok(SqlStore {
-            backend: Backend::Sqlite { writer: tx, readers, path, threads },
+            backend: Backend::Sqlite { writer: tx, readers, path, threads, audits: Arc::default() },
             env,
             wake: Arc::new(tokio::sync::Notify::new()),
             events_wake: Arc::new(tokio::sync::Notify::new()),

@@ -680,12 +680,14 @@ impl Store for SqlStore {
             // Streamed through rusqlite on blocking threads: sqlx-sqlite sends every row from its
             // worker thread to the caller, which costs far more than SQLite reading it. The ledger
             // pass and the items pass run at once on two connections of one snapshot.
-            Backend::Sqlite { path, .. } => {
-                let path = path.clone();
+            Backend::Sqlite { path, audits, .. } => {
+                let (path, kept) = (path.clone(), audits.clone());
                 let runtime = tokio::runtime::Handle::current();
-                tokio::task::spawn_blocking(move || super::audits::sqlite_audit(&path, &runtime, run, &*progress))
-                    .await
-                    .map_err(|e| StoreError::internal(format!("the audit thread failed: {e}")))??
+                tokio::task::spawn_blocking(move || {
+                    super::audits::sqlite_audit(&path, &kept, &runtime, run, &*progress)
+                })
+                .await
+                .map_err(|e| StoreError::internal(format!("the audit thread failed: {e}")))??
             }
             Backend::Postgres { shared, .. } => super::audits::postgres_audit(shared, run, &*progress).await?,
         };
