@@ -194,6 +194,7 @@ fn parts_sql(ids: Option<(i64, Option<i64>)>) -> std::borrow::Cow<'static, str> 
 
 /// One grant's figures as L5 adds them up.
 #[derive(Default, Clone)]
+#[cfg_attr(test, derive(Debug))]
 struct GrantTally {
     account: String,
     source: String,
@@ -334,6 +335,7 @@ impl GrantTally {
 /// L5's tallies: every grant's, every debt part's, every account's unpaid debt; and what is wrong,
 /// by account.
 #[derive(Default)]
+#[cfg_attr(test, derive(Debug))]
 pub(crate) struct L5 {
     grants: BTreeMap<i64, GrantTally>,
     /// A grant (origin `grant`) by its id, for its `expire` entries.
@@ -2063,4 +2065,162 @@ fn check_item(mut group: ItemGroup, part: &mut ItemsPart, known: &BTreeSet<Strin
     let held = if state.is_held(job_kind == settle_core::job::WITHDRAWAL_KIND) { i128::from(cost) } else { 0 };
     part.owe(known, &job_account, refunded, held);
     part.job_owes(&job, &job_account, refunded, held);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{NewAccount, NewGrant, NewItem, NewJob, Price};
+    use crate::store::Store;
+    use settle_core::ids::{AccountId, ItemId, JobId, JobKind, RefId};
+    use settle_core::{Clock, FakeClock, Timestamp};
+
+    fn job(id: &str, account: &str, costs: &[i64]) -> NewJob {
+        NewJob {
+            id: JobId::parse(id).unwrap(),
+            account_id: AccountId::parse(account).unwrap(),
+            kind: JobKind::parse("render").unwrap(),
+            items: costs
+                .iter()
+                .enumerate()
+                .map(|(i, c)| NewItem {
+                    id: ItemId::parse(&format!("i{i}")).unwrap(),
+                    price: Price::Cost(Credits::new(*c)),
+                })
+                .collect(),
+            payload: serde_json::Value::Null,
+            max_attempts: None,
+            refund_on: None,
+            not_before: None,
+            priority: None,
+            requires: Default::default(),
+        }
+    }
+
+    fn grant(id: &str, amount: i64, expires_at: Option<Timestamp>) -> NewGrant {
+        NewGrant {
+            id: RefId::parse(id).unwrap(),
+            amount: Credits::new(amount),
+            reason: None,
+            expires_at,
+            priority: None,
+        }
+    }
+
+    /// L5's tallies as they are judged: its findings in any order (a settlement whose debt part
+    /// is in the other range is judged after both ranges, so it comes last).
+    fn judged(mut l5: L5) -> String {
+        l5.found.sort();
+        format!("{l5:#?}")
+    }
+
+    /// A store of grants taken from, given back, expired; debt parts, settled by later grants, then
+    /// refunded: the allocations pass cut in two at every id (as the PostgreSQL audit cuts it, the
+    /// later range read apart and merged; ranges are read by `COPY`, PostgreSQL's only) tallies exactly what one pass over them does, with and
+    /// without a checkpoint's positions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_the_allocations_cut_anywhere_tally_as_one_pass() {
+        use sqlx::ConnectOptions;
+        use std::str::FromStr;
+        let url = settle_testkit::fresh_database().await;
+        let clock = Arc::new(FakeClock::new(Timestamp::from_micros(1_800_000_000_000_000)));
+        let options = crate::StoreOptions { clock: clock.clone(), ..crate::StoreOptions::default() };
+        let store = crate::SqlStore::open(&url, options).await.unwrap();
+        let actor = crate::SYSTEM_ACTOR;
+        for (id, overdraft) in [("a", 100), ("b", 0)] {
+            let account = NewAccount {
+                id: AccountId::parse(id).unwrap(),
+                overdraft_limit: Credits::new(overdraft),
+                max_running: None,
+            };
+            store.create_account(account, actor).await.unwrap();
+        }
+        let (a, b) = (AccountId::parse("a").unwrap(), AccountId::parse("b").unwrap());
+        let soon = Timestamp::from_micros(clock.now().micros() + 3_600_000_000);
+        store.grant(&a, grant("g1", 20, Some(soon)), actor).await.unwrap();
+        store.grant(&a, grant("g2", 10, None), actor).await.unwrap();
+        store.grant(&b, grant("h1", 50, None), actor).await.unwrap();
+        for (id, account, costs) in
+            [("j1", "a", &[15][..]), ("j2", "a", &[10, 10]), ("j3", "a", &[30]), ("k1", "b", &[20])]
+        {
+            store.create_job(job(id, account, costs)).await.unwrap();
+        }
+        store.cancel(&JobId::parse("j1").unwrap(), None).await.unwrap();
+        // Pays the debt of j2 and most of j3's: settlements.
+        store.grant(&a, grant("g3", 25, None), actor).await.unwrap();
+        // A settled debt refunded: its settlements then pay nothing.
+        store.cancel(&JobId::parse("j3").unwrap(), None).await.unwrap();
+        store.create_job(job("j4", "a", &[8, 40])).await.unwrap();
+        clock.advance_seconds(7_200);
+        store.expire_grants(10).await.unwrap();
+        store.grant(&a, grant("g4", 60, None), actor).await.unwrap();
+        store.cancel(&JobId::parse("k1").unwrap(), None).await.unwrap();
+        let report = store.audit(None).await.unwrap();
+        assert!(report.ok(), "{report:#?}");
+        store.close().await;
+
+        let mut c = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().connect().await.unwrap();
+        let db = &mut Db::pg(&mut c);
+        columns! {
+            Counted { settlements = "COUNT(paid_part)", parts = "COUNT(*)" }
+        }
+        columns! {
+            PartId { id }
+        }
+        static COUNTED: LazyLock<String> = LazyLock::new(|| format!("SELECT {} FROM allocations", Counted::LIST));
+        static IDS: LazyLock<String> =
+            LazyLock::new(|| format!("SELECT {} FROM allocations ORDER BY id", PartId::LIST));
+        let (settlements, parts) = {
+            let r = db.one(&COUNTED, args![]).await.unwrap();
+            (r.i64(Counted::settlements).unwrap(), r.i64(Counted::parts).unwrap())
+        };
+        assert!(
+            settlements >= 2 && parts >= 10,
+            "the story makes settlements ({settlements}) among its parts ({parts})"
+        );
+        let ids: Vec<i64> = db.all(&IDS, args![]).await.unwrap().iter().map(|r| r.i64(PartId::id).unwrap()).collect();
+        let clean = cuts_agree(db, &ids).await;
+        assert!(!clean.contains("found: [\n        ("), "a clean store: {clean}");
+        // Then findings in the pass, spread over the ids: takes after their grant expired, owed
+        // marks turned, a debt part that says less paid than its settlements pay.
+        let expired = soon.micros() + 1;
+        let tampering = format!(
+            "UPDATE allocations SET created_at = {expired} WHERE grant_key = (SELECT key FROM grants WHERE source_id = 'g1'); \
+             ALTER TABLE allocations DROP CONSTRAINT allocations_owed_check; \
+             UPDATE allocations SET owed = 1 - owed WHERE id % 3 = 0; \
+             UPDATE allocations SET settled = settled - 1 WHERE id = (SELECT MAX(id) FROM allocations WHERE settled > 0)"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(tampering)).execute(&mut c).await.unwrap();
+        let db = &mut Db::pg(&mut c);
+        let tampered = cuts_agree(db, &ids).await;
+        for says in ["at or after its expiry", "is marked owed"] {
+            assert!(tampered.contains(says), "{says}: {tampered}");
+        }
+    }
+
+    /// The allocations pass in one, then cut at every id from the first to one past the last, with
+    /// and without a checkpoint's positions: every cut tallies what the one pass does. Returns the
+    /// one pass's tallies.
+    async fn cuts_agree(db: &mut Db<'_>, ids: &[i64]) -> String {
+        let checkpoint: BTreeMap<String, i64> = [("a".to_owned(), 4), ("b".to_owned(), 1)].into();
+        let mut tallies = String::new();
+        for positions in [None, Some(&checkpoint)] {
+            let mut one = L5::default();
+            one.load(db).await.unwrap();
+            one.parts(db, positions).await.unwrap();
+            let one = judged(one);
+            for cut in ids[0]..=ids[ids.len() - 1] + 1 {
+                let mut earlier = L5::default();
+                earlier.load(db).await.unwrap();
+                let mut later = earlier.fork();
+                let mut unmatched = earlier.parts_in(db, positions, Some((ids[0], Some(cut)))).await.unwrap();
+                unmatched.extend(later.parts_in(db, positions, Some((cut, None))).await.unwrap());
+                earlier.merge(later);
+                earlier.settle(db, unmatched).await.unwrap();
+                assert_eq!(judged(earlier), one, "cut at {cut}, positions {positions:?}");
+            }
+            tallies = one;
+        }
+        tallies
+    }
 }
