@@ -2198,9 +2198,9 @@ mod tests {
         }
     }
 
-    /// The allocations pass in one, then cut at every id from the first to one past the last, with
-    /// and without a checkpoint's positions: every cut tallies what the one pass does. Returns the
-    /// one pass's tallies.
+    /// The allocations pass in one, then cut at every id from the first to one past the last, and
+    /// at every two such ids, with and without a checkpoint's positions: every cut tallies what the
+    /// one pass does. Returns the one pass's tallies.
     async fn cuts_agree(db: &mut Db<'_>, ids: &[i64]) -> String {
         let checkpoint: BTreeMap<String, i64> = [("a".to_owned(), 4), ("b".to_owned(), 1)].into();
         let mut tallies = String::new();
@@ -2209,7 +2209,8 @@ mod tests {
             one.load(db).await.unwrap();
             one.parts(db, positions).await.unwrap();
             let one = judged(one);
-            for cut in ids[0]..=ids[ids.len() - 1] + 1 {
+            let end = ids[ids.len() - 1] + 1;
+            for cut in ids[0]..=end {
                 let mut earlier = L5::default();
                 earlier.load(db).await.unwrap();
                 let mut later = earlier.fork();
@@ -2218,6 +2219,19 @@ mod tests {
                 earlier.merge(later);
                 earlier.settle(db, unmatched).await.unwrap();
                 assert_eq!(judged(earlier), one, "cut at {cut}, positions {positions:?}");
+            }
+            // In three, as the audit's ranges are merged: each tally into the one before it.
+            for (cut, then) in (ids[0]..=end).flat_map(|c| (c..=end).map(move |d| (c, d))) {
+                let mut earlier = L5::default();
+                earlier.load(db).await.unwrap();
+                let (mut middle, mut later) = (earlier.fork(), earlier.fork());
+                let mut unmatched = earlier.parts_in(db, positions, Some((ids[0], Some(cut)))).await.unwrap();
+                unmatched.extend(middle.parts_in(db, positions, Some((cut, Some(then)))).await.unwrap());
+                unmatched.extend(later.parts_in(db, positions, Some((then, None))).await.unwrap());
+                earlier.merge(middle);
+                earlier.merge(later);
+                earlier.settle(db, unmatched).await.unwrap();
+                assert_eq!(judged(earlier), one, "cut at {cut} and {then}, positions {positions:?}");
             }
             tallies = one;
         }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 const LICENCE: &str = "Apache-2.0";
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../..").canonicalize().unwrap()
 }
 
 fn read(path: &str) -> String {

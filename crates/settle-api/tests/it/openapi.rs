@@ -124,7 +124,7 @@ fn every_query_parameter_has_a_description() {
 #[test]
 fn docs_api_md_names_every_operation_of_the_openapi_document() {
     let doc = serde_json::to_value(settle_api::openapi()).unwrap();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/api.md")).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../docs/api.md")).unwrap();
     let mut missing = Vec::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in ["get", "post", "put", "patch", "delete"] {
