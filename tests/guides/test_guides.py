@@ -173,13 +173,15 @@ def test_moving_an_embedded_store_to_postgresql(world: dict[str, str]) -> None:
 
 
 def until_answers(url: str, what: str, token: str | None = None) -> None:
-    """Waits (10 s at most) until `url` answers 2xx."""
+    """Waits (200 tries, each up to 1 s) until `url` answers 2xx."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     for _ in range(200):
         try:
             if urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=1).status < 300:
                 return
-        except (ConnectionError, urllib.error.URLError):
+        except (OSError, urllib.error.URLError):
+            # Refused while it starts, or accepted and not yet answered within the second (a
+            # loaded machine: TimeoutError is an OSError): asked again until the deadline.
             pass
         time.sleep(0.05)
     raise AssertionError(what)
