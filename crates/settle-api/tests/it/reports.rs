@@ -168,10 +168,20 @@ async fn a_report_not_finished_by_the_deadline_is_answered_503_and_runs_to_its_e
     ]);
     let late = report(&s, body.clone()).await;
     assert_eq!(late.status, 200, "{}", late.body);
-    for r in results(&late) {
+    // A report whose task ended before the handler first looked at it is answered with its
+    // outcome even at a zero deadline (the deadline is checked after a first look; under load one
+    // of three once was): each answer is the 503 or the report's own outcome, and most are 503.
+    let mut unavailable = 0;
+    for (r, state) in results(&late).iter().zip(["succeeded", "dead", "unknown"]) {
+        if r["status"].as_u64() == Some(200) {
+            assert_eq!(r["job"]["state"], state, "{r}");
+            continue;
+        }
         assert_eq!((r["status"].as_u64(), r["error"]["code"].as_str()), (Some(503), Some("unavailable")), "{r}");
         assert!(r["error"]["message"].as_str().unwrap().contains("may yet take effect"), "{r}");
+        unavailable += 1;
     }
+    assert!(unavailable > 0, "no report answered 503 at a zero deadline: {}", late.body);
     // Each report ran to its end after its answer.
     for (j, state) in [("j0", "succeeded"), ("j1", "dead"), ("j2", "unknown")] {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
